@@ -1,0 +1,143 @@
+use std::time::Duration;
+
+/// A boxed error kept as the `source` of an [`Error`], such as the database driver's own.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong in justonce. Match on [`Error::kind`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key was rejected before anything touched a database.
+    #[error("invalid key: {0}")]
+    InvalidKey(Invalid),
+    /// The consumer name was rejected before anything touched a database.
+    #[error("invalid consumer name: {0}")]
+    InvalidConsumer(Invalid),
+    /// The scope was rejected before anything touched a database.
+    #[error("invalid scope: {0}")]
+    InvalidScope(Invalid),
+    /// Keys would be purged while the sender may still retry.
+    #[error(
+        "retention of {} is shorter than the sender's retry horizon of {}: \
+         a retried message would be processed again",
+        humanize(*retention),
+        humanize(*retry_horizon)
+    )]
+    RetentionBelowHorizon {
+        /// How long keys would be kept.
+        retention: Duration,
+        /// How long the sender retries.
+        retry_horizon: Duration,
+    },
+    /// A setting is unusable, such as a table prefix that is not an identifier.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The database tables are missing, altered, or newer than this version of justonce.
+    #[error("database schema: {0}")]
+    Schema(String),
+    /// The database failed; `retryable` is true for serialization failures, deadlocks and
+    /// lock timeouts that a new transaction may not hit.
+    #[error("database error: {source}")]
+    Database {
+        /// Whether running the transaction again may succeed.
+        retryable: bool,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The connection broke after COMMIT was sent, and reading the key back could not tell
+    /// whether the commit happened. Do not acknowledge the message: its redelivery claims
+    /// the key again and finds out.
+    #[error("the commit's answer was lost and could not be resolved: {source}")]
+    CommitUnknown {
+        /// Why the key could not be read back.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// What kind of error this is, for callers that react to some of them.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidKey(_) => ErrorKind::InvalidKey,
+            Error::InvalidConsumer(_) => ErrorKind::InvalidConsumer,
+            Error::InvalidScope(_) => ErrorKind::InvalidScope,
+            Error::RetentionBelowHorizon { .. } => ErrorKind::InvalidRetention,
+            Error::Config(_) => ErrorKind::Config,
+            Error::Schema(_) => ErrorKind::Schema,
+            Error::Database { .. } => ErrorKind::Database,
+            Error::CommitUnknown { .. } => ErrorKind::CommitUnknown,
+        }
+    }
+
+    /// Whether the same work may succeed when run again in a new transaction.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Database { retryable: true, .. })
+    }
+}
+
+/// The kind of an [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// See [`Error::InvalidKey`].
+    InvalidKey,
+    /// See [`Error::InvalidConsumer`].
+    InvalidConsumer,
+    /// See [`Error::InvalidScope`].
+    InvalidScope,
+    /// See [`Error::RetentionBelowHorizon`].
+    InvalidRetention,
+    /// See [`Error::Config`].
+    Config,
+    /// See [`Error::Schema`].
+    Schema,
+    /// See [`Error::Database`].
+    Database,
+    /// See [`Error::CommitUnknown`].
+    CommitUnknown,
+}
+
+/// Why a key, consumer name or scope was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Invalid {
+    /// The value is empty.
+    #[error("it is empty")]
+    Empty,
+    /// The value is longer than allowed, counted in UTF-8 bytes.
+    #[error("it is {len} bytes long, more than the {max} allowed")]
+    TooLong {
+        /// The value's length in bytes.
+        len: usize,
+        /// The largest length allowed.
+        max: usize,
+    },
+    /// The value contains NUL or another control character.
+    #[error("it contains the control character {character:?} at byte {position}")]
+    ControlCharacter {
+        /// The offending character.
+        character: char,
+        /// Its byte offset in the value.
+        position: usize,
+    },
+    /// A part of a purpose key is empty or contains the `:` separator.
+    #[error("part {index} ({part:?}) of the purpose key is empty or contains ':'")]
+    BadPart {
+        /// The zero-based index of the part.
+        index: usize,
+        /// The part as given.
+        part: String,
+    },
+}
+
+/// Formats a duration the way people write retention settings: `7d`, `36h`, `90s`.
+fn humanize(duration: Duration) -> String {
+    let secs = duration.as_secs();
+    let units = [(86_400, "d"), (3_600, "h"), (60, "m"), (1, "s")];
+    match units.iter().find(|(size, _)| secs >= *size && secs % size == 0) {
+        Some((size, unit)) => format!("{}{unit}", secs / size),
+        None => format!("{duration:?}"),
+    }
+}

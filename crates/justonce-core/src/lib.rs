@@ -1,0 +1,37 @@
+//! The vocabulary of [justonce](https://docs.rs/justonce): the identity of one unit of work
+//! and what happened to it. No database or network code lives here.
+//!
+//! - [`Key`]: a message id, or a purpose key such as `invoice:2026-10:cust_481`.
+//! - [`Consumer`]: the explicit, stable name of a handler.
+//! - [`Scope`]: an optional tenant namespace. The unique identity is (scope, consumer, key):
+//!   an [`Identity`].
+//! - [`Fingerprint`]: the SHA-256 of the payload, stored with the key so that a key reused
+//!   for another payload is reported instead of silently merged.
+//! - [`Retention`]: how long keys are kept, never shorter than the sender's retry horizon.
+//! - [`Claim`] and [`Outcome`]: what a claim found, and what a run did.
+//!
+//! Every value is validated when it is built, before anything touches a database:
+//!
+//! ```
+//! use justonce_core::{Consumer, ErrorKind, Key};
+//!
+//! let key = Key::purpose(["invoice", "2026-10", "cust_481"])?;
+//! assert_eq!(key.as_str(), "invoice:2026-10:cust_481");
+//!
+//! let err = Key::new("bad\nkey").unwrap_err();
+//! assert_eq!(err.kind(), ErrorKind::InvalidKey);
+//! assert!(Consumer::new("").is_err());
+//! # Ok::<(), justonce_core::Error>(())
+//! ```
+
+mod error;
+mod fingerprint;
+mod identity;
+mod outcome;
+mod retention;
+
+pub use error::{BoxError, Error, ErrorKind, Invalid};
+pub use fingerprint::Fingerprint;
+pub use identity::{Consumer, DerivedKey, Identity, Key, Scope};
+pub use outcome::{Claim, Outcome};
+pub use retention::Retention;
