@@ -1,1 +1,46 @@
-//! x
+//! Claim each message's key in the caller's own SQL transaction, so that the work and the
+//! record that it was done commit together, and a duplicate does nothing.
+//!
+//! | feature    | database                     |
+//! |------------|------------------------------|
+//! | `postgres` | PostgreSQL, through sqlx     |
+//! | `sqlite`   | SQLite (bundled), through sqlx |
+//!
+//! ```no_run
+//! # #[cfg(feature = "sqlite")]
+//! # async fn example() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use justonce_sql::{Inbox, Outcome, Consumer, Key};
+//! use sqlx::Sqlite;
+//!
+//! let inbox = Inbox::<Sqlite>::connect("sqlite://app.db", Consumer::new("billing")?).await?;
+//! inbox.migrate().await?;
+//!
+//! let key = Key::purpose(["invoice", "2026-10", "cust_481"])?;
+//! let outcome = inbox
+//!     .run(&key, b"job payload", |tx| Box::pin(async move {
+//!         sqlx::query("INSERT INTO invoices (customer) VALUES ('cust_481')")
+//!             .execute(&mut **tx)
+//!             .await
+//!     }))
+//!     .await?;
+//! match outcome {
+//!     Outcome::Processed(_) => println!("invoice created"),
+//!     Outcome::Duplicate => println!("already processed"),
+//!     Outcome::KeyReused { .. } => println!("same key, different payload: skipped"),
+//!     _ => unreachable!(),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+mod backend;
+mod inbox;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod tables;
+
+pub use backend::Backend;
+pub use inbox::{Inbox, Options, RunError, WorkFuture};
+pub use justonce_core::*;

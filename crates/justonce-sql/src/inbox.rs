@@ -1,0 +1,490 @@
+//! The inbox: claims keys under the unique constraint, in the caller's transaction.
+
+// The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
+
+use crate::backend::{database_error, is_connection_lost, Backend, Batch, ClaimRow, OutboxRow, Statements};
+use crate::tables::Tables;
+use justonce_core::{Claim, Consumer, Error, Fingerprint, Identity, Key, Outcome, Retention, Scope};
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The future a unit of work returns: it borrows the transaction for `'t`, and may borrow
+/// anything that outlives the call to [`Inbox::run`].
+pub type WorkFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>;
+
+/// Settings shared by every [`Inbox`] made from one connection.
+#[derive(Debug, Clone)]
+pub struct Options {
+    prefix: String,
+    retention: Retention,
+    max_attempts: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            prefix: "justonce_".to_owned(),
+            retention: Retention::default(),
+            max_attempts: 10,
+        }
+    }
+}
+
+impl Options {
+    /// The prefix of justonce's table names (default `justonce_`): 1 to 40 characters of
+    /// `a-z`, `0-9` and `_`, not starting with a digit.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long keys are kept (default 7 days, for a sender retrying 3 days).
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How many times [`Inbox::run`] tries a unit of work that failed with a serialization
+    /// failure, a deadlock or a busy database (default 10), at least once.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+}
+
+struct Shared<DB: Backend> {
+    pool: sqlx::Pool<DB>,
+    tables: Tables,
+    sql: Statements,
+    retention: Retention,
+    max_attempts: u32,
+}
+
+/// One consumer's view of a key store: claims its keys, runs its work once per key.
+///
+/// Cloning is cheap and clones share the connection pool. [`Inbox::with_consumer`] and
+/// [`Inbox::with_scope`] give other consumers and tenants of the same store.
+pub struct Inbox<DB: Backend> {
+    shared: Arc<Shared<DB>>,
+    consumer: Consumer,
+    scope: Scope,
+}
+
+impl<DB: Backend> Clone for Inbox<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            consumer: self.consumer.clone(),
+            scope: self.scope.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> fmt::Debug for Inbox<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbox")
+            .field("database", &<DB as sqlx::Database>::NAME)
+            .field("prefix", &self.shared.tables.prefix)
+            .field("consumer", &self.consumer)
+            .field("scope", &self.scope)
+            .finish()
+    }
+}
+
+impl<DB: Backend> Inbox<DB> {
+    /// Connects to `url` with the default [`Options`]. A `sqlite://` file is created if
+    /// missing.
+    pub async fn connect(url: &str, consumer: Consumer) -> Result<Self, Error> {
+        Self::connect_with(url, consumer, Options::default()).await
+    }
+
+    /// Connects to `url` with `options`.
+    pub async fn connect_with(url: &str, consumer: Consumer, options: Options) -> Result<Self, Error> {
+        let pool = DB::connect(url).await?;
+        Self::from_pool(pool, consumer, options)
+    }
+
+    /// Uses a pool the application already has. For SQLite, set WAL and a busy timeout on
+    /// it, as [`Inbox::connect`] does.
+    pub fn from_pool(pool: sqlx::Pool<DB>, consumer: Consumer, options: Options) -> Result<Self, Error> {
+        let tables = Tables::new(&options.prefix)?;
+        let sql = DB::statements(&tables);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                pool,
+                tables,
+                sql,
+                retention: options.retention,
+                max_attempts: options.max_attempts,
+            }),
+            consumer,
+            scope: Scope::none(),
+        })
+    }
+
+    /// The same store for another consumer.
+    pub fn with_consumer(&self, consumer: Consumer) -> Self {
+        Self {
+            consumer,
+            ..self.clone()
+        }
+    }
+
+    /// The same store and consumer within a tenant's scope.
+    pub fn with_scope(&self, scope: Scope) -> Self {
+        Self {
+            scope,
+            ..self.clone()
+        }
+    }
+
+    /// The connection pool, for the application's own queries.
+    pub fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.shared.pool
+    }
+
+    /// This inbox's consumer.
+    pub fn consumer(&self) -> &Consumer {
+        &self.consumer
+    }
+
+    /// The unique identity of `key` for this inbox's scope and consumer.
+    pub fn identity(&self, key: &Key) -> Identity {
+        Identity::new(self.scope.clone(), self.consumer.clone(), key.clone())
+    }
+
+    /// Creates or updates justonce's tables and checks them. Safe to call from several
+    /// processes at once, and cheap when there is nothing to do. Returns how many
+    /// migrations ran.
+    pub async fn migrate(&self) -> Result<usize, Error> {
+        let applied = DB::migrate(&self.shared.pool, &self.shared.tables).await?;
+        self.check().await?;
+        Ok(applied)
+    }
+
+    /// Checks that the keys table exists with its unique constraint on (scope, consumer,
+    /// key). Without the constraint, duplicates would slip through: this is an error.
+    pub async fn check(&self) -> Result<(), Error> {
+        if DB::has_unique_constraint(&self.shared.pool, &self.shared.sql).await? {
+            Ok(())
+        } else {
+            Err(Error::Schema(format!(
+                "table {} is missing or has no unique constraint on (scope, consumer, key): \
+                 run migrate, and do not create or alter the table by hand",
+                self.shared.tables.keys
+            )))
+        }
+    }
+
+    /// Opens a writing transaction: `BEGIN IMMEDIATE` on SQLite, so that it waits for the
+    /// write lock up front instead of failing with SQLITE_BUSY when it first writes.
+    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, DB>, Error> {
+        self.shared
+            .pool
+            .begin_with(DB::BEGIN)
+            .await
+            .map_err(database_error::<DB>)
+    }
+
+    /// Claims `key` inside the caller's transaction, through the unique constraint.
+    ///
+    /// [`Claim::First`]: do the work in the same transaction, then commit; the claim and
+    /// the work take effect together or not at all. [`Claim::Duplicate`] and
+    /// [`Claim::KeyReused`]: skip the work. On PostgreSQL a concurrent claim of the same key
+    /// waits until the first transaction ends, then sees its outcome.
+    pub async fn claim(&self, tx: &mut DB::Connection, key: &Key, payload: &[u8]) -> Result<Claim, Error> {
+        let fingerprint = Fingerprint::of(payload);
+        let claim_id = random_claim_id();
+        let identity = self.identity(key);
+        let stored = DB::claim(
+            tx,
+            &self.shared.sql,
+            ClaimRow {
+                identity: &identity,
+                fingerprint: &fingerprint,
+                claim_id,
+            },
+        )
+        .await?;
+        Ok(judge(stored.claim_id == claim_id, stored.fingerprint, fingerprint))
+    }
+
+    /// Claims a batch of keys in one statement inside the caller's transaction, and says
+    /// for each `(key, payload)`, in order, what it found.
+    ///
+    /// Keys are inserted in sorted order, so concurrent batches sharing keys cannot
+    /// deadlock. A key given twice in one batch is claimed by its first occurrence; the
+    /// later ones are duplicates (or key reuses, if their payloads differ).
+    pub async fn claim_many<P: AsRef<[u8]>>(
+        &self,
+        tx: &mut DB::Connection,
+        messages: &[(Key, P)],
+    ) -> Result<Vec<Claim>, Error> {
+        let fingerprints: Vec<Fingerprint> = messages.iter().map(|(_, payload)| Fingerprint::of(payload)).collect();
+        let mut first_of: HashMap<&str, usize> = HashMap::with_capacity(messages.len());
+        for (index, (key, _)) in messages.iter().enumerate() {
+            first_of.entry(key.as_str()).or_insert(index);
+        }
+        let mut unique: Vec<usize> = first_of.values().copied().collect();
+        unique.sort_unstable_by_key(|&index| messages[index].0.as_str());
+        let batch = Batch {
+            scope: &self.scope,
+            consumer: &self.consumer,
+            keys: unique.iter().map(|&index| messages[index].0.as_str()).collect(),
+            fingerprints: unique.iter().map(|&index| &fingerprints[index]).collect(),
+            claim_id: random_claim_id(),
+        };
+        let inserted = DB::insert_many(tx, &self.shared.sql, &batch).await?;
+        let mut holders: HashMap<String, Fingerprint> = HashMap::with_capacity(messages.len());
+        let mut first_claims: HashMap<&str, bool> = HashMap::with_capacity(inserted.len());
+        for key in &inserted {
+            first_claims.insert(key.as_str(), true);
+        }
+        let already_held: Vec<&str> = batch
+            .keys
+            .iter()
+            .copied()
+            .filter(|key| !first_claims.contains_key(key))
+            .collect();
+        if !already_held.is_empty() {
+            for (key, stored) in DB::find_many(tx, &self.shared.sql, &self.scope, &self.consumer, &already_held).await? {
+                holders.insert(key, stored.fingerprint);
+            }
+        }
+        messages
+            .iter()
+            .enumerate()
+            .map(|(index, (key, _))| {
+                let first = first_of[key.as_str()];
+                let received = fingerprints[index];
+                if first_claims.contains_key(key.as_str()) {
+                    return Ok(judge(index == first, fingerprints[first], received));
+                }
+                let stored = holders.get(key.as_str()).copied().ok_or_else(|| {
+                    Error::Schema(format!("key {key} conflicted but cannot be read"))
+                })?;
+                Ok(judge(false, stored, received))
+            })
+            .collect()
+    }
+
+    /// Runs `work` once for `key`: opens a transaction, claims the key, runs the work with
+    /// the transaction, and commits the claim and the work's writes together.
+    ///
+    /// - A duplicate key commits nothing and returns [`Outcome::Duplicate`]; the same key
+    ///   with another payload returns [`Outcome::KeyReused`]. The work does not run.
+    /// - A serialization failure, a deadlock or a busy database, from the claim, the work's
+    ///   own statements or the commit, rolls back and runs everything again, up to
+    ///   [`Options::max_attempts`] times with a growing, jittered pause. The work must
+    ///   therefore have no effect outside the transaction.
+    /// - If the connection breaks after COMMIT was sent, the next attempt's claim reads the
+    ///   key back: if the row carries this run's claim id the commit happened and the run
+    ///   returns [`Outcome::Processed`] without running the work again. If the database
+    ///   cannot be reached to find out, the error is [`Error::CommitUnknown`]: do not
+    ///   acknowledge the message; its redelivery will be judged by the same claim.
+    ///
+    /// Any other error from the work rolls back and is returned as [`RunError::Work`].
+    pub async fn run<'env, T, E, F>(&self, key: &Key, payload: &[u8], mut work: F) -> Result<Outcome<T>, RunError<E>>
+    where
+        F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let fingerprint = Fingerprint::of(payload);
+        let identity = self.identity(key);
+        // A commit whose answer was lost: its claim id and the work's result.
+        let mut unknown_commit: Option<(i64, T)> = None;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let claim_id = random_claim_id();
+            let failure = match self.begin().await {
+                Err(error) => error,
+                // 'env, not 'static: the work may borrow what outlives this call.
+                Ok::<sqlx::Transaction<'env, DB>, _>(mut tx) => {
+                    let claimed = DB::claim(
+                        &mut tx,
+                        &self.shared.sql,
+                        ClaimRow {
+                            identity: &identity,
+                            fingerprint: &fingerprint,
+                            claim_id,
+                        },
+                    )
+                    .await;
+                    match claimed {
+                        Err(error) => error,
+                        Ok(stored) if stored.claim_id != claim_id => {
+                            drop(tx);
+                            if let Some((lost_id, value)) = unknown_commit.take() {
+                                if lost_id == stored.claim_id {
+                                    tracing::debug!(key = %key, "the commit whose answer was lost had happened");
+                                    return Ok(Outcome::Processed(value));
+                                }
+                            }
+                            return Ok(match judge(false, stored.fingerprint, fingerprint) {
+                                Claim::KeyReused { stored, received } => {
+                                    tracing::warn!(key = %key, consumer = %self.consumer, "same key, different payload: skipped");
+                                    Outcome::KeyReused { stored, received }
+                                }
+                                _ => {
+                                    tracing::debug!(key = %key, consumer = %self.consumer, "duplicate: skipped");
+                                    Outcome::Duplicate
+                                }
+                            });
+                        }
+                        Ok(_) => {
+                            // This attempt holds the key, so no earlier commit happened.
+                            unknown_commit = None;
+                            match work(&mut tx).await {
+                                Err(error) => {
+                                    drop(tx);
+                                    if attempt < self.shared.max_attempts && is_retryable_work_error::<DB>(&error) {
+                                        tracing::debug!(key = %key, attempt, %error, "work failed transiently: retrying");
+                                        backoff(attempt).await;
+                                        continue;
+                                    }
+                                    return Err(RunError::Work(error));
+                                }
+                                Ok(value) => match tx.commit().await.map_err(database_error::<DB>) {
+                                    Ok(()) => return Ok(Outcome::Processed(value)),
+                                    Err(error) => {
+                                        if is_connection_lost(&error) {
+                                            unknown_commit = Some((claim_id, value));
+                                        }
+                                        error
+                                    }
+                                },
+                            }
+                        }
+                    }
+                }
+            };
+            let transient = failure.is_retryable() || unknown_commit.is_some();
+            if attempt >= self.shared.max_attempts || !transient {
+                return Err(RunError::Store(match unknown_commit {
+                    Some(_) => Error::CommitUnknown {
+                        source: Box::new(failure),
+                    },
+                    None => failure,
+                }));
+            }
+            tracing::debug!(key = %key, attempt, error = %failure, "transaction failed transiently: retrying");
+            backoff(attempt).await;
+        }
+    }
+
+    /// Writes an outbox row in the caller's transaction, keyed by the derived key of
+    /// `step` for `key`: the same key, step, consumer and scope always give the same
+    /// downstream key. Returns the row's id.
+    pub async fn enqueue(
+        &self,
+        tx: &mut DB::Connection,
+        key: &Key,
+        step: &str,
+        destination: &str,
+        payload: &[u8],
+    ) -> Result<i64, Error> {
+        let derived = self.identity(key).derive(step);
+        DB::enqueue(
+            tx,
+            &self.shared.sql,
+            OutboxRow {
+                scope: self.scope.as_str(),
+                key: derived.as_str(),
+                destination,
+                payload,
+            },
+        )
+        .await
+    }
+
+    /// Deletes this consumer's keys processed more than `older_than` ago (by the
+    /// database's clock), `batch_size` rows per statement so that no statement holds many
+    /// locks, and returns how many were deleted. A purged key can be claimed again, so
+    /// `older_than` shorter than the retention's retry horizon is refused.
+    pub async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
+        let horizon = self.shared.retention.retry_horizon();
+        if older_than < horizon {
+            return Err(Error::RetentionBelowHorizon {
+                retention: older_than,
+                retry_horizon: horizon,
+            });
+        }
+        let older_than_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let limit = i64::from(batch_size.max(1));
+        let mut purged = 0;
+        loop {
+            let deleted = DB::purge_batch(&self.shared.pool, &self.shared.sql, &self.consumer, older_than_ms, limit).await?;
+            purged += deleted;
+            if deleted < limit as u64 {
+                return Ok(purged);
+            }
+        }
+    }
+
+    /// Purges the keys older than the configured retention; see [`Inbox::purge`].
+    pub async fn purge_expired(&self, batch_size: u32) -> Result<u64, Error> {
+        self.purge(self.shared.retention.keep(), batch_size).await
+    }
+}
+
+/// What a claim found, given whether this attempt's row holds the key.
+fn judge(holds: bool, stored: Fingerprint, received: Fingerprint) -> Claim {
+    if holds {
+        Claim::First
+    } else if stored == received {
+        Claim::Duplicate
+    } else {
+        Claim::KeyReused { stored, received }
+    }
+}
+
+/// Why [`Inbox::run`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError<E> {
+    /// justonce or the database failed; nothing was committed unless the error is
+    /// [`Error::CommitUnknown`].
+    #[error(transparent)]
+    Store(Error),
+    /// The work returned this error; its transaction was rolled back.
+    #[error("the work failed: {0}")]
+    Work(#[source] E),
+}
+
+/// Whether the work failed because of its transaction rather than its logic: a
+/// serialization failure, deadlock or busy database anywhere in its error's chain.
+fn is_retryable_work_error<DB: Backend>(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(error) = error.downcast_ref::<sqlx::Error>() {
+            return DB::is_retryable(error);
+        }
+        if let Some(error) = error.downcast_ref::<Error>() {
+            return error.is_retryable();
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// A fresh 64-bit claim id. `RandomState` seeds each hasher from the operating system's
+/// randomness, which is all an id that tells two attempts apart needs.
+fn random_claim_id() -> i64 {
+    RandomState::new().hash_one(std::time::Instant::now()) as i64
+}
+
+/// Waits 10 ms, 20 ms, 40 ms … up to 1 s, each with up to half of it added at random, so
+/// that retrying transactions do not collide again.
+async fn backoff(attempt: u32) {
+    let base = Duration::from_millis(10) * 2u32.pow(attempt.min(7) - 1);
+    let base = base.min(Duration::from_secs(1));
+    let jitter = random_claim_id().unsigned_abs() % (base.as_millis() as u64 / 2 + 1);
+    tokio::time::sleep(base + Duration::from_millis(jitter)).await;
+}

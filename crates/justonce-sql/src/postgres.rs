@@ -1,0 +1,221 @@
+//! PostgreSQL: one round trip per claim, `unnest` for batches, an advisory lock for
+//! migrations.
+
+use crate::backend::{
+    database_error, shared_queries, Backend, Batch, ClaimRow, Migration, OutboxRow, Sealed,
+    Statements, Stored,
+};
+use crate::tables::Tables;
+use justonce_core::{Consumer, Error, Identity, Scope};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, Postgres};
+use std::future::Future;
+
+impl Sealed for Postgres {}
+
+const MIGRATION_SETUP: &[&str] = &[
+    // Serialises migrators of one prefix across processes until the transaction ends.
+    "SELECT pg_advisory_xact_lock(hashtext('justonce:{prefix}'))",
+    "CREATE TABLE IF NOT EXISTS {prefix}migrations (
+        version bigint PRIMARY KEY,
+        description text NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now()
+    )",
+];
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "keys and outbox",
+    // "C" collation: keys compare byte for byte, as documented, and index faster.
+    sql: "
+CREATE TABLE IF NOT EXISTS {prefix}keys (
+    scope text COLLATE \"C\" NOT NULL,
+    consumer text COLLATE \"C\" NOT NULL,
+    key text COLLATE \"C\" NOT NULL,
+    fingerprint bytea NOT NULL,
+    claim_id bigint NOT NULL,
+    processed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (scope, consumer, key)
+);
+CREATE INDEX IF NOT EXISTS {prefix}keys_purge ON {prefix}keys (consumer, processed_at);
+CREATE TABLE IF NOT EXISTS {prefix}outbox (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    scope text NOT NULL,
+    key text NOT NULL,
+    destination text NOT NULL,
+    payload bytea NOT NULL,
+    headers jsonb NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    attempts integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    sent_at timestamptz,
+    last_error text,
+    dead boolean NOT NULL DEFAULT false
+);
+CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at)
+    WHERE sent_at IS NULL AND NOT dead;
+",
+}];
+
+impl Backend for Postgres {
+    const BEGIN: &'static str = "BEGIN";
+
+    fn statements(tables: &Tables) -> Statements {
+        let keys = &tables.keys;
+        Statements {
+            // The second SELECT reads the holder of a key that was committed before this
+            // statement began. A holder that commits while the INSERT waits for it is not
+            // in this statement's snapshot: the statement returns no row, and the caller
+            // asks again with `find`.
+            claim: format!(
+                "WITH inserted AS (
+                    INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
+                    VALUES ($1, $2, $3, $4, $5)
+                    ON CONFLICT (scope, consumer, key) DO NOTHING
+                    RETURNING claim_id, fingerprint
+                 )
+                 SELECT claim_id, fingerprint FROM inserted
+                 UNION ALL
+                 SELECT claim_id, fingerprint FROM {keys}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3
+                   AND NOT EXISTS (SELECT FROM inserted)"
+            )
+            .into(),
+            find: format!(
+                "SELECT claim_id, fingerprint FROM {keys}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3"
+            )
+            .into(),
+            // Rows are inserted, and so locked, in key order: two batches that share keys
+            // wait for each other instead of deadlocking.
+            insert_many: format!(
+                "INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
+                 SELECT $1, $2, batch.key, batch.fingerprint, $5
+                 FROM unnest($3::text[], $4::bytea[]) AS batch (key, fingerprint)
+                 ORDER BY batch.key COLLATE \"C\"
+                 ON CONFLICT (scope, consumer, key) DO NOTHING
+                 RETURNING key"
+            )
+            .into(),
+            find_many: format!(
+                "SELECT key, claim_id, fingerprint FROM {keys}
+                 WHERE scope = $1 AND consumer = $2 AND key = ANY($3)"
+            )
+            .into(),
+            purge: format!(
+                "DELETE FROM {keys} WHERE (scope, consumer, key) IN (
+                    SELECT scope, consumer, key FROM {keys}
+                    WHERE consumer = $1
+                      AND processed_at < now() - $2 * interval '1 millisecond'
+                    LIMIT $3
+                    FOR UPDATE SKIP LOCKED
+                 )"
+            )
+            .into(),
+            enqueue: format!(
+                "INSERT INTO {} (scope, key, destination, payload) VALUES ($1, $2, $3, $4)
+                 RETURNING id",
+                tables.outbox
+            )
+            .into(),
+            has_unique_constraint: format!(
+                "SELECT count(*) FROM pg_index AS i
+                 WHERE i.indrelid = to_regclass('{keys}')
+                   AND i.indisunique AND i.indpred IS NULL AND i.indnkeyatts = 3
+                   AND (SELECT array_agg(a.attname::text ORDER BY a.attname)
+                        FROM pg_attribute AS a
+                        WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey))
+                       = ARRAY['consumer', 'key', 'scope']"
+            )
+            .into(),
+        }
+    }
+
+    fn connect(url: &str) -> impl Future<Output = Result<sqlx::Pool<Self>, Error>> + Send {
+        async move {
+            PgPoolOptions::new()
+                .connect(url)
+                .await
+                .map_err(database_error::<Self>)
+        }
+    }
+
+    fn claim<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        row: ClaimRow<'a>,
+    ) -> impl Future<Output = Result<Stored, Error>> + Send + 'a {
+        async move {
+            let id = row.identity;
+            let holder: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.claim.clone()))
+                .bind(id.scope.as_str())
+                .bind(id.consumer.as_str())
+                .bind(id.key.as_str())
+                .bind(row.fingerprint.as_bytes().as_slice())
+                .bind(row.claim_id)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(database_error::<Self>)?;
+            match holder {
+                Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
+                None => Self::find(conn, sql, id).await?.ok_or_else(|| {
+                    Error::Schema(format!("key {} conflicted but cannot be read", id.key))
+                }),
+            }
+        }
+    }
+
+    fn insert_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        batch: &'a Batch<'a>,
+    ) -> impl Future<Output = Result<Vec<String>, Error>> + Send + 'a {
+        async move {
+            let fingerprints: Vec<&[u8]> = batch
+                .fingerprints
+                .iter()
+                .map(|fingerprint| fingerprint.as_bytes().as_slice())
+                .collect();
+            let inserted: Vec<(String,)> = sqlx::query_as(AssertSqlSafe(sql.insert_many.clone()))
+                .bind(batch.scope.as_str())
+                .bind(batch.consumer.as_str())
+                .bind(&batch.keys)
+                .bind(&fingerprints)
+                .bind(batch.claim_id)
+                .fetch_all(conn)
+                .await
+                .map_err(database_error::<Self>)?;
+            Ok(inserted.into_iter().map(|(key,)| key).collect())
+        }
+    }
+
+    fn find_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        scope: &'a Scope,
+        consumer: &'a Consumer,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a {
+        async move {
+            let rows: Vec<(String, i64, Vec<u8>)> =
+                sqlx::query_as(AssertSqlSafe(sql.find_many.clone()))
+                    .bind(scope.as_str())
+                    .bind(consumer.as_str())
+                    .bind(keys)
+                    .fetch_all(conn)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            rows.into_iter()
+                .map(|(key, claim_id, fingerprint)| Ok((key, Stored::decode(claim_id, fingerprint)?)))
+                .collect()
+        }
+    }
+
+    fn is_retryable(error: &sqlx::Error) -> bool {
+        // 40001 serialization_failure, 40P01 deadlock_detected, 55P03 lock_not_available.
+        let code = error.as_database_error().and_then(|e| e.code());
+        matches!(code.as_deref(), Some("40001" | "40P01" | "55P03"))
+    }
+
+    shared_queries!();
+}

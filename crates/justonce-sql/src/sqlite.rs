@@ -1,0 +1,252 @@
+//! SQLite: WAL, `BEGIN IMMEDIATE` for writers, a busy timeout, and JSON for batches.
+
+use crate::backend::{
+    database_error, shared_queries, Backend, Batch, ClaimRow, Migration, OutboxRow, Sealed,
+    Statements, Stored,
+};
+use crate::tables::Tables;
+use justonce_core::{Consumer, Error, Identity, Scope};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AssertSqlSafe, Sqlite};
+use std::future::Future;
+use std::str::FromStr;
+use std::time::Duration;
+
+impl Sealed for Sqlite {}
+
+/// How long a writer waits for another connection's write lock, in this process or another,
+/// before SQLite gives up with SQLITE_BUSY.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The store's clock, in milliseconds since the Unix epoch.
+const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+// BEGIN IMMEDIATE already holds the database's only write lock.
+const MIGRATION_SETUP: &[&str] = &["CREATE TABLE IF NOT EXISTS {prefix}migrations (
+    version INTEGER PRIMARY KEY,
+    description TEXT NOT NULL,
+    applied_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER))
+)"];
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "keys and outbox",
+    sql: "
+CREATE TABLE IF NOT EXISTS {prefix}keys (
+    scope TEXT NOT NULL,
+    consumer TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint BLOB NOT NULL,
+    claim_id INTEGER NOT NULL,
+    processed_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+    PRIMARY KEY (scope, consumer, key)
+);
+CREATE INDEX IF NOT EXISTS {prefix}keys_purge ON {prefix}keys (consumer, processed_at);
+CREATE TABLE IF NOT EXISTS {prefix}outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    destination TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    headers TEXT NOT NULL DEFAULT '{}',
+    created_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+    sent_at INTEGER,
+    last_error TEXT,
+    dead INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at)
+    WHERE sent_at IS NULL AND dead = 0;
+",
+}];
+
+impl Backend for Sqlite {
+    // A deferred transaction that upgrades to a write fails with SQLITE_BUSY at once,
+    // whatever the busy timeout; an immediate one waits for the write lock.
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
+
+    fn statements(tables: &Tables) -> Statements {
+        let keys = &tables.keys;
+        Statements {
+            claim: format!(
+                "INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id, processed_at)
+                 VALUES ($1, $2, $3, $4, $5, {NOW_MS})
+                 ON CONFLICT (scope, consumer, key) DO NOTHING
+                 RETURNING claim_id, fingerprint"
+            )
+            .into(),
+            find: format!(
+                "SELECT claim_id, fingerprint FROM {keys}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3"
+            )
+            .into(),
+            // One JSON array of [key, hex fingerprint] pairs keeps the statement text fixed
+            // whatever the batch size, so it is prepared once.
+            insert_many: format!(
+                "INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id, processed_at)
+                 SELECT $1, $2, value ->> 0, unhex(value ->> 1), $3, {NOW_MS}
+                 FROM json_each($4) WHERE true
+                 ON CONFLICT (scope, consumer, key) DO NOTHING
+                 RETURNING key"
+            )
+            .into(),
+            find_many: format!(
+                "SELECT key, claim_id, fingerprint FROM {keys}
+                 WHERE scope = $1 AND consumer = $2
+                   AND key IN (SELECT value FROM json_each($3))"
+            )
+            .into(),
+            purge: format!(
+                "DELETE FROM {keys} WHERE rowid IN (
+                    SELECT rowid FROM {keys}
+                    WHERE consumer = $1 AND processed_at < {NOW_MS} - $2
+                    LIMIT $3
+                 )"
+            )
+            .into(),
+            enqueue: format!(
+                "INSERT INTO {} (scope, key, destination, payload) VALUES ($1, $2, $3, $4)
+                 RETURNING id",
+                tables.outbox
+            )
+            .into(),
+            has_unique_constraint: format!(
+                "SELECT count(*) FROM pragma_index_list('{keys}') AS list
+                 WHERE list.\"unique\" = 1 AND list.partial = 0
+                   AND (SELECT group_concat(name, ',') FROM (
+                          SELECT name FROM pragma_index_info(list.name) ORDER BY name
+                       )) = 'consumer,key,scope'"
+            )
+            .into(),
+        }
+    }
+
+    fn connect(url: &str) -> impl Future<Output = Result<sqlx::Pool<Self>, Error>> + Send {
+        async move {
+            let options = SqliteConnectOptions::from_str(url)
+                .map_err(|e| Error::Config(format!("database URL {url:?}: {e}")))?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .busy_timeout(BUSY_TIMEOUT);
+            SqlitePoolOptions::new()
+                .connect_with(options)
+                .await
+                .map_err(database_error::<Self>)
+        }
+    }
+
+    fn claim<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        row: ClaimRow<'a>,
+    ) -> impl Future<Output = Result<Stored, Error>> + Send + 'a {
+        async move {
+            let id = row.identity;
+            let inserted: Option<(i64, Vec<u8>)> =
+                sqlx::query_as(AssertSqlSafe(sql.claim.clone()))
+                    .bind(id.scope.as_str())
+                    .bind(id.consumer.as_str())
+                    .bind(id.key.as_str())
+                    .bind(row.fingerprint.as_bytes().as_slice())
+                    .bind(row.claim_id)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            match inserted {
+                Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
+                // The writer's lock keeps the holder in place between the two statements.
+                None => Self::find(conn, sql, id).await?.ok_or_else(|| {
+                    Error::Schema(format!("key {} conflicted but cannot be read", id.key))
+                }),
+            }
+        }
+    }
+
+    fn insert_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        batch: &'a Batch<'a>,
+    ) -> impl Future<Output = Result<Vec<String>, Error>> + Send + 'a {
+        async move {
+            let pairs = batch
+                .keys
+                .iter()
+                .zip(&batch.fingerprints)
+                .map(|(key, fingerprint)| format!("[{},\"{fingerprint}\"]", json_string(key)));
+            let json = format!("[{}]", pairs.collect::<Vec<_>>().join(","));
+            let inserted: Vec<(String,)> = sqlx::query_as(AssertSqlSafe(sql.insert_many.clone()))
+                .bind(batch.scope.as_str())
+                .bind(batch.consumer.as_str())
+                .bind(batch.claim_id)
+                .bind(json)
+                .fetch_all(conn)
+                .await
+                .map_err(database_error::<Self>)?;
+            Ok(inserted.into_iter().map(|(key,)| key).collect())
+        }
+    }
+
+    fn find_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        scope: &'a Scope,
+        consumer: &'a Consumer,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a {
+        async move {
+            let json = format!(
+                "[{}]",
+                keys.iter().map(|key| json_string(key)).collect::<Vec<_>>().join(",")
+            );
+            let rows: Vec<(String, i64, Vec<u8>)> =
+                sqlx::query_as(AssertSqlSafe(sql.find_many.clone()))
+                    .bind(scope.as_str())
+                    .bind(consumer.as_str())
+                    .bind(json)
+                    .fetch_all(conn)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            rows.into_iter()
+                .map(|(key, claim_id, fingerprint)| Ok((key, Stored::decode(claim_id, fingerprint)?)))
+                .collect()
+        }
+    }
+
+    fn is_retryable(error: &sqlx::Error) -> bool {
+        // The primary result code is the low byte of the extended one:
+        // 5 SQLITE_BUSY (and BUSY_SNAPSHOT, BUSY_RECOVERY), 6 SQLITE_LOCKED.
+        let code = error.as_database_error().and_then(|e| e.code());
+        let primary = code.and_then(|code| code.parse::<i32>().ok()).map(|code| code & 0xff);
+        matches!(primary, Some(5 | 6))
+    }
+
+    shared_queries!();
+}
+
+/// `text` as a JSON string. Keys, scopes and consumer names hold no control characters
+/// (they are validated when built), so only the quote and the backslash need escaping.
+fn json_string(text: &str) -> String {
+    let mut json = String::with_capacity(text.len() + 2);
+    json.push('"');
+    for c in text.chars() {
+        if matches!(c, '"' | '\\') {
+            json.push('\\');
+        }
+        json.push(c);
+    }
+    json.push('"');
+    json
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_string;
+
+    #[test]
+    fn json_strings_escape_quotes_and_backslashes() {
+        assert_eq!(json_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(json_string("café"), "\"café\"");
+    }
+}

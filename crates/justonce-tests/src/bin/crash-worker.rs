@@ -1,0 +1,82 @@
+//! A worker for the crash and multi-process tests: processes keys with `Inbox::run`, writing
+//! one effect row per key, and can stop at a named point for its parent to kill it.
+//!
+//! `crash-worker <database-url> <prefix> <consumer> <pause-at> <key>...`
+//!
+//! `pause-at` is `after-claim` (the key is claimed, nothing else done), `after-effect` (the
+//! effect row is written, not committed), `after-commit` (committed, the message not yet
+//! acknowledged) or `never`. At that point the worker prints `paused at <point>` and waits
+//! to be killed. Otherwise it prints `processed <key>`, `duplicate <key>` or
+//! `reused <key>` for each key.
+
+use justonce_sql::{Consumer, Inbox, Key, Options, Outcome};
+use justonce_tests::TestBackend;
+use sqlx::{Postgres, Sqlite};
+use std::io::Write;
+use std::process::ExitCode;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [url, prefix, consumer, pause_at, keys @ ..] = args.as_slice() else {
+        eprintln!("usage: crash-worker <database-url> <prefix> <consumer> <pause-at> <key>...");
+        return ExitCode::from(2);
+    };
+    let result = if url.starts_with("sqlite:") {
+        work::<Sqlite>(url, prefix, consumer, pause_at, keys).await
+    } else {
+        work::<Postgres>(url, prefix, consumer, pause_at, keys).await
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("crash-worker: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn work<DB: TestBackend>(
+    url: &str,
+    prefix: &str,
+    consumer: &str,
+    pause_at: &str,
+    keys: &[String],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let consumer = Consumer::new(consumer)?;
+    let inbox = Inbox::<DB>::connect_with(url, consumer.clone(), Options::default().prefix(prefix)).await?;
+    for key in keys {
+        let key = Key::new(key.as_str())?;
+        let outcome = inbox
+            .run(&key, key.as_str().as_bytes(), |tx| {
+                Box::pin(async {
+                    if pause_at == "after-claim" {
+                        pause(pause_at).await;
+                    }
+                    DB::insert_effect(tx, prefix, consumer.as_str(), key.as_str()).await?;
+                    if pause_at == "after-effect" {
+                        pause(pause_at).await;
+                    }
+                    Ok::<_, sqlx::Error>(())
+                })
+            })
+            .await?;
+        if pause_at == "after-commit" {
+            pause(pause_at).await;
+        }
+        let word = match outcome {
+            Outcome::Processed(()) => "processed",
+            Outcome::Duplicate => "duplicate",
+            _ => "reused",
+        };
+        println!("{word} {key}");
+    }
+    Ok(())
+}
+
+/// Tells the parent where the worker stands, then waits for SIGKILL.
+async fn pause(point: &str) {
+    println!("paused at {point}");
+    std::io::stdout().flush().expect("stdout");
+    std::future::pending::<()>().await;
+}

@@ -1,0 +1,235 @@
+//! Support for justonce's integration tests: a fresh set of tables per test on each real
+//! database, and an effect table without a unique constraint, so that a doubled effect
+//! shows as two rows.
+
+use justonce_sql::{Backend, Consumer, Inbox, Key, Options};
+use sqlx::{AssertSqlSafe, Postgres, Sqlite};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The PostgreSQL server the tests use; they fail if it is down.
+pub fn postgres_url() -> String {
+    std::env::var("JUSTONCE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A database the tests run against, with the statements they need on it.
+pub trait TestBackend: Backend {
+    /// A database URL no other test uses: a new file for SQLite, the shared server for
+    /// PostgreSQL (tests there are kept apart by their table prefix).
+    fn fresh_url(name: &str) -> String;
+
+    /// Removes what [`TestBackend::fresh_url`] made, apart from tables.
+    fn remove(url: &str);
+
+    /// Moves a key's processing time `millis` into the past, by the store's clock.
+    fn age_key<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        prefix: &'a str,
+        key: &'a str,
+        millis: i64,
+    ) -> impl Future<Output = ()> + Send + 'a;
+
+    /// Writes one effect row for `key` in the caller's transaction.
+    fn insert_effect<'a>(
+        conn: &'a mut Self::Connection,
+        prefix: &'a str,
+        consumer: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Runs one statement without arguments.
+    fn execute<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: String,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// The single number a counting query returns.
+    fn count<'a>(pool: &'a sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send + 'a;
+}
+
+macro_rules! same_on_every_database {
+    () => {
+        fn insert_effect<'a>(
+            conn: &'a mut Self::Connection,
+            prefix: &'a str,
+            consumer: &'a str,
+            key: &'a str,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+            async move {
+                sqlx::query(AssertSqlSafe(format!(
+                    "INSERT INTO {prefix}effects (consumer, key) VALUES ($1, $2)"
+                )))
+                .bind(consumer)
+                .bind(key)
+                .execute(conn)
+                .await
+                .map(drop)
+            }
+        }
+
+        fn execute<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: String,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+            async move {
+                let done = sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
+                Ok(done.rows_affected())
+            }
+        }
+
+        fn count<'a>(pool: &'a sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send + 'a {
+            async move {
+                let (count,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.clone()))
+                    .fetch_one(pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                count
+            }
+        }
+    };
+}
+
+impl TestBackend for Sqlite {
+    fn fresh_url(name: &str) -> String {
+        let path = std::env::temp_dir().join(format!("justonce-{name}.db"));
+        Self::remove(&format!("sqlite://{}", path.display()));
+        format!("sqlite://{}", path.display())
+    }
+
+    fn remove(url: &str) {
+        let path = PathBuf::from(url.trim_start_matches("sqlite://"));
+        for suffix in ["", "-wal", "-shm"] {
+            let mut file = path.clone().into_os_string();
+            file.push(suffix);
+            let _ = std::fs::remove_file(file);
+        }
+    }
+
+    fn age_key<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        prefix: &'a str,
+        key: &'a str,
+        millis: i64,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        async move {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {prefix}keys
+                 SET processed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1
+                 WHERE key = $2"
+            )))
+            .bind(millis)
+            .bind(key)
+            .execute(pool)
+            .await
+            .expect("age a key");
+        }
+    }
+
+    same_on_every_database!();
+}
+
+impl TestBackend for Postgres {
+    fn fresh_url(_name: &str) -> String {
+        postgres_url()
+    }
+
+    fn remove(_url: &str) {}
+
+    fn age_key<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        prefix: &'a str,
+        key: &'a str,
+        millis: i64,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        async move {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {prefix}keys SET processed_at = now() - $1 * interval '1 millisecond'
+                 WHERE key = $2"
+            )))
+            .bind(millis)
+            .bind(key)
+            .execute(pool)
+            .await
+            .expect("age a key");
+        }
+    }
+
+    same_on_every_database!();
+}
+
+/// One test's own tables on one database.
+pub struct TestDb<DB: TestBackend> {
+    /// The database URL, for child processes.
+    pub url: String,
+    /// The table prefix no other test uses.
+    pub prefix: String,
+    /// An inbox for consumer `test`, migrated.
+    pub inbox: Inbox<DB>,
+}
+
+impl<DB: TestBackend> TestDb<DB> {
+    /// Fresh, migrated tables with an effect table beside them.
+    pub async fn new(test: &str) -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().subsec_nanos();
+        let unique = format!(
+            "{}_{}_{nanos}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let prefix = format!("t{unique}_");
+        let url = DB::fresh_url(&format!("{test}-{unique}"));
+        let inbox = Inbox::<DB>::connect_with(
+            &url,
+            Consumer::new("test").unwrap(),
+            Options::default().prefix(&prefix),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"));
+        inbox.migrate().await.expect("migrate");
+        DB::execute(
+            inbox.pool(),
+            format!("CREATE TABLE {prefix}effects (consumer TEXT NOT NULL, key TEXT NOT NULL)"),
+        )
+        .await
+        .expect("create the effect table");
+        Self { url, prefix, inbox }
+    }
+
+    /// The inbox of another consumer on the same tables.
+    pub fn consumer(&self, name: &str) -> Inbox<DB> {
+        self.inbox.with_consumer(Consumer::new(name).unwrap())
+    }
+
+    /// Rows in one of this test's tables (`keys`, `outbox`, `effects`).
+    pub async fn rows(&self, table: &str) -> i64 {
+        DB::count(self.inbox.pool(), format!("SELECT count(*) FROM {}{table}", self.prefix)).await
+    }
+
+    /// Effect rows written for `key`.
+    pub async fn effects_of(&self, key: &Key) -> i64 {
+        DB::count(
+            self.inbox.pool(),
+            format!(
+                "SELECT count(*) FROM {}effects WHERE key = '{}'",
+                self.prefix,
+                key.as_str().replace('\'', "''")
+            ),
+        )
+        .await
+    }
+
+    /// Drops this test's tables, or its database file.
+    pub async fn cleanup(self) {
+        for table in ["effects", "outbox", "keys", "migrations"] {
+            DB::execute(self.inbox.pool(), format!("DROP TABLE IF EXISTS {}{table}", self.prefix))
+                .await
+                .expect("drop a test table");
+        }
+        self.inbox.pool().close().await;
+        DB::remove(&self.url);
+    }
+}

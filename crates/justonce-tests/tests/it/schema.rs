@@ -1,0 +1,98 @@
+//! Migrations and the checks that keep the unique constraint in place.
+
+use super::on_every_database;
+use justonce_sql::{Consumer, ErrorKind, Inbox, Options};
+use justonce_tests::{TestBackend, TestDb};
+
+on_every_database!(
+    concurrent_migrations_apply_once,
+    a_keys_table_without_its_constraint_is_refused,
+    a_newer_schema_is_refused,
+);
+
+async fn concurrent_migrations_apply_once<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let fresh = format!("{}m_", db.prefix);
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, prefix) = (db.url.clone(), fresh.clone());
+            tokio::spawn(async move {
+                let options = Options::default().prefix(prefix);
+                let inbox = Inbox::<DB>::connect_with(&url, Consumer::new("m").unwrap(), options)
+                    .await
+                    .unwrap();
+                inbox.migrate().await.unwrap()
+            })
+        })
+        .collect();
+    let mut applied = 0;
+    for task in tasks {
+        applied += task.await.unwrap();
+    }
+    assert_eq!(applied, 1);
+    for table in ["keys", "outbox", "migrations"] {
+        DB::execute(db.inbox.pool(), format!("DROP TABLE {fresh}{table}"))
+            .await
+            .unwrap();
+    }
+    db.cleanup().await;
+}
+
+async fn a_keys_table_without_its_constraint_is_refused<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let bare = format!("{}b_", db.prefix);
+    DB::execute(
+        db.inbox.pool(),
+        format!(
+            "CREATE TABLE {bare}keys (scope TEXT NOT NULL, consumer TEXT NOT NULL, \
+             key TEXT NOT NULL, fingerprint TEXT, claim_id BIGINT, processed_at BIGINT)"
+        ),
+    )
+    .await
+    .unwrap();
+    let inbox = Inbox::<DB>::from_pool(
+        db.inbox.pool().clone(),
+        Consumer::new("c").unwrap(),
+        Options::default().prefix(&bare),
+    )
+    .unwrap();
+    assert_eq!(inbox.migrate().await.unwrap_err().kind(), ErrorKind::Schema);
+    assert_eq!(inbox.check().await.unwrap_err().kind(), ErrorKind::Schema);
+    for table in ["keys", "outbox", "migrations"] {
+        DB::execute(db.inbox.pool(), format!("DROP TABLE IF EXISTS {bare}{table}"))
+            .await
+            .unwrap();
+    }
+    db.cleanup().await;
+}
+
+async fn a_newer_schema_is_refused<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    DB::execute(
+        db.inbox.pool(),
+        format!(
+            "INSERT INTO {}migrations (version, description) VALUES (99, 'from the future')",
+            db.prefix
+        ),
+    )
+    .await
+    .unwrap();
+    let error = db.inbox.migrate().await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Schema);
+    assert!(error.to_string().contains("99"), "{error}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_prefix_that_is_not_an_identifier_is_refused() {
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().connect_lazy("sqlite::memory:").unwrap();
+    for prefix in ["", "Bad", "drop table;", "1x_"] {
+        let error = Inbox::<sqlx::Sqlite>::from_pool(
+            pool.clone(),
+            Consumer::new("c").unwrap(),
+            Options::default().prefix(prefix),
+        )
+        .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Config, "{prefix:?}");
+    }
+}
