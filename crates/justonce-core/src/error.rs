@@ -73,7 +73,13 @@ impl Error {
 
     /// Whether the same work may succeed when run again in a new transaction.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Database { retryable: true, .. })
+        matches!(
+            self,
+            Error::Database {
+                retryable: true,
+                ..
+            }
+        )
     }
 }
 
@@ -136,7 +142,10 @@ pub enum Invalid {
 fn humanize(duration: Duration) -> String {
     let secs = duration.as_secs();
     let units = [(86_400, "d"), (3_600, "h"), (60, "m"), (1, "s")];
-    match units.iter().find(|(size, _)| secs >= *size && secs % size == 0) {
+    match units
+        .iter()
+        .find(|(size, _)| secs >= *size && secs.is_multiple_of(*size))
+    {
         Some((size, unit)) => format!("{}{unit}", secs / size),
         None => format!("{duration:?}"),
     }

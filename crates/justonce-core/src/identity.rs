@@ -304,7 +304,11 @@ mod tests {
             } else {
                 Scope::new(scope).unwrap()
             };
-            Identity::new(scope, Consumer::new(consumer).unwrap(), Key::new(key).unwrap())
+            Identity::new(
+                scope,
+                Consumer::new(consumer).unwrap(),
+                Key::new(key).unwrap(),
+            )
         };
         let base = id("", "billing", "evt_1").derive("email");
         assert_eq!(base, id("", "billing", "evt_1").derive("email"));
@@ -312,10 +316,7 @@ mod tests {
         assert_ne!(base, id("", "audit", "evt_1").derive("email"));
         assert_ne!(base, id("", "billing", "evt_2").derive("email"));
         assert_ne!(base, id("", "billing", "evt_1").derive("sms"));
-        assert_ne!(
-            id("", "ab", "c").derive("x"),
-            id("", "a", "bc").derive("x")
-        );
+        assert_ne!(id("", "ab", "c").derive("x"), id("", "a", "bc").derive("x"));
         assert!(base.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
     }
 }

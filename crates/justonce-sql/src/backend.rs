@@ -189,126 +189,116 @@ pub(crate) fn is_connection_lost(error: &Error) -> bool {
 
 /// The queries whose text and binds are the same on every database, written once and
 /// expanded inside each backend's `impl`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! shared_queries {
     () => {
-        fn find<'a>(
+        async fn find<'a>(
             conn: &'a mut Self::Connection,
             sql: &'a Statements,
             identity: &'a Identity,
-        ) -> impl Future<Output = Result<Option<Stored>, Error>> + Send + 'a {
-            async move {
-                let row: Option<(i64, Vec<u8>)> =
-                    sqlx::query_as(AssertSqlSafe(sql.find.clone()))
-                        .bind(identity.scope.as_str())
-                        .bind(identity.consumer.as_str())
-                        .bind(identity.key.as_str())
-                        .fetch_optional(conn)
-                        .await
-                        .map_err(database_error::<Self>)?;
-                row.map(|(claim_id, fingerprint)| Stored::decode(claim_id, fingerprint))
-                    .transpose()
-            }
+        ) -> Result<Option<Stored>, Error> {
+            let row: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.find.clone()))
+                .bind(identity.scope.as_str())
+                .bind(identity.consumer.as_str())
+                .bind(identity.key.as_str())
+                .fetch_optional(conn)
+                .await
+                .map_err(database_error::<Self>)?;
+            row.map(|(claim_id, fingerprint)| Stored::decode(claim_id, fingerprint))
+                .transpose()
         }
 
-        fn purge_batch<'a>(
+        async fn purge_batch<'a>(
             pool: &'a sqlx::Pool<Self>,
             sql: &'a Statements,
             consumer: &'a Consumer,
             older_than_ms: i64,
             limit: i64,
-        ) -> impl Future<Output = Result<u64, Error>> + Send + 'a {
-            async move {
-                let done = sqlx::query(AssertSqlSafe(sql.purge.clone()))
-                    .bind(consumer.as_str())
-                    .bind(older_than_ms)
-                    .bind(limit)
-                    .execute(pool)
-                    .await
-                    .map_err(database_error::<Self>)?;
-                Ok(done.rows_affected())
-            }
+        ) -> Result<u64, Error> {
+            let done = sqlx::query(AssertSqlSafe(sql.purge.clone()))
+                .bind(consumer.as_str())
+                .bind(older_than_ms)
+                .bind(limit)
+                .execute(pool)
+                .await
+                .map_err(database_error::<Self>)?;
+            Ok(done.rows_affected())
         }
 
-        fn enqueue<'a>(
+        async fn enqueue<'a>(
             conn: &'a mut Self::Connection,
             sql: &'a Statements,
             row: OutboxRow<'a>,
-        ) -> impl Future<Output = Result<i64, Error>> + Send + 'a {
-            async move {
-                let (id,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.enqueue.clone()))
-                    .bind(row.scope)
-                    .bind(row.key)
-                    .bind(row.destination)
-                    .bind(row.payload)
-                    .fetch_one(conn)
-                    .await
-                    .map_err(database_error::<Self>)?;
-                Ok(id)
-            }
-        }
-
-        fn has_unique_constraint<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a Statements,
-        ) -> impl Future<Output = Result<bool, Error>> + Send + 'a {
-            async move {
-                let (found,): (i64,) =
-                    sqlx::query_as(AssertSqlSafe(sql.has_unique_constraint.clone()))
-                        .fetch_one(pool)
-                        .await
-                        .map_err(database_error::<Self>)?;
-                Ok(found > 0)
-            }
-        }
-
-        fn migrate<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            tables: &'a Tables,
-        ) -> impl Future<Output = Result<usize, Error>> + Send + 'a {
-            async move {
-                let mut tx = pool
-                    .begin_with(Self::BEGIN)
-                    .await
-                    .map_err(database_error::<Self>)?;
-                for statement in MIGRATION_SETUP {
-                    sqlx::query(AssertSqlSafe(tables.render(statement)))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(database_error::<Self>)?;
-                }
-                let (current,): (i64,) = sqlx::query_as(AssertSqlSafe(tables.render(
-                    "SELECT coalesce(max(version), 0) FROM {prefix}migrations",
-                )))
-                .fetch_one(&mut *tx)
+        ) -> Result<i64, Error> {
+            let (id,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.enqueue.clone()))
+                .bind(row.scope)
+                .bind(row.key)
+                .bind(row.destination)
+                .bind(row.payload)
+                .fetch_one(conn)
                 .await
                 .map_err(database_error::<Self>)?;
-                let newest = MIGRATIONS.last().map_or(0, |m| m.version);
-                if current > newest {
-                    return Err(Error::Schema(format!(
-                        "table {} is at version {current}, newer than the {newest} this \
-                         version of justonce knows: upgrade justonce",
-                        tables.migrations
-                    )));
-                }
-                let pending: Vec<_> = MIGRATIONS.iter().filter(|m| m.version > current).collect();
-                for migration in &pending {
-                    sqlx::raw_sql(AssertSqlSafe(tables.render(migration.sql)))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(database_error::<Self>)?;
-                    sqlx::query(AssertSqlSafe(tables.render(
-                        "INSERT INTO {prefix}migrations (version, description) VALUES ($1, $2)",
-                    )))
-                    .bind(migration.version)
-                    .bind(migration.description)
+            Ok(id)
+        }
+
+        async fn has_unique_constraint<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Statements,
+        ) -> Result<bool, Error> {
+            let (found,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.has_unique_constraint.clone()))
+                .fetch_one(pool)
+                .await
+                .map_err(database_error::<Self>)?;
+            Ok(found > 0)
+        }
+
+        async fn migrate<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            tables: &'a Tables,
+        ) -> Result<usize, Error> {
+            let mut tx = pool
+                .begin_with(Self::BEGIN)
+                .await
+                .map_err(database_error::<Self>)?;
+            for statement in MIGRATION_SETUP {
+                sqlx::query(AssertSqlSafe(tables.render(statement)))
                     .execute(&mut *tx)
                     .await
                     .map_err(database_error::<Self>)?;
-                }
-                tx.commit().await.map_err(database_error::<Self>)?;
-                Ok(pending.len())
             }
+            let (current,): (i64,) = sqlx::query_as(AssertSqlSafe(
+                tables.render("SELECT coalesce(max(version), 0) FROM {prefix}migrations"),
+            ))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(database_error::<Self>)?;
+            let newest = MIGRATIONS.last().map_or(0, |m| m.version);
+            if current > newest {
+                return Err(Error::Schema(format!(
+                    "table {} is at version {current}, newer than the {newest} this \
+                     version of justonce knows: upgrade justonce",
+                    tables.migrations
+                )));
+            }
+            let pending: Vec<_> = MIGRATIONS.iter().filter(|m| m.version > current).collect();
+            for migration in &pending {
+                sqlx::raw_sql(AssertSqlSafe(tables.render(migration.sql)))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error::<Self>)?;
+                sqlx::query(AssertSqlSafe(tables.render(
+                    "INSERT INTO {prefix}migrations (version, description) VALUES ($1, $2)",
+                )))
+                .bind(migration.version)
+                .bind(migration.description)
+                .execute(&mut *tx)
+                .await
+                .map_err(database_error::<Self>)?;
+            }
+            tx.commit().await.map_err(database_error::<Self>)?;
+            Ok(pending.len())
         }
     };
 }
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use shared_queries;

@@ -2,11 +2,15 @@
 
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
-use crate::backend::{database_error, is_connection_lost, Backend, Batch, ClaimRow, OutboxRow, Statements};
+use crate::backend::{
+    Backend, Batch, ClaimRow, OutboxRow, Statements, database_error, is_connection_lost,
+};
 use crate::tables::Tables;
-use justonce_core::{Claim, Consumer, Error, Fingerprint, Identity, Key, Outcome, Retention, Scope};
-use std::collections::hash_map::RandomState;
+use justonce_core::{
+    Claim, Consumer, Error, Fingerprint, Identity, Key, Outcome, Retention, Scope,
+};
 use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
@@ -105,14 +109,22 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// Connects to `url` with `options`.
-    pub async fn connect_with(url: &str, consumer: Consumer, options: Options) -> Result<Self, Error> {
+    pub async fn connect_with(
+        url: &str,
+        consumer: Consumer,
+        options: Options,
+    ) -> Result<Self, Error> {
         let pool = DB::connect(url).await?;
         Self::from_pool(pool, consumer, options)
     }
 
     /// Uses a pool the application already has. For SQLite, set WAL and a busy timeout on
     /// it, as [`Inbox::connect`] does.
-    pub fn from_pool(pool: sqlx::Pool<DB>, consumer: Consumer, options: Options) -> Result<Self, Error> {
+    pub fn from_pool(
+        pool: sqlx::Pool<DB>,
+        consumer: Consumer,
+        options: Options,
+    ) -> Result<Self, Error> {
         let tables = Tables::new(&options.prefix)?;
         let sql = DB::statements(&tables);
         Ok(Self {
@@ -198,7 +210,12 @@ impl<DB: Backend> Inbox<DB> {
     /// the work take effect together or not at all. [`Claim::Duplicate`] and
     /// [`Claim::KeyReused`]: skip the work. On PostgreSQL a concurrent claim of the same key
     /// waits until the first transaction ends, then sees its outcome.
-    pub async fn claim(&self, tx: &mut DB::Connection, key: &Key, payload: &[u8]) -> Result<Claim, Error> {
+    pub async fn claim(
+        &self,
+        tx: &mut DB::Connection,
+        key: &Key,
+        payload: &[u8],
+    ) -> Result<Claim, Error> {
         let fingerprint = Fingerprint::of(payload);
         let claim_id = random_claim_id();
         let identity = self.identity(key);
@@ -212,7 +229,11 @@ impl<DB: Backend> Inbox<DB> {
             },
         )
         .await?;
-        Ok(judge(stored.claim_id == claim_id, stored.fingerprint, fingerprint))
+        Ok(judge(
+            stored.claim_id == claim_id,
+            stored.fingerprint,
+            fingerprint,
+        ))
     }
 
     /// Claims a batch of keys in one statement inside the caller's transaction, and says
@@ -226,7 +247,10 @@ impl<DB: Backend> Inbox<DB> {
         tx: &mut DB::Connection,
         messages: &[(Key, P)],
     ) -> Result<Vec<Claim>, Error> {
-        let fingerprints: Vec<Fingerprint> = messages.iter().map(|(_, payload)| Fingerprint::of(payload)).collect();
+        let fingerprints: Vec<Fingerprint> = messages
+            .iter()
+            .map(|(_, payload)| Fingerprint::of(payload))
+            .collect();
         let mut first_of: HashMap<&str, usize> = HashMap::with_capacity(messages.len());
         for (index, (key, _)) in messages.iter().enumerate() {
             first_of.entry(key.as_str()).or_insert(index);
@@ -236,7 +260,10 @@ impl<DB: Backend> Inbox<DB> {
         let batch = Batch {
             scope: &self.scope,
             consumer: &self.consumer,
-            keys: unique.iter().map(|&index| messages[index].0.as_str()).collect(),
+            keys: unique
+                .iter()
+                .map(|&index| messages[index].0.as_str())
+                .collect(),
             fingerprints: unique.iter().map(|&index| &fingerprints[index]).collect(),
             claim_id: random_claim_id(),
         };
@@ -253,7 +280,15 @@ impl<DB: Backend> Inbox<DB> {
             .filter(|key| !first_claims.contains_key(key))
             .collect();
         if !already_held.is_empty() {
-            for (key, stored) in DB::find_many(tx, &self.shared.sql, &self.scope, &self.consumer, &already_held).await? {
+            for (key, stored) in DB::find_many(
+                tx,
+                &self.shared.sql,
+                &self.scope,
+                &self.consumer,
+                &already_held,
+            )
+            .await?
+            {
                 holders.insert(key, stored.fingerprint);
             }
         }
@@ -290,92 +325,102 @@ impl<DB: Backend> Inbox<DB> {
     ///   acknowledge the message; its redelivery will be judged by the same claim.
     ///
     /// Any other error from the work rolls back and is returned as [`RunError::Work`].
-    pub async fn run<'env, T, E, F>(&self, key: &Key, payload: &[u8], mut work: F) -> Result<Outcome<T>, RunError<E>>
+    pub async fn run<'env, T, E, F>(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        mut work: F,
+    ) -> Result<Outcome<T>, RunError<E>>
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
         let fingerprint = Fingerprint::of(payload);
         let identity = self.identity(key);
-        // A commit whose answer was lost: its claim id and the work's result.
-        let mut unknown_commit: Option<(i64, T)> = None;
-        let mut attempt = 0;
+        let mut unknown_commit = None;
+        let mut attempt = 1;
         loop {
-            attempt += 1;
-            let claim_id = random_claim_id();
-            let failure = match self.begin().await {
-                Err(error) => error,
-                // 'env, not 'static: the work may borrow what outlives this call.
-                Ok::<sqlx::Transaction<'env, DB>, _>(mut tx) => {
-                    let claimed = DB::claim(
-                        &mut tx,
-                        &self.shared.sql,
-                        ClaimRow {
-                            identity: &identity,
-                            fingerprint: &fingerprint,
-                            claim_id,
-                        },
-                    )
-                    .await;
-                    match claimed {
-                        Err(error) => error,
-                        Ok(stored) if stored.claim_id != claim_id => {
-                            drop(tx);
-                            if let Some((lost_id, value)) = unknown_commit.take() {
-                                if lost_id == stored.claim_id {
-                                    tracing::debug!(key = %key, "the commit whose answer was lost had happened");
-                                    return Ok(Outcome::Processed(value));
-                                }
-                            }
-                            return Ok(match judge(false, stored.fingerprint, fingerprint) {
-                                Claim::KeyReused { stored, received } => {
-                                    tracing::warn!(key = %key, consumer = %self.consumer, "same key, different payload: skipped");
-                                    Outcome::KeyReused { stored, received }
-                                }
-                                _ => {
-                                    tracing::debug!(key = %key, consumer = %self.consumer, "duplicate: skipped");
-                                    Outcome::Duplicate
-                                }
-                            });
-                        }
-                        Ok(_) => {
-                            // This attempt holds the key, so no earlier commit happened.
-                            unknown_commit = None;
-                            match work(&mut tx).await {
-                                Err(error) => {
-                                    drop(tx);
-                                    if attempt < self.shared.max_attempts && is_retryable_work_error::<DB>(&error) {
-                                        tracing::debug!(key = %key, attempt, %error, "work failed transiently: retrying");
-                                        backoff(attempt).await;
-                                        continue;
-                                    }
-                                    return Err(RunError::Work(error));
-                                }
-                                Ok(value) => match tx.commit().await.map_err(database_error::<DB>) {
-                                    Ok(()) => return Ok(Outcome::Processed(value)),
-                                    Err(error) => {
-                                        if is_connection_lost(&error) {
-                                            unknown_commit = Some((claim_id, value));
-                                        }
-                                        error
-                                    }
-                                },
-                            }
-                        }
-                    }
-                }
+            let failed = match self
+                .attempt(&identity, fingerprint, &mut work, &mut unknown_commit)
+                .await
+            {
+                Ok(outcome) => return Ok(outcome),
+                Err(failed) => failed,
             };
-            let transient = failure.is_retryable() || unknown_commit.is_some();
-            if attempt >= self.shared.max_attempts || !transient {
-                return Err(RunError::Store(match unknown_commit {
-                    Some(_) => Error::CommitUnknown {
-                        source: Box::new(failure),
-                    },
-                    None => failure,
-                }));
+            let transient = match &failed {
+                Failed::Work(error) => is_retryable_work_error::<DB>(error),
+                Failed::Store(error) => error.is_retryable() || unknown_commit.is_some(),
+            };
+            if !transient || attempt >= self.shared.max_attempts {
+                return Err(match failed {
+                    Failed::Work(error) => RunError::Work(error),
+                    Failed::Store(error) if unknown_commit.is_some() => {
+                        RunError::Store(Error::CommitUnknown {
+                            source: Box::new(error),
+                        })
+                    }
+                    Failed::Store(error) => RunError::Store(error),
+                });
             }
-            tracing::debug!(key = %key, attempt, error = %failure, "transaction failed transiently: retrying");
+            tracing::debug!(key = %key, attempt, "transaction failed transiently: retrying");
             backoff(attempt).await;
+            attempt += 1;
+        }
+    }
+
+    /// One transaction of [`Inbox::run`]. `unknown_commit` holds the claim id and result of
+    /// an earlier attempt whose COMMIT answer was lost.
+    async fn attempt<'env, T, E, F>(
+        &self,
+        identity: &Identity,
+        fingerprint: Fingerprint,
+        work: &mut F,
+        unknown_commit: &mut Option<(i64, T)>,
+    ) -> Result<Outcome<T>, Failed<E>>
+    where
+        F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
+    {
+        let claim_id = random_claim_id();
+        // 'env, not 'static: the work may borrow what outlives the call to `run`.
+        let mut tx: sqlx::Transaction<'env, DB> = self.begin().await.map_err(Failed::Store)?;
+        let row = ClaimRow {
+            identity,
+            fingerprint: &fingerprint,
+            claim_id,
+        };
+        let stored = DB::claim(&mut tx, &self.shared.sql, row)
+            .await
+            .map_err(Failed::Store)?;
+        if stored.claim_id != claim_id {
+            drop(tx);
+            if let Some((lost_claim_id, value)) = unknown_commit.take()
+                && lost_claim_id == stored.claim_id
+            {
+                tracing::debug!(key = %identity.key, "the commit whose answer was lost had happened");
+                return Ok(Outcome::Processed(value));
+            }
+            return Ok(match judge(false, stored.fingerprint, fingerprint) {
+                Claim::KeyReused { stored, received } => {
+                    tracing::warn!(key = %identity.key, consumer = %identity.consumer, "same key, different payload: skipped");
+                    Outcome::KeyReused { stored, received }
+                }
+                _ => {
+                    tracing::debug!(key = %identity.key, consumer = %identity.consumer, "duplicate: skipped");
+                    Outcome::Duplicate
+                }
+            });
+        }
+        // This attempt holds the key, so no earlier commit happened.
+        *unknown_commit = None;
+        let value = work(&mut tx).await.map_err(Failed::Work)?;
+        match tx.commit().await.map_err(database_error::<DB>) {
+            Ok(()) => Ok(Outcome::Processed(value)),
+            Err(error) => {
+                if is_connection_lost(&error) {
+                    *unknown_commit = Some((claim_id, value));
+                }
+                Err(Failed::Store(error))
+            }
         }
     }
 
@@ -420,7 +465,14 @@ impl<DB: Backend> Inbox<DB> {
         let limit = i64::from(batch_size.max(1));
         let mut purged = 0;
         loop {
-            let deleted = DB::purge_batch(&self.shared.pool, &self.shared.sql, &self.consumer, older_than_ms, limit).await?;
+            let deleted = DB::purge_batch(
+                &self.shared.pool,
+                &self.shared.sql,
+                &self.consumer,
+                older_than_ms,
+                limit,
+            )
+            .await?;
             purged += deleted;
             if deleted < limit as u64 {
                 return Ok(purged);
@@ -443,6 +495,12 @@ fn judge(holds: bool, stored: Fingerprint, received: Fingerprint) -> Claim {
     } else {
         Claim::KeyReused { stored, received }
     }
+}
+
+/// Why one attempt of [`Inbox::run`] failed.
+enum Failed<E> {
+    Work(E),
+    Store(Error),
 }
 
 /// Why [`Inbox::run`] failed.

@@ -2,14 +2,13 @@
 //! migrations.
 
 use crate::backend::{
-    database_error, shared_queries, Backend, Batch, ClaimRow, Migration, OutboxRow, Sealed,
-    Statements, Stored,
+    Backend, Batch, ClaimRow, Migration, OutboxRow, Sealed, Statements, Stored, database_error,
+    shared_queries,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Identity, Scope};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Postgres};
-use std::future::Future;
 
 impl Sealed for Postgres {}
 
@@ -131,84 +130,76 @@ impl Backend for Postgres {
         }
     }
 
-    fn connect(url: &str) -> impl Future<Output = Result<sqlx::Pool<Self>, Error>> + Send {
-        async move {
-            PgPoolOptions::new()
-                .connect(url)
-                .await
-                .map_err(database_error::<Self>)
-        }
+    async fn connect(url: &str) -> Result<sqlx::Pool<Self>, Error> {
+        PgPoolOptions::new()
+            .connect(url)
+            .await
+            .map_err(database_error::<Self>)
     }
 
-    fn claim<'a>(
+    async fn claim<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
         row: ClaimRow<'a>,
-    ) -> impl Future<Output = Result<Stored, Error>> + Send + 'a {
-        async move {
-            let id = row.identity;
-            let holder: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.claim.clone()))
-                .bind(id.scope.as_str())
-                .bind(id.consumer.as_str())
-                .bind(id.key.as_str())
-                .bind(row.fingerprint.as_bytes().as_slice())
-                .bind(row.claim_id)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(database_error::<Self>)?;
-            match holder {
-                Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
-                None => Self::find(conn, sql, id).await?.ok_or_else(|| {
-                    Error::Schema(format!("key {} conflicted but cannot be read", id.key))
-                }),
-            }
+    ) -> Result<Stored, Error> {
+        let id = row.identity;
+        let holder: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.claim.clone()))
+            .bind(id.scope.as_str())
+            .bind(id.consumer.as_str())
+            .bind(id.key.as_str())
+            .bind(row.fingerprint.as_bytes().as_slice())
+            .bind(row.claim_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(database_error::<Self>)?;
+        match holder {
+            Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
+            None => Self::find(conn, sql, id).await?.ok_or_else(|| {
+                Error::Schema(format!("key {} conflicted but cannot be read", id.key))
+            }),
         }
     }
 
-    fn insert_many<'a>(
+    async fn insert_many<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
         batch: &'a Batch<'a>,
-    ) -> impl Future<Output = Result<Vec<String>, Error>> + Send + 'a {
-        async move {
-            let fingerprints: Vec<&[u8]> = batch
-                .fingerprints
-                .iter()
-                .map(|fingerprint| fingerprint.as_bytes().as_slice())
-                .collect();
-            let inserted: Vec<(String,)> = sqlx::query_as(AssertSqlSafe(sql.insert_many.clone()))
-                .bind(batch.scope.as_str())
-                .bind(batch.consumer.as_str())
-                .bind(&batch.keys)
-                .bind(&fingerprints)
-                .bind(batch.claim_id)
-                .fetch_all(conn)
-                .await
-                .map_err(database_error::<Self>)?;
-            Ok(inserted.into_iter().map(|(key,)| key).collect())
-        }
+    ) -> Result<Vec<String>, Error> {
+        let fingerprints: Vec<&[u8]> = batch
+            .fingerprints
+            .iter()
+            .map(|fingerprint| fingerprint.as_bytes().as_slice())
+            .collect();
+        let inserted: Vec<(String,)> = sqlx::query_as(AssertSqlSafe(sql.insert_many.clone()))
+            .bind(batch.scope.as_str())
+            .bind(batch.consumer.as_str())
+            .bind(&batch.keys)
+            .bind(&fingerprints)
+            .bind(batch.claim_id)
+            .fetch_all(conn)
+            .await
+            .map_err(database_error::<Self>)?;
+        Ok(inserted.into_iter().map(|(key,)| key).collect())
     }
 
-    fn find_many<'a>(
+    async fn find_many<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
         scope: &'a Scope,
         consumer: &'a Consumer,
         keys: &'a [&'a str],
-    ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a {
-        async move {
-            let rows: Vec<(String, i64, Vec<u8>)> =
-                sqlx::query_as(AssertSqlSafe(sql.find_many.clone()))
-                    .bind(scope.as_str())
-                    .bind(consumer.as_str())
-                    .bind(keys)
-                    .fetch_all(conn)
-                    .await
-                    .map_err(database_error::<Self>)?;
-            rows.into_iter()
-                .map(|(key, claim_id, fingerprint)| Ok((key, Stored::decode(claim_id, fingerprint)?)))
-                .collect()
-        }
+    ) -> Result<Vec<(String, Stored)>, Error> {
+        let rows: Vec<(String, i64, Vec<u8>)> =
+            sqlx::query_as(AssertSqlSafe(sql.find_many.clone()))
+                .bind(scope.as_str())
+                .bind(consumer.as_str())
+                .bind(keys)
+                .fetch_all(conn)
+                .await
+                .map_err(database_error::<Self>)?;
+        rows.into_iter()
+            .map(|(key, claim_id, fingerprint)| Ok((key, Stored::decode(claim_id, fingerprint)?)))
+            .collect()
     }
 
     fn is_retryable(error: &sqlx::Error) -> bool {

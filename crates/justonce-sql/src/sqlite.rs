@@ -1,14 +1,13 @@
 //! SQLite: WAL, `BEGIN IMMEDIATE` for writers, a busy timeout, and JSON for batches.
 
 use crate::backend::{
-    database_error, shared_queries, Backend, Batch, ClaimRow, Migration, OutboxRow, Sealed,
-    Statements, Stored,
+    Backend, Batch, ClaimRow, Migration, OutboxRow, Sealed, Statements, Stored, database_error,
+    shared_queries,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Identity, Scope};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
-use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -122,103 +121,99 @@ impl Backend for Sqlite {
         }
     }
 
-    fn connect(url: &str) -> impl Future<Output = Result<sqlx::Pool<Self>, Error>> + Send {
-        async move {
-            let options = SqliteConnectOptions::from_str(url)
-                .map_err(|e| Error::Config(format!("database URL {url:?}: {e}")))?
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .busy_timeout(BUSY_TIMEOUT);
-            SqlitePoolOptions::new()
-                .connect_with(options)
-                .await
-                .map_err(database_error::<Self>)
-        }
+    async fn connect(url: &str) -> Result<sqlx::Pool<Self>, Error> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| Error::Config(format!("database URL {url:?}: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT);
+        SqlitePoolOptions::new()
+            .connect_with(options)
+            .await
+            .map_err(database_error::<Self>)
     }
 
-    fn claim<'a>(
+    async fn claim<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
         row: ClaimRow<'a>,
-    ) -> impl Future<Output = Result<Stored, Error>> + Send + 'a {
-        async move {
-            let id = row.identity;
-            let inserted: Option<(i64, Vec<u8>)> =
-                sqlx::query_as(AssertSqlSafe(sql.claim.clone()))
-                    .bind(id.scope.as_str())
-                    .bind(id.consumer.as_str())
-                    .bind(id.key.as_str())
-                    .bind(row.fingerprint.as_bytes().as_slice())
-                    .bind(row.claim_id)
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(database_error::<Self>)?;
-            match inserted {
-                Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
-                // The writer's lock keeps the holder in place between the two statements.
-                None => Self::find(conn, sql, id).await?.ok_or_else(|| {
-                    Error::Schema(format!("key {} conflicted but cannot be read", id.key))
-                }),
-            }
+    ) -> Result<Stored, Error> {
+        let id = row.identity;
+        let inserted: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.claim.clone()))
+            .bind(id.scope.as_str())
+            .bind(id.consumer.as_str())
+            .bind(id.key.as_str())
+            .bind(row.fingerprint.as_bytes().as_slice())
+            .bind(row.claim_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(database_error::<Self>)?;
+        match inserted {
+            Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
+            // The writer's lock keeps the holder in place between the two statements.
+            None => Self::find(conn, sql, id).await?.ok_or_else(|| {
+                Error::Schema(format!("key {} conflicted but cannot be read", id.key))
+            }),
         }
     }
 
-    fn insert_many<'a>(
+    async fn insert_many<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
         batch: &'a Batch<'a>,
-    ) -> impl Future<Output = Result<Vec<String>, Error>> + Send + 'a {
-        async move {
-            let pairs = batch
-                .keys
-                .iter()
-                .zip(&batch.fingerprints)
-                .map(|(key, fingerprint)| format!("[{},\"{fingerprint}\"]", json_string(key)));
-            let json = format!("[{}]", pairs.collect::<Vec<_>>().join(","));
-            let inserted: Vec<(String,)> = sqlx::query_as(AssertSqlSafe(sql.insert_many.clone()))
-                .bind(batch.scope.as_str())
-                .bind(batch.consumer.as_str())
-                .bind(batch.claim_id)
-                .bind(json)
-                .fetch_all(conn)
-                .await
-                .map_err(database_error::<Self>)?;
-            Ok(inserted.into_iter().map(|(key,)| key).collect())
-        }
+    ) -> Result<Vec<String>, Error> {
+        let pairs = batch
+            .keys
+            .iter()
+            .zip(&batch.fingerprints)
+            .map(|(key, fingerprint)| format!("[{},\"{fingerprint}\"]", json_string(key)));
+        let json = format!("[{}]", pairs.collect::<Vec<_>>().join(","));
+        let inserted: Vec<(String,)> = sqlx::query_as(AssertSqlSafe(sql.insert_many.clone()))
+            .bind(batch.scope.as_str())
+            .bind(batch.consumer.as_str())
+            .bind(batch.claim_id)
+            .bind(json)
+            .fetch_all(conn)
+            .await
+            .map_err(database_error::<Self>)?;
+        Ok(inserted.into_iter().map(|(key,)| key).collect())
     }
 
-    fn find_many<'a>(
+    async fn find_many<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
         scope: &'a Scope,
         consumer: &'a Consumer,
         keys: &'a [&'a str],
-    ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a {
-        async move {
-            let json = format!(
-                "[{}]",
-                keys.iter().map(|key| json_string(key)).collect::<Vec<_>>().join(",")
-            );
-            let rows: Vec<(String, i64, Vec<u8>)> =
-                sqlx::query_as(AssertSqlSafe(sql.find_many.clone()))
-                    .bind(scope.as_str())
-                    .bind(consumer.as_str())
-                    .bind(json)
-                    .fetch_all(conn)
-                    .await
-                    .map_err(database_error::<Self>)?;
-            rows.into_iter()
-                .map(|(key, claim_id, fingerprint)| Ok((key, Stored::decode(claim_id, fingerprint)?)))
-                .collect()
-        }
+    ) -> Result<Vec<(String, Stored)>, Error> {
+        let json = format!(
+            "[{}]",
+            keys.iter()
+                .map(|key| json_string(key))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let rows: Vec<(String, i64, Vec<u8>)> =
+            sqlx::query_as(AssertSqlSafe(sql.find_many.clone()))
+                .bind(scope.as_str())
+                .bind(consumer.as_str())
+                .bind(json)
+                .fetch_all(conn)
+                .await
+                .map_err(database_error::<Self>)?;
+        rows.into_iter()
+            .map(|(key, claim_id, fingerprint)| Ok((key, Stored::decode(claim_id, fingerprint)?)))
+            .collect()
     }
 
     fn is_retryable(error: &sqlx::Error) -> bool {
         // The primary result code is the low byte of the extended one:
         // 5 SQLITE_BUSY (and BUSY_SNAPSHOT, BUSY_RECOVERY), 6 SQLITE_LOCKED.
         let code = error.as_database_error().and_then(|e| e.code());
-        let primary = code.and_then(|code| code.parse::<i32>().ok()).map(|code| code & 0xff);
+        let primary = code
+            .and_then(|code| code.parse::<i32>().ok())
+            .map(|code| code & 0xff);
         matches!(primary, Some(5 | 6))
     }
 

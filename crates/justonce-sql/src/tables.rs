@@ -51,11 +51,23 @@ mod tests {
     fn prefixes_are_identifiers() {
         assert!(Tables::new("justonce_").is_ok());
         assert!(Tables::new("_t1_").is_ok());
-        for bad in ["", "1a", "A_", "a-b", "a b", "a;drop", "x\"", &"a".repeat(41)] {
+        for bad in [
+            "",
+            "1a",
+            "A_",
+            "a-b",
+            "a b",
+            "a;drop",
+            "x\"",
+            &"a".repeat(41),
+        ] {
             assert!(Tables::new(bad).is_err(), "{bad:?} was accepted");
         }
         let tables = Tables::new("app_").unwrap();
         assert_eq!(tables.keys, "app_keys");
-        assert_eq!(tables.render("DELETE FROM {prefix}keys"), "DELETE FROM app_keys");
+        assert_eq!(
+            tables.render("DELETE FROM {prefix}keys"),
+            "DELETE FROM app_keys"
+        );
     }
 }

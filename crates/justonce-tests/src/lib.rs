@@ -52,42 +52,33 @@ pub trait TestBackend: Backend {
 
 macro_rules! same_on_every_database {
     () => {
-        fn insert_effect<'a>(
+        async fn insert_effect<'a>(
             conn: &'a mut Self::Connection,
             prefix: &'a str,
             consumer: &'a str,
             key: &'a str,
-        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
-            async move {
-                sqlx::query(AssertSqlSafe(format!(
-                    "INSERT INTO {prefix}effects (consumer, key) VALUES ($1, $2)"
-                )))
-                .bind(consumer)
-                .bind(key)
-                .execute(conn)
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {prefix}effects (consumer, key) VALUES ($1, $2)"
+            )))
+            .bind(consumer)
+            .bind(key)
+            .execute(conn)
+            .await
+            .map(drop)
+        }
+
+        async fn execute(pool: &sqlx::Pool<Self>, sql: String) -> Result<u64, sqlx::Error> {
+            let done = sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn count(pool: &sqlx::Pool<Self>, sql: String) -> i64 {
+            let (count,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.clone()))
+                .fetch_one(pool)
                 .await
-                .map(drop)
-            }
-        }
-
-        fn execute<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: String,
-        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-            async move {
-                let done = sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
-                Ok(done.rows_affected())
-            }
-        }
-
-        fn count<'a>(pool: &'a sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send + 'a {
-            async move {
-                let (count,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.clone()))
-                    .fetch_one(pool)
-                    .await
-                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
-                count
-            }
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            count
         }
     };
 }
@@ -108,24 +99,22 @@ impl TestBackend for Sqlite {
         }
     }
 
-    fn age_key<'a>(
+    async fn age_key<'a>(
         pool: &'a sqlx::Pool<Self>,
         prefix: &'a str,
         key: &'a str,
         millis: i64,
-    ) -> impl Future<Output = ()> + Send + 'a {
-        async move {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {prefix}keys
-                 SET processed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1
-                 WHERE key = $2"
-            )))
-            .bind(millis)
-            .bind(key)
-            .execute(pool)
-            .await
-            .expect("age a key");
-        }
+    ) -> () {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {prefix}keys
+             SET processed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1
+             WHERE key = $2"
+        )))
+        .bind(millis)
+        .bind(key)
+        .execute(pool)
+        .await
+        .expect("age a key");
     }
 
     same_on_every_database!();
@@ -138,23 +127,21 @@ impl TestBackend for Postgres {
 
     fn remove(_url: &str) {}
 
-    fn age_key<'a>(
+    async fn age_key<'a>(
         pool: &'a sqlx::Pool<Self>,
         prefix: &'a str,
         key: &'a str,
         millis: i64,
-    ) -> impl Future<Output = ()> + Send + 'a {
-        async move {
-            sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {prefix}keys SET processed_at = now() - $1 * interval '1 millisecond'
-                 WHERE key = $2"
-            )))
-            .bind(millis)
-            .bind(key)
-            .execute(pool)
-            .await
-            .expect("age a key");
-        }
+    ) -> () {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {prefix}keys SET processed_at = now() - $1 * interval '1 millisecond'
+             WHERE key = $2"
+        )))
+        .bind(millis)
+        .bind(key)
+        .execute(pool)
+        .await
+        .expect("age a key");
     }
 
     same_on_every_database!();
@@ -174,7 +161,10 @@ impl<DB: TestBackend> TestDb<DB> {
     /// Fresh, migrated tables with an effect table beside them.
     pub async fn new(test: &str) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().subsec_nanos();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
         let unique = format!(
             "{}_{}_{nanos}",
             std::process::id(),
@@ -206,7 +196,11 @@ impl<DB: TestBackend> TestDb<DB> {
 
     /// Rows in one of this test's tables (`keys`, `outbox`, `effects`).
     pub async fn rows(&self, table: &str) -> i64 {
-        DB::count(self.inbox.pool(), format!("SELECT count(*) FROM {}{table}", self.prefix)).await
+        DB::count(
+            self.inbox.pool(),
+            format!("SELECT count(*) FROM {}{table}", self.prefix),
+        )
+        .await
     }
 
     /// Effect rows written for `key`.
@@ -225,9 +219,12 @@ impl<DB: TestBackend> TestDb<DB> {
     /// Drops this test's tables, or its database file.
     pub async fn cleanup(self) {
         for table in ["effects", "outbox", "keys", "migrations"] {
-            DB::execute(self.inbox.pool(), format!("DROP TABLE IF EXISTS {}{table}", self.prefix))
-                .await
-                .expect("drop a test table");
+            DB::execute(
+                self.inbox.pool(),
+                format!("DROP TABLE IF EXISTS {}{table}", self.prefix),
+            )
+            .await
+            .expect("drop a test table");
         }
         self.inbox.pool().close().await;
         DB::remove(&self.url);

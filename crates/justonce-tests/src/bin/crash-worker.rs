@@ -44,7 +44,8 @@ async fn work<DB: TestBackend>(
     keys: &[String],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let consumer = Consumer::new(consumer)?;
-    let inbox = Inbox::<DB>::connect_with(url, consumer.clone(), Options::default().prefix(prefix)).await?;
+    let inbox =
+        Inbox::<DB>::connect_with(url, consumer.clone(), Options::default().prefix(prefix)).await?;
     for key in keys {
         let key = Key::new(key.as_str())?;
         let outcome = inbox

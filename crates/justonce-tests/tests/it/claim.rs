@@ -17,17 +17,32 @@ async fn a_claim_commits_or_rolls_back_with_the_transaction<DB: TestBackend>(tes
     let id = key("k1");
 
     let mut tx = db.inbox.begin().await.unwrap();
-    assert_eq!(db.inbox.claim(&mut tx, &id, b"p").await.unwrap(), Claim::First);
+    assert_eq!(
+        db.inbox.claim(&mut tx, &id, b"p").await.unwrap(),
+        Claim::First
+    );
     tx.rollback().await.unwrap();
-    assert_eq!(db.rows("keys").await, 0, "a rolled-back claim leaves no key");
+    assert_eq!(
+        db.rows("keys").await,
+        0,
+        "a rolled-back claim leaves no key"
+    );
 
     let mut tx = db.inbox.begin().await.unwrap();
-    assert_eq!(db.inbox.claim(&mut tx, &id, b"p").await.unwrap(), Claim::First);
-    DB::insert_effect(&mut tx, &db.prefix, "test", "k1").await.unwrap();
+    assert_eq!(
+        db.inbox.claim(&mut tx, &id, b"p").await.unwrap(),
+        Claim::First
+    );
+    DB::insert_effect(&mut tx, &db.prefix, "test", "k1")
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 
     let mut tx = db.inbox.begin().await.unwrap();
-    assert_eq!(db.inbox.claim(&mut tx, &id, b"p").await.unwrap(), Claim::Duplicate);
+    assert_eq!(
+        db.inbox.claim(&mut tx, &id, b"p").await.unwrap(),
+        Claim::Duplicate
+    );
     assert_eq!(
         db.inbox.claim(&mut tx, &id, b"other").await.unwrap(),
         Claim::KeyReused {
@@ -44,7 +59,10 @@ async fn a_second_claim_waits_for_the_first_transaction<DB: TestBackend>(test: &
     let db = TestDb::<DB>::new(test).await;
     let id = key("k1");
     let mut first = db.inbox.begin().await.unwrap();
-    assert_eq!(db.inbox.claim(&mut first, &id, b"p").await.unwrap(), Claim::First);
+    assert_eq!(
+        db.inbox.claim(&mut first, &id, b"p").await.unwrap(),
+        Claim::First
+    );
 
     let inbox = db.inbox.clone();
     let second = tokio::spawn(async move {
@@ -63,7 +81,10 @@ async fn a_second_claim_waits_for_the_first_transaction<DB: TestBackend>(test: &
 async fn a_batch_reports_each_key_in_order<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let (a, b, c, d) = (key("a"), key("b"), key("c"), key("d"));
-    assert_eq!(process(&db, &db.inbox, &a, b"pa").await, Outcome::Processed(()));
+    assert_eq!(
+        process(&db, &db.inbox, &a, b"pa").await,
+        Outcome::Processed(())
+    );
 
     let batch: Vec<(Key, &[u8])> = vec![
         (c.clone(), b"p"),
@@ -118,7 +139,9 @@ async fn racing_batches_claim_each_key_once<DB: TestBackend>(test: &str) {
                 let mut first = 0;
                 for ((key, _), claim) in batch.iter().zip(&claims) {
                     if *claim == Claim::First {
-                        DB::insert_effect(&mut tx, &prefix, "test", key.as_str()).await.unwrap();
+                        DB::insert_effect(&mut tx, &prefix, "test", key.as_str())
+                            .await
+                            .unwrap();
                         first += 1;
                     }
                 }
@@ -137,6 +160,9 @@ async fn racing_batches_claim_each_key_once<DB: TestBackend>(test: &str) {
         format!("SELECT count(DISTINCT key) FROM {}effects", db.prefix),
     )
     .await;
-    assert_eq!((db.rows("effects").await, distinct), (KEYS as i64, KEYS as i64));
+    assert_eq!(
+        (db.rows("effects").await, distinct),
+        (KEYS as i64, KEYS as i64)
+    );
     db.cleanup().await;
 }

@@ -23,9 +23,20 @@ fn worker<DB: TestBackend>(db: &TestDb<DB>, pause_at: &str, keys: &[String]) -> 
 
 /// The lines a worker printed, after it exited successfully.
 async fn finish(child: Child) -> Vec<String> {
-    let output = child.wait_with_output().await.expect("wait for crash-worker");
-    assert!(output.status.success(), "crash-worker failed: {:?}", output.status);
-    String::from_utf8(output.stdout).unwrap().lines().map(str::to_owned).collect()
+    let output = child
+        .wait_with_output()
+        .await
+        .expect("wait for crash-worker");
+    assert!(
+        output.status.success(),
+        "crash-worker failed: {:?}",
+        output.status
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 async fn a_worker_killed_at_any_point_leaves_one_effect<DB: TestBackend>(test: &str) {
@@ -55,8 +66,14 @@ async fn two_processes_racing_on_the_same_keys_act_once_per_key<DB: TestBackend>
     let keys: Vec<String> = (0..200).map(|n| format!("race:{n}")).collect();
     let (one, two) = (worker(&db, "never", &keys), worker(&db, "never", &keys));
     let lines = [finish(one).await, finish(two).await].concat();
-    let processed = lines.iter().filter(|line| line.starts_with("processed ")).count();
-    let duplicates = lines.iter().filter(|line| line.starts_with("duplicate ")).count();
+    let processed = lines
+        .iter()
+        .filter(|line| line.starts_with("processed "))
+        .count();
+    let duplicates = lines
+        .iter()
+        .filter(|line| line.starts_with("duplicate "))
+        .count();
     assert_eq!((processed, duplicates), (200, 200));
     let distinct = DB::count(
         db.inbox.pool(),

@@ -17,7 +17,10 @@ async fn purge_removes_only_keys_older_than_the_cutoff<DB: TestBackend>(test: &s
         let outcome = process(&db, &db.inbox, &key(&format!("k{n}")), b"p").await;
         assert_eq!(outcome, Outcome::Processed(()));
     }
-    assert_eq!(process(&db, &audit, &key("k0"), b"p").await, Outcome::Processed(()));
+    assert_eq!(
+        process(&db, &audit, &key("k0"), b"p").await,
+        Outcome::Processed(())
+    );
     for n in 0..12 {
         DB::age_key(db.inbox.pool(), &db.prefix, &format!("k{n}"), 8 * DAY_MS).await;
     }
@@ -31,11 +34,24 @@ async fn purge_removes_only_keys_older_than_the_cutoff<DB: TestBackend>(test: &s
     assert_eq!(db.inbox.purge(week, 5).await.unwrap(), 0);
     assert_eq!(audit.purge(week, 5).await.unwrap(), 1);
 
-    assert_eq!(process(&db, &db.inbox, &key("k0"), b"p").await, Outcome::Processed(()));
-    assert_eq!(process(&db, &db.inbox, &key("k12"), b"p").await, Outcome::Duplicate);
-    assert_eq!(process(&db, &db.inbox, &key("k29"), b"p").await, Outcome::Duplicate);
+    assert_eq!(
+        process(&db, &db.inbox, &key("k0"), b"p").await,
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        process(&db, &db.inbox, &key("k12"), b"p").await,
+        Outcome::Duplicate
+    );
+    assert_eq!(
+        process(&db, &db.inbox, &key("k29"), b"p").await,
+        Outcome::Duplicate
+    );
 
-    let too_soon = db.inbox.purge(Duration::from_secs(3600), 5).await.unwrap_err();
+    let too_soon = db
+        .inbox
+        .purge(Duration::from_secs(3600), 5)
+        .await
+        .unwrap_err();
     assert_eq!(too_soon.kind(), ErrorKind::InvalidRetention);
     db.cleanup().await;
 }

@@ -28,7 +28,9 @@ async fn invoice_job<DB: TestBackend>(db: &TestDb<DB>, key: &Key) -> Outcome<()>
         .run(key, b"job", |tx| {
             Box::pin(async move {
                 DB::insert_effect(tx, &db.prefix, "test", key.as_str()).await?;
-                db.inbox.enqueue(tx, key, "invoice-email", "mail", b"body").await?;
+                db.inbox
+                    .enqueue(tx, key, "invoice-email", "mail", b"body")
+                    .await?;
                 Ok::<_, JobError>(())
             })
         })
@@ -38,17 +40,27 @@ async fn invoice_job<DB: TestBackend>(db: &TestDb<DB>, key: &Key) -> Outcome<()>
 
 async fn the_second_run_changes_nothing<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
-    let keys: Vec<_> = (0..20).map(|n| key(&format!("invoice:2026-10:cust_{n}"))).collect();
+    let keys: Vec<_> = (0..20)
+        .map(|n| key(&format!("invoice:2026-10:cust_{n}")))
+        .collect();
     for key in &keys {
         assert_eq!(invoice_job(&db, key).await, Outcome::Processed(()));
     }
-    let counts = (db.rows("keys").await, db.rows("effects").await, db.rows("outbox").await);
+    let counts = (
+        db.rows("keys").await,
+        db.rows("effects").await,
+        db.rows("outbox").await,
+    );
     assert_eq!(counts, (20, 20, 20));
 
     for key in &keys {
         assert_eq!(invoice_job(&db, key).await, Outcome::Duplicate);
     }
-    let again = (db.rows("keys").await, db.rows("effects").await, db.rows("outbox").await);
+    let again = (
+        db.rows("keys").await,
+        db.rows("effects").await,
+        db.rows("outbox").await,
+    );
     assert_eq!(again, counts, "the second run changed rows");
     db.cleanup().await;
 }
@@ -107,7 +119,10 @@ async fn consumers_sharing_a_store_each_act_once<DB: TestBackend>(test: &str) {
 async fn a_reused_key_has_no_effect<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let id = key("evt_1");
-    assert_eq!(process(&db, &db.inbox, &id, b"first").await, Outcome::Processed(()));
+    assert_eq!(
+        process(&db, &db.inbox, &id, b"first").await,
+        Outcome::Processed(())
+    );
     assert_eq!(
         process(&db, &db.inbox, &id, b"second").await,
         Outcome::KeyReused {
@@ -122,9 +137,18 @@ async fn a_reused_key_has_no_effect<DB: TestBackend>(test: &str) {
 async fn nfc_and_nfd_spellings_are_two_keys<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let (nfc, nfd) = (key("caf\u{e9}"), key("cafe\u{301}"));
-    assert_eq!(process(&db, &db.inbox, &nfc, b"p").await, Outcome::Processed(()));
-    assert_eq!(process(&db, &db.inbox, &nfd, b"p").await, Outcome::Processed(()));
-    assert_eq!((db.effects_of(&nfc).await, db.effects_of(&nfd).await), (1, 1));
+    assert_eq!(
+        process(&db, &db.inbox, &nfc, b"p").await,
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        process(&db, &db.inbox, &nfd, b"p").await,
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        (db.effects_of(&nfc).await, db.effects_of(&nfd).await),
+        (1, 1)
+    );
     db.cleanup().await;
 }
 
@@ -151,7 +175,10 @@ async fn failed_work_leaves_the_key_unclaimed<DB: TestBackend>(test: &str) {
     assert!(matches!(failed, Err(RunError::Work(Declined))));
     assert_eq!(calls, 1, "a failure of the work's own logic is not retried");
     assert_eq!((db.rows("keys").await, db.rows("effects").await), (0, 0));
-    assert_eq!(process(&db, &db.inbox, &id, b"p").await, Outcome::Processed(()));
+    assert_eq!(
+        process(&db, &db.inbox, &id, b"p").await,
+        Outcome::Processed(())
+    );
     db.cleanup().await;
 }
 

@@ -59,9 +59,12 @@ async fn a_keys_table_without_its_constraint_is_refused<DB: TestBackend>(test: &
     assert_eq!(inbox.migrate().await.unwrap_err().kind(), ErrorKind::Schema);
     assert_eq!(inbox.check().await.unwrap_err().kind(), ErrorKind::Schema);
     for table in ["keys", "outbox", "migrations"] {
-        DB::execute(db.inbox.pool(), format!("DROP TABLE IF EXISTS {bare}{table}"))
-            .await
-            .unwrap();
+        DB::execute(
+            db.inbox.pool(),
+            format!("DROP TABLE IF EXISTS {bare}{table}"),
+        )
+        .await
+        .unwrap();
     }
     db.cleanup().await;
 }
@@ -85,7 +88,9 @@ async fn a_newer_schema_is_refused<DB: TestBackend>(test: &str) {
 
 #[tokio::test]
 async fn a_prefix_that_is_not_an_identifier_is_refused() {
-    let pool = sqlx::sqlite::SqlitePoolOptions::new().connect_lazy("sqlite::memory:").unwrap();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .connect_lazy("sqlite::memory:")
+        .unwrap();
     for prefix in ["", "Bad", "drop table;", "1x_"] {
         let error = Inbox::<sqlx::Sqlite>::from_pool(
             pool.clone(),
