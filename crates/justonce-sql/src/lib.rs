@@ -33,6 +33,9 @@
 //! # }
 //! ```
 
+// Without a database feature only the types remain, and the statements go unused.
+#![cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+
 mod backend;
 mod inbox;
 #[cfg(feature = "postgres")]

@@ -1,6 +1,7 @@
 //! One integration binary: every test body runs against SQLite and the real PostgreSQL.
 
 mod claim;
+mod commit;
 mod crash;
 mod input;
 mod purge;

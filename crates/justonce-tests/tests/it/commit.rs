@@ -1,0 +1,124 @@
+//! A COMMIT whose answer never arrives: a proxy between the runner and PostgreSQL breaks
+//! the connection right after COMMIT, once having forwarded it and once not.
+
+use super::key;
+use justonce_sql::{Consumer, Inbox, Options, Outcome};
+use justonce_tests::{TestBackend, TestDb, postgres_url};
+use sqlx::Postgres;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Cut {
+    /// The server receives COMMIT and commits; the client never hears back.
+    AfterForwarding,
+    /// The server never receives COMMIT, sees the connection close and rolls back.
+    BeforeForwarding,
+}
+
+/// Forwards connections to PostgreSQL, and breaks the first one that sends COMMIT.
+async fn proxy(upstream: String, cut: Cut) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let armed = Arc::new(AtomicBool::new(true));
+    tokio::spawn(async move {
+        loop {
+            let (client, _) = listener.accept().await.unwrap();
+            let server = TcpStream::connect(&upstream).await.unwrap();
+            tokio::spawn(relay(client, server, cut, Arc::clone(&armed)));
+        }
+    });
+    port
+}
+
+async fn relay(client: TcpStream, server: TcpStream, cut: Cut, armed: Arc<AtomicBool>) {
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    let cutting = Arc::new(AtomicBool::new(false));
+    let silenced = Arc::clone(&cutting);
+    let answers = tokio::spawn(async move {
+        let mut buffer = vec![0; 64 * 1024];
+        loop {
+            let read = from_server.read(&mut buffer).await.unwrap_or(0);
+            if read == 0 || silenced.load(Ordering::SeqCst) {
+                return; // dropping `to_client` closes the client's connection
+            }
+            to_client.write_all(&buffer[..read]).await.unwrap();
+        }
+    });
+    let mut buffer = vec![0; 64 * 1024];
+    loop {
+        let read = from_client.read(&mut buffer).await.unwrap_or(0);
+        if read == 0 {
+            break;
+        }
+        let chunk = &buffer[..read];
+        let commit = chunk.windows(6).any(|w| w == b"COMMIT");
+        if commit && armed.swap(false, Ordering::SeqCst) {
+            cutting.store(true, Ordering::SeqCst);
+            match cut {
+                Cut::AfterForwarding => {
+                    to_server.write_all(chunk).await.unwrap();
+                    // The server's answer proves the commit; the answer task drops it
+                    // and closes the client's connection.
+                    let _ = answers.await;
+                }
+                Cut::BeforeForwarding => answers.abort(),
+            }
+            return;
+        }
+        to_server.write_all(chunk).await.unwrap();
+    }
+}
+
+async fn run_through_proxy(cut: Cut) -> (Outcome<u32>, u32, i64) {
+    let db = TestDb::<Postgres>::new("commit").await;
+    let direct = PgConnectOptions::from_str(&postgres_url()).unwrap();
+    let upstream = format!("{}:{}", direct.get_host(), direct.get_port());
+    let port = proxy(upstream, cut).await;
+    let pool = PgPoolOptions::new()
+        .connect_with(direct.clone().host("127.0.0.1").port(port))
+        .await
+        .unwrap();
+    let inbox = Inbox::<Postgres>::from_pool(
+        pool,
+        Consumer::new("test").unwrap(),
+        Options::default().prefix(&db.prefix),
+    )
+    .unwrap();
+    let id = key("payment:1");
+    let (key, prefix) = (&id, db.prefix.as_str());
+    let mut calls = 0;
+    let outcome = inbox
+        .run(key, b"p", |tx| {
+            calls += 1;
+            let call = calls;
+            Box::pin(async move {
+                Postgres::insert_effect(tx, prefix, "test", key.as_str()).await?;
+                Ok::<_, sqlx::Error>(call)
+            })
+        })
+        .await
+        .expect("run");
+    let effects = db.effects_of(&id).await;
+    db.cleanup().await;
+    (outcome, calls, effects)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_happened_is_found_and_not_run_again() {
+    let (outcome, calls, effects) = run_through_proxy(Cut::AfterForwarding).await;
+    assert_eq!(outcome, Outcome::Processed(1), "the first call's result");
+    assert_eq!((calls, effects), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_did_not_happen_is_run_again() {
+    let (outcome, calls, effects) = run_through_proxy(Cut::BeforeForwarding).await;
+    assert_eq!(outcome, Outcome::Processed(2));
+    assert_eq!((calls, effects), (2, 1));
+}
