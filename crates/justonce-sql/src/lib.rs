@@ -27,7 +27,6 @@
 //!     Outcome::Processed(_) => println!("invoice created"),
 //!     Outcome::Duplicate => println!("already processed"),
 //!     Outcome::KeyReused { .. } => println!("same key, different payload: skipped"),
-//!     _ => unreachable!(),
 //! }
 //! # Ok(())
 //! # }
@@ -47,3 +46,5 @@ mod tables;
 pub use backend::Backend;
 pub use inbox::{Inbox, Options, RunError, WorkFuture};
 pub use justonce_core::*;
+/// The sqlx this crate is built with, so that your queries use the same version.
+pub use sqlx;
