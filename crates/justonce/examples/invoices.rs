@@ -92,7 +92,11 @@ async fn run() -> Result<(), InvoiceError> {
     }
     let billing = Consumer::new("billing")?;
     if database.starts_with("postgres:") || database.starts_with("postgresql:") {
-        invoice_month(Inbox::<Postgres>::connect(&database, billing).await?, &month).await
+        invoice_month(
+            Inbox::<Postgres>::connect(&database, billing).await?,
+            &month,
+        )
+        .await
     } else {
         invoice_month(Inbox::<Sqlite>::connect(&database, billing).await?, &month).await
     }
