@@ -9,6 +9,9 @@
 //!   for another payload is reported instead of silently merged.
 //! - [`Retention`]: how long keys are kept, never shorter than the sender's retry horizon.
 //! - [`Claim`] and [`Outcome`]: what a claim found, and what a run did.
+//! - [`Offset`]: a stream position kept in the same transaction as the work.
+//! - [`Destination`]: where the outbox relay sends rows, and what came of each
+//!   [`Delivery`].
 //!
 //! Every value is validated when it is built, before anything touches a database:
 //!
@@ -24,14 +27,18 @@
 //! # Ok::<(), justonce_core::Error>(())
 //! ```
 
+mod destination;
 mod error;
 mod fingerprint;
 mod identity;
+mod offset;
 mod outcome;
 mod retention;
 
+pub use destination::{Delivered, Delivery, Destination};
 pub use error::{BoxError, Error, ErrorKind, Invalid};
 pub use fingerprint::Fingerprint;
 pub use identity::{Consumer, DerivedKey, Identity, Key, Scope};
+pub use offset::Offset;
 pub use outcome::{Claim, Outcome};
 pub use retention::Retention;

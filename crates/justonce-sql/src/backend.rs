@@ -1,7 +1,7 @@
 //! What differs between databases, behind one sealed trait.
 
 use crate::tables::Tables;
-use justonce_core::{Consumer, Error, Fingerprint, Identity, Scope};
+use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -55,23 +55,54 @@ pub trait Backend: sqlx::Database + Sealed {
         keys: &'a [&'a str],
     ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a;
 
-    /// Deletes at most `limit` keys of `consumer` processed more than `older_than_ms`
-    /// milliseconds ago by the store's clock.
+    /// Runs one statement that changes rows, and returns how many it changed.
     #[doc(hidden)]
-    fn purge_batch<'a>(
+    fn change<'a>(
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Statements,
-        consumer: &'a Consumer,
-        older_than_ms: i64,
-        limit: i64,
+        change: Change<'a>,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'a;
 
+    /// Writes an outbox row and, on PostgreSQL, notifies the relays at commit.
     #[doc(hidden)]
     fn enqueue<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
-        row: OutboxRow<'a>,
+        row: NewOutboxRow<'a>,
     ) -> impl Future<Output = Result<i64, Error>> + Send + 'a;
+
+    /// Reads outbox rows; taking due rows also hides them for a lease.
+    #[doc(hidden)]
+    fn outbox_rows<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        which: Which,
+    ) -> impl Future<Output = Result<Vec<OutboxRow>, Error>> + Send + 'a;
+
+    /// Moves a stream's offset forward, never back; returns whether it moved.
+    #[doc(hidden)]
+    fn commit_offset<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        at: OffsetRow<'a>,
+    ) -> impl Future<Output = Result<bool, Error>> + Send + 'a;
+
+    /// A consumer's offsets in one stream, by partition.
+    #[doc(hidden)]
+    fn load_offsets<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        consumer: &'a str,
+        stream: &'a str,
+    ) -> impl Future<Output = Result<Vec<(i32, Offset)>, Error>> + Send + 'a;
+
+    /// What wakes a waiting relay when a row is committed: notifications on PostgreSQL,
+    /// nothing on SQLite (the relay polls).
+    #[doc(hidden)]
+    fn outbox_wakeups<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        tables: &'a Tables,
+    ) -> impl Future<Output = Result<Wakeups, Error>> + Send + 'a;
 
     /// Applies the migrations that are missing, under a lock that serialises concurrent
     /// migrators, and returns how many ran.
@@ -105,9 +136,133 @@ pub struct Statements {
     pub(crate) find: Arc<str>,
     pub(crate) insert_many: Arc<str>,
     pub(crate) find_many: Arc<str>,
-    pub(crate) purge: Arc<str>,
-    pub(crate) enqueue: Arc<str>,
     pub(crate) has_unique_constraint: Arc<str>,
+    pub(crate) purge_keys: Arc<str>,
+    pub(crate) enqueue: Arc<str>,
+    pub(crate) take_due: Arc<str>,
+    pub(crate) outbox_row: Arc<str>,
+    pub(crate) dead_letters: Arc<str>,
+    pub(crate) mark_sent: Arc<str>,
+    pub(crate) mark_retry: Arc<str>,
+    pub(crate) mark_dead: Arc<str>,
+    pub(crate) replay: Arc<str>,
+    pub(crate) purge_dead: Arc<str>,
+    pub(crate) purge_sent: Arc<str>,
+    pub(crate) commit_offset: Arc<str>,
+    pub(crate) load_offsets: Arc<str>,
+}
+
+/// The statements whose text differs between databases beyond the clock.
+pub(crate) struct Specific {
+    pub(crate) claim: String,
+    pub(crate) insert_many: String,
+    pub(crate) find_many: String,
+    pub(crate) has_unique_constraint: String,
+    pub(crate) purge_keys: String,
+    pub(crate) enqueue: String,
+    /// What makes concurrent relays skip each other's rows: `FOR UPDATE SKIP LOCKED`.
+    pub(crate) skip_locked: &'static str,
+}
+
+/// The store's clock in a database's SQL: times are compared there, never in the worker.
+pub(crate) struct Clock {
+    pub(crate) now: &'static str,
+    /// `now` moved by a number of milliseconds given as a parameter, such as `$2`.
+    pub(crate) later_by: fn(&str) -> String,
+    pub(crate) earlier_by: fn(&str) -> String,
+    /// Milliseconds from a time column to now.
+    pub(crate) age_ms: fn(&str) -> String,
+}
+
+impl Statements {
+    pub(crate) fn new(tables: &Tables, clock: &Clock, specific: Specific) -> Self {
+        let Tables {
+            keys,
+            outbox,
+            offsets,
+            ..
+        } = tables;
+        let now = clock.now;
+        // Every outbox read returns these columns, decoded as an `OutboxTuple`.
+        let columns = format!(
+            "id, scope, key, destination, payload, headers, attempts, last_error, dead, \
+             sent_at IS NOT NULL AS sent, {} AS age_ms",
+            (clock.age_ms)("created_at")
+        );
+        let skip_locked = specific.skip_locked;
+        let text = |sql: String| Arc::<str>::from(sql);
+        Self {
+            claim: text(specific.claim),
+            find: text(format!(
+                "SELECT claim_id, fingerprint FROM {keys}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3"
+            )),
+            insert_many: text(specific.insert_many),
+            find_many: text(specific.find_many),
+            has_unique_constraint: text(specific.has_unique_constraint),
+            purge_keys: text(specific.purge_keys),
+            enqueue: text(specific.enqueue),
+            // Taking a row hides it until the lease ends, in one short statement: no lock
+            // is held while it is sent, and a relay that dies leaves it due again. Rows are
+            // chosen by due time, never by a cursor over ids, so a row committed after a
+            // higher-numbered one is not skipped.
+            take_due: text(format!(
+                "UPDATE {outbox} SET next_attempt_at = {}, attempts = attempts + 1
+                 WHERE id IN (
+                    SELECT id FROM {outbox}
+                    WHERE sent_at IS NULL AND NOT dead AND next_attempt_at <= {now}
+                    ORDER BY next_attempt_at, id
+                    LIMIT $2
+                    {skip_locked}
+                 )
+                 RETURNING {columns}",
+                (clock.later_by)("$1")
+            )),
+            outbox_row: text(format!("SELECT {columns} FROM {outbox} WHERE id = $1")),
+            dead_letters: text(format!(
+                "SELECT {columns} FROM {outbox} WHERE dead ORDER BY id LIMIT $1"
+            )),
+            mark_sent: text(format!(
+                "UPDATE {outbox} SET sent_at = {now}, last_error = NULL WHERE id = $1"
+            )),
+            // A row another relay sent meanwhile stays sent.
+            mark_retry: text(format!(
+                "UPDATE {outbox} SET next_attempt_at = {}, last_error = $3
+                 WHERE id = $1 AND sent_at IS NULL",
+                (clock.later_by)("$2")
+            )),
+            mark_dead: text(format!(
+                "UPDATE {outbox} SET dead = TRUE, last_error = $2
+                 WHERE id = $1 AND sent_at IS NULL"
+            )),
+            replay: text(format!(
+                "UPDATE {outbox}
+                 SET dead = FALSE, attempts = 0, next_attempt_at = {now}, last_error = NULL
+                 WHERE dead AND ($1 IS NULL OR id = $1)"
+            )),
+            purge_dead: text(format!("DELETE FROM {outbox} WHERE dead")),
+            purge_sent: text(format!(
+                "DELETE FROM {outbox} WHERE id IN (
+                    SELECT id FROM {outbox} WHERE sent_at < {} LIMIT $2
+                 )",
+                (clock.earlier_by)("$1")
+            )),
+            // The WHERE makes an older offset a no-op in SQL, whatever order commits come in.
+            commit_offset: text(format!(
+                "INSERT INTO {offsets} (consumer, stream, partition_id, position, sequence, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, {now})
+                 ON CONFLICT (consumer, stream, partition_id) DO UPDATE
+                 SET position = excluded.position, sequence = excluded.sequence,
+                     updated_at = excluded.updated_at
+                 WHERE ({offsets}.position, {offsets}.sequence)
+                     < (excluded.position, excluded.sequence)"
+            )),
+            load_offsets: text(format!(
+                "SELECT partition_id, position, sequence FROM {offsets}
+                 WHERE consumer = $1 AND stream = $2 ORDER BY partition_id"
+            )),
+        }
+    }
 }
 
 /// One key to claim, with the attempt's claim id.
@@ -149,11 +304,144 @@ impl Stored {
 }
 
 /// One outbox row to write.
-pub struct OutboxRow<'a> {
+pub struct NewOutboxRow<'a> {
     pub(crate) scope: &'a str,
     pub(crate) key: &'a str,
     pub(crate) destination: &'a str,
     pub(crate) payload: &'a [u8],
+    pub(crate) headers: String,
+}
+
+/// The columns of [`OUTBOX_COLUMNS`] as sqlx decodes them.
+pub(crate) type OutboxTuple = (
+    i64,
+    String,
+    String,
+    String,
+    Vec<u8>,
+    String,
+    i64,
+    Option<String>,
+    bool,
+    bool,
+    i64,
+);
+
+/// An outbox row as read.
+#[derive(Debug)]
+pub struct OutboxRow {
+    pub(crate) id: i64,
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    pub(crate) destination: String,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: String,
+    pub(crate) attempts: i64,
+    pub(crate) last_error: Option<String>,
+    pub(crate) dead: bool,
+    pub(crate) sent: bool,
+    /// Milliseconds since the row was written, by the store's clock.
+    pub(crate) age_ms: i64,
+}
+
+impl From<OutboxTuple> for OutboxRow {
+    fn from(row: OutboxTuple) -> Self {
+        let (
+            id,
+            scope,
+            key,
+            destination,
+            payload,
+            headers,
+            attempts,
+            last_error,
+            dead,
+            sent,
+            age_ms,
+        ) = row;
+        Self {
+            id,
+            scope,
+            key,
+            destination,
+            payload,
+            headers,
+            attempts,
+            last_error,
+            dead,
+            sent,
+            age_ms,
+        }
+    }
+}
+
+/// Which outbox rows to read.
+pub enum Which {
+    /// Due rows, at most `limit`, hidden for `lease_ms` and counted as one more attempt.
+    Due { lease_ms: i64, limit: i64 },
+    /// One row.
+    Id(i64),
+    /// Dead letters, oldest first.
+    DeadLetters { limit: i64 },
+}
+
+/// A statement that changes rows; its text is in [`Statements`].
+pub enum Change<'a> {
+    PurgeKeys {
+        consumer: &'a str,
+        older_than_ms: i64,
+        limit: i64,
+    },
+    MarkSent {
+        id: i64,
+    },
+    MarkRetry {
+        id: i64,
+        after_ms: i64,
+        reason: &'a str,
+    },
+    MarkDead {
+        id: i64,
+        reason: &'a str,
+    },
+    /// Every dead letter when `id` is `None`.
+    Replay {
+        id: Option<i64>,
+    },
+    PurgeDead,
+    PurgeSent {
+        older_than_ms: i64,
+        limit: i64,
+    },
+}
+
+/// A stream position to store.
+pub struct OffsetRow<'a> {
+    pub(crate) consumer: &'a str,
+    pub(crate) stream: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) offset: Offset,
+}
+
+/// Wakes a waiting relay when an outbox row may have been committed.
+pub struct Wakeups {
+    #[cfg(feature = "postgres")]
+    pub(crate) listener: Option<sqlx::postgres::PgListener>,
+}
+
+impl Wakeups {
+    /// Resolves on a notification; never, where there are none (the caller polls too).
+    pub(crate) async fn wait(&mut self) {
+        #[cfg(feature = "postgres")]
+        if let Some(listener) = &mut self.listener {
+            // An error drops the connection, which the next call re-establishes; the
+            // caller's poll covers what was missed meanwhile.
+            if listener.recv().await.is_ok() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await
+    }
 }
 
 /// One schema change, with `{prefix}` in place of the table prefix.
@@ -208,37 +496,116 @@ macro_rules! shared_queries {
                 .transpose()
         }
 
-        async fn purge_batch<'a>(
+        async fn change<'a>(
             pool: &'a sqlx::Pool<Self>,
             sql: &'a Statements,
-            consumer: &'a Consumer,
-            older_than_ms: i64,
-            limit: i64,
+            change: Change<'a>,
         ) -> Result<u64, Error> {
-            let done = sqlx::query(AssertSqlSafe(sql.purge.clone()))
-                .bind(consumer.as_str())
-                .bind(older_than_ms)
-                .bind(limit)
-                .execute(pool)
-                .await
-                .map_err(database_error::<Self>)?;
+            let statement = |text: &Arc<str>| sqlx::query(AssertSqlSafe(text.clone()));
+            let query = match change {
+                Change::PurgeKeys {
+                    consumer,
+                    older_than_ms,
+                    limit,
+                } => statement(&sql.purge_keys)
+                    .bind(consumer)
+                    .bind(older_than_ms)
+                    .bind(limit),
+                Change::MarkSent { id } => statement(&sql.mark_sent).bind(id),
+                Change::MarkRetry {
+                    id,
+                    after_ms,
+                    reason,
+                } => statement(&sql.mark_retry)
+                    .bind(id)
+                    .bind(after_ms)
+                    .bind(reason),
+                Change::MarkDead { id, reason } => statement(&sql.mark_dead).bind(id).bind(reason),
+                Change::Replay { id } => statement(&sql.replay).bind(id),
+                Change::PurgeDead => statement(&sql.purge_dead),
+                Change::PurgeSent {
+                    older_than_ms,
+                    limit,
+                } => statement(&sql.purge_sent).bind(older_than_ms).bind(limit),
+            };
+            let done = query.execute(pool).await.map_err(database_error::<Self>)?;
             Ok(done.rows_affected())
         }
 
         async fn enqueue<'a>(
             conn: &'a mut Self::Connection,
             sql: &'a Statements,
-            row: OutboxRow<'a>,
+            row: NewOutboxRow<'a>,
         ) -> Result<i64, Error> {
             let (id,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.enqueue.clone()))
                 .bind(row.scope)
                 .bind(row.key)
                 .bind(row.destination)
                 .bind(row.payload)
+                .bind(row.headers)
                 .fetch_one(conn)
                 .await
                 .map_err(database_error::<Self>)?;
             Ok(id)
+        }
+
+        async fn outbox_rows<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Statements,
+            which: Which,
+        ) -> Result<Vec<OutboxRow>, Error> {
+            let query = match which {
+                Which::Due { lease_ms, limit } => {
+                    sqlx::query_as(AssertSqlSafe(sql.take_due.clone()))
+                        .bind(lease_ms)
+                        .bind(limit)
+                }
+                Which::Id(id) => sqlx::query_as(AssertSqlSafe(sql.outbox_row.clone())).bind(id),
+                Which::DeadLetters { limit } => {
+                    sqlx::query_as(AssertSqlSafe(sql.dead_letters.clone())).bind(limit)
+                }
+            };
+            let rows: Vec<OutboxTuple> = query
+                .fetch_all(pool)
+                .await
+                .map_err(database_error::<Self>)?;
+            Ok(rows.into_iter().map(OutboxRow::from).collect())
+        }
+
+        async fn commit_offset<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a Statements,
+            at: OffsetRow<'a>,
+        ) -> Result<bool, Error> {
+            let done = sqlx::query(AssertSqlSafe(sql.commit_offset.clone()))
+                .bind(at.consumer)
+                .bind(at.stream)
+                .bind(at.partition)
+                .bind(at.offset.position)
+                .bind(at.offset.sequence)
+                .execute(conn)
+                .await
+                .map_err(database_error::<Self>)?;
+            Ok(done.rows_affected() > 0)
+        }
+
+        async fn load_offsets<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Statements,
+            consumer: &'a str,
+            stream: &'a str,
+        ) -> Result<Vec<(i32, Offset)>, Error> {
+            let rows: Vec<(i32, i64, i64)> =
+                sqlx::query_as(AssertSqlSafe(sql.load_offsets.clone()))
+                    .bind(consumer)
+                    .bind(stream)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            Ok(rows
+                .into_iter()
+                .map(|(partition, position, sequence)| (partition, Offset::new(position, sequence)))
+                .collect())
         }
 
         async fn has_unique_constraint<'a>(

@@ -3,11 +3,13 @@
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
 use crate::backend::{
-    Backend, Batch, ClaimRow, OutboxRow, Statements, database_error, is_connection_lost,
+    Backend, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Statements, database_error,
+    is_connection_lost,
 };
+use crate::outbox::{Message, Outbox};
 use crate::tables::Tables;
 use justonce_core::{
-    Claim, Consumer, Error, Fingerprint, Identity, Key, Outcome, Retention, Scope,
+    Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, Outcome, Retention, Scope,
 };
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
@@ -62,10 +64,10 @@ impl Options {
     }
 }
 
-struct Shared<DB: Backend> {
-    pool: sqlx::Pool<DB>,
-    tables: Tables,
-    sql: Statements,
+pub(crate) struct Shared<DB: Backend> {
+    pub(crate) pool: sqlx::Pool<DB>,
+    pub(crate) tables: Tables,
+    pub(crate) sql: Statements,
     retention: Retention,
     max_attempts: u32,
 }
@@ -425,26 +427,81 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// Writes an outbox row in the caller's transaction, keyed by the derived key of
-    /// `step` for `key`: the same key, step, consumer and scope always give the same
-    /// downstream key. Returns the row's id.
+    /// `step` for `key` ([`Identity::derive`]): the same key, step, consumer and scope
+    /// always give the same downstream key, so a re-run or a replay sends the same key and
+    /// two consumers of one message send two. Returns the row's id.
     pub async fn enqueue(
         &self,
         tx: &mut DB::Connection,
         key: &Key,
         step: &str,
-        destination: &str,
-        payload: &[u8],
+        message: Message,
     ) -> Result<i64, Error> {
         let derived = self.identity(key).derive(step);
-        DB::enqueue(
-            tx,
+        self.write_outbox(tx, derived.as_str(), message).await
+    }
+
+    /// Writes an outbox row that forwards a received message unchanged: it keeps the
+    /// message's own key, so the receiver deduplicates it as the same event.
+    pub async fn forward(
+        &self,
+        tx: &mut DB::Connection,
+        key: &Key,
+        message: Message,
+    ) -> Result<i64, Error> {
+        self.write_outbox(tx, key.as_str(), message).await
+    }
+
+    async fn write_outbox(
+        &self,
+        tx: &mut DB::Connection,
+        key: &str,
+        message: Message,
+    ) -> Result<i64, Error> {
+        let row = NewOutboxRow {
+            scope: self.scope.as_str(),
+            key,
+            destination: &message.destination,
+            payload: &message.payload,
+            headers: message.headers_json(),
+        };
+        DB::enqueue(tx, &self.shared.sql, row).await
+    }
+
+    /// The outbox of this store: its relay, dead letters and clean-up.
+    pub fn outbox(&self) -> Outbox<DB> {
+        Outbox {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Stores this consumer's position in `stream`'s `partition` in the caller's
+    /// transaction, so that the position and the work commit together. An offset below the
+    /// stored one is ignored, in SQL, whatever order concurrent commits come in; returns
+    /// whether the stored offset moved.
+    pub async fn commit_offset(
+        &self,
+        tx: &mut DB::Connection,
+        stream: &str,
+        partition: i32,
+        offset: Offset,
+    ) -> Result<bool, Error> {
+        let at = OffsetRow {
+            consumer: self.consumer.as_str(),
+            stream,
+            partition,
+            offset,
+        };
+        DB::commit_offset(tx, &self.shared.sql, at).await
+    }
+
+    /// This consumer's stored positions in `stream`, by partition, to resume from.
+    pub async fn load_offsets(&self, stream: &str) -> Result<Vec<(i32, Offset)>, Error> {
+        DB::load_offsets(
+            &self.shared.pool,
             &self.shared.sql,
-            OutboxRow {
-                scope: self.scope.as_str(),
-                key: derived.as_str(),
-                destination,
-                payload,
-            },
+            self.consumer.as_str(),
+            stream,
         )
         .await
     }
@@ -461,23 +518,15 @@ impl<DB: Backend> Inbox<DB> {
                 retry_horizon: horizon,
             });
         }
-        let older_than_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        let limit = i64::from(batch_size.max(1));
-        let mut purged = 0;
-        loop {
-            let deleted = DB::purge_batch(
-                &self.shared.pool,
-                &self.shared.sql,
-                &self.consumer,
-                older_than_ms,
+        in_batches(batch_size, |limit| {
+            let change = Change::PurgeKeys {
+                consumer: self.consumer.as_str(),
+                older_than_ms: millis(older_than),
                 limit,
-            )
-            .await?;
-            purged += deleted;
-            if deleted < limit as u64 {
-                return Ok(purged);
-            }
-        }
+            };
+            DB::change(&self.shared.pool, &self.shared.sql, change)
+        })
+        .await
     }
 
     /// Purges the keys older than the configured retention; see [`Inbox::purge`].
@@ -532,10 +581,37 @@ fn is_retryable_work_error<DB: Backend>(error: &(dyn std::error::Error + 'static
     false
 }
 
-/// A fresh 64-bit claim id. `RandomState` seeds each hasher from the operating system's
-/// randomness, which is all an id that tells two attempts apart needs.
+/// A fresh 64-bit claim id.
 fn random_claim_id() -> i64 {
-    RandomState::new().hash_one(std::time::Instant::now()) as i64
+    random_u64() as i64
+}
+
+/// 64 random bits. `RandomState` seeds each hasher from the operating system's randomness,
+/// which is all claim ids and jitter need.
+pub(crate) fn random_u64() -> u64 {
+    RandomState::new().hash_one(std::time::Instant::now())
+}
+
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Runs a bounded delete `limit` rows at a time until one deletes fewer, and returns how
+/// many rows went in all.
+pub(crate) async fn in_batches<F, Fut>(batch_size: u32, mut delete: F) -> Result<u64, Error>
+where
+    F: FnMut(i64) -> Fut,
+    Fut: Future<Output = Result<u64, Error>>,
+{
+    let limit = i64::from(batch_size.max(1));
+    let mut deleted = 0;
+    loop {
+        let batch = delete(limit).await?;
+        deleted += batch;
+        if batch < limit.unsigned_abs() {
+            return Ok(deleted);
+        }
+    }
 }
 
 /// Waits 10 ms, 20 ms, 40 ms … up to 1 s, each with up to half of it added at random, so
@@ -543,6 +619,6 @@ fn random_claim_id() -> i64 {
 async fn backoff(attempt: u32) {
     let base = Duration::from_millis(10) * 2u32.pow(attempt.min(7) - 1);
     let base = base.min(Duration::from_secs(1));
-    let jitter = random_claim_id().unsigned_abs() % (base.as_millis() as u64 / 2 + 1);
+    let jitter = random_u64() % (base.as_millis() as u64 / 2 + 1);
     tokio::time::sleep(base + Duration::from_millis(jitter)).await;
 }

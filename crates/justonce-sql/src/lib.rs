@@ -37,8 +37,10 @@
 
 mod backend;
 mod inbox;
+mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod relay;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod tables;
@@ -46,5 +48,7 @@ mod tables;
 pub use backend::Backend;
 pub use inbox::{Inbox, Options, RunError, WorkFuture};
 pub use justonce_core::*;
+pub use outbox::{Message, Outbox, Row};
+pub use relay::{Relay, RelayOptions, RelayRound};
 /// The sqlx this crate is built with, so that your queries use the same version.
 pub use sqlx;

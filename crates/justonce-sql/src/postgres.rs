@@ -2,15 +2,25 @@
 //! migrations.
 
 use crate::backend::{
-    Backend, Batch, ClaimRow, Migration, OutboxRow, Sealed, Statements, Stored, database_error,
+    Backend, Batch, Change, ClaimRow, Clock, Migration, NewOutboxRow, OffsetRow, OutboxRow,
+    OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, database_error,
     shared_queries,
 };
 use crate::tables::Tables;
-use justonce_core::{Consumer, Error, Identity, Scope};
+use justonce_core::{Consumer, Error, Identity, Offset, Scope};
+use sqlx::postgres::PgListener;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Postgres};
+use std::sync::Arc;
 
 impl Sealed for Postgres {}
+
+const CLOCK: Clock = Clock {
+    now: "now()",
+    later_by: |millis| format!("now() + {millis} * interval '1 millisecond'"),
+    earlier_by: |millis| format!("now() - {millis} * interval '1 millisecond'"),
+    age_ms: |column| format!("(extract(epoch FROM now() - {column}) * 1000)::bigint"),
+};
 
 const MIGRATION_SETUP: &[&str] = &[
     // Serialises migrators of one prefix across processes until the transaction ends.
@@ -24,7 +34,7 @@ const MIGRATION_SETUP: &[&str] = &[
 
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
-    description: "keys and outbox",
+    description: "keys, outbox and offsets",
     // "C" collation: keys compare byte for byte, as documented, and index faster.
     sql: "
 CREATE TABLE IF NOT EXISTS {prefix}keys (
@@ -43,16 +53,27 @@ CREATE TABLE IF NOT EXISTS {prefix}outbox (
     key text NOT NULL,
     destination text NOT NULL,
     payload bytea NOT NULL,
-    headers jsonb NOT NULL DEFAULT '{}',
+    headers text NOT NULL DEFAULT '[]',
     created_at timestamptz NOT NULL DEFAULT now(),
-    attempts integer NOT NULL DEFAULT 0,
+    attempts bigint NOT NULL DEFAULT 0,
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
     sent_at timestamptz,
     last_error text,
     dead boolean NOT NULL DEFAULT false
 );
-CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at)
+CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at, id)
     WHERE sent_at IS NULL AND NOT dead;
+CREATE INDEX IF NOT EXISTS {prefix}outbox_sent ON {prefix}outbox (sent_at)
+    WHERE sent_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {prefix}offsets (
+    consumer text COLLATE \"C\" NOT NULL,
+    stream text COLLATE \"C\" NOT NULL,
+    partition_id integer NOT NULL,
+    position bigint NOT NULL,
+    sequence bigint NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, stream, partition_id)
+);
 ",
 }];
 
@@ -60,8 +81,8 @@ impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";
 
     fn statements(tables: &Tables) -> Statements {
-        let keys = &tables.keys;
-        Statements {
+        let Tables { keys, outbox, .. } = tables;
+        let specific = Specific {
             // The second SELECT reads the holder of a key that was committed before this
             // statement began. A holder that commits while the INSERT waits for it is not
             // in this statement's snapshot: the statement returns no row, and the caller
@@ -78,13 +99,7 @@ impl Backend for Postgres {
                  SELECT claim_id, fingerprint FROM {keys}
                  WHERE scope = $1 AND consumer = $2 AND key = $3
                    AND NOT EXISTS (SELECT FROM inserted)"
-            )
-            .into(),
-            find: format!(
-                "SELECT claim_id, fingerprint FROM {keys}
-                 WHERE scope = $1 AND consumer = $2 AND key = $3"
-            )
-            .into(),
+            ),
             // Rows are inserted, and so locked, in key order: two batches that share keys
             // wait for each other instead of deadlocking.
             insert_many: format!(
@@ -94,29 +109,11 @@ impl Backend for Postgres {
                  ORDER BY batch.key COLLATE \"C\"
                  ON CONFLICT (scope, consumer, key) DO NOTHING
                  RETURNING key"
-            )
-            .into(),
+            ),
             find_many: format!(
                 "SELECT key, claim_id, fingerprint FROM {keys}
                  WHERE scope = $1 AND consumer = $2 AND key = ANY($3)"
-            )
-            .into(),
-            purge: format!(
-                "DELETE FROM {keys} WHERE (scope, consumer, key) IN (
-                    SELECT scope, consumer, key FROM {keys}
-                    WHERE consumer = $1
-                      AND processed_at < now() - $2 * interval '1 millisecond'
-                    LIMIT $3
-                    FOR UPDATE SKIP LOCKED
-                 )"
-            )
-            .into(),
-            enqueue: format!(
-                "INSERT INTO {} (scope, key, destination, payload) VALUES ($1, $2, $3, $4)
-                 RETURNING id",
-                tables.outbox
-            )
-            .into(),
+            ),
             has_unique_constraint: format!(
                 "SELECT count(*) FROM pg_index AS i
                  WHERE i.indrelid = to_regclass('{keys}')
@@ -125,9 +122,45 @@ impl Backend for Postgres {
                         FROM pg_attribute AS a
                         WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey))
                        = ARRAY['consumer', 'key', 'scope']"
-            )
-            .into(),
-        }
+            ),
+            purge_keys: format!(
+                "DELETE FROM {keys} WHERE (scope, consumer, key) IN (
+                    SELECT scope, consumer, key FROM {keys}
+                    WHERE consumer = $1
+                      AND processed_at < now() - $2 * interval '1 millisecond'
+                    LIMIT $3
+                    FOR UPDATE SKIP LOCKED
+                 )"
+            ),
+            // One notification per channel and transaction, whatever the number of rows:
+            // PostgreSQL folds identical ones.
+            enqueue: format!(
+                "WITH inserted AS (
+                    INSERT INTO {outbox} (scope, key, destination, payload, headers)
+                    VALUES ($1, $2, $3, $4, $5)
+                    RETURNING id
+                 ), notified AS (SELECT pg_notify('{outbox}', ''))
+                 SELECT id FROM inserted, notified"
+            ),
+            skip_locked: "FOR UPDATE SKIP LOCKED",
+        };
+        Statements::new(tables, &CLOCK, specific)
+    }
+
+    async fn outbox_wakeups<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        tables: &'a Tables,
+    ) -> Result<Wakeups, Error> {
+        let mut listener = PgListener::connect_with(pool)
+            .await
+            .map_err(database_error::<Self>)?;
+        listener
+            .listen(&tables.outbox)
+            .await
+            .map_err(database_error::<Self>)?;
+        Ok(Wakeups {
+            listener: Some(listener),
+        })
     }
 
     async fn connect(url: &str) -> Result<sqlx::Pool<Self>, Error> {

@@ -1,14 +1,16 @@
 //! SQLite: WAL, `BEGIN IMMEDIATE` for writers, a busy timeout, and JSON for batches.
 
 use crate::backend::{
-    Backend, Batch, ClaimRow, Migration, OutboxRow, Sealed, Statements, Stored, database_error,
+    Backend, Batch, Change, ClaimRow, Clock, Migration, NewOutboxRow, OffsetRow, OutboxRow,
+    OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, database_error,
     shared_queries,
 };
 use crate::tables::Tables;
-use justonce_core::{Consumer, Error, Identity, Scope};
+use justonce_core::{Consumer, Error, Identity, Offset, Scope};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 impl Sealed for Sqlite {}
@@ -20,6 +22,13 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The store's clock, in milliseconds since the Unix epoch.
 const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
+const CLOCK: Clock = Clock {
+    now: NOW_MS,
+    later_by: |millis| format!("({NOW_MS} + {millis})"),
+    earlier_by: |millis| format!("({NOW_MS} - {millis})"),
+    age_ms: |column| format!("({NOW_MS} - {column})"),
+};
+
 // BEGIN IMMEDIATE already holds the database's only write lock.
 const MIGRATION_SETUP: &[&str] = &["CREATE TABLE IF NOT EXISTS {prefix}migrations (
     version INTEGER PRIMARY KEY,
@@ -29,7 +38,7 @@ const MIGRATION_SETUP: &[&str] = &["CREATE TABLE IF NOT EXISTS {prefix}migration
 
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
-    description: "keys and outbox",
+    description: "keys, outbox and offsets",
     sql: "
 CREATE TABLE IF NOT EXISTS {prefix}keys (
     scope TEXT NOT NULL,
@@ -47,16 +56,27 @@ CREATE TABLE IF NOT EXISTS {prefix}outbox (
     key TEXT NOT NULL,
     destination TEXT NOT NULL,
     payload BLOB NOT NULL,
-    headers TEXT NOT NULL DEFAULT '{}',
+    headers TEXT NOT NULL DEFAULT '[]',
     created_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
     attempts INTEGER NOT NULL DEFAULT 0,
     next_attempt_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
     sent_at INTEGER,
     last_error TEXT,
-    dead INTEGER NOT NULL DEFAULT 0
+    dead BOOLEAN NOT NULL DEFAULT FALSE
 );
-CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at)
-    WHERE sent_at IS NULL AND dead = 0;
+CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at, id)
+    WHERE sent_at IS NULL AND NOT dead;
+CREATE INDEX IF NOT EXISTS {prefix}outbox_sent ON {prefix}outbox (sent_at)
+    WHERE sent_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {prefix}offsets (
+    consumer TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    partition_id INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    sequence INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (consumer, stream, partition_id)
+);
 ",
 }];
 
@@ -66,20 +86,14 @@ impl Backend for Sqlite {
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
 
     fn statements(tables: &Tables) -> Statements {
-        let keys = &tables.keys;
-        Statements {
+        let Tables { keys, outbox, .. } = tables;
+        let specific = Specific {
             claim: format!(
                 "INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id, processed_at)
                  VALUES ($1, $2, $3, $4, $5, {NOW_MS})
                  ON CONFLICT (scope, consumer, key) DO NOTHING
                  RETURNING claim_id, fingerprint"
-            )
-            .into(),
-            find: format!(
-                "SELECT claim_id, fingerprint FROM {keys}
-                 WHERE scope = $1 AND consumer = $2 AND key = $3"
-            )
-            .into(),
+            ),
             // One JSON array of [key, hex fingerprint] pairs keeps the statement text fixed
             // whatever the batch size, so it is prepared once.
             insert_many: format!(
@@ -88,37 +102,45 @@ impl Backend for Sqlite {
                  FROM json_each($4) WHERE true
                  ON CONFLICT (scope, consumer, key) DO NOTHING
                  RETURNING key"
-            )
-            .into(),
+            ),
             find_many: format!(
                 "SELECT key, claim_id, fingerprint FROM {keys}
                  WHERE scope = $1 AND consumer = $2
                    AND key IN (SELECT value FROM json_each($3))"
-            )
-            .into(),
-            purge: format!(
-                "DELETE FROM {keys} WHERE rowid IN (
-                    SELECT rowid FROM {keys}
-                    WHERE consumer = $1 AND processed_at < {NOW_MS} - $2
-                    LIMIT $3
-                 )"
-            )
-            .into(),
-            enqueue: format!(
-                "INSERT INTO {} (scope, key, destination, payload) VALUES ($1, $2, $3, $4)
-                 RETURNING id",
-                tables.outbox
-            )
-            .into(),
+            ),
             has_unique_constraint: format!(
                 "SELECT count(*) FROM pragma_index_list('{keys}') AS list
                  WHERE list.\"unique\" = 1 AND list.partial = 0
                    AND (SELECT group_concat(name, ',') FROM (
                           SELECT name FROM pragma_index_info(list.name) ORDER BY name
                        )) = 'consumer,key,scope'"
-            )
-            .into(),
-        }
+            ),
+            purge_keys: format!(
+                "DELETE FROM {keys} WHERE rowid IN (
+                    SELECT rowid FROM {keys}
+                    WHERE consumer = $1 AND processed_at < {NOW_MS} - $2
+                    LIMIT $3
+                 )"
+            ),
+            enqueue: format!(
+                "INSERT INTO {outbox} (scope, key, destination, payload, headers)
+                 VALUES ($1, $2, $3, $4, $5)
+                 RETURNING id"
+            ),
+            // The single writer already keeps two relays from taking one row.
+            skip_locked: "",
+        };
+        Statements::new(tables, &CLOCK, specific)
+    }
+
+    async fn outbox_wakeups<'a>(
+        _pool: &'a sqlx::Pool<Self>,
+        _tables: &'a Tables,
+    ) -> Result<Wakeups, Error> {
+        Ok(Wakeups {
+            #[cfg(feature = "postgres")]
+            listener: None,
+        })
     }
 
     async fn connect(url: &str) -> Result<sqlx::Pool<Self>, Error> {

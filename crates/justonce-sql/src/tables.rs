@@ -6,6 +6,7 @@ pub struct Tables {
     pub(crate) prefix: String,
     pub(crate) keys: String,
     pub(crate) outbox: String,
+    pub(crate) offsets: String,
     pub(crate) migrations: String,
 }
 
@@ -33,6 +34,7 @@ impl Tables {
             prefix: prefix.to_owned(),
             keys: format!("{prefix}keys"),
             outbox: format!("{prefix}outbox"),
+            offsets: format!("{prefix}offsets"),
             migrations: format!("{prefix}migrations"),
         })
     }

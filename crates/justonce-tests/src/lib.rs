@@ -218,7 +218,7 @@ impl<DB: TestBackend> TestDb<DB> {
 
     /// Drops this test's tables, or its database file.
     pub async fn cleanup(self) {
-        for table in ["effects", "outbox", "keys", "migrations"] {
+        for table in ["effects", "outbox", "offsets", "keys", "migrations"] {
             DB::execute(
                 self.inbox.pool(),
                 format!("DROP TABLE IF EXISTS {}{table}", self.prefix),

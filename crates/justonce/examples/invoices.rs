@@ -10,7 +10,7 @@
 //! twice: the second run creates nothing and changes no row.
 
 use justonce::sqlx::{self, Database, Encode, Executor, IntoArguments, Postgres, Sqlite, Type};
-use justonce::{Backend, Consumer, Inbox, Key, Outcome, RunError};
+use justonce::{Backend, Consumer, Inbox, Key, Message, Outcome, RunError};
 use std::process::ExitCode;
 
 const CUSTOMERS: [(&str, i64); 5] = [
@@ -143,7 +143,7 @@ where
                     .await?;
                     let email = format!("Your invoice for {month}: {amount_cents} cents");
                     inbox
-                        .enqueue(tx, key, "invoice-email", "email", email.as_bytes())
+                        .enqueue(tx, key, "invoice-email", Message::new("email", email))
                         .await?;
                     Ok::<_, JobError>(())
                 })

@@ -68,4 +68,7 @@
 //! <https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers>.
 
 pub use justonce_core::*;
-pub use justonce_sql::{Backend, Inbox, Options, RunError, WorkFuture, sqlx};
+pub use justonce_sql::{
+    Backend, Inbox, Message, Options, Outbox, Relay, RelayOptions, RelayRound, Row, RunError,
+    WorkFuture, sqlx,
+};

@@ -1,7 +1,7 @@
 //! `Inbox::run`: the claim, the work and its writes commit together, once per key.
 
 use super::{key, on_every_database, process};
-use justonce_sql::{Fingerprint, Key, Outcome, RunError};
+use justonce_sql::{Fingerprint, Key, Message, Outcome, RunError};
 use justonce_tests::{TestBackend, TestDb};
 
 on_every_database!(
@@ -29,7 +29,7 @@ async fn invoice_job<DB: TestBackend>(db: &TestDb<DB>, key: &Key) -> Outcome<()>
             Box::pin(async move {
                 DB::insert_effect(tx, &db.prefix, "test", key.as_str()).await?;
                 db.inbox
-                    .enqueue(tx, key, "invoice-email", "mail", b"body")
+                    .enqueue(tx, key, "invoice-email", Message::new("mail", "body"))
                     .await?;
                 Ok::<_, JobError>(())
             })

@@ -1,0 +1,158 @@
+//! The transactional outbox: rows written with the work, sent afterwards by the relay with
+//! a key the receiver can deduplicate on.
+
+use crate::backend::{Backend, Change, OutboxRow, Which};
+use crate::inbox::{Shared, in_batches, millis};
+use justonce_core::Error;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A message to send once the transaction that writes it has committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub(crate) destination: String,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: Vec<(String, String)>,
+}
+
+impl Message {
+    /// A message for the destination registered with the relay as `destination`.
+    pub fn new(destination: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        Self {
+            destination: destination.into(),
+            payload: payload.into(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// Adds a header the destination sends along, such as `Content-Type`.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Headers as stored: a JSON array of `[name, value]` pairs.
+    pub(crate) fn headers_json(&self) -> String {
+        let pairs: Vec<[&str; 2]> = self
+            .headers
+            .iter()
+            .map(|(name, value)| [name.as_str(), value.as_str()])
+            .collect();
+        serde_json::to_string(&pairs).expect("strings always serialize")
+    }
+}
+
+/// Reads headers stored by [`Message::headers_json`].
+pub(crate) fn parse_headers(json: &str) -> Result<Vec<(String, String)>, Error> {
+    let pairs: Vec<(String, String)> = serde_json::from_str(json).map_err(|e| {
+        Error::Schema(format!(
+            "stored outbox headers are not a list of pairs: {e}"
+        ))
+    })?;
+    Ok(pairs)
+}
+
+/// An outbox row as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Row {
+    /// The row's id.
+    pub id: i64,
+    /// The tenant the row was written for; empty for none.
+    pub scope: String,
+    /// The downstream idempotency key, the same on every delivery.
+    pub key: String,
+    /// The destination's name.
+    pub destination: String,
+    /// The bytes to send.
+    pub payload: Vec<u8>,
+    /// Headers to send along.
+    pub headers: Vec<(String, String)>,
+    /// How many deliveries were tried.
+    pub attempts: u32,
+    /// Why the last delivery failed.
+    pub last_error: Option<String>,
+    /// Whether the row was dead-lettered.
+    pub dead: bool,
+    /// Whether the row was sent.
+    pub sent: bool,
+}
+
+impl Row {
+    pub(crate) fn decode(row: OutboxRow) -> Result<Self, Error> {
+        Ok(Self {
+            id: row.id,
+            scope: row.scope,
+            key: row.key,
+            destination: row.destination,
+            payload: row.payload,
+            headers: parse_headers(&row.headers)?,
+            attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+            last_error: row.last_error,
+            dead: row.dead,
+            sent: row.sent,
+        })
+    }
+}
+
+/// The outbox of one store: dead letters and clean-up. Made by [`crate::Inbox::outbox`].
+pub struct Outbox<DB: Backend> {
+    pub(crate) shared: Arc<Shared<DB>>,
+}
+
+impl<DB: Backend> Clone for Outbox<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<DB: Backend> Outbox<DB> {
+    /// Dead-lettered rows, oldest first, at most `limit`.
+    pub async fn dead_letters(&self, limit: u32) -> Result<Vec<Row>, Error> {
+        let which = Which::DeadLetters {
+            limit: i64::from(limit),
+        };
+        let rows = DB::outbox_rows(&self.shared.pool, &self.shared.sql, which).await?;
+        rows.into_iter().map(Row::decode).collect()
+    }
+
+    /// One row, sent, due or dead.
+    pub async fn get(&self, id: i64) -> Result<Option<Row>, Error> {
+        let rows = DB::outbox_rows(&self.shared.pool, &self.shared.sql, Which::Id(id)).await?;
+        rows.into_iter().next().map(Row::decode).transpose()
+    }
+
+    /// Puts a dead letter back to due, with its attempts reset and the same key, so that
+    /// the relay sends it again. Returns whether the row was a dead letter.
+    pub async fn replay(&self, id: i64) -> Result<bool, Error> {
+        Ok(self.change(Change::Replay { id: Some(id) }).await? > 0)
+    }
+
+    /// Replays every dead letter; returns how many.
+    pub async fn replay_all(&self) -> Result<u64, Error> {
+        self.change(Change::Replay { id: None }).await
+    }
+
+    /// Deletes every dead letter; returns how many.
+    pub async fn purge_dead_letters(&self) -> Result<u64, Error> {
+        self.change(Change::PurgeDead).await
+    }
+
+    /// Deletes rows sent more than `older_than` ago (by the database's clock),
+    /// `batch_size` per statement; returns how many.
+    pub async fn purge_sent(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
+        in_batches(batch_size, |limit| {
+            self.change(Change::PurgeSent {
+                older_than_ms: millis(older_than),
+                limit,
+            })
+        })
+        .await
+    }
+
+    pub(crate) async fn change(&self, change: Change<'_>) -> Result<u64, Error> {
+        DB::change(&self.shared.pool, &self.shared.sql, change).await
+    }
+}
