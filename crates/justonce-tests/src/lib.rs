@@ -24,11 +24,22 @@ pub trait TestBackend: Backend {
     /// Removes what [`TestBackend::fresh_url`] made, apart from tables.
     fn remove(url: &str);
 
+    /// The store's clock `$1` milliseconds ago.
+    const MILLIS_AGO: &'static str;
+
     /// Moves a key's processing time `millis` into the past, by the store's clock.
     fn age_key<'a>(
         pool: &'a sqlx::Pool<Self>,
         prefix: &'a str,
         key: &'a str,
+        millis: i64,
+    ) -> impl Future<Output = ()> + Send + 'a;
+
+    /// Moves the time `column` of every row of `table` that has one `millis` into the past.
+    fn age_rows<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: String,
+        column: &'a str,
         millis: i64,
     ) -> impl Future<Output = ()> + Send + 'a;
 
@@ -68,6 +79,39 @@ macro_rules! same_on_every_database {
             .map(drop)
         }
 
+        async fn age_key<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            prefix: &'a str,
+            key: &'a str,
+            millis: i64,
+        ) {
+            let ago = Self::MILLIS_AGO;
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {prefix}keys SET processed_at = {ago} WHERE key = $2"
+            )))
+            .bind(millis)
+            .bind(key)
+            .execute(pool)
+            .await
+            .expect("age a key");
+        }
+
+        async fn age_rows<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            table: String,
+            column: &'a str,
+            millis: i64,
+        ) {
+            let ago = Self::MILLIS_AGO;
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {table} SET {column} = {ago} WHERE {column} IS NOT NULL"
+            )))
+            .bind(millis)
+            .execute(pool)
+            .await
+            .expect("age rows");
+        }
+
         async fn execute(pool: &sqlx::Pool<Self>, sql: String) -> Result<u64, sqlx::Error> {
             let done = sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
             Ok(done.rows_affected())
@@ -84,6 +128,8 @@ macro_rules! same_on_every_database {
 }
 
 impl TestBackend for Sqlite {
+    const MILLIS_AGO: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1";
+
     fn fresh_url(name: &str) -> String {
         let path = std::env::temp_dir().join(format!("justonce-{name}.db"));
         Self::remove(&format!("sqlite://{}", path.display()));
@@ -99,50 +145,17 @@ impl TestBackend for Sqlite {
         }
     }
 
-    async fn age_key<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        prefix: &'a str,
-        key: &'a str,
-        millis: i64,
-    ) -> () {
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {prefix}keys
-             SET processed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1
-             WHERE key = $2"
-        )))
-        .bind(millis)
-        .bind(key)
-        .execute(pool)
-        .await
-        .expect("age a key");
-    }
-
     same_on_every_database!();
 }
 
 impl TestBackend for Postgres {
+    const MILLIS_AGO: &'static str = "now() - $1 * interval '1 millisecond'";
+
     fn fresh_url(_name: &str) -> String {
         postgres_url()
     }
 
     fn remove(_url: &str) {}
-
-    async fn age_key<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        prefix: &'a str,
-        key: &'a str,
-        millis: i64,
-    ) -> () {
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {prefix}keys SET processed_at = now() - $1 * interval '1 millisecond'
-             WHERE key = $2"
-        )))
-        .bind(millis)
-        .bind(key)
-        .execute(pool)
-        .await
-        .expect("age a key");
-    }
 
     same_on_every_database!();
 }

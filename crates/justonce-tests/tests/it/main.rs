@@ -3,7 +3,7 @@
 mod claim;
 mod commit;
 mod crash;
-mod input;
+mod outbox;
 mod purge;
 mod run;
 mod schema;

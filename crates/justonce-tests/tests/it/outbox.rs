@@ -1,0 +1,303 @@
+//! The outbox and its relay: rows written with the work, sent afterwards with their key,
+//! retried, dead-lettered and replayed; and stream offsets kept with the work.
+
+use super::{key, on_every_database};
+use justonce_sql::{
+    Delivered, Delivery, Destination, Inbox, Message, Offset, RelayOptions, RelayRound,
+};
+use justonce_tests::{TestBackend, TestDb};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+on_every_database!(
+    the_relay_sends_each_row_with_its_derived_key,
+    failures_are_retried_dead_lettered_and_replayed_with_the_same_key,
+    retries_stop_after_the_last_attempt,
+    a_row_for_an_unknown_destination_is_dead_lettered,
+    sent_rows_are_purged_after_their_retention,
+    offsets_never_move_backwards,
+);
+
+/// A destination that records every delivery and answers from a script (then `Sent`).
+#[derive(Clone, Default)]
+struct Recorder {
+    script: Arc<Mutex<VecDeque<Delivered>>>,
+    seen: Arc<Mutex<Vec<(i64, String, Vec<u8>)>>>,
+}
+
+impl Recorder {
+    fn answering(answers: impl IntoIterator<Item = Delivered>) -> Self {
+        let recorder = Self::default();
+        recorder.script.lock().unwrap().extend(answers);
+        recorder
+    }
+
+    fn seen(&self) -> Vec<(i64, String, Vec<u8>)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Destination for Recorder {
+    fn deliver<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
+        self.seen.lock().unwrap().push((
+            delivery.id,
+            delivery.key.to_owned(),
+            delivery.payload.to_vec(),
+        ));
+        let answer = self.script.lock().unwrap().pop_front();
+        Box::pin(async move { answer.unwrap_or(Delivered::Sent) })
+    }
+}
+
+fn retry(reason: &str) -> Delivered {
+    Delivered::Retry {
+        after: None,
+        reason: reason.to_owned(),
+    }
+}
+
+/// Options under which a failed row is due again at once.
+fn eager() -> RelayOptions {
+    RelayOptions::default()
+        .first_backoff(Duration::ZERO)
+        .max_backoff(Duration::ZERO)
+}
+
+/// Runs `inbox`'s work for `key`: one outbox row for `step`.
+async fn enqueue<DB: TestBackend>(inbox: &Inbox<DB>, key: &str, step: &str) -> i64 {
+    let key = justonce_sql::Key::new(key).unwrap();
+    let outcome = inbox
+        .run(&key, step.as_bytes(), |tx| {
+            Box::pin(inbox.enqueue(tx, &key, step, Message::new("sink", step)))
+        })
+        .await
+        .expect("run");
+    outcome.processed().expect("a new key")
+}
+
+async fn the_relay_sends_each_row_with_its_derived_key<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let (billing, audit) = (db.consumer("billing"), db.consumer("audit"));
+    let first = enqueue(&billing, "evt_1", "email").await;
+    let second = enqueue(&audit, "evt_1", "email").await;
+    let sink = Recorder::default();
+    let relay = db.inbox.outbox().relay().destination("sink", sink.clone());
+
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.taken, round.sent), (2, 2));
+    assert_eq!(relay.relay_once().await.unwrap(), RelayRound::default());
+    let expected = |inbox: &Inbox<DB>| inbox.identity(&key("evt_1")).derive("email").to_string();
+    assert_eq!(
+        sink.seen(),
+        vec![
+            (first, expected(&billing), b"email".to_vec()),
+            (second, expected(&audit), b"email".to_vec()),
+        ]
+    );
+    assert_ne!(expected(&billing), expected(&audit));
+    let row = db.inbox.outbox().get(first).await.unwrap().unwrap();
+    assert!(row.sent && !row.dead && row.attempts == 1);
+    db.cleanup().await;
+}
+
+async fn failures_are_retried_dead_lettered_and_replayed_with_the_same_key<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let flaky = enqueue(&db.inbox, "evt_1", "flaky").await;
+    let refused = enqueue(&db.inbox, "evt_2", "refused").await;
+    let sink = Recorder::answering([
+        retry("503 Service Unavailable"),
+        Delivered::Reject {
+            reason: "400 Bad Request: no such customer".to_owned(),
+        },
+    ]);
+    let outbox = db.inbox.outbox();
+    let relay = outbox
+        .relay()
+        .options(eager())
+        .destination("sink", sink.clone());
+
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.retried, round.dead), (1, 1));
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.taken, round.sent), (1, 1));
+
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, refused);
+    assert_eq!(
+        dead[0].last_error.as_deref(),
+        Some("400 Bad Request: no such customer")
+    );
+    assert_eq!(outbox.get(flaky).await.unwrap().unwrap().attempts, 2);
+
+    assert!(outbox.replay(refused).await.unwrap());
+    assert!(
+        !outbox.replay(flaky).await.unwrap(),
+        "a sent row is not a dead letter"
+    );
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+    let keys_of = |id| -> Vec<String> {
+        sink.seen()
+            .into_iter()
+            .filter(|(row, _, _)| *row == id)
+            .map(|(_, key, _)| key)
+            .collect()
+    };
+    let refused_keys = keys_of(refused);
+    assert_eq!(refused_keys.len(), 2);
+    assert_eq!(
+        refused_keys[0], refused_keys[1],
+        "the replay sent another key"
+    );
+    assert_eq!(keys_of(flaky).len(), 2);
+    assert!(outbox.dead_letters(10).await.unwrap().is_empty());
+    db.cleanup().await;
+}
+
+async fn retries_stop_after_the_last_attempt<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let id = enqueue(&db.inbox, "evt_1", "down").await;
+    let sink = Recorder::answering((0..10).map(|_| retry("connection refused")));
+    let outbox = db.inbox.outbox();
+    let relay = outbox
+        .relay()
+        .options(eager().max_attempts(3))
+        .destination("sink", sink.clone());
+    for expected in [(1, 0), (1, 0), (0, 1)] {
+        let round = relay.relay_once().await.unwrap();
+        assert_eq!((round.retried, round.dead), expected);
+    }
+    assert_eq!(relay.relay_once().await.unwrap(), RelayRound::default());
+    let row = outbox.get(id).await.unwrap().unwrap();
+    assert!(row.dead && row.attempts == 3);
+    assert_eq!(row.last_error.as_deref(), Some("connection refused"));
+    assert_eq!(outbox.replay_all().await.unwrap(), 1);
+    assert_eq!(outbox.get(id).await.unwrap().unwrap().attempts, 0);
+    db.cleanup().await;
+}
+
+async fn a_row_for_an_unknown_destination_is_dead_lettered<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let id = enqueue(&db.inbox, "evt_1", "lost").await;
+    let outbox = db.inbox.outbox();
+    let round = outbox.relay().relay_once().await.unwrap();
+    assert_eq!(round.dead, 1);
+    let row = outbox.get(id).await.unwrap().unwrap();
+    assert!(
+        row.last_error
+            .unwrap()
+            .contains("no destination named \"sink\"")
+    );
+    assert_eq!(outbox.purge_dead_letters().await.unwrap(), 1);
+    assert!(outbox.get(id).await.unwrap().is_none());
+    db.cleanup().await;
+}
+
+async fn sent_rows_are_purged_after_their_retention<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    for n in 0..7 {
+        enqueue(&db.inbox, &format!("evt_{n}"), "email").await;
+    }
+    let outbox = db.inbox.outbox();
+    let relay = outbox.relay().destination("sink", Recorder::default());
+    assert_eq!(relay.relay_once().await.unwrap().sent, 7);
+    let unsent = enqueue(&db.inbox, "evt_late", "email").await;
+    assert_eq!(
+        outbox
+            .purge_sent(Duration::from_secs(3600), 3)
+            .await
+            .unwrap(),
+        0
+    );
+    DB::age_rows(
+        db.inbox.pool(),
+        format!("{}outbox", db.prefix),
+        "sent_at",
+        7_200_000,
+    )
+    .await;
+    assert_eq!(
+        outbox
+            .purge_sent(Duration::from_secs(3600), 3)
+            .await
+            .unwrap(),
+        7
+    );
+    assert_eq!(db.rows("outbox").await, 1);
+    assert!(outbox.get(unsent).await.unwrap().is_some());
+    db.cleanup().await;
+}
+
+async fn offsets_never_move_backwards<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let inbox = &db.inbox;
+    let commit = |partition, offset: Offset| async move {
+        let mut tx = inbox.begin().await.unwrap();
+        let moved = inbox
+            .commit_offset(&mut tx, "orders", partition, offset)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        moved
+    };
+    assert!(commit(0, 5.into()).await);
+    assert!(
+        !commit(0, 3.into()).await,
+        "an older offset moved the stored one back"
+    );
+    assert!(commit(0, 7.into()).await);
+    assert!(commit(0, Offset::new(7, 1)).await);
+    assert!(commit(1, 2.into()).await);
+    assert_eq!(
+        inbox.load_offsets("orders").await.unwrap(),
+        vec![(0, Offset::new(7, 1)), (1, Offset::from(2))]
+    );
+    assert!(
+        db.consumer("other")
+            .load_offsets("orders")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Concurrent commits in any order leave the highest.
+    let tasks: Vec<_> = (0..16)
+        .map(|n| {
+            let inbox = inbox.clone();
+            tokio::spawn(async move {
+                let mut tx = inbox.begin().await.unwrap();
+                inbox
+                    .commit_offset(&mut tx, "orders", 2, Offset::from((n * 7) % 16))
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let stored = inbox.load_offsets("orders").await.unwrap();
+    assert_eq!(stored[2], (2, Offset::from(15)));
+
+    // Offsets commit with the work, or not at all.
+    let mut tx = inbox.begin().await.unwrap();
+    inbox
+        .commit_offset(&mut tx, "orders", 0, 99.into())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        inbox.load_offsets("orders").await.unwrap()[0].1,
+        Offset::new(7, 1)
+    );
+    db.cleanup().await;
+}
