@@ -122,6 +122,18 @@ pub trait Backend: sqlx::Database + Sealed {
     /// Whether a new transaction may not hit this error again.
     #[doc(hidden)]
     fn is_retryable(error: &sqlx::Error) -> bool;
+
+    /// Whether a failed COMMIT may have happened all the same: the connection broke or the
+    /// server went away before its answer arrived.
+    #[doc(hidden)]
+    fn is_commit_unknown(error: &sqlx::Error) -> bool;
+
+    /// Run first in an attempt that follows a COMMIT whose answer was lost, so that its
+    /// claim gives up instead of waiting for hours behind a session that is still open.
+    #[doc(hidden)]
+    fn bound_lock_waits(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), Error>> + Send + '_;
 }
 
 pub(crate) use private::Sealed;
@@ -459,20 +471,17 @@ pub(crate) fn database_error<DB: Backend>(error: sqlx::Error) -> Error {
     }
 }
 
-/// Whether the connection broke, so that a COMMIT sent on it may or may not have happened.
-pub(crate) fn is_connection_lost(error: &Error) -> bool {
-    let Error::Database { source, .. } = error else {
-        return false;
-    };
-    matches!(
-        source.downcast_ref::<sqlx::Error>(),
-        Some(
-            sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::Protocol(_)
-                | sqlx::Error::WorkerCrashed
+/// A key that conflicted on insert but was gone when read back: purged in between. The
+/// claim can simply be tried again.
+pub(crate) fn vanished(identity: &Identity) -> Error {
+    Error::Database {
+        retryable: true,
+        source: format!(
+            "key {} conflicted but was gone when read back",
+            identity.key
         )
-    )
+        .into(),
+    }
 }
 
 /// The queries whose text and binds are the same on every database, written once and

@@ -3,16 +3,15 @@
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Statements, database_error,
-    is_connection_lost,
+    Backend, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Statements, database_error, vanished,
 };
 use crate::outbox::{Message, Outbox};
 use crate::tables::Tables;
 use justonce_core::{
     Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, Outcome, Retention, Scope,
 };
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
@@ -214,7 +213,7 @@ impl<DB: Backend> Inbox<DB> {
     /// waits until the first transaction ends, then sees its outcome.
     pub async fn claim(
         &self,
-        tx: &mut DB::Connection,
+        tx: &mut sqlx::Transaction<'_, DB>,
         key: &Key,
         payload: &[u8],
     ) -> Result<Claim, Error> {
@@ -246,7 +245,7 @@ impl<DB: Backend> Inbox<DB> {
     /// later ones are duplicates (or key reuses, if their payloads differ).
     pub async fn claim_many<P: AsRef<[u8]>>(
         &self,
-        tx: &mut DB::Connection,
+        tx: &mut sqlx::Transaction<'_, DB>,
         messages: &[(Key, P)],
     ) -> Result<Vec<Claim>, Error> {
         let fingerprints: Vec<Fingerprint> = messages
@@ -270,16 +269,13 @@ impl<DB: Backend> Inbox<DB> {
             claim_id: random_claim_id(),
         };
         let inserted = DB::insert_many(tx, &self.shared.sql, &batch).await?;
+        let first_claims: HashSet<&str> = inserted.iter().map(String::as_str).collect();
         let mut holders: HashMap<String, Fingerprint> = HashMap::with_capacity(messages.len());
-        let mut first_claims: HashMap<&str, bool> = HashMap::with_capacity(inserted.len());
-        for key in &inserted {
-            first_claims.insert(key.as_str(), true);
-        }
         let already_held: Vec<&str> = batch
             .keys
             .iter()
             .copied()
-            .filter(|key| !first_claims.contains_key(key))
+            .filter(|key| !first_claims.contains(key))
             .collect();
         if !already_held.is_empty() {
             for (key, stored) in DB::find_many(
@@ -300,12 +296,13 @@ impl<DB: Backend> Inbox<DB> {
             .map(|(index, (key, _))| {
                 let first = first_of[key.as_str()];
                 let received = fingerprints[index];
-                if first_claims.contains_key(key.as_str()) {
+                if first_claims.contains(key.as_str()) {
                     return Ok(judge(index == first, fingerprints[first], received));
                 }
-                let stored = holders.get(key.as_str()).copied().ok_or_else(|| {
-                    Error::Schema(format!("key {key} conflicted but cannot be read"))
-                })?;
+                let stored = holders
+                    .get(key.as_str())
+                    .copied()
+                    .ok_or_else(|| vanished(&self.identity(key)))?;
                 Ok(judge(false, stored, received))
             })
             .collect()
@@ -353,7 +350,14 @@ impl<DB: Backend> Inbox<DB> {
                 Failed::Work(error) => is_retryable_work_error::<DB>(error),
                 Failed::Store(error) => error.is_retryable() || unknown_commit.is_some(),
             };
-            if !transient || attempt >= self.shared.max_attempts {
+            // A lost COMMIT answer gets a few attempts of its own to be resolved.
+            let budget = self.shared.max_attempts
+                + if unknown_commit.is_some() {
+                    RESOLVE_ATTEMPTS
+                } else {
+                    0
+                };
+            if !transient || attempt >= budget {
                 return Err(match failed {
                     Failed::Work(error) => RunError::Work(error),
                     Failed::Store(error) if unknown_commit.is_some() => {
@@ -385,6 +389,9 @@ impl<DB: Backend> Inbox<DB> {
         let claim_id = random_claim_id();
         // 'env, not 'static: the work may borrow what outlives the call to `run`.
         let mut tx: sqlx::Transaction<'env, DB> = self.begin().await.map_err(Failed::Store)?;
+        if unknown_commit.is_some() {
+            DB::bound_lock_waits(&mut tx).await.map_err(Failed::Store)?;
+        }
         let row = ClaimRow {
             identity,
             fingerprint: &fingerprint,
@@ -415,13 +422,13 @@ impl<DB: Backend> Inbox<DB> {
         // This attempt holds the key, so no earlier commit happened.
         *unknown_commit = None;
         let value = work(&mut tx).await.map_err(Failed::Work)?;
-        match tx.commit().await.map_err(database_error::<DB>) {
+        match tx.commit().await {
             Ok(()) => Ok(Outcome::Processed(value)),
             Err(error) => {
-                if is_connection_lost(&error) {
+                if DB::is_commit_unknown(&error) {
                     *unknown_commit = Some((claim_id, value));
                 }
-                Err(Failed::Store(error))
+                Err(Failed::Store(database_error::<DB>(error)))
             }
         }
     }
@@ -432,7 +439,7 @@ impl<DB: Backend> Inbox<DB> {
     /// two consumers of one message send two. Returns the row's id.
     pub async fn enqueue(
         &self,
-        tx: &mut DB::Connection,
+        tx: &mut sqlx::Transaction<'_, DB>,
         key: &Key,
         step: &str,
         message: Message,
@@ -445,7 +452,7 @@ impl<DB: Backend> Inbox<DB> {
     /// message's own key, so the receiver deduplicates it as the same event.
     pub async fn forward(
         &self,
-        tx: &mut DB::Connection,
+        tx: &mut sqlx::Transaction<'_, DB>,
         key: &Key,
         message: Message,
     ) -> Result<i64, Error> {
@@ -454,7 +461,7 @@ impl<DB: Backend> Inbox<DB> {
 
     async fn write_outbox(
         &self,
-        tx: &mut DB::Connection,
+        tx: &mut sqlx::Transaction<'_, DB>,
         key: &str,
         message: Message,
     ) -> Result<i64, Error> {
@@ -481,7 +488,7 @@ impl<DB: Backend> Inbox<DB> {
     /// whether the stored offset moved.
     pub async fn commit_offset(
         &self,
-        tx: &mut DB::Connection,
+        tx: &mut sqlx::Transaction<'_, DB>,
         stream: &str,
         partition: i32,
         offset: Offset,
@@ -506,8 +513,8 @@ impl<DB: Backend> Inbox<DB> {
         .await
     }
 
-    /// Deletes this consumer's keys processed more than `older_than` ago (by the
-    /// database's clock), `batch_size` rows per statement so that no statement holds many
+    /// Deletes this consumer's keys, in every scope, processed more than `older_than` ago
+    /// (by the database's clock), `batch_size` rows per statement so that no statement holds many
     /// locks, and returns how many were deleted. A purged key can be claimed again, so
     /// `older_than` shorter than the retention's retry horizon is refused.
     pub async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
@@ -535,6 +542,10 @@ impl<DB: Backend> Inbox<DB> {
     }
 }
 
+/// Attempts beyond `max_attempts` that a run may spend finding out whether a COMMIT whose
+/// answer was lost happened.
+const RESOLVE_ATTEMPTS: u32 = 3;
+
 /// What a claim found, given whether this attempt's row holds the key.
 fn judge(holds: bool, stored: Fingerprint, received: Fingerprint) -> Claim {
     if holds {
@@ -561,7 +572,7 @@ pub enum RunError<E> {
     #[error(transparent)]
     Store(Error),
     /// The work returned this error; its transaction was rolled back.
-    #[error("the work failed: {0}")]
+    #[error("the work failed")]
     Work(#[source] E),
 }
 
@@ -586,14 +597,17 @@ fn random_claim_id() -> i64 {
     random_u64() as i64
 }
 
-/// 64 random bits. `RandomState` seeds each hasher from the operating system's randomness,
-/// which is all claim ids and jitter need.
+/// 64 random bits: a SipHash keyed from the operating system's randomness (per thread,
+/// then stepped per call), which is all claim ids and jitter need.
 pub(crate) fn random_u64() -> u64 {
     RandomState::new().hash_one(std::time::Instant::now())
 }
 
+/// A duration in milliseconds, at most 100 years: longer ones overflow PostgreSQL's
+/// intervals and mean "forever" anyway.
 pub(crate) fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+    const HUNDRED_YEARS_MS: u128 = 100 * 365 * 86_400 * 1_000;
+    duration.as_millis().min(HUNDRED_YEARS_MS) as i64
 }
 
 /// Runs a bounded delete `limit` rows at a time until one deletes fewer, and returns how
@@ -617,7 +631,7 @@ where
 /// Waits 10 ms, 20 ms, 40 ms … up to 1 s, each with up to half of it added at random, so
 /// that retrying transactions do not collide again.
 async fn backoff(attempt: u32) {
-    let base = Duration::from_millis(10) * 2u32.pow(attempt.min(7) - 1);
+    let base = Duration::from_millis(10) * 2u32.pow(attempt.min(8) - 1);
     let base = base.min(Duration::from_secs(1));
     let jitter = random_u64() % (base.as_millis() as u64 / 2 + 1);
     tokio::time::sleep(base + Duration::from_millis(jitter)).await;

@@ -4,7 +4,7 @@
 use crate::backend::{
     Backend, Batch, Change, ClaimRow, Clock, Migration, NewOutboxRow, OffsetRow, OutboxRow,
     OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, database_error,
-    shared_queries,
+    shared_queries, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Identity, Offset, Scope};
@@ -187,9 +187,7 @@ impl Backend for Postgres {
             .map_err(database_error::<Self>)?;
         match holder {
             Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
-            None => Self::find(conn, sql, id).await?.ok_or_else(|| {
-                Error::Schema(format!("key {} conflicted but cannot be read", id.key))
-            }),
+            None => Self::find(conn, sql, id).await?.ok_or_else(|| vanished(id)),
         }
     }
 
@@ -239,6 +237,30 @@ impl Backend for Postgres {
         // 40001 serialization_failure, 40P01 deadlock_detected, 55P03 lock_not_available.
         let code = error.as_database_error().and_then(|e| e.code());
         matches!(code.as_deref(), Some("40001" | "40P01" | "55P03"))
+    }
+
+    async fn bound_lock_waits(conn: &mut Self::Connection) -> Result<(), Error> {
+        // A lock timeout (55P03) is retried like any transient failure.
+        sqlx::raw_sql("SET LOCAL lock_timeout = '10s'")
+            .execute(conn)
+            .await
+            .map(drop)
+            .map_err(database_error::<Self>)
+    }
+
+    fn is_commit_unknown(error: &sqlx::Error) -> bool {
+        match error {
+            // 08: connection exception; 57P01-57P03: the server is shutting down or
+            // restarting. Either may come after the commit was made durable.
+            sqlx::Error::Database(error) => error
+                .code()
+                .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed => true,
+            _ => false,
+        }
     }
 
     shared_queries!();

@@ -3,7 +3,7 @@
 use crate::backend::{
     Backend, Batch, Change, ClaimRow, Clock, Migration, NewOutboxRow, OffsetRow, OutboxRow,
     OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, database_error,
-    shared_queries,
+    shared_queries, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Identity, Offset, Scope};
@@ -174,9 +174,7 @@ impl Backend for Sqlite {
         match inserted {
             Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
             // The writer's lock keeps the holder in place between the two statements.
-            None => Self::find(conn, sql, id).await?.ok_or_else(|| {
-                Error::Schema(format!("key {} conflicted but cannot be read", id.key))
-            }),
+            None => Self::find(conn, sql, id).await?.ok_or_else(|| vanished(id)),
         }
     }
 
@@ -237,6 +235,16 @@ impl Backend for Sqlite {
             .and_then(|code| code.parse::<i32>().ok())
             .map(|code| code & 0xff);
         matches!(primary, Some(5 | 6))
+    }
+
+    async fn bound_lock_waits(_conn: &mut Self::Connection) -> Result<(), Error> {
+        // Nothing to wait behind: a COMMIT in this process always gets its answer.
+        Ok(())
+    }
+
+    fn is_commit_unknown(_error: &sqlx::Error) -> bool {
+        // SQLite runs in this process: a COMMIT that returns an error did not commit.
+        false
     }
 
     shared_queries!();

@@ -5,7 +5,8 @@
 //!
 //! `pause-at` is `after-claim` (the key is claimed, nothing else done), `after-effect` (the
 //! effect row is written, not committed), `after-commit` (committed, the message not yet
-//! acknowledged) or `never`. At that point the worker prints `paused at <point>` and waits
+//! acknowledged) or `never`; `go` pauses nowhere, but prints `ready` once connected and
+//! waits for a line on standard input, so that a parent can start several workers at once. At that point the worker prints `paused at <point>` and waits
 //! to be killed. Otherwise it prints `processed <key>`, `duplicate <key>` or
 //! `reused <key>` for each key.
 
@@ -46,6 +47,12 @@ async fn work<DB: TestBackend>(
     let consumer = Consumer::new(consumer)?;
     let inbox =
         Inbox::<DB>::connect_with(url, consumer.clone(), Options::default().prefix(prefix)).await?;
+    if pause_at == "go" {
+        inbox.check().await?;
+        println!("ready");
+        std::io::stdout().flush()?;
+        std::io::stdin().read_line(&mut String::new())?;
+    }
     for key in keys {
         let key = Key::new(key.as_str())?;
         let outcome = inbox

@@ -2,13 +2,14 @@
 //! the connection right after COMMIT, once having forwarded it and once not.
 
 use super::key;
-use justonce_sql::{Consumer, Inbox, Options, Outcome};
+use justonce_sql::{Consumer, Error, ErrorKind, Inbox, Options, Outcome, RunError};
 use justonce_tests::{TestBackend, TestDb, postgres_url};
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -20,14 +21,19 @@ enum Cut {
     BeforeForwarding,
 }
 
-/// Forwards connections to PostgreSQL, and breaks the first one that sends COMMIT.
-async fn proxy(upstream: String, cut: Cut) -> u16 {
+/// Forwards connections to PostgreSQL, and breaks the first one that sends COMMIT. With
+/// `then_refuse`, every connection after that is closed at once: the database stays out of
+/// reach.
+async fn proxy(upstream: String, cut: Cut, then_refuse: bool) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let armed = Arc::new(AtomicBool::new(true));
     tokio::spawn(async move {
         loop {
             let (client, _) = listener.accept().await.unwrap();
+            if then_refuse && !armed.load(Ordering::SeqCst) {
+                continue; // dropping `client` closes it
+            }
             let server = TcpStream::connect(&upstream).await.unwrap();
             tokio::spawn(relay(client, server, cut, Arc::clone(&armed)));
         }
@@ -75,19 +81,22 @@ async fn relay(client: TcpStream, server: TcpStream, cut: Cut, armed: Arc<Atomic
     }
 }
 
-async fn run_through_proxy(cut: Cut) -> (Outcome<u32>, u32, i64) {
+/// Runs one unit of work through a proxy that cuts its COMMIT; returns what `run` returned,
+/// how often the work ran, and how many effect rows exist.
+async fn run_through_proxy(cut: Cut, then_refuse: bool) -> (Result<Outcome<u32>, Error>, u32, i64) {
     let db = TestDb::<Postgres>::new("commit").await;
     let direct = PgConnectOptions::from_str(&postgres_url()).unwrap();
     let upstream = format!("{}:{}", direct.get_host(), direct.get_port());
-    let port = proxy(upstream, cut).await;
+    let port = proxy(upstream, cut, then_refuse).await;
     let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(1))
         .connect_with(direct.clone().host("127.0.0.1").port(port))
         .await
         .unwrap();
     let inbox = Inbox::<Postgres>::from_pool(
         pool,
         Consumer::new("test").unwrap(),
-        Options::default().prefix(&db.prefix),
+        Options::default().prefix(&db.prefix).max_attempts(2),
     )
     .unwrap();
     let id = key("payment:1");
@@ -103,7 +112,10 @@ async fn run_through_proxy(cut: Cut) -> (Outcome<u32>, u32, i64) {
             })
         })
         .await
-        .expect("run");
+        .map_err(|error| match error {
+            RunError::Store(error) => error,
+            other => panic!("the work failed: {other}"),
+        });
     let effects = db.effects_of(&id).await;
     db.cleanup().await;
     (outcome, calls, effects)
@@ -111,14 +123,27 @@ async fn run_through_proxy(cut: Cut) -> (Outcome<u32>, u32, i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_happened_is_found_and_not_run_again() {
-    let (outcome, calls, effects) = run_through_proxy(Cut::AfterForwarding).await;
-    assert_eq!(outcome, Outcome::Processed(1), "the first call's result");
+    let (outcome, calls, effects) = run_through_proxy(Cut::AfterForwarding, false).await;
+    assert_eq!(
+        outcome.unwrap(),
+        Outcome::Processed(1),
+        "the first call's result"
+    );
     assert_eq!((calls, effects), (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_did_not_happen_is_run_again() {
-    let (outcome, calls, effects) = run_through_proxy(Cut::BeforeForwarding).await;
-    assert_eq!(outcome, Outcome::Processed(2));
+    let (outcome, calls, effects) = run_through_proxy(Cut::BeforeForwarding, false).await;
+    assert_eq!(outcome.unwrap(), Outcome::Processed(2));
     assert_eq!((calls, effects), (2, 1));
+}
+
+/// The commit happened, but the database cannot be reached to find out: the run says so,
+/// so that the caller does not acknowledge; the effect exists once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_cannot_be_resolved_is_reported_unknown() {
+    let (outcome, calls, effects) = run_through_proxy(Cut::AfterForwarding, true).await;
+    assert_eq!(outcome.unwrap_err().kind(), ErrorKind::CommitUnknown);
+    assert_eq!((calls, effects), (1, 1));
 }

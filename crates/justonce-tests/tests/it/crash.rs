@@ -3,7 +3,8 @@
 use super::{key, on_every_database};
 use justonce_tests::{TestBackend, TestDb};
 use std::process::Stdio;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
 on_every_database!(
@@ -15,6 +16,7 @@ fn worker<DB: TestBackend>(db: &TestDb<DB>, pause_at: &str, keys: &[String]) -> 
     Command::new(env!("CARGO_BIN_EXE_crash-worker"))
         .args([&db.url, &db.prefix, "test", pause_at])
         .args(keys)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -23,9 +25,9 @@ fn worker<DB: TestBackend>(db: &TestDb<DB>, pause_at: &str, keys: &[String]) -> 
 
 /// The lines a worker printed, after it exited successfully.
 async fn finish(child: Child) -> Vec<String> {
-    let output = child
-        .wait_with_output()
+    let output = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
         .await
+        .expect("crash-worker hung")
         .expect("wait for crash-worker");
     assert!(
         output.status.success(),
@@ -64,7 +66,24 @@ async fn a_worker_killed_at_any_point_leaves_one_effect<DB: TestBackend>(test: &
 async fn two_processes_racing_on_the_same_keys_act_once_per_key<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let keys: Vec<String> = (0..200).map(|n| format!("race:{n}")).collect();
-    let (one, two) = (worker(&db, "never", &keys), worker(&db, "never", &keys));
+    let mut workers = [worker(&db, "go", &keys), worker(&db, "go", &keys)];
+    // Both are connected and waiting; release them together so that they really race.
+    for worker in &mut workers {
+        let stdout = worker.stdout.as_mut().unwrap();
+        let mut ready = String::new();
+        BufReader::new(stdout).read_line(&mut ready).await.unwrap();
+        assert_eq!(ready.trim(), "ready");
+    }
+    for worker in &mut workers {
+        worker
+            .stdin
+            .as_mut()
+            .unwrap()
+            .write_all(b"go\n")
+            .await
+            .unwrap();
+    }
+    let [one, two] = workers;
     let lines = [finish(one).await, finish(two).await].concat();
     let processed = lines
         .iter()

@@ -21,11 +21,14 @@ on_every_database!(
     offsets_never_move_backwards,
 );
 
+/// One delivery as the destination saw it: row id, key, payload.
+type Seen = (i64, String, Vec<u8>);
+
 /// A destination that records every delivery and answers from a script (then `Sent`).
 #[derive(Clone, Default)]
 struct Recorder {
     script: Arc<Mutex<VecDeque<Delivered>>>,
-    seen: Arc<Mutex<Vec<(i64, String, Vec<u8>)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Recorder {
@@ -35,7 +38,7 @@ impl Recorder {
         recorder
     }
 
-    fn seen(&self) -> Vec<(i64, String, Vec<u8>)> {
+    fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 }

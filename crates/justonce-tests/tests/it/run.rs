@@ -11,6 +11,7 @@ on_every_database!(
     a_reused_key_has_no_effect,
     nfc_and_nfd_spellings_are_two_keys,
     failed_work_leaves_the_key_unclaimed,
+    tenants_are_kept_apart,
 );
 
 /// The failures of the test job: its own SQL, or justonce's.
@@ -214,5 +215,22 @@ async fn transient_failures_are_retried_on_postgres() {
         .expect("run");
     assert_eq!(outcome, Outcome::Processed(3));
     assert_eq!(db.effects_of(&id).await, 1);
+    db.cleanup().await;
+}
+
+async fn tenants_are_kept_apart<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let tenant = |name: &str| db.inbox.with_scope(justonce_sql::Scope::new(name).unwrap());
+    let (acme, globex) = (tenant("acme"), tenant("globex"));
+    let id = key("order:1");
+    for inbox in [&acme, &globex, &db.inbox] {
+        assert_eq!(process(&db, inbox, &id, b"p").await, Outcome::Processed(()));
+        assert_eq!(process(&db, inbox, &id, b"p").await, Outcome::Duplicate);
+    }
+    assert_ne!(
+        acme.identity(&id).derive("s"),
+        globex.identity(&id).derive("s")
+    );
+    assert_eq!((db.rows("keys").await, db.effects_of(&id).await), (3, 3));
     db.cleanup().await;
 }
