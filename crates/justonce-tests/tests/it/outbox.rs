@@ -304,3 +304,126 @@ async fn offsets_never_move_backwards<DB: TestBackend>(test: &str) {
     );
     db.cleanup().await;
 }
+
+/// A slow transaction commits its row after a faster one with a higher id: the relay still
+/// sends it, because it takes due rows rather than reading past the highest id it saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_after_a_later_one_is_not_skipped_on_postgres() {
+    let db = TestDb::<sqlx::Postgres>::new("late").await;
+    let sink = Recorder::default();
+    let relay = db.inbox.outbox().relay().destination("sink", sink.clone());
+    let (early, late) = (key("early"), key("late"));
+
+    let mut slow = db.inbox.begin().await.unwrap();
+    let slow_id = db
+        .inbox
+        .enqueue(&mut slow, &early, "s", Message::new("sink", "slow"))
+        .await
+        .unwrap();
+    let mut fast = db.inbox.begin().await.unwrap();
+    let fast_id = db
+        .inbox
+        .enqueue(&mut fast, &late, "s", Message::new("sink", "fast"))
+        .await
+        .unwrap();
+    assert!(slow_id < fast_id);
+    fast.commit().await.unwrap();
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+    slow.commit().await.unwrap();
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+    let sent: Vec<i64> = sink.seen().iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(sent, vec![fast_id, slow_id]);
+    db.cleanup().await;
+}
+
+/// A committed row wakes a waiting relay through LISTEN/NOTIFY, long before its poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_row_wakes_the_relay_on_postgres() {
+    let db = TestDb::<sqlx::Postgres>::new("wake").await;
+    let sink = Recorder::default();
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .options(RelayOptions::default().poll_interval(Duration::from_secs(600)))
+        .destination("sink", sink.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    // Let the relay finish its first round and start waiting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    enqueue(&db.inbox, "evt_1", "email").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while sink.seen().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relay was not woken"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    db.cleanup().await;
+}
+
+/// Two relays on one database share the rows: every row is sent, and a row sent twice
+/// (after a lease ran out) carries the same key both times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_share_the_rows_on_postgres() {
+    let db = TestDb::<sqlx::Postgres>::new("share").await;
+    for n in 0..300 {
+        enqueue(&db.inbox, &format!("evt_{n}"), "email").await;
+    }
+    let sink = Recorder::default();
+    let relays: Vec<_> = (0..2)
+        .map(|_| {
+            let relay = db
+                .inbox
+                .outbox()
+                .relay()
+                .options(RelayOptions::default().batch_size(10))
+                .destination("sink", sink.clone());
+            tokio::spawn(async move {
+                let mut sent = 0;
+                loop {
+                    let round = relay.relay_once().await.unwrap();
+                    if round.taken == 0 {
+                        return sent;
+                    }
+                    sent += round.sent;
+                }
+            })
+        })
+        .collect();
+    let mut per_relay = Vec::new();
+    for relay in relays {
+        per_relay.push(relay.await.unwrap());
+    }
+    assert_eq!(per_relay.iter().sum::<usize>(), 300);
+    let seen = sink.seen();
+    let mut keys_by_row = std::collections::HashMap::<i64, Vec<String>>::new();
+    for (id, key, _) in seen {
+        keys_by_row.entry(id).or_default().push(key);
+    }
+    assert_eq!(keys_by_row.len(), 300);
+    assert!(
+        keys_by_row
+            .values()
+            .all(|keys| keys.iter().all(|k| *k == keys[0]))
+    );
+    let due = sqlx::query_as::<_, (i64,)>(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}outbox WHERE sent_at IS NULL",
+        db.prefix
+    )))
+    .fetch_one(db.inbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(due.0, 0);
+    println!("rows sent per relay: {per_relay:?}");
+    db.cleanup().await;
+}
