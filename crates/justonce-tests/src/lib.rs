@@ -2,6 +2,10 @@
 //! database, and an effect table without a unique constraint, so that a doubled effect
 //! shows as two rows.
 
+mod sink;
+
+pub use sink::{Answer, Received, Script, Sink};
+
 use justonce_sql::{Backend, Consumer, Inbox, Key, Options};
 use sqlx::{AssertSqlSafe, Postgres, Sqlite};
 use std::future::Future;

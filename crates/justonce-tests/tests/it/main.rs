@@ -3,6 +3,7 @@
 mod claim;
 mod commit;
 mod crash;
+mod http;
 mod outbox;
 mod purge;
 mod run;

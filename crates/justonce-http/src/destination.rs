@@ -1,0 +1,186 @@
+use justonce_core::{Delivered, Delivery, Destination, Error};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::{Client, StatusCode};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
+
+/// How much of a refusing answer's body is kept as the dead letter's reason.
+const REASON_BODY_BYTES: usize = 512;
+
+/// Delivers outbox rows as `POST` requests to one URL.
+///
+/// | answer | what the relay does |
+/// |---|---|
+/// | 2xx | marks the row sent |
+/// | 408, 425, 429, 5xx, a timeout, a connection error | retries later, after `Retry-After` if the answer has one |
+/// | any other status (other 4xx, 3xx: redirects are not followed) | dead-letters the row at once, keeping the status and the start of the body |
+///
+/// Every request carries `Idempotency-Key: <row key>` and the row's own headers.
+#[derive(Debug, Clone)]
+pub struct HttpDestination {
+    client: Client,
+    url: reqwest::Url,
+}
+
+impl HttpDestination {
+    /// The longest a delivery may take, from connecting to the last byte of the answer.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// A destination that POSTs to `url`, with a 30 s timeout.
+    pub fn new(url: &str) -> Result<Self, Error> {
+        Self::with_timeout(url, Self::DEFAULT_TIMEOUT)
+    }
+
+    /// A destination that POSTs to `url`, giving up on a delivery after `timeout`.
+    ///
+    /// TLS uses rustls with the *ring* provider, installed as the process default unless
+    /// the application installed one first.
+    pub fn with_timeout(url: &str, timeout: Duration) -> Result<Self, Error> {
+        let url = reqwest::Url::parse(url)
+            .map_err(|e| Error::Config(format!("destination URL {url:?}: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(Error::Config(format!(
+                "destination URL {url} must be http or https"
+            )));
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = Client::builder()
+            .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
+        Ok(Self { client, url })
+    }
+
+    async fn post(&self, delivery: Delivery<'_>) -> Delivered {
+        let mut headers = HeaderMap::new();
+        for (name, value) in delivery.headers {
+            let (Ok(name), Ok(value)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) else {
+                return Delivered::Reject {
+                    reason: format!("header {name:?} is not a valid HTTP header"),
+                };
+            };
+            headers.append(name, value);
+        }
+        let key = match HeaderValue::try_from(delivery.key) {
+            Ok(key) => key,
+            Err(_) => {
+                return Delivered::Reject {
+                    reason: format!("key {:?} cannot be sent as a header", delivery.key),
+                };
+            }
+        };
+        headers.insert("idempotency-key", key);
+        let sent = self
+            .client
+            .post(self.url.clone())
+            .headers(headers)
+            .body(delivery.payload.to_vec())
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(error) => {
+                return Delivered::Retry {
+                    after: None,
+                    reason: format!("POST {}: {}", self.url, error_chain(&error)),
+                };
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Delivered::Sent;
+        }
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(parse_retry_after);
+        let body = response.bytes().await.unwrap_or_default();
+        let start =
+            String::from_utf8_lossy(&body[..body.len().min(REASON_BODY_BYTES)]).into_owned();
+        let reason = format!("POST {} answered {status}: {start}", self.url);
+        if is_transient(status) {
+            Delivered::Retry {
+                after: retry_after,
+                reason,
+            }
+        } else {
+            Delivered::Reject { reason }
+        }
+    }
+}
+
+impl Destination for HttpDestination {
+    fn deliver<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
+        Box::pin(self.post(delivery))
+    }
+}
+
+/// Statuses that say "not now" rather than "never".
+fn is_transient(status: StatusCode) -> bool {
+    status.is_server_error()
+        || matches!(
+            status,
+            StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_EARLY | StatusCode::TOO_MANY_REQUESTS
+        )
+}
+
+/// `Retry-After` as delay-seconds or an HTTP date.
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    if let Ok(seconds) = value.trim().parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value.trim()).ok()?;
+    Some(
+        at.duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+/// An error with its causes, which say why a connection failed.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        text.push_str(": ");
+        text.push_str(&error.to_string());
+        cause = error.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_takes_seconds_and_dates() {
+        assert_eq!(parse_retry_after("120"), Some(Duration::from_secs(120)));
+        let later = SystemTime::now() + Duration::from_secs(3600);
+        let parsed = parse_retry_after(&httpdate::fmt_http_date(later)).unwrap();
+        assert!(parsed > Duration::from_secs(3500) && parsed <= Duration::from_secs(3600));
+        assert_eq!(
+            parse_retry_after("Thu, 01 Jan 1970 00:00:00 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    #[test]
+    fn only_some_statuses_are_retried() {
+        for code in [408, 425, 429, 500, 502, 503, 504] {
+            assert!(is_transient(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+        for code in [301, 400, 401, 403, 404, 409, 410, 422] {
+            assert!(!is_transient(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+    }
+}

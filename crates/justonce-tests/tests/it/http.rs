@@ -1,0 +1,182 @@
+//! The relay's HTTP destination against a real receiver on loopback.
+
+use super::{key, on_every_database};
+use justonce_http::HttpDestination;
+use justonce_sql::{Inbox, Message, RelayOptions};
+use justonce_tests::{Answer, Sink, TestBackend, TestDb};
+use std::sync::Arc;
+use std::time::Duration;
+
+on_every_database!(
+    rows_are_posted_with_their_key_body_and_headers,
+    server_errors_are_retried_and_client_errors_dead_lettered,
+    retry_after_is_honoured,
+    unreachable_and_slow_receivers_are_retried,
+);
+
+fn eager() -> RelayOptions {
+    RelayOptions::default()
+        .first_backoff(Duration::ZERO)
+        .max_backoff(Duration::ZERO)
+}
+
+async fn enqueue<DB: TestBackend>(inbox: &Inbox<DB>, id: &str, body: &str) -> i64 {
+    let id = key(id);
+    let outcome = inbox
+        .run(&id, body.as_bytes(), |tx| {
+            let message = Message::new("hooks", body).header("content-type", "application/json");
+            Box::pin(inbox.enqueue(tx, &id, "notify", message))
+        })
+        .await
+        .expect("run");
+    outcome.processed().expect("a new key")
+}
+
+async fn rows_are_posted_with_their_key_body_and_headers<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let sink = Sink::start().await;
+    for n in 0..3 {
+        enqueue(&db.inbox, &format!("evt_{n}"), &format!("{{\"n\":{n}}}")).await;
+    }
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .destination("hooks", HttpDestination::new(&sink.url()).unwrap());
+    assert_eq!(relay.relay_once().await.unwrap().sent, 3);
+    let received = sink.received();
+    assert_eq!(received.len(), 3);
+    for (n, request) in received.iter().enumerate() {
+        let expected = db
+            .inbox
+            .identity(&key(&format!("evt_{n}")))
+            .derive("notify");
+        assert_eq!(request.key.as_deref(), Some(expected.as_str()));
+        assert_eq!(request.body, format!("{{\"n\":{n}}}").into_bytes());
+        assert_eq!(request.headers["content-type"], "application/json");
+    }
+    db.cleanup().await;
+}
+
+async fn server_errors_are_retried_and_client_errors_dead_lettered<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let flaky_key = db
+        .inbox
+        .identity(&key("flaky"))
+        .derive("notify")
+        .to_string();
+    let replayed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let accepting = Arc::clone(&replayed);
+    let sink = Sink::scripted(Arc::new(move |key, attempt| {
+        if key == flaky_key {
+            Answer::status(if attempt == 1 { 500 } else { 200 })
+        } else if accepting.load(std::sync::atomic::Ordering::SeqCst) {
+            Answer::status(200)
+        } else {
+            Answer {
+                body: "unknown customer cust_9".to_owned(),
+                ..Answer::status(400)
+            }
+        }
+    }))
+    .await;
+    let flaky = enqueue(&db.inbox, "flaky", "a").await;
+    let refused = enqueue(&db.inbox, "refused", "b").await;
+    let outbox = db.inbox.outbox();
+    let relay = outbox
+        .relay()
+        .options(eager())
+        .destination("hooks", HttpDestination::new(&sink.url()).unwrap());
+
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.retried, round.dead), (1, 1));
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+    assert!(outbox.get(flaky).await.unwrap().unwrap().sent);
+    let dead = outbox.get(refused).await.unwrap().unwrap();
+    let reason = dead.last_error.unwrap();
+    assert!(dead.dead && reason.contains("400") && reason.contains("unknown customer cust_9"));
+
+    replayed.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(outbox.replay(refused).await.unwrap());
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+    let keys: Vec<_> = sink
+        .received()
+        .into_iter()
+        .map(|r| r.key.unwrap())
+        .collect();
+    assert_eq!(keys.len(), 4);
+    assert_eq!(keys[0], keys[2], "the retry sent another key");
+    assert_eq!(keys[1], keys[3], "the replay sent another key");
+    db.cleanup().await;
+}
+
+async fn retry_after_is_honoured<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let sink = Sink::scripted(Arc::new(|_, attempt| match attempt {
+        1 => Answer {
+            headers: vec![("retry-after", "30".to_owned())],
+            ..Answer::status(429)
+        },
+        _ => Answer::status(200),
+    }))
+    .await;
+    let id = enqueue(&db.inbox, "evt", "x").await;
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .options(eager())
+        .destination("hooks", HttpDestination::new(&sink.url()).unwrap());
+    assert_eq!(relay.relay_once().await.unwrap().retried, 1);
+    // Without Retry-After the eager backoff would make the row due at once.
+    assert_eq!(relay.relay_once().await.unwrap().taken, 0);
+    let row = db.inbox.outbox().get(id).await.unwrap().unwrap();
+    assert!(row.last_error.unwrap().contains("429"));
+    db.cleanup().await;
+}
+
+async fn unreachable_and_slow_receivers_are_retried<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    // A port that was just free: nothing listens there.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let slow = Sink::scripted(Arc::new(|_, _| Answer {
+        delay: Duration::from_secs(5),
+        ..Answer::status(200)
+    }))
+    .await;
+    let down = enqueue(&db.inbox, "down", "x").await;
+    let relay = db.inbox.outbox().relay().options(eager()).destination(
+        "hooks",
+        HttpDestination::new(&format!("http://{closed}/hook")).unwrap(),
+    );
+    assert_eq!(relay.relay_once().await.unwrap().retried, 1);
+    let reason = db
+        .inbox
+        .outbox()
+        .get(down)
+        .await
+        .unwrap()
+        .unwrap()
+        .last_error
+        .unwrap();
+    assert!(reason.contains("POST"), "{reason}");
+
+    let relay = db.inbox.outbox().relay().options(eager()).destination(
+        "hooks",
+        HttpDestination::with_timeout(&slow.url(), Duration::from_millis(200)).unwrap(),
+    );
+    assert_eq!(relay.relay_once().await.unwrap().retried, 1);
+    assert_eq!(slow.received().len(), 1);
+    db.cleanup().await;
+}
+
+#[test]
+fn destination_urls_are_checked() {
+    for bad in ["", "not a url", "ftp://example.com/x"] {
+        let error = HttpDestination::new(bad).unwrap_err();
+        assert_eq!(error.kind(), justonce_sql::ErrorKind::Config, "{bad:?}");
+    }
+}
