@@ -1,0 +1,136 @@
+//! The relay process killed with SIGKILL, at random moments and between a receiver's
+//! acceptance and the row being marked sent: every row reaches the receiver, and every
+//! repeated request for a row carries the same key.
+
+use super::on_every_database;
+use justonce_sql::{Claim, Key, Message};
+use justonce_tests::{Sink, TestBackend, TestDb};
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+on_every_database!(a_relay_killed_twenty_times_delivers_every_row_with_one_key);
+
+/// Rows per database: SQLite commits each sent row to disk, so it gets fewer.
+fn jobs<DB: TestBackend>() -> usize {
+    if DB::NAME == "SQLite" { 2_000 } else { 10_000 }
+}
+
+fn relay_worker<DB: TestBackend>(db: &TestDb<DB>, sink: &Sink, pause_after: u64) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_relay-worker"))
+        .args([
+            &db.url,
+            &db.prefix,
+            &sink.url(),
+            "500",
+            &pause_after.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start relay-worker")
+}
+
+/// A small deterministic generator, so that a failing run can be repeated.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % bound
+    }
+}
+
+async fn a_relay_killed_twenty_times_delivers_every_row_with_one_key<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let jobs = jobs::<DB>();
+    for batch in (0..jobs).collect::<Vec<_>>().chunks(500) {
+        let messages: Vec<(Key, Vec<u8>)> = batch
+            .iter()
+            .map(|n| {
+                (
+                    Key::new(format!("job:{n}")).unwrap(),
+                    format!("job {n}").into_bytes(),
+                )
+            })
+            .collect();
+        let mut tx = db.inbox.begin().await.unwrap();
+        let claims = db.inbox.claim_many(&mut tx, &messages).await.unwrap();
+        for ((key, body), claim) in messages.iter().zip(claims) {
+            assert_eq!(claim, Claim::First);
+            let message = Message::new("hooks", body.clone());
+            db.inbox
+                .enqueue(&mut tx, key, "notify", message)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(db.rows("outbox").await, jobs as i64);
+
+    let sink = Sink::start().await;
+    let mut random = Xorshift(0x5eed_1234_abcd_0001);
+    for round in 0..20 {
+        let mut relay = if round % 4 == 3 {
+            // Killed after the receiver accepted a row, before the row is marked sent.
+            let mut relay = relay_worker(&db, &sink, 1 + random.below(40));
+            let stdout = relay.stdout.take().unwrap();
+            let line = BufReader::new(stdout).lines().next_line().await.unwrap();
+            assert_eq!(line.as_deref(), Some("paused after-send"));
+            relay
+        } else {
+            let relay = relay_worker(&db, &sink, 0);
+            tokio::time::sleep(Duration::from_millis(20 + random.below(200))).await;
+            relay
+        };
+        relay.kill().await.expect("SIGKILL the relay");
+    }
+    let last = relay_worker(&db, &sink, 0);
+    let output = tokio::time::timeout(Duration::from_secs(600), last.wait_with_output())
+        .await
+        .expect("the last relay hung")
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "drained");
+
+    let mut bodies_by_key: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
+    let received = sink.received();
+    for request in &received {
+        let key = request
+            .key
+            .clone()
+            .expect("every request has an Idempotency-Key");
+        bodies_by_key
+            .entry(key)
+            .or_default()
+            .push(request.body.clone());
+    }
+    assert_eq!(bodies_by_key.len(), jobs, "distinct keys at the receiver");
+    assert!(
+        bodies_by_key
+            .values()
+            .all(|bodies| bodies.iter().all(|b| *b == bodies[0])),
+        "one key carried two different rows"
+    );
+    let unsent = DB::count(
+        db.inbox.pool(),
+        format!(
+            "SELECT count(*) FROM {}outbox WHERE sent_at IS NULL OR dead",
+            db.prefix
+        ),
+    )
+    .await;
+    assert_eq!(unsent, 0);
+    println!(
+        "{}: {} rows, {} requests, {} repeated",
+        DB::NAME,
+        jobs,
+        received.len(),
+        received.len() - jobs
+    );
+    db.cleanup().await;
+}
