@@ -9,10 +9,10 @@ use axum::routing::post;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One request as the sink received it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Received {
     /// The `Idempotency-Key` header, if there was one.
     pub key: Option<String>,
@@ -20,6 +20,8 @@ pub struct Received {
     pub body: Vec<u8>,
     /// Every header, lowercased name to value.
     pub headers: HashMap<String, String>,
+    /// When the request arrived.
+    pub at: Instant,
 }
 
 /// What the sink answers: a status, extra headers, a body, and an optional delay first.
@@ -112,6 +114,7 @@ async fn record(
             key: key.clone(),
             body: body.to_vec(),
             headers,
+            at: Instant::now(),
         });
         log.iter().filter(|request| request.key == key).count()
     };
