@@ -41,11 +41,7 @@ async fn main() -> std::process::ExitCode {
         measure::<Postgres>(messages).await
     };
     let [p50, p99, max] = figures.map(|d| d.as_secs_f64() * 1000.0);
-    let name = if database.starts_with("sqlite") {
-        "SQLite"
-    } else {
-        "PostgreSQL"
-    };
+    let name = if sqlite { "SQLite" } else { "PostgreSQL" };
     if json {
         println!(
             "{{\"bench\":\"relay_latency\",\"database\":\"{name}\",\"messages\":{messages},\
