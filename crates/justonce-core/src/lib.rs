@@ -39,6 +39,6 @@ pub use destination::{Delivered, Delivery, Destination};
 pub use error::{BoxError, Error, ErrorKind, Invalid};
 pub use fingerprint::Fingerprint;
 pub use identity::{Consumer, DerivedKey, Identity, Key, Scope};
-pub use offset::Offset;
+pub use offset::{Offset, OffsetCommit};
 pub use outcome::{Claim, Outcome};
 pub use retention::Retention;

@@ -34,3 +34,14 @@ impl fmt::Display for Offset {
         }
     }
 }
+
+/// What storing an offset found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "an offset that did not move means the entry was already processed: roll back"]
+pub enum OffsetCommit {
+    /// The stored offset moved forward to this one: commit.
+    Moved,
+    /// The stored offset is already at or past this one: this entry was processed before.
+    /// Roll the transaction back.
+    AlreadyProcessed,
+}

@@ -8,7 +8,8 @@ use crate::backend::{
 use crate::outbox::{Message, Outbox};
 use crate::tables::Tables;
 use justonce_core::{
-    Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, Outcome, Retention, Scope,
+    Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, OffsetCommit, Outcome, Retention,
+    Scope,
 };
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
@@ -483,23 +484,32 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// Stores this consumer's position in `stream`'s `partition` in the caller's
-    /// transaction, so that the position and the work commit together. An offset below the
-    /// stored one is ignored, in SQL, whatever order concurrent commits come in; returns
-    /// whether the stored offset moved.
+    /// transaction, so that the position and the work commit together. An offset at or
+    /// below the stored one is ignored, in SQL, whatever order concurrent commits come in.
+    ///
+    /// [`OffsetCommit::AlreadyProcessed`] when the stored offset did not move: this entry
+    /// was already processed and the transaction must be rolled back: a reader restarted after a crash
+    /// can load the offsets before its predecessor's last COMMIT lands, and then meets that
+    /// entry again. On PostgreSQL the statement waits for such a predecessor's transaction
+    /// and sees its outcome.
     pub async fn commit_offset(
         &self,
         tx: &mut sqlx::Transaction<'_, DB>,
         stream: &str,
         partition: i32,
         offset: Offset,
-    ) -> Result<bool, Error> {
+    ) -> Result<OffsetCommit, Error> {
         let at = OffsetRow {
             consumer: self.consumer.as_str(),
             stream,
             partition,
             offset,
         };
-        DB::commit_offset(tx, &self.shared.sql, at).await
+        Ok(if DB::commit_offset(tx, &self.shared.sql, at).await? {
+            OffsetCommit::Moved
+        } else {
+            OffsetCommit::AlreadyProcessed
+        })
     }
 
     /// This consumer's stored positions in `stream`, by partition, to resume from.

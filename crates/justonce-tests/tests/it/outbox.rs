@@ -3,7 +3,8 @@
 
 use super::{key, on_every_database};
 use justonce_sql::{
-    Delivered, Delivery, Destination, Inbox, Message, Offset, RelayOptions, RelayRound,
+    Delivered, Delivery, Destination, Inbox, Message, Offset, OffsetCommit, RelayOptions,
+    RelayRound,
 };
 use justonce_tests::{TestBackend, TestDb};
 use std::collections::VecDeque;
@@ -19,6 +20,7 @@ on_every_database!(
     a_row_for_an_unknown_destination_is_dead_lettered,
     sent_rows_are_purged_after_their_retention,
     offsets_never_move_backwards,
+    a_killed_reader_resumes_at_its_stored_offset,
 );
 
 /// One delivery as the destination saw it: row id, key, payload.
@@ -249,7 +251,7 @@ async fn offsets_never_move_backwards<DB: TestBackend>(test: &str) {
             .await
             .unwrap();
         tx.commit().await.unwrap();
-        moved
+        moved == OffsetCommit::Moved
     };
     assert!(commit(0, 5.into()).await);
     assert!(
@@ -277,7 +279,7 @@ async fn offsets_never_move_backwards<DB: TestBackend>(test: &str) {
             let inbox = inbox.clone();
             tokio::spawn(async move {
                 let mut tx = inbox.begin().await.unwrap();
-                inbox
+                let _ = inbox
                     .commit_offset(&mut tx, "orders", 2, Offset::from((n * 7) % 16))
                     .await
                     .unwrap();
@@ -293,10 +295,11 @@ async fn offsets_never_move_backwards<DB: TestBackend>(test: &str) {
 
     // Offsets commit with the work, or not at all.
     let mut tx = inbox.begin().await.unwrap();
-    inbox
+    let moved = inbox
         .commit_offset(&mut tx, "orders", 0, 99.into())
         .await
         .unwrap();
+    assert_eq!(moved, OffsetCommit::Moved);
     tx.rollback().await.unwrap();
     assert_eq!(
         inbox.load_offsets("orders").await.unwrap()[0].1,
@@ -425,5 +428,39 @@ async fn two_relays_share_the_rows_on_postgres() {
     .unwrap();
     assert_eq!(due.0, 0);
     println!("rows sent per relay: {per_relay:?}");
+    db.cleanup().await;
+}
+
+/// A single reader killed with SIGKILL again and again resumes after its stored offset:
+/// every entry has exactly one effect.
+async fn a_killed_reader_resumes_at_its_stored_offset<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let entries = 600;
+    let reader = || {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_stream-worker"))
+            .args([&db.url, &db.prefix, &entries.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start stream-worker")
+    };
+    for round in 0..8 {
+        let mut killed = reader();
+        tokio::time::sleep(Duration::from_millis(40 + 25 * round)).await;
+        killed.kill().await.expect("SIGKILL the reader");
+    }
+    let output = tokio::time::timeout(Duration::from_secs(300), reader().wait_with_output())
+        .await
+        .expect("the reader hung")
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "done");
+    let distinct = DB::count(
+        db.inbox.pool(),
+        format!("SELECT count(DISTINCT key) FROM {}effects", db.prefix),
+    )
+    .await;
+    assert_eq!((db.rows("effects").await, distinct), (entries, entries));
+    let stored = db.consumer("stream").load_offsets("orders").await.unwrap();
+    assert_eq!(stored, vec![(0, Offset::from(entries - 1))]);
     db.cleanup().await;
 }

@@ -134,3 +134,52 @@ async fn a_relay_killed_twenty_times_delivers_every_row_with_one_key<DB: TestBac
     );
     db.cleanup().await;
 }
+
+/// Two relay processes drain one PostgreSQL outbox side by side: every row arrives, and a
+/// row that arrives twice carries the same key both times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relay_processes_share_one_outbox_on_postgres() {
+    let db = TestDb::<sqlx::Postgres>::new("two-relays").await;
+    let jobs = 3_000;
+    let mut tx = db.inbox.begin().await.unwrap();
+    for n in 0..jobs {
+        let key = Key::new(format!("job:{n}")).unwrap();
+        let message = Message::new("hooks", format!("job {n}"));
+        db.inbox
+            .enqueue(&mut tx, &key, "notify", message)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+
+    let sink = Sink::start().await;
+    let relays = [relay_worker(&db, &sink, 0), relay_worker(&db, &sink, 0)];
+    for relay in relays {
+        let output = tokio::time::timeout(Duration::from_secs(300), relay.wait_with_output())
+            .await
+            .expect("a relay hung")
+            .unwrap();
+        assert!(output.status.success());
+    }
+    let received = sink.received();
+    let mut bodies_by_key: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
+    for request in &received {
+        bodies_by_key
+            .entry(request.key.clone().unwrap())
+            .or_default()
+            .push(request.body.clone());
+    }
+    assert_eq!(bodies_by_key.len(), jobs);
+    assert!(
+        bodies_by_key
+            .values()
+            .all(|bodies| bodies.iter().all(|b| *b == bodies[0]))
+    );
+    let repeated = received.len() - jobs;
+    println!(
+        "two relay processes: {jobs} rows, {} requests, duplicate rate {:.2}%",
+        received.len(),
+        100.0 * repeated as f64 / jobs as f64
+    );
+    db.cleanup().await;
+}
