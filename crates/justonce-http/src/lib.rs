@@ -1,10 +1,15 @@
 //! HTTP for justonce.
 //!
-//! [`HttpDestination`] delivers outbox rows with a POST that carries the row's key as
-//! `Idempotency-Key`, the same on every attempt, so that a receiver which deduplicates on
-//! it acts once however often the relay retries.
+//! | feature       | what it adds |
+//! |---------------|--------------|
+//! | `destination` | [`HttpDestination`]: the outbox relay POSTs each row with its key as `Idempotency-Key` |
+//! | `receiver`    | [`receiver::router`]: `POST /webhooks/{source}` verifies, stores and answers 2xx, and the relay delivers |
+//!
+//! The destination carries the row's key on every attempt, so that a receiver which
+//! deduplicates on it acts once however often the relay retries:
 //!
 //! ```no_run
+//! # #[cfg(feature = "destination")]
 //! # fn example<DB: justonce_sql::Backend>(outbox: justonce_sql::Outbox<DB>) -> Result<(), justonce_core::Error> {
 //! use justonce_http::HttpDestination;
 //!
@@ -15,6 +20,10 @@
 //! # }
 //! ```
 
+#[cfg(feature = "destination")]
 mod destination;
+#[cfg(feature = "receiver")]
+pub mod receiver;
 
+#[cfg(feature = "destination")]
 pub use destination::HttpDestination;

@@ -206,6 +206,22 @@ impl<DB: TestBackend> TestDb<DB> {
         Self { url, prefix, inbox }
     }
 
+    /// The tables of a test whose pool was closed, through a new connection.
+    pub async fn reopen(url: &str, prefix: &str) -> Self {
+        let inbox = Inbox::<DB>::connect_with(
+            url,
+            Consumer::new("test").unwrap(),
+            Options::default().prefix(prefix),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"));
+        Self {
+            url: url.to_owned(),
+            prefix: prefix.to_owned(),
+            inbox,
+        }
+    }
+
     /// The inbox of another consumer on the same tables.
     pub fn consumer(&self, name: &str) -> Inbox<DB> {
         self.inbox.with_consumer(Consumer::new(name).unwrap())

@@ -6,6 +6,7 @@ mod crash;
 mod http;
 mod outbox;
 mod purge;
+mod receiver;
 mod relay_crash;
 mod run;
 mod schema;

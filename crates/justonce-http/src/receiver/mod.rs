@@ -1,0 +1,252 @@
+//! The webhook receiver: verifies, stores and answers within one transaction, and leaves
+//! the delivery to the outbox relay.
+
+mod signature;
+
+pub use signature::{Rejected, Scheme, standard_webhooks_signature};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use justonce_core::{Consumer, Error, Key, Outcome};
+use justonce_sql::{Backend, Inbox, Message};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Where a source puts the event id that becomes the key `<source>:<id>`.
+#[derive(Debug, Clone)]
+pub enum IdLocation {
+    /// A request header, such as `webhook-id`.
+    Header(HeaderName),
+    /// A JSON pointer into the body, such as `/id`.
+    Json(String),
+}
+
+/// One sender of webhooks, served at `POST /webhooks/{name}`.
+#[derive(Debug, Clone)]
+pub struct Source {
+    name: String,
+    scheme: Scheme,
+    id: IdLocation,
+}
+
+impl Source {
+    /// A source named `name` (also its consumer name and the prefix of its keys).
+    pub fn new(name: &str, scheme: Scheme, id: IdLocation) -> Result<Self, Error> {
+        Consumer::new(name)?;
+        if name.contains(Key::SEPARATOR) || name.contains('/') {
+            return Err(Error::Config(format!(
+                "source name {name:?} may not contain ':' or '/'"
+            )));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            scheme,
+            id,
+        })
+    }
+
+    /// The source's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+struct Receiving<DB: Backend> {
+    /// Each source with the inbox of its consumer.
+    sources: HashMap<String, (Source, Inbox<DB>)>,
+    body_limit: usize,
+    health: Inbox<DB>,
+}
+
+/// The public router: `POST /webhooks/{source}` and `GET /healthz`.
+///
+/// A valid request is claimed under `<source>:<id>` and its raw body and content type are
+/// written to the outbox, for the destination named after the source, in one transaction;
+/// then the answer is `200` with `{"status":"accepted"|"duplicate"|"key_reused","key":…}`.
+/// It never waits for the delivery. Rejections are `application/problem+json` and store
+/// nothing: unknown source 404, bad signature 401, body over `body_limit` 413, missing id or
+/// unreadable JSON 400; a database that cannot be reached 503 with `Retry-After`.
+pub fn router<DB: Backend>(inbox: &Inbox<DB>, sources: Vec<Source>, body_limit: usize) -> Router {
+    let sources = sources
+        .into_iter()
+        .map(|source| {
+            let consumer = Consumer::new(source.name.as_str()).expect("checked in Source::new");
+            let inbox = inbox.with_consumer(consumer);
+            (source.name.clone(), (source, inbox))
+        })
+        .collect();
+    let state = Arc::new(Receiving {
+        sources,
+        body_limit,
+        health: inbox.clone(),
+    });
+    Router::new()
+        .route("/webhooks/{source}", post(receive::<DB>))
+        .route("/healthz", get(healthz::<DB>))
+        .with_state(state)
+}
+
+async fn receive<DB: Backend>(
+    State(state): State<Arc<Receiving<DB>>>,
+    Path(name): Path<String>,
+    request: Request,
+) -> Response {
+    let Some((source, inbox)) = state.sources.get(&name) else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "unknown source",
+            format!("no source is named {name:?}"),
+        );
+    };
+    let (parts, body) = request.into_parts();
+    let body = match read_limited(&parts.headers, body, state.body_limit).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    if source.scheme.verify(&parts.headers, &body).is_err() {
+        return problem(
+            StatusCode::UNAUTHORIZED,
+            "signature rejected",
+            "the signature, its timestamp or its headers do not verify",
+        );
+    }
+    let id = match event_id(&source.id, &parts.headers, &body) {
+        Ok(id) => id,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "no event id", detail),
+    };
+    let key = match Key::new(format!("{}:{id}", source.name)) {
+        Ok(key) => key,
+        Err(error) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "unusable event id",
+                error.to_string(),
+            );
+        }
+    };
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("application/octet-stream");
+    let outcome = inbox
+        .run(&key, &body, |tx| {
+            let message = Message::new(source.name.as_str(), body.to_vec())
+                .header("content-type", content_type);
+            // Forwarding the same event: the delivery keeps the event's own key.
+            Box::pin(inbox.forward(tx, &key, message))
+        })
+        .await;
+    let status = match outcome {
+        Ok(Outcome::Processed(_)) => "accepted",
+        Ok(Outcome::Duplicate) => "duplicate",
+        Ok(Outcome::KeyReused { .. }) => {
+            tracing::warn!(%key, source = %source.name, "same event id, different body: not stored");
+            "key_reused"
+        }
+        Err(error) => {
+            tracing::error!(%key, %error, "webhook not stored");
+            let mut response = problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not stored",
+                "the event could not be stored; send it again later",
+            );
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, "5".parse().expect("a valid header"));
+            return response;
+        }
+    };
+    let body = serde_json::json!({ "status": status, "key": key.as_str() });
+    ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+async fn healthz<DB: Backend>(State(state): State<Arc<Receiving<DB>>>) -> Response {
+    match state.health.check().await {
+        Ok(()) => ([(CONTENT_TYPE, "application/json")], r#"{"status":"ok"}"#).into_response(),
+        Err(error) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database unavailable",
+            error.to_string(),
+        ),
+    }
+}
+
+/// The body, read no further than `limit` bytes: a larger Content-Length is refused before
+/// reading, and a body that grows past the limit is refused when it does.
+async fn read_limited(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<axum::body::Bytes, Response> {
+    let too_large = || {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body too large",
+            format!("the body may be at most {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let over_limit = std::error::Error::source(&error)
+            .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+        if over_limit {
+            too_large()
+        } else {
+            problem(
+                StatusCode::BAD_REQUEST,
+                "unreadable body",
+                error.to_string(),
+            )
+        }
+    })
+}
+
+/// The event id as text, from a header or a JSON pointer into the body.
+fn event_id(location: &IdLocation, headers: &HeaderMap, body: &[u8]) -> Result<String, String> {
+    match location {
+        IdLocation::Header(name) => headers
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+            .ok_or_else(|| format!("the {name} header is missing or not text")),
+        IdLocation::Json(pointer) => {
+            // serde_json refuses nesting deeper than 128 levels, so a hostile body cannot
+            // exhaust the stack.
+            let document: serde_json::Value =
+                serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+            match document.pointer(pointer) {
+                Some(serde_json::Value::String(id)) => Ok(id.clone()),
+                Some(serde_json::Value::Number(id)) => Ok(id.to_string()),
+                _ => Err(format!("the body has no string or number at {pointer}")),
+            }
+        }
+    }
+}
+
+/// An `application/problem+json` answer (RFC 9457).
+fn problem(status: StatusCode, title: &str, detail: impl Into<String>) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail.into(),
+    });
+    (
+        status,
+        [(CONTENT_TYPE, "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
+}

@@ -1,0 +1,218 @@
+//! The webhook receiver: stores once, answers 2xx every time, rejects with problem+json,
+//! and hands the delivery to the relay.
+
+use super::on_every_database;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use justonce_http::HttpDestination;
+use justonce_http::receiver::{IdLocation, Scheme, Source, router, standard_webhooks_signature};
+use justonce_tests::{Sink, TestBackend, TestDb};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tower::ServiceExt;
+
+on_every_database!(
+    the_same_event_twice_is_stored_once_and_answered_200_both_times,
+    rejected_requests_store_nothing,
+    an_unreachable_database_answers_503,
+);
+
+const KEY: &[u8] = b"the shop's signing key";
+const LIMIT: usize = 1024;
+
+fn shop() -> Source {
+    let secret = format!("whsec_{}", base64_of(KEY));
+    let scheme = Scheme::standard_webhooks(&[secret], Duration::from_secs(300)).unwrap();
+    Source::new(
+        "shop",
+        scheme,
+        IdLocation::Header("webhook-id".parse().unwrap()),
+    )
+    .unwrap()
+}
+
+fn stripe() -> Source {
+    let scheme = Scheme::Stripe {
+        secrets: vec![b"whsec_stripe".to_vec()],
+        tolerance: Duration::from_secs(300),
+    };
+    Source::new("stripe", scheme, IdLocation::Json("/id".to_owned())).unwrap()
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn hmac_hex(key: &[u8], message: &str) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+    mac.update(message.as_bytes());
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A request signed the Standard Webhooks way for the `shop` source.
+fn signed(id: &str, body: &str) -> Request<Body> {
+    let timestamp = now();
+    Request::post("/webhooks/shop")
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header(
+            "webhook-signature",
+            standard_webhooks_signature(KEY, id, timestamp, body.as_bytes()),
+        )
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+async fn answer(app: &axum::Router, request: Request<Body>) -> (StatusCode, String, String) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        content_type,
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+async fn the_same_event_twice_is_stored_once_and_answered_200_both_times<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let app = router(&db.inbox, vec![shop()], LIMIT);
+    let body = r#"{"type":"order.paid","order":1}"#;
+    for expected in ["accepted", "duplicate"] {
+        let (status, _, answer_body) = answer(&app, signed("evt_1", body)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            answer_body,
+            format!(r#"{{"key":"shop:evt_1","status":"{expected}"}}"#)
+        );
+    }
+    let (status, _, reused) = answer(&app, signed("evt_1", r#"{"other":true}"#)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(reused.contains("key_reused"), "{reused}");
+    assert_eq!((db.rows("keys").await, db.rows("outbox").await), (1, 1));
+
+    let sink = Sink::start().await;
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .destination("shop", HttpDestination::new(&sink.url()).unwrap());
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+    let received = sink.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].key.as_deref(), Some("shop:evt_1"));
+    assert_eq!(received[0].body, body.as_bytes());
+    assert_eq!(received[0].headers["content-type"], "application/json");
+    db.cleanup().await;
+}
+
+async fn rejected_requests_store_nothing<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let app = router(&db.inbox, vec![shop(), stripe()], LIMIT);
+    let post = |uri: &str| Request::post(uri.to_owned());
+    let mut tampered = signed("evt_2", r#"{"a":1}"#);
+    *tampered.body_mut() = Body::from(r#"{"a":2}"#);
+    let mut unsigned = signed("evt_3", "{}");
+    unsigned.headers_mut().remove("webhook-signature");
+    let stale = {
+        let timestamp = now() - 600;
+        Request::post("/webhooks/shop")
+            .header("webhook-id", "evt_4")
+            .header("webhook-timestamp", timestamp.to_string())
+            .header(
+                "webhook-signature",
+                standard_webhooks_signature(KEY, "evt_4", timestamp, b"{}"),
+            )
+            .body(Body::from("{}"))
+            .unwrap()
+    };
+    let huge = "x".repeat(10 * LIMIT);
+    let streamed = {
+        let chunks = (0..10).map(|_| Ok::<_, std::io::Error>(vec![b'x'; LIMIT]));
+        Body::from_stream(futures_util::stream::iter(chunks))
+    };
+    let deep_json = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let cases: Vec<(Request<Body>, StatusCode)> = vec![
+        (
+            post("/webhooks/nobody").body(Body::from("{}")).unwrap(),
+            StatusCode::NOT_FOUND,
+        ),
+        (tampered, StatusCode::UNAUTHORIZED),
+        (unsigned, StatusCode::UNAUTHORIZED),
+        (stale, StatusCode::UNAUTHORIZED),
+        (signed("evt_5", &huge), StatusCode::PAYLOAD_TOO_LARGE),
+        (
+            post("/webhooks/shop").body(streamed).unwrap(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+        (stripe_signed("not json"), StatusCode::BAD_REQUEST),
+        (stripe_signed(r#"{"no_id":1}"#), StatusCode::BAD_REQUEST),
+        (stripe_signed("\u{0}\u{ff}"), StatusCode::BAD_REQUEST),
+    ];
+    for (n, (request, expected)) in cases.into_iter().enumerate() {
+        let (status, content_type, body) = answer(&app, request).await;
+        assert_eq!(status, expected, "case {n}: {body}");
+        assert_eq!(content_type, "application/problem+json", "case {n}");
+        assert!(
+            body.contains(&format!("\"status\":{}", expected.as_u16())),
+            "case {n}: {body}"
+        );
+    }
+    // JSON nested 100,000 deep, under a limit that lets it in: refused, not a stack overflow.
+    let roomy = router(&db.inbox, vec![stripe()], 1 << 20);
+    let (status, _, _) = answer(&roomy, stripe_signed(&deep_json)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!((db.rows("keys").await, db.rows("outbox").await), (0, 0));
+    db.cleanup().await;
+}
+
+/// A Stripe-signed request whose id lives in the body.
+fn stripe_signed(body: &str) -> Request<Body> {
+    let timestamp = now();
+    let signature = hmac_hex(b"whsec_stripe", &format!("{timestamp}.{body}"));
+    Request::post("/webhooks/stripe")
+        .header("stripe-signature", format!("t={timestamp},v1={signature}"))
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+async fn an_unreachable_database_answers_503<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let app = router(&db.inbox, vec![shop()], LIMIT);
+    let healthy = answer(&app, Request::get("/healthz").body(Body::empty()).unwrap()).await;
+    assert_eq!(healthy.0, StatusCode::OK);
+    let url = db.url.clone();
+    let prefix = db.prefix.clone();
+    db.inbox.pool().close().await;
+    let response = app.clone().oneshot(signed("evt_1", "{}")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "5");
+    let unhealthy = answer(&app, Request::get("/healthz").body(Body::empty()).unwrap()).await;
+    assert_eq!(unhealthy.0, StatusCode::SERVICE_UNAVAILABLE);
+    // Clean up through a new connection.
+    let reopened = TestDb::<DB>::reopen(&url, &prefix).await;
+    assert_eq!(reopened.rows("keys").await, 0);
+    reopened.cleanup().await;
+}
