@@ -180,3 +180,49 @@ fn destination_urls_are_checked() {
         assert_eq!(error.kind(), justonce_sql::ErrorKind::Config, "{bad:?}");
     }
 }
+
+/// Deliveries signed with a target secret verify as Standard Webhooks, with the row's key
+/// as the webhook id.
+#[tokio::test]
+async fn signed_deliveries_verify_as_standard_webhooks() {
+    use base64::Engine;
+    let db = TestDb::<sqlx::Sqlite>::new("signed").await;
+    let secret = format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(b"target key")
+    );
+    let sink = Sink::start().await;
+    enqueue(&db.inbox, "evt_1", r#"{"a":1}"#).await;
+    let destination = HttpDestination::new(&sink.url())
+        .unwrap()
+        .signed_with(&secret)
+        .unwrap();
+    let relay = db.inbox.outbox().relay().destination("hooks", destination);
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+    let request = &sink.received()[0];
+    let mut headers = axum::http::HeaderMap::new();
+    for (name, value) in &request.headers {
+        headers.insert(
+            axum::http::HeaderName::try_from(name.as_str()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    assert_eq!(headers["webhook-id"], request.key.clone().unwrap().as_str());
+    let scheme =
+        justonce_http::receiver::Scheme::standard_webhooks(&[secret], Duration::from_secs(60))
+            .unwrap();
+    assert_eq!(scheme.verify(&headers, &request.body), Ok(()));
+    let wrong = justonce_http::receiver::Scheme::standard_webhooks(
+        &["whsec_d3Jvbmc=".to_owned()],
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!(wrong.verify(&headers, &request.body).is_err());
+    assert!(
+        HttpDestination::new(&sink.url())
+            .unwrap()
+            .signed_with("whsec_!")
+            .is_err()
+    );
+    db.cleanup().await;
+}
