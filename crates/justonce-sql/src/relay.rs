@@ -94,8 +94,14 @@ pub struct RelayRound {
 /// that row again after the lease, with the same key.
 pub struct Relay<DB: Backend> {
     outbox: Outbox<DB>,
-    destinations: HashMap<String, Arc<dyn Destination>>,
+    destinations: HashMap<String, Route>,
     options: RelayOptions,
+}
+
+/// A registered destination, with its own delivery window if it has one.
+struct Route {
+    destination: Arc<dyn Destination>,
+    deliver_for: Option<Duration>,
 }
 
 impl<DB: Backend> Outbox<DB> {
@@ -116,7 +122,27 @@ impl<DB: Backend> Relay<DB> {
         name: impl Into<String>,
         destination: impl Destination + 'static,
     ) -> Self {
-        self.destinations.insert(name.into(), Arc::new(destination));
+        let route = Route {
+            destination: Arc::new(destination),
+            deliver_for: None,
+        };
+        self.destinations.insert(name.into(), route);
+        self
+    }
+
+    /// Sends rows written for `name` to `destination`, retrying each for `deliver_for`
+    /// after it was written instead of [`RelayOptions::deliver_for`].
+    pub fn destination_for(
+        mut self,
+        name: impl Into<String>,
+        destination: impl Destination + 'static,
+        deliver_for: Duration,
+    ) -> Self {
+        let route = Route {
+            destination: Arc::new(destination),
+            deliver_for: Some(deliver_for),
+        };
+        self.destinations.insert(name.into(), route);
         self
     }
 
@@ -196,7 +222,7 @@ impl<DB: Backend> Relay<DB> {
     }
 
     async fn deliver(&self, row: &OutboxRow) -> Delivered {
-        let Some(destination) = self.destinations.get(&row.destination) else {
+        let Some(route) = self.destinations.get(&row.destination) else {
             return Delivered::Reject {
                 reason: format!(
                     "no destination named {:?} is registered with the relay",
@@ -220,12 +246,16 @@ impl<DB: Backend> Relay<DB> {
             headers: &headers,
             attempt: u32::try_from(row.attempts).unwrap_or(u32::MAX),
         };
-        destination.deliver(delivery).await
+        route.destination.deliver(delivery).await
     }
 
     fn exhausted(&self, row: &OutboxRow) -> bool {
-        row.attempts >= i64::from(self.options.max_attempts)
-            || row.age_ms >= millis(self.options.deliver_for)
+        let deliver_for = self
+            .destinations
+            .get(&row.destination)
+            .and_then(|route| route.deliver_for)
+            .unwrap_or(self.options.deliver_for);
+        row.attempts >= i64::from(self.options.max_attempts) || row.age_ms >= millis(deliver_for)
     }
 
     /// The pause after the `attempts`th failure: doubling from the first backoff up to the

@@ -21,6 +21,7 @@ on_every_database!(
     sent_rows_are_purged_after_their_retention,
     offsets_never_move_backwards,
     a_killed_reader_resumes_at_its_stored_offset,
+    a_row_past_its_delivery_window_is_dead_lettered,
 );
 
 /// One delivery as the destination saw it: row id, key, payload.
@@ -462,5 +463,35 @@ async fn a_killed_reader_resumes_at_its_stored_offset<DB: TestBackend>(test: &st
     assert_eq!((db.rows("effects").await, distinct), (entries, entries));
     let stored = db.consumer("stream").load_offsets("orders").await.unwrap();
     assert_eq!(stored, vec![(0, Offset::from(entries - 1))]);
+    db.cleanup().await;
+}
+
+async fn a_row_past_its_delivery_window_is_dead_lettered<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let id = enqueue(&db.inbox, "evt_1", "late").await;
+    DB::age_rows(
+        db.inbox.pool(),
+        format!("{}outbox", db.prefix),
+        "created_at",
+        7_200_000,
+    )
+    .await;
+    let outbox = db.inbox.outbox();
+    let lenient = outbox
+        .relay()
+        .options(eager())
+        .destination("sink", Recorder::answering([retry("503")]));
+    assert_eq!(
+        lenient.relay_once().await.unwrap().retried,
+        1,
+        "3 days by default"
+    );
+    let strict = outbox.relay().options(eager()).destination_for(
+        "sink",
+        Recorder::answering([retry("503")]),
+        Duration::from_secs(3600),
+    );
+    assert_eq!(strict.relay_once().await.unwrap().dead, 1);
+    assert!(outbox.get(id).await.unwrap().unwrap().dead);
     db.cleanup().await;
 }
