@@ -96,6 +96,13 @@ pub trait Backend: sqlx::Database + Sealed {
         stream: &'a str,
     ) -> impl Future<Output = Result<Vec<(i32, Offset)>, Error>> + Send + 'a;
 
+    /// How many outbox rows are sent, due and dead.
+    #[doc(hidden)]
+    fn outbox_stats<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+    ) -> impl Future<Output = Result<(i64, i64, i64), Error>> + Send + 'a;
+
     /// What wakes a waiting relay when a row is committed: notifications on PostgreSQL,
     /// nothing on SQLite (the relay polls).
     #[doc(hidden)]
@@ -162,6 +169,7 @@ pub struct Statements {
     pub(crate) purge_sent: Arc<str>,
     pub(crate) commit_offset: Arc<str>,
     pub(crate) load_offsets: Arc<str>,
+    pub(crate) outbox_stats: Arc<str>,
 }
 
 /// The statements whose text differs between databases beyond the clock.
@@ -272,6 +280,13 @@ impl Statements {
             load_offsets: text(format!(
                 "SELECT partition_id, position, sequence FROM {offsets}
                  WHERE consumer = $1 AND stream = $2 ORDER BY partition_id"
+            )),
+            outbox_stats: text(format!(
+                "SELECT
+                    count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
+                    count(CASE WHEN sent_at IS NULL AND NOT dead THEN 1 END),
+                    count(CASE WHEN dead THEN 1 END)
+                 FROM {outbox}"
             )),
         }
     }
@@ -596,6 +611,16 @@ macro_rules! shared_queries {
                 .await
                 .map_err(database_error::<Self>)?;
             Ok(done.rows_affected() > 0)
+        }
+
+        async fn outbox_stats<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Statements,
+        ) -> Result<(i64, i64, i64), Error> {
+            sqlx::query_as(AssertSqlSafe(sql.outbox_stats.clone()))
+                .fetch_one(pool)
+                .await
+                .map_err(database_error::<Self>)
         }
 
         async fn load_offsets<'a>(

@@ -95,6 +95,18 @@ impl Row {
     }
 }
 
+/// Counts of outbox rows by state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Rows the destination took.
+    pub sent: i64,
+    /// Rows waiting for a first or a next delivery.
+    pub due: i64,
+    /// Dead letters.
+    pub dead: i64,
+}
+
 /// The outbox of one store: dead letters and clean-up. Made by [`crate::Inbox::outbox`].
 pub struct Outbox<DB: Backend> {
     pub(crate) shared: Arc<Shared<DB>>,
@@ -150,6 +162,12 @@ impl<DB: Backend> Outbox<DB> {
             })
         })
         .await
+    }
+
+    /// How many rows are sent, due and dead.
+    pub async fn stats(&self) -> Result<OutboxStats, Error> {
+        let (sent, due, dead) = DB::outbox_stats(&self.shared.pool, &self.shared.sql).await?;
+        Ok(OutboxStats { sent, due, dead })
     }
 
     pub(crate) async fn change(&self, change: Change<'_>) -> Result<u64, Error> {

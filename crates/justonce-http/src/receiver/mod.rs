@@ -60,7 +60,6 @@ struct Receiving<DB: Backend> {
     /// Each source with the inbox of its consumer.
     sources: HashMap<String, (Source, Inbox<DB>)>,
     body_limit: usize,
-    health: Inbox<DB>,
 }
 
 /// The public router: `POST /webhooks/{source}` and `GET /healthz`.
@@ -83,12 +82,19 @@ pub fn router<DB: Backend>(inbox: &Inbox<DB>, sources: Vec<Source>, body_limit: 
     let state = Arc::new(Receiving {
         sources,
         body_limit,
-        health: inbox.clone(),
     });
     Router::new()
         .route("/webhooks/{source}", post(receive::<DB>))
-        .route("/healthz", get(healthz::<DB>))
         .with_state(state)
+        .merge(health_router(inbox))
+}
+
+/// `GET /healthz`: `200 {"status":"ok"}` while the database is reachable and its tables
+/// are in place, `503` with a problem otherwise.
+pub fn health_router<DB: Backend>(inbox: &Inbox<DB>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz::<DB>))
+        .with_state(inbox.clone())
 }
 
 async fn receive<DB: Backend>(
@@ -166,8 +172,8 @@ async fn receive<DB: Backend>(
     ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
-async fn healthz<DB: Backend>(State(state): State<Arc<Receiving<DB>>>) -> Response {
-    match state.health.check().await {
+async fn healthz<DB: Backend>(State(inbox): State<Inbox<DB>>) -> Response {
+    match inbox.check().await {
         Ok(()) => ([(CONTENT_TYPE, "application/json")], r#"{"status":"ok"}"#).into_response(),
         Err(error) => problem(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -1,0 +1,122 @@
+//! Each command against the configured database.
+
+use crate::config::Settings;
+use crate::{Command, DlqCommand};
+use anyhow::{Context, Result};
+use justonce_sql::sqlx::{Postgres, Sqlite};
+use justonce_sql::{Backend, Consumer, Inbox, Options, Row};
+
+/// Opens the store the settings name and runs `command` on it.
+pub async fn run(settings: Settings, command: Command) -> Result<()> {
+    if settings.database.starts_with("sqlite:") {
+        run_on::<Sqlite>(settings, command).await
+    } else {
+        run_on::<Postgres>(settings, command).await
+    }
+}
+
+async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()> {
+    let options = Options::default().retention(settings.store_retention()?);
+    let inbox = Inbox::<DB>::connect_with(&settings.database, Consumer::new("justonce")?, options)
+        .await
+        .context("opening the database")?;
+    let outbox = inbox.outbox();
+    match command {
+        Command::Serve => {
+            inbox.migrate().await?;
+            crate::serve::serve(settings, inbox).await?
+        }
+        Command::Migrate => {
+            let applied = inbox.migrate().await?;
+            println!("{applied} migrations applied");
+        }
+        Command::Check => {
+            inbox.check().await?;
+            println!(
+                "configuration and database are fine: {} sources",
+                settings.sources.len()
+            );
+        }
+        Command::Purge { batch_size } => {
+            let mut keys = 0;
+            for source in &settings.sources {
+                let consumer = inbox.with_consumer(Consumer::new(source.name.as_str())?);
+                keys += consumer.purge(source.retention.keep(), batch_size).await?;
+            }
+            let keep_sent = settings.store_retention()?.keep();
+            let sent = outbox.purge_sent(keep_sent, batch_size).await?;
+            println!("purged {keys} keys and {sent} sent deliveries");
+        }
+        Command::Stats => {
+            let stats = outbox.stats().await?;
+            println!(
+                "deliveries: {} sent, {} due, {} dead",
+                stats.sent, stats.due, stats.dead
+            );
+        }
+        Command::Dlq { command } => dlq(&outbox, command).await?,
+    }
+    Ok(())
+}
+
+async fn dlq<DB: Backend>(outbox: &justonce_sql::Outbox<DB>, command: DlqCommand) -> Result<()> {
+    match command {
+        DlqCommand::List { limit } => {
+            for row in outbox.dead_letters(limit).await? {
+                println!(
+                    "{}\t{}\t{}\t{} attempts\t{}",
+                    row.id,
+                    row.destination,
+                    row.key,
+                    row.attempts,
+                    row.last_error.as_deref().unwrap_or("")
+                );
+            }
+        }
+        DlqCommand::Show { id } => {
+            let row = outbox
+                .get(id)
+                .await?
+                .with_context(|| format!("no delivery has id {id}"))?;
+            print_row(&row);
+        }
+        DlqCommand::Replay { id: Some(id), .. } => {
+            if !outbox.replay(id).await? {
+                anyhow::bail!("delivery {id} is not a dead letter");
+            }
+            println!("delivery {id} is due again");
+        }
+        DlqCommand::Replay { id: None, .. } => {
+            println!("{} dead letters are due again", outbox.replay_all().await?);
+        }
+        DlqCommand::Purge => {
+            println!(
+                "{} dead letters deleted",
+                outbox.purge_dead_letters().await?
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_row(row: &Row) {
+    let state = if row.sent {
+        "sent"
+    } else if row.dead {
+        "dead"
+    } else {
+        "due"
+    };
+    println!("id:          {}", row.id);
+    println!("destination: {}", row.destination);
+    println!("key:         {}", row.key);
+    println!("state:       {state} after {} attempts", row.attempts);
+    if let Some(error) = &row.last_error {
+        println!("last error:  {error}");
+    }
+    for (name, value) in &row.headers {
+        println!("header:      {name}: {value}");
+    }
+    println!();
+    println!("{}", String::from_utf8_lossy(&row.payload));
+}

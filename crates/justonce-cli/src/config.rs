@@ -1,0 +1,435 @@
+//! `justonce.toml` and its `JUSTONCE_*` overrides, turned into validated settings before
+//! anything starts.
+
+use anyhow::{Context, Result, anyhow, bail};
+use justonce_http::receiver::{IdLocation, Scheme};
+use justonce_sql::Retention;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// Everything `serve` and the other commands need, checked.
+#[derive(Debug)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub database: String,
+    pub body_limit: usize,
+    pub sources: Vec<SourceSettings>,
+}
+
+/// One webhook sender and where its events go.
+#[derive(Debug)]
+pub struct SourceSettings {
+    pub name: String,
+    pub scheme: Scheme,
+    pub id: IdLocation,
+    pub retention: Retention,
+    pub target: String,
+    pub target_secret: Option<String>,
+    pub deliver_for: Duration,
+}
+
+impl Settings {
+    /// The retention the shared store is opened with: every source keeps its keys at
+    /// least this long, and purges each source by its own.
+    pub fn store_retention(&self) -> Result<Retention> {
+        let keep = self.sources.iter().map(|s| s.retention.keep()).min();
+        let horizon = self
+            .sources
+            .iter()
+            .map(|s| s.retention.retry_horizon())
+            .min();
+        Ok(match (keep, horizon) {
+            (Some(keep), Some(horizon)) => Retention::new(keep, horizon)?,
+            _ => Retention::default(),
+        })
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    sources: BTreeMap<String, RawSource>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<String>,
+    admin_listen: Option<String>,
+    database: Option<String>,
+    body_limit: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSource {
+    scheme: String,
+    #[serde(default)]
+    secrets: Vec<String>,
+    tolerance: Option<String>,
+    retry_horizon: Option<String>,
+    retention: Option<String>,
+    target: String,
+    deliver_for: Option<String>,
+    target_secret: Option<String>,
+    id: Option<String>,
+    signature_header: Option<String>,
+}
+
+const SERVER_KEYS: [&str; 4] = ["listen", "admin_listen", "database", "body_limit"];
+const SOURCE_KEYS: [&str; 10] = [
+    "scheme",
+    "secrets",
+    "tolerance",
+    "retry_horizon",
+    "retention",
+    "target",
+    "deliver_for",
+    "target_secret",
+    "id",
+    "signature_header",
+];
+
+/// Reads `path` (absent is fine: every value has a default or comes from the environment),
+/// applies `JUSTONCE_*` overrides from `env`, and validates.
+pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not valid TOML", path.display()))?;
+    apply_env(&mut table, env);
+    let raw: RawConfig = table
+        .try_into()
+        .with_context(|| format!("in {}", path.display()))?;
+    validate(raw, env)
+}
+
+/// `JUSTONCE_SERVER_<KEY>` and `JUSTONCE_SOURCES_<SOURCE>_<KEY>` (upper case, `-` as `_`)
+/// override the file. `secrets` takes a comma-separated list.
+fn apply_env(table: &mut toml::Table, env: &dyn Fn(&str) -> Option<String>) {
+    let variable = |path: &[&str]| {
+        format!("JUSTONCE_{}", path.join("_"))
+            .to_uppercase()
+            .replace('-', "_")
+    };
+    let server = table
+        .entry("server")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let Some(server) = server.as_table_mut() {
+        for key in SERVER_KEYS {
+            if let Some(value) = env(&variable(&["server", key])) {
+                server.insert(key.to_owned(), toml::Value::String(value));
+            }
+        }
+    }
+    let Some(sources) = table.get_mut("sources").and_then(|s| s.as_table_mut()) else {
+        return;
+    };
+    for (name, source) in sources.iter_mut() {
+        let Some(source) = source.as_table_mut() else {
+            continue;
+        };
+        for key in SOURCE_KEYS {
+            let Some(value) = env(&variable(&["sources", name, key])) else {
+                continue;
+            };
+            let value = if key == "secrets" {
+                toml::Value::Array(
+                    value
+                        .split(',')
+                        .map(|s| toml::Value::String(s.trim().to_owned()))
+                        .collect(),
+                )
+            } else {
+                toml::Value::String(value)
+            };
+            source.insert(key.to_owned(), value);
+        }
+    }
+}
+
+fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
+    let server = raw.server;
+    let address = |value: Option<String>, default: &str, what: &str| -> Result<SocketAddr> {
+        let value = value.unwrap_or_else(|| default.to_owned());
+        value.parse().map_err(|_| {
+            anyhow!("server.{what} {value:?} is not an address such as 127.0.0.1:8080")
+        })
+    };
+    let database = server
+        .database
+        .unwrap_or_else(|| "sqlite://justonce.db".to_owned());
+    if !["sqlite:", "postgres:", "postgresql:"]
+        .iter()
+        .any(|scheme| database.starts_with(scheme))
+    {
+        bail!("server.database must be a sqlite:// or postgres:// URL");
+    }
+    let body_limit =
+        parse_size(server.body_limit.as_deref().unwrap_or("1MiB")).context("server.body_limit")?;
+    let sources = raw
+        .sources
+        .into_iter()
+        .map(|(name, source)| {
+            validate_source(&name, source, env).with_context(|| format!("sources.{name}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Settings {
+        listen: address(server.listen, "127.0.0.1:8080", "listen")?,
+        admin_listen: address(server.admin_listen, "127.0.0.1:9090", "admin_listen")?,
+        database,
+        body_limit,
+        sources,
+    })
+}
+
+fn validate_source(
+    name: &str,
+    raw: RawSource,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<SourceSettings> {
+    let duration = |value: Option<&str>, default: &str, what: &str| {
+        parse_duration(value.unwrap_or(default)).with_context(|| what.to_owned())
+    };
+    let tolerance = duration(raw.tolerance.as_deref(), "5m", "tolerance")?;
+    let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
+    let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
+    let retention = Retention::new(keep, retry_horizon)?;
+    let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
+    let secrets = raw
+        .secrets
+        .iter()
+        .map(|reference| resolve_secret(reference, env))
+        .collect::<Result<Vec<_>>>()?;
+    let needs_secrets = raw.scheme != "none";
+    if needs_secrets && secrets.is_empty() {
+        bail!("scheme {} needs at least one secret", raw.scheme);
+    }
+    let as_bytes = || {
+        secrets
+            .iter()
+            .map(|s| s.as_bytes().to_vec())
+            .collect::<Vec<_>>()
+    };
+    let (scheme, default_id) = match raw.scheme.as_str() {
+        "standard-webhooks" => (
+            Scheme::standard_webhooks(&secrets, tolerance)?,
+            Some("header:webhook-id"),
+        ),
+        "stripe" => (
+            Scheme::Stripe {
+                secrets: as_bytes(),
+                tolerance,
+            },
+            Some("json:/id"),
+        ),
+        "github" => (
+            Scheme::Github {
+                secrets: as_bytes(),
+            },
+            Some("header:X-GitHub-Delivery"),
+        ),
+        "hmac-sha256" => (
+            Scheme::HmacSha256 {
+                secrets: as_bytes(),
+                header: raw
+                    .signature_header
+                    .clone()
+                    .unwrap_or_else(|| "X-Signature".to_owned())
+                    .to_ascii_lowercase(),
+            },
+            None,
+        ),
+        "none" => (Scheme::None, None),
+        other => bail!(
+            "scheme {other:?} is not one of standard-webhooks, stripe, github, hmac-sha256, none"
+        ),
+    };
+    let id = raw.id.as_deref().or(default_id).ok_or_else(|| {
+        anyhow!(
+            "scheme {} needs id = \"header:NAME\" or \"json:/POINTER\"",
+            raw.scheme
+        )
+    })?;
+    let id = match id.split_once(':') {
+        Some(("header", header)) => IdLocation::Header(
+            header
+                .parse()
+                .map_err(|_| anyhow!("id header {header:?} is not a header name"))?,
+        ),
+        Some(("json", pointer)) if pointer.starts_with('/') => IdLocation::Json(pointer.to_owned()),
+        _ => bail!("id {id:?} must be \"header:NAME\" or \"json:/POINTER\""),
+    };
+    let target_secret = raw
+        .target_secret
+        .as_deref()
+        .map(|reference| resolve_secret(reference, env))
+        .transpose()?;
+    Ok(SourceSettings {
+        name: name.to_owned(),
+        scheme,
+        id,
+        retention,
+        target: raw.target,
+        target_secret,
+        deliver_for,
+    })
+}
+
+/// Secrets are references to environment variables (`env:NAME`), so that the file holds
+/// none and no log prints one.
+fn resolve_secret(reference: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String> {
+    let Some(variable) = reference.strip_prefix("env:") else {
+        bail!("secrets are written env:VARIABLE, not given in the file");
+    };
+    env(variable).ok_or_else(|| anyhow!("the environment variable {variable} is not set"))
+}
+
+/// `90s`, `5m`, `36h`, `7d`, `500ms`.
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| anyhow!("{text:?} needs a unit: ms, s, m, h or d"))?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| anyhow!("{text:?} is not a duration such as 5m or 3d"))?;
+    let seconds = match unit {
+        "ms" => return Ok(Duration::from_millis(number)),
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => bail!("{text:?} has an unknown unit: use ms, s, m, h or d"),
+    };
+    Ok(Duration::from_secs(number.saturating_mul(seconds)))
+}
+
+/// `1048576`, `512KiB`, `1MiB`, `2MB`.
+pub fn parse_size(text: &str) -> Result<usize> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number
+        .parse()
+        .map_err(|_| anyhow!("{text:?} is not a size such as 1MiB"))?;
+    let unit_bytes = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "KiB" => 1 << 10,
+        "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        _ => bail!("{text:?} has an unknown unit: use B, KiB, MiB, GiB, KB, MB or GB"),
+    };
+    number
+        .checked_mul(unit_bytes)
+        .ok_or_else(|| anyhow!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn load_text(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
+        let dir = std::env::temp_dir().join(format!("justonce-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!(
+            "{:x}.toml",
+            text.len() * 31 + text.bytes().map(usize::from).sum::<usize>()
+        ));
+        std::fs::write(&path, text).unwrap();
+        let settings = load(&path, env);
+        let _ = std::fs::remove_file(path);
+        settings
+    }
+
+    const SHOP: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+body_limit = "64KiB"
+
+[sources.shop]
+scheme = "standard-webhooks"
+secrets = ["env:SHOP_SECRET"]
+target = "http://127.0.0.1:9000/hooks/shop"
+"#;
+
+    #[test]
+    fn a_file_with_defaults_and_overrides() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_LISTEN", "127.0.0.1:18080"),
+            ("JUSTONCE_SOURCES_SHOP_RETENTION", "10d"),
+        ]);
+        let settings = load_text(SHOP, &env).unwrap();
+        assert_eq!(settings.listen, "127.0.0.1:18080".parse().unwrap());
+        assert_eq!(settings.admin_listen, "127.0.0.1:9090".parse().unwrap());
+        assert_eq!(settings.database, "sqlite://justonce.db");
+        assert_eq!(settings.body_limit, 64 * 1024);
+        let shop = &settings.sources[0];
+        assert_eq!(shop.retention.keep(), Duration::from_secs(10 * 86_400));
+        assert!(matches!(&shop.id, IdLocation::Header(h) if h == "webhook-id"));
+        assert_eq!(shop.deliver_for, Duration::from_secs(3 * 86_400));
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+        let cases = [
+            (SHOP.replace("listen =", "lisen ="), "lisen"),
+            (
+                SHOP.replace("env:SHOP_SECRET", "whsec_inline"),
+                "env:VARIABLE",
+            ),
+            (
+                SHOP.replace("SHOP_SECRET", "MISSING_SECRET"),
+                "MISSING_SECRET",
+            ),
+            (SHOP.replace("standard-webhooks", "magic"), "magic"),
+            (format!("{SHOP}retention = \"1d\"\n"), "retry horizon"),
+            (SHOP.replace("64KiB", "64 parsecs"), "body_limit"),
+            (format!("{SHOP}tolerance = \"5\"\n"), "unit"),
+            (SHOP.replace("standard-webhooks", "hmac-sha256"), "id ="),
+        ];
+        for (text, expected) in cases {
+            let error = format!("{:#}", load_text(&text, &env).unwrap_err());
+            assert!(error.contains(expected), "{expected:?} not in {error:?}");
+            assert!(!error.contains("c2VjcmV0"), "a secret was printed: {error}");
+        }
+    }
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("3d").unwrap(), Duration::from_secs(259_200));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("3 weeks").is_err());
+        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("1000").unwrap(), 1000);
+        assert!(parse_size("-1").is_err());
+    }
+}

@@ -1,0 +1,112 @@
+//! `justonce`: the service that receives webhooks, stores each event once, answers 2xx and
+//! delivers it with its own key; and the commands that look after its database.
+//!
+//! Exit codes: 0 on success, 2 on bad usage or configuration, 1 on failure.
+
+mod commands;
+mod config;
+mod serve;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Receives webhooks, stores each event once, answers 2xx fast, and delivers it once in
+/// effect.
+#[derive(Parser)]
+#[command(name = "justonce", version)]
+struct Cli {
+    /// The configuration file; every value can be overridden by a JUSTONCE_* variable.
+    #[arg(
+        long,
+        global = true,
+        env = "JUSTONCE_CONFIG",
+        default_value = "justonce.toml"
+    )]
+    config: PathBuf,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Receive webhooks on the public listener and deliver them to their targets.
+    Serve,
+    /// Create or update the database tables.
+    Migrate,
+    /// Check the configuration and the database, then exit.
+    Check,
+    /// Delete keys past each source's retention, and sent deliveries past it too.
+    Purge {
+        /// Rows deleted per statement.
+        #[arg(long, default_value_t = 1_000)]
+        batch_size: u32,
+    },
+    /// Count keys and deliveries: sent, due and dead.
+    Stats,
+    /// Look after deliveries that were dead-lettered.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List dead letters, oldest first.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one delivery with its body and last error.
+    Show {
+        /// The delivery's id.
+        id: i64,
+    },
+    /// Put dead letters back to be delivered again, with the same key.
+    Replay {
+        /// The delivery's id.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<i64>,
+        /// Every dead letter.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Delete every dead letter.
+    Purge,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let settings = match config::load(&cli.config, &|name| std::env::var(name).ok()) {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("justonce: {error:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("justonce: cannot start: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(settings, cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("justonce: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! `justonce serve`: the public receiver, the admin listener and the relay, until SIGTERM.
+
+use crate::config::Settings;
+use anyhow::{Context, Result};
+use justonce_http::HttpDestination;
+use justonce_http::receiver::{self, Source};
+use justonce_sql::{Backend, Inbox};
+use tokio::sync::watch;
+
+pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
+    let mut sources = Vec::new();
+    let mut relay = inbox.outbox().relay();
+    for source in &settings.sources {
+        sources.push(Source::new(
+            &source.name,
+            source.scheme.clone(),
+            source.id.clone(),
+        )?);
+        let mut destination = HttpDestination::new(&source.target)
+            .with_context(|| format!("sources.{}.target", source.name))?;
+        if let Some(secret) = &source.target_secret {
+            destination = destination.signed_with(secret)?;
+        }
+        relay = relay.destination_for(source.name.as_str(), destination, source.deliver_for);
+    }
+    let public = receiver::router(&inbox, sources, settings.body_limit);
+    let admin = receiver::health_router(&inbox);
+
+    let (stop, stopping) = watch::channel(false);
+    let stopped = move || {
+        let mut stopping = stopping.clone();
+        async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+        }
+    };
+    let public_listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("listening on {}", settings.listen))?;
+    let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen)
+        .await
+        .with_context(|| format!("listening on {}", settings.admin_listen))?;
+    tracing::info!(
+        listen = %settings.listen,
+        admin = %settings.admin_listen,
+        sources = settings.sources.len(),
+        "serving"
+    );
+    let public = axum::serve(public_listener, public).with_graceful_shutdown(stopped());
+    let admin = axum::serve(admin_listener, admin).with_graceful_shutdown(stopped());
+    let relaying = relay.run(stopped());
+    let signal = async move {
+        shutdown_signal().await;
+        tracing::info!("stopping: finishing requests in flight");
+        let _ = stop.send(true);
+    };
+    let (public, admin, relayed, ()) = tokio::join!(public, admin, relaying, signal);
+    public.context("public listener")?;
+    admin.context("admin listener")?;
+    relayed.context("relay")?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}

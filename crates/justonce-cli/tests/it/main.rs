@@ -1,0 +1,4 @@
+//! The `justonce` binary end to end: real HTTP on loopback, real databases, a real receiver
+//! of the deliveries, and a server killed with SIGKILL.
+
+mod serve;

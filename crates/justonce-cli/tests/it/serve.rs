@@ -1,0 +1,354 @@
+use hmac::Mac;
+use justonce_tests::{Sink, TestBackend, TestDb, postgres_url};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+const SECRET: &str = "demo secret";
+
+macro_rules! on_every_database {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test::<justonce_sql::sqlx::Sqlite>(stringify!($test)).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test::<justonce_sql::sqlx::Postgres>(stringify!($test)).await
+                }
+            )*
+        }
+    };
+}
+
+on_every_database!(
+    every_event_posted_twice_is_delivered_once_per_key,
+    a_server_killed_twenty_times_loses_no_acknowledged_event,
+);
+
+/// A `justonce serve` with its own config file, database and free ports.
+struct Server {
+    config: PathBuf,
+    public: String,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    fn configure(database: &str, target: &str) -> Self {
+        let (public, admin) = (free_port(), free_port());
+        let config = std::env::temp_dir().join(format!("justonce-{public}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[server]
+listen = "127.0.0.1:{public}"
+admin_listen = "127.0.0.1:{admin}"
+database = "{database}"
+body_limit = "64KiB"
+
+[sources.demo]
+scheme = "hmac-sha256"
+secrets = ["env:DEMO_SECRET"]
+id = "json:/id"
+target = "{target}"
+"#
+            ),
+        )
+        .unwrap();
+        Self {
+            config,
+            public: format!("http://127.0.0.1:{public}"),
+            child: None,
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_justonce"));
+        command
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env("DEMO_SECRET", SECRET)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        command
+    }
+
+    /// Starts `serve` and waits until it answers.
+    async fn start(&mut self) {
+        self.child = Some(self.command(&["serve"]).spawn().expect("start justonce"));
+        let client = client();
+        for _ in 0..200 {
+            let health = client.get(format!("{}/healthz", self.public)).send().await;
+            if health.is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("justonce serve did not come up");
+    }
+
+    async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.unwrap();
+        }
+    }
+
+    async fn stop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let pid = child.id().unwrap().to_string();
+            let status = std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap();
+            assert!(status.success());
+            let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+                .await
+                .expect("serve did not stop on SIGTERM")
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "serve exited with {:?}",
+                output.status
+            );
+        }
+    }
+
+    async fn run(&self, args: &[&str]) -> (i32, String) {
+        let output = self.command(args).output().await.unwrap();
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// A plain HTTP client; the TLS provider is installed only because reqwest asks for one.
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+fn signature(body: &str) -> String {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let hex: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256={hex}")
+}
+
+/// Posts one event; returns the status and the answer's `status` field.
+async fn post(
+    client: &reqwest::Client,
+    server: &str,
+    body: &str,
+) -> Result<(u16, String), reqwest::Error> {
+    let response = client
+        .post(format!("{server}/webhooks/demo"))
+        .header("content-type", "application/json")
+        .header("x-signature", signature(body))
+        .body(body.to_owned())
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let text = response.text().await?;
+    let answer = text
+        .split("\"status\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_default()
+        .to_owned();
+    Ok((status, answer))
+}
+
+/// The database URL a server of this test uses, and the database to clean up after.
+async fn database<DB: TestBackend>(test: &str) -> (TestDb<DB>, String) {
+    let db = TestDb::<DB>::new(test).await;
+    // The server uses the default table prefix; on PostgreSQL give it a schema of its own.
+    let url = if DB::NAME == "SQLite" {
+        db.url.clone()
+    } else {
+        let schema = db.prefix.trim_end_matches('_').to_owned();
+        DB::execute(db.inbox.pool(), format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        format!("{}?options=-c%20search_path%3D{schema}", postgres_url())
+    };
+    (db, url)
+}
+
+async fn drop_database<DB: TestBackend>(db: TestDb<DB>) {
+    if DB::NAME != "SQLite" {
+        let schema = db.prefix.trim_end_matches('_').to_owned();
+        DB::execute(db.inbox.pool(), format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    }
+    db.cleanup().await;
+}
+
+/// Waits until the sink has seen `keys` distinct keys.
+async fn await_keys(sink: &Sink, keys: usize) -> HashMap<String, Vec<Vec<u8>>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut by_key: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
+        for request in sink.received() {
+            by_key
+                .entry(request.key.unwrap_or_default())
+                .or_default()
+                .push(request.body);
+        }
+        if by_key.len() >= keys || tokio::time::Instant::now() > deadline {
+            return by_key;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn every_event_posted_twice_is_delivered_once_per_key<DB: TestBackend>(test: &str) {
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let mut server = Server::configure(&url, &sink.url());
+    server.start().await;
+    let client = client();
+    for n in 0..200 {
+        let body = format!(r#"{{"id":"evt_{n}","n":{n}}}"#);
+        assert_eq!(
+            post(&client, &server.public, &body).await.unwrap(),
+            (200, "accepted".into())
+        );
+        assert_eq!(
+            post(&client, &server.public, &body).await.unwrap(),
+            (200, "duplicate".into())
+        );
+    }
+    // 100 events, each posted by 8 clients at once.
+    let mut racing = Vec::new();
+    for n in 200..300 {
+        for _ in 0..8 {
+            let (client, public) = (client.clone(), server.public.clone());
+            racing.push(tokio::spawn(async move {
+                post(&client, &public, &format!(r#"{{"id":"evt_{n}","n":{n}}}"#))
+                    .await
+                    .unwrap()
+            }));
+        }
+    }
+    let mut accepted = 0;
+    for answer in racing {
+        let (status, answer) = answer.await.unwrap();
+        assert_eq!(status, 200);
+        accepted += usize::from(answer == "accepted");
+    }
+    assert_eq!(accepted, 100);
+
+    let by_key = await_keys(&sink, 300).await;
+    assert_eq!(by_key.len(), 300);
+    for n in 0..300 {
+        let bodies = &by_key[&format!("demo:evt_{n}")];
+        assert_eq!(
+            bodies[0],
+            format!(r#"{{"id":"evt_{n}","n":{n}}}"#).into_bytes()
+        );
+        assert!(bodies.iter().all(|b| *b == bodies[0]));
+    }
+    let (code, stats) = server.run(&["stats"]).await;
+    assert_eq!(
+        (code, stats.trim()),
+        (0, "deliveries: 300 sent, 0 due, 0 dead")
+    );
+    server.stop().await;
+    drop_database(db).await;
+}
+
+async fn a_server_killed_twenty_times_loses_no_acknowledged_event<DB: TestBackend>(test: &str) {
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let mut server = Server::configure(&url, &sink.url());
+    let events = 1_000;
+    let client = client();
+    let mut next = 0;
+    for round in 0..20 {
+        server.start().await;
+        // A sender that retries each event until it gets a 2xx, while the server is killed.
+        let until = tokio::time::Instant::now() + Duration::from_millis(50 + 20 * round);
+        while next < events && tokio::time::Instant::now() < until {
+            let body = format!(r#"{{"id":"evt_{next}","n":{next}}}"#);
+            if matches!(post(&client, &server.public, &body).await, Ok((200, _))) {
+                next += 1;
+            }
+        }
+        server.kill().await;
+    }
+    server.start().await;
+    while next < events {
+        let body = format!(r#"{{"id":"evt_{next}","n":{next}}}"#);
+        if matches!(post(&client, &server.public, &body).await, Ok((200, _))) {
+            next += 1;
+        }
+    }
+    let by_key = await_keys(&sink, events).await;
+    assert_eq!(
+        by_key.len(),
+        events,
+        "every acknowledged event reaches the receiver"
+    );
+    assert!(
+        by_key
+            .values()
+            .all(|bodies| bodies.iter().all(|b| *b == bodies[0])),
+        "a key reached the receiver with two bodies"
+    );
+    server.stop().await;
+    drop_database(db).await;
+}
+
+#[tokio::test]
+async fn bad_configuration_exits_2_and_names_the_problem() {
+    let server = Server::configure("mysql://nowhere", "http://127.0.0.1:1/x");
+    let output = server
+        .command(&["check"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("server.database"));
+    let output = server
+        .command(&["dlq", "replay"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "usage errors exit 2");
+}
