@@ -504,6 +504,30 @@ pub(crate) fn vanished(identity: &Identity) -> Error {
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! shared_queries {
     () => {
+        async fn claim<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a Statements,
+            row: ClaimRow<'a>,
+        ) -> Result<Stored, Error> {
+            let id = row.identity;
+            let holder: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.claim.clone()))
+                .bind(id.scope.as_str())
+                .bind(id.consumer.as_str())
+                .bind(id.key.as_str())
+                .bind(row.fingerprint.as_bytes().as_slice())
+                .bind(row.claim_id)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(database_error::<Self>)?;
+            match holder {
+                Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
+                // No row: a holder committed after the statement's snapshot was taken
+                // (PostgreSQL), or the insert found the key taken (SQLite, whose write lock
+                // keeps the holder in place). Read it now.
+                None => Self::find(conn, sql, id).await?.ok_or_else(|| vanished(id)),
+            }
+        }
+
         async fn find<'a>(
             conn: &'a mut Self::Connection,
             sql: &'a Statements,

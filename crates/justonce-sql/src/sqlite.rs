@@ -156,28 +156,6 @@ impl Backend for Sqlite {
             .map_err(database_error::<Self>)
     }
 
-    async fn claim<'a>(
-        conn: &'a mut Self::Connection,
-        sql: &'a Statements,
-        row: ClaimRow<'a>,
-    ) -> Result<Stored, Error> {
-        let id = row.identity;
-        let inserted: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.claim.clone()))
-            .bind(id.scope.as_str())
-            .bind(id.consumer.as_str())
-            .bind(id.key.as_str())
-            .bind(row.fingerprint.as_bytes().as_slice())
-            .bind(row.claim_id)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(database_error::<Self>)?;
-        match inserted {
-            Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
-            // The writer's lock keeps the holder in place between the two statements.
-            None => Self::find(conn, sql, id).await?.ok_or_else(|| vanished(id)),
-        }
-    }
-
     async fn insert_many<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
