@@ -2,9 +2,13 @@
 
 use crate::config::Settings;
 use anyhow::{Context, Result};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use justonce_http::HttpDestination;
 use justonce_http::receiver::{self, Source};
-use justonce_sql::{Backend, Inbox};
+use justonce_sql::{Backend, Inbox, Outbox};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::sync::watch;
 
 pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
@@ -24,7 +28,14 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         relay = relay.destination_for(source.name.as_str(), destination, source.deliver_for);
     }
     let public = receiver::router(&inbox, sources, settings.body_limit);
-    let admin = receiver::health_router(&inbox);
+    let prometheus = PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let outbox = inbox.outbox();
+    let admin = receiver::health_router(&inbox).route(
+        "/metrics",
+        get(move || metrics_page(prometheus.clone(), outbox.clone())),
+    );
 
     let (stop, stopping) = watch::channel(false);
     let stopped = move || {
@@ -58,6 +69,24 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     admin.context("admin listener")?;
     relayed.context("relay")?;
     Ok(())
+}
+
+/// Prometheus text: the counters the receiver and the relay keep, and the outbox's state
+/// read at scrape time.
+async fn metrics_page<DB: Backend>(prometheus: PrometheusHandle, outbox: Outbox<DB>) -> Response {
+    match outbox.stats().await {
+        Ok(stats) => {
+            metrics::gauge!("justonce_deliveries_due").set(stats.due as f64);
+            metrics::gauge!("justonce_dead_letters").set(stats.dead as f64);
+            metrics::gauge!("justonce_oldest_due_age_seconds").set(stats.oldest_due.as_secs_f64());
+        }
+        Err(error) => tracing::warn!(%error, "outbox state not read for /metrics"),
+    }
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4")],
+        prometheus.render(),
+    )
+        .into_response()
 }
 
 async fn shutdown_signal() {

@@ -96,12 +96,12 @@ pub trait Backend: sqlx::Database + Sealed {
         stream: &'a str,
     ) -> impl Future<Output = Result<Vec<(i32, Offset)>, Error>> + Send + 'a;
 
-    /// How many outbox rows are sent, due and dead.
+    /// How many outbox rows are sent, due and dead, and the age of the oldest due one.
     #[doc(hidden)]
     fn outbox_stats<'a>(
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Statements,
-    ) -> impl Future<Output = Result<(i64, i64, i64), Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<(i64, i64, i64, i64), Error>> + Send + 'a;
 
     /// What wakes a waiting relay when a row is committed: notifications on PostgreSQL,
     /// nothing on SQLite (the relay polls).
@@ -285,8 +285,10 @@ impl Statements {
                 "SELECT
                     count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
                     count(CASE WHEN sent_at IS NULL AND NOT dead THEN 1 END),
-                    count(CASE WHEN dead THEN 1 END)
-                 FROM {outbox}"
+                    count(CASE WHEN dead THEN 1 END),
+                    coalesce(max(CASE WHEN sent_at IS NULL AND NOT dead THEN {} END), 0)
+                 FROM {outbox}",
+                (clock.age_ms)("created_at")
             )),
         }
     }
@@ -640,7 +642,7 @@ macro_rules! shared_queries {
         async fn outbox_stats<'a>(
             pool: &'a sqlx::Pool<Self>,
             sql: &'a Statements,
-        ) -> Result<(i64, i64, i64), Error> {
+        ) -> Result<(i64, i64, i64, i64), Error> {
             sqlx::query_as(AssertSqlSafe(sql.outbox_stats.clone()))
                 .fetch_one(pool)
                 .await

@@ -105,6 +105,8 @@ pub struct OutboxStats {
     pub due: i64,
     /// Dead letters.
     pub dead: i64,
+    /// How long the oldest due row has waited since it was written; zero when none is due.
+    pub oldest_due: Duration,
 }
 
 /// The outbox of one store: dead letters and clean-up. Made by [`crate::Inbox::outbox`].
@@ -164,10 +166,16 @@ impl<DB: Backend> Outbox<DB> {
         .await
     }
 
-    /// How many rows are sent, due and dead.
+    /// How many rows are sent, due and dead, and how long the oldest due row has waited.
     pub async fn stats(&self) -> Result<OutboxStats, Error> {
-        let (sent, due, dead) = DB::outbox_stats(&self.shared.pool, &self.shared.sql).await?;
-        Ok(OutboxStats { sent, due, dead })
+        let (sent, due, dead, oldest_due_ms) =
+            DB::outbox_stats(&self.shared.pool, &self.shared.sql).await?;
+        Ok(OutboxStats {
+            sent,
+            due,
+            dead,
+            oldest_due: Duration::from_millis(oldest_due_ms.max(0).unsigned_abs()),
+        })
     }
 
     pub(crate) async fn change(&self, change: Change<'_>) -> Result<u64, Error> {

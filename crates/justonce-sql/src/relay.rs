@@ -192,6 +192,16 @@ impl<DB: Backend> Relay<DB> {
                 }
             }
         }
+        for (outcome, count) in [
+            ("sent", round.sent),
+            ("retried", round.retried),
+            ("dead", round.dead),
+        ] {
+            if count > 0 {
+                metrics::counter!("justonce_deliveries_total", "outcome" => outcome)
+                    .increment(count as u64);
+            }
+        }
         Ok(round)
     }
 

@@ -38,6 +38,7 @@ on_every_database!(
 struct Server {
     config: PathBuf,
     public: String,
+    admin: String,
     child: Option<Child>,
 }
 
@@ -75,6 +76,7 @@ target = "{target}"
         Self {
             config,
             public: format!("http://127.0.0.1:{public}"),
+            admin: format!("http://127.0.0.1:{admin}"),
             child: None,
         }
     }

@@ -103,6 +103,7 @@ async fn receive<DB: Backend>(
     request: Request,
 ) -> Response {
     let Some((source, inbox)) = state.sources.get(&name) else {
+        count("", "unknown_source");
         return problem(
             StatusCode::NOT_FOUND,
             "unknown source",
@@ -112,9 +113,13 @@ async fn receive<DB: Backend>(
     let (parts, body) = request.into_parts();
     let body = match read_limited(&parts.headers, body, state.body_limit).await {
         Ok(body) => body,
-        Err(response) => return response,
+        Err(response) => {
+            count(&source.name, "rejected_body");
+            return response;
+        }
     };
     if source.scheme.verify(&parts.headers, &body).is_err() {
+        count(&source.name, "rejected_signature");
         return problem(
             StatusCode::UNAUTHORIZED,
             "signature rejected",
@@ -123,11 +128,15 @@ async fn receive<DB: Backend>(
     }
     let id = match event_id(&source.id, &parts.headers, &body) {
         Ok(id) => id,
-        Err(detail) => return problem(StatusCode::BAD_REQUEST, "no event id", detail),
+        Err(detail) => {
+            count(&source.name, "rejected_id");
+            return problem(StatusCode::BAD_REQUEST, "no event id", detail);
+        }
     };
     let key = match Key::new(format!("{}:{id}", source.name)) {
         Ok(key) => key,
         Err(error) => {
+            count(&source.name, "rejected_id");
             return problem(
                 StatusCode::BAD_REQUEST,
                 "unusable event id",
@@ -156,6 +165,7 @@ async fn receive<DB: Backend>(
             "key_reused"
         }
         Err(error) => {
+            count(&source.name, "unavailable");
             tracing::error!(%key, %error, "webhook not stored");
             let mut response = problem(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -168,6 +178,7 @@ async fn receive<DB: Backend>(
             return response;
         }
     };
+    count(&source.name, status);
     let body = serde_json::json!({ "status": status, "key": key.as_str() });
     ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
@@ -239,6 +250,12 @@ fn event_id(location: &IdLocation, headers: &HeaderMap, body: &[u8]) -> Result<S
             }
         }
     }
+}
+
+/// Counts one request of `source` by what became of it.
+fn count(source: &str, outcome: &'static str) {
+    metrics::counter!("justonce_webhooks_total", "source" => source.to_owned(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// An `application/problem+json` answer (RFC 9457).
