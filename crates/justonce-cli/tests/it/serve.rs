@@ -289,6 +289,35 @@ async fn every_event_posted_twice_is_delivered_once_per_key<DB: TestBackend>(tes
         (code, stats.trim()),
         (0, "deliveries: 300 sent, 0 due, 0 dead")
     );
+    let metrics = client
+        .get(format!("{}/metrics", server.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"justonce_webhooks_total{source="demo",outcome="accepted"} 300"#,
+        r#"justonce_webhooks_total{source="demo",outcome="duplicate"} 900"#,
+        r#"justonce_deliveries_total{outcome="sent"} 300"#,
+        "justonce_deliveries_due 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line:?} not in\n{metrics}"
+        );
+    }
+    let public_metrics = client
+        .get(format!("{}/metrics", server.public))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        public_metrics.status(),
+        404,
+        "metrics are for the admin listener only"
+    );
     server.stop().await;
     drop_database(db).await;
 }
