@@ -227,7 +227,8 @@ impl Statements {
             // chosen by due time, never by a cursor over ids, so a row committed after a
             // higher-numbered one is not skipped.
             take_due: text(format!(
-                "UPDATE {outbox} SET next_attempt_at = {}, attempts = attempts + 1
+                "UPDATE {outbox}
+                 SET next_attempt_at = {}, attempts = attempts + 1, lease_token = $3
                  WHERE id IN (
                     SELECT id FROM {outbox}
                     WHERE sent_at IS NULL AND NOT dead AND next_attempt_at <= {now}
@@ -242,23 +243,29 @@ impl Statements {
             dead_letters: text(format!(
                 "SELECT {columns} FROM {outbox} WHERE dead ORDER BY id LIMIT $1"
             )),
+            // A receiver took the row: that is true whoever holds the lease now, and it
+            // outranks another relay's dead-lettering.
             mark_sent: text(format!(
-                "UPDATE {outbox} SET sent_at = {now}, last_error = NULL WHERE id = $1"
+                "UPDATE {outbox} SET sent_at = {now}, dead = FALSE, last_error = NULL
+                 WHERE id = $1"
             )),
-            // A row another relay sent meanwhile stays sent.
+            // Failures are recorded only by the relay that holds the lease: one whose lease
+            // ran out must not cut short the new holder's attempt.
             mark_retry: text(format!(
                 "UPDATE {outbox} SET next_attempt_at = {}, last_error = $3
-                 WHERE id = $1 AND sent_at IS NULL",
+                 WHERE id = $1 AND lease_token = $4 AND sent_at IS NULL AND NOT dead",
                 (clock.later_by)("$2")
             )),
             mark_dead: text(format!(
                 "UPDATE {outbox} SET dead = TRUE, last_error = $2
-                 WHERE id = $1 AND sent_at IS NULL"
+                 WHERE id = $1 AND lease_token = $3 AND sent_at IS NULL AND NOT dead"
             )),
+            // A replay starts a new delivery window.
             replay: text(format!(
                 "UPDATE {outbox}
-                 SET dead = FALSE, attempts = 0, next_attempt_at = {now}, last_error = NULL
-                 WHERE dead AND ($1 IS NULL OR id = $1)"
+                 SET dead = FALSE, attempts = 0, next_attempt_at = {now}, created_at = {now},
+                     last_error = NULL
+                 WHERE dead AND sent_at IS NULL AND ($1 IS NULL OR id = $1)"
             )),
             purge_dead: text(format!("DELETE FROM {outbox} WHERE dead")),
             purge_sent: text(format!(
@@ -406,8 +413,13 @@ impl From<OutboxTuple> for OutboxRow {
 
 /// Which outbox rows to read.
 pub enum Which {
-    /// Due rows, at most `limit`, hidden for `lease_ms` and counted as one more attempt.
-    Due { lease_ms: i64, limit: i64 },
+    /// Due rows, at most `limit`, hidden for `lease_ms` under `token` and counted as one
+    /// more attempt.
+    Due {
+        lease_ms: i64,
+        limit: i64,
+        token: i64,
+    },
     /// One row.
     Id(i64),
     /// Dead letters, oldest first.
@@ -428,10 +440,12 @@ pub enum Change<'a> {
         id: i64,
         after_ms: i64,
         reason: &'a str,
+        token: i64,
     },
     MarkDead {
         id: i64,
         reason: &'a str,
+        token: i64,
     },
     /// Every dead letter when `id` is `None`.
     Replay {
@@ -459,6 +473,14 @@ pub struct Wakeups {
 }
 
 impl Wakeups {
+    /// No notifications: the caller polls.
+    pub(crate) fn none() -> Self {
+        Self {
+            #[cfg(feature = "postgres")]
+            listener: None,
+        }
+    }
+
     /// Resolves on a notification; never, where there are none (the caller polls too).
     pub(crate) async fn wait(&mut self) {
         #[cfg(feature = "postgres")]
@@ -566,11 +588,15 @@ macro_rules! shared_queries {
                     id,
                     after_ms,
                     reason,
+                    token,
                 } => statement(&sql.mark_retry)
                     .bind(id)
                     .bind(after_ms)
-                    .bind(reason),
-                Change::MarkDead { id, reason } => statement(&sql.mark_dead).bind(id).bind(reason),
+                    .bind(reason)
+                    .bind(token),
+                Change::MarkDead { id, reason, token } => {
+                    statement(&sql.mark_dead).bind(id).bind(reason).bind(token)
+                }
                 Change::Replay { id } => statement(&sql.replay).bind(id),
                 Change::PurgeDead => statement(&sql.purge_dead),
                 Change::PurgeSent {
@@ -605,11 +631,14 @@ macro_rules! shared_queries {
             which: Which,
         ) -> Result<Vec<OutboxRow>, Error> {
             let query = match which {
-                Which::Due { lease_ms, limit } => {
-                    sqlx::query_as(AssertSqlSafe(sql.take_due.clone()))
-                        .bind(lease_ms)
-                        .bind(limit)
-                }
+                Which::Due {
+                    lease_ms,
+                    limit,
+                    token,
+                } => sqlx::query_as(AssertSqlSafe(sql.take_due.clone()))
+                    .bind(lease_ms)
+                    .bind(limit)
+                    .bind(token),
                 Which::Id(id) => sqlx::query_as(AssertSqlSafe(sql.outbox_row.clone())).bind(id),
                 Which::DeadLetters { limit } => {
                     sqlx::query_as(AssertSqlSafe(sql.dead_letters.clone())).bind(limit)

@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS {prefix}outbox (
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
     sent_at timestamptz,
     last_error text,
+    lease_token bigint,
     dead boolean NOT NULL DEFAULT false
 );
 CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at, id)

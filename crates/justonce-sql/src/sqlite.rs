@@ -62,6 +62,7 @@ CREATE TABLE IF NOT EXISTS {prefix}outbox (
     next_attempt_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
     sent_at INTEGER,
     last_error TEXT,
+    lease_token INTEGER,
     dead BOOLEAN NOT NULL DEFAULT FALSE
 );
 CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at, id)
@@ -137,10 +138,7 @@ impl Backend for Sqlite {
         _pool: &'a sqlx::Pool<Self>,
         _tables: &'a Tables,
     ) -> Result<Wakeups, Error> {
-        Ok(Wakeups {
-            #[cfg(feature = "postgres")]
-            listener: None,
-        })
+        Ok(Wakeups::none())
     }
 
     async fn connect(url: &str) -> Result<sqlx::Pool<Self>, Error> {

@@ -55,6 +55,15 @@ pub trait TestBackend: Backend {
         key: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
+    /// The hand-written claim a benchmark compares with: the same insert justonce makes,
+    /// without justonce. Returns whether the key was new.
+    fn hand_claim<'a>(
+        conn: &'a mut Self::Connection,
+        prefix: &'a str,
+        key: &'a str,
+        fingerprint: &'a [u8],
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
     /// Runs one statement without arguments.
     fn execute<'a>(
         pool: &'a sqlx::Pool<Self>,
@@ -81,6 +90,23 @@ macro_rules! same_on_every_database {
             .execute(conn)
             .await
             .map(drop)
+        }
+
+        async fn hand_claim<'a>(
+            conn: &'a mut Self::Connection,
+            prefix: &'a str,
+            key: &'a str,
+            fingerprint: &'a [u8],
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {prefix}keys (scope, consumer, key, fingerprint, claim_id)
+                 VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING"
+            )))
+            .bind(key)
+            .bind(fingerprint)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
         }
 
         async fn age_key<'a>(

@@ -17,7 +17,7 @@ on_every_database!(
     the_relay_sends_each_row_with_its_derived_key,
     failures_are_retried_dead_lettered_and_replayed_with_the_same_key,
     retries_stop_after_the_last_attempt,
-    a_row_for_an_unknown_destination_is_dead_lettered,
+    a_row_for_an_unknown_destination_is_retried,
     sent_rows_are_purged_after_their_retention,
     offsets_never_move_backwards,
     a_killed_reader_resumes_at_its_stored_offset,
@@ -190,18 +190,30 @@ async fn retries_stop_after_the_last_attempt<DB: TestBackend>(test: &str) {
     db.cleanup().await;
 }
 
-async fn a_row_for_an_unknown_destination_is_dead_lettered<DB: TestBackend>(test: &str) {
+/// A row for a destination this relay does not know may be for one a newer configuration
+/// adds: it is retried, and dead-lettered only when its retries run out.
+async fn a_row_for_an_unknown_destination_is_retried<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let id = enqueue(&db.inbox, "evt_1", "lost").await;
     let outbox = db.inbox.outbox();
-    let round = outbox.relay().relay_once().await.unwrap();
-    assert_eq!(round.dead, 1);
+    assert_eq!(
+        outbox
+            .relay()
+            .options(eager())
+            .relay_once()
+            .await
+            .unwrap()
+            .retried,
+        1
+    );
     let row = outbox.get(id).await.unwrap().unwrap();
     assert!(
         row.last_error
             .unwrap()
             .contains("no destination named \"sink\"")
     );
+    let last_try = outbox.relay().options(eager().max_attempts(2));
+    assert_eq!(last_try.relay_once().await.unwrap().dead, 1);
     assert_eq!(outbox.purge_dead_letters().await.unwrap(), 1);
     assert!(outbox.get(id).await.unwrap().is_none());
     db.cleanup().await;
