@@ -2,7 +2,8 @@
 //! anything starts.
 
 use anyhow::{Context, Result, anyhow, bail};
-use justonce_http::receiver::{IdLocation, Scheme};
+use justonce_http::HttpDestination;
+use justonce_http::receiver::{IdLocation, Scheme, Source};
 use justonce_sql::Retention;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -10,8 +11,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-/// Everything `serve` and the other commands need, checked.
-#[derive(Debug)]
+/// Everything `serve` and the other commands need, checked. Not `Debug`: the database URL
+/// may hold a password.
 pub struct Settings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
@@ -20,15 +21,12 @@ pub struct Settings {
     pub sources: Vec<SourceSettings>,
 }
 
-/// One webhook sender and where its events go.
-#[derive(Debug)]
+/// One webhook sender and where its events go, built and checked.
 pub struct SourceSettings {
     pub name: String,
-    pub scheme: Scheme,
-    pub id: IdLocation,
+    pub source: Source,
     pub retention: Retention,
-    pub target: String,
-    pub target_secret: Option<String>,
+    pub destination: HttpDestination,
     pub deliver_for: Duration,
 }
 
@@ -201,7 +199,17 @@ fn validate_source(
     let duration = |value: Option<&str>, default: &str, what: &str| {
         parse_duration(value.unwrap_or(default)).with_context(|| what.to_owned())
     };
+    let signs_a_timestamp = matches!(raw.scheme.as_str(), "standard-webhooks" | "stripe");
+    if raw.tolerance.is_some() && !signs_a_timestamp {
+        bail!("tolerance only applies to standard-webhooks and stripe, which sign a timestamp");
+    }
+    if raw.signature_header.is_some() && raw.scheme != "hmac-sha256" {
+        bail!("signature_header only applies to hmac-sha256");
+    }
     let tolerance = duration(raw.tolerance.as_deref(), "5m", "tolerance")?;
+    if tolerance.is_zero() {
+        bail!("tolerance must be more than zero");
+    }
     let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
     let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
     let retention = Retention::new(keep, retry_horizon)?;
@@ -211,9 +219,11 @@ fn validate_source(
         .iter()
         .map(|reference| resolve_secret(reference, env))
         .collect::<Result<Vec<_>>>()?;
-    let needs_secrets = raw.scheme != "none";
-    if needs_secrets && secrets.is_empty() {
-        bail!("scheme {} needs at least one secret", raw.scheme);
+    match (raw.scheme.as_str(), secrets.is_empty()) {
+        ("none", false) => bail!("scheme none takes no secrets"),
+        ("none", true) => {}
+        (scheme, true) => bail!("scheme {scheme} needs at least one secret"),
+        _ => {}
     }
     let as_bytes = || {
         secrets
@@ -239,17 +249,16 @@ fn validate_source(
             },
             Some("header:X-GitHub-Delivery"),
         ),
-        "hmac-sha256" => (
-            Scheme::HmacSha256 {
+        "hmac-sha256" => {
+            let header = raw.signature_header.as_deref().unwrap_or("X-Signature");
+            axum::http::HeaderName::try_from(header)
+                .map_err(|_| anyhow!("signature_header {header:?} is not a header name"))?;
+            let scheme = Scheme::HmacSha256 {
                 secrets: as_bytes(),
-                header: raw
-                    .signature_header
-                    .clone()
-                    .unwrap_or_else(|| "X-Signature".to_owned())
-                    .to_ascii_lowercase(),
-            },
-            None,
-        ),
+                header: header.to_ascii_lowercase(),
+            };
+            (scheme, None)
+        }
         "none" => (Scheme::None, None),
         other => bail!(
             "scheme {other:?} is not one of standard-webhooks, stripe, github, hmac-sha256, none"
@@ -270,18 +279,17 @@ fn validate_source(
         Some(("json", pointer)) if pointer.starts_with('/') => IdLocation::Json(pointer.to_owned()),
         _ => bail!("id {id:?} must be \"header:NAME\" or \"json:/POINTER\""),
     };
-    let target_secret = raw
-        .target_secret
-        .as_deref()
-        .map(|reference| resolve_secret(reference, env))
-        .transpose()?;
+    let mut destination = HttpDestination::new(&raw.target).context("target")?;
+    if let Some(reference) = &raw.target_secret {
+        destination = destination
+            .signed_with(&resolve_secret(reference, env)?)
+            .context("target_secret")?;
+    }
     Ok(SourceSettings {
         name: name.to_owned(),
-        scheme,
-        id,
+        source: Source::new(name, scheme, id)?,
         retention,
-        target: raw.target,
-        target_secret,
+        destination,
         deliver_for,
     })
 }
@@ -292,7 +300,11 @@ fn resolve_secret(reference: &str, env: &dyn Fn(&str) -> Option<String>) -> Resu
     let Some(variable) = reference.strip_prefix("env:") else {
         bail!("secrets are written env:VARIABLE, not given in the file");
     };
-    env(variable).ok_or_else(|| anyhow!("the environment variable {variable} is not set"))
+    match env(variable) {
+        Some(secret) if !secret.is_empty() => Ok(secret),
+        Some(_) => bail!("the environment variable {variable} is empty"),
+        None => bail!("the environment variable {variable} is not set"),
+    }
 }
 
 /// `90s`, `5m`, `36h`, `7d`, `500ms`.
@@ -355,16 +367,27 @@ mod tests {
     }
 
     fn load_text(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
-        let dir = std::env::temp_dir().join(format!("justonce-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!(
-            "{:x}.toml",
-            text.len() * 31 + text.bytes().map(usize::from).sum::<usize>()
-        ));
-        std::fs::write(&path, text).unwrap();
+        let path = write_temporary(text);
         let settings = load(&path, env);
         let _ = std::fs::remove_file(path);
         settings
+    }
+
+    fn error_of(text: &str, env: &dyn Fn(&str) -> Option<String>) -> String {
+        match load_text(text, env) {
+            Ok(_) => panic!("accepted:\n{text}"),
+            Err(error) => format!("{error:#}"),
+        }
+    }
+
+    fn write_temporary(text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("justonce-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("{n}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
     }
 
     const SHOP: &str = r#"
@@ -391,8 +414,8 @@ target = "http://127.0.0.1:9000/hooks/shop"
         assert_eq!(settings.database, "sqlite://justonce.db");
         assert_eq!(settings.body_limit, 64 * 1024);
         let shop = &settings.sources[0];
+        assert_eq!(shop.source.name(), "shop");
         assert_eq!(shop.retention.keep(), Duration::from_secs(10 * 86_400));
-        assert!(matches!(&shop.id, IdLocation::Header(h) if h == "webhook-id"));
         assert_eq!(shop.deliver_for, Duration::from_secs(3 * 86_400));
     }
 
@@ -414,12 +437,40 @@ target = "http://127.0.0.1:9000/hooks/shop"
             (SHOP.replace("64KiB", "64 parsecs"), "body_limit"),
             (format!("{SHOP}tolerance = \"5\"\n"), "unit"),
             (SHOP.replace("standard-webhooks", "hmac-sha256"), "id ="),
+            (
+                SHOP.replace("http://127.0.0.1:9000/hooks/shop", "ftp://x"),
+                "target",
+            ),
+            (format!("{SHOP}tolerance = \"0s\"\n"), "more than zero"),
+            (
+                SHOP.replace("standard-webhooks", "github") + "tolerance = \"1m\"\n",
+                "tolerance",
+            ),
+            (
+                format!("{SHOP}signature_header = \"X-Sig\"\n"),
+                "signature_header",
+            ),
+            (
+                SHOP.replace("[sources.shop]", "[sources.\"a:b\"]"),
+                "may not contain",
+            ),
         ];
         for (text, expected) in cases {
-            let error = format!("{:#}", load_text(&text, &env).unwrap_err());
+            let error = error_of(&text, &env);
             assert!(error.contains(expected), "{expected:?} not in {error:?}");
             assert!(!error.contains("c2VjcmV0"), "a secret was printed: {error}");
         }
+    }
+
+    #[test]
+    fn empty_secrets_are_refused() {
+        let env = env_of(&[("SHOP_SECRET", "")]);
+        let error = error_of(SHOP, &env);
+        assert!(error.contains("SHOP_SECRET is empty"), "{error}");
+        let none = SHOP.replace("standard-webhooks", "none");
+        let env = env_of(&[("SHOP_SECRET", "x")]);
+        let error = error_of(&none, &env);
+        assert!(error.contains("takes no secrets"), "{error}");
     }
 
     #[test]

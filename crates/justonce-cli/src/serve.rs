@@ -2,32 +2,28 @@
 
 use crate::config::Settings;
 use anyhow::{Context, Result};
+use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use justonce_http::HttpDestination;
-use justonce_http::receiver::{self, Source};
+use justonce_http::receiver;
 use justonce_sql::{Backend, Inbox, Outbox};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::time::Duration;
 use tokio::sync::watch;
+use tower_http::timeout::TimeoutLayer;
 
 pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
     let mut sources = Vec::new();
     let mut relay = inbox.outbox().relay();
-    for source in &settings.sources {
-        sources.push(Source::new(
-            &source.name,
-            source.scheme.clone(),
-            source.id.clone(),
-        )?);
-        let mut destination = HttpDestination::new(&source.target)
-            .with_context(|| format!("sources.{}.target", source.name))?;
-        if let Some(secret) = &source.target_secret {
-            destination = destination.signed_with(secret)?;
-        }
-        relay = relay.destination_for(source.name.as_str(), destination, source.deliver_for);
+    for source in settings.sources {
+        sources.push(source.source);
+        relay = relay.destination_for(source.name, source.destination, source.deliver_for);
     }
-    let public = receiver::router(&inbox, sources, settings.body_limit);
+    // A slow client may hold a request open for this long, no longer.
+    let public = receiver::router(&inbox, sources, settings.body_limit).layer(
+        TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT),
+    );
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
@@ -38,6 +34,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     );
 
     let (stop, stopping) = watch::channel(false);
+    let mut stopped_for_deadline = stopping.clone();
     let stopped = move || {
         let mut stopping = stopping.clone();
         async move {
@@ -53,7 +50,6 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     tracing::info!(
         listen = %settings.listen,
         admin = %settings.admin_listen,
-        sources = settings.sources.len(),
         "serving"
     );
     let public = axum::serve(public_listener, public).with_graceful_shutdown(stopped());
@@ -64,12 +60,28 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         tracing::info!("stopping: finishing requests in flight");
         let _ = stop.send(true);
     };
-    let (public, admin, relayed, ()) = tokio::join!(public, admin, relaying, signal);
-    public.context("public listener")?;
-    admin.context("admin listener")?;
-    relayed.context("relay")?;
-    Ok(())
+    let running = async {
+        let (public, admin, relayed, ()) = tokio::join!(public, admin, relaying, signal);
+        public.context("public listener")?;
+        admin.context("admin listener")?;
+        relayed.context("relay")
+    };
+    // Requests in flight get a bounded time to finish once stopping starts.
+    let deadline = async {
+        let _ = stopped_for_deadline.wait_for(|stop| *stop).await;
+        tokio::time::sleep(REQUEST_TIMEOUT + Duration::from_secs(5)).await;
+    };
+    tokio::select! {
+        result = running => result,
+        () = deadline => {
+            tracing::warn!("requests still in flight after the drain time: stopping anyway");
+            Ok(())
+        }
+    }
 }
+
+/// How long one request may take, and about how long stopping waits for the last ones.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Prometheus text: the counters the receiver and the relay keep, and the outbox's state
 /// read at scrape time.

@@ -113,6 +113,12 @@ impl HttpDestination {
         }
     }
 
+    /// The target's scheme, host and port: what errors show, since a URL's path may hold a
+    /// secret (as chat webhooks' do).
+    fn origin(&self) -> String {
+        self.url.origin().ascii_serialization()
+    }
+
     async fn post(&self, delivery: Delivery<'_>) -> Delivered {
         let mut headers = HeaderMap::new();
         for (name, value) in delivery.headers {
@@ -148,7 +154,11 @@ impl HttpDestination {
             Err(error) => {
                 return Delivered::Retry {
                     after: None,
-                    reason: format!("POST {}: {}", self.url, error_chain(&error)),
+                    reason: format!(
+                        "POST {}: {}",
+                        self.origin(),
+                        error_chain(&error.without_url())
+                    ),
                 };
             }
         };
@@ -161,10 +171,19 @@ impl HttpDestination {
             .get(RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
             .and_then(parse_retry_after);
-        let body = response.bytes().await.unwrap_or_default();
-        let start =
-            String::from_utf8_lossy(&body[..body.len().min(REASON_BODY_BYTES)]).into_owned();
-        let reason = format!("POST {} answered {status}: {start}", self.url);
+        // Only the start of the body is read: it is kept as the reason, and a hostile
+        // receiver must not make the relay buffer a large answer.
+        let mut start = Vec::new();
+        let mut response = response;
+        while start.len() < REASON_BODY_BYTES {
+            match response.chunk().await {
+                Ok(Some(chunk)) => start.extend_from_slice(&chunk),
+                _ => break,
+            }
+        }
+        start.truncate(REASON_BODY_BYTES);
+        let start = String::from_utf8_lossy(&start);
+        let reason = format!("POST {} answered {status}: {start}", self.origin());
         if is_transient(status) {
             Delivered::Retry {
                 after: retry_after,

@@ -186,11 +186,14 @@ async fn receive<DB: Backend>(
 async fn healthz<DB: Backend>(State(inbox): State<Inbox<DB>>) -> Response {
     match inbox.check().await {
         Ok(()) => ([(CONTENT_TYPE, "application/json")], r#"{"status":"ok"}"#).into_response(),
-        Err(error) => problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "database unavailable",
-            error.to_string(),
-        ),
+        Err(error) => {
+            tracing::warn!(%error, "health check failed");
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database unavailable",
+                "the database cannot be reached or its tables are not in place",
+            )
+        }
     }
 }
 
