@@ -43,7 +43,7 @@ enum Command {
         #[arg(long, default_value_t = 1_000)]
         batch_size: u32,
     },
-    /// Count keys and deliveries: sent, due and dead.
+    /// Count deliveries: sent, due and dead.
     Stats,
     /// Look after deliveries that were dead-lettered.
     Dlq {
