@@ -1,3 +1,4 @@
+use crate::standard_webhooks;
 use justonce_core::{Delivered, Delivery, Destination, Error};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Client, StatusCode};
@@ -72,40 +73,26 @@ impl HttpDestination {
     /// base64 of the key): `webhook-id` is the row's key, `webhook-timestamp` the time of
     /// the attempt, `webhook-signature` the HMAC-SHA256 of `id.timestamp.body`.
     pub fn signed_with(mut self, secret: &str) -> Result<Self, Error> {
-        use base64::Engine;
-        let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
-        let key = base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .map_err(|_| {
-                Error::Config("a target secret must be whsec_ followed by base64".to_owned())
-            })?;
-        self.signing_key = Some(key);
+        self.signing_key = Some(standard_webhooks::decode_secret(secret)?);
         Ok(self)
     }
 
     /// The Standard Webhooks headers for one attempt.
     fn signature_headers(&self, key: &str, body: &[u8], headers: &mut HeaderMap) {
-        use base64::Engine;
-        use hmac::Mac;
         let Some(signing_key) = &self.signing_key else {
             return;
         };
         let timestamp = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|elapsed| elapsed.as_secs())
-            .unwrap_or_default()
-            .to_string();
-        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(signing_key)
-            .expect("HMAC takes keys of any length");
-        for part in [key.as_bytes(), b".", timestamp.as_bytes(), b".", body] {
-            mac.update(part);
-        }
-        let signature =
-            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+            .unwrap_or_default();
         for (name, value) in [
             ("webhook-id", key.to_owned()),
-            ("webhook-timestamp", timestamp),
-            ("webhook-signature", format!("v1,{signature}")),
+            ("webhook-timestamp", timestamp.to_string()),
+            (
+                "webhook-signature",
+                standard_webhooks::signature(signing_key, key, timestamp, body),
+            ),
         ] {
             if let Ok(value) = HeaderValue::try_from(value) {
                 headers.insert(name, value);

@@ -24,6 +24,8 @@
 mod destination;
 #[cfg(feature = "receiver")]
 pub mod receiver;
+#[cfg(any(feature = "destination", feature = "receiver"))]
+mod standard_webhooks;
 
 #[cfg(feature = "destination")]
 pub use destination::HttpDestination;

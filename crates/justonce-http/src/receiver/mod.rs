@@ -3,7 +3,8 @@
 
 mod signature;
 
-pub use signature::{Rejected, Scheme, standard_webhooks_signature};
+pub use crate::standard_webhooks::signature as standard_webhooks_signature;
+pub use signature::{Rejected, Scheme};
 
 use axum::Router;
 use axum::body::Body;

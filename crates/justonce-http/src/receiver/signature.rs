@@ -1,15 +1,13 @@
 //! Webhook signature schemes. Every check compares in constant time over the raw bytes, and
 //! every failure is the same [`Rejected`]: the sender is not told which check failed.
 
+use crate::standard_webhooks::{decode_secret, hmac_sha256};
 use axum::http::HeaderMap;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use hmac::{Hmac, Mac};
+use hmac::Mac;
 use justonce_core::Error;
-use sha2::Sha256;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// A signature that does not verify, for whatever reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,14 +69,7 @@ impl Scheme {
     pub fn standard_webhooks(secrets: &[String], tolerance: Duration) -> Result<Self, Error> {
         let keys = secrets
             .iter()
-            .map(|secret| {
-                let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
-                STANDARD.decode(encoded).map_err(|_| {
-                    Error::Config(
-                        "a standard-webhooks secret must be whsec_ followed by base64".to_owned(),
-                    )
-                })
-            })
+            .map(|secret| decode_secret(secret))
             .collect::<Result<_, _>>()?;
         Ok(Scheme::StandardWebhooks { keys, tolerance })
     }
@@ -162,10 +153,7 @@ fn check_timestamp(timestamp: &str, tolerance: Duration, now: SystemTime) -> Res
 fn any_verifies(keys: &[Vec<u8>], parts: &[&[u8]], signatures: &[Vec<u8>]) -> Result<(), Rejected> {
     let mut verified = false;
     for key in keys {
-        let mut mac = HmacSha256::new_from_slice(key).map_err(|_| Rejected)?;
-        for part in parts {
-            mac.update(part);
-        }
+        let mac = hmac_sha256(key, parts);
         for signature in signatures {
             // `verify_slice` compares in constant time; every pair is tried, so the time
             // taken does not tell which key or signature matched.
@@ -185,33 +173,13 @@ fn decode_hex(hex: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// The `webhook-signature` value Standard Webhooks expects for this message: `v1,` and the
-/// base64 of the HMAC-SHA256 of `id.timestamp.body` under `key` (the decoded secret).
-pub fn standard_webhooks_signature(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
-    let signature = hmac_sha256(
-        key,
-        &[
-            id.as_bytes(),
-            b".",
-            timestamp.to_string().as_bytes(),
-            b".",
-            body,
-        ],
-    );
-    format!("v1,{}", STANDARD.encode(signature))
-}
-
-fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
-    for part in parts {
-        mac.update(part);
-    }
-    mac.finalize().into_bytes().to_vec()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hmac_bytes(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+        hmac_sha256(key, parts).finalize().into_bytes().to_vec()
+    }
     use axum::http::HeaderValue;
 
     const NOW: u64 = 1_790_000_000;
@@ -241,7 +209,7 @@ mod tests {
         let scheme = Scheme::standard_webhooks(&[old, secret], MINUTES_5).unwrap();
         let body = br#"{"type":"order.paid"}"#;
         let sign = |ts: u64, key: &[u8], body: &[u8]| {
-            let signature = hmac_sha256(key, &[b"msg_1.", ts.to_string().as_bytes(), b".", body]);
+            let signature = hmac_bytes(key, &[b"msg_1.", ts.to_string().as_bytes(), b".", body]);
             headers(&[
                 ("webhook-id", "msg_1".to_owned()),
                 ("webhook-timestamp", ts.to_string()),
@@ -301,7 +269,7 @@ mod tests {
         };
         let body = br#"{"id":"evt_1"}"#;
         let sign = |ts: u64, key: &[u8]| {
-            let signature = hmac_sha256(key, &[ts.to_string().as_bytes(), b".", body]);
+            let signature = hmac_bytes(key, &[ts.to_string().as_bytes(), b".", body]);
             headers(&[(
                 "stripe-signature",
                 format!("t={ts},v1={},v0=00", hex(&signature)),
@@ -331,7 +299,7 @@ mod tests {
     #[test]
     fn github_and_plain_hmac() {
         let body = b"payload";
-        let signature = hex(&hmac_sha256(b"s3cret", &[body]));
+        let signature = hex(&hmac_bytes(b"s3cret", &[body]));
         let github = Scheme::Github {
             secrets: vec![b"s3cret".to_vec()],
         };
