@@ -383,3 +383,83 @@ async fn bad_configuration_exits_2_and_names_the_problem() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2), "usage errors exit 2");
 }
+
+/// Two `serve` processes on one PostgreSQL database: an event posted to one and again to
+/// the other is stored once, and every event is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_one_postgres_database_share_the_work() {
+    let (db, url) = database::<justonce_sql::sqlx::Postgres>("two-servers").await;
+    let sink = Sink::start().await;
+    let mut servers = [
+        Server::configure(&url, &sink.url()),
+        Server::configure(&url, &sink.url()),
+    ];
+    for server in &mut servers {
+        server.start().await;
+    }
+    let client = client();
+    for n in 0..200 {
+        let body = format!(r#"{{"id":"evt_{n}","n":{n}}}"#);
+        let (first, second) = (&servers[n % 2], &servers[(n + 1) % 2]);
+        assert_eq!(
+            post(&client, &first.public, &body).await.unwrap(),
+            (200, "accepted".into())
+        );
+        assert_eq!(
+            post(&client, &second.public, &body).await.unwrap(),
+            (200, "duplicate".into())
+        );
+    }
+    let by_key = await_keys(&sink, 200).await;
+    assert_eq!(by_key.len(), 200);
+    assert!(
+        by_key
+            .values()
+            .all(|bodies| bodies.iter().all(|b| *b == bodies[0]))
+    );
+    for server in &mut servers {
+        server.stop().await;
+    }
+    drop_database(db).await;
+}
+
+/// A Content-Length smaller than the body: the server reads only what was declared, which
+/// does not verify, answers 401, and stays up.
+#[tokio::test]
+async fn a_short_content_length_is_refused_and_the_server_stays_up() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("short-length").await;
+    let mut server = Server::configure(&url, "http://127.0.0.1:1/unused");
+    server.start().await;
+    let body = r#"{"id":"evt_1"}"#;
+    let request = format!(
+        "POST /webhooks/demo HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         X-Signature: {}\r\nContent-Length: 5\r\n\r\n{body}",
+        signature(body)
+    );
+    let address = server.public.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = vec![0; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    let health = client()
+        .get(format!("{}/healthz", server.public))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    // The server's own tables, beside the test's in the same file.
+    let stored = <justonce_sql::sqlx::Sqlite as TestBackend>::count(
+        db.inbox.pool(),
+        "SELECT count(*) FROM justonce_keys".to_owned(),
+    )
+    .await;
+    assert_eq!(stored, 0);
+    server.stop().await;
+    drop_database(db).await;
+}
