@@ -15,6 +15,7 @@ use tower_http::timeout::TimeoutLayer;
 
 pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
     let mut sources = Vec::new();
+    let source_names: Vec<String> = settings.sources.iter().map(|s| s.name.clone()).collect();
     let mut relay = inbox.outbox().relay();
     for source in settings.sources {
         sources.push(source.source);
@@ -28,10 +29,16 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         .install_recorder()
         .context("installing the metrics recorder")?;
     let outbox = inbox.outbox();
-    let admin = receiver::health_router(&inbox).route(
-        "/metrics",
-        get(move || metrics_page(prometheus.clone(), outbox.clone())),
-    );
+    let status_outbox = outbox.clone();
+    let admin = receiver::health_router(&inbox)
+        .route(
+            "/metrics",
+            get(move || metrics_page(prometheus.clone(), outbox.clone())),
+        )
+        .route(
+            "/",
+            get(move || status_page(status_outbox.clone(), source_names.clone())),
+        );
 
     let (stop, stopping) = watch::channel(false);
     let mut stopped_for_deadline = stopping.clone();
@@ -99,6 +106,42 @@ async fn metrics_page<DB: Backend>(prometheus: PrometheusHandle, outbox: Outbox<
         prometheus.render(),
     )
         .into_response()
+}
+
+/// The status page: the sources and the state of their deliveries, for a person.
+async fn status_page<DB: Backend>(outbox: Outbox<DB>, sources: Vec<String>) -> Response {
+    let state = match outbox.stats().await {
+        Ok(stats) => format!(
+            "<tr><td>sent</td><td>{}</td></tr><tr><td>due</td><td>{}</td></tr>\
+             <tr><td>dead letters</td><td>{}</td></tr>\
+             <tr><td>oldest due</td><td>{} s</td></tr>",
+            stats.sent,
+            stats.due,
+            stats.dead,
+            stats.oldest_due.as_secs()
+        ),
+        Err(_) => "<tr><td colspan=2>the database cannot be reached</td></tr>".to_owned(),
+    };
+    // Source names are checked identifiers without markup characters (no ':' or '/'),
+    // but escape them all the same.
+    let sources: String = sources
+        .iter()
+        .map(|name| format!("<li><code>POST /webhooks/{}</code></li>", escape(name)))
+        .collect();
+    let page = format!(
+        "<!doctype html><html><head><meta charset=utf-8><title>justonce</title></head>\
+         <body><h1>justonce</h1><h2>Sources</h2><ul>{sources}</ul>\
+         <h2>Deliveries</h2><table>{state}</table>\
+         <p><a href=\"/metrics\">metrics</a> · <a href=\"/healthz\">health</a></p></body></html>"
+    );
+    ([(CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 async fn shutdown_signal() {

@@ -308,6 +308,19 @@ async fn every_event_posted_twice_is_delivered_once_per_key<DB: TestBackend>(tes
             "{line:?} not in\n{metrics}"
         );
     }
+    let status = client
+        .get(format!("{}/", server.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        status.contains("<code>POST /webhooks/demo</code>"),
+        "{status}"
+    );
+    assert!(status.contains("<td>sent</td><td>300</td>"), "{status}");
     let public_metrics = client
         .get(format!("{}/metrics", server.public))
         .send()
