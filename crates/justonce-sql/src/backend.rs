@@ -15,6 +15,11 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     const BEGIN: &'static str;
 
+    /// Whether the database takes one writer at a time, so that this process's writers
+    /// are better queued here than left to the database's busy handler, which sleeps.
+    #[doc(hidden)]
+    const ONE_WRITER: bool;
+
     #[doc(hidden)]
     fn statements(tables: &Tables) -> Statements;
 

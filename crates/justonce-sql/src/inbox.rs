@@ -70,6 +70,9 @@ pub(crate) struct Shared<DB: Backend> {
     pub(crate) sql: Statements,
     retention: Retention,
     max_attempts: u32,
+    /// Queues this process's runs on a database that takes one writer at a time: a fair
+    /// queue here beats SQLite's busy handler, which polls with sleeps of up to 100 ms.
+    writer: tokio::sync::Mutex<()>,
 }
 
 /// One consumer's view of a key store: claims its keys, runs its work once per key.
@@ -136,6 +139,7 @@ impl<DB: Backend> Inbox<DB> {
                 sql,
                 retention: options.retention,
                 max_attempts: options.max_attempts,
+                writer: tokio::sync::Mutex::new(()),
             }),
             consumer,
             scope: Scope::none(),
@@ -387,6 +391,11 @@ impl<DB: Backend> Inbox<DB> {
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
     {
+        let _writer = if DB::ONE_WRITER {
+            Some(self.shared.writer.lock().await)
+        } else {
+            None
+        };
         let claim_id = random_claim_id();
         // 'env, not 'static: the work may borrow what outlives the call to `run`.
         let mut tx: sqlx::Transaction<'env, DB> = self.begin().await.map_err(Failed::Store)?;

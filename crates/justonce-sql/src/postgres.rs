@@ -80,6 +80,7 @@ CREATE TABLE IF NOT EXISTS {prefix}offsets (
 
 impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";
+    const ONE_WRITER: bool = false;
 
     fn statements(tables: &Tables) -> Statements {
         let Tables { keys, outbox, .. } = tables;

@@ -85,6 +85,7 @@ impl Backend for Sqlite {
     // A deferred transaction that upgrades to a write fails with SQLITE_BUSY at once,
     // whatever the busy timeout; an immediate one waits for the write lock.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
+    const ONE_WRITER: bool = true;
 
     fn statements(tables: &Tables) -> Statements {
         let Tables { keys, outbox, .. } = tables;
