@@ -193,6 +193,10 @@ async fn post(
     Ok((status, answer))
 }
 
+async fn text_of(client: &reqwest::Client, url: &str) -> String {
+    client.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 /// The database URL a server of this test uses, and the database to clean up after.
 async fn database<DB: TestBackend>(test: &str) -> (TestDb<DB>, String) {
     let db = TestDb::<DB>::new(test).await;
@@ -296,14 +300,7 @@ async fn every_event_posted_twice_is_delivered_once_per_key<DB: TestBackend>(tes
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(stats, "deliveries: 300 sent, 0 due, 0 dead");
-    let metrics = client
-        .get(format!("{}/metrics", server.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = text_of(&client, &format!("{}/metrics", server.admin)).await;
     for line in [
         r#"justonce_webhooks_total{source="demo",outcome="accepted"} 300"#,
         r#"justonce_webhooks_total{source="demo",outcome="duplicate"} 900"#,
@@ -315,14 +312,7 @@ async fn every_event_posted_twice_is_delivered_once_per_key<DB: TestBackend>(tes
             "{line:?} not in\n{metrics}"
         );
     }
-    let status = client
-        .get(format!("{}/", server.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let status = text_of(&client, &format!("{}/", server.admin)).await;
     assert!(
         status.contains("<code>POST /webhooks/demo</code>"),
         "{status}"
