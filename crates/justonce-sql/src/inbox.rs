@@ -411,7 +411,9 @@ impl<DB: Backend> Inbox<DB> {
             .await
             .map_err(Failed::Store)?;
         if stored.claim_id != claim_id {
-            drop(tx);
+            // Rolled back here, not on drop, so that the write lock is gone before the
+            // next writer in the queue begins.
+            let _ = tx.rollback().await;
             if let Some((lost_claim_id, value)) = unknown_commit.take()
                 && lost_claim_id == stored.claim_id
             {
@@ -431,7 +433,13 @@ impl<DB: Backend> Inbox<DB> {
         }
         // This attempt holds the key, so no earlier commit happened.
         *unknown_commit = None;
-        let value = work(&mut tx).await.map_err(Failed::Work)?;
+        let value = match work(&mut tx).await {
+            Ok(value) => value,
+            Err(error) => {
+                let _ = tx.rollback().await;
+                return Err(Failed::Work(error));
+            }
+        };
         match tx.commit().await {
             Ok(()) => Ok(Outcome::Processed(value)),
             Err(error) => {
