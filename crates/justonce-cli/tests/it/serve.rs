@@ -336,7 +336,7 @@ async fn a_server_killed_twenty_times_loses_no_acknowledged_event<DB: TestBacken
     let (db, url) = database::<DB>(test).await;
     let sink = Sink::start().await;
     let mut server = Server::configure(&url, &sink.url());
-    let events = 1_000;
+    let events = 5_000;
     let client = client();
     let mut next = 0;
     for round in 0..20 {
