@@ -75,6 +75,18 @@ pub(crate) struct Shared<DB: Backend> {
     writer: tokio::sync::Mutex<()>,
 }
 
+impl<DB: Backend> Shared<DB> {
+    /// A place in this process's queue of writers, on a database that takes one writer at a
+    /// time; nothing elsewhere.
+    pub(crate) async fn queue_writer(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        if DB::ONE_WRITER {
+            Some(self.writer.lock().await)
+        } else {
+            None
+        }
+    }
+}
+
 /// One consumer's view of a key store: claims its keys, runs its work once per key.
 ///
 /// Cloning is cheap and clones share the connection pool. [`Inbox::with_consumer`] and
@@ -391,11 +403,7 @@ impl<DB: Backend> Inbox<DB> {
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
     {
-        let _writer = if DB::ONE_WRITER {
-            Some(self.shared.writer.lock().await)
-        } else {
-            None
-        };
+        let _writer = self.shared.queue_writer().await;
         let claim_id = random_claim_id();
         // 'env, not 'static: the work may borrow what outlives the call to `run`.
         let mut tx: sqlx::Transaction<'env, DB> = self.begin().await.map_err(Failed::Store)?;
@@ -552,13 +560,14 @@ impl<DB: Backend> Inbox<DB> {
                 retry_horizon: horizon,
             });
         }
-        in_batches(batch_size, |limit| {
+        in_batches(batch_size, |limit| async move {
             let change = Change::PurgeKeys {
                 consumer: self.consumer.as_str(),
                 older_than_ms: millis(older_than),
                 limit,
             };
-            DB::change(&self.shared.pool, &self.shared.sql, change)
+            let _writer = self.shared.queue_writer().await;
+            DB::change(&self.shared.pool, &self.shared.sql, change).await
         })
         .await
     }

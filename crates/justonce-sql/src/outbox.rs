@@ -179,6 +179,7 @@ impl<DB: Backend> Outbox<DB> {
     }
 
     pub(crate) async fn change(&self, change: Change<'_>) -> Result<u64, Error> {
+        let _writer = self.shared.queue_writer().await;
         DB::change(&self.shared.pool, &self.shared.sql, change).await
     }
 }

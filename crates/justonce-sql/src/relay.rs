@@ -177,7 +177,10 @@ impl<DB: Backend> Relay<DB> {
             limit: i64::from(self.options.batch_size.max(1)),
             token,
         };
-        let due = DB::outbox_rows(&shared.pool, &shared.sql, which).await?;
+        let due = {
+            let _writer = shared.queue_writer().await;
+            DB::outbox_rows(&shared.pool, &shared.sql, which).await?
+        };
         let taken_at = Instant::now();
         // At most `concurrency` deliveries in flight; a finished one makes room for the next.
         let mut waiting = due.iter();
