@@ -6,7 +6,7 @@ mod sink;
 
 pub use sink::{Answer, Received, Script, Sink};
 
-use justonce_sql::{Backend, Consumer, Inbox, Key, Options};
+use justonce_sql::{Backend, Consumer, Inbox, Key, Options, Relay};
 use sqlx::{AssertSqlSafe, Postgres, Sqlite};
 use std::future::Future;
 use std::path::PathBuf;
@@ -287,5 +287,32 @@ impl<DB: TestBackend> TestDb<DB> {
         }
         self.inbox.pool().close().await;
         DB::remove(&self.url);
+    }
+}
+
+/// A relay running in the background until [`RunningRelay::stop`].
+pub struct RunningRelay {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), justonce_sql::Error>>,
+}
+
+impl RunningRelay {
+    /// Starts `relay.run` on its own task.
+    pub fn start<DB: Backend>(relay: Relay<DB>) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the relay after its round in flight, and fails if it failed.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.expect("the relay task").expect("the relay");
     }
 }

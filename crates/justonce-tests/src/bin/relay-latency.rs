@@ -10,7 +10,7 @@
 
 use justonce_http::HttpDestination;
 use justonce_sql::{Key, Message, RelayOptions};
-use justonce_tests::{Sink, TestBackend, TestDb};
+use justonce_tests::{RunningRelay, Sink, TestBackend, TestDb};
 use sqlx::{Postgres, Sqlite};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -66,14 +66,7 @@ async fn measure<DB: TestBackend>(messages: usize) -> [Duration; 3] {
             "hooks",
             HttpDestination::new(&sink.url()).expect("receiver URL"),
         );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        relay
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let running = RunningRelay::start(relay);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let mut committed = HashMap::new();
@@ -95,8 +88,7 @@ async fn measure<DB: TestBackend>(messages: usize) -> [Duration; 3] {
     while sink.received().len() < messages {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let _ = stop.send(());
-    let _ = running.await;
+    running.stop().await;
     let mut latencies: Vec<Duration> = sink
         .received()
         .iter()

@@ -6,7 +6,7 @@ use justonce_sql::{
     Delivered, Delivery, Destination, Inbox, Message, Offset, OffsetCommit, RelayOptions,
     RelayRound,
 };
-use justonce_tests::{TestBackend, TestDb};
+use justonce_tests::{RunningRelay, TestBackend, TestDb};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -363,14 +363,7 @@ async fn a_committed_row_wakes_the_relay_on_postgres() {
         .relay()
         .options(RelayOptions::default().poll_interval(Duration::from_secs(600)))
         .destination("sink", sink.clone());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        relay
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let running = RunningRelay::start(relay);
     // Let the relay finish its first round and start waiting.
     tokio::time::sleep(Duration::from_millis(300)).await;
     enqueue(&db.inbox, "evt_1", "email").await;
@@ -382,8 +375,7 @@ async fn a_committed_row_wakes_the_relay_on_postgres() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     db.cleanup().await;
 }
 
