@@ -157,8 +157,12 @@ fn client() -> reqwest::Client {
 }
 
 fn signature(body: &str) -> String {
+    signature_of(body.as_bytes())
+}
+
+fn signature_of(body: &[u8]) -> String {
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
-    mac.update(body.as_bytes());
+    mac.update(body);
     let hex: String = mac
         .finalize()
         .into_bytes()
@@ -464,6 +468,172 @@ async fn a_short_content_length_is_refused_and_the_server_stays_up() {
         .unwrap();
     assert_eq!(health.status(), 200);
     // The server's own tables, beside the test's in the same file.
+    let stored = <justonce_sql::sqlx::Sqlite as TestBackend>::count(
+        db.inbox.pool(),
+        "SELECT count(*) FROM justonce_keys".to_owned(),
+    )
+    .await;
+    assert_eq!(stored, 0);
+    server.stop().await;
+    drop_database(db).await;
+}
+
+/// Peak resident memory of a process, from the kernel's own account.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// What follows a request's head on the wire: nothing, or `n` bytes of `x` as they are or
+/// as HTTP/1.1 chunks.
+#[derive(Clone, Copy)]
+enum Trailing {
+    Nothing,
+    Plain(usize),
+    Chunked(usize),
+}
+
+/// Sends `head` and then the trailing body in 64 KiB writes while reading the answer, and
+/// returns the status line. The server may close the connection before the body is sent;
+/// the answer is read all the same.
+async fn post_raw(address: &str, head: Vec<u8>, trailing: Trailing) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let sender = tokio::spawn(async move {
+        writer.write_all(&head).await?;
+        const CHUNK: usize = 64 << 10;
+        let plain = vec![b'x'; CHUNK];
+        let chunked = [format!("{CHUNK:x}\r\n").as_bytes(), &plain, b"\r\n"].concat();
+        match trailing {
+            Trailing::Nothing => {}
+            Trailing::Plain(bytes) => {
+                for _ in 0..bytes / CHUNK {
+                    writer.write_all(&plain).await?;
+                }
+            }
+            Trailing::Chunked(bytes) => {
+                for _ in 0..bytes / CHUNK {
+                    writer.write_all(&chunked).await?;
+                }
+                writer.write_all(b"0\r\n\r\n").await?;
+            }
+        }
+        // Dropping the writer would half-close the connection, which the server takes
+        // for a client that left; keep it open until the answer is read.
+        std::future::pending::<std::io::Result<()>>().await
+    });
+    let mut answer = Vec::new();
+    let mut buffer = [0; 1024];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        let read = tokio::time::timeout(Duration::from_secs(30), reader.read(&mut buffer))
+            .await
+            .expect("an answer within 30 s")
+            .unwrap();
+        assert!(
+            read > 0,
+            "the server closed the connection without answering"
+        );
+        answer.extend_from_slice(&buffer[..read]);
+    }
+    sender.abort();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Hostile bodies, 32 at a time, against a 64 KiB limit: 100 times the limit with and
+/// without a Content-Length, invalid UTF-8 and JSON nested 30,000 deep. Each gets its 4xx,
+/// the server stays up, and its peak memory grows by far less than the bytes sent at once
+/// (a server that buffered whole bodies would grow by 200 MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_bodies_get_4xx_and_leave_memory_bounded() {
+    const LIMIT: usize = 64 << 10;
+    const AT_ONCE: usize = 32;
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("hostile-bodies").await;
+    let mut server = Server::configure(&url, "http://127.0.0.1:1/unused");
+    server.start().await;
+    let pid = server.child.as_ref().and_then(|c| c.id()).unwrap();
+    let address = server.public.trim_start_matches("http://").to_owned();
+    let head = |extra: &str| {
+        format!(
+            "POST /webhooks/demo HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+             X-Signature: {}\r\n{extra}\r\n",
+            signature("")
+        )
+        .into_bytes()
+    };
+    let before = peak_rss_kib(pid);
+    let oversized = 100 * LIMIT;
+    let deep = format!("{{\"id\":{}{}}}", "[".repeat(30_000), "]".repeat(30_000));
+    // A lone continuation byte: not UTF-8, so not JSON.
+    let invalid_utf8 = b"{\"id\":\"\x80\"}";
+    let cases: Vec<(Vec<u8>, Trailing, &str)> = vec![
+        (
+            head(&format!("Content-Length: {oversized}\r\n")),
+            Trailing::Plain(oversized),
+            "HTTP/1.1 413",
+        ),
+        (
+            head("Transfer-Encoding: chunked\r\n"),
+            Trailing::Chunked(oversized),
+            "HTTP/1.1 413",
+        ),
+        (
+            format!(
+                "POST /webhooks/demo HTTP/1.1\r\nHost: test\r\nX-Signature: {}\r\n\
+                 Content-Length: {}\r\n\r\n{deep}",
+                signature(&deep),
+                deep.len()
+            )
+            .into_bytes(),
+            Trailing::Nothing,
+            "HTTP/1.1 400",
+        ),
+        (
+            [
+                format!(
+                    "POST /webhooks/demo HTTP/1.1\r\nHost: test\r\nX-Signature: {}\r\n\
+                     Content-Length: {}\r\n\r\n",
+                    signature_of(invalid_utf8),
+                    invalid_utf8.len()
+                )
+                .as_bytes(),
+                invalid_utf8,
+            ]
+            .concat(),
+            Trailing::Nothing,
+            "HTTP/1.1 400",
+        ),
+    ];
+    for (case, (head, trailing, expected)) in cases.into_iter().enumerate() {
+        let tasks: Vec<_> = (0..AT_ONCE)
+            .map(|_| {
+                let (address, head) = (address.clone(), head.clone());
+                tokio::spawn(async move { post_raw(&address, head, trailing).await })
+            })
+            .collect();
+        for task in tasks {
+            let status = task.await.unwrap();
+            assert!(status.starts_with(expected), "case {case}: {status}");
+        }
+    }
+    let grown_kib = peak_rss_kib(pid).saturating_sub(before);
+    let sent_at_once_kib = (AT_ONCE * oversized) >> 10;
+    eprintln!(
+        "hostile bodies: peak RSS grew by {grown_kib} KiB while {sent_at_once_kib} KiB were sent at once"
+    );
+    // Room for each connection's buffers and one body at the limit, not for the bodies.
+    assert!(
+        (grown_kib as usize) < sent_at_once_kib / 10,
+        "peak RSS grew by {grown_kib} KiB"
+    );
+    let health = client()
+        .get(format!("{}/healthz", server.public))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
     let stored = <justonce_sql::sqlx::Sqlite as TestBackend>::count(
         db.inbox.pool(),
         "SELECT count(*) FROM justonce_keys".to_owned(),
