@@ -19,6 +19,23 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// The peak resident memory of `pid` in MiB, as the kernel counts it (`VmHWM`), or of this
+/// process when `pid` is `None`.
+pub fn peak_rss_mib(pid: Option<u32>) -> f64 {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_owned(),
+    };
+    let status = std::fs::read_to_string(path).expect("a Linux /proc");
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .expect("VmHWM in /proc status");
+    kib / 1024.0
+}
+
 /// A database the tests run against, with the statements they need on it.
 pub trait TestBackend: Backend {
     /// A database URL no other test uses: a new file for SQLite, the shared server for

@@ -1,5 +1,5 @@
 use hmac::Mac;
-use justonce_tests::{Sink, TestBackend, TestDb, postgres_url};
+use justonce_tests::{Sink, TestBackend, TestDb, peak_rss_mib, postgres_url};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -478,13 +478,6 @@ async fn a_short_content_length_is_refused_and_the_server_stays_up() {
     drop_database(db).await;
 }
 
-/// Peak resident memory of a process, from the kernel's own account.
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 /// What follows a request's head on the wire: nothing, or `n` bytes of `x` as they are or
 /// as HTTP/1.1 chunks.
 #[derive(Clone, Copy)]
@@ -563,7 +556,7 @@ async fn hostile_bodies_get_4xx_and_leave_memory_bounded() {
         )
         .into_bytes()
     };
-    let before = peak_rss_kib(pid);
+    let before = peak_rss_mib(Some(pid));
     let oversized = 100 * LIMIT;
     let deep = format!("{{\"id\":{}{}}}", "[".repeat(30_000), "]".repeat(30_000));
     // A lone continuation byte: not UTF-8, so not JSON.
@@ -618,15 +611,15 @@ async fn hostile_bodies_get_4xx_and_leave_memory_bounded() {
             assert!(status.starts_with(expected), "case {case}: {status}");
         }
     }
-    let grown_kib = peak_rss_kib(pid).saturating_sub(before);
-    let sent_at_once_kib = (AT_ONCE * oversized) >> 10;
+    let grown = peak_rss_mib(Some(pid)) - before;
+    let sent_at_once = (AT_ONCE * oversized) as f64 / (1 << 20) as f64;
     eprintln!(
-        "hostile bodies: peak RSS grew by {grown_kib} KiB while {sent_at_once_kib} KiB were sent at once"
+        "hostile bodies: peak RSS grew by {grown:.1} MiB while {sent_at_once:.0} MiB were sent at once"
     );
     // Room for each connection's buffers and one body at the limit, not for the bodies.
     assert!(
-        (grown_kib as usize) < sent_at_once_kib / 10,
-        "peak RSS grew by {grown_kib} KiB"
+        grown < sent_at_once / 10.0,
+        "peak RSS grew by {grown:.1} MiB"
     );
     let health = client()
         .get(format!("{}/healthz", server.public))

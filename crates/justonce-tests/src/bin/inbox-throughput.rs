@@ -52,6 +52,15 @@ async fn main() -> std::process::ExitCode {
             );
         }
     }
+    let rss = justonce_tests::peak_rss_mib(None);
+    if args.json {
+        println!(
+            "{{\"bench\":\"inbox_throughput\",\"database\":\"{}\",\"peak_rss_mib\":{rss:.1}}}",
+            args.backend
+        );
+    } else {
+        println!("{:<10} peak RSS {rss:.1} MiB over all modes", args.backend);
+    }
     std::process::ExitCode::SUCCESS
 }
 

@@ -42,14 +42,16 @@ async fn main() -> std::process::ExitCode {
     };
     let [p50, p99, max] = figures.map(|d| d.as_secs_f64() * 1000.0);
     let name = if sqlite { "SQLite" } else { "PostgreSQL" };
+    let rss = justonce_tests::peak_rss_mib(None);
     if json {
         println!(
             "{{\"bench\":\"relay_latency\",\"database\":\"{name}\",\"messages\":{messages},\
-             \"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"max_ms\":{max:.3}}}"
+             \"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"max_ms\":{max:.3},\"peak_rss_mib\":{rss:.1}}}"
         );
     } else {
         println!("commit to receiver, {name}, {messages} messages 5 ms apart");
         println!("  p50 {p50:8.2} ms\n  p99 {p99:8.2} ms\n  max {max:8.2} ms");
+        println!("  peak RSS {rss:.1} MiB (relay, writer and receiver)");
     }
     std::process::ExitCode::SUCCESS
 }
