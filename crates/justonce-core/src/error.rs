@@ -54,6 +54,15 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// The lease ran out and another holder took the key over (or it was completed or
+    /// released already): this holder's result is not stored.
+    #[error("lease on key {key} is no longer held by token {token}")]
+    LeaseLost {
+        /// The key.
+        key: String,
+        /// The stale token.
+        token: i64,
+    },
 }
 
 impl Error {
@@ -68,6 +77,7 @@ impl Error {
             Error::Schema(_) => ErrorKind::Schema,
             Error::Database { .. } => ErrorKind::Database,
             Error::CommitUnknown { .. } => ErrorKind::CommitUnknown,
+            Error::LeaseLost { .. } => ErrorKind::LeaseLost,
         }
     }
 
@@ -103,6 +113,8 @@ pub enum ErrorKind {
     Database,
     /// See [`Error::CommitUnknown`].
     CommitUnknown,
+    /// See [`Error::LeaseLost`].
+    LeaseLost,
 }
 
 /// Why a key, consumer name or scope was rejected.

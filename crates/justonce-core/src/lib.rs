@@ -9,6 +9,7 @@
 //!   for another payload is reported instead of silently merged.
 //! - [`Retention`]: how long keys are kept, never shorter than the sender's retry horizon.
 //! - [`Claim`] and [`Outcome`]: what a claim found, and what a run did.
+//! - [`Leases`]: keys held for work outside the transaction, with fencing tokens.
 //! - [`Offset`]: a stream position kept in the same transaction as the work.
 //! - [`Destination`]: where the outbox relay sends rows, and what came of each
 //!   [`Delivery`].
@@ -31,6 +32,7 @@ mod destination;
 mod error;
 mod fingerprint;
 mod identity;
+mod lease;
 mod offset;
 mod outcome;
 mod retention;
@@ -39,6 +41,7 @@ pub use destination::{Delivered, Delivery, Destination};
 pub use error::{BoxError, Error, ErrorKind, Invalid};
 pub use fingerprint::Fingerprint;
 pub use identity::{Consumer, DerivedKey, Identity, Key, Scope};
+pub use lease::{Lease, LeaseClaim, LeaseFuture, Leases};
 pub use offset::{Offset, OffsetCommit};
 pub use outcome::{Claim, Outcome};
 pub use retention::Retention;

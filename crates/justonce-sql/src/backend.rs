@@ -1,7 +1,7 @@
 //! What differs between databases, behind one sealed trait.
 
 use crate::tables::Tables;
-use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
+use justonce_core::{Consumer, Error, Fingerprint, Identity, Lease, Offset, Scope};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -59,6 +59,25 @@ pub trait Backend: sqlx::Database + Sealed {
         consumer: &'a Consumer,
         keys: &'a [&'a str],
     ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a;
+
+    /// Takes a lease on the key if it is free or its lease expired with the same payload,
+    /// and returns the new token.
+    #[doc(hidden)]
+    fn lease_claim<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        identity: &'a Identity,
+        fingerprint: &'a Fingerprint,
+        lease_ms: i64,
+    ) -> impl Future<Output = Result<Option<i64>, Error>> + Send + 'a;
+
+    /// The state of a key's row, for a lease claim that did not take it.
+    #[doc(hidden)]
+    fn lease_state<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        identity: &'a Identity,
+    ) -> impl Future<Output = Result<Option<LeaseState>, Error>> + Send + 'a;
 
     /// Runs one statement that changes rows, and returns how many it changed.
     #[doc(hidden)]
@@ -175,6 +194,11 @@ pub struct Statements {
     pub(crate) commit_offset: Arc<str>,
     pub(crate) load_offsets: Arc<str>,
     pub(crate) outbox_stats: Arc<str>,
+    pub(crate) lease_claim: Arc<str>,
+    pub(crate) lease_state: Arc<str>,
+    pub(crate) lease_complete: Arc<str>,
+    pub(crate) lease_release: Arc<str>,
+    pub(crate) lease_renew: Arc<str>,
 }
 
 /// The statements whose text differs between databases beyond the clock.
@@ -293,6 +317,47 @@ impl Statements {
                 "SELECT partition_id, position, sequence FROM {offsets}
                  WHERE consumer = $1 AND stream = $2 ORDER BY partition_id"
             )),
+            // Takes a free key, or an expired lease on it with the same payload, with a
+            // larger token than the last holder's. A key in any other state returns no
+            // row, and `lease_state` says which.
+            lease_claim: text(format!(
+                "INSERT INTO {keys}
+                    (scope, consumer, key, fingerprint, claim_id, processed_at, token, lease_until)
+                 VALUES ($1, $2, $3, $4, 0, {now}, 1, {later})
+                 ON CONFLICT (scope, consumer, key) DO UPDATE
+                 SET token = {keys}.token + 1, lease_until = excluded.lease_until,
+                     processed_at = excluded.processed_at
+                 WHERE {keys}.lease_until IS NOT NULL AND {keys}.lease_until <= {now}
+                   AND {keys}.fingerprint = excluded.fingerprint
+                 RETURNING token",
+                later = (clock.later_by)("$5")
+            )),
+            lease_state: text(format!(
+                "SELECT fingerprint, lease_until IS NULL AS done, result,
+                        CASE WHEN lease_until IS NULL THEN 0 ELSE -{} END AS remaining_ms
+                 FROM {keys} WHERE scope = $1 AND consumer = $2 AND key = $3",
+                (clock.age_ms)("lease_until")
+            )),
+            // Each change to a lease names its token: a holder whose lease was taken over
+            // changes nothing.
+            lease_complete: text(format!(
+                "UPDATE {keys} SET lease_until = NULL, result = $5, processed_at = {now}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3 AND token = $4
+                   AND lease_until IS NOT NULL"
+            )),
+            // A released key keeps its row, expired, so that the next holder's token is
+            // still larger than this one's.
+            lease_release: text(format!(
+                "UPDATE {keys} SET lease_until = {now}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3 AND token = $4
+                   AND lease_until IS NOT NULL"
+            )),
+            lease_renew: text(format!(
+                "UPDATE {keys} SET lease_until = {}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3 AND token = $4
+                   AND lease_until IS NOT NULL",
+                (clock.later_by)("$5")
+            )),
             outbox_stats: text(format!(
                 "SELECT
                     count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
@@ -342,6 +407,15 @@ impl Stored {
             fingerprint: Fingerprint::from_bytes(bytes),
         })
     }
+}
+
+/// A key's row as a lease claim sees it.
+pub struct LeaseState {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) done: bool,
+    pub(crate) result: Option<Vec<u8>>,
+    /// Milliseconds until the lease runs out, by the store's clock; 0 or less once it has.
+    pub(crate) remaining_ms: i64,
 }
 
 /// One outbox row to write.
@@ -461,6 +535,17 @@ pub enum Change<'a> {
         older_than_ms: i64,
         limit: i64,
     },
+    LeaseComplete {
+        lease: &'a Lease,
+        result: &'a [u8],
+    },
+    LeaseRelease {
+        lease: &'a Lease,
+    },
+    LeaseRenew {
+        lease: &'a Lease,
+        lease_ms: i64,
+    },
 }
 
 /// A stream position to store.
@@ -528,6 +613,25 @@ pub(crate) fn vanished(identity: &Identity) -> Error {
     }
 }
 
+/// Binds the identity and token that every change to a lease names, as `$1` to `$4`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn bind_lease<'q, DB>(
+    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
+    lease: &'q Lease,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let id = &lease.identity;
+    query
+        .bind(id.scope.as_str())
+        .bind(id.consumer.as_str())
+        .bind(id.key.as_str())
+        .bind(lease.token)
+}
+
 /// The queries whose text and binds are the same on every database, written once and
 /// expanded inside each backend's `impl`.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -573,6 +677,49 @@ macro_rules! shared_queries {
                 .transpose()
         }
 
+        async fn lease_claim<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Statements,
+            identity: &'a Identity,
+            fingerprint: &'a Fingerprint,
+            lease_ms: i64,
+        ) -> Result<Option<i64>, Error> {
+            let token: Option<(i64,)> = sqlx::query_as(AssertSqlSafe(sql.lease_claim.clone()))
+                .bind(identity.scope.as_str())
+                .bind(identity.consumer.as_str())
+                .bind(identity.key.as_str())
+                .bind(fingerprint.as_bytes().as_slice())
+                .bind(lease_ms)
+                .fetch_optional(pool)
+                .await
+                .map_err(database_error::<Self>)?;
+            Ok(token.map(|(token,)| token))
+        }
+
+        async fn lease_state<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Statements,
+            identity: &'a Identity,
+        ) -> Result<Option<LeaseState>, Error> {
+            let row: Option<(Vec<u8>, bool, Option<Vec<u8>>, i64)> =
+                sqlx::query_as(AssertSqlSafe(sql.lease_state.clone()))
+                    .bind(identity.scope.as_str())
+                    .bind(identity.consumer.as_str())
+                    .bind(identity.key.as_str())
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            row.map(|(fingerprint, done, result, remaining_ms)| {
+                Ok(LeaseState {
+                    fingerprint: Stored::decode(0, fingerprint)?.fingerprint,
+                    done,
+                    result,
+                    remaining_ms,
+                })
+            })
+            .transpose()
+        }
+
         async fn change<'a>(
             pool: &'a sqlx::Pool<Self>,
             sql: &'a Statements,
@@ -608,6 +755,13 @@ macro_rules! shared_queries {
                     older_than_ms,
                     limit,
                 } => statement(&sql.purge_sent).bind(older_than_ms).bind(limit),
+                Change::LeaseComplete { lease, result } => {
+                    bind_lease(statement(&sql.lease_complete), lease).bind(result)
+                }
+                Change::LeaseRelease { lease } => bind_lease(statement(&sql.lease_release), lease),
+                Change::LeaseRenew { lease, lease_ms } => {
+                    bind_lease(statement(&sql.lease_renew), lease).bind(lease_ms)
+                }
             };
             let done = query.execute(pool).await.map_err(database_error::<Self>)?;
             Ok(done.rows_affected())

@@ -174,6 +174,10 @@ impl<DB: Backend> Inbox<DB> {
         }
     }
 
+    pub(crate) fn shared(&self) -> &Shared<DB> {
+        &self.shared
+    }
+
     /// The connection pool, for the application's own queries.
     pub fn pool(&self) -> &sqlx::Pool<DB> {
         &self.shared.pool

@@ -37,6 +37,7 @@
 
 mod backend;
 mod inbox;
+mod leases;
 mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;

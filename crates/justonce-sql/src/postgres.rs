@@ -2,12 +2,12 @@
 //! migrations.
 
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, Clock, Migration, NewOutboxRow, OffsetRow, OutboxRow,
-    OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, database_error,
-    shared_queries, vanished,
+    Backend, Batch, Change, ClaimRow, Clock, LeaseState, Migration, NewOutboxRow, OffsetRow,
+    OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, bind_lease,
+    database_error, shared_queries, vanished,
 };
 use crate::tables::Tables;
-use justonce_core::{Consumer, Error, Identity, Offset, Scope};
+use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
 use sqlx::postgres::PgListener;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Postgres};
@@ -32,11 +32,12 @@ const MIGRATION_SETUP: &[&str] = &[
     )",
 ];
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "keys, outbox and offsets",
-    // "C" collation: keys compare byte for byte, as documented, and index faster.
-    sql: "
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "keys, outbox and offsets",
+        // "C" collation: keys compare byte for byte, as documented, and index faster.
+        sql: "
 CREATE TABLE IF NOT EXISTS {prefix}keys (
     scope text COLLATE \"C\" NOT NULL,
     consumer text COLLATE \"C\" NOT NULL,
@@ -76,7 +77,18 @@ CREATE TABLE IF NOT EXISTS {prefix}offsets (
     PRIMARY KEY (consumer, stream, partition_id)
 );
 ",
-}];
+    },
+    Migration {
+        version: 2,
+        description: "leases: fencing token, expiry and result on keys",
+        sql: "
+ALTER TABLE {prefix}keys
+    ADD COLUMN token bigint NOT NULL DEFAULT 0,
+    ADD COLUMN lease_until timestamptz,
+    ADD COLUMN result bytea;
+",
+    },
+];
 
 impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";

@@ -1,12 +1,12 @@
 //! SQLite: WAL, `BEGIN IMMEDIATE` for writers, a busy timeout, and JSON for batches.
 
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, Clock, Migration, NewOutboxRow, OffsetRow, OutboxRow,
-    OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, database_error,
-    shared_queries, vanished,
+    Backend, Batch, Change, ClaimRow, Clock, LeaseState, Migration, NewOutboxRow, OffsetRow,
+    OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, bind_lease,
+    database_error, shared_queries, vanished,
 };
 use crate::tables::Tables;
-use justonce_core::{Consumer, Error, Identity, Offset, Scope};
+use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
 use std::str::FromStr;
@@ -36,10 +36,11 @@ const MIGRATION_SETUP: &[&str] = &["CREATE TABLE IF NOT EXISTS {prefix}migration
     applied_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER))
 )"];
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "keys, outbox and offsets",
-    sql: "
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "keys, outbox and offsets",
+        sql: "
 CREATE TABLE IF NOT EXISTS {prefix}keys (
     scope TEXT NOT NULL,
     consumer TEXT NOT NULL,
@@ -79,7 +80,17 @@ CREATE TABLE IF NOT EXISTS {prefix}offsets (
     PRIMARY KEY (consumer, stream, partition_id)
 );
 ",
-}];
+    },
+    Migration {
+        version: 2,
+        description: "leases: fencing token, expiry and result on keys",
+        sql: "
+ALTER TABLE {prefix}keys ADD COLUMN token INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE {prefix}keys ADD COLUMN lease_until INTEGER;
+ALTER TABLE {prefix}keys ADD COLUMN result BLOB;
+",
+    },
+];
 
 impl Backend for Sqlite {
     // A deferred transaction that upgrades to a write fails with SQLITE_BUSY at once,

@@ -1,0 +1,127 @@
+//! Leases: keys held for work outside the transaction, in the same table as claims.
+
+use crate::backend::{Backend, Change};
+use crate::inbox::{Inbox, millis};
+use justonce_core::{Error, Fingerprint, Identity, Lease, LeaseClaim, LeaseFuture, Leases};
+use std::time::Duration;
+
+/// A lease claim can lose a race: the row it could not take may expire, be released or
+/// vanish before it is read. It asks again this many times before answering in progress.
+const CLAIM_ATTEMPTS: u32 = 3;
+
+impl<DB: Backend> Inbox<DB> {
+    async fn take_lease(
+        &self,
+        identity: &Identity,
+        received: &Fingerprint,
+        lease_for: Duration,
+    ) -> Result<LeaseClaim, Error> {
+        let shared = self.shared();
+        for _ in 0..CLAIM_ATTEMPTS {
+            let taken = {
+                let _writer = shared.queue_writer().await;
+                DB::lease_claim(
+                    &shared.pool,
+                    &shared.sql,
+                    identity,
+                    received,
+                    millis(lease_for),
+                )
+                .await?
+            };
+            if let Some(token) = taken {
+                if token > 1 {
+                    metrics::counter!("justonce_lease_takeovers_total").increment(1);
+                }
+                return Ok(LeaseClaim::Acquired(Lease {
+                    identity: identity.clone(),
+                    token,
+                }));
+            }
+            let Some(state) = DB::lease_state(&shared.pool, &shared.sql, identity).await? else {
+                continue;
+            };
+            if state.fingerprint != *received {
+                return Ok(LeaseClaim::KeyReused {
+                    stored: state.fingerprint,
+                    received: *received,
+                });
+            }
+            if state.done {
+                return Ok(LeaseClaim::Done {
+                    result: state.result,
+                });
+            }
+            if state.remaining_ms > 0 {
+                return Ok(LeaseClaim::InProgress {
+                    remaining: Duration::from_millis(state.remaining_ms.unsigned_abs()),
+                });
+            }
+        }
+        Ok(LeaseClaim::InProgress {
+            remaining: Duration::ZERO,
+        })
+    }
+
+    /// Runs one change to a lease; no row changed means another holder has the key.
+    async fn change_lease(&self, lease: &Lease, change: Change<'_>) -> Result<(), Error> {
+        let shared = self.shared();
+        let changed = {
+            let _writer = shared.queue_writer().await;
+            DB::change(&shared.pool, &shared.sql, change).await?
+        };
+        if changed == 0 {
+            return Err(Error::LeaseLost {
+                key: lease.identity.key.as_str().to_owned(),
+                token: lease.token,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Leases on the inbox's store. The identity names its own scope and consumer, so one
+/// inbox serves leases for any of them; [`Inbox::identity`] builds this inbox's own.
+///
+/// ```no_run
+/// # async fn example(inbox: justonce_sql::Inbox<sqlx::Postgres>) -> Result<(), justonce_sql::Error> {
+/// use justonce_sql::{Fingerprint, Key, LeaseClaim, Leases};
+/// use std::time::Duration;
+///
+/// let request = br#"{"amount": 1250}"#;
+/// let identity = inbox.identity(&Key::new("charge:ord_1")?);
+/// match inbox.claim_lease(&identity, &Fingerprint::of(request), Duration::from_secs(30)).await? {
+///     LeaseClaim::Acquired(lease) => {
+///         let receipt = b"ch_123"; // charge the card here
+///         inbox.complete(&lease, receipt).await?;
+///     }
+///     LeaseClaim::Done { result } => println!("charged before: {result:?}"),
+///     LeaseClaim::InProgress { remaining } => println!("another worker has it for {remaining:?}"),
+///     LeaseClaim::KeyReused { .. } => println!("same key, another request"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+impl<DB: Backend> Leases for Inbox<DB> {
+    fn claim_lease<'a>(
+        &'a self,
+        identity: &'a Identity,
+        fingerprint: &'a Fingerprint,
+        lease_for: Duration,
+    ) -> LeaseFuture<'a, LeaseClaim> {
+        Box::pin(self.take_lease(identity, fingerprint, lease_for))
+    }
+
+    fn complete<'a>(&'a self, lease: &'a Lease, result: &'a [u8]) -> LeaseFuture<'a, ()> {
+        Box::pin(self.change_lease(lease, Change::LeaseComplete { lease, result }))
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> LeaseFuture<'a, ()> {
+        Box::pin(self.change_lease(lease, Change::LeaseRelease { lease }))
+    }
+
+    fn renew<'a>(&'a self, lease: &'a Lease, lease_for: Duration) -> LeaseFuture<'a, ()> {
+        let lease_ms = millis(lease_for);
+        Box::pin(self.change_lease(lease, Change::LeaseRenew { lease, lease_ms }))
+    }
+}
