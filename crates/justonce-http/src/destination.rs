@@ -1,3 +1,4 @@
+use crate::retry_after::parse_retry_after;
 use crate::standard_webhooks;
 use justonce_core::{Delivered, Delivery, Destination, Error};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -200,18 +201,6 @@ fn is_transient(status: StatusCode) -> bool {
         )
 }
 
-/// `Retry-After` as delay-seconds or an HTTP date.
-fn parse_retry_after(value: &str) -> Option<Duration> {
-    if let Ok(seconds) = value.trim().parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value.trim()).ok()?;
-    Some(
-        at.duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO),
-    )
-}
-
 /// An error with its causes, which say why a connection failed.
 fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
@@ -227,19 +216,6 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_after_takes_seconds_and_dates() {
-        assert_eq!(parse_retry_after("120"), Some(Duration::from_secs(120)));
-        let later = SystemTime::now() + Duration::from_secs(3600);
-        let parsed = parse_retry_after(&httpdate::fmt_http_date(later)).unwrap();
-        assert!(parsed > Duration::from_secs(3500) && parsed <= Duration::from_secs(3600));
-        assert_eq!(
-            parse_retry_after("Thu, 01 Jan 1970 00:00:00 GMT"),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(parse_retry_after("soon"), None);
-    }
 
     #[test]
     fn only_some_statuses_are_retried() {

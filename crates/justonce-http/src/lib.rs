@@ -2,8 +2,10 @@
 //!
 //! | feature       | what it adds |
 //! |---------------|--------------|
+//! | `client`      | [`client::RetryingClient`]: POSTs with one `Idempotency-Key`, sent again on every retry |
 //! | `destination` | [`HttpDestination`]: the outbox relay POSTs each row with its key as `Idempotency-Key` |
 //! | `receiver`    | [`receiver::router`]: `POST /webhooks/{source}` verifies, stores and answers 2xx, and the relay delivers |
+//! | `server`      | [`server::IdempotencyLayer`]: a tower layer for axum routes that stores each keyed response and replays it on retries |
 //!
 //! The destination carries the row's key on every attempt, so that a receiver which
 //! deduplicates on it acts once however often the relay retries:
@@ -20,10 +22,18 @@
 //! # }
 //! ```
 
+#[cfg(any(feature = "receiver", feature = "server"))]
+mod answer;
+#[cfg(feature = "client")]
+pub mod client;
 #[cfg(feature = "destination")]
 mod destination;
 #[cfg(feature = "receiver")]
 pub mod receiver;
+#[cfg(any(feature = "client", feature = "destination"))]
+mod retry_after;
+#[cfg(feature = "server")]
+pub mod server;
 #[cfg(any(feature = "destination", feature = "receiver"))]
 mod standard_webhooks;
 

@@ -79,6 +79,15 @@ pub trait Backend: sqlx::Database + Sealed {
         identity: &'a Identity,
     ) -> impl Future<Output = Result<Option<LeaseState>, Error>> + Send + 'a;
 
+    /// Stores a result with a key claimed in this transaction.
+    #[doc(hidden)]
+    fn store_result<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        identity: &'a Identity,
+        result: &'a [u8],
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+
     /// Runs one statement that changes rows, and returns how many it changed.
     #[doc(hidden)]
     fn change<'a>(
@@ -199,6 +208,7 @@ pub struct Statements {
     pub(crate) lease_complete: Arc<str>,
     pub(crate) lease_release: Arc<str>,
     pub(crate) lease_renew: Arc<str>,
+    pub(crate) store_result: Arc<str>,
 }
 
 /// The statements whose text differs between databases beyond the clock.
@@ -357,6 +367,10 @@ impl Statements {
                  WHERE scope = $1 AND consumer = $2 AND key = $3 AND token = $4
                    AND lease_until IS NOT NULL",
                 (clock.later_by)("$5")
+            )),
+            store_result: text(format!(
+                "UPDATE {keys} SET result = $4
+                 WHERE scope = $1 AND consumer = $2 AND key = $3"
             )),
             outbox_stats: text(format!(
                 "SELECT
@@ -718,6 +732,23 @@ macro_rules! shared_queries {
                 })
             })
             .transpose()
+        }
+
+        async fn store_result<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a Statements,
+            identity: &'a Identity,
+            result: &'a [u8],
+        ) -> Result<(), Error> {
+            sqlx::query(AssertSqlSafe(sql.store_result.clone()))
+                .bind(identity.scope.as_str())
+                .bind(identity.consumer.as_str())
+                .bind(identity.key.as_str())
+                .bind(result)
+                .execute(conn)
+                .await
+                .map(drop)
+                .map_err(database_error::<Self>)
         }
 
         async fn change<'a>(

@@ -63,6 +63,29 @@ impl<DB: Backend> Inbox<DB> {
         })
     }
 
+    /// What the store holds for a key, or `None` if it is not claimed.
+    pub async fn lookup(&self, identity: &Identity) -> Result<Option<StoredKey>, Error> {
+        let shared = self.shared();
+        let state = DB::lease_state(&shared.pool, &shared.sql, identity).await?;
+        Ok(state.map(|state| StoredKey {
+            fingerprint: state.fingerprint,
+            result: state.result,
+            lease_remaining: (!state.done)
+                .then(|| Duration::from_millis(state.remaining_ms.max(0).unsigned_abs())),
+        }))
+    }
+
+    /// Stores `result` with a key this transaction claimed, so that the key's work and its
+    /// result commit together; [`Inbox::lookup`] and lease claims return it afterwards.
+    pub async fn store_result(
+        &self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+        identity: &Identity,
+        result: &[u8],
+    ) -> Result<(), Error> {
+        DB::store_result(tx, &self.shared().sql, identity, result).await
+    }
+
     /// Runs one change to a lease; no row changed means another holder has the key.
     async fn change_lease(&self, lease: &Lease, change: Change<'_>) -> Result<(), Error> {
         let shared = self.shared();
@@ -78,6 +101,19 @@ impl<DB: Backend> Inbox<DB> {
         }
         Ok(())
     }
+}
+
+/// A claimed key as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredKey {
+    /// The fingerprint of the payload it was claimed with.
+    pub fingerprint: Fingerprint,
+    /// The result stored with it, if any.
+    pub result: Option<Vec<u8>>,
+    /// For a key held as a lease, how long until the lease runs out (zero once it has);
+    /// `None` for a done key.
+    pub lease_remaining: Option<Duration>,
 }
 
 /// Leases on the inbox's store. The identity names its own scope and consumer, so one

@@ -70,5 +70,5 @@
 pub use justonce_core::*;
 pub use justonce_sql::{
     Backend, Inbox, Message, Options, Outbox, Relay, RelayOptions, RelayRound, Row, RunError,
-    WorkFuture, sqlx,
+    StoredKey, WorkFuture, sqlx,
 };

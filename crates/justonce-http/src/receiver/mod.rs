@@ -7,9 +7,8 @@ pub use crate::standard_webhooks::signature as standard_webhooks_signature;
 pub use signature::{Rejected, Scheme};
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -17,6 +16,8 @@ use justonce_core::{Consumer, Error, Key, Outcome};
 use justonce_sql::{Backend, Inbox, Message};
 use std::collections::HashMap;
 use std::sync::Arc;
+
+use crate::answer::{problem, read_limited};
 
 /// Where a source puts the event id that becomes the key `<source>:<id>`.
 #[derive(Debug, Clone)]
@@ -198,42 +199,6 @@ async fn healthz<DB: Backend>(State(inbox): State<Inbox<DB>>) -> Response {
     }
 }
 
-/// The body, read no further than `limit` bytes: a larger Content-Length is refused before
-/// reading, and a body that grows past the limit is refused when it does.
-async fn read_limited(
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<axum::body::Bytes, Response> {
-    let too_large = || {
-        problem(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body too large",
-            format!("the body may be at most {limit} bytes"),
-        )
-    };
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(too_large());
-    }
-    axum::body::to_bytes(body, limit).await.map_err(|error| {
-        let over_limit = std::error::Error::source(&error)
-            .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
-        if over_limit {
-            too_large()
-        } else {
-            problem(
-                StatusCode::BAD_REQUEST,
-                "unreadable body",
-                error.to_string(),
-            )
-        }
-    })
-}
-
 /// The event id as text, from a header or a JSON pointer into the body.
 fn event_id(location: &IdLocation, headers: &HeaderMap, body: &[u8]) -> Result<String, String> {
     match location {
@@ -260,20 +225,4 @@ fn event_id(location: &IdLocation, headers: &HeaderMap, body: &[u8]) -> Result<S
 fn count(source: &str, outcome: &'static str) {
     metrics::counter!("justonce_webhooks_total", "source" => source.to_owned(), "outcome" => outcome)
         .increment(1);
-}
-
-/// An `application/problem+json` answer (RFC 9457).
-fn problem(status: StatusCode, title: &str, detail: impl Into<String>) -> Response {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail.into(),
-    });
-    (
-        status,
-        [(CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
-    )
-        .into_response()
 }

@@ -215,7 +215,10 @@ async fn another_payload_is_a_key_reuse<DB: TestBackend>(test: &str) {
 async fn a_key_is_claimed_once_whichever_way<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let in_transaction = key("job:1");
-    process(&db, &db.inbox, &in_transaction, b"p").await;
+    assert_eq!(
+        process(&db, &db.inbox, &in_transaction, b"p").await,
+        justonce_sql::Outcome::Processed(())
+    );
     assert_eq!(
         db.inbox
             .claim_lease(&db.inbox.identity(&in_transaction), &print("p"), LONG)

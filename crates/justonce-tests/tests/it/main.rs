@@ -1,10 +1,14 @@
 //! One integration binary: every test body runs against SQLite and the real PostgreSQL.
 
 mod claim;
+mod client;
 mod commit;
 mod crash;
 mod http;
+mod idempotency;
+mod lease;
 mod outbox;
+mod payments;
 mod purge;
 mod receiver;
 mod relay_crash;

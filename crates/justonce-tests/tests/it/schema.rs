@@ -29,7 +29,10 @@ async fn concurrent_migrations_apply_once<DB: TestBackend>(test: &str) {
     for task in tasks {
         applied += task.await.unwrap();
     }
-    assert_eq!(applied, 2, "each of the two migrations applied by one migrator");
+    assert_eq!(
+        applied, 2,
+        "each of the two migrations applied by one migrator"
+    );
     for table in ["keys", "outbox", "offsets", "migrations"] {
         DB::execute(db.inbox.pool(), format!("DROP TABLE {fresh}{table}"))
             .await

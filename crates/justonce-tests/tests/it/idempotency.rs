@@ -1,0 +1,424 @@
+//! The Idempotency-Key layer on real axum routes, through `oneshot` with no socket, with
+//! its keys on each real database.
+
+use super::on_every_database;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::Path;
+use axum::http::{Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use justonce_http::server::{IdempotencyLayer, Tx};
+use justonce_tests::{TestBackend, TestDb};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tower::ServiceExt;
+
+on_every_database!(
+    a_retry_gets_the_first_response_byte_for_byte,
+    another_body_with_the_same_key_is_422,
+    a_request_still_running_gets_409,
+    keys_are_required_and_checked,
+    a_5xx_is_not_stored_and_the_retry_runs,
+    tenants_never_share_a_response,
+    the_route_template_scopes_the_key,
+    a_handler_past_its_lease_lets_the_retry_run,
+    an_unreachable_store_answers_503,
+    transactional_writes_commit_with_the_key_and_the_response,
+    a_transactional_5xx_rolls_the_writes_back,
+    a_transactional_retry_waits_for_the_first_and_replays_it,
+    a_transactional_request_without_a_key_still_gets_a_transaction,
+);
+
+/// What the handlers saw: how many times they ran, and what the next ones should do.
+#[derive(Clone, Default)]
+struct Handler {
+    calls: Arc<AtomicUsize>,
+    /// Calls with a number in this list answer 500.
+    failing: Arc<Vec<usize>>,
+    /// How long each call takes before it answers.
+    delay: Duration,
+}
+
+impl Handler {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    async fn create(self, order: Option<String>, body: Bytes) -> axum::response::Response {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(self.delay).await;
+        if self.failing.contains(&call) {
+            return (StatusCode::INTERNAL_SERVER_ERROR, "try again").into_response();
+        }
+        let payment = format!(
+            r#"{{"payment":{call},"order":{order:?},"bytes":{}}}"#,
+            body.len()
+        );
+        (
+            StatusCode::CREATED,
+            [
+                ("content-type", "application/json"),
+                ("location", &format!("/payments/{call}")),
+                ("x-not-stored", "per call"),
+            ],
+            payment,
+        )
+            .into_response()
+    }
+}
+
+fn app<DB: TestBackend>(db: &TestDb<DB>, handler: &Handler, lease_for: Duration) -> Router {
+    let layer = IdempotencyLayer::new(db.inbox.clone())
+        .lease_for(lease_for)
+        .principal(|request| {
+            let tenant = request.headers.get("x-tenant")?.to_str().ok()?;
+            Some(tenant.to_owned())
+        });
+    let (direct, nested) = (handler.clone(), handler.clone());
+    Router::new()
+        .route(
+            "/payments",
+            post(move |body: Bytes| direct.clone().create(None, body))
+                .get(|| async { "a GET needs no key" }),
+        )
+        .route(
+            "/orders/{order}/payments",
+            post(move |Path(order): Path<String>, body: Bytes| {
+                nested.clone().create(Some(order), body)
+            }),
+        )
+        .route_layer(layer)
+}
+
+const LEASE: Duration = Duration::from_secs(60);
+
+fn request(uri: &str, tenant: &str, key: Option<&str>, body: &str) -> Request<Body> {
+    let mut builder = Request::post(uri)
+        .header("content-type", "application/json")
+        .header("x-tenant", tenant);
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body.to_owned())).unwrap()
+}
+
+/// Status, headers and body bytes of the answer.
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Bytes) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    (parts.status, parts.headers, body)
+}
+
+fn assert_problem(answer: &(StatusCode, axum::http::HeaderMap, Bytes), status: StatusCode) {
+    assert_eq!(answer.0, status, "{:?}", answer.2);
+    assert_eq!(answer.1["content-type"], "application/problem+json");
+    let body = String::from_utf8_lossy(&answer.2);
+    assert!(
+        body.contains(&format!("\"status\":{}", status.as_u16())),
+        "{body}"
+    );
+}
+
+async fn a_retry_gets_the_first_response_byte_for_byte<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler::default();
+    let app = app(&db, &handler, LEASE);
+    let body = r#"{"amount":1250,"currency":"EUR"}"#;
+    let first = send(&app, request("/payments", "a", Some("k1"), body)).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert!(!first.1.contains_key("idempotent-replayed"));
+    for key in ["k1", "\"k1\""] {
+        let retry = send(&app, request("/payments", "a", Some(key), body)).await;
+        assert_eq!(retry.0, StatusCode::CREATED);
+        assert_eq!(retry.2, first.2, "the same bytes");
+        assert_eq!(retry.1["content-type"], "application/json");
+        assert_eq!(retry.1["location"], "/payments/1");
+        assert_eq!(retry.1["idempotent-replayed"], "true");
+        assert!(!retry.1.contains_key("x-not-stored"));
+    }
+    assert_eq!(handler.calls(), 1, "the handler ran once");
+    let get = send(&app, Request::get("/payments").body(Body::empty()).unwrap()).await;
+    assert_eq!(get.0, StatusCode::OK, "other methods pass through");
+    assert_eq!(db.rows("keys").await, 1);
+    db.cleanup().await;
+}
+
+async fn another_body_with_the_same_key_is_422<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler::default();
+    let app = app(&db, &handler, LEASE);
+    let first = send(
+        &app,
+        request("/payments", "a", Some("k1"), r#"{"amount":1}"#),
+    )
+    .await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    let reused = send(
+        &app,
+        request("/payments", "a", Some("k1"), r#"{"amount":2}"#),
+    )
+    .await;
+    assert_problem(&reused, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(handler.calls(), 1);
+    db.cleanup().await;
+}
+
+async fn a_request_still_running_gets_409<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler {
+        delay: Duration::from_millis(500),
+        ..Handler::default()
+    };
+    let app = app(&db, &handler, LEASE);
+    let running = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await })
+    };
+    while handler.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let concurrent = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_problem(&concurrent, StatusCode::CONFLICT);
+    let retry_after: u64 = concurrent.1["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    let first = running.await.unwrap();
+    assert_eq!(first.0, StatusCode::CREATED);
+    let after = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!((after.0, after.2), (first.0, first.2));
+    assert_eq!(handler.calls(), 1);
+    db.cleanup().await;
+}
+
+async fn keys_are_required_and_checked<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler::default();
+    let app = app(&db, &handler, LEASE);
+    let long = "k".repeat(256);
+    for key in [
+        None,
+        Some(""),
+        Some("\"\""),
+        Some(long.as_str()),
+        Some("a\tb"),
+    ] {
+        let answer = send(&app, request("/payments", "a", key, "{}")).await;
+        assert_problem(&answer, StatusCode::BAD_REQUEST);
+    }
+    let mut doubled = request("/payments", "a", Some("k1"), "{}");
+    doubled
+        .headers_mut()
+        .append("idempotency-key", "k2".parse().unwrap());
+    assert_problem(&send(&app, doubled).await, StatusCode::BAD_REQUEST);
+    let longest = "k".repeat(255);
+    let accepted = send(&app, request("/payments", "a", Some(&longest), "{}")).await;
+    assert_eq!(accepted.0, StatusCode::CREATED);
+    assert_eq!(handler.calls(), 1, "only the valid key reached the handler");
+    assert_eq!(db.rows("keys").await, 1);
+    db.cleanup().await;
+}
+
+async fn a_5xx_is_not_stored_and_the_retry_runs<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler {
+        failing: Arc::new(vec![1]),
+        ..Handler::default()
+    };
+    let app = app(&db, &handler, LEASE);
+    let failed = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
+    let retried = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(retried.0, StatusCode::CREATED);
+    assert!(!retried.1.contains_key("idempotent-replayed"));
+    let replayed = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(replayed.2, retried.2);
+    assert_eq!(replayed.1["idempotent-replayed"], "true");
+    assert_eq!(handler.calls(), 2);
+    db.cleanup().await;
+}
+
+async fn tenants_never_share_a_response<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler::default();
+    let app = app(&db, &handler, LEASE);
+    let a = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let b = send(&app, request("/payments", "b", Some("k1"), "{}")).await;
+    assert_eq!((a.0, b.0), (StatusCode::CREATED, StatusCode::CREATED));
+    assert_ne!(a.2, b.2, "tenant B got its own payment");
+    assert_eq!(handler.calls(), 2);
+    let a_again = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let b_again = send(&app, request("/payments", "b", Some("k1"), "{}")).await;
+    assert_eq!((a_again.2, b_again.2), (a.2, b.2));
+    let mut nobody = request("/payments", "a", Some("k1"), "{}");
+    nobody.headers_mut().remove("x-tenant");
+    assert_problem(&send(&app, nobody).await, StatusCode::BAD_REQUEST);
+    assert_eq!(handler.calls(), 2);
+    db.cleanup().await;
+}
+
+async fn the_route_template_scopes_the_key<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler::default();
+    let app = app(&db, &handler, LEASE);
+    let first = send(&app, request("/orders/1/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    // The same template with another order is the same route: the key is already used.
+    let same_template = send(&app, request("/orders/2/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(same_template.2, first.2);
+    assert_eq!(same_template.1["idempotent-replayed"], "true");
+    // Another route is another scope.
+    let other_route = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(other_route.0, StatusCode::CREATED);
+    assert!(!other_route.1.contains_key("idempotent-replayed"));
+    assert_eq!(handler.calls(), 2);
+    db.cleanup().await;
+}
+
+async fn a_handler_past_its_lease_lets_the_retry_run<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let slow = Handler {
+        delay: Duration::from_millis(800),
+        ..Handler::default()
+    };
+    let lease = Duration::from_millis(300);
+    let slow_app = app(&db, &slow, lease);
+    let running = {
+        let app = slow_app.clone();
+        tokio::spawn(async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await })
+    };
+    while slow.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let fast = Handler::default();
+    let fast_app = app(&db, &fast, lease);
+    let early = send(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_problem(&early, StatusCode::CONFLICT);
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let taken_over = send(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(taken_over.0, StatusCode::CREATED, "the lease ran out");
+    assert_eq!(fast.calls(), 1);
+    // The slow handler still answers its caller, but cannot overwrite the stored response.
+    assert_eq!(running.await.unwrap().0, StatusCode::CREATED);
+    let replayed = send(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(replayed.2, taken_over.2);
+    db.cleanup().await;
+}
+
+async fn an_unreachable_store_answers_503<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler::default();
+    let app = app(&db, &handler, LEASE);
+    let (url, prefix) = (db.url.clone(), db.prefix.clone());
+    db.inbox.pool().close().await;
+    let answer = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_problem(&answer, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.1["retry-after"], "1");
+    assert_eq!(handler.calls(), 0, "no work without a key");
+    let reopened = TestDb::<DB>::reopen(&url, &prefix).await;
+    reopened.cleanup().await;
+}
+
+/// A route under the transactional layer whose handler writes one effect row through the
+/// request's transaction, then answers 500 on the calls in `failing` and 201 otherwise.
+fn transactional_app<DB: TestBackend>(
+    db: &TestDb<DB>,
+    handler: &Handler,
+    layer: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
+) -> Router {
+    let prefix = db.prefix.clone();
+    let handler = handler.clone();
+    let pay = move |tx: Tx<DB>, body: Bytes| {
+        let (prefix, handler) = (prefix.clone(), handler.clone());
+        async move {
+            {
+                let mut tx = tx.lock().await.unwrap();
+                DB::insert_effect(&mut tx, &prefix, "payments", "effect")
+                    .await
+                    .unwrap();
+            }
+            handler.create(None, body).await
+        }
+    };
+    let layer = layer(IdempotencyLayer::transactional(db.inbox.clone()));
+    Router::new()
+        .route("/payments", post(pay))
+        .route_layer(layer)
+}
+
+async fn transactional_writes_commit_with_the_key_and_the_response<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler::default();
+    let app = transactional_app(&db, &handler, |layer| layer);
+    let first = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    let retry = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(retry.2, first.2);
+    assert_eq!(retry.1["idempotent-replayed"], "true");
+    let reused = send(&app, request("/payments", "a", Some("k1"), "{\"other\":1}")).await;
+    assert_problem(&reused, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(handler.calls(), 1);
+    assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 1));
+    db.cleanup().await;
+}
+
+async fn a_transactional_5xx_rolls_the_writes_back<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler {
+        failing: Arc::new(vec![1]),
+        ..Handler::default()
+    };
+    let app = transactional_app(&db, &handler, |layer| layer);
+    let failed = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        (db.rows("effects").await, db.rows("keys").await),
+        (0, 0),
+        "the handler's write and the key rolled back together"
+    );
+    let retried = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    assert_eq!(retried.0, StatusCode::CREATED);
+    assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 1));
+    db.cleanup().await;
+}
+
+async fn a_transactional_retry_waits_for_the_first_and_replays_it<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler {
+        delay: Duration::from_millis(300),
+        ..Handler::default()
+    };
+    let app = transactional_app(&db, &handler, |layer| layer);
+    let running = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await })
+    };
+    while handler.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let retry = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let first = running.await.unwrap();
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert_eq!(retry.2, first.2, "the retry got the first response");
+    assert_eq!(retry.1["idempotent-replayed"], "true");
+    assert_eq!(handler.calls(), 1);
+    assert_eq!(db.rows("effects").await, 1);
+    db.cleanup().await;
+}
+
+async fn a_transactional_request_without_a_key_still_gets_a_transaction<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler::default();
+    let app = transactional_app(&db, &handler, IdempotencyLayer::optional);
+    let keyless = send(&app, request("/payments", "a", None, "{}")).await;
+    assert_eq!(keyless.0, StatusCode::CREATED);
+    assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 0));
+    db.cleanup().await;
+}
