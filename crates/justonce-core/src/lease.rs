@@ -75,3 +75,27 @@ pub trait Leases: Send + Sync {
     /// another holder took the key over.
     fn renew<'a>(&'a self, lease: &'a Lease, lease_for: Duration) -> LeaseFuture<'a, ()>;
 }
+
+/// A shared store is a store, so that one can serve several layers and workers.
+impl<L: Leases + ?Sized> Leases for std::sync::Arc<L> {
+    fn claim_lease<'a>(
+        &'a self,
+        identity: &'a Identity,
+        fingerprint: &'a Fingerprint,
+        lease_for: Duration,
+    ) -> LeaseFuture<'a, LeaseClaim> {
+        (**self).claim_lease(identity, fingerprint, lease_for)
+    }
+
+    fn complete<'a>(&'a self, lease: &'a Lease, result: &'a [u8]) -> LeaseFuture<'a, ()> {
+        (**self).complete(lease, result)
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> LeaseFuture<'a, ()> {
+        (**self).release(lease)
+    }
+
+    fn renew<'a>(&'a self, lease: &'a Lease, lease_for: Duration) -> LeaseFuture<'a, ()> {
+        (**self).renew(lease, lease_for)
+    }
+}

@@ -2,8 +2,10 @@
 //! database, and an effect table without a unique constraint, so that a doubled effect
 //! shows as two rows.
 
+mod redis;
 mod sink;
 
+pub use redis::{TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 
 use justonce_sql::{Backend, Consumer, Inbox, Key, Options, Relay};
@@ -207,6 +209,20 @@ impl TestBackend for Postgres {
     same_on_every_database!();
 }
 
+/// A name no other test of any run uses: the process, a counter and the clock.
+fn unique() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{}_{}_{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// One test's own tables on one database.
 pub struct TestDb<DB: TestBackend> {
     /// The database URL, for child processes.
@@ -220,16 +236,7 @@ pub struct TestDb<DB: TestBackend> {
 impl<DB: TestBackend> TestDb<DB> {
     /// Fresh, migrated tables with an effect table beside them.
     pub async fn new(test: &str) -> Self {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let unique = format!(
-            "{}_{}_{nanos}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
+        let unique = unique();
         let prefix = format!("t{unique}_");
         let url = DB::fresh_url(&format!("{test}-{unique}"));
         let inbox = Inbox::<DB>::connect_with(

@@ -1,7 +1,7 @@
 //! The Idempotency-Key layer on real axum routes, through `oneshot` with no socket, with
 //! its keys on each real database.
 
-use super::on_every_database;
+use super::{LeaseStore, on_every_database, on_every_lease_store};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Path;
@@ -9,13 +9,14 @@ use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use justonce_http::server::{IdempotencyLayer, Tx};
+use justonce_sql::Leases;
 use justonce_tests::{TestBackend, TestDb};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tower::ServiceExt;
 
-on_every_database!(
+on_every_lease_store!(
     a_retry_gets_the_first_response_byte_for_byte,
     another_body_with_the_same_key_is_422,
     a_request_still_running_gets_409,
@@ -24,6 +25,9 @@ on_every_database!(
     tenants_never_share_a_response,
     the_route_template_scopes_the_key,
     a_handler_past_its_lease_lets_the_retry_run,
+);
+
+on_every_database!(
     an_unreachable_store_answers_503,
     transactional_writes_commit_with_the_key_and_the_response,
     a_transactional_5xx_rolls_the_writes_back,
@@ -69,8 +73,8 @@ impl Handler {
     }
 }
 
-fn app<DB: TestBackend>(db: &TestDb<DB>, handler: &Handler, lease_for: Duration) -> Router {
-    let layer = IdempotencyLayer::new(db.inbox.clone())
+fn app(leases: Arc<dyn Leases>, handler: &Handler, lease_for: Duration) -> Router {
+    let layer = IdempotencyLayer::new(leases)
         .lease_for(lease_for)
         .principal(|request| {
             let tenant = request.headers.get("x-tenant")?.to_str().ok()?;
@@ -122,10 +126,10 @@ fn assert_problem(answer: &(StatusCode, axum::http::HeaderMap, Bytes), status: S
     );
 }
 
-async fn a_retry_gets_the_first_response_byte_for_byte<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
+async fn a_retry_gets_the_first_response_byte_for_byte<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
     let handler = Handler::default();
-    let app = app(&db, &handler, LEASE);
+    let app = app(store.leases(), &handler, LEASE);
     let body = r#"{"amount":1250,"currency":"EUR"}"#;
     let first = send(&app, request("/payments", "a", Some("k1"), body)).await;
     assert_eq!(first.0, StatusCode::CREATED);
@@ -142,14 +146,13 @@ async fn a_retry_gets_the_first_response_byte_for_byte<DB: TestBackend>(test: &s
     assert_eq!(handler.calls(), 1, "the handler ran once");
     let get = send(&app, Request::get("/payments").body(Body::empty()).unwrap()).await;
     assert_eq!(get.0, StatusCode::OK, "other methods pass through");
-    assert_eq!(db.rows("keys").await, 1);
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn another_body_with_the_same_key_is_422<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
+async fn another_body_with_the_same_key_is_422<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
     let handler = Handler::default();
-    let app = app(&db, &handler, LEASE);
+    let app = app(store.leases(), &handler, LEASE);
     let first = send(
         &app,
         request("/payments", "a", Some("k1"), r#"{"amount":1}"#),
@@ -163,16 +166,16 @@ async fn another_body_with_the_same_key_is_422<DB: TestBackend>(test: &str) {
     .await;
     assert_problem(&reused, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(handler.calls(), 1);
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn a_request_still_running_gets_409<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
+async fn a_request_still_running_gets_409<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
     let handler = Handler {
         delay: Duration::from_millis(500),
         ..Handler::default()
     };
-    let app = app(&db, &handler, LEASE);
+    let app = app(store.leases(), &handler, LEASE);
     let running = {
         let app = app.clone();
         tokio::spawn(async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await })
@@ -193,13 +196,13 @@ async fn a_request_still_running_gets_409<DB: TestBackend>(test: &str) {
     let after = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!((after.0, after.2), (first.0, first.2));
     assert_eq!(handler.calls(), 1);
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn keys_are_required_and_checked<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
+async fn keys_are_required_and_checked<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
     let handler = Handler::default();
-    let app = app(&db, &handler, LEASE);
+    let app = app(store.leases(), &handler, LEASE);
     let long = "k".repeat(256);
     for key in [
         None,
@@ -220,17 +223,16 @@ async fn keys_are_required_and_checked<DB: TestBackend>(test: &str) {
     let accepted = send(&app, request("/payments", "a", Some(&longest), "{}")).await;
     assert_eq!(accepted.0, StatusCode::CREATED);
     assert_eq!(handler.calls(), 1, "only the valid key reached the handler");
-    assert_eq!(db.rows("keys").await, 1);
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn a_5xx_is_not_stored_and_the_retry_runs<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
+async fn a_5xx_is_not_stored_and_the_retry_runs<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
     let handler = Handler {
         failing: Arc::new(vec![1]),
         ..Handler::default()
     };
-    let app = app(&db, &handler, LEASE);
+    let app = app(store.leases(), &handler, LEASE);
     let failed = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
     let retried = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
@@ -240,13 +242,13 @@ async fn a_5xx_is_not_stored_and_the_retry_runs<DB: TestBackend>(test: &str) {
     assert_eq!(replayed.2, retried.2);
     assert_eq!(replayed.1["idempotent-replayed"], "true");
     assert_eq!(handler.calls(), 2);
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn tenants_never_share_a_response<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
+async fn tenants_never_share_a_response<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
     let handler = Handler::default();
-    let app = app(&db, &handler, LEASE);
+    let app = app(store.leases(), &handler, LEASE);
     let a = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
     let b = send(&app, request("/payments", "b", Some("k1"), "{}")).await;
     assert_eq!((a.0, b.0), (StatusCode::CREATED, StatusCode::CREATED));
@@ -259,13 +261,13 @@ async fn tenants_never_share_a_response<DB: TestBackend>(test: &str) {
     nobody.headers_mut().remove("x-tenant");
     assert_problem(&send(&app, nobody).await, StatusCode::BAD_REQUEST);
     assert_eq!(handler.calls(), 2);
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn the_route_template_scopes_the_key<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
+async fn the_route_template_scopes_the_key<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
     let handler = Handler::default();
-    let app = app(&db, &handler, LEASE);
+    let app = app(store.leases(), &handler, LEASE);
     let first = send(&app, request("/orders/1/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(first.0, StatusCode::CREATED);
     // The same template with another order is the same route: the key is already used.
@@ -277,17 +279,17 @@ async fn the_route_template_scopes_the_key<DB: TestBackend>(test: &str) {
     assert_eq!(other_route.0, StatusCode::CREATED);
     assert!(!other_route.1.contains_key("idempotent-replayed"));
     assert_eq!(handler.calls(), 2);
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn a_handler_past_its_lease_lets_the_retry_run<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
+async fn a_handler_past_its_lease_lets_the_retry_run<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
     let slow = Handler {
         delay: Duration::from_millis(800),
         ..Handler::default()
     };
     let lease = Duration::from_millis(300);
-    let slow_app = app(&db, &slow, lease);
+    let slow_app = app(store.leases(), &slow, lease);
     let running = {
         let app = slow_app.clone();
         tokio::spawn(async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await })
@@ -296,7 +298,7 @@ async fn a_handler_past_its_lease_lets_the_retry_run<DB: TestBackend>(test: &str
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let fast = Handler::default();
-    let fast_app = app(&db, &fast, lease);
+    let fast_app = app(store.leases(), &fast, lease);
     let early = send(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_problem(&early, StatusCode::CONFLICT);
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
@@ -307,13 +309,13 @@ async fn a_handler_past_its_lease_lets_the_retry_run<DB: TestBackend>(test: &str
     assert_eq!(running.await.unwrap().0, StatusCode::CREATED);
     let replayed = send(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(replayed.2, taken_over.2);
-    db.cleanup().await;
+    store.close().await;
 }
 
 async fn an_unreachable_store_answers_503<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let handler = Handler::default();
-    let app = app(&db, &handler, LEASE);
+    let app = app(Arc::new(db.inbox.clone()), &handler, LEASE);
     let (url, prefix) = (db.url.clone(), db.prefix.clone());
     db.inbox.pool().close().await;
     let answer = send(&app, request("/payments", "a", Some("k1"), "{}")).await;

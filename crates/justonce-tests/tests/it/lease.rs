@@ -1,20 +1,33 @@
-//! Leases on the keys table: one holder at a time, fencing tokens, expiry by the store's
-//! clock, and one key whichever way it was claimed.
+//! Leases: one holder at a time, fencing tokens, expiry by the store's clock. The same
+//! test bodies run on every lease store (SQLite, PostgreSQL and Redis); one more checks
+//! that a SQL key is one key whichever way it was claimed.
 
-use super::{key, on_every_database, process};
-use justonce_sql::{Claim, ErrorKind, Fingerprint, Identity, LeaseClaim, Leases};
+use super::{LeaseStore, key, on_every_database, on_every_lease_store, process};
+use justonce_sql::{Claim, ErrorKind, Fingerprint, Identity, Lease, LeaseClaim, Leases, Scope};
 use justonce_tests::{TestBackend, TestDb};
+use std::sync::Arc;
 use std::time::Duration;
 
-on_every_database!(
+on_every_lease_store!(
     one_holder_then_done_with_its_result,
     thirty_two_racers_acquire_once,
     a_taken_over_holder_is_fenced_off,
     a_released_key_is_taken_at_once_with_a_larger_token,
     a_renewed_lease_is_not_taken_over,
     another_payload_is_a_key_reuse,
-    a_key_is_claimed_once_whichever_way,
+    scopes_and_consumers_keep_keys_apart,
 );
+
+on_every_database!(a_key_is_claimed_once_whichever_way);
+
+/// An identity for consumer `test` in no scope.
+fn identity(text: &str) -> Identity {
+    Identity::new(
+        Scope::none(),
+        justonce_sql::Consumer::new("test").unwrap(),
+        key(text),
+    )
+}
 
 const LONG: Duration = Duration::from_secs(60);
 const SHORT: Duration = Duration::from_millis(300);
@@ -23,22 +36,23 @@ fn print(payload: &str) -> Fingerprint {
     Fingerprint::of(payload)
 }
 
-async fn acquire<DB: TestBackend>(db: &TestDb<DB>, id: &Identity, lease_for: Duration) -> i64 {
-    match db.inbox.claim_lease(id, &print("p"), lease_for).await {
+async fn acquire(leases: &dyn Leases, id: &Identity, lease_for: Duration) -> i64 {
+    match leases.claim_lease(id, &print("p"), lease_for).await {
         Ok(LeaseClaim::Acquired(lease)) => lease.token,
         other => panic!("expected to acquire, got {other:?}"),
     }
 }
 
-async fn one_holder_then_done_with_its_result<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let id = db.inbox.identity(&key("charge:1"));
-    let LeaseClaim::Acquired(lease) = db.inbox.claim_lease(&id, &print("p"), LONG).await.unwrap()
+async fn one_holder_then_done_with_its_result<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let leases = store.leases();
+    let id = identity("charge:1");
+    let LeaseClaim::Acquired(lease) = leases.claim_lease(&id, &print("p"), LONG).await.unwrap()
     else {
         panic!("the first claim acquires");
     };
     assert_eq!(lease.token, 1);
-    match db.inbox.claim_lease(&id, &print("p"), LONG).await.unwrap() {
+    match leases.claim_lease(&id, &print("p"), LONG).await.unwrap() {
         LeaseClaim::InProgress { remaining } => {
             assert!(
                 remaining > Duration::from_secs(50) && remaining <= LONG,
@@ -47,30 +61,30 @@ async fn one_holder_then_done_with_its_result<DB: TestBackend>(test: &str) {
         }
         other => panic!("expected in progress, got {other:?}"),
     }
-    db.inbox.complete(&lease, b"receipt-1").await.unwrap();
+    leases.complete(&lease, b"receipt-1").await.unwrap();
     assert_eq!(
-        db.inbox.claim_lease(&id, &print("p"), LONG).await.unwrap(),
+        leases.claim_lease(&id, &print("p"), LONG).await.unwrap(),
         LeaseClaim::Done {
             result: Some(b"receipt-1".to_vec())
         }
     );
-    let again = db.inbox.complete(&lease, b"receipt-2").await.unwrap_err();
+    let again = leases.complete(&lease, b"receipt-2").await.unwrap_err();
     assert_eq!(
         again.kind(),
         ErrorKind::LeaseLost,
         "a done key is not completed twice"
     );
-    assert_eq!(db.rows("keys").await, 1);
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn thirty_two_racers_acquire_once<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let id = db.inbox.identity(&key("charge:race"));
+async fn thirty_two_racers_acquire_once<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let leases = store.leases();
+    let id = identity("charge:race");
     let racers: Vec<_> = (0..32)
         .map(|_| {
-            let (inbox, id) = (db.inbox.clone(), id.clone());
-            tokio::spawn(async move { inbox.claim_lease(&id, &print("p"), LONG).await.unwrap() })
+            let (leases, id) = (Arc::clone(&leases), id.clone());
+            tokio::spawn(async move { leases.claim_lease(&id, &print("p"), LONG).await.unwrap() })
         })
         .collect();
     let mut holders = Vec::new();
@@ -82,14 +96,11 @@ async fn thirty_two_racers_acquire_once<DB: TestBackend>(test: &str) {
         }
     }
     assert_eq!(holders.len(), 1, "exactly one racer holds the key");
-    db.inbox
-        .complete(&holders[0], b"charged once")
-        .await
-        .unwrap();
+    leases.complete(&holders[0], b"charged once").await.unwrap();
     let later: Vec<_> = (0..32)
         .map(|_| {
-            let (inbox, id) = (db.inbox.clone(), id.clone());
-            tokio::spawn(async move { inbox.claim_lease(&id, &print("p"), LONG).await.unwrap() })
+            let (leases, id) = (Arc::clone(&leases), id.clone());
+            tokio::spawn(async move { leases.claim_lease(&id, &print("p"), LONG).await.unwrap() })
         })
         .collect();
     for claim in later {
@@ -100,89 +111,93 @@ async fn thirty_two_racers_acquire_once<DB: TestBackend>(test: &str) {
             }
         );
     }
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn a_taken_over_holder_is_fenced_off<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let id = db.inbox.identity(&key("charge:slow"));
-    let LeaseClaim::Acquired(slow) = db.inbox.claim_lease(&id, &print("p"), SHORT).await.unwrap()
+async fn a_taken_over_holder_is_fenced_off<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let leases = store.leases();
+    let id = identity("charge:slow");
+    let LeaseClaim::Acquired(slow) = leases.claim_lease(&id, &print("p"), SHORT).await.unwrap()
     else {
         panic!("the first claim acquires");
     };
     // Not before expiry, by the store's clock.
     assert!(matches!(
-        db.inbox.claim_lease(&id, &print("p"), LONG).await.unwrap(),
+        leases.claim_lease(&id, &print("p"), LONG).await.unwrap(),
         LeaseClaim::InProgress { .. }
     ));
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
-    let LeaseClaim::Acquired(fresh) = db.inbox.claim_lease(&id, &print("p"), LONG).await.unwrap()
+    let LeaseClaim::Acquired(fresh) = leases.claim_lease(&id, &print("p"), LONG).await.unwrap()
     else {
         panic!("an expired lease is taken over");
     };
     assert!(fresh.token > slow.token);
     for refused in [
-        db.inbox.renew(&slow, LONG).await,
-        db.inbox.release(&slow).await,
-        db.inbox.complete(&slow, b"slow result").await,
+        leases.renew(&slow, LONG).await,
+        leases.release(&slow).await,
+        leases.complete(&slow, b"slow result").await,
     ] {
         assert_eq!(refused.unwrap_err().kind(), ErrorKind::LeaseLost);
     }
-    db.inbox.complete(&fresh, b"fresh result").await.unwrap();
+    leases.complete(&fresh, b"fresh result").await.unwrap();
     assert_eq!(
-        db.inbox.claim_lease(&id, &print("p"), LONG).await.unwrap(),
+        leases.claim_lease(&id, &print("p"), LONG).await.unwrap(),
         LeaseClaim::Done {
             result: Some(b"fresh result".to_vec())
         }
     );
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn a_released_key_is_taken_at_once_with_a_larger_token<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let id = db.inbox.identity(&key("charge:declined"));
-    let first = acquire(&db, &id, LONG).await;
-    let lease = justonce_sql::Lease {
+async fn a_released_key_is_taken_at_once_with_a_larger_token<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let leases = store.leases();
+    let id = identity("charge:declined");
+    let first = acquire(leases.as_ref(), &id, LONG).await;
+    let lease = Lease {
         identity: id.clone(),
         token: first,
     };
-    db.inbox.release(&lease).await.unwrap();
-    let second = acquire(&db, &id, LONG).await;
+    leases.release(&lease).await.unwrap();
+    let second = acquire(leases.as_ref(), &id, LONG).await;
     assert!(second > first, "{second} after {first}");
     assert_eq!(
-        db.inbox.release(&lease).await.unwrap_err().kind(),
+        leases.release(&lease).await.unwrap_err().kind(),
         ErrorKind::LeaseLost
     );
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn a_renewed_lease_is_not_taken_over<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let id = db.inbox.identity(&key("export:long"));
-    let token = acquire(&db, &id, SHORT).await;
-    let lease = justonce_sql::Lease {
+async fn a_renewed_lease_is_not_taken_over<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let leases = store.leases();
+    let id = identity("export:long");
+    let token = acquire(leases.as_ref(), &id, SHORT).await;
+    let lease = Lease {
         identity: id.clone(),
         token,
     };
-    db.inbox.renew(&lease, LONG).await.unwrap();
+    leases.renew(&lease, LONG).await.unwrap();
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
     assert!(matches!(
-        db.inbox.claim_lease(&id, &print("p"), LONG).await.unwrap(),
+        leases.claim_lease(&id, &print("p"), LONG).await.unwrap(),
         LeaseClaim::InProgress { .. }
     ));
-    db.cleanup().await;
+    store.close().await;
 }
 
-async fn another_payload_is_a_key_reuse<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let id = db.inbox.identity(&key("charge:reused"));
-    let token = acquire(&db, &id, SHORT).await;
+async fn another_payload_is_a_key_reuse<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let leases = store.leases();
+    let id = identity("charge:reused");
+    let token = acquire(leases.as_ref(), &id, SHORT).await;
     let reused = LeaseClaim::KeyReused {
         stored: print("p"),
         received: print("other"),
     };
     assert_eq!(
-        db.inbox
+        leases
             .claim_lease(&id, &print("other"), LONG)
             .await
             .unwrap(),
@@ -191,25 +206,25 @@ async fn another_payload_is_a_key_reuse<DB: TestBackend>(test: &str) {
     // Nor is an expired lease taken over for another payload.
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
     assert_eq!(
-        db.inbox
+        leases
             .claim_lease(&id, &print("other"), LONG)
             .await
             .unwrap(),
         reused
     );
-    let lease = justonce_sql::Lease {
+    let lease = Lease {
         identity: id.clone(),
         token,
     };
-    db.inbox.complete(&lease, b"done").await.unwrap();
+    leases.complete(&lease, b"done").await.unwrap();
     assert_eq!(
-        db.inbox
+        leases
             .claim_lease(&id, &print("other"), LONG)
             .await
             .unwrap(),
         reused
     );
-    db.cleanup().await;
+    store.close().await;
 }
 
 async fn a_key_is_claimed_once_whichever_way<DB: TestBackend>(test: &str) {
@@ -228,7 +243,7 @@ async fn a_key_is_claimed_once_whichever_way<DB: TestBackend>(test: &str) {
         "a key claimed in a transaction is done to a lease claim"
     );
     let leased = key("job:2");
-    acquire(&db, &db.inbox.identity(&leased), LONG).await;
+    acquire(&db.inbox, &db.inbox.identity(&leased), LONG).await;
     let mut tx = db.inbox.begin().await.unwrap();
     assert_eq!(
         db.inbox.claim(&mut tx, &leased, b"p").await.unwrap(),
@@ -238,4 +253,31 @@ async fn a_key_is_claimed_once_whichever_way<DB: TestBackend>(test: &str) {
     tx.rollback().await.unwrap();
     assert_eq!(db.rows("effects").await, 1);
     db.cleanup().await;
+}
+
+async fn scopes_and_consumers_keep_keys_apart<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let leases = store.leases();
+    let consumer = |name: &str| justonce_sql::Consumer::new(name).unwrap();
+    // Lengths separate the parts, so these three never meet, whatever their texts.
+    let ids = [
+        Identity::new(Scope::new("a").unwrap(), consumer("b:c"), key("k")),
+        Identity::new(Scope::new("a:b").unwrap(), consumer("c"), key("k")),
+        Identity::new(Scope::none(), consumer("a:b:c"), key("k")),
+    ];
+    for id in &ids {
+        acquire(leases.as_ref(), id, LONG).await;
+    }
+    assert_each_held(leases.as_ref(), &ids).await;
+    store.close().await;
+}
+
+/// Each identity is held once, by its own lease.
+async fn assert_each_held(leases: &dyn Leases, ids: &[Identity]) {
+    for id in ids {
+        assert!(matches!(
+            leases.claim_lease(id, &print("p"), LONG).await.unwrap(),
+            LeaseClaim::InProgress { .. }
+        ));
+    }
 }

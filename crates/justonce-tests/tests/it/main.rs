@@ -15,8 +15,10 @@ mod relay_crash;
 mod run;
 mod schema;
 
+use justonce_sql::Leases;
 use justonce_sql::{Inbox, Key, Outcome};
-use justonce_tests::{TestBackend, TestDb};
+use justonce_tests::{TestBackend, TestDb, TestRedis};
+use std::sync::Arc;
 
 /// Fans each generic test body out into one test per database: `module::sqlite::name` and
 /// `module::postgres::name`.
@@ -41,6 +43,74 @@ macro_rules! on_every_database {
     };
 }
 pub(crate) use on_every_database;
+
+/// A lease store under test.
+pub(crate) trait LeaseStore: Sized {
+    async fn open(test: &str) -> Self;
+    fn leases(&self) -> Arc<dyn Leases>;
+    async fn close(self);
+}
+
+impl<DB: TestBackend> LeaseStore for TestDb<DB> {
+    async fn open(test: &str) -> Self {
+        TestDb::new(test).await
+    }
+
+    fn leases(&self) -> Arc<dyn Leases> {
+        Arc::new(self.inbox.clone())
+    }
+
+    async fn close(self) {
+        self.cleanup().await
+    }
+}
+
+impl LeaseStore for TestRedis {
+    async fn open(test: &str) -> Self {
+        TestRedis::new(test).await
+    }
+
+    fn leases(&self) -> Arc<dyn Leases> {
+        Arc::new(self.leases.clone())
+    }
+
+    async fn close(self) {
+        self.cleanup().await
+    }
+}
+
+/// Fans each generic test body out over every lease store.
+macro_rules! on_every_lease_store {
+    ($($test:ident),* $(,)?) => {
+        mod every_store {
+            mod sqlite {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $test() {
+                        super::super::$test::<justonce_tests::TestDb<sqlx::Sqlite>>(stringify!($test)).await
+                    }
+                )*
+            }
+            mod postgres {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $test() {
+                        super::super::$test::<justonce_tests::TestDb<sqlx::Postgres>>(stringify!($test)).await
+                    }
+                )*
+            }
+            mod redis {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $test() {
+                        super::super::$test::<justonce_tests::TestRedis>(stringify!($test)).await
+                    }
+                )*
+            }
+        }
+    };
+}
+pub(crate) use on_every_lease_store;
 
 /// Runs the tests' unit of work for `key`: one effect row, written by `inbox`'s consumer.
 async fn process<DB: TestBackend>(
