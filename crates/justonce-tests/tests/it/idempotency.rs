@@ -25,6 +25,7 @@ on_every_lease_store!(
     tenants_never_share_a_response,
     the_route_template_scopes_the_key,
     a_handler_past_its_lease_lets_the_retry_run,
+    fifty_concurrent_identical_requests_run_the_handler_once,
 );
 
 on_every_database!(
@@ -423,4 +424,39 @@ async fn a_transactional_request_without_a_key_still_gets_a_transaction<DB: Test
     assert_eq!(keyless.0, StatusCode::CREATED);
     assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 0));
     db.cleanup().await;
+}
+
+async fn fifty_concurrent_identical_requests_run_the_handler_once<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let handler = Handler {
+        delay: Duration::from_millis(50),
+        ..Handler::default()
+    };
+    let app = app(store.leases(), &handler, LEASE);
+    let requests: Vec<_> = (0..50)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(
+                async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await },
+            )
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for request in requests {
+        answers.push(request.await.unwrap());
+    }
+    assert_eq!(handler.calls(), 1, "one handler run");
+    let first: Vec<_> = answers
+        .iter()
+        .filter(|a| a.0 == StatusCode::CREATED && !a.1.contains_key("idempotent-replayed"))
+        .collect();
+    assert_eq!(first.len(), 1);
+    for answer in &answers {
+        match answer.0 {
+            StatusCode::CREATED => assert_eq!(answer.2, first[0].2),
+            StatusCode::CONFLICT => assert_problem(answer, StatusCode::CONFLICT),
+            other => panic!("unexpected {other}"),
+        }
+    }
+    store.close().await;
 }

@@ -7,6 +7,7 @@ mod crash;
 mod http;
 mod idempotency;
 mod lease;
+mod lease_process;
 mod outbox;
 mod payments;
 mod purge;
@@ -48,6 +49,8 @@ pub(crate) use on_every_database;
 pub(crate) trait LeaseStore: Sized {
     async fn open(test: &str) -> Self;
     fn leases(&self) -> Arc<dyn Leases>;
+    /// The store's URL and prefix, for a worker process.
+    fn location(&self) -> [String; 2];
     async fn close(self);
 }
 
@@ -58,6 +61,10 @@ impl<DB: TestBackend> LeaseStore for TestDb<DB> {
 
     fn leases(&self) -> Arc<dyn Leases> {
         Arc::new(self.inbox.clone())
+    }
+
+    fn location(&self) -> [String; 2] {
+        [self.url.clone(), self.prefix.clone()]
     }
 
     async fn close(self) {
@@ -72,6 +79,10 @@ impl LeaseStore for TestRedis {
 
     fn leases(&self) -> Arc<dyn Leases> {
         Arc::new(self.leases.clone())
+    }
+
+    fn location(&self) -> [String; 2] {
+        [justonce_tests::redis_url(), self.prefix.clone()]
     }
 
     async fn close(self) {
