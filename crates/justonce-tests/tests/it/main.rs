@@ -1,5 +1,6 @@
 //! One integration binary: every test body runs against SQLite and the real PostgreSQL.
 
+mod amqp;
 mod claim;
 mod client;
 mod commit;

@@ -1,0 +1,77 @@
+//! A RabbitMQ consumer for the crash test: takes one delivery, runs its work (one effect
+//! row) and commits, prints `committed <key>`, then waits to be killed before it could
+//! acknowledge.
+//!
+//! `amqp-worker <database-url> <prefix> <amqp-url> <queue>`
+
+use justonce_sql::{Consumer, Inbox, Options};
+use justonce_tests::TestBackend;
+use justonce_transport::ConsumerStats;
+use justonce_transport::amqp::{AmqpConsumer, AmqpOptions, Ran};
+use sqlx::{Postgres, Sqlite};
+use std::io::Write;
+use std::process::ExitCode;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [url, prefix, amqp, queue] = args.as_slice() else {
+        eprintln!("usage: amqp-worker <database-url> <prefix> <amqp-url> <queue>");
+        return ExitCode::from(2);
+    };
+    let result = if url.starts_with("sqlite:") {
+        work::<Sqlite>(url, prefix, amqp, queue).await
+    } else {
+        work::<Postgres>(url, prefix, amqp, queue).await
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("amqp-worker: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn work<DB: TestBackend>(
+    url: &str,
+    prefix: &str,
+    amqp: &str,
+    queue: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let inbox = Inbox::<DB>::connect_with(
+        url,
+        Consumer::new("test")?,
+        Options::default().prefix(prefix),
+    )
+    .await?;
+    let consumer = AmqpConsumer::connect(amqp, inbox.clone(), AmqpOptions::new(queue)).await?;
+    let mut deliveries = consumer.deliveries().await?;
+    let delivery = deliveries
+        .next()
+        .await?
+        .ok_or("the consumer was cancelled")?;
+    let key = delivery.key().map_err(str::to_owned)?.clone();
+    let ran = delivery
+        .run(&inbox, &|tx, message| {
+            let prefix = prefix.to_owned();
+            Box::pin(
+                async move { DB::insert_effect(tx, &prefix, "test", message.key.as_str()).await },
+            )
+        })
+        .await;
+    let Ran::Outcome(outcome) = ran else {
+        return Err(format!("the work did not commit: {ran:?}").into());
+    };
+    println!("committed {key} {outcome:?}");
+    std::io::stdout().flush()?;
+    // The commit is durable and the delivery not acknowledged: the parent kills us here.
+    std::future::pending::<()>().await;
+    delivery
+        .settle(
+            Ran::<sqlx::Error>::Outcome(outcome),
+            &mut ConsumerStats::default(),
+        )
+        .await?;
+    Ok(())
+}

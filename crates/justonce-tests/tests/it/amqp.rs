@@ -1,0 +1,348 @@
+//! The RabbitMQ consumer and publisher against the real broker, with the keys on each real
+//! database: duplicates acknowledged without work, failures retried then dead-lettered,
+//! a worker killed between its commit and its ack, and the relay publishing outbox rows.
+
+use super::on_every_database;
+use justonce_sql::{Key, Message, WorkFuture, sqlx};
+use justonce_tests::{TestBackend, TestDb};
+use justonce_transport::ConsumerStats;
+use justonce_transport::amqp::{
+    ATTEMPT_HEADER, AmqpConsumer, AmqpDestination, AmqpOptions, Incoming, REASON_HEADER,
+};
+use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeleteOptions};
+use lapin::types::AMQPValue;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+on_every_database!(
+    each_message_delivered_twice_takes_effect_once,
+    failing_work_is_retried_then_dead_lettered,
+    a_message_without_a_key_is_dead_lettered,
+    a_worker_killed_between_commit_and_ack_leaves_one_effect,
+    run_stops_on_shutdown_after_settling_what_it_took,
+    the_relay_publishes_rows_with_their_key_as_message_id,
+);
+
+fn amqp_url() -> String {
+    std::env::var("JUSTONCE_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// A queue (and its dead-letter queue) named after the test's prefix, deleted at the end.
+struct Queue {
+    name: String,
+    connection: Connection,
+    publisher: AmqpDestination,
+}
+
+impl Queue {
+    async fn new<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|e| panic!("RabbitMQ at {}: {e}", amqp_url()));
+        let name = format!("{}orders", db.prefix);
+        Self {
+            publisher: AmqpDestination::new(&amqp_url(), "", &name),
+            name,
+            connection,
+        }
+    }
+
+    fn dead(&self) -> String {
+        format!("{}.dead", self.name)
+    }
+
+    /// Publishes through the relay's own destination: `message_id` is the key.
+    async fn publish(&self, key: &str, body: &[u8]) {
+        use justonce_sql::{Delivered, Delivery, Destination};
+        let delivery = Delivery {
+            id: 0,
+            key,
+            destination: "orders",
+            payload: body,
+            headers: &[],
+            attempt: 1,
+        };
+        assert_eq!(self.publisher.deliver(delivery).await, Delivered::Sent);
+    }
+
+    /// One message from `queue`, if any: its properties and body.
+    async fn get(&self, queue: &str) -> Option<(BasicProperties, Vec<u8>)> {
+        let channel = self.connection.create_channel().await.unwrap();
+        let message = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()?;
+        Some((message.delivery.properties, message.delivery.data))
+    }
+
+    async fn delete(self) {
+        let channel = self.connection.create_channel().await.unwrap();
+        for queue in [self.dead(), self.name.clone()] {
+            channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn header(properties: &BasicProperties, name: &str) -> Option<AMQPValue> {
+    properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(name).cloned())
+}
+
+/// The tests' work: one effect row for the message's key, failing for keys that start
+/// with `fail` on attempts up to the digit after it (`fail2:` fails twice), and always
+/// for keys that start with `bad`.
+fn effect<DB: TestBackend>(
+    prefix: &str,
+) -> impl for<'e, 't> Fn(
+    &'t mut sqlx::Transaction<'e, DB>,
+    &'t Incoming,
+) -> WorkFuture<'t, (), sqlx::Error>
++ use<DB> {
+    let prefix = prefix.to_owned();
+    move |tx, message| {
+        let prefix = prefix.clone();
+        Box::pin(async move {
+            let key = message.key.as_str();
+            let failures = key
+                .strip_prefix("fail")
+                .and_then(|rest| rest[..1].parse::<u32>().ok())
+                .unwrap_or(0);
+            if key.starts_with("bad") || message.attempt <= failures {
+                return Err(sqlx::Error::Protocol(format!(
+                    "refused on attempt {}",
+                    message.attempt
+                )));
+            }
+            DB::insert_effect(tx, &prefix, "test", key).await
+        })
+    }
+}
+
+/// Takes exactly `count` deliveries, runs and settles each, and stops.
+async fn consume<DB: TestBackend>(
+    db: &TestDb<DB>,
+    consumer: &AmqpConsumer<DB>,
+    count: usize,
+) -> ConsumerStats {
+    let work = effect::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let mut deliveries = consumer.deliveries().await.unwrap();
+    for _ in 0..count {
+        let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+            .await
+            .expect("a delivery within 30 s")
+            .unwrap()
+            .expect("the consumer is not cancelled");
+        let ran = delivery.run(&db.inbox, &work).await;
+        delivery.settle(ran, &mut stats).await.unwrap();
+    }
+    deliveries.stop().await.unwrap();
+    stats
+}
+
+async fn connect<DB: TestBackend>(
+    db: &TestDb<DB>,
+    queue: &Queue,
+    options: impl FnOnce(AmqpOptions) -> AmqpOptions,
+) -> AmqpConsumer<DB> {
+    AmqpConsumer::connect(
+        &amqp_url(),
+        db.inbox.clone(),
+        options(AmqpOptions::new(&queue.name)),
+    )
+    .await
+    .unwrap()
+}
+
+async fn each_message_delivered_twice_takes_effect_once<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options).await;
+    for _ in 0..2 {
+        for n in 0..50 {
+            queue
+                .publish(&format!("order:{n}"), format!("order {n}").as_bytes())
+                .await;
+        }
+    }
+    let stats = consume(&db, &consumer, 100).await;
+    assert_eq!((stats.processed, stats.duplicates), (50, 50));
+    assert_eq!(db.rows("effects").await, 50);
+    for n in 0..50 {
+        assert_eq!(
+            db.effects_of(&Key::new(format!("order:{n}")).unwrap())
+                .await,
+            1
+        );
+    }
+    assert!(
+        queue.get(&queue.name).await.is_none(),
+        "every delivery was acknowledged"
+    );
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+async fn failing_work_is_retried_then_dead_lettered<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options.max_attempts(3)).await;
+    queue
+        .publish("fail2:order", b"succeeds on the third attempt")
+        .await;
+    queue.publish("bad:order", b"never succeeds").await;
+    // 3 attempts of each.
+    let stats = consume(&db, &consumer, 6).await;
+    assert_eq!(
+        (stats.processed, stats.retried, stats.dead_lettered),
+        (1, 4, 1)
+    );
+    assert_eq!(db.effects_of(&Key::new("fail2:order").unwrap()).await, 1);
+    assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
+    let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
+    assert_eq!(body, b"never succeeds");
+    assert_eq!(
+        properties.message_id().as_ref().map(|id| id.as_str()),
+        Some("bad:order")
+    );
+    assert_eq!(
+        header(&properties, ATTEMPT_HEADER),
+        Some(AMQPValue::LongLongInt(3))
+    );
+    let Some(AMQPValue::LongString(reason)) = header(&properties, REASON_HEADER) else {
+        panic!("a dead letter carries its reason");
+    };
+    let reason = String::from_utf8_lossy(reason.as_bytes()).into_owned();
+    assert!(reason.contains("refused on attempt 3"), "{reason}");
+    assert!(queue.get(&queue.name).await.is_none());
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+async fn a_message_without_a_key_is_dead_lettered<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options).await;
+    let channel = queue.connection.create_channel().await.unwrap();
+    channel
+        .basic_publish(
+            "".into(),
+            queue.name.as_str().into(),
+            BasicPublishOptions::default(),
+            b"no id",
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let stats = consume(&db, &consumer, 1).await;
+    assert_eq!(stats.dead_lettered, 1);
+    let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
+    assert_eq!(body, b"no id");
+    assert!(header(&properties, REASON_HEADER).is_some());
+    assert_eq!(db.rows("effects").await, 0);
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    // Declares the queues before the worker consumes them.
+    let consumer = connect(&db, &queue, |options| options).await;
+    queue.publish("order:1", b"ship it").await;
+    let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_amqp-worker"))
+        .args([&db.url, &db.prefix, &amqp_url(), &queue.name])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start amqp-worker");
+    let mut lines = BufReader::new(worker.stdout.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the worker commits within 30 s")
+        .unwrap();
+    assert_eq!(said.as_deref(), Some("committed order:1 Processed(())"));
+    worker.kill().await.expect("SIGKILL the worker");
+    assert_eq!(db.effects_of(&Key::new("order:1").unwrap()).await, 1);
+    // The broker delivers the unacknowledged message again: a duplicate, acknowledged.
+    let stats = consume(&db, &consumer, 1).await;
+    assert_eq!((stats.processed, stats.duplicates), (0, 1));
+    assert_eq!(db.effects_of(&Key::new("order:1").unwrap()).await, 1);
+    assert!(queue.get(&queue.name).await.is_none());
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+async fn run_stops_on_shutdown_after_settling_what_it_took<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options).await;
+    for n in 0..10 {
+        queue.publish(&format!("order:{n}"), b"x").await;
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = {
+        let work = effect::<DB>(&db.prefix);
+        async { consumer.run(stopped, work).await }
+    };
+    let waiting = async {
+        while db.rows("effects").await < 10 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.send(()).unwrap();
+    };
+    let (stats, ()) = tokio::join!(running, waiting);
+    let stats = stats.unwrap();
+    assert_eq!(stats.processed, 10);
+    assert_eq!(db.rows("effects").await, 10);
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    // Declares the queue the relay publishes to.
+    let consumer = connect(&db, &queue, |options| options).await;
+    let key = Key::new("invoice:2026-10:cust_481").unwrap();
+    let mut tx = db.inbox.begin().await.unwrap();
+    let message = Message::new("orders", b"invoice".to_vec()).header("content-type", "text/plain");
+    db.inbox.forward(&mut tx, &key, message).await.unwrap();
+    tx.commit().await.unwrap();
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .destination("orders", AmqpDestination::new(&amqp_url(), "", &queue.name));
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!(round.sent, 1);
+    let (properties, body) = queue.get(&queue.name).await.expect("the published row");
+    assert_eq!(body, b"invoice");
+    assert_eq!(
+        properties.message_id().as_ref().map(|id| id.as_str()),
+        Some(key.as_str())
+    );
+    assert_eq!(
+        properties.content_type().as_ref().map(|t| t.as_str()),
+        Some("text/plain")
+    );
+    assert_eq!(*properties.delivery_mode(), Some(2), "persistent");
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}

@@ -1,0 +1,642 @@
+//! RabbitMQ: a consumer that acknowledges only after the commit, and the relay's publisher.
+//!
+//! ```no_run
+//! # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), justonce_transport::Error> {
+//! use justonce_sql::sqlx;
+//! use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+//!
+//! let consumer = AmqpConsumer::connect(
+//!     "amqp://guest:guest@127.0.0.1:5672/%2f",
+//!     inbox,
+//!     AmqpOptions::new("orders"),
+//! )
+//! .await?;
+//! let stats = consumer
+//!     .run(tokio::signal::ctrl_c(), |tx, message| {
+//!         Box::pin(async move {
+//!             sqlx::query("INSERT INTO shipments (order_key) VALUES ($1)")
+//!                 .bind(message.key.as_str())
+//!                 .execute(&mut **tx)
+//!                 .await
+//!                 .map(drop)
+//!         })
+//!     })
+//!     .await?;
+//! println!("{} processed, {} duplicates", stats.processed, stats.duplicates);
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::{ConsumerStats, Error};
+use futures_util::StreamExt;
+use justonce_core::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Backend, Inbox, Outcome, RunError, WorkFuture, sqlx};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// The header that counts a message's attempts: absent on the first.
+pub const ATTEMPT_HEADER: &str = "x-justonce-attempt";
+/// The header a dead letter carries: why it was given up.
+pub const REASON_HEADER: &str = "x-justonce-reason";
+
+/// How long a reason in [`REASON_HEADER`] may be, in bytes.
+const REASON_BYTES: usize = 1024;
+
+/// Where a delivery's key is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyFrom {
+    /// The AMQP `message_id` property.
+    MessageId,
+    /// A header, as text.
+    Header(String),
+    /// A JSON pointer into the body, such as `/id`: a string or a number.
+    Json(String),
+}
+
+/// Settings of an [`AmqpConsumer`].
+#[derive(Debug, Clone)]
+pub struct AmqpOptions {
+    queue: String,
+    key_from: KeyFrom,
+    prefetch: u16,
+    max_attempts: u32,
+    dead_letter_queue: String,
+    declare: bool,
+    store_pause: Duration,
+}
+
+impl AmqpOptions {
+    /// Consumes `queue`: the key is the `message_id`, 16 deliveries are prefetched, failed
+    /// work gets 5 attempts before it goes to `<queue>.dead`, and both queues are declared
+    /// durable if missing.
+    pub fn new(queue: impl Into<String>) -> Self {
+        let queue = queue.into();
+        Self {
+            dead_letter_queue: format!("{queue}.dead"),
+            queue,
+            key_from: KeyFrom::MessageId,
+            prefetch: 16,
+            max_attempts: 5,
+            declare: true,
+            store_pause: Duration::from_secs(1),
+        }
+    }
+
+    /// Where the key is.
+    pub fn key_from(mut self, key_from: KeyFrom) -> Self {
+        self.key_from = key_from;
+        self
+    }
+
+    /// How many unacknowledged deliveries the broker sends ahead (at least 1).
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch.max(1);
+        self
+    }
+
+    /// How many times failed work is tried before it is dead-lettered (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The queue dead letters go to.
+    pub fn dead_letter_queue(mut self, queue: impl Into<String>) -> Self {
+        self.dead_letter_queue = queue.into();
+        self
+    }
+
+    /// Leaves the queues as they are instead of declaring them: for queues declared with
+    /// arguments of their own (a quorum queue, say), which a plain declaration would
+    /// contradict.
+    pub fn existing_queues(mut self) -> Self {
+        self.declare = false;
+        self
+    }
+
+    /// How long to wait after the database failed before taking the next delivery.
+    pub fn store_pause(mut self, pause: Duration) -> Self {
+        self.store_pause = pause;
+        self
+    }
+}
+
+/// One delivery as the work sees it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Incoming {
+    /// The key claimed for it.
+    pub key: Key,
+    /// The message body.
+    pub body: Vec<u8>,
+    /// Which attempt this is, from 1.
+    pub attempt: u32,
+    /// Whether the broker delivered it before (to this or another consumer) without an ack.
+    pub redelivered: bool,
+}
+
+/// A RabbitMQ consumer that runs each delivery's work once in effect.
+pub struct AmqpConsumer<DB: Backend> {
+    inbox: Inbox<DB>,
+    connection: Connection,
+    channel: Channel,
+    options: AmqpOptions,
+}
+
+impl<DB: Backend> std::fmt::Debug for AmqpConsumer<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpConsumer")
+            .field("inbox", &self.inbox)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> AmqpConsumer<DB> {
+    /// Connects to `url` and prepares the channel: publisher confirms (for retries and dead
+    /// letters), the prefetch, and the queues unless they are declared elsewhere.
+    pub async fn connect(url: &str, inbox: Inbox<DB>, options: AmqpOptions) -> Result<Self, Error> {
+        let connection = Connection::connect(url, ConnectionProperties::default())
+            .await
+            .map_err(broker)?;
+        let channel = open_channel(&connection).await?;
+        channel
+            .basic_qos(options.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(broker)?;
+        if options.declare {
+            for queue in [&options.queue, &options.dead_letter_queue] {
+                declare(&channel, queue).await?;
+            }
+        }
+        Ok(Self {
+            inbox,
+            connection,
+            channel,
+            options,
+        })
+    }
+
+    /// Takes deliveries until `shutdown` resolves or the broker cancels the consumer, runs
+    /// `work` for each in a transaction with its key, and settles each only after.
+    /// Deliveries taken but not settled at shutdown go back to the broker.
+    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut deliveries = self.deliveries().await?;
+        let mut stats = ConsumerStats::default();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let next = tokio::select! {
+                _ = &mut shutdown => break,
+                next = deliveries.next() => next,
+            };
+            let Some(delivery) = next? else { break };
+            let outcome = delivery.run(&self.inbox, &work).await;
+            delivery.settle(outcome, &mut stats).await?;
+        }
+        deliveries.stop().await?;
+        Ok(stats)
+    }
+
+    /// The deliveries one at a time, for callers that run and settle them themselves.
+    pub async fn deliveries(&self) -> Result<Deliveries<'_, DB>, Error> {
+        let tag = format!("justonce-{}", std::process::id());
+        let consumer = self
+            .channel
+            .basic_consume(
+                self.options.queue.as_str().into(),
+                tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(broker)?;
+        Ok(Deliveries {
+            owner: self,
+            consumer,
+            tag,
+        })
+    }
+
+    /// Closes the channel and the connection; deliveries not acknowledged go back to the
+    /// broker.
+    pub async fn close(self) -> Result<(), Error> {
+        self.channel
+            .close(200, "bye".into())
+            .await
+            .map_err(broker)?;
+        self.connection
+            .close(200, "bye".into())
+            .await
+            .map_err(broker)
+    }
+}
+
+/// The stream of one consumer's deliveries.
+pub struct Deliveries<'c, DB: Backend> {
+    owner: &'c AmqpConsumer<DB>,
+    consumer: lapin::Consumer,
+    tag: String,
+}
+
+impl<'c, DB: Backend> Deliveries<'c, DB> {
+    /// The next delivery, with its key read; `None` once the broker cancelled the consumer.
+    pub async fn next(&mut self) -> Result<Option<Taken<'c, DB>>, Error> {
+        let Some(delivery) = self.consumer.next().await else {
+            return Ok(None);
+        };
+        let delivery = delivery.map_err(broker)?;
+        let attempt = attempt_of(&delivery);
+        let key = key_of(&self.owner.options.key_from, &delivery);
+        Ok(Some(Taken {
+            owner: self.owner,
+            attempt,
+            key,
+            delivery,
+        }))
+    }
+
+    /// Stops taking deliveries; those taken and not settled go back to the broker when the
+    /// channel closes.
+    pub async fn stop(self) -> Result<(), Error> {
+        self.owner
+            .channel
+            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default())
+            .await
+            .map_err(broker)
+    }
+}
+
+/// One delivery, taken and not yet settled.
+pub struct Taken<'c, DB: Backend> {
+    owner: &'c AmqpConsumer<DB>,
+    delivery: lapin::message::Delivery,
+    attempt: u32,
+    key: Result<Key, String>,
+}
+
+/// What running a delivery's work came to, for [`Taken::settle`].
+#[derive(Debug)]
+pub enum Ran<E> {
+    /// The work's outcome: processed, duplicate or key reused.
+    Outcome(Outcome<()>),
+    /// The delivery has no usable key.
+    NoKey(String),
+    /// The work failed.
+    Work(E),
+    /// The database failed; nothing was committed unless it says the commit is unknown.
+    Store(justonce_core::Error),
+}
+
+impl<DB: Backend> Taken<'_, DB> {
+    /// The delivery's key, or why it has none.
+    pub fn key(&self) -> Result<&Key, &str> {
+        self.key.as_ref().map_err(String::as_str)
+    }
+
+    /// Runs `work` in a transaction with the key claimed (see [`Inbox::run`]).
+    pub async fn run<F, E>(&self, inbox: &Inbox<DB>, work: &F) -> Ran<E>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let key = match &self.key {
+            Ok(key) => key.clone(),
+            Err(reason) => return Ran::NoKey(reason.clone()),
+        };
+        let incoming = Incoming {
+            key,
+            body: self.delivery.data.clone(),
+            attempt: self.attempt,
+            redelivered: self.delivery.redelivered,
+        };
+        match inbox
+            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .await
+        {
+            Ok(outcome) => Ran::Outcome(outcome),
+            Err(RunError::Work(error)) => Ran::Work(error),
+            Err(RunError::Store(error)) => Ran::Store(error),
+            Err(error) => Ran::Store(justonce_core::Error::Config(format!(
+                "the run failed in a way this consumer does not know: {error}"
+            ))),
+        }
+    }
+
+    /// Acknowledges, retries, dead-letters or returns the delivery as `ran` says, and
+    /// counts it in `stats`.
+    pub async fn settle<E: std::fmt::Display>(
+        self,
+        ran: Ran<E>,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error> {
+        let options = &self.owner.options;
+        let key = self.key.as_ref().map(Key::as_str).unwrap_or("");
+        match ran {
+            Ran::Outcome(Outcome::Processed(())) => stats.processed += 1,
+            Ran::Outcome(Outcome::Duplicate) => stats.duplicates += 1,
+            Ran::Outcome(Outcome::KeyReused { .. }) => {
+                tracing::warn!(%key, "the same key with another payload: skipped");
+                stats.key_reused += 1;
+            }
+            Ran::NoKey(reason) => {
+                tracing::warn!(%reason, "a delivery without a usable key: dead-lettered");
+                self.dead_letter(&reason).await?;
+                stats.dead_lettered += 1;
+            }
+            Ran::Work(error) if self.attempt < options.max_attempts => {
+                tracing::debug!(%key, attempt = self.attempt, %error, "work failed: retrying");
+                self.publish_copy(&options.queue, self.attempt + 1, None)
+                    .await?;
+                stats.retried += 1;
+            }
+            Ran::Work(error) => {
+                let reason = format!("attempt {}: {error}", self.attempt);
+                tracing::warn!(%key, %reason, "work failed for the last time: dead-lettered");
+                self.dead_letter(&reason).await?;
+                stats.dead_lettered += 1;
+            }
+            Ran::Store(error) => {
+                tracing::warn!(%key, %error, "database failed: the delivery goes back to the broker");
+                let requeue = BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                };
+                self.delivery.nack(requeue).await.map_err(broker)?;
+                stats.returned += 1;
+                tokio::time::sleep(options.store_pause).await;
+                return Ok(());
+            }
+        }
+        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "amqp").increment(1);
+        self.delivery
+            .ack(BasicAckOptions::default())
+            .await
+            .map(drop)
+            .map_err(broker)
+    }
+
+    async fn dead_letter(&self, reason: &str) -> Result<(), Error> {
+        let queue = &self.owner.options.dead_letter_queue;
+        self.publish_copy(queue, self.attempt, Some(reason)).await
+    }
+
+    /// Publishes the delivery again, with its properties, to `queue` through the default
+    /// exchange, and waits for the broker's confirm. The original is acknowledged after:
+    /// if this process dies in between, both copies exist, and the key makes the second
+    /// one a duplicate.
+    async fn publish_copy(
+        &self,
+        queue: &str,
+        attempt: u32,
+        reason: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut headers = self
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        headers.insert(
+            ATTEMPT_HEADER.into(),
+            AMQPValue::LongLongInt(attempt.into()),
+        );
+        if let Some(reason) = reason {
+            let reason = truncate(reason, REASON_BYTES);
+            headers.insert(REASON_HEADER.into(), AMQPValue::LongString(reason.into()));
+        }
+        let properties = self.delivery.properties.clone().with_headers(headers);
+        publish(
+            &self.owner.channel,
+            "",
+            queue,
+            &self.delivery.data,
+            properties,
+        )
+        .await
+    }
+}
+
+/// The relay's destination for RabbitMQ: publishes each outbox row with its key as the
+/// `message_id`, persistent, and marks it sent once the broker confirms it. A message no
+/// queue takes is retried, so that a missing binding shows as a backlog rather than a loss.
+pub struct AmqpDestination {
+    url: String,
+    exchange: String,
+    routing_key: String,
+    /// The open channel, reopened after a failure.
+    channel: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+}
+
+impl std::fmt::Debug for AmqpDestination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpDestination")
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AmqpDestination {
+    /// Publishes to `exchange` (`""` for the default exchange, which routes to the queue
+    /// named by the routing key) with `routing_key`. Connects on the first delivery.
+    pub fn new(url: &str, exchange: &str, routing_key: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            exchange: exchange.to_owned(),
+            routing_key: routing_key.to_owned(),
+            channel: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
+        let mut open = self.channel.lock().await;
+        if open.is_none() {
+            let connection = Connection::connect(&self.url, ConnectionProperties::default())
+                .await
+                .map_err(|e| format!("connecting: {e}"))?;
+            let channel = open_channel(&connection).await.map_err(|e| e.to_string())?;
+            *open = Some((connection, channel));
+        }
+        let (_, channel) = open.as_ref().expect("opened above");
+        let mut headers = FieldTable::default();
+        let mut properties = BasicProperties::default()
+            .with_message_id(ShortString::from(delivery.key))
+            .with_delivery_mode(2);
+        for (name, value) in delivery.headers {
+            if name.eq_ignore_ascii_case("content-type") {
+                properties = properties.with_content_type(value.as_str().into());
+            } else {
+                headers.insert(
+                    name.as_str().into(),
+                    AMQPValue::LongString(value.as_str().into()),
+                );
+            }
+        }
+        let properties = properties.with_headers(headers);
+        let sent = publish(
+            channel,
+            &self.exchange,
+            &self.routing_key,
+            delivery.payload,
+            properties,
+        )
+        .await;
+        if let Err(error) = &sent {
+            // The next delivery opens a new channel.
+            tracing::debug!(%error, "publishing failed: reconnecting next time");
+            *open = None;
+        }
+        sent.map_err(|e| e.to_string())
+    }
+}
+
+impl Destination for AmqpDestination {
+    fn deliver<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
+        Box::pin(async move {
+            match self.send(delivery).await {
+                Ok(()) => Delivered::Sent,
+                Err(reason) => Delivered::Retry {
+                    after: None,
+                    reason,
+                },
+            }
+        })
+    }
+}
+
+async fn open_channel(connection: &Connection) -> Result<Channel, Error> {
+    let channel = connection.create_channel().await.map_err(broker)?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(broker)?;
+    Ok(channel)
+}
+
+async fn declare(channel: &Channel, queue: &str) -> Result<(), Error> {
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), durable, FieldTable::default())
+        .await
+        .map(drop)
+        .map_err(|e| Error::Config(format!("declaring queue {queue}: {e}")))
+}
+
+/// Publishes persistently with `mandatory`, and waits for the broker's confirm: a nack or
+/// a returned (unroutable) message is an error.
+async fn publish(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    payload: &[u8],
+    properties: BasicProperties,
+) -> Result<(), Error> {
+    let mandatory = BasicPublishOptions {
+        mandatory: true,
+        ..BasicPublishOptions::default()
+    };
+    let confirm = channel
+        .basic_publish(
+            exchange.into(),
+            routing_key.into(),
+            mandatory,
+            payload,
+            properties.with_delivery_mode(2),
+        )
+        .await
+        .map_err(broker)?
+        .await
+        .map_err(broker)?;
+    match confirm {
+        lapin::Confirmation::Ack(None) => Ok(()),
+        lapin::Confirmation::Ack(Some(_)) => Err(Error::Broker(
+            format!(
+                "no queue took the message (exchange {exchange:?}, routing key {routing_key:?})"
+            )
+            .into(),
+        )),
+        other => Err(Error::Broker(
+            format!("the broker did not confirm the message: {other:?}").into(),
+        )),
+    }
+}
+
+fn attempt_of(delivery: &lapin::message::Delivery) -> u32 {
+    let value = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get(ATTEMPT_HEADER).cloned());
+    match value {
+        Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(1).max(1),
+        _ => 1,
+    }
+}
+
+/// The key of a delivery, or why it has none.
+fn key_of(key_from: &KeyFrom, delivery: &lapin::message::Delivery) -> Result<Key, String> {
+    let text = match key_from {
+        KeyFrom::MessageId => delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str().to_owned())
+            .ok_or("the message has no message_id")?,
+        KeyFrom::Header(name) => {
+            let value = delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|headers| headers.inner().get(name.as_str()).cloned());
+            match value {
+                Some(AMQPValue::LongString(text)) => String::from_utf8(text.as_bytes().to_vec())
+                    .map_err(|_| format!("header {name} is not UTF-8"))?,
+                Some(AMQPValue::ShortString(text)) => text.as_str().to_owned(),
+                Some(AMQPValue::LongLongInt(n)) => n.to_string(),
+                Some(AMQPValue::LongInt(n)) => n.to_string(),
+                _ => return Err(format!("the message has no text header {name}")),
+            }
+        }
+        KeyFrom::Json(pointer) => {
+            // serde_json refuses nesting deeper than 128 levels.
+            let body: serde_json::Value = serde_json::from_slice(&delivery.data)
+                .map_err(|e| format!("the body is not JSON: {e}"))?;
+            match body.pointer(pointer) {
+                Some(serde_json::Value::String(id)) => id.clone(),
+                Some(serde_json::Value::Number(id)) => id.to_string(),
+                _ => return Err(format!("the body has no string or number at {pointer}")),
+            }
+        }
+    };
+    Key::new(text).map_err(|e| e.to_string())
+}
+
+/// At most `bytes` bytes of `text`, cut at a character boundary.
+fn truncate(text: &str, bytes: usize) -> &str {
+    let mut end = text.len().min(bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+fn broker(error: lapin::Error) -> Error {
+    Error::Broker(Box::new(error))
+}
