@@ -8,7 +8,8 @@ mod sink;
 pub use redis::{TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 
-use justonce_sql::{Backend, Consumer, Inbox, Key, Options, Relay};
+use justonce_sql::{Backend, Consumer, Inbox, Key, Options, Relay, WorkFuture};
+use justonce_transport::amqp::Incoming;
 use sqlx::{AssertSqlSafe, Postgres, Sqlite};
 use std::future::Future;
 use std::path::PathBuf;
@@ -36,6 +37,36 @@ pub fn peak_rss_mib(pid: Option<u32>) -> f64 {
         .and_then(|kib| kib.parse().ok())
         .expect("VmHWM in /proc status");
     kib / 1024.0
+}
+
+/// The broker tests' work: one effect row for the message's key, failing for keys that start
+/// with `fail` on attempts up to the digit after it (`fail2:` fails twice), and always
+/// for keys that start with `bad`.
+pub fn consumer_work<DB: TestBackend>(
+    prefix: &str,
+) -> impl for<'e, 't> Fn(
+    &'t mut sqlx::Transaction<'e, DB>,
+    &'t Incoming,
+) -> WorkFuture<'t, (), sqlx::Error>
++ use<DB> {
+    let prefix = prefix.to_owned();
+    move |tx, message| {
+        let prefix = prefix.clone();
+        Box::pin(async move {
+            let key = message.key.as_str();
+            let failures = key
+                .strip_prefix("fail")
+                .and_then(|rest| rest.get(..1)?.parse::<u32>().ok())
+                .unwrap_or(0);
+            if key.starts_with("bad") || message.attempt <= failures {
+                return Err(sqlx::Error::Protocol(format!(
+                    "refused on attempt {}",
+                    message.attempt
+                )));
+            }
+            DB::insert_effect(tx, &prefix, "test", key).await
+        })
+    }
 }
 
 /// A database the tests run against, with the statements they need on it.

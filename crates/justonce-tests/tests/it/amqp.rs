@@ -3,11 +3,11 @@
 //! a worker killed between its commit and its ack, and the relay publishing outbox rows.
 
 use super::on_every_database;
-use justonce_sql::{Key, Message, WorkFuture, sqlx};
-use justonce_tests::{TestBackend, TestDb};
+use justonce_sql::{Key, Message};
+use justonce_tests::{TestBackend, TestDb, consumer_work};
 use justonce_transport::ConsumerStats;
 use justonce_transport::amqp::{
-    ATTEMPT_HEADER, AmqpConsumer, AmqpDestination, AmqpOptions, Incoming, REASON_HEADER,
+    ATTEMPT_HEADER, AmqpConsumer, AmqpDestination, AmqpOptions, REASON_HEADER,
 };
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeleteOptions};
 use lapin::types::AMQPValue;
@@ -22,6 +22,9 @@ on_every_database!(
     a_message_without_a_key_is_dead_lettered,
     a_worker_killed_between_commit_and_ack_leaves_one_effect,
     run_stops_on_shutdown_after_settling_what_it_took,
+    ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each,
+    a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
+    two_consumer_processes_on_one_queue_take_effect_once_each,
     the_relay_publishes_rows_with_their_key_as_message_id,
 );
 
@@ -68,6 +71,51 @@ impl Queue {
         assert_eq!(self.publisher.deliver(delivery).await, Delivered::Sent);
     }
 
+    /// Publishes `count` messages, keys `order:0` to `order:{distinct - 1}` and then
+    /// repeats of the first keys, all at once, and waits for every confirm.
+    async fn publish_many(&self, count: usize, distinct: usize) {
+        let channel = self.connection.create_channel().await.unwrap();
+        channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let mut confirms = Vec::with_capacity(count);
+        for n in 0..count {
+            let key = format!("order:{}", n % distinct);
+            let properties = BasicProperties::default()
+                .with_message_id(key.as_str().into())
+                .with_delivery_mode(2);
+            let confirm = channel
+                .basic_publish(
+                    "".into(),
+                    self.name.as_str().into(),
+                    BasicPublishOptions::default(),
+                    key.as_bytes(),
+                    properties,
+                )
+                .await
+                .unwrap();
+            confirms.push(confirm);
+        }
+        for confirm in confirms {
+            assert!(confirm.await.unwrap().is_ack());
+        }
+    }
+
+    /// Messages ready in the queue: neither delivered to a consumer nor acknowledged.
+    async fn ready(&self) -> u32 {
+        let channel = self.connection.create_channel().await.unwrap();
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let queue = channel
+            .queue_declare(self.name.as_str().into(), passive, Default::default())
+            .await
+            .unwrap();
+        queue.message_count()
+    }
+
     /// One message from `queue`, if any: its properties and body.
     async fn get(&self, queue: &str) -> Option<(BasicProperties, Vec<u8>)> {
         let channel = self.connection.create_channel().await.unwrap();
@@ -96,43 +144,13 @@ fn header(properties: &BasicProperties, name: &str) -> Option<AMQPValue> {
         .and_then(|headers| headers.inner().get(name).cloned())
 }
 
-/// The tests' work: one effect row for the message's key, failing for keys that start
-/// with `fail` on attempts up to the digit after it (`fail2:` fails twice), and always
-/// for keys that start with `bad`.
-fn effect<DB: TestBackend>(
-    prefix: &str,
-) -> impl for<'e, 't> Fn(
-    &'t mut sqlx::Transaction<'e, DB>,
-    &'t Incoming,
-) -> WorkFuture<'t, (), sqlx::Error>
-+ use<DB> {
-    let prefix = prefix.to_owned();
-    move |tx, message| {
-        let prefix = prefix.clone();
-        Box::pin(async move {
-            let key = message.key.as_str();
-            let failures = key
-                .strip_prefix("fail")
-                .and_then(|rest| rest[..1].parse::<u32>().ok())
-                .unwrap_or(0);
-            if key.starts_with("bad") || message.attempt <= failures {
-                return Err(sqlx::Error::Protocol(format!(
-                    "refused on attempt {}",
-                    message.attempt
-                )));
-            }
-            DB::insert_effect(tx, &prefix, "test", key).await
-        })
-    }
-}
-
 /// Takes exactly `count` deliveries, runs and settles each, and stops.
 async fn consume<DB: TestBackend>(
     db: &TestDb<DB>,
     consumer: &AmqpConsumer<DB>,
     count: usize,
 ) -> ConsumerStats {
-    let work = effect::<DB>(&db.prefix);
+    let work = consumer_work::<DB>(&db.prefix);
     let mut stats = ConsumerStats::default();
     let mut deliveries = consumer.deliveries().await.unwrap();
     for _ in 0..count {
@@ -264,7 +282,13 @@ async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBacken
     let consumer = connect(&db, &queue, |options| options).await;
     queue.publish("order:1", b"ship it").await;
     let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_amqp-worker"))
-        .args([&db.url, &db.prefix, &amqp_url(), &queue.name])
+        .args([
+            &db.url,
+            &db.prefix,
+            &amqp_url(),
+            &queue.name,
+            "pause-after-commit",
+        ])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -296,7 +320,7 @@ async fn run_stops_on_shutdown_after_settling_what_it_took<DB: TestBackend>(test
     }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = {
-        let work = effect::<DB>(&db.prefix);
+        let work = consumer_work::<DB>(&db.prefix);
         async { consumer.run(stopped, work).await }
     };
     let waiting = async {
@@ -342,6 +366,120 @@ async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(
         Some("text/plain")
     );
     assert_eq!(*properties.delivery_mode(), Some(2), "persistent");
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+/// Consumes what the killed workers left in the queue: every key is processed already,
+/// so each is a duplicate, and the queue ends empty.
+async fn settle_the_rest<DB: TestBackend>(
+    db: &TestDb<DB>,
+    queue: &Queue,
+    consumer: &AmqpConsumer<DB>,
+) {
+    // Deliveries the killed workers held come back as ready once their connections close.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let left = queue.ready().await as usize;
+    let stats = consume(db, consumer, left).await;
+    assert_eq!(stats.processed, 0, "every key was processed before");
+    assert_eq!(stats.duplicates as usize, left);
+    assert_eq!(queue.ready().await, 0);
+}
+
+/// Keys with more than one effect row.
+async fn doubled<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
+    DB::count(
+        db.inbox.pool(),
+        format!(
+            "SELECT count(*) FROM (SELECT key FROM {}effects GROUP BY key HAVING count(*) > 1) d",
+            db.prefix
+        ),
+    )
+    .await
+}
+
+async fn ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options.prefetch(64)).await;
+    queue.publish_many(10_000, 8_000).await;
+    let stats = consume(&db, &consumer, 10_000).await;
+    assert_eq!((stats.processed, stats.duplicates), (8_000, 2_000));
+    assert_eq!(db.rows("effects").await, 8_000, "effects = distinct keys");
+    assert_eq!(doubled(&db).await, 0);
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+fn worker<DB: TestBackend>(db: &TestDb<DB>, queue: &Queue) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_amqp-worker"))
+        .args([&db.url, &db.prefix, &amqp_url(), &queue.name, "run"])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start amqp-worker")
+}
+
+/// Waits until the effect table holds `effects` rows, for at most a minute.
+async fn await_effects<DB: TestBackend>(db: &TestDb<DB>, effects: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while db.rows("effects").await < effects {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {effects} effects after a minute",
+            db.rows("effects").await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options).await;
+    queue.publish_many(2_000, 1_600).await;
+    // A small generator seeded by the clock; the seed is printed to replay a failure.
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    eprintln!("kill schedule seed {seed}");
+    for _ in 0..20 {
+        let mut running = worker(&db, &queue);
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        tokio::time::sleep(Duration::from_millis(100 + (seed >> 33) % 300)).await;
+        running.kill().await.expect("SIGKILL the consumer");
+    }
+    let mut last = worker(&db, &queue);
+    await_effects(&db, 1_600).await;
+    last.kill().await.unwrap();
+    assert_eq!(db.rows("effects").await, 1_600, "nothing lost");
+    assert_eq!(doubled(&db).await, 0, "nothing doubled");
+    settle_the_rest(&db, &queue, &consumer).await;
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+async fn two_consumer_processes_on_one_queue_take_effect_once_each<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options).await;
+    queue.publish_many(2_000, 1_600).await;
+    let mut workers = [worker(&db, &queue), worker(&db, &queue)];
+    await_effects(&db, 1_600).await;
+    for worker in &mut workers {
+        worker.kill().await.unwrap();
+    }
+    assert_eq!(db.rows("effects").await, 1_600);
+    assert_eq!(doubled(&db).await, 0);
+    settle_the_rest(&db, &queue, &consumer).await;
     consumer.close().await.unwrap();
     queue.delete().await;
     db.cleanup().await;
