@@ -33,15 +33,18 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         Command::Check => {
             inbox.check().await?;
             println!(
-                "configuration and database are fine: {} sources",
-                settings.sources.len()
+                "configuration and database are fine: {} sources, {} consumers",
+                settings.sources.len(),
+                settings.consumers.len()
             );
         }
         Command::Purge { batch_size } => {
             let mut keys = 0;
-            for source in &settings.sources {
-                let consumer = inbox.with_consumer(Consumer::new(source.name.as_str())?);
-                keys += consumer.purge(source.retention.keep(), batch_size).await?;
+            let sources = settings.sources.iter().map(|s| (&s.name, s.retention));
+            let consumers = settings.consumers.iter().map(|c| (&c.name, c.retention));
+            for (name, retention) in sources.chain(consumers) {
+                let consumer = inbox.with_consumer(Consumer::new(name.as_str())?);
+                keys += consumer.purge(retention.keep(), batch_size).await?;
             }
             let keep_sent = settings.store_retention()?.keep();
             let sent = outbox.purge_sent(keep_sent, batch_size).await?;

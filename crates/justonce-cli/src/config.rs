@@ -4,7 +4,8 @@
 use anyhow::{Context, Result, anyhow, bail};
 use justonce_http::HttpDestination;
 use justonce_http::receiver::{IdLocation, Scheme, Source};
-use justonce_sql::Retention;
+use justonce_sql::{Consumer, Retention};
+use justonce_transport::amqp::{AmqpOptions, KeyFrom};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ pub struct Settings {
     pub database: String,
     pub body_limit: usize,
     pub sources: Vec<SourceSettings>,
+    pub consumers: Vec<ConsumerSettings>,
 }
 
 /// One webhook sender and where its events go, built and checked.
@@ -30,16 +32,27 @@ pub struct SourceSettings {
     pub deliver_for: Duration,
 }
 
+/// One broker queue and where its messages go, built and checked. Not `Debug`: the broker
+/// URL may hold a password.
+pub struct ConsumerSettings {
+    pub name: String,
+    pub from: String,
+    pub options: AmqpOptions,
+    pub retention: Retention,
+    pub destination: HttpDestination,
+    pub deliver_for: Duration,
+}
+
 impl Settings {
-    /// The retention the shared store is opened with: every source keeps its keys at
-    /// least this long, and purges each source by its own.
+    /// The retention the shared store is opened with: every source and consumer keeps its
+    /// keys at least this long, and purges each by its own.
     pub fn store_retention(&self) -> Result<Retention> {
-        let keep = self.sources.iter().map(|s| s.retention.keep()).min();
-        let horizon = self
-            .sources
-            .iter()
-            .map(|s| s.retention.retry_horizon())
-            .min();
+        let retentions = || {
+            let sources = self.sources.iter().map(|s| s.retention);
+            sources.chain(self.consumers.iter().map(|c| c.retention))
+        };
+        let keep = retentions().map(|r| r.keep()).min();
+        let horizon = retentions().map(|r| r.retry_horizon()).min();
         Ok(match (keep, horizon) {
             (Some(keep), Some(horizon)) => Retention::new(keep, horizon)?,
             _ => Retention::default(),
@@ -54,6 +67,23 @@ struct RawConfig {
     server: RawServer,
     #[serde(default)]
     sources: BTreeMap<String, RawSource>,
+    #[serde(default)]
+    consumers: BTreeMap<String, RawConsumer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConsumer {
+    from: String,
+    queue: String,
+    id: Option<String>,
+    retry_horizon: Option<String>,
+    retention: Option<String>,
+    target: String,
+    deliver_for: Option<String>,
+    target_secret: Option<String>,
+    max_attempts: Option<u32>,
+    prefetch: Option<u16>,
 }
 
 #[derive(Deserialize, Default)]
@@ -81,6 +111,17 @@ struct RawSource {
     signature_header: Option<String>,
 }
 
+/// The consumer keys that `JUSTONCE_CONSUMERS_<NAME>_<KEY>` overrides: the text ones.
+const CONSUMER_KEYS: [&str; 8] = [
+    "from",
+    "queue",
+    "id",
+    "retry_horizon",
+    "retention",
+    "target",
+    "deliver_for",
+    "target_secret",
+];
 const SERVER_KEYS: [&str; 4] = ["listen", "admin_listen", "database", "body_limit"];
 const SOURCE_KEYS: [&str; 10] = [
     "scheme",
@@ -127,6 +168,18 @@ fn apply_env(table: &mut toml::Table, env: &dyn Fn(&str) -> Option<String>) {
         for key in SERVER_KEYS {
             if let Some(value) = env(&variable(&["server", key])) {
                 server.insert(key.to_owned(), toml::Value::String(value));
+            }
+        }
+    }
+    if let Some(consumers) = table.get_mut("consumers").and_then(|c| c.as_table_mut()) {
+        for (name, consumer) in consumers.iter_mut() {
+            let Some(consumer) = consumer.as_table_mut() else {
+                continue;
+            };
+            for key in CONSUMER_KEYS {
+                if let Some(value) = env(&variable(&["consumers", name, key])) {
+                    consumer.insert(key.to_owned(), toml::Value::String(value));
+                }
             }
         }
     }
@@ -182,13 +235,102 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Sett
             validate_source(&name, source, env).with_context(|| format!("sources.{name}"))
         })
         .collect::<Result<Vec<_>>>()?;
+    let consumers = raw
+        .consumers
+        .into_iter()
+        .map(|(name, consumer)| {
+            validate_consumer(&name, consumer, env).with_context(|| format!("consumers.{name}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Sources and consumers share the store's consumer names and the relay's destinations.
+    if let Some(both) = consumers
+        .iter()
+        .find(|c| sources.iter().any(|s| s.name == c.name))
+    {
+        bail!(
+            "{:?} names both a source and a consumer: they share one namespace",
+            both.name
+        );
+    }
     Ok(Settings {
         listen: address(server.listen, "127.0.0.1:8080", "listen")?,
         admin_listen: address(server.admin_listen, "127.0.0.1:9090", "admin_listen")?,
         database,
         body_limit,
         sources,
+        consumers,
     })
+}
+
+fn validate_consumer(
+    name: &str,
+    raw: RawConsumer,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ConsumerSettings> {
+    Consumer::new(name)?;
+    if name.contains(':') || name.contains('/') {
+        bail!("consumer name {name:?} may not contain ':' or '/'");
+    }
+    let from = match raw.from.strip_prefix("env:") {
+        Some(_) => resolve_secret(&raw.from, env)?,
+        None => raw.from.clone(),
+    };
+    if !from.starts_with("amqp://") {
+        bail!(
+            "from must be an amqp:// URL (or env:VARIABLE holding one): RabbitMQ is the broker \
+             this version consumes; amqps, NATS, Redis Streams and MQTT are not supported yet"
+        );
+    }
+    if raw.queue.is_empty() {
+        bail!("queue must name a queue");
+    }
+    let key_from = match raw.id.as_deref().unwrap_or("message_id") {
+        "message_id" => KeyFrom::MessageId,
+        id => match id.split_once(':') {
+            Some(("header", header)) if !header.is_empty() => KeyFrom::Header(header.to_owned()),
+            Some(("json", pointer)) if pointer.starts_with('/') => {
+                KeyFrom::Json(pointer.to_owned())
+            }
+            _ => bail!("id {id:?} must be \"message_id\", \"header:NAME\" or \"json:/POINTER\""),
+        },
+    };
+    let duration = |value: Option<&str>, default: &str, what: &str| {
+        parse_duration(value.unwrap_or(default)).with_context(|| what.to_owned())
+    };
+    let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
+    let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
+    let retention = Retention::new(keep, retry_horizon)?;
+    let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
+    let mut options = AmqpOptions::new(&raw.queue).key_from(key_from);
+    if let Some(attempts) = raw.max_attempts {
+        options = options.max_attempts(attempts);
+    }
+    if let Some(prefetch) = raw.prefetch {
+        options = options.prefetch(prefetch);
+    }
+    Ok(ConsumerSettings {
+        name: name.to_owned(),
+        from,
+        options,
+        retention,
+        destination: destination(&raw.target, raw.target_secret.as_deref(), env)?,
+        deliver_for,
+    })
+}
+
+/// The HTTP target of a source or consumer, signed when it has a secret.
+fn destination(
+    target: &str,
+    secret: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<HttpDestination> {
+    let mut destination = HttpDestination::new(target).context("target")?;
+    if let Some(reference) = secret {
+        destination = destination
+            .signed_with(&resolve_secret(reference, env)?)
+            .context("target_secret")?;
+    }
+    Ok(destination)
 }
 
 fn validate_source(
@@ -279,17 +421,11 @@ fn validate_source(
         Some(("json", pointer)) if pointer.starts_with('/') => IdLocation::Json(pointer.to_owned()),
         _ => bail!("id {id:?} must be \"header:NAME\" or \"json:/POINTER\""),
     };
-    let mut destination = HttpDestination::new(&raw.target).context("target")?;
-    if let Some(reference) = &raw.target_secret {
-        destination = destination
-            .signed_with(&resolve_secret(reference, env)?)
-            .context("target_secret")?;
-    }
     Ok(SourceSettings {
         name: name.to_owned(),
         source: Source::new(name, scheme, id)?,
         retention,
-        destination,
+        destination: destination(&raw.target, raw.target_secret.as_deref(), env)?,
         deliver_for,
     })
 }
@@ -471,6 +607,56 @@ target = "http://127.0.0.1:9000/hooks/shop"
         let env = env_of(&[("SHOP_SECRET", "x")]);
         let error = error_of(&none, &env);
         assert!(error.contains("takes no secrets"), "{error}");
+    }
+
+    const ORDERS: &str = r#"
+[consumers.orders]
+from = "env:ORDERS_BROKER"
+queue = "orders"
+id = "header:X-Order-Id"
+max_attempts = 3
+target = "http://127.0.0.1:9000/orders"
+"#;
+
+    #[test]
+    fn consumers_are_read_and_checked() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://guest:hunter2@127.0.0.1:5672/%2f"),
+            ("JUSTONCE_CONSUMERS_ORDERS_QUEUE", "orders-eu"),
+        ]);
+        let settings = load_text(&format!("{SHOP}{ORDERS}"), &env).unwrap();
+        let [orders] = settings.consumers.as_slice() else {
+            panic!("one consumer");
+        };
+        assert_eq!(orders.name, "orders");
+        assert_eq!(orders.from, "amqp://guest:hunter2@127.0.0.1:5672/%2f");
+        assert!(format!("{:?}", orders.options).contains("orders-eu"));
+        let cases = [
+            (
+                ORDERS.replace("env:ORDERS_BROKER", "nats://127.0.0.1:4222"),
+                "not supported yet",
+            ),
+            (ORDERS.replace("header:X-Order-Id", "body"), "message_id"),
+            (
+                ORDERS.replace("[consumers.orders]", "[consumers.shop]"),
+                "both a source and a consumer",
+            ),
+            (ORDERS.replace("queue = \"orders\"\n", ""), "queue"),
+            (format!("{ORDERS}retention = \"1h\"\n"), "retry horizon"),
+        ];
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://guest:hunter2@127.0.0.1:5672/%2f"),
+        ]);
+        for (consumer, expected) in cases {
+            let error = error_of(&format!("{SHOP}{consumer}"), &env);
+            assert!(error.contains(expected), "{expected:?} not in {error:?}");
+            assert!(
+                !error.contains("hunter2"),
+                "a password was printed: {error}"
+            );
+        }
     }
 
     #[test]

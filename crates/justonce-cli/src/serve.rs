@@ -1,13 +1,14 @@
 //! `justonce serve`: the public receiver, the admin listener and the relay, until SIGTERM.
 
-use crate::config::Settings;
+use crate::config::{ConsumerSettings, Settings};
 use anyhow::{Context, Result};
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use justonce_http::receiver;
-use justonce_sql::{Backend, Inbox, Outbox};
+use justonce_sql::{Backend, Consumer, Inbox, Key, Message, Outbox, WorkFuture};
+use justonce_transport::amqp::{AmqpConsumer, AmqpOptions, Incoming};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -16,10 +17,25 @@ use tower_http::timeout::TimeoutLayer;
 pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
     let mut sources = Vec::new();
     let source_names: Vec<String> = settings.sources.iter().map(|s| s.name.clone()).collect();
+    let consumer_names: Vec<String> = settings.consumers.iter().map(|c| c.name.clone()).collect();
     let mut relay = inbox.outbox().relay();
     for source in settings.sources {
         sources.push(source.source);
         relay = relay.destination_for(source.name, source.destination, source.deliver_for);
+    }
+    let mut consumers = Vec::new();
+    for consumer in settings.consumers {
+        let ConsumerSettings {
+            name,
+            from,
+            options,
+            destination,
+            deliver_for,
+            ..
+        } = consumer;
+        relay = relay.destination_for(name.clone(), destination, deliver_for);
+        let inbox = inbox.with_consumer(Consumer::new(name.as_str())?);
+        consumers.push((name, from, options, inbox));
     }
     // A slow client may hold a request open for this long, no longer.
     let public = receiver::router(&inbox, sources, settings.body_limit).layer(
@@ -37,7 +53,13 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         )
         .route(
             "/",
-            get(move || status_page(status_outbox.clone(), source_names.clone())),
+            get(move || {
+                status_page(
+                    status_outbox.clone(),
+                    source_names.clone(),
+                    consumer_names.clone(),
+                )
+            }),
         );
 
     let (stop, stopping) = watch::channel(false);
@@ -62,13 +84,19 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let public = axum::serve(public_listener, public).with_graceful_shutdown(stopped());
     let admin = axum::serve(admin_listener, admin).with_graceful_shutdown(stopped());
     let relaying = relay.run(stopped());
+    let consuming = futures_util::future::join_all(
+        consumers
+            .into_iter()
+            .map(|(name, from, options, inbox)| consume(name, from, options, inbox, stopped())),
+    );
     let signal = async move {
         shutdown_signal().await;
         tracing::info!("stopping: finishing requests in flight");
         let _ = stop.send(true);
     };
     let running = async {
-        let (public, admin, relayed, ()) = tokio::join!(public, admin, relaying, signal);
+        let (public, admin, relayed, _, ()) =
+            tokio::join!(public, admin, relaying, consuming, signal);
         public.context("public listener")?;
         admin.context("admin listener")?;
         relayed.context("relay")
@@ -84,6 +112,71 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             tracing::warn!("requests still in flight after the drain time: stopping anyway");
             Ok(())
         }
+    }
+}
+
+/// Consumes one queue until `stopped` resolves: each message is claimed under the consumer
+/// and written to the outbox for the consumer's target with the key `<consumer>:<id>`, in
+/// one transaction, and acknowledged after the commit. A broker that cannot be reached is
+/// tried again every few seconds.
+async fn consume<DB: Backend>(
+    name: String,
+    from: String,
+    options: AmqpOptions,
+    inbox: Inbox<DB>,
+    stopped: impl std::future::Future<Output = ()>,
+) {
+    let mut stopped = std::pin::pin!(stopped);
+    loop {
+        let consumer = tokio::select! {
+            () = &mut stopped => return,
+            connected = AmqpConsumer::connect(&from, inbox.clone(), options.clone()) => connected,
+        };
+        match consumer {
+            Ok(consumer) => {
+                tracing::info!(consumer = %name, "consuming");
+                let work = forward_to_target(name.clone(), inbox.clone());
+                let ran = consumer.run(&mut stopped, work).await;
+                let _ = consumer.close().await;
+                match ran {
+                    Ok(stats) => {
+                        tracing::info!(consumer = %name, ?stats, "stopped consuming");
+                        return;
+                    }
+                    Err(error) => tracing::warn!(consumer = %name, %error, "consumer failed"),
+                }
+            }
+            Err(error) => tracing::warn!(consumer = %name, %error, "broker unreachable"),
+        }
+        tokio::select! {
+            () = &mut stopped => return,
+            () = tokio::time::sleep(BROKER_RETRY) => {}
+        }
+    }
+}
+
+/// How long a consumer waits before connecting again to a broker that failed.
+const BROKER_RETRY: Duration = Duration::from_secs(5);
+
+/// The work of a service consumer: one outbox row for the consumer's target, keyed
+/// `<consumer>:<id>`, with the message's body and content type.
+fn forward_to_target<DB: Backend>(
+    name: String,
+    inbox: Inbox<DB>,
+) -> impl for<'e, 't> Fn(
+    &'t mut justonce_sql::sqlx::Transaction<'e, DB>,
+    &'t Incoming,
+) -> WorkFuture<'t, (), justonce_sql::Error> {
+    move |tx, message| {
+        let (name, inbox) = (name.clone(), inbox.clone());
+        Box::pin(async move {
+            let key = Key::new(format!("{name}:{}", message.key))?;
+            let mut row = Message::new(name.as_str(), message.body.clone());
+            if let Some(content_type) = &message.content_type {
+                row = row.header("content-type", content_type.as_str());
+            }
+            inbox.forward(tx, &key, row).await.map(drop)
+        })
     }
 }
 
@@ -108,8 +201,13 @@ async fn metrics_page<DB: Backend>(prometheus: PrometheusHandle, outbox: Outbox<
         .into_response()
 }
 
-/// The status page: the sources and the state of their deliveries, for a person.
-async fn status_page<DB: Backend>(outbox: Outbox<DB>, sources: Vec<String>) -> Response {
+/// The status page: the sources, the consumers and the state of their deliveries, for a
+/// person.
+async fn status_page<DB: Backend>(
+    outbox: Outbox<DB>,
+    sources: Vec<String>,
+    consumers: Vec<String>,
+) -> Response {
     let state = match outbox.stats().await {
         Ok(stats) => format!(
             "<tr><td>sent</td><td>{}</td></tr><tr><td>due</td><td>{}</td></tr>\
@@ -128,9 +226,14 @@ async fn status_page<DB: Backend>(outbox: Outbox<DB>, sources: Vec<String>) -> R
         .iter()
         .map(|name| format!("<li><code>POST /webhooks/{}</code></li>", escape(name)))
         .collect();
+    let consumers: String = consumers
+        .iter()
+        .map(|name| format!("<li>{}</li>", escape(name)))
+        .collect();
     let page = format!(
         "<!doctype html><html><head><meta charset=utf-8><title>justonce</title></head>\
          <body><h1>justonce</h1><h2>Sources</h2><ul>{sources}</ul>\
+         <h2>Consumers</h2><ul>{consumers}</ul>\
          <h2>Deliveries</h2><table>{state}</table>\
          <p><a href=\"/metrics\">metrics</a> · <a href=\"/healthz\">health</a></p></body></html>"
     );

@@ -140,6 +140,8 @@ pub struct Incoming {
     pub attempt: u32,
     /// Whether the broker delivered it before (to this or another consumer) without an ack.
     pub redelivered: bool,
+    /// The `content_type` property.
+    pub content_type: Option<String>,
 }
 
 /// A RabbitMQ consumer that runs each delivery's work once in effect.
@@ -319,6 +321,8 @@ impl<DB: Backend> Taken<'_, DB> {
             body: self.delivery.data.clone(),
             attempt: self.attempt,
             redelivered: self.delivery.redelivered,
+            content_type: (self.delivery.properties.content_type().as_ref())
+                .map(|content_type| content_type.as_str().to_owned()),
         };
         match inbox
             .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))

@@ -31,6 +31,7 @@ macro_rules! on_every_database {
 
 on_every_database!(
     every_event_posted_twice_is_delivered_once_per_key,
+    a_queue_consumed_by_the_service_reaches_its_target_once_per_key,
     a_server_killed_twenty_times_loses_no_acknowledged_event,
 );
 
@@ -52,6 +53,11 @@ fn free_port() -> u16 {
 
 impl Server {
     fn configure(database: &str, target: &str) -> Self {
+        Self::configure_with(database, target, "")
+    }
+
+    /// A server whose configuration ends with `more`, such as a consumer.
+    fn configure_with(database: &str, target: &str, more: &str) -> Self {
         let (public, admin) = (free_port(), free_port());
         let config = std::env::temp_dir().join(format!("justonce-{public}.toml"));
         std::fs::write(
@@ -69,6 +75,7 @@ scheme = "hmac-sha256"
 secrets = ["env:DEMO_SECRET"]
 id = "json:/id"
 target = "{target}"
+{more}
 "#
             ),
         )
@@ -634,5 +641,101 @@ async fn hostile_bodies_get_4xx_and_leave_memory_bounded() {
     .await;
     assert_eq!(stored, 0);
     server.stop().await;
+    drop_database(db).await;
+}
+
+fn amqp_url() -> String {
+    std::env::var("JUSTONCE_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// `serve` consuming a RabbitMQ queue: 120 messages for 100 ids reach the target once per
+/// id, each with `Idempotency-Key: orders:<id>`.
+async fn a_queue_consumed_by_the_service_reaches_its_target_once_per_key<DB: TestBackend>(
+    test: &str,
+) {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let queue = format!("{}orders", db.prefix);
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{}\"\nqueue = \"{queue}\"\ntarget = \"{}\"\n",
+        amqp_url(),
+        sink.url()
+    );
+    let mut server = Server::configure_with(&url, &sink.url(), &consumer);
+    server.start().await;
+
+    let connection =
+        lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ");
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    // The service declares the queue once it is consuming.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let probe = connection.create_channel().await.unwrap();
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        if probe
+            .queue_declare(queue.as_str().into(), passive, Default::default())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the service never declared {queue}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for n in 0..120 {
+        let id = format!("order-{}", n % 100);
+        let properties = lapin::BasicProperties::default()
+            .with_message_id(id.as_str().into())
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2);
+        let body = format!(r#"{{"order":"{id}"}}"#);
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+    }
+    let by_key = await_keys(&sink, 100).await;
+    assert_eq!(by_key.len(), 100, "every id reached the target");
+    for n in 0..100 {
+        let bodies = &by_key[&format!("orders:order-{n}")];
+        let expected = format!(r#"{{"order":"order-{n}"}}"#);
+        assert!(bodies.iter().all(|body| *body == expected.as_bytes()));
+    }
+    let received = sink.received();
+    assert!(
+        received
+            .iter()
+            .all(|r| r.headers["content-type"] == "application/json")
+    );
+    server.stop().await;
+    for name in [format!("{queue}.dead"), queue] {
+        channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
     drop_database(db).await;
 }
