@@ -30,7 +30,7 @@
 use crate::{ConsumerStats, Error};
 use futures_util::StreamExt;
 use justonce_core::{Delivered, Delivery, Destination, Key};
-use justonce_sql::{Backend, Inbox, Outcome, RunError, WorkFuture, sqlx};
+use justonce_sql::{Backend, Claim, Inbox, Outcome, RunError, WorkFuture, sqlx};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
@@ -210,6 +210,126 @@ impl<DB: Backend> AmqpConsumer<DB> {
         Ok(stats)
     }
 
+    /// Like [`AmqpConsumer::run`], with the deliveries that have arrived, up to
+    /// `batch_size`, claimed with one statement and worked in one transaction, then
+    /// acknowledged after its commit. If any work in a batch fails, the batch rolls back and
+    /// its deliveries are run one by one, so that one failing message neither loses nor
+    /// doubles the others. Set a prefetch of at least `batch_size`.
+    pub async fn run_batched<F, E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: F,
+    ) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut deliveries = self.deliveries().await?;
+        let mut stats = ConsumerStats::default();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let next = tokio::select! {
+                _ = &mut shutdown => break,
+                next = deliveries.next() => next,
+            };
+            let Some(first) = next? else { break };
+            let mut batch = vec![first];
+            // What has arrived already joins the batch; nothing waits for more.
+            while batch.len() < batch_size {
+                match tokio::time::timeout(Duration::from_millis(1), deliveries.next()).await {
+                    Ok(next) => match next? {
+                        Some(taken) => batch.push(taken),
+                        None => break,
+                    },
+                    Err(_) => break,
+                }
+            }
+            self.settle_batch(batch, &work, &mut stats).await?;
+        }
+        deliveries.stop().await?;
+        Ok(stats)
+    }
+
+    async fn settle_batch<F, E>(
+        &self,
+        batch: Vec<Taken<'_, DB>>,
+        work: &F,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let (keyed, unkeyed): (Vec<_>, Vec<_>) =
+            batch.into_iter().partition(|taken| taken.incoming.is_ok());
+        let one_by_one = match self.commit_batch(&keyed, work).await {
+            Ok(claims) => {
+                for (taken, claim) in keyed.into_iter().zip(claims) {
+                    let outcome = match claim {
+                        Claim::First => Outcome::Processed(()),
+                        Claim::Duplicate => Outcome::Duplicate,
+                        Claim::KeyReused { stored, received } => {
+                            Outcome::KeyReused { stored, received }
+                        }
+                    };
+                    taken.settle(Ran::<E>::Outcome(outcome), stats).await?;
+                }
+                unkeyed
+            }
+            Err(error) => {
+                tracing::debug!(%error, "a batch failed: running its deliveries one by one");
+                keyed.into_iter().chain(unkeyed).collect()
+            }
+        };
+        for taken in one_by_one {
+            let ran = taken.run(&self.inbox, work).await;
+            taken.settle(ran, stats).await?;
+        }
+        Ok(())
+    }
+
+    /// Claims the batch's keys and runs the work of each first claim in one transaction.
+    async fn commit_batch<F, E>(
+        &self,
+        batch: &[Taken<'_, DB>],
+        work: &F,
+    ) -> Result<Vec<Claim>, justonce_core::BoxError>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let incoming: Vec<&Incoming> = batch
+            .iter()
+            .filter_map(|taken| taken.incoming.as_ref().ok())
+            .collect();
+        if incoming.is_empty() {
+            return Ok(Vec::new());
+        }
+        let messages: Vec<(Key, &[u8])> = incoming
+            .iter()
+            .map(|message| (message.key.clone(), message.body.as_slice()))
+            .collect();
+        let mut tx = self.inbox.begin().await?;
+        let claims = match self.inbox.claim_many(&mut tx, &messages).await {
+            Ok(claims) => claims,
+            Err(error) => {
+                tx.rollback().await?;
+                return Err(error.into());
+            }
+        };
+        for (message, claim) in incoming.iter().zip(&claims) {
+            if *claim == Claim::First
+                && let Err(error) = work(&mut tx, message).await
+            {
+                tx.rollback().await?;
+                return Err(error.into());
+            }
+        }
+        tx.commit().await?;
+        Ok(claims)
+    }
+
     /// The deliveries one at a time, for callers that run and settle them themselves.
     pub async fn deliveries(&self) -> Result<Deliveries<'_, DB>, Error> {
         let tag = format!("justonce-{}", std::process::id());
@@ -259,11 +379,18 @@ impl<'c, DB: Backend> Deliveries<'c, DB> {
         };
         let delivery = delivery.map_err(broker)?;
         let attempt = attempt_of(&delivery);
-        let key = key_of(&self.owner.options.key_from, &delivery);
+        let incoming = key_of(&self.owner.options.key_from, &delivery).map(|key| Incoming {
+            key,
+            body: delivery.data.clone(),
+            attempt,
+            redelivered: delivery.redelivered,
+            content_type: (delivery.properties.content_type().as_ref())
+                .map(|content_type| content_type.as_str().to_owned()),
+        });
         Ok(Some(Taken {
             owner: self.owner,
             attempt,
-            key,
+            incoming,
             delivery,
         }))
     }
@@ -284,7 +411,8 @@ pub struct Taken<'c, DB: Backend> {
     owner: &'c AmqpConsumer<DB>,
     delivery: lapin::message::Delivery,
     attempt: u32,
-    key: Result<Key, String>,
+    /// The delivery as the work sees it, or why it has no usable key.
+    incoming: Result<Incoming, String>,
 }
 
 /// What running a delivery's work came to, for [`Taken::settle`].
@@ -303,7 +431,10 @@ pub enum Ran<E> {
 impl<DB: Backend> Taken<'_, DB> {
     /// The delivery's key, or why it has none.
     pub fn key(&self) -> Result<&Key, &str> {
-        self.key.as_ref().map_err(String::as_str)
+        match &self.incoming {
+            Ok(incoming) => Ok(&incoming.key),
+            Err(reason) => Err(reason),
+        }
     }
 
     /// Runs `work` in a transaction with the key claimed (see [`Inbox::run`]).
@@ -312,20 +443,12 @@ impl<DB: Backend> Taken<'_, DB> {
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let key = match &self.key {
-            Ok(key) => key.clone(),
+        let incoming = match &self.incoming {
+            Ok(incoming) => incoming,
             Err(reason) => return Ran::NoKey(reason.clone()),
         };
-        let incoming = Incoming {
-            key,
-            body: self.delivery.data.clone(),
-            attempt: self.attempt,
-            redelivered: self.delivery.redelivered,
-            content_type: (self.delivery.properties.content_type().as_ref())
-                .map(|content_type| content_type.as_str().to_owned()),
-        };
         match inbox
-            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .run(&incoming.key, &incoming.body, |tx| work(tx, incoming))
             .await
         {
             Ok(outcome) => Ran::Outcome(outcome),
@@ -345,7 +468,7 @@ impl<DB: Backend> Taken<'_, DB> {
         stats: &mut ConsumerStats,
     ) -> Result<(), Error> {
         let options = &self.owner.options;
-        let key = self.key.as_ref().map(Key::as_str).unwrap_or("");
+        let key = self.key().map(Key::as_str).unwrap_or("");
         match ran {
             Ran::Outcome(Outcome::Processed(())) => stats.processed += 1,
             Ran::Outcome(Outcome::Duplicate) => stats.duplicates += 1,

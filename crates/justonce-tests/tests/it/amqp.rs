@@ -25,6 +25,7 @@ on_every_database!(
     ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each,
     a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
     two_consumer_processes_on_one_queue_take_effect_once_each,
+    a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     the_relay_publishes_rows_with_their_key_as_message_id,
 );
 
@@ -104,13 +105,17 @@ impl Queue {
 
     /// Messages ready in the queue: neither delivered to a consumer nor acknowledged.
     async fn ready(&self) -> u32 {
+        self.ready_in(&self.name).await
+    }
+
+    async fn ready_in(&self, queue: &str) -> u32 {
         let channel = self.connection.create_channel().await.unwrap();
         let passive = lapin::options::QueueDeclareOptions {
             passive: true,
             ..Default::default()
         };
         let queue = channel
-            .queue_declare(self.name.as_str().into(), passive, Default::default())
+            .queue_declare(queue.into(), passive, Default::default())
             .await
             .unwrap();
         queue.message_count()
@@ -483,4 +488,53 @@ async fn two_consumer_processes_on_one_queue_take_effect_once_each<DB: TestBacke
     consumer.close().await.unwrap();
     queue.delete().await;
     db.cleanup().await;
+}
+
+async fn a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options.prefetch(64).max_attempts(2)).await;
+    // 40 keys, 10 of them twice, one that fails once and one that always fails, mixed in.
+    for n in 0..50 {
+        queue.publish(&format!("order:{}", n % 40), b"x").await;
+        if n == 10 {
+            queue.publish("fail1:order", b"fails once").await;
+        }
+        if n == 30 {
+            queue.publish("bad:order", b"always fails").await;
+        }
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = async {
+        consumer
+            .run_batched(stopped, 20, consumer_work::<DB>(&db.prefix))
+            .await
+    };
+    let dead = queue.dead();
+    let waiting = async {
+        await_effects(&db, 41).await;
+        while queue.ready_in(&dead).await == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.send(()).unwrap();
+    };
+    let (stats, ()) = tokio::join!(running, waiting);
+    let stats = stats.unwrap();
+    assert_eq!(stats.processed, 41, "40 keys and the one that failed once");
+    assert_eq!(stats.dead_lettered, 1);
+    assert_eq!(db.rows("effects").await, 41);
+    assert_eq!(doubled(&db).await, 0);
+    assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
+    consumer.close().await.unwrap();
+    assert_queue_empty(&queue).await;
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+/// After the consumer closed, nothing is left in the queue: every delivery was settled.
+async fn assert_queue_empty(queue: &Queue) {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(queue.ready().await, 0);
 }
