@@ -2,9 +2,11 @@
 //! database, and an effect table without a unique constraint, so that a doubled effect
 //! shows as two rows.
 
+mod amqp;
 mod redis;
 mod sink;
 
+pub use amqp::{amqp_url, publish_many};
 pub use redis::{TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 

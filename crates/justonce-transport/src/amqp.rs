@@ -234,24 +234,17 @@ impl<DB: Backend> AmqpConsumer<DB> {
                 next = deliveries.next() => next,
             };
             let Some(first) = next? else { break };
-            let mut batch = vec![first];
-            // What has arrived already joins the batch; nothing waits for more.
-            while batch.len() < batch_size {
-                match tokio::time::timeout(Duration::from_millis(1), deliveries.next()).await {
-                    Ok(next) => match next? {
-                        Some(taken) => batch.push(taken),
-                        None => break,
-                    },
-                    Err(_) => break,
-                }
-            }
+            let batch = deliveries.more(first, batch_size).await?;
             self.settle_batch(batch, &work, &mut stats).await?;
         }
         deliveries.stop().await?;
         Ok(stats)
     }
 
-    async fn settle_batch<F, E>(
+    /// Claims the keys of `batch` with one statement, runs the work of each first claim in
+    /// one transaction, and settles every delivery after its commit; if any work fails,
+    /// rolls back and runs and settles the deliveries one by one.
+    pub async fn settle_batch<F, E>(
         &self,
         batch: Vec<Taken<'_, DB>>,
         work: &F,
@@ -393,6 +386,26 @@ impl<'c, DB: Backend> Deliveries<'c, DB> {
             incoming,
             delivery,
         }))
+    }
+
+    /// `first` and the deliveries that have arrived after it, up to `batch_size` in all;
+    /// it does not wait for more.
+    pub async fn more(
+        &mut self,
+        first: Taken<'c, DB>,
+        batch_size: usize,
+    ) -> Result<Vec<Taken<'c, DB>>, Error> {
+        let mut batch = vec![first];
+        while batch.len() < batch_size {
+            match tokio::time::timeout(Duration::from_millis(1), self.next()).await {
+                Ok(next) => match next? {
+                    Some(taken) => batch.push(taken),
+                    None => break,
+                },
+                Err(_) => break,
+            }
+        }
+        Ok(batch)
     }
 
     /// Stops taking deliveries; those taken and not settled go back to the broker when the

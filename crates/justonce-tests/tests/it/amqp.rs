@@ -4,7 +4,7 @@
 
 use super::on_every_database;
 use justonce_sql::{Key, Message};
-use justonce_tests::{TestBackend, TestDb, consumer_work};
+use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
 use justonce_transport::ConsumerStats;
 use justonce_transport::amqp::{
     ATTEMPT_HEADER, AmqpConsumer, AmqpDestination, AmqpOptions, REASON_HEADER,
@@ -28,11 +28,6 @@ on_every_database!(
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     the_relay_publishes_rows_with_their_key_as_message_id,
 );
-
-fn amqp_url() -> String {
-    std::env::var("JUSTONCE_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
 
 /// A queue (and its dead-letter queue) named after the test's prefix, deleted at the end.
 struct Queue {
@@ -72,35 +67,9 @@ impl Queue {
         assert_eq!(self.publisher.deliver(delivery).await, Delivered::Sent);
     }
 
-    /// Publishes `count` messages, keys `order:0` to `order:{distinct - 1}` and then
-    /// repeats of the first keys, all at once, and waits for every confirm.
+    /// Publishes `count` messages for `distinct` keys, and waits for every confirm.
     async fn publish_many(&self, count: usize, distinct: usize) {
-        let channel = self.connection.create_channel().await.unwrap();
-        channel
-            .confirm_select(lapin::options::ConfirmSelectOptions::default())
-            .await
-            .unwrap();
-        let mut confirms = Vec::with_capacity(count);
-        for n in 0..count {
-            let key = format!("order:{}", n % distinct);
-            let properties = BasicProperties::default()
-                .with_message_id(key.as_str().into())
-                .with_delivery_mode(2);
-            let confirm = channel
-                .basic_publish(
-                    "".into(),
-                    self.name.as_str().into(),
-                    BasicPublishOptions::default(),
-                    key.as_bytes(),
-                    properties,
-                )
-                .await
-                .unwrap();
-            confirms.push(confirm);
-        }
-        for confirm in confirms {
-            assert!(confirm.await.unwrap().is_ack());
-        }
+        justonce_tests::publish_many(&self.connection, &self.name, count, distinct).await;
     }
 
     /// Messages ready in the queue: neither delivered to a consumer nor acknowledged.

@@ -1,0 +1,45 @@
+//! RabbitMQ for the broker tests and benchmarks.
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Connection};
+
+/// The RabbitMQ server the tests use; they fail if it is down.
+pub fn amqp_url() -> String {
+    std::env::var("JUSTONCE_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// Publishes `count` persistent messages to `queue` through the default exchange, all at
+/// once, and waits for every confirm. Message `n` has the key (`message_id` and body)
+/// `order:{n % distinct}`, so the ones after the first `distinct` repeat earlier keys.
+pub async fn publish_many(connection: &Connection, queue: &str, count: usize, distinct: usize) {
+    let channel = connection.create_channel().await.expect("a channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("publisher confirms");
+    let mut confirms = Vec::with_capacity(count);
+    for n in 0..count {
+        let key = format!("order:{}", n % distinct);
+        let properties = BasicProperties::default()
+            .with_message_id(key.as_str().into())
+            .with_delivery_mode(2);
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                key.as_bytes(),
+                properties,
+            )
+            .await
+            .expect("publish");
+        confirms.push(confirm);
+    }
+    for confirm in confirms {
+        assert!(
+            confirm.await.expect("a confirm").is_ack(),
+            "the broker took it"
+        );
+    }
+}
