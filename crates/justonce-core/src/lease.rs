@@ -18,6 +18,16 @@ pub struct Lease {
     pub token: i64,
 }
 
+impl Lease {
+    /// The error for a change this holder may no longer make.
+    pub fn lost(&self) -> Error {
+        Error::LeaseLost {
+            key: self.identity.key.as_str().to_owned(),
+            token: self.token,
+        }
+    }
+}
+
 /// What asking for a lease on a key found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "only `Acquired` may do the work"]

@@ -45,3 +45,17 @@ pub use lease::{Lease, LeaseClaim, LeaseFuture, Leases};
 pub use offset::{Offset, OffsetCommit};
 pub use outcome::{Claim, Outcome};
 pub use retention::Retention;
+
+/// Builder setters that take a value and return `self`, one per field, with their docs.
+/// For justonce's own option types.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $type:ty),* $(,)?) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, $name: $type) -> Self {
+            self.$name = $name;
+            self
+        }
+    )*};
+}

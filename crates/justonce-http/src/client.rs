@@ -131,18 +131,8 @@ impl Default for RetryPolicy {
     }
 }
 
-macro_rules! setters {
-    ($($(#[$doc:meta])* $name:ident: $type:ty),* $(,)?) => {$(
-        $(#[$doc])*
-        pub fn $name(mut self, $name: $type) -> Self {
-            self.$name = $name;
-            self
-        }
-    )*};
-}
-
 impl RetryPolicy {
-    setters!(
+    justonce_core::setters!(
         /// Tries in all, the first one included (default 5); 0 and 1 both send once.
         max_attempts: u32,
         /// The ceiling of the pause after the first failed try, doubled after each next

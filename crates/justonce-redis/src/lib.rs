@@ -156,10 +156,7 @@ impl RedisLeases {
             .await
             .map_err(redis_error)?;
         if changed == 0 {
-            return Err(Error::LeaseLost {
-                key: lease.identity.key.as_str().to_owned(),
-                token: lease.token,
-            });
+            return Err(lease.lost());
         }
         Ok(())
     }

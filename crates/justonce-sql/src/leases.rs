@@ -94,10 +94,7 @@ impl<DB: Backend> Inbox<DB> {
             DB::change(&shared.pool, &shared.sql, change).await?
         };
         if changed == 0 {
-            return Err(Error::LeaseLost {
-                key: lease.identity.key.as_str().to_owned(),
-                token: lease.token,
-            });
+            return Err(lease.lost());
         }
         Ok(())
     }

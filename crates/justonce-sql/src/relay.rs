@@ -40,18 +40,8 @@ impl Default for RelayOptions {
     }
 }
 
-macro_rules! setters {
-    ($($(#[$doc:meta])* $name:ident: $type:ty),* $(,)?) => {$(
-        $(#[$doc])*
-        pub fn $name(mut self, $name: $type) -> Self {
-            self.$name = $name;
-            self
-        }
-    )*};
-}
-
 impl RelayOptions {
-    setters!(
+    justonce_core::setters!(
         /// Rows taken per round (default 100).
         batch_size: u32,
         /// Deliveries in flight at once within a round (default 8).

@@ -71,6 +71,56 @@ pub fn consumer_work<DB: TestBackend>(
     }
 }
 
+/// The flags of the throughput benchmarks: `[--backend postgres|sqlite] [--messages N]
+/// [--duplicates PERCENT] [--batch N] [--json]`.
+pub struct StreamArgs {
+    /// `postgres` or `sqlite`.
+    pub backend: String,
+    /// Messages in the stream.
+    pub messages: usize,
+    /// The share of them, in percent, that repeat an earlier key.
+    pub duplicates: usize,
+    /// Messages per batch.
+    pub batch: usize,
+    /// One JSON object per result instead of a table.
+    pub json: bool,
+}
+
+impl StreamArgs {
+    /// The flags of this process, over these defaults; `None` for a flag it does not know
+    /// or a value out of range.
+    pub fn from_args(messages: usize, batch: usize) -> Option<Self> {
+        let mut args = Self {
+            backend: "postgres".to_owned(),
+            messages,
+            duplicates: 20,
+            batch,
+            json: false,
+        };
+        let mut raw = std::env::args().skip(1);
+        while let Some(flag) = raw.next() {
+            match flag.as_str() {
+                "--json" => args.json = true,
+                "--backend" => {
+                    args.backend = raw.next().filter(|b| b == "postgres" || b == "sqlite")?
+                }
+                "--messages" => args.messages = raw.next()?.parse().ok().filter(|n| *n > 0)?,
+                "--duplicates" => {
+                    args.duplicates = raw.next()?.parse().ok().filter(|p| *p < 100)?
+                }
+                "--batch" => args.batch = raw.next()?.parse().ok().filter(|n| *n > 0)?,
+                _ => return None,
+            }
+        }
+        Some(args)
+    }
+
+    /// How many distinct keys the stream holds.
+    pub fn distinct(&self) -> usize {
+        self.messages - self.messages * self.duplicates / 100
+    }
+}
+
 /// A database the tests run against, with the statements they need on it.
 pub trait TestBackend: Backend {
     /// A database URL no other test uses: a new file for SQLite, the shared server for

@@ -194,27 +194,15 @@ impl<DB: Backend> AmqpConsumer<DB> {
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let mut deliveries = self.deliveries().await?;
-        let mut stats = ConsumerStats::default();
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let next = tokio::select! {
-                _ = &mut shutdown => break,
-                next = deliveries.next() => next,
-            };
-            let Some(delivery) = next? else { break };
-            let outcome = delivery.run(&self.inbox, &work).await;
-            delivery.settle(outcome, &mut stats).await?;
-        }
-        deliveries.stop().await?;
-        Ok(stats)
+        self.run_batched(shutdown, 1, work).await
     }
 
     /// Like [`AmqpConsumer::run`], with the deliveries that have arrived, up to
     /// `batch_size`, claimed with one statement and worked in one transaction, then
-    /// acknowledged after its commit. If any work in a batch fails, the batch rolls back and
-    /// its deliveries are run one by one, so that one failing message neither loses nor
-    /// doubles the others. Set a prefetch of at least `batch_size`.
+    /// acknowledged after its commit; a `batch_size` of 1 is [`AmqpConsumer::run`]. If
+    /// any work in a batch fails, the batch rolls back and its deliveries are run one by
+    /// one, so that one failing message neither loses nor doubles the others. Set a
+    /// prefetch of at least `batch_size`.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -234,8 +222,13 @@ impl<DB: Backend> AmqpConsumer<DB> {
                 next = deliveries.next() => next,
             };
             let Some(first) = next? else { break };
-            let batch = deliveries.more(first, batch_size).await?;
-            self.settle_batch(batch, &work, &mut stats).await?;
+            if batch_size <= 1 {
+                let ran = first.run(&self.inbox, &work).await;
+                first.settle(ran, &mut stats).await?;
+            } else {
+                let batch = deliveries.more(first, batch_size).await?;
+                self.settle_batch(batch, &work, &mut stats).await?;
+            }
         }
         deliveries.stop().await?;
         Ok(stats)

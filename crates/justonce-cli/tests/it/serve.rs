@@ -444,6 +444,23 @@ async fn two_servers_on_one_postgres_database_share_the_work() {
     drop_database(db).await;
 }
 
+/// The SQLite server still answers its health check, and stored no key.
+async fn assert_up_with_nothing_stored(server: &Server, db: &TestDb<justonce_sql::sqlx::Sqlite>) {
+    let health = client()
+        .get(format!("{}/healthz", server.public))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    // The server's own tables, beside the test's in the same file.
+    let stored = <justonce_sql::sqlx::Sqlite as TestBackend>::count(
+        db.inbox.pool(),
+        "SELECT count(*) FROM justonce_keys".to_owned(),
+    )
+    .await;
+    assert_eq!(stored, 0);
+}
+
 /// A Content-Length smaller than the body: the server reads only what was declared, which
 /// does not verify, answers 401, and stays up.
 #[tokio::test]
@@ -468,19 +485,7 @@ async fn a_short_content_length_is_refused_and_the_server_stays_up() {
         .unwrap();
     let answer = String::from_utf8_lossy(&answer[..read]);
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
-    let health = client()
-        .get(format!("{}/healthz", server.public))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
-    // The server's own tables, beside the test's in the same file.
-    let stored = <justonce_sql::sqlx::Sqlite as TestBackend>::count(
-        db.inbox.pool(),
-        "SELECT count(*) FROM justonce_keys".to_owned(),
-    )
-    .await;
-    assert_eq!(stored, 0);
+    assert_up_with_nothing_stored(&server, &db).await;
     server.stop().await;
     drop_database(db).await;
 }
@@ -628,18 +633,7 @@ async fn hostile_bodies_get_4xx_and_leave_memory_bounded() {
         grown < sent_at_once / 10.0,
         "peak RSS grew by {grown:.1} MiB"
     );
-    let health = client()
-        .get(format!("{}/healthz", server.public))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
-    let stored = <justonce_sql::sqlx::Sqlite as TestBackend>::count(
-        db.inbox.pool(),
-        "SELECT count(*) FROM justonce_keys".to_owned(),
-    )
-    .await;
-    assert_eq!(stored, 0);
+    assert_up_with_nothing_stored(&server, &db).await;
     server.stop().await;
     drop_database(db).await;
 }

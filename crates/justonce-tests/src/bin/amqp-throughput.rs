@@ -11,23 +11,15 @@
 //! transaction. Before it prints, it checks that effect rows equal distinct keys.
 
 use justonce_sql::Backend;
-use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work, publish_many};
+use justonce_tests::{StreamArgs, TestBackend, TestDb, amqp_url, consumer_work, publish_many};
 use justonce_transport::ConsumerStats;
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use sqlx::{Postgres, Sqlite};
 use std::time::Instant;
 
-struct Args {
-    backend: String,
-    messages: usize,
-    duplicates: usize,
-    batch: usize,
-    json: bool,
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let Some(args) = parse() else {
+    let Some(args) = StreamArgs::from_args(10_000, 1) else {
         eprintln!(
             "usage: amqp-throughput [--backend postgres|sqlite] [--messages N] \
              [--duplicates PERCENT] [--batch N] [--json]"
@@ -62,32 +54,7 @@ async fn main() -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
-fn parse() -> Option<Args> {
-    let mut args = Args {
-        backend: "postgres".to_owned(),
-        messages: 10_000,
-        duplicates: 20,
-        batch: 1,
-        json: false,
-    };
-    let mut raw = std::env::args().skip(1);
-    while let Some(flag) = raw.next() {
-        let mut number = || raw.next()?.parse::<usize>().ok();
-        match flag.as_str() {
-            "--backend" => {
-                args.backend = raw.next().filter(|b| b == "postgres" || b == "sqlite")?;
-            }
-            "--messages" => args.messages = number().filter(|n| *n > 0)?,
-            "--duplicates" => args.duplicates = number().filter(|n| *n < 100)?,
-            "--batch" => args.batch = number().filter(|n| *n > 0)?,
-            "--json" => args.json = true,
-            _ => return None,
-        }
-    }
-    Some(args)
-}
-
-async fn measure<DB: TestBackend + Backend>(args: &Args) -> (f64, ConsumerStats) {
+async fn measure<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
     let db = TestDb::<DB>::new("amqp-throughput").await;
     let queue = format!("{}bench", db.prefix);
     let options =
@@ -99,7 +66,7 @@ async fn measure<DB: TestBackend + Backend>(args: &Args) -> (f64, ConsumerStats)
         lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
             .await
             .expect("RabbitMQ");
-    let distinct = args.messages - args.messages * args.duplicates / 100;
+    let distinct = args.distinct();
     publish_many(&connection, &queue, args.messages, distinct).await;
 
     let work = consumer_work::<DB>(&db.prefix);

@@ -11,21 +11,13 @@
 //! - `claim_many`: one transaction per batch.
 
 use justonce_sql::{Claim, Consumer, Fingerprint, Key};
-use justonce_tests::{TestBackend, TestDb};
+use justonce_tests::{StreamArgs, TestBackend, TestDb};
 use sqlx::{Postgres, Sqlite};
 use std::time::Instant;
 
-struct Args {
-    backend: String,
-    messages: usize,
-    duplicates: usize,
-    batch: usize,
-    json: bool,
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let Some(args) = parse() else {
+    let Some(args) = StreamArgs::from_args(20_000, 1_000) else {
         eprintln!(
             "usage: inbox-throughput [--backend postgres|sqlite] [--messages N] \
              [--duplicates PERCENT] [--batch N] [--json]"
@@ -64,32 +56,8 @@ async fn main() -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
-fn parse() -> Option<Args> {
-    let mut args = Args {
-        backend: "postgres".to_owned(),
-        messages: 20_000,
-        duplicates: 20,
-        batch: 1_000,
-        json: false,
-    };
-    let mut raw = std::env::args().skip(1);
-    while let Some(flag) = raw.next() {
-        match flag.as_str() {
-            "--json" => args.json = true,
-            "--backend" => {
-                args.backend = raw.next().filter(|b| b == "postgres" || b == "sqlite")?
-            }
-            "--messages" => args.messages = raw.next()?.parse().ok().filter(|n| *n > 0)?,
-            "--duplicates" => args.duplicates = raw.next()?.parse().ok().filter(|p| *p < 100)?,
-            "--batch" => args.batch = raw.next()?.parse().ok().filter(|n| *n > 0)?,
-            _ => return None,
-        }
-    }
-    Some(args)
-}
-
 /// The stream: `messages` keys, of which `duplicates` percent repeat an earlier one.
-fn stream(args: &Args) -> (Vec<Key>, usize) {
+fn stream(args: &StreamArgs) -> (Vec<Key>, usize) {
     let mut keys: Vec<Key> = Vec::with_capacity(args.messages);
     let mut distinct = 0;
     for n in 0..args.messages {
@@ -103,7 +71,7 @@ fn stream(args: &Args) -> (Vec<Key>, usize) {
     (keys, distinct)
 }
 
-async fn measure<DB: TestBackend>(args: &Args) -> Vec<(&'static str, f64, i64, usize)> {
+async fn measure<DB: TestBackend>(args: &StreamArgs) -> Vec<(&'static str, f64, i64, usize)> {
     let (keys, distinct) = stream(args);
     let mut results = Vec::new();
     for mode in ["hand-written", "run", "claim_many"] {

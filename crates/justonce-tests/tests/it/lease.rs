@@ -20,6 +20,13 @@ on_every_lease_store!(
 
 on_every_database!(a_key_is_claimed_once_whichever_way);
 
+/// A key completed with `result`, as a lease claim sees it.
+fn done_with(result: &[u8]) -> LeaseClaim {
+    LeaseClaim::Done {
+        result: Some(result.to_vec()),
+    }
+}
+
 /// An identity for consumer `test` in no scope.
 fn identity(text: &str) -> Identity {
     Identity::new(
@@ -64,9 +71,7 @@ async fn one_holder_then_done_with_its_result<S: LeaseStore>(test: &str) {
     leases.complete(&lease, b"receipt-1").await.unwrap();
     assert_eq!(
         leases.claim_lease(&id, &print("p"), LONG).await.unwrap(),
-        LeaseClaim::Done {
-            result: Some(b"receipt-1".to_vec())
-        }
+        done_with(b"receipt-1")
     );
     let again = leases.complete(&lease, b"receipt-2").await.unwrap_err();
     assert_eq!(
@@ -104,12 +109,7 @@ async fn thirty_two_racers_acquire_once<S: LeaseStore>(test: &str) {
         })
         .collect();
     for claim in later {
-        assert_eq!(
-            claim.await.unwrap(),
-            LeaseClaim::Done {
-                result: Some(b"charged once".to_vec())
-            }
-        );
+        assert_eq!(claim.await.unwrap(), done_with(b"charged once"));
     }
     store.close().await;
 }
@@ -143,9 +143,7 @@ async fn a_taken_over_holder_is_fenced_off<S: LeaseStore>(test: &str) {
     leases.complete(&fresh, b"fresh result").await.unwrap();
     assert_eq!(
         leases.claim_lease(&id, &print("p"), LONG).await.unwrap(),
-        LeaseClaim::Done {
-            result: Some(b"fresh result".to_vec())
-        }
+        done_with(b"fresh result")
     );
     store.close().await;
 }
