@@ -11,7 +11,7 @@ pub use redis::{TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 
 use justonce_sql::{Backend, Consumer, Inbox, Key, Options, Relay, WorkFuture};
-use justonce_transport::amqp::Incoming;
+use justonce_transport::Incoming;
 use sqlx::{AssertSqlSafe, Postgres, Sqlite};
 use std::future::Future;
 use std::path::PathBuf;

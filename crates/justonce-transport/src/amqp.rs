@@ -27,7 +27,10 @@
 //! # }
 //! ```
 
-use crate::{ConsumerStats, Error};
+use crate::{
+    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
+    truncate,
+};
 use futures_util::StreamExt;
 use justonce_core::{Delivered, Delivery, Destination, Key};
 use justonce_sql::{Backend, Claim, Inbox, Outcome, RunError, WorkFuture, sqlx};
@@ -40,25 +43,6 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
-
-/// The header that counts a message's attempts: absent on the first.
-pub const ATTEMPT_HEADER: &str = "x-justonce-attempt";
-/// The header a dead letter carries: why it was given up.
-pub const REASON_HEADER: &str = "x-justonce-reason";
-
-/// How long a reason in [`REASON_HEADER`] may be, in bytes.
-const REASON_BYTES: usize = 1024;
-
-/// Where a delivery's key is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyFrom {
-    /// The AMQP `message_id` property.
-    MessageId,
-    /// A header, as text.
-    Header(String),
-    /// A JSON pointer into the body, such as `/id`: a string or a number.
-    Json(String),
-}
 
 /// Settings of an [`AmqpConsumer`].
 #[derive(Debug, Clone)]
@@ -126,22 +110,6 @@ impl AmqpOptions {
         self.store_pause = pause;
         self
     }
-}
-
-/// One delivery as the work sees it.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Incoming {
-    /// The key claimed for it.
-    pub key: Key,
-    /// The message body.
-    pub body: Vec<u8>,
-    /// Which attempt this is, from 1.
-    pub attempt: u32,
-    /// Whether the broker delivered it before (to this or another consumer) without an ack.
-    pub redelivered: bool,
-    /// The `content_type` property.
-    pub content_type: Option<String>,
 }
 
 /// A RabbitMQ consumer that runs each delivery's work once in effect.
@@ -419,19 +387,6 @@ pub struct Taken<'c, DB: Backend> {
     attempt: u32,
     /// The delivery as the work sees it, or why it has no usable key.
     incoming: Result<Incoming, String>,
-}
-
-/// What running a delivery's work came to, for [`Taken::settle`].
-#[derive(Debug)]
-pub enum Ran<E> {
-    /// The work's outcome: processed, duplicate or key reused.
-    Outcome(Outcome<()>),
-    /// The delivery has no usable key.
-    NoKey(String),
-    /// The work failed.
-    Work(E),
-    /// The database failed; nothing was committed unless it says the commit is unknown.
-    Store(justonce_core::Error),
 }
 
 impl<DB: Backend> Taken<'_, DB> {
@@ -747,27 +702,9 @@ fn key_of(key_from: &KeyFrom, delivery: &lapin::message::Delivery) -> Result<Key
                 _ => return Err(format!("the message has no text header {name}")),
             }
         }
-        KeyFrom::Json(pointer) => {
-            // serde_json refuses nesting deeper than 128 levels.
-            let body: serde_json::Value = serde_json::from_slice(&delivery.data)
-                .map_err(|e| format!("the body is not JSON: {e}"))?;
-            match body.pointer(pointer) {
-                Some(serde_json::Value::String(id)) => id.clone(),
-                Some(serde_json::Value::Number(id)) => id.to_string(),
-                _ => return Err(format!("the body has no string or number at {pointer}")),
-            }
-        }
+        KeyFrom::Json(pointer) => crate::json_id(&delivery.data, pointer)?,
     };
     Key::new(text).map_err(|e| e.to_string())
-}
-
-/// At most `bytes` bytes of `text`, cut at a character boundary.
-fn truncate(text: &str, bytes: usize) -> &str {
-    let mut end = text.len().min(bytes);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 fn broker(error: lapin::Error) -> Error {

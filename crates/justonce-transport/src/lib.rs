@@ -8,6 +8,7 @@
 //! | feature | broker |
 //! |---------|--------|
 //! | `amqp`  | RabbitMQ (AMQP 0-9-1), through lapin: [`amqp::AmqpConsumer`] and [`amqp::AmqpDestination`] |
+//! | `nats`  | NATS JetStream, through async-nats: [`nats::NatsConsumer`] and [`nats::NatsDestination`] |
 //!
 //! What a consumer does with each delivery:
 //!
@@ -16,14 +17,89 @@
 //! | committed | acknowledged |
 //! | the key was already processed (a duplicate) | acknowledged; the work did not run |
 //! | the key was processed with another payload | acknowledged and counted; the work did not run |
-//! | failed | published again with its attempt count and acknowledged, up to the attempt limit; then dead-lettered with the reason |
+//! | failed | redelivered with its attempt count, up to the attempt limit; then dead-lettered with the reason |
 //! | no usable key | dead-lettered at once |
-//! | the database failed | returned to the broker (nack with requeue), after a pause |
+//! | the database failed | returned to the broker, after a pause |
 //!
 //! Nothing is acknowledged before its transaction has committed.
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(feature = "nats")]
+pub mod nats;
+
+use justonce_core::Key;
+use justonce_sql::Outcome;
+
+/// The header that counts a message's attempts: absent on the first.
+pub const ATTEMPT_HEADER: &str = "x-justonce-attempt";
+/// The header a dead letter carries: why it was given up.
+pub const REASON_HEADER: &str = "x-justonce-reason";
+
+/// How long a reason in [`REASON_HEADER`] may be, in bytes.
+pub(crate) const REASON_BYTES: usize = 1024;
+
+/// Where a delivery's key is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyFrom {
+    /// The broker's message id: AMQP's `message_id` property, NATS's `Nats-Msg-Id` header.
+    MessageId,
+    /// A header, as text.
+    Header(String),
+    /// A JSON pointer into the body, such as `/id`: a string or a number.
+    Json(String),
+}
+
+/// One delivery as the work sees it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Incoming {
+    /// The key claimed for it.
+    pub key: Key,
+    /// The message body.
+    pub body: Vec<u8>,
+    /// Which attempt this is, from 1.
+    pub attempt: u32,
+    /// Whether the broker delivered it before (to this or another consumer) without an ack.
+    pub redelivered: bool,
+    /// The content type: AMQP's `content_type` property, a `Content-Type` header on NATS.
+    pub content_type: Option<String>,
+}
+
+/// What running a delivery's work came to, for its settling.
+#[derive(Debug)]
+pub enum Ran<E> {
+    /// The work's outcome: processed, duplicate or key reused.
+    Outcome(Outcome<()>),
+    /// The delivery has no usable key.
+    NoKey(String),
+    /// The work failed.
+    Work(E),
+    /// The database failed; nothing was committed unless it says the commit is unknown.
+    Store(justonce_core::Error),
+}
+
+/// At most `bytes` bytes of `text`, cut at a character boundary.
+pub(crate) fn truncate(text: &str, bytes: usize) -> &str {
+    let mut end = text.len().min(bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The id at a JSON pointer in `body`: a string or a number.
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) fn json_id(body: &[u8], pointer: &str) -> Result<String, String> {
+    // serde_json refuses nesting deeper than 128 levels.
+    let body: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    match body.pointer(pointer) {
+        Some(serde_json::Value::String(id)) => Ok(id.clone()),
+        Some(serde_json::Value::Number(id)) => Ok(id.to_string()),
+        _ => Err(format!("the body has no string or number at {pointer}")),
+    }
+}
 
 /// What a consumer did with the deliveries it took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -8,8 +8,8 @@
 
 use justonce_sql::{Consumer, Inbox, Options};
 use justonce_tests::TestBackend;
-use justonce_transport::ConsumerStats;
-use justonce_transport::amqp::{AmqpConsumer, AmqpOptions, Ran};
+use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::{ConsumerStats, Ran};
 use sqlx::{Postgres, Sqlite};
 use std::io::Write;
 use std::process::ExitCode;

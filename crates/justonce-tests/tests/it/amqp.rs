@@ -6,9 +6,8 @@ use super::on_every_database;
 use justonce_sql::{Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
 use justonce_transport::ConsumerStats;
-use justonce_transport::amqp::{
-    ATTEMPT_HEADER, AmqpConsumer, AmqpDestination, AmqpOptions, REASON_HEADER,
-};
+use justonce_transport::amqp::{AmqpConsumer, AmqpDestination, AmqpOptions};
+use justonce_transport::{ATTEMPT_HEADER, REASON_HEADER};
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeleteOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};

@@ -1,0 +1,426 @@
+//! NATS JetStream: a durable pull consumer that acknowledges only after the commit, and the
+//! relay's publisher.
+//!
+//! ```no_run
+//! # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), justonce_transport::Error> {
+//! use justonce_sql::sqlx;
+//! use justonce_transport::nats::{NatsConsumer, NatsOptions};
+//!
+//! let consumer =
+//!     NatsConsumer::connect("nats://127.0.0.1:4222", inbox, NatsOptions::new("ORDERS", "orders"))
+//!         .await?;
+//! consumer
+//!     .run(tokio::signal::ctrl_c(), |tx, message| {
+//!         Box::pin(async move {
+//!             sqlx::query("INSERT INTO shipments (order_key) VALUES ($1)")
+//!                 .bind(message.key.as_str())
+//!                 .execute(&mut **tx)
+//!                 .await
+//!                 .map(drop)
+//!         })
+//!     })
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The stream counts deliveries itself: failed work is answered with a NAK and a growing
+//! delay, and redelivered, up to the attempt limit; then the message is published to the
+//! dead-letter subject with its reason and terminated. While work runs, the consumer tells
+//! the server it is in progress, so that long work is not redelivered to another reader.
+
+use crate::{
+    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
+    truncate,
+};
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, AckKind, consumer::pull};
+use futures_util::StreamExt;
+use justonce_core::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Backend, Inbox, Outcome, RunError, WorkFuture, sqlx};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// The header JetStream deduplicates on, and the default key.
+pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// Settings of a [`NatsConsumer`].
+#[derive(Debug, Clone)]
+pub struct NatsOptions {
+    stream: String,
+    subject: String,
+    durable: String,
+    key_from: KeyFrom,
+    max_attempts: u32,
+    ack_wait: Duration,
+    declare: bool,
+}
+
+impl NatsOptions {
+    /// Consumes `subject` of `stream` through a durable consumer named after the stream:
+    /// the key is the `Nats-Msg-Id` header, failed work gets 5 attempts before it is
+    /// published to `justonce.dead.<stream>`, the ack wait is 30 s, and the stream (with
+    /// file storage) and its dead-letter stream `<stream>_DEAD` are created if missing.
+    pub fn new(stream: impl Into<String>, subject: impl Into<String>) -> Self {
+        let stream = stream.into();
+        Self {
+            durable: stream.clone(),
+            stream,
+            subject: subject.into(),
+            key_from: KeyFrom::MessageId,
+            max_attempts: 5,
+            ack_wait: Duration::from_secs(30),
+            declare: true,
+        }
+    }
+
+    /// The durable consumer's name; readers that share it share the messages.
+    pub fn durable(mut self, durable: impl Into<String>) -> Self {
+        self.durable = durable.into();
+        self
+    }
+
+    /// Where the key is.
+    pub fn key_from(mut self, key_from: KeyFrom) -> Self {
+        self.key_from = key_from;
+        self
+    }
+
+    /// How many times failed work is tried before it is dead-lettered (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// How long the server waits for an ack before it redelivers. Work in progress is
+    /// reported every half of it.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// Leaves the streams as they are instead of creating them.
+    pub fn existing_streams(mut self) -> Self {
+        self.declare = false;
+        self
+    }
+
+    /// The subject dead letters are published to.
+    pub fn dead_letter_subject(&self) -> String {
+        format!("justonce.dead.{}", self.stream)
+    }
+}
+
+/// A NATS JetStream consumer that runs each message's work once in effect.
+pub struct NatsConsumer<DB: Backend> {
+    inbox: Inbox<DB>,
+    jetstream: jetstream::Context,
+    consumer: jetstream::consumer::Consumer<pull::Config>,
+    options: NatsOptions,
+}
+
+impl<DB: Backend> std::fmt::Debug for NatsConsumer<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConsumer")
+            .field("inbox", &self.inbox)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> NatsConsumer<DB> {
+    /// Connects to `url`, creates the streams unless they exist elsewhere, and binds the
+    /// durable pull consumer (explicit acks, no delivery limit of its own: this consumer
+    /// counts attempts and dead-letters).
+    pub async fn connect(url: &str, inbox: Inbox<DB>, options: NatsOptions) -> Result<Self, Error> {
+        let client = async_nats::connect(url).await.map_err(broker)?;
+        let jetstream = jetstream::new(client);
+        let stream = if options.declare {
+            let dead = format!("{}_DEAD", options.stream);
+            for (name, subject) in [
+                (&dead, options.dead_letter_subject()),
+                (&options.stream, options.subject.clone()),
+            ] {
+                jetstream
+                    .get_or_create_stream(jetstream::stream::Config {
+                        name: name.clone(),
+                        subjects: vec![subject],
+                        storage: jetstream::stream::StorageType::File,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| Error::Config(format!("creating stream {name}: {e}")))?;
+            }
+            jetstream.get_stream(&options.stream).await
+        } else {
+            jetstream.get_stream(&options.stream).await
+        }
+        .map_err(|e| Error::Config(format!("stream {}: {e}", options.stream)))?;
+        let consumer = stream
+            .get_or_create_consumer(
+                &options.durable,
+                pull::Config {
+                    durable_name: Some(options.durable.clone()),
+                    filter_subject: options.subject.clone(),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ack_wait: options.ack_wait,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| Error::Config(format!("consumer {}: {e}", options.durable)))?;
+        Ok(Self {
+            inbox,
+            jetstream,
+            consumer,
+            options,
+        })
+    }
+
+    /// Takes messages until `shutdown` resolves, runs `work` for each in a transaction with
+    /// its key, and settles each only after. A message taken but not settled at shutdown is
+    /// redelivered after the ack wait.
+    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut messages = self.consumer.messages().await.map_err(broker)?;
+        let mut stats = ConsumerStats::default();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let next = tokio::select! {
+                _ = &mut shutdown => break,
+                next = messages.next() => next,
+            };
+            let Some(message) = next else { break };
+            let message = message.map_err(broker)?;
+            let ran = self.work_on(&message, &work).await;
+            self.settle(&message, ran, &mut stats).await?;
+        }
+        Ok(stats)
+    }
+
+    /// Runs the work of one message, reporting progress to the server while it runs.
+    async fn work_on<F, E>(&self, message: &jetstream::Message, work: &F) -> (u32, Ran<E>)
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let attempt = message
+            .info()
+            .map(|info| u32::try_from(info.delivered).unwrap_or(1).max(1))
+            .unwrap_or(1);
+        let incoming = match key_of(&self.options.key_from, message) {
+            Ok(key) => Incoming {
+                key,
+                body: message.payload.to_vec(),
+                attempt,
+                redelivered: attempt > 1,
+                content_type: header(message, "Content-Type"),
+            },
+            Err(reason) => return (attempt, Ran::NoKey(reason)),
+        };
+        let run = self
+            .inbox
+            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming));
+        let mut run = std::pin::pin!(run);
+        let mut progress = tokio::time::interval(self.options.ack_wait / 2);
+        progress.tick().await;
+        let ran = loop {
+            tokio::select! {
+                ran = &mut run => break ran,
+                _ = progress.tick() => {
+                    // A lost progress report costs at most a redelivery, which is a duplicate.
+                    let _ = message.ack_with(AckKind::Progress).await;
+                }
+            }
+        };
+        let ran = match ran {
+            Ok(outcome) => Ran::Outcome(outcome),
+            Err(RunError::Work(error)) => Ran::Work(error),
+            Err(RunError::Store(error)) => Ran::Store(error),
+            Err(error) => Ran::Store(justonce_core::Error::Config(format!(
+                "the run failed in a way this consumer does not know: {error}"
+            ))),
+        };
+        (attempt, ran)
+    }
+
+    async fn settle<E: std::fmt::Display>(
+        &self,
+        message: &jetstream::Message,
+        (attempt, ran): (u32, Ran<E>),
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error> {
+        let kind = match ran {
+            Ran::Outcome(Outcome::Processed(())) => {
+                stats.processed += 1;
+                AckKind::Ack
+            }
+            Ran::Outcome(Outcome::Duplicate) => {
+                stats.duplicates += 1;
+                AckKind::Ack
+            }
+            Ran::Outcome(Outcome::KeyReused { .. }) => {
+                tracing::warn!(subject = %message.subject, "the same key with another payload: skipped");
+                stats.key_reused += 1;
+                AckKind::Ack
+            }
+            Ran::Work(error) if attempt < self.options.max_attempts => {
+                tracing::debug!(attempt, %error, "work failed: retrying");
+                stats.retried += 1;
+                AckKind::Nak(Some(retry_delay(attempt)))
+            }
+            Ran::Work(error) => {
+                let reason = format!("attempt {attempt}: {error}");
+                self.dead_letter(message, attempt, &reason).await?;
+                stats.dead_lettered += 1;
+                AckKind::Term
+            }
+            Ran::NoKey(reason) => {
+                self.dead_letter(message, attempt, &reason).await?;
+                stats.dead_lettered += 1;
+                AckKind::Term
+            }
+            Ran::Store(error) => {
+                tracing::warn!(%error, "database failed: the message goes back to the stream");
+                stats.returned += 1;
+                AckKind::Nak(Some(Duration::from_secs(1)))
+            }
+        };
+        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "nats").increment(1);
+        message.ack_with(kind).await.map_err(Error::Broker)
+    }
+
+    /// Publishes the message, with its headers and the reason, to the dead-letter subject
+    /// and waits for the stream to store it; the original is terminated after.
+    async fn dead_letter(
+        &self,
+        message: &jetstream::Message,
+        attempt: u32,
+        reason: &str,
+    ) -> Result<(), Error> {
+        tracing::warn!(%reason, "dead-lettered");
+        let mut headers = message.headers.clone().unwrap_or_default();
+        headers.insert(ATTEMPT_HEADER, attempt.to_string().as_str());
+        headers.insert(REASON_HEADER, truncate(reason, REASON_BYTES));
+        // A dead letter is its own message: the original id would be deduplicated away.
+        let stream_sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
+        headers.insert(
+            MSG_ID_HEADER,
+            format!("dead:{}:{stream_sequence}", self.options.stream).as_str(),
+        );
+        self.jetstream
+            .publish_with_headers(
+                self.options.dead_letter_subject(),
+                headers,
+                message.payload.clone(),
+            )
+            .await
+            .map_err(broker)?
+            .await
+            .map(drop)
+            .map_err(broker)
+    }
+}
+
+/// 1 s after the first failure, doubling to at most a minute.
+fn retry_delay(attempt: u32) -> Duration {
+    Duration::from_secs(1 << attempt.saturating_sub(1).min(6)).min(Duration::from_secs(60))
+}
+
+/// The relay's destination for NATS JetStream: publishes each outbox row to a subject with
+/// its key as `Nats-Msg-Id`, so that the stream's duplicate window drops a row published
+/// again, and marks it sent once the stream acknowledges it.
+#[derive(Debug)]
+pub struct NatsDestination {
+    url: String,
+    subject: String,
+    /// The connection, opened on the first delivery and reopened after a failure.
+    jetstream: tokio::sync::Mutex<Option<jetstream::Context>>,
+}
+
+impl NatsDestination {
+    /// Publishes to `subject`, which a stream must capture. Connects on the first delivery.
+    pub fn new(url: &str, subject: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            subject: subject.to_owned(),
+            jetstream: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
+        let mut open = self.jetstream.lock().await;
+        let jetstream = match open.as_ref() {
+            Some(jetstream) => jetstream.clone(),
+            None => {
+                let client = async_nats::connect(&self.url)
+                    .await
+                    .map_err(|e| format!("connecting: {e}"))?;
+                let jetstream = jetstream::new(client);
+                *open = Some(jetstream.clone());
+                jetstream
+            }
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(MSG_ID_HEADER, delivery.key);
+        for (name, value) in delivery.headers {
+            headers.insert(name.as_str(), value.as_str());
+        }
+        let payload = delivery.payload.to_vec().into();
+        let sent = match jetstream
+            .publish_with_headers(self.subject.clone(), headers, payload)
+            .await
+        {
+            Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+            Err(error) => Err(error.to_string()),
+        };
+        if sent.is_err() {
+            *open = None;
+        }
+        sent
+    }
+}
+
+impl Destination for NatsDestination {
+    fn deliver<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
+        Box::pin(async move {
+            match self.send(delivery).await {
+                Ok(()) => Delivered::Sent,
+                Err(reason) => Delivered::Retry {
+                    after: None,
+                    reason,
+                },
+            }
+        })
+    }
+}
+
+fn header(message: &jetstream::Message, name: &str) -> Option<String> {
+    let value = message.headers.as_ref()?.get(name)?;
+    Some(value.as_str().to_owned())
+}
+
+/// The key of a message, or why it has none.
+fn key_of(key_from: &KeyFrom, message: &jetstream::Message) -> Result<Key, String> {
+    let text = match key_from {
+        KeyFrom::MessageId => {
+            header(message, MSG_ID_HEADER).ok_or("the message has no Nats-Msg-Id header")?
+        }
+        KeyFrom::Header(name) => {
+            header(message, name).ok_or_else(|| format!("the message has no header {name}"))?
+        }
+        KeyFrom::Json(pointer) => crate::json_id(&message.payload, pointer)?,
+    };
+    Key::new(text).map_err(|e| e.to_string())
+}
+
+fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Broker(Box::new(error))
+}
