@@ -42,6 +42,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+pub use async_nats::jetstream::Message;
+
 /// The header JetStream deduplicates on, and the default key.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 
@@ -186,7 +188,7 @@ impl<DB: Backend> NatsConsumer<DB> {
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let mut messages = self.consumer.messages().await.map_err(broker)?;
+        let mut messages = self.messages().await?;
         let mut stats = ConsumerStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -194,24 +196,27 @@ impl<DB: Backend> NatsConsumer<DB> {
                 _ = &mut shutdown => break,
                 next = messages.next() => next,
             };
-            let Some(message) = next else { break };
-            let message = message.map_err(broker)?;
-            let ran = self.work_on(&message, &work).await;
+            let Some(message) = next? else { break };
+            let ran = self.run_one(&message, &work).await;
             self.settle(&message, ran, &mut stats).await?;
         }
         Ok(stats)
     }
 
-    /// Runs the work of one message, reporting progress to the server while it runs.
-    async fn work_on<F, E>(&self, message: &jetstream::Message, work: &F) -> (u32, Ran<E>)
+    /// The messages one at a time, for callers that run and settle them themselves.
+    pub async fn messages(&self) -> Result<Messages, Error> {
+        let stream = self.consumer.messages().await.map_err(broker)?;
+        Ok(Messages { stream })
+    }
+
+    /// Runs the work of one message in a transaction with its key (see [`Inbox::run`]),
+    /// telling the server the message is in progress while it runs.
+    pub async fn run_one<F, E>(&self, message: &jetstream::Message, work: &F) -> Ran<E>
     where
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let attempt = message
-            .info()
-            .map(|info| u32::try_from(info.delivered).unwrap_or(1).max(1))
-            .unwrap_or(1);
+        let attempt = attempt_of(message);
         let incoming = match key_of(&self.options.key_from, message) {
             Ok(key) => Incoming {
                 key,
@@ -220,7 +225,7 @@ impl<DB: Backend> NatsConsumer<DB> {
                 redelivered: attempt > 1,
                 content_type: header(message, "Content-Type"),
             },
-            Err(reason) => return (attempt, Ran::NoKey(reason)),
+            Err(reason) => return Ran::NoKey(reason),
         };
         let run = self
             .inbox
@@ -237,23 +242,25 @@ impl<DB: Backend> NatsConsumer<DB> {
                 }
             }
         };
-        let ran = match ran {
+        match ran {
             Ok(outcome) => Ran::Outcome(outcome),
             Err(RunError::Work(error)) => Ran::Work(error),
             Err(RunError::Store(error)) => Ran::Store(error),
             Err(error) => Ran::Store(justonce_core::Error::Config(format!(
                 "the run failed in a way this consumer does not know: {error}"
             ))),
-        };
-        (attempt, ran)
+        }
     }
 
-    async fn settle<E: std::fmt::Display>(
+    /// Acknowledges, redelivers later, dead-letters or returns the message as `ran` says,
+    /// and counts it in `stats`.
+    pub async fn settle<E: std::fmt::Display>(
         &self,
         message: &jetstream::Message,
-        (attempt, ran): (u32, Ran<E>),
+        ran: Ran<E>,
         stats: &mut ConsumerStats,
     ) -> Result<(), Error> {
+        let attempt = attempt_of(message);
         let kind = match ran {
             Ran::Outcome(Outcome::Processed(())) => {
                 stats.processed += 1;
@@ -324,6 +331,26 @@ impl<DB: Backend> NatsConsumer<DB> {
             .map(drop)
             .map_err(broker)
     }
+}
+
+/// The messages of one consumer.
+pub struct Messages {
+    stream: pull::Stream,
+}
+
+impl Messages {
+    /// The next message; `None` if the server ended the stream.
+    pub async fn next(&mut self) -> Result<Option<jetstream::Message>, Error> {
+        self.stream.next().await.transpose().map_err(broker)
+    }
+}
+
+/// Which delivery of the message this is, from 1, as the server counts.
+fn attempt_of(message: &jetstream::Message) -> u32 {
+    message
+        .info()
+        .map(|info| u32::try_from(info.delivered).unwrap_or(1).max(1))
+        .unwrap_or(1)
 }
 
 /// 1 s after the first failure, doubling to at most a minute.

@@ -254,7 +254,7 @@ async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBacken
     // Declares the queues before the worker consumes them.
     let consumer = connect(&db, &queue, |options| options).await;
     queue.publish("order:1", b"ship it").await;
-    let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_amqp-worker"))
+    let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
         .args([
             &db.url,
             &db.prefix,
@@ -265,7 +265,7 @@ async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBacken
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("start amqp-worker");
+        .expect("start broker-worker");
     let mut lines = BufReader::new(worker.stdout.take().unwrap()).lines();
     let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
         .await
@@ -389,12 +389,12 @@ async fn ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each<DB
 }
 
 fn worker<DB: TestBackend>(db: &TestDb<DB>, queue: &Queue) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_amqp-worker"))
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
         .args([&db.url, &db.prefix, &amqp_url(), &queue.name, "run"])
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .expect("start amqp-worker")
+        .expect("start broker-worker")
 }
 
 /// Waits until the effect table holds `effects` rows, for at most a minute.

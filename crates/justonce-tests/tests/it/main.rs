@@ -9,6 +9,7 @@ mod http;
 mod idempotency;
 mod lease;
 mod lease_process;
+mod nats;
 mod outbox;
 mod payments;
 mod purge;

@@ -1,0 +1,110 @@
+//! A broker consumer for the crash tests, writing one effect row per key: RabbitMQ for an
+//! `amqp://` URL, NATS JetStream for a `nats://` one.
+//!
+//! `broker-worker <database-url> <prefix> <broker-url> <queue> <mode>`
+//!
+//! The queue is a RabbitMQ queue (the key is the `message_id`), or the JetStream stream,
+//! subject and durable consumer of that name (the key is the `Order-Id` header). `pause-after-commit`: takes one message, runs its work and commits, prints
+//! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
+//! consumes until it is killed.
+
+use justonce_sql::{Consumer, Inbox, Options};
+use justonce_tests::{TestBackend, consumer_work};
+use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::nats::{NatsConsumer, NatsOptions};
+use justonce_transport::{ConsumerStats, KeyFrom, Ran};
+use sqlx::{Postgres, Sqlite};
+use std::io::Write;
+use std::process::ExitCode;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [url, prefix, broker, queue, mode] = args.as_slice() else {
+        eprintln!("usage: broker-worker <database-url> <prefix> <broker-url> <queue> <mode>");
+        return ExitCode::from(2);
+    };
+    let result = if url.starts_with("sqlite:") {
+        work::<Sqlite>(url, prefix, broker, queue, mode).await
+    } else {
+        work::<Postgres>(url, prefix, broker, queue, mode).await
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("broker-worker: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn work<DB: TestBackend>(
+    url: &str,
+    prefix: &str,
+    broker: &str,
+    queue: &str,
+    mode: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let inbox = Inbox::<DB>::connect_with(
+        url,
+        Consumer::new("test")?,
+        Options::default().prefix(prefix),
+    )
+    .await?;
+    let work = consumer_work::<DB>(prefix);
+    let forever = std::future::pending::<()>();
+    let pause = mode == "pause-after-commit";
+    if broker.starts_with("nats:") {
+        let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
+        let consumer = NatsConsumer::connect(broker, inbox, options).await?;
+        if !pause {
+            consumer.run(forever, work).await?;
+            return Ok(());
+        }
+        let mut messages = consumer.messages().await?;
+        let message = messages.next().await?.ok_or("no message")?;
+        let ran = consumer.run_one(&message, &work).await;
+        let Ran::Outcome(outcome) = ran else {
+            return Err(format!("the work did not commit: {ran:?}").into());
+        };
+        let key = (message.headers.as_ref())
+            .and_then(|headers| headers.get("Order-Id"))
+            .map(|id| id.as_str().to_owned())
+            .unwrap_or_default();
+        committed(&key, &outcome)?;
+        forever.await;
+        let ran = Ran::<sqlx::Error>::Outcome(outcome);
+        consumer
+            .settle(&message, ran, &mut ConsumerStats::default())
+            .await?;
+    } else {
+        let consumer =
+            AmqpConsumer::connect(broker, inbox.clone(), AmqpOptions::new(queue)).await?;
+        if !pause {
+            consumer.run(forever, work).await?;
+            return Ok(());
+        }
+        let mut deliveries = consumer.deliveries().await?;
+        let delivery = deliveries
+            .next()
+            .await?
+            .ok_or("the consumer was cancelled")?;
+        let key = delivery.key().map_err(str::to_owned)?.clone();
+        let ran = delivery.run(&inbox, &work).await;
+        let Ran::Outcome(outcome) = ran else {
+            return Err(format!("the work did not commit: {ran:?}").into());
+        };
+        committed(key.as_str(), &outcome)?;
+        forever.await;
+        let ran = Ran::<sqlx::Error>::Outcome(outcome);
+        delivery.settle(ran, &mut ConsumerStats::default()).await?;
+    }
+    Ok(())
+}
+
+/// The commit is durable and the message not acknowledged: the parent kills us after this.
+fn committed(key: &str, outcome: &justonce_sql::Outcome<()>) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "committed {key} {outcome:?}")?;
+    stdout.flush()
+}

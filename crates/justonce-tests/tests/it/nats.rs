@@ -1,0 +1,298 @@
+//! The NATS JetStream consumer and publisher against the real server, with the keys on each
+//! real database: duplicates acknowledged without work, failures redelivered then
+//! dead-lettered, a worker killed between its commit and its ack or at random moments, and
+//! the relay's publisher deduplicated by the stream.
+
+use super::on_every_database;
+use async_nats::jetstream::{self, consumer::pull};
+use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_tests::{TestBackend, TestDb, consumer_work};
+use justonce_transport::nats::{MSG_ID_HEADER, NatsConsumer, NatsDestination, NatsOptions};
+use justonce_transport::{KeyFrom, REASON_HEADER};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+on_every_database!(
+    each_message_published_twice_takes_effect_once,
+    failing_work_is_redelivered_then_dead_lettered,
+    a_worker_killed_between_commit_and_ack_leaves_one_effect,
+    a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
+    the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat,
+);
+
+fn nats_url() -> String {
+    std::env::var("JUSTONCE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// A stream named after the test's prefix (with its subject and durable consumer of the
+/// same name), deleted at the end.
+struct Stream {
+    name: String,
+    jetstream: jetstream::Context,
+}
+
+impl Stream {
+    async fn new<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let client = async_nats::connect(nats_url())
+            .await
+            .unwrap_or_else(|e| panic!("NATS at {}: {e}", nats_url()));
+        Self {
+            name: format!("{}orders", db.prefix),
+            jetstream: jetstream::new(client),
+        }
+    }
+
+    /// Publishes `body` with the key in the `Order-Id` header (no `Nats-Msg-Id`, so that
+    /// the stream keeps repeats) and waits for the stream to store it.
+    async fn publish(&self, key: &str, body: &[u8]) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Order-Id", key);
+        self.jetstream
+            .publish_with_headers(self.name.clone(), headers, body.to_vec().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    /// Messages the durable consumer has not yet had acknowledged.
+    async fn unsettled(&self) -> u64 {
+        let stream = self.jetstream.get_stream(&self.name).await.unwrap();
+        let mut consumer: jetstream::consumer::Consumer<pull::Config> =
+            stream.get_consumer(&self.name).await.unwrap();
+        let info = consumer.info().await.unwrap();
+        info.num_pending + info.num_ack_pending as u64
+    }
+
+    async fn messages_in(&self, stream: &str) -> u64 {
+        let mut stream = self.jetstream.get_stream(stream).await.unwrap();
+        stream.info().await.unwrap().state.messages
+    }
+
+    async fn delete(self) {
+        for name in [format!("{}_DEAD", self.name), self.name.clone()] {
+            self.jetstream.delete_stream(&name).await.unwrap();
+        }
+    }
+}
+
+fn options(stream: &Stream) -> NatsOptions {
+    NatsOptions::new(&stream.name, &stream.name).key_from(KeyFrom::Header("Order-Id".into()))
+}
+
+/// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
+async fn consume_until<DB: TestBackend, F, Fut>(
+    db: &TestDb<DB>,
+    consumer: &NatsConsumer<DB>,
+    done: F,
+) -> justonce_transport::ConsumerStats
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = consumer.run(stopped, consumer_work::<DB>(&db.prefix));
+    let waiting = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !done().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not done within a minute"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.send(()).unwrap();
+    };
+    let (stats, ()) = tokio::join!(running, waiting);
+    stats.unwrap()
+}
+
+/// Keys with more than one effect row.
+async fn doubled<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
+    DB::count(
+        db.inbox.pool(),
+        format!(
+            "SELECT count(*) FROM (SELECT key FROM {}effects GROUP BY key HAVING count(*) > 1) d",
+            db.prefix
+        ),
+    )
+    .await
+}
+
+async fn each_message_published_twice_takes_effect_once<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let consumer = NatsConsumer::connect(&nats_url(), db.inbox.clone(), options(&stream))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        for n in 0..50 {
+            stream.publish(&format!("order:{n}"), b"x").await;
+        }
+    }
+    let stats = consume_until(&db, &consumer, || async {
+        stream.unsettled().await == 0 && db.rows("effects").await == 50
+    })
+    .await;
+    assert_eq!((stats.processed, stats.duplicates), (50, 50));
+    assert_eq!(db.rows("effects").await, 50);
+    assert_eq!(doubled(&db).await, 0);
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn failing_work_is_redelivered_then_dead_lettered<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let consumer = NatsConsumer::connect(
+        &nats_url(),
+        db.inbox.clone(),
+        options(&stream).max_attempts(2),
+    )
+    .await
+    .unwrap();
+    stream
+        .publish("fail1:order", b"succeeds on the second attempt")
+        .await;
+    stream.publish("bad:order", b"never succeeds").await;
+    let dead = format!("{}_DEAD", stream.name);
+    let stats = consume_until(&db, &consumer, || async {
+        stream.messages_in(&dead).await == 1 && db.rows("effects").await == 1
+    })
+    .await;
+    assert_eq!((stats.processed, stats.dead_lettered), (1, 1));
+    assert_eq!(db.effects_of(&Key::new("fail1:order").unwrap()).await, 1);
+    assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
+    let dead_stream = stream.jetstream.get_stream(&dead).await.unwrap();
+    let letter = dead_stream.get_raw_message(1).await.unwrap();
+    assert_eq!(&letter.payload[..], b"never succeeds");
+    let reason = letter
+        .headers
+        .get(REASON_HEADER)
+        .unwrap()
+        .as_str()
+        .to_owned();
+    assert!(reason.contains("refused on attempt 2"), "{reason}");
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+fn worker<DB: TestBackend>(db: &TestDb<DB>, stream: &Stream, mode: &str) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
+        .args([&db.url, &db.prefix, &nats_url(), &stream.name, mode])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start broker-worker")
+}
+
+async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    // Creates the streams and the durable consumer the worker binds to.
+    let consumer = NatsConsumer::connect(
+        &nats_url(),
+        db.inbox.clone(),
+        options(&stream).ack_wait(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    stream.publish("order:0", b"ship it").await;
+    let mut paused = worker(&db, &stream, "pause-after-commit");
+    let mut lines = BufReader::new(paused.stdout.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the worker commits within 30 s")
+        .unwrap();
+    assert_eq!(said.as_deref(), Some("committed order:0 Processed(())"));
+    paused.kill().await.expect("SIGKILL the worker");
+    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
+    // After the ack wait, the server delivers the message again: a duplicate.
+    let stats = consume_until(&db, &consumer, || async { stream.unsettled().await == 0 }).await;
+    assert_eq!((stats.processed, stats.duplicates), (0, 1));
+    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let url = nats_url();
+    let reader = || {
+        NatsConsumer::connect(
+            &url,
+            db.inbox.clone(),
+            options(&stream).ack_wait(Duration::from_secs(1)),
+        )
+    };
+    // Creates the streams and the durable consumer the workers bind to.
+    let consumer = reader().await.unwrap();
+    for n in 0..1_000 {
+        stream.publish(&format!("order:{}", n % 800), b"x").await;
+    }
+    drop(consumer);
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    eprintln!("kill schedule seed {seed}");
+    for _ in 0..20 {
+        let mut running = worker(&db, &stream, "run");
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        tokio::time::sleep(Duration::from_millis(100 + (seed >> 33) % 300)).await;
+        running.kill().await.expect("SIGKILL the consumer");
+    }
+    let consumer = reader().await.unwrap();
+    consume_until(&db, &consumer, || async {
+        stream.unsettled().await == 0 && db.rows("effects").await == 800
+    })
+    .await;
+    assert_eq!(db.rows("effects").await, 800, "nothing lost");
+    assert_eq!(doubled(&db).await, 0, "nothing doubled");
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    // Creates the stream the destination publishes into.
+    let _consumer = NatsConsumer::connect(&nats_url(), db.inbox.clone(), options(&stream))
+        .await
+        .unwrap();
+    let destination = NatsDestination::new(&nats_url(), &stream.name);
+    let headers = [("Order-Id".to_owned(), "order:1".to_owned())];
+    let delivery = Delivery {
+        id: 1,
+        key: "billing:invoice:2026-10",
+        destination: "orders",
+        payload: b"invoice",
+        headers: &headers,
+        attempt: 1,
+    };
+    assert_eq!(destination.deliver(delivery).await, Delivered::Sent);
+    // The relay sends a row again when its mark was lost: the stream keeps one copy.
+    assert_eq!(destination.deliver(delivery).await, Delivered::Sent);
+    assert_eq!(stream.messages_in(&stream.name).await, 1);
+    let stored = stream
+        .jetstream
+        .get_stream(&stream.name)
+        .await
+        .unwrap()
+        .get_raw_message(1)
+        .await
+        .unwrap();
+    assert_eq!(&stored.payload[..], b"invoice");
+    assert_eq!(
+        stored.headers.get(MSG_ID_HEADER).unwrap().as_str(),
+        "billing:invoice:2026-10"
+    );
+    stream.delete().await;
+    db.cleanup().await;
+}
