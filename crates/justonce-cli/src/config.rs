@@ -7,6 +7,7 @@ use justonce_http::receiver::{IdLocation, Scheme, Source};
 use justonce_sql::{Consumer, Retention};
 use justonce_transport::KeyFrom;
 use justonce_transport::amqp::AmqpOptions;
+use justonce_transport::nats::NatsOptions;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -38,10 +39,17 @@ pub struct SourceSettings {
 pub struct ConsumerSettings {
     pub name: String,
     pub from: String,
-    pub options: AmqpOptions,
+    pub options: BrokerOptions,
     pub retention: Retention,
     pub destination: HttpDestination,
     pub deliver_for: Duration,
+}
+
+/// What to consume, per broker.
+#[derive(Debug, Clone)]
+pub enum BrokerOptions {
+    Amqp(AmqpOptions),
+    Nats(NatsOptions),
 }
 
 impl Settings {
@@ -76,7 +84,10 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawConsumer {
     from: String,
-    queue: String,
+    queue: Option<String>,
+    stream: Option<String>,
+    subject: Option<String>,
+    durable: Option<String>,
     id: Option<String>,
     retry_horizon: Option<String>,
     retention: Option<String>,
@@ -113,9 +124,12 @@ struct RawSource {
 }
 
 /// The consumer keys that `JUSTONCE_CONSUMERS_<NAME>_<KEY>` overrides: the text ones.
-const CONSUMER_KEYS: [&str; 8] = [
+const CONSUMER_KEYS: [&str; 11] = [
     "from",
     "queue",
+    "stream",
+    "subject",
+    "durable",
     "id",
     "retry_horizon",
     "retention",
@@ -276,14 +290,25 @@ fn validate_consumer(
         Some(_) => resolve_secret(&raw.from, env)?,
         None => raw.from.clone(),
     };
-    if !from.starts_with("amqp://") {
+    let nats = from.starts_with("nats://");
+    if !nats && !from.starts_with("amqp://") {
         bail!(
-            "from must be an amqp:// URL (or env:VARIABLE holding one): RabbitMQ is the broker \
-             this version consumes; amqps, NATS, Redis Streams and MQTT are not supported yet"
+            "from must be an amqp:// or nats:// URL (or env:VARIABLE holding one): RabbitMQ \
+             and NATS JetStream are the brokers this version consumes"
         );
     }
-    if raw.queue.is_empty() {
-        bail!("queue must name a queue");
+    let only = |present: bool, key: &str, broker: &str| -> Result<()> {
+        if present {
+            bail!("{key} only applies to {broker} consumers");
+        }
+        Ok(())
+    };
+    if nats {
+        only(raw.queue.is_some(), "queue", "RabbitMQ")?;
+    } else {
+        only(raw.stream.is_some(), "stream", "NATS")?;
+        only(raw.subject.is_some(), "subject", "NATS")?;
+        only(raw.durable.is_some(), "durable", "NATS")?;
     }
     let key_from = match raw.id.as_deref().unwrap_or("message_id") {
         "message_id" => KeyFrom::MessageId,
@@ -302,13 +327,34 @@ fn validate_consumer(
     let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
     let retention = Retention::new(keep, retry_horizon)?;
     let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
-    let mut options = AmqpOptions::new(&raw.queue).key_from(key_from);
-    if let Some(attempts) = raw.max_attempts {
-        options = options.max_attempts(attempts);
-    }
-    if let Some(prefetch) = raw.prefetch {
-        options = options.prefetch(prefetch);
-    }
+    let options = if nats {
+        let stream = raw
+            .stream
+            .filter(|s| !s.is_empty())
+            .context("stream must name a stream")?;
+        let subject = raw.subject.unwrap_or_else(|| stream.clone());
+        let mut options = NatsOptions::new(&stream, subject)
+            .key_from(key_from)
+            .durable(raw.durable.unwrap_or_else(|| name.to_owned()));
+        if let Some(attempts) = raw.max_attempts {
+            options = options.max_attempts(attempts);
+        }
+        only(raw.prefetch.is_some(), "prefetch", "RabbitMQ")?;
+        BrokerOptions::Nats(options)
+    } else {
+        let queue = raw
+            .queue
+            .filter(|q| !q.is_empty())
+            .context("queue must name a queue")?;
+        let mut options = AmqpOptions::new(&queue).key_from(key_from);
+        if let Some(attempts) = raw.max_attempts {
+            options = options.max_attempts(attempts);
+        }
+        if let Some(prefetch) = raw.prefetch {
+            options = options.prefetch(prefetch);
+        }
+        BrokerOptions::Amqp(options)
+    };
     Ok(ConsumerSettings {
         name: name.to_owned(),
         from,

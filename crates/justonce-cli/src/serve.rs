@@ -1,6 +1,6 @@
 //! `justonce serve`: the public receiver, the admin listener and the relay, until SIGTERM.
 
-use crate::config::{ConsumerSettings, Settings};
+use crate::config::{BrokerOptions, ConsumerSettings, Settings};
 use anyhow::{Context, Result};
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
@@ -9,7 +9,8 @@ use axum::routing::get;
 use justonce_http::receiver;
 use justonce_sql::{Backend, Consumer, Inbox, Key, Message, Outbox, WorkFuture};
 use justonce_transport::Incoming;
-use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::amqp::AmqpConsumer;
+use justonce_transport::nats::NatsConsumer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -65,6 +66,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
 
     let (stop, stopping) = watch::channel(false);
     let mut stopped_for_deadline = stopping.clone();
+    let consumers_stopping = stopping.clone();
     let stopped = move || {
         let mut stopping = stopping.clone();
         async move {
@@ -85,11 +87,11 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let public = axum::serve(public_listener, public).with_graceful_shutdown(stopped());
     let admin = axum::serve(admin_listener, admin).with_graceful_shutdown(stopped());
     let relaying = relay.run(stopped());
-    let consuming = futures_util::future::join_all(
-        consumers
-            .into_iter()
-            .map(|(name, from, options, inbox)| consume(name, from, options, inbox, stopped())),
-    );
+    let consuming = futures_util::future::join_all(consumers.into_iter().map(
+        |(name, from, options, inbox)| {
+            consume(name, from, options, inbox, consumers_stopping.clone())
+        },
+    ));
     let signal = async move {
         shutdown_signal().await;
         tracing::info!("stopping: finishing requests in flight");
@@ -123,35 +125,61 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
 async fn consume<DB: Backend>(
     name: String,
     from: String,
-    options: AmqpOptions,
+    options: BrokerOptions,
     inbox: Inbox<DB>,
-    stopped: impl std::future::Future<Output = ()>,
+    mut stopping: watch::Receiver<bool>,
 ) {
-    let mut stopped = std::pin::pin!(stopped);
     loop {
-        let consumer = tokio::select! {
-            () = &mut stopped => return,
-            connected = AmqpConsumer::connect(&from, inbox.clone(), options.clone()) => connected,
+        let work = forward_to_target(name.clone(), inbox.clone());
+        let stopped = stopping.clone();
+        let stopped = async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|stop| *stop).await;
         };
-        match consumer {
-            Ok(consumer) => {
-                tracing::info!(consumer = %name, "consuming");
-                let work = forward_to_target(name.clone(), inbox.clone());
-                let ran = consumer.run(&mut stopped, work).await;
-                let _ = consumer.close().await;
-                match ran {
-                    Ok(stats) => {
-                        tracing::info!(consumer = %name, ?stats, "stopped consuming");
-                        return;
-                    }
-                    Err(error) => tracing::warn!(consumer = %name, %error, "consumer failed"),
-                }
+        // A stop during a connection attempt is seen once it ends; the drain deadline
+        // bounds it.
+        match consume_once(&name, &from, &options, inbox.clone(), stopped, work).await {
+            Ok(stats) if *stopping.borrow() => {
+                tracing::info!(consumer = %name, ?stats, "stopped consuming");
+                return;
             }
-            Err(error) => tracing::warn!(consumer = %name, %error, "broker unreachable"),
+            Ok(_) => tracing::warn!(consumer = %name, "the broker ended the consumer"),
+            Err(error) => tracing::warn!(consumer = %name, %error, "broker unreachable or failed"),
         }
         tokio::select! {
-            () = &mut stopped => return,
+            _ = stopping.wait_for(|stop| *stop) => return,
             () = tokio::time::sleep(BROKER_RETRY) => {}
+        }
+    }
+}
+
+/// Connects once and consumes until `stopped` resolves or the broker fails.
+async fn consume_once<DB: Backend, E>(
+    name: &str,
+    from: &str,
+    options: &BrokerOptions,
+    inbox: Inbox<DB>,
+    stopped: impl std::future::Future,
+    work: impl for<'e, 't> Fn(
+        &'t mut justonce_sql::sqlx::Transaction<'e, DB>,
+        &'t Incoming,
+    ) -> WorkFuture<'t, (), E>,
+) -> Result<justonce_transport::ConsumerStats, justonce_transport::Error>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match options {
+        BrokerOptions::Amqp(options) => {
+            let consumer = AmqpConsumer::connect(from, inbox, options.clone()).await?;
+            tracing::info!(consumer = %name, "consuming");
+            let ran = consumer.run(stopped, work).await;
+            let _ = consumer.close().await;
+            ran
+        }
+        BrokerOptions::Nats(options) => {
+            let consumer = NatsConsumer::connect(from, inbox, options.clone()).await?;
+            tracing::info!(consumer = %name, "consuming");
+            consumer.run(stopped, work).await
         }
     }
 }

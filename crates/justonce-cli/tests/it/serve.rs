@@ -32,6 +32,7 @@ macro_rules! on_every_database {
 on_every_database!(
     every_event_posted_twice_is_delivered_once_per_key,
     a_queue_consumed_by_the_service_reaches_its_target_once_per_key,
+    a_stream_consumed_by_the_service_reaches_its_target_once_per_key,
     a_server_killed_twenty_times_loses_no_acknowledged_event,
 );
 
@@ -711,7 +712,21 @@ async fn a_queue_consumed_by_the_service_reaches_its_target_once_per_key<DB: Tes
             .unwrap();
         assert!(confirm.is_ack());
     }
-    let by_key = await_keys(&sink, 100).await;
+    assert_each_order_delivered_once(&sink).await;
+    server.stop().await;
+    for name in [format!("{queue}.dead"), queue] {
+        channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+    drop_database(db).await;
+}
+
+/// 100 orders reached the sink, each with `Idempotency-Key: orders:order-<n>`, its own body
+/// and content type, however often it was published.
+async fn assert_each_order_delivered_once(sink: &Sink) {
+    let by_key = await_keys(sink, 100).await;
     assert_eq!(by_key.len(), 100, "every id reached the target");
     for n in 0..100 {
         let bodies = &by_key[&format!("orders:order-{n}")];
@@ -724,12 +739,53 @@ async fn a_queue_consumed_by_the_service_reaches_its_target_once_per_key<DB: Tes
             .iter()
             .all(|r| r.headers["content-type"] == "application/json")
     );
-    server.stop().await;
-    for name in [format!("{queue}.dead"), queue] {
-        channel
-            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+}
+
+/// `serve` consuming a NATS JetStream stream: 120 messages for 100 ids reach the target
+/// once per id.
+async fn a_stream_consumed_by_the_service_reaches_its_target_once_per_key<DB: TestBackend>(
+    test: &str,
+) {
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let nats = std::env::var("JUSTONCE_TEST_NATS_URL")
+        .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+    let stream = format!("{}ORDERS", db.prefix);
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{nats}\"\nstream = \"{stream}\"\n\
+         id = \"header:Order-Id\"\ntarget = \"{}\"\n",
+        sink.url()
+    );
+    let mut server = Server::configure_with(&url, &sink.url(), &consumer);
+    server.start().await;
+    let client = async_nats::connect(&nats).await.expect("NATS");
+    let jetstream = async_nats::jetstream::new(client);
+    // The service creates the stream once it is consuming.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while jetstream.get_stream(&stream).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the service never created {stream}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for n in 0..120 {
+        let id = format!("order-{}", n % 100);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Order-Id", id.as_str());
+        headers.insert("Content-Type", "application/json");
+        let body = format!(r#"{{"order":"{id}"}}"#);
+        jetstream
+            .publish_with_headers(stream.clone(), headers, body.into_bytes().into())
+            .await
+            .unwrap()
             .await
             .unwrap();
+    }
+    assert_each_order_delivered_once(&sink).await;
+    server.stop().await;
+    for name in [format!("{stream}_DEAD"), stream] {
+        jetstream.delete_stream(&name).await.unwrap();
     }
     drop_database(db).await;
 }
