@@ -681,8 +681,12 @@ target = "http://127.0.0.1:9000/orders"
         assert!(format!("{:?}", orders.options).contains("orders-eu"));
         let cases = [
             (
+                ORDERS.replace("env:ORDERS_BROKER", "redis://127.0.0.1:6379"),
+                "amqp:// or nats://",
+            ),
+            (
                 ORDERS.replace("env:ORDERS_BROKER", "nats://127.0.0.1:4222"),
-                "not supported yet",
+                "queue only applies",
             ),
             (ORDERS.replace("header:X-Order-Id", "body"), "message_id"),
             (
