@@ -72,10 +72,13 @@ pub fn consumer_work<DB: TestBackend>(
 }
 
 /// The flags of the throughput benchmarks: `[--backend postgres|sqlite] [--messages N]
-/// [--duplicates PERCENT] [--batch N] [--json]`.
+/// [--duplicates PERCENT] [--batch N] [--json]`, and `--broker NAME` where the benchmark
+/// has brokers.
 pub struct StreamArgs {
     /// `postgres` or `sqlite`.
     pub backend: String,
+    /// The broker, one of those the benchmark offers (the first by default).
+    pub broker: String,
     /// Messages in the stream.
     pub messages: usize,
     /// The share of them, in percent, that repeat an earlier key.
@@ -89,9 +92,10 @@ pub struct StreamArgs {
 impl StreamArgs {
     /// The flags of this process, over these defaults; `None` for a flag it does not know
     /// or a value out of range.
-    pub fn from_args(messages: usize, batch: usize) -> Option<Self> {
+    pub fn from_args(messages: usize, batch: usize, brokers: &[&str]) -> Option<Self> {
         let mut args = Self {
             backend: "postgres".to_owned(),
+            broker: brokers.first().copied().unwrap_or_default().to_owned(),
             messages,
             duplicates: 20,
             batch,
@@ -109,6 +113,7 @@ impl StreamArgs {
                     args.duplicates = raw.next()?.parse().ok().filter(|p| *p < 100)?
                 }
                 "--batch" => args.batch = raw.next()?.parse().ok().filter(|n| *n > 0)?,
+                "--broker" => args.broker = raw.next().filter(|b| brokers.contains(&b.as_str()))?,
                 _ => return None,
             }
         }

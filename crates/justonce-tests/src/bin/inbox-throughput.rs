@@ -17,7 +17,7 @@ use std::time::Instant;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let Some(args) = StreamArgs::from_args(20_000, 1_000) else {
+    let Some(args) = StreamArgs::from_args(20_000, 1_000, &[]) else {
         eprintln!(
             "usage: inbox-throughput [--backend postgres|sqlite] [--messages N] \
              [--duplicates PERCENT] [--batch N] [--json]"

@@ -18,6 +18,7 @@ on_every_database!(
     failing_work_is_redelivered_then_dead_lettered,
     a_worker_killed_between_commit_and_ack_leaves_one_effect,
     a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
+    two_consumer_processes_on_one_durable_take_effect_once_each,
     the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat,
 );
 
@@ -293,6 +294,35 @@ async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: Test
         stored.headers.get(MSG_ID_HEADER).unwrap().as_str(),
         "billing:invoice:2026-10"
     );
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn two_consumer_processes_on_one_durable_take_effect_once_each<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    // Creates the streams and the durable consumer the workers share.
+    let consumer = NatsConsumer::connect(&nats_url(), db.inbox.clone(), options(&stream))
+        .await
+        .unwrap();
+    for n in 0..1_000 {
+        stream.publish(&format!("order:{}", n % 800), b"x").await;
+    }
+    let mut workers = [worker(&db, &stream, "run"), worker(&db, &stream, "run")];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while stream.unsettled().await > 0 || db.rows("effects").await < 800 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not drained within a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for worker in &mut workers {
+        worker.kill().await.unwrap();
+    }
+    assert_eq!(db.rows("effects").await, 800, "effects = distinct keys");
+    assert_eq!(doubled(&db).await, 0);
+    drop(consumer);
     stream.delete().await;
     db.cleanup().await;
 }

@@ -1,0 +1,170 @@
+//! Messages per second through a broker consumer, one transaction per message and (on
+//! RabbitMQ) in batches, with a share of them repeated.
+//!
+//! `broker-throughput [--broker amqp|nats] [--backend postgres|sqlite] [--messages N]
+//! [--duplicates PERCENT] [--batch N] [--json]`
+//!
+//! The program publishes the messages to a fresh durable queue or file-stored stream and
+//! waits for the broker's confirms, then starts the clock and consumes them all: each
+//! message's key is claimed and one effect row written in a transaction, and the message
+//! acknowledged after the commit. With `--batch` (RabbitMQ), up to that many deliveries
+//! share one claim statement and one transaction. Before it prints, it checks that effect
+//! rows equal distinct keys.
+
+use justonce_sql::Backend;
+use justonce_tests::{StreamArgs, TestBackend, TestDb, amqp_url, consumer_work, publish_many};
+use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::nats::{NatsConsumer, NatsOptions};
+use justonce_transport::{ConsumerStats, KeyFrom};
+use sqlx::{Postgres, Sqlite};
+use std::time::Instant;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = StreamArgs::from_args(10_000, 1, &["amqp", "nats"])
+        .filter(|args| args.broker == "amqp" || args.batch == 1);
+    let Some(args) = args else {
+        eprintln!(
+            "usage: broker-throughput [--broker amqp|nats] [--backend postgres|sqlite] \
+             [--messages N] [--duplicates PERCENT] [--batch N (amqp)] [--json]"
+        );
+        return std::process::ExitCode::from(2);
+    };
+    let (per_second, stats) = match (args.broker.as_str(), args.backend.as_str()) {
+        ("nats", "sqlite") => measure_nats::<Sqlite>(&args).await,
+        ("nats", _) => measure_nats::<Postgres>(&args).await,
+        (_, "sqlite") => measure::<Sqlite>(&args).await,
+        _ => measure::<Postgres>(&args).await,
+    };
+    let rss = justonce_tests::peak_rss_mib(None);
+    let mode = if args.batch > 1 {
+        format!("batches of {}", args.batch)
+    } else {
+        "one by one".to_owned()
+    };
+    if args.json {
+        println!(
+            "{{\"bench\":\"broker_throughput\",\"broker\":\"{}\",\"database\":\"{}\",\"batch\":{},\"messages\":{},\
+             \"duplicates_percent\":{},\"messages_per_second\":{per_second:.0},\
+             \"effects\":{},\"peak_rss_mib\":{rss:.1}}}",
+            args.broker, args.backend, args.batch, args.messages, args.duplicates, stats.processed
+        );
+    } else {
+        println!(
+            "{:<5} {:<10} {mode:<16} {per_second:>8.0} msg/s   effects {} = distinct keys, \
+             duplicates {}, peak RSS {rss:.1} MiB",
+            args.broker, args.backend, stats.processed, stats.duplicates
+        );
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+async fn measure<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
+    let db = TestDb::<DB>::new("amqp-throughput").await;
+    let queue = format!("{}bench", db.prefix);
+    let options =
+        AmqpOptions::new(&queue).prefetch(u16::try_from(args.batch.max(64)).unwrap_or(u16::MAX));
+    let consumer = AmqpConsumer::connect(&amqp_url(), db.inbox.clone(), options)
+        .await
+        .expect("RabbitMQ");
+    let connection =
+        lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ");
+    let distinct = args.distinct();
+    publish_many(&connection, &queue, args.messages, distinct).await;
+
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let started = Instant::now();
+    let mut deliveries = consumer.deliveries().await.expect("consuming");
+    while ((stats.processed + stats.duplicates) as usize) < args.messages {
+        let first = deliveries
+            .next()
+            .await
+            .expect("a delivery")
+            .expect("not cancelled");
+        if args.batch > 1 {
+            let batch = deliveries.more(first, args.batch).await.expect("a batch");
+            consumer
+                .settle_batch(batch, &work, &mut stats)
+                .await
+                .expect("settled");
+        } else {
+            let ran = first.run(&db.inbox, &work).await;
+            first.settle(ran, &mut stats).await.expect("settled");
+        }
+    }
+    let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
+    deliveries.stop().await.expect("stopped");
+    assert_eq!(
+        db.rows("effects").await,
+        distinct as i64,
+        "effects = distinct keys"
+    );
+    assert_eq!(stats.processed as usize, distinct);
+    let channel = connection.create_channel().await.expect("a channel");
+    for name in [format!("{queue}.dead"), queue] {
+        channel
+            .queue_delete(name.as_str().into(), Default::default())
+            .await
+            .expect("queue deleted");
+    }
+    consumer.close().await.expect("closed");
+    db.cleanup().await;
+    (per_second, stats)
+}
+
+async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
+    let db = TestDb::<DB>::new("nats-throughput").await;
+    let stream = format!("{}BENCH", db.prefix);
+    let url = std::env::var("JUSTONCE_TEST_NATS_URL")
+        .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+    let options = NatsOptions::new(&stream, &stream).key_from(KeyFrom::Header("Order-Id".into()));
+    let consumer = NatsConsumer::connect(&url, db.inbox.clone(), options)
+        .await
+        .expect("NATS");
+    let jetstream = async_nats::jetstream::new(async_nats::connect(&url).await.expect("NATS"));
+    let distinct = args.distinct();
+    let mut acks = Vec::with_capacity(args.messages);
+    for n in 0..args.messages {
+        let key = format!("order:{}", n % distinct);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Order-Id", key.as_str());
+        let ack = jetstream
+            .publish_with_headers(stream.clone(), headers, key.into_bytes().into())
+            .await
+            .expect("publish");
+        acks.push(ack);
+    }
+    for ack in acks {
+        ack.await.expect("stored");
+    }
+
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let started = Instant::now();
+    let mut messages = consumer.messages().await.expect("consuming");
+    while ((stats.processed + stats.duplicates) as usize) < args.messages {
+        let message = messages.next().await.expect("a message").expect("a stream");
+        let ran = consumer.run_one(&message, &work).await;
+        consumer
+            .settle(&message, ran, &mut stats)
+            .await
+            .expect("settled");
+    }
+    let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(
+        db.rows("effects").await,
+        distinct as i64,
+        "effects = distinct keys"
+    );
+    for name in [format!("{stream}_DEAD"), stream] {
+        jetstream
+            .delete_stream(&name)
+            .await
+            .expect("stream deleted");
+    }
+    db.cleanup().await;
+    (per_second, stats)
+}
