@@ -8,6 +8,21 @@ use justonce_sql::{Backend, Consumer, Inbox, Options, Row};
 
 /// Opens the store the settings name and runs `command` on it.
 pub async fn run(settings: Settings, command: Command) -> Result<()> {
+    if let Command::Migrate {
+        print_sql: true,
+        since,
+    } = command
+    {
+        // Printed from the dialect alone: the database need not be reachable.
+        let options = Options::default();
+        let script = if settings.database.starts_with("sqlite:") {
+            Inbox::<Sqlite>::migration_sql(&options, since)?
+        } else {
+            Inbox::<Postgres>::migration_sql(&options, since)?
+        };
+        print!("{script}");
+        return Ok(());
+    }
     if settings.database.starts_with("sqlite:") {
         run_on::<Sqlite>(settings, command).await
     } else {
@@ -26,7 +41,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
             inbox.migrate().await?;
             crate::serve::serve(settings, inbox).await?
         }
-        Command::Migrate => {
+        Command::Migrate { .. } => {
             let applied = inbox.migrate().await?;
             println!("{applied} migrations applied");
         }

@@ -34,7 +34,15 @@ enum Command {
     /// Receive webhooks on the public listener and deliver them to their targets.
     Serve,
     /// Create or update the database tables.
-    Migrate,
+    Migrate {
+        /// Print the SQL instead of running it, for a database administrator to apply.
+        #[arg(long)]
+        print_sql: bool,
+        /// With --print-sql: only the migrations after this version (the highest in the
+        /// `migrations` table of an existing database).
+        #[arg(long, default_value_t = 0, requires = "print_sql")]
+        since: i64,
+    },
     /// Check the configuration and the database, then exit.
     Check,
     /// Delete keys past each source's retention, and sent deliveries past it too.

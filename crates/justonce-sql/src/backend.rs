@@ -152,6 +152,11 @@ pub trait Backend: sqlx::Database + Sealed {
         tables: &'a Tables,
     ) -> impl Future<Output = Result<usize, Error>> + Send + 'a;
 
+    /// The migrations after version `since` as one script, for those who apply them by
+    /// hand.
+    #[doc(hidden)]
+    fn migration_script(tables: &Tables, since: i64) -> String;
+
     /// Whether the keys table exists with its unique constraint on (scope, consumer, key).
     #[doc(hidden)]
     fn has_unique_constraint<'a>(
@@ -896,6 +901,29 @@ macro_rules! shared_queries {
                 .await
                 .map_err(database_error::<Self>)?;
             Ok(found > 0)
+        }
+
+        fn migration_script(tables: &Tables, since: i64) -> String {
+            let mut script = format!("{};\n", Self::BEGIN);
+            for statement in MIGRATION_SETUP {
+                script.push_str(&tables.render(statement));
+                script.push_str(";\n");
+            }
+            for migration in MIGRATIONS.iter().filter(|m| m.version > since) {
+                script.push_str(&format!(
+                    "\n-- {}: {}\n{}\n",
+                    migration.version,
+                    migration.description,
+                    tables.render(migration.sql).trim()
+                ));
+                script.push_str(&tables.render(&format!(
+                    "INSERT INTO {{prefix}}migrations (version, description) VALUES ({}, '{}');\n",
+                    migration.version,
+                    migration.description.replace('\'', "''")
+                )));
+            }
+            script.push_str("COMMIT;\n");
+            script
         }
 
         async fn migrate<'a>(

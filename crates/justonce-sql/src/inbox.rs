@@ -178,6 +178,14 @@ impl<DB: Backend> Inbox<DB> {
         &self.shared
     }
 
+    /// The SQL that [`Inbox::migrate`] runs, as one script for this database, for teams
+    /// whose database administrators apply migrations themselves: the migrations after
+    /// version `since` (0 for a new database; an existing one is at the highest version in
+    /// its `migrations` table), each recorded in that table, in one transaction.
+    pub fn migration_sql(options: &Options, since: i64) -> Result<String, Error> {
+        Ok(DB::migration_script(&Tables::new(&options.prefix)?, since))
+    }
+
     /// The connection pool, for the application's own queries.
     pub fn pool(&self) -> &sqlx::Pool<DB> {
         &self.shared.pool

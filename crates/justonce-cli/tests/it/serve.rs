@@ -33,6 +33,7 @@ on_every_database!(
     every_event_posted_twice_is_delivered_once_per_key,
     a_queue_consumed_by_the_service_reaches_its_target_once_per_key,
     a_stream_consumed_by_the_service_reaches_its_target_once_per_key,
+    the_printed_migrations_make_a_schema_the_service_accepts,
     a_server_killed_twenty_times_loses_no_acknowledged_event,
 );
 
@@ -787,5 +788,35 @@ async fn a_stream_consumed_by_the_service_reaches_its_target_once_per_key<DB: Te
     for name in [format!("{stream}_DEAD"), stream] {
         jetstream.delete_stream(&name).await.unwrap();
     }
+    drop_database(db).await;
+}
+
+/// `migrate --print-sql` applied by hand, as a database administrator would, makes the
+/// schema `migrate` would: `migrate` then has nothing left to do, and `check` passes.
+async fn the_printed_migrations_make_a_schema_the_service_accepts<DB: TestBackend>(test: &str) {
+    let (db, url) = database::<DB>(test).await;
+    let server = Server::configure(&url, "http://127.0.0.1:1/unused");
+    let (code, script) = server.run(&["migrate", "--print-sql"]).await;
+    assert_eq!(code, 0, "{script}");
+    assert!(script.contains("justonce_keys"), "{script}");
+    let by_hand =
+        justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("dba").unwrap())
+            .await
+            .unwrap();
+    DB::execute(by_hand.pool(), script).await.unwrap();
+    assert_eq!(
+        server.run(&["migrate"]).await,
+        (0, "0 migrations applied\n".to_owned())
+    );
+    let (code, checked) = server.run(&["check"]).await;
+    assert_eq!(code, 0, "{checked}");
+    let (code, later) = server
+        .run(&["migrate", "--print-sql", "--since", "2"])
+        .await;
+    assert_eq!(code, 0);
+    assert!(
+        !later.contains("CREATE TABLE IF NOT EXISTS justonce_keys"),
+        "{later}"
+    );
     drop_database(db).await;
 }
