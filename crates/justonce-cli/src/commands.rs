@@ -1,10 +1,10 @@
 //! Each command against the configured database.
 
 use crate::config::Settings;
-use crate::{Command, DlqCommand};
+use crate::{Command, DlqCommand, KeysCommand};
 use anyhow::{Context, Result};
 use justonce_sql::sqlx::{Postgres, Sqlite};
-use justonce_sql::{Backend, Consumer, Inbox, Options, Row};
+use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Options, Row, Scope, StoredKey};
 
 /// Opens the store the settings name and runs `command` on it.
 pub async fn run(settings: Settings, command: Command) -> Result<()> {
@@ -73,6 +73,24 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
             );
         }
         Command::Dlq { command } => dlq(&outbox, command).await?,
+        Command::Keys {
+            command:
+                KeysCommand::Show {
+                    key,
+                    consumer,
+                    scope,
+                },
+        } => {
+            let scope = scope
+                .map(Scope::new)
+                .transpose()?
+                .unwrap_or_else(Scope::none);
+            let identity = Identity::new(scope, Consumer::new(consumer)?, Key::new(key)?);
+            let stored = inbox.lookup(&identity).await?.with_context(|| {
+                format!("no key {} for consumer {}", identity.key, identity.consumer)
+            })?;
+            print_key(&identity, &stored);
+        }
     }
     Ok(())
 }
@@ -115,6 +133,33 @@ async fn dlq<DB: Backend>(outbox: &justonce_sql::Outbox<DB>, command: DlqCommand
         }
     }
     Ok(())
+}
+
+fn print_key(identity: &Identity, stored: &StoredKey) {
+    let scope = match identity.scope.as_str() {
+        "" => "(none)",
+        scope => scope,
+    };
+    let state = match stored.lease_remaining {
+        None => "done".to_owned(),
+        Some(remaining) if remaining.is_zero() => "in progress, lease ended".to_owned(),
+        Some(remaining) => format!("in progress, lease ends in {} s", remaining.as_secs()),
+    };
+    let fingerprint: String = stored
+        .fingerprint
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    println!("key:         {}", identity.key);
+    println!("consumer:    {}", identity.consumer);
+    println!("scope:       {scope}");
+    println!("state:       {state}");
+    println!("fingerprint: {fingerprint}");
+    match &stored.result {
+        Some(result) => println!("result:      {} bytes", result.len()),
+        None => println!("result:      none"),
+    }
 }
 
 fn print_row(row: &Row) {

@@ -58,6 +58,26 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Inspect claimed keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Show what the store holds for one key: done or in progress, and its fingerprint.
+    Show {
+        /// The key, such as `shop:evt_1` for a webhook or an order id for a queue.
+        key: String,
+        /// The consumer that claimed it: a source's or consumer's name.
+        #[arg(long)]
+        consumer: String,
+        /// The tenant scope, if the key was claimed in one.
+        #[arg(long)]
+        scope: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]

@@ -313,6 +313,16 @@ async fn every_event_posted_twice_is_delivered_once_per_key<DB: TestBackend>(tes
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(stats, "deliveries: 300 sent, 0 due, 0 dead");
+    let (code, shown) = server
+        .run(&["keys", "show", "demo:evt_0", "--consumer", "demo"])
+        .await;
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("state:       done"), "{shown}");
+    assert!(shown.contains("key:         demo:evt_0"), "{shown}");
+    let (code, _) = server
+        .run(&["keys", "show", "demo:never", "--consumer", "demo"])
+        .await;
+    assert_eq!(code, 1, "an unknown key is a failure");
     let metrics = text_of(&client, &format!("{}/metrics", server.admin)).await;
     for line in [
         r#"justonce_webhooks_total{source="demo",outcome="accepted"} 300"#,
