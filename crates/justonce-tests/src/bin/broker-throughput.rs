@@ -126,19 +126,23 @@ async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
         .expect("NATS");
     let jetstream = async_nats::jetstream::new(async_nats::connect(&url).await.expect("NATS"));
     let distinct = args.distinct();
-    let mut acks = Vec::with_capacity(args.messages);
-    for n in 0..args.messages {
-        let key = format!("order:{}", n % distinct);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Order-Id", key.as_str());
-        let ack = jetstream
-            .publish_with_headers(stream.clone(), headers, key.into_bytes().into())
-            .await
-            .expect("publish");
-        acks.push(ack);
-    }
-    for ack in acks {
-        ack.await.expect("stored");
+    // The client holds back publishes while too many acks are outstanding: await them in
+    // rounds.
+    for round in (0..args.messages).collect::<Vec<_>>().chunks(1_000) {
+        let mut acks = Vec::with_capacity(round.len());
+        for n in round {
+            let key = format!("order:{}", n % distinct);
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Order-Id", key.as_str());
+            let ack = jetstream
+                .publish_with_headers(stream.clone(), headers, key.into_bytes().into())
+                .await
+                .expect("publish");
+            acks.push(ack);
+        }
+        for ack in acks {
+            ack.await.expect("stored");
+        }
     }
 
     let work = consumer_work::<DB>(&db.prefix);
