@@ -33,7 +33,7 @@ use crate::{
 };
 use futures_util::StreamExt;
 use justonce_core::{Delivered, Delivery, Destination, Key};
-use justonce_sql::{Backend, Claim, Inbox, Outcome, RunError, WorkFuture, sqlx};
+use justonce_sql::{Backend, Claim, Inbox, Outcome, WorkFuture, sqlx};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
@@ -408,17 +408,11 @@ impl<DB: Backend> Taken<'_, DB> {
             Ok(incoming) => incoming,
             Err(reason) => return Ran::NoKey(reason.clone()),
         };
-        match inbox
-            .run(&incoming.key, &incoming.body, |tx| work(tx, incoming))
-            .await
-        {
-            Ok(outcome) => Ran::Outcome(outcome),
-            Err(RunError::Work(error)) => Ran::Work(error),
-            Err(RunError::Store(error)) => Ran::Store(error),
-            Err(error) => Ran::Store(justonce_core::Error::Config(format!(
-                "the run failed in a way this consumer does not know: {error}"
-            ))),
-        }
+        Ran::of(
+            inbox
+                .run(&incoming.key, &incoming.body, |tx| work(tx, incoming))
+                .await,
+        )
     }
 
     /// Acknowledges, retries, dead-letters or returns the delivery as `ran` says, and
@@ -594,15 +588,7 @@ impl Destination for AmqpDestination {
         &'a self,
         delivery: Delivery<'a>,
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
-        Box::pin(async move {
-            match self.send(delivery).await {
-                Ok(()) => Delivered::Sent,
-                Err(reason) => Delivered::Retry {
-                    after: None,
-                    reason,
-                },
-            }
-        })
+        Box::pin(async move { crate::delivered(self.send(delivery).await) })
     }
 }
 

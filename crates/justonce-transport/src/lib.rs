@@ -79,6 +79,33 @@ pub enum Ran<E> {
     Store(justonce_core::Error),
 }
 
+impl<E> Ran<E> {
+    /// What [`Inbox::run`](justonce_sql::Inbox::run) returned, as a delivery's settling
+    /// needs it.
+    pub(crate) fn of(run: Result<Outcome<()>, justonce_sql::RunError<E>>) -> Self {
+        match run {
+            Ok(outcome) => Ran::Outcome(outcome),
+            Err(justonce_sql::RunError::Work(error)) => Ran::Work(error),
+            Err(justonce_sql::RunError::Store(error)) => Ran::Store(error),
+            Err(error) => Ran::Store(justonce_core::Error::Config(format!(
+                "the run failed in a way this consumer does not know: {error}"
+            ))),
+        }
+    }
+}
+
+/// A publisher's answer to the relay: sent, or to be tried again for `reason`.
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub(crate) fn delivered(sent: Result<(), String>) -> justonce_core::Delivered {
+    match sent {
+        Ok(()) => justonce_core::Delivered::Sent,
+        Err(reason) => justonce_core::Delivered::Retry {
+            after: None,
+            reason,
+        },
+    }
+}
+
 /// At most `bytes` bytes of `text`, cut at a character boundary.
 pub(crate) fn truncate(text: &str, bytes: usize) -> &str {
     let mut end = text.len().min(bytes);

@@ -37,7 +37,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use futures_util::StreamExt;
 use justonce_core::{Delivered, Delivery, Destination, Key};
-use justonce_sql::{Backend, Inbox, Outcome, RunError, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -242,14 +242,7 @@ impl<DB: Backend> NatsConsumer<DB> {
                 }
             }
         };
-        match ran {
-            Ok(outcome) => Ran::Outcome(outcome),
-            Err(RunError::Work(error)) => Ran::Work(error),
-            Err(RunError::Store(error)) => Ran::Store(error),
-            Err(error) => Ran::Store(justonce_core::Error::Config(format!(
-                "the run failed in a way this consumer does not know: {error}"
-            ))),
-        }
+        Ran::of(ran)
     }
 
     /// Acknowledges, redelivers later, dead-letters or returns the message as `ran` says,
@@ -417,15 +410,7 @@ impl Destination for NatsDestination {
         &'a self,
         delivery: Delivery<'a>,
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
-        Box::pin(async move {
-            match self.send(delivery).await {
-                Ok(()) => Delivered::Sent,
-                Err(reason) => Delivered::Retry {
-                    after: None,
-                    reason,
-                },
-            }
-        })
+        Box::pin(async move { crate::delivered(self.send(delivery).await) })
     }
 }
 
