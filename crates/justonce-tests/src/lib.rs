@@ -387,6 +387,18 @@ impl<DB: TestBackend> TestDb<DB> {
         .await
     }
 
+    /// Keys with more than one effect row: a doubled effect.
+    pub async fn doubled_effects(&self) -> i64 {
+        DB::count(
+            self.inbox.pool(),
+            format!(
+                "SELECT count(*) FROM (SELECT key FROM {}effects GROUP BY key HAVING count(*) > 1) d",
+                self.prefix
+            ),
+        )
+        .await
+    }
+
     /// Drops this test's tables, or its database file.
     pub async fn cleanup(self) {
         for table in ["effects", "outbox", "offsets", "keys", "migrations"] {

@@ -360,18 +360,6 @@ async fn settle_the_rest<DB: TestBackend>(
     assert_eq!(queue.ready().await, 0);
 }
 
-/// Keys with more than one effect row.
-async fn doubled<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
-    DB::count(
-        db.inbox.pool(),
-        format!(
-            "SELECT count(*) FROM (SELECT key FROM {}effects GROUP BY key HAVING count(*) > 1) d",
-            db.prefix
-        ),
-    )
-    .await
-}
-
 async fn ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each<DB: TestBackend>(
     test: &str,
 ) {
@@ -382,7 +370,7 @@ async fn ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each<DB
     let stats = consume(&db, &consumer, 10_000).await;
     assert_eq!((stats.processed, stats.duplicates), (8_000, 2_000));
     assert_eq!(db.rows("effects").await, 8_000, "effects = distinct keys");
-    assert_eq!(doubled(&db).await, 0);
+    assert_eq!(db.doubled_effects().await, 0);
     consumer.close().await.unwrap();
     queue.delete().await;
     db.cleanup().await;
@@ -433,7 +421,7 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: Te
     await_effects(&db, 1_600).await;
     last.kill().await.unwrap();
     assert_eq!(db.rows("effects").await, 1_600, "nothing lost");
-    assert_eq!(doubled(&db).await, 0, "nothing doubled");
+    assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
     settle_the_rest(&db, &queue, &consumer).await;
     consumer.close().await.unwrap();
     queue.delete().await;
@@ -451,7 +439,7 @@ async fn two_consumer_processes_on_one_queue_take_effect_once_each<DB: TestBacke
         worker.kill().await.unwrap();
     }
     assert_eq!(db.rows("effects").await, 1_600);
-    assert_eq!(doubled(&db).await, 0);
+    assert_eq!(db.doubled_effects().await, 0);
     settle_the_rest(&db, &queue, &consumer).await;
     consumer.close().await.unwrap();
     queue.delete().await;
@@ -493,7 +481,7 @@ async fn a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others<DB: T
     assert_eq!(stats.processed, 41, "40 keys and the one that failed once");
     assert_eq!(stats.dead_lettered, 1);
     assert_eq!(db.rows("effects").await, 41);
-    assert_eq!(doubled(&db).await, 0);
+    assert_eq!(db.doubled_effects().await, 0);
     assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
     consumer.close().await.unwrap();
     assert_queue_empty(&queue).await;

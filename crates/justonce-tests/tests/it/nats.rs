@@ -109,18 +109,6 @@ where
     stats.unwrap()
 }
 
-/// Keys with more than one effect row.
-async fn doubled<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
-    DB::count(
-        db.inbox.pool(),
-        format!(
-            "SELECT count(*) FROM (SELECT key FROM {}effects GROUP BY key HAVING count(*) > 1) d",
-            db.prefix
-        ),
-    )
-    .await
-}
-
 async fn each_message_published_twice_takes_effect_once<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let stream = Stream::new(&db).await;
@@ -138,7 +126,7 @@ async fn each_message_published_twice_takes_effect_once<DB: TestBackend>(test: &
     .await;
     assert_eq!((stats.processed, stats.duplicates), (50, 50));
     assert_eq!(db.rows("effects").await, 50);
-    assert_eq!(doubled(&db).await, 0);
+    assert_eq!(db.doubled_effects().await, 0);
     stream.delete().await;
     db.cleanup().await;
 }
@@ -253,7 +241,7 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: Te
     })
     .await;
     assert_eq!(db.rows("effects").await, 800, "nothing lost");
-    assert_eq!(doubled(&db).await, 0, "nothing doubled");
+    assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
     stream.delete().await;
     db.cleanup().await;
 }
@@ -321,7 +309,7 @@ async fn two_consumer_processes_on_one_durable_take_effect_once_each<DB: TestBac
         worker.kill().await.unwrap();
     }
     assert_eq!(db.rows("effects").await, 800, "effects = distinct keys");
-    assert_eq!(doubled(&db).await, 0);
+    assert_eq!(db.doubled_effects().await, 0);
     drop(consumer);
     stream.delete().await;
     db.cleanup().await;
