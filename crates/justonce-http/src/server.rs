@@ -605,12 +605,7 @@ impl<DB: Backend> Transactional for Inbox<DB> {
                     .with_scope(identity.scope.clone())
                     .with_consumer(identity.consumer.clone());
                 if claimer.claim(&mut tx, &identity.key, body).await? != Claim::First {
-                    tx.rollback()
-                        .await
-                        .map_err(|error| justonce_core::Error::Database {
-                            retryable: true,
-                            source: Box::new(error),
-                        })?;
+                    tx.rollback().await.map_err(driver_error)?;
                     return Ok(Begun::Taken);
                 }
             }

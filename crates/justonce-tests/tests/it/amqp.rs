@@ -2,7 +2,7 @@
 //! database: duplicates acknowledged without work, failures retried then dead-lettered,
 //! a worker killed between its commit and its ack, and the relay publishing outbox rows.
 
-use super::on_every_database;
+use super::{Xorshift, on_every_database};
 use justonce_sql::{Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
 use justonce_transport::ConsumerStats;
@@ -405,16 +405,10 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: Te
     let queue = Queue::new(&db).await;
     let consumer = connect(&db, &queue, |options| options).await;
     queue.publish_many(2_000, 1_600).await;
-    // A small generator seeded by the clock; the seed is printed to replay a failure.
-    let mut seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    eprintln!("kill schedule seed {seed}");
+    let mut random = Xorshift::from_clock();
     for _ in 0..20 {
         let mut running = worker(&db, &queue);
-        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        tokio::time::sleep(Duration::from_millis(100 + (seed >> 33) % 300)).await;
+        tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
         running.kill().await.expect("SIGKILL the consumer");
     }
     let mut last = worker(&db, &queue);

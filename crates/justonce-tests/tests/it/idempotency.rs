@@ -1,7 +1,7 @@
 //! The Idempotency-Key layer on real axum routes, through `oneshot` with no socket, with
 //! its keys on each real database.
 
-use super::{LeaseStore, on_every_database, on_every_lease_store};
+use super::{LeaseStore, on_every_database, on_every_lease_store, respond};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Path;
@@ -14,7 +14,6 @@ use justonce_tests::{TestBackend, TestDb};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tower::ServiceExt;
 
 on_every_lease_store!(
     a_retry_gets_the_first_response_byte_for_byte,
@@ -109,14 +108,6 @@ fn request(uri: &str, tenant: &str, key: Option<&str>, body: &str) -> Request<Bo
     builder.body(Body::from(body.to_owned())).unwrap()
 }
 
-/// Status, headers and body bytes of the answer.
-async fn send(app: &Router, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Bytes) {
-    let response = app.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-    (parts.status, parts.headers, body)
-}
-
 fn assert_problem(answer: &(StatusCode, axum::http::HeaderMap, Bytes), status: StatusCode) {
     assert_eq!(answer.0, status, "{:?}", answer.2);
     assert_eq!(answer.1["content-type"], "application/problem+json");
@@ -132,11 +123,11 @@ async fn a_retry_gets_the_first_response_byte_for_byte<S: LeaseStore>(test: &str
     let handler = Handler::default();
     let app = app(store.leases(), &handler, LEASE);
     let body = r#"{"amount":1250,"currency":"EUR"}"#;
-    let first = send(&app, request("/payments", "a", Some("k1"), body)).await;
+    let first = respond(&app, request("/payments", "a", Some("k1"), body)).await;
     assert_eq!(first.0, StatusCode::CREATED);
     assert!(!first.1.contains_key("idempotent-replayed"));
     for key in ["k1", "\"k1\""] {
-        let retry = send(&app, request("/payments", "a", Some(key), body)).await;
+        let retry = respond(&app, request("/payments", "a", Some(key), body)).await;
         assert_eq!(retry.0, StatusCode::CREATED);
         assert_eq!(retry.2, first.2, "the same bytes");
         assert_eq!(retry.1["content-type"], "application/json");
@@ -145,7 +136,7 @@ async fn a_retry_gets_the_first_response_byte_for_byte<S: LeaseStore>(test: &str
         assert!(!retry.1.contains_key("x-not-stored"));
     }
     assert_eq!(handler.calls(), 1, "the handler ran once");
-    let get = send(&app, Request::get("/payments").body(Body::empty()).unwrap()).await;
+    let get = respond(&app, Request::get("/payments").body(Body::empty()).unwrap()).await;
     assert_eq!(get.0, StatusCode::OK, "other methods pass through");
     store.close().await;
 }
@@ -154,13 +145,13 @@ async fn another_body_with_the_same_key_is_422<S: LeaseStore>(test: &str) {
     let store = S::open(test).await;
     let handler = Handler::default();
     let app = app(store.leases(), &handler, LEASE);
-    let first = send(
+    let first = respond(
         &app,
         request("/payments", "a", Some("k1"), r#"{"amount":1}"#),
     )
     .await;
     assert_eq!(first.0, StatusCode::CREATED);
-    let reused = send(
+    let reused = respond(
         &app,
         request("/payments", "a", Some("k1"), r#"{"amount":2}"#),
     )
@@ -179,12 +170,14 @@ async fn a_request_still_running_gets_409<S: LeaseStore>(test: &str) {
     let app = app(store.leases(), &handler, LEASE);
     let running = {
         let app = app.clone();
-        tokio::spawn(async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await })
+        tokio::spawn(
+            async move { respond(&app, request("/payments", "a", Some("k1"), "{}")).await },
+        )
     };
     while handler.calls() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let concurrent = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let concurrent = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_problem(&concurrent, StatusCode::CONFLICT);
     let retry_after: u64 = concurrent.1["retry-after"]
         .to_str()
@@ -194,7 +187,7 @@ async fn a_request_still_running_gets_409<S: LeaseStore>(test: &str) {
     assert!((1..=60).contains(&retry_after), "{retry_after}");
     let first = running.await.unwrap();
     assert_eq!(first.0, StatusCode::CREATED);
-    let after = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let after = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!((after.0, after.2), (first.0, first.2));
     assert_eq!(handler.calls(), 1);
     store.close().await;
@@ -212,16 +205,16 @@ async fn keys_are_required_and_checked<S: LeaseStore>(test: &str) {
         Some(long.as_str()),
         Some("a\tb"),
     ] {
-        let answer = send(&app, request("/payments", "a", key, "{}")).await;
+        let answer = respond(&app, request("/payments", "a", key, "{}")).await;
         assert_problem(&answer, StatusCode::BAD_REQUEST);
     }
     let mut doubled = request("/payments", "a", Some("k1"), "{}");
     doubled
         .headers_mut()
         .append("idempotency-key", "k2".parse().unwrap());
-    assert_problem(&send(&app, doubled).await, StatusCode::BAD_REQUEST);
+    assert_problem(&respond(&app, doubled).await, StatusCode::BAD_REQUEST);
     let longest = "k".repeat(255);
-    let accepted = send(&app, request("/payments", "a", Some(&longest), "{}")).await;
+    let accepted = respond(&app, request("/payments", "a", Some(&longest), "{}")).await;
     assert_eq!(accepted.0, StatusCode::CREATED);
     assert_eq!(handler.calls(), 1, "only the valid key reached the handler");
     store.close().await;
@@ -234,12 +227,12 @@ async fn a_5xx_is_not_stored_and_the_retry_runs<S: LeaseStore>(test: &str) {
         ..Handler::default()
     };
     let app = app(store.leases(), &handler, LEASE);
-    let failed = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let failed = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
-    let retried = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let retried = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(retried.0, StatusCode::CREATED);
     assert!(!retried.1.contains_key("idempotent-replayed"));
-    let replayed = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let replayed = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(replayed.2, retried.2);
     assert_eq!(replayed.1["idempotent-replayed"], "true");
     assert_eq!(handler.calls(), 2);
@@ -250,17 +243,17 @@ async fn tenants_never_share_a_response<S: LeaseStore>(test: &str) {
     let store = S::open(test).await;
     let handler = Handler::default();
     let app = app(store.leases(), &handler, LEASE);
-    let a = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
-    let b = send(&app, request("/payments", "b", Some("k1"), "{}")).await;
+    let a = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let b = respond(&app, request("/payments", "b", Some("k1"), "{}")).await;
     assert_eq!((a.0, b.0), (StatusCode::CREATED, StatusCode::CREATED));
     assert_ne!(a.2, b.2, "tenant B got its own payment");
     assert_eq!(handler.calls(), 2);
-    let a_again = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
-    let b_again = send(&app, request("/payments", "b", Some("k1"), "{}")).await;
+    let a_again = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let b_again = respond(&app, request("/payments", "b", Some("k1"), "{}")).await;
     assert_eq!((a_again.2, b_again.2), (a.2, b.2));
     let mut nobody = request("/payments", "a", Some("k1"), "{}");
     nobody.headers_mut().remove("x-tenant");
-    assert_problem(&send(&app, nobody).await, StatusCode::BAD_REQUEST);
+    assert_problem(&respond(&app, nobody).await, StatusCode::BAD_REQUEST);
     assert_eq!(handler.calls(), 2);
     store.close().await;
 }
@@ -269,14 +262,14 @@ async fn the_route_template_scopes_the_key<S: LeaseStore>(test: &str) {
     let store = S::open(test).await;
     let handler = Handler::default();
     let app = app(store.leases(), &handler, LEASE);
-    let first = send(&app, request("/orders/1/payments", "a", Some("k1"), "{}")).await;
+    let first = respond(&app, request("/orders/1/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(first.0, StatusCode::CREATED);
     // The same template with another order is the same route: the key is already used.
-    let same_template = send(&app, request("/orders/2/payments", "a", Some("k1"), "{}")).await;
+    let same_template = respond(&app, request("/orders/2/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(same_template.2, first.2);
     assert_eq!(same_template.1["idempotent-replayed"], "true");
     // Another route is another scope.
-    let other_route = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let other_route = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(other_route.0, StatusCode::CREATED);
     assert!(!other_route.1.contains_key("idempotent-replayed"));
     assert_eq!(handler.calls(), 2);
@@ -293,22 +286,24 @@ async fn a_handler_past_its_lease_lets_the_retry_run<S: LeaseStore>(test: &str) 
     let slow_app = app(store.leases(), &slow, lease);
     let running = {
         let app = slow_app.clone();
-        tokio::spawn(async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await })
+        tokio::spawn(
+            async move { respond(&app, request("/payments", "a", Some("k1"), "{}")).await },
+        )
     };
     while slow.calls() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let fast = Handler::default();
     let fast_app = app(store.leases(), &fast, lease);
-    let early = send(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
+    let early = respond(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_problem(&early, StatusCode::CONFLICT);
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
-    let taken_over = send(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
+    let taken_over = respond(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(taken_over.0, StatusCode::CREATED, "the lease ran out");
     assert_eq!(fast.calls(), 1);
     // The slow handler still answers its caller, but cannot overwrite the stored response.
     assert_eq!(running.await.unwrap().0, StatusCode::CREATED);
-    let replayed = send(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
+    let replayed = respond(&fast_app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(replayed.2, taken_over.2);
     store.close().await;
 }
@@ -319,7 +314,7 @@ async fn an_unreachable_store_answers_503<DB: TestBackend>(test: &str) {
     let app = app(Arc::new(db.inbox.clone()), &handler, LEASE);
     let (url, prefix) = (db.url.clone(), db.prefix.clone());
     db.inbox.pool().close().await;
-    let answer = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let answer = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_problem(&answer, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(answer.1["retry-after"], "1");
     assert_eq!(handler.calls(), 0, "no work without a key");
@@ -358,12 +353,12 @@ async fn transactional_writes_commit_with_the_key_and_the_response<DB: TestBacke
     let db = TestDb::<DB>::new(test).await;
     let handler = Handler::default();
     let app = transactional_app(&db, &handler, |layer| layer);
-    let first = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let first = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(first.0, StatusCode::CREATED);
-    let retry = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let retry = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(retry.2, first.2);
     assert_eq!(retry.1["idempotent-replayed"], "true");
-    let reused = send(&app, request("/payments", "a", Some("k1"), "{\"other\":1}")).await;
+    let reused = respond(&app, request("/payments", "a", Some("k1"), "{\"other\":1}")).await;
     assert_problem(&reused, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(handler.calls(), 1);
     assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 1));
@@ -377,14 +372,14 @@ async fn a_transactional_5xx_rolls_the_writes_back<DB: TestBackend>(test: &str) 
         ..Handler::default()
     };
     let app = transactional_app(&db, &handler, |layer| layer);
-    let failed = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let failed = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(failed.0, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(
         (db.rows("effects").await, db.rows("keys").await),
         (0, 0),
         "the handler's write and the key rolled back together"
     );
-    let retried = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let retried = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(retried.0, StatusCode::CREATED);
     assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 1));
     db.cleanup().await;
@@ -399,12 +394,14 @@ async fn a_transactional_retry_waits_for_the_first_and_replays_it<DB: TestBacken
     let app = transactional_app(&db, &handler, |layer| layer);
     let running = {
         let app = app.clone();
-        tokio::spawn(async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await })
+        tokio::spawn(
+            async move { respond(&app, request("/payments", "a", Some("k1"), "{}")).await },
+        )
     };
     while handler.calls() == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let retry = send(&app, request("/payments", "a", Some("k1"), "{}")).await;
+    let retry = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     let first = running.await.unwrap();
     assert_eq!(first.0, StatusCode::CREATED);
     assert_eq!(retry.2, first.2, "the retry got the first response");
@@ -420,7 +417,7 @@ async fn a_transactional_request_without_a_key_still_gets_a_transaction<DB: Test
     let db = TestDb::<DB>::new(test).await;
     let handler = Handler::default();
     let app = transactional_app(&db, &handler, IdempotencyLayer::optional);
-    let keyless = send(&app, request("/payments", "a", None, "{}")).await;
+    let keyless = respond(&app, request("/payments", "a", None, "{}")).await;
     assert_eq!(keyless.0, StatusCode::CREATED);
     assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 0));
     db.cleanup().await;
@@ -437,7 +434,7 @@ async fn fifty_concurrent_identical_requests_run_the_handler_once<S: LeaseStore>
         .map(|_| {
             let app = app.clone();
             tokio::spawn(
-                async move { send(&app, request("/payments", "a", Some("k1"), "{}")).await },
+                async move { respond(&app, request("/payments", "a", Some("k1"), "{}")).await },
             )
         })
         .collect();

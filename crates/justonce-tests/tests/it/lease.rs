@@ -43,9 +43,9 @@ fn print(payload: &str) -> Fingerprint {
     Fingerprint::of(payload)
 }
 
-async fn acquire(leases: &dyn Leases, id: &Identity, lease_for: Duration) -> i64 {
+async fn acquire(leases: &dyn Leases, id: &Identity, lease_for: Duration) -> Lease {
     match leases.claim_lease(id, &print("p"), lease_for).await {
-        Ok(LeaseClaim::Acquired(lease)) => lease.token,
+        Ok(LeaseClaim::Acquired(lease)) => lease,
         other => panic!("expected to acquire, got {other:?}"),
     }
 }
@@ -152,13 +152,9 @@ async fn a_released_key_is_taken_at_once_with_a_larger_token<S: LeaseStore>(test
     let store = S::open(test).await;
     let leases = store.leases();
     let id = identity("charge:declined");
-    let first = acquire(leases.as_ref(), &id, LONG).await;
-    let lease = Lease {
-        identity: id.clone(),
-        token: first,
-    };
+    let lease = acquire(leases.as_ref(), &id, LONG).await;
     leases.release(&lease).await.unwrap();
-    let second = acquire(leases.as_ref(), &id, LONG).await;
+    let (first, second) = (lease.token, acquire(leases.as_ref(), &id, LONG).await.token);
     assert!(second > first, "{second} after {first}");
     assert_eq!(
         leases.release(&lease).await.unwrap_err().kind(),
@@ -171,11 +167,7 @@ async fn a_renewed_lease_is_not_taken_over<S: LeaseStore>(test: &str) {
     let store = S::open(test).await;
     let leases = store.leases();
     let id = identity("export:long");
-    let token = acquire(leases.as_ref(), &id, SHORT).await;
-    let lease = Lease {
-        identity: id.clone(),
-        token,
-    };
+    let lease = acquire(leases.as_ref(), &id, SHORT).await;
     leases.renew(&lease, LONG).await.unwrap();
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
     assert!(matches!(
@@ -189,7 +181,7 @@ async fn another_payload_is_a_key_reuse<S: LeaseStore>(test: &str) {
     let store = S::open(test).await;
     let leases = store.leases();
     let id = identity("charge:reused");
-    let token = acquire(leases.as_ref(), &id, SHORT).await;
+    let lease = acquire(leases.as_ref(), &id, SHORT).await;
     let reused = LeaseClaim::KeyReused {
         stored: print("p"),
         received: print("other"),
@@ -210,10 +202,6 @@ async fn another_payload_is_a_key_reuse<S: LeaseStore>(test: &str) {
             .unwrap(),
         reused
     );
-    let lease = Lease {
-        identity: id.clone(),
-        token,
-    };
     leases.complete(&lease, b"done").await.unwrap();
     assert_eq!(
         leases

@@ -125,6 +125,46 @@ macro_rules! on_every_lease_store {
 }
 pub(crate) use on_every_lease_store;
 
+/// Sends `request` to `app` with no socket, and returns the status, the headers and the
+/// whole body.
+pub(crate) async fn respond(
+    app: &axum::Router,
+    request: axum::http::Request<axum::body::Body>,
+) -> (
+    axum::http::StatusCode,
+    axum::http::HeaderMap,
+    axum::body::Bytes,
+) {
+    use tower::ServiceExt;
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    (parts.status, parts.headers, body)
+}
+
+/// A small deterministic generator, so that a failing run can be repeated.
+pub(crate) struct Xorshift(pub(crate) u64);
+
+impl Xorshift {
+    /// Seeded from the clock; the seed is printed, to repeat a failing run with it.
+    pub(crate) fn from_clock() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let seed = u64::from(nanos) | 1;
+        eprintln!("random seed {seed}");
+        Self(seed)
+    }
+
+    pub(crate) fn below(&mut self, bound: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % bound
+    }
+}
+
 /// Runs the tests' unit of work for `key`: one effect row, written by `inbox`'s consumer.
 async fn process<DB: TestBackend>(
     db: &TestDb<DB>,

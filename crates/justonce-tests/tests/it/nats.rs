@@ -3,7 +3,7 @@
 //! dead-lettered, a worker killed between its commit and its ack or at random moments, and
 //! the relay's publisher deduplicated by the stream.
 
-use super::on_every_database;
+use super::{Xorshift, on_every_database};
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
@@ -224,15 +224,10 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: Te
         stream.publish(&format!("order:{}", n % 800), b"x").await;
     }
     drop(consumer);
-    let mut seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    eprintln!("kill schedule seed {seed}");
+    let mut random = Xorshift::from_clock();
     for _ in 0..20 {
         let mut running = worker(&db, &stream, "run");
-        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        tokio::time::sleep(Duration::from_millis(100 + (seed >> 33) % 300)).await;
+        tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
         running.kill().await.expect("SIGKILL the consumer");
     }
     let consumer = reader().await.unwrap();

@@ -1,12 +1,11 @@
 //! The payments example, compiled from its own source, on each real database: one payment
 //! per key and tenant, however many requests and retries.
 
-use super::on_every_database;
+use super::{on_every_database, respond};
 use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
 use justonce_tests::{TestBackend, TestDb};
-use tower::ServiceExt;
 
 // The example's `main` is not called here.
 #[allow(dead_code)]
@@ -44,14 +43,10 @@ fn pay(tenant: &str, key: &str) -> Request<Body> {
         .unwrap()
 }
 
+/// Status, whether the answer is a replay, and body.
 async fn send(app: &axum::Router, request: Request<Body>) -> (StatusCode, bool, Bytes) {
-    let response = app.clone().oneshot(request).await.unwrap();
-    let replayed = response.headers().contains_key("idempotent-replayed");
-    let status = response.status();
-    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (status, replayed, body)
+    let (status, headers, body) = respond(app, request).await;
+    (status, headers.contains_key("idempotent-replayed"), body)
 }
 
 async fn payments_of<DB: TestBackend>(db: &TestDb<DB>, tenant: &str) -> i64 {

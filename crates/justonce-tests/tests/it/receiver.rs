@@ -1,7 +1,7 @@
 //! The webhook receiver: stores once, answers 2xx every time, rejects with problem+json,
 //! and hands the delivery to the relay.
 
-use super::on_every_database;
+use super::{on_every_database, respond};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use justonce_http::HttpDestination;
@@ -77,16 +77,11 @@ fn signed(id: &str, body: &str) -> Request<Body> {
 }
 
 async fn answer(app: &axum::Router, request: Request<Body>) -> (StatusCode, String, String) {
-    let response = app.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let content_type = response
-        .headers()
+    let (status, headers, body) = respond(app, request).await;
+    let content_type = headers
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
-    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
     (
         status,
         content_type,

@@ -2,7 +2,7 @@
 //! acceptance and the row being marked sent: every row reaches the receiver, and every
 //! repeated request for a row carries the same key.
 
-use super::on_every_database;
+use super::{Xorshift, on_every_database};
 use justonce_sql::{Claim, Key, Message};
 use justonce_tests::{Sink, TestBackend, TestDb};
 use std::collections::HashMap;
@@ -29,18 +29,6 @@ fn relay_worker<DB: TestBackend>(db: &TestDb<DB>, sink: &Sink, pause_after: u64)
         .kill_on_drop(true)
         .spawn()
         .expect("start relay-worker")
-}
-
-/// A small deterministic generator, so that a failing run can be repeated.
-struct Xorshift(u64);
-
-impl Xorshift {
-    fn below(&mut self, bound: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % bound
-    }
 }
 
 async fn a_relay_killed_twenty_times_delivers_every_row_with_one_key<DB: TestBackend>(test: &str) {
