@@ -3,10 +3,12 @@
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Lease, Offset, Scope};
 use std::future::Future;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 use std::sync::Arc;
 
 /// A database justonce can store keys in: [`sqlx::Postgres`] with the `postgres` feature,
-/// [`sqlx::Sqlite`] with the `sqlite` feature.
+/// [`sqlx::MySql`] (MariaDB or MySQL) with the `mysql` feature, [`sqlx::Sqlite`] with the
+/// `sqlite` feature.
 ///
 /// The trait is sealed: its methods are justonce's own, and users only name the type, as in
 /// `Inbox<Postgres>`.
@@ -20,8 +22,12 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     const ONE_WRITER: bool;
 
+    /// The statements of one table prefix, built once when an inbox is made.
     #[doc(hidden)]
-    fn statements(tables: &Tables) -> Statements;
+    type Statements: std::fmt::Debug + Send + Sync + 'static;
+
+    #[doc(hidden)]
+    fn statements(tables: &Tables) -> Self::Statements;
 
     #[doc(hidden)]
     fn connect(url: &str) -> impl Future<Output = Result<sqlx::Pool<Self>, Error>> + Send;
@@ -30,14 +36,14 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn claim<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         row: ClaimRow<'a>,
     ) -> impl Future<Output = Result<Stored, Error>> + Send + 'a;
 
     #[doc(hidden)]
     fn find<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         identity: &'a Identity,
     ) -> impl Future<Output = Result<Option<Stored>, Error>> + Send + 'a;
 
@@ -46,7 +52,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn insert_many<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         batch: &'a Batch<'a>,
     ) -> impl Future<Output = Result<Vec<String>, Error>> + Send + 'a;
 
@@ -54,7 +60,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn find_many<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         scope: &'a Scope,
         consumer: &'a Consumer,
         keys: &'a [&'a str],
@@ -65,7 +71,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn lease_claim<'a>(
         pool: &'a sqlx::Pool<Self>,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         identity: &'a Identity,
         fingerprint: &'a Fingerprint,
         lease_ms: i64,
@@ -75,7 +81,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn lease_state<'a>(
         pool: &'a sqlx::Pool<Self>,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         identity: &'a Identity,
     ) -> impl Future<Output = Result<Option<LeaseState>, Error>> + Send + 'a;
 
@@ -83,7 +89,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn store_result<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         identity: &'a Identity,
         result: &'a [u8],
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
@@ -92,7 +98,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn change<'a>(
         pool: &'a sqlx::Pool<Self>,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         change: Change<'a>,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'a;
 
@@ -100,7 +106,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn enqueue<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         row: NewOutboxRow<'a>,
     ) -> impl Future<Output = Result<i64, Error>> + Send + 'a;
 
@@ -108,7 +114,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn outbox_rows<'a>(
         pool: &'a sqlx::Pool<Self>,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         which: Which,
     ) -> impl Future<Output = Result<Vec<OutboxRow>, Error>> + Send + 'a;
 
@@ -116,7 +122,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn commit_offset<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         at: OffsetRow<'a>,
     ) -> impl Future<Output = Result<bool, Error>> + Send + 'a;
 
@@ -124,7 +130,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn load_offsets<'a>(
         pool: &'a sqlx::Pool<Self>,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
         consumer: &'a str,
         stream: &'a str,
     ) -> impl Future<Output = Result<Vec<(i32, Offset)>, Error>> + Send + 'a;
@@ -133,7 +139,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn outbox_stats<'a>(
         pool: &'a sqlx::Pool<Self>,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
     ) -> impl Future<Output = Result<(i64, i64, i64, i64), Error>> + Send + 'a;
 
     /// What wakes a waiting relay when a row is committed: notifications on PostgreSQL,
@@ -161,7 +167,7 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn has_unique_constraint<'a>(
         pool: &'a sqlx::Pool<Self>,
-        sql: &'a Statements,
+        sql: &'a Self::Statements,
     ) -> impl Future<Output = Result<bool, Error>> + Send + 'a;
 
     /// Whether a new transaction may not hit this error again.
@@ -186,7 +192,8 @@ mod private {
     pub trait Sealed {}
 }
 
-/// The statements of one table prefix, built once.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+/// The statements of one table prefix on PostgreSQL or SQLite, built once.
 #[derive(Debug)]
 pub struct Statements {
     pub(crate) claim: Arc<str>,
@@ -216,6 +223,7 @@ pub struct Statements {
     pub(crate) store_result: Arc<str>,
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// The statements whose text differs between databases beyond the clock.
 pub(crate) struct Specific {
     pub(crate) claim: String,
@@ -228,6 +236,7 @@ pub(crate) struct Specific {
     pub(crate) skip_locked: &'static str,
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// The store's clock in a database's SQL: times are compared there, never in the worker.
 pub(crate) struct Clock {
     pub(crate) now: &'static str,
@@ -238,6 +247,7 @@ pub(crate) struct Clock {
     pub(crate) age_ms: fn(&str) -> String,
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 impl Statements {
     pub(crate) fn new(tables: &Tables, clock: &Clock, specific: Specific) -> Self {
         let Tables {
@@ -435,6 +445,21 @@ pub struct LeaseState {
     pub(crate) result: Option<Vec<u8>>,
     /// Milliseconds until the lease runs out, by the store's clock; 0 or less once it has.
     pub(crate) remaining_ms: i64,
+}
+
+/// The columns of a `lease_state` statement as sqlx decodes them.
+pub(crate) type LeaseRow = (Vec<u8>, bool, Option<Vec<u8>>, i64);
+
+impl LeaseState {
+    pub(crate) fn decode(row: LeaseRow) -> Result<Self, Error> {
+        let (fingerprint, done, result, remaining_ms) = row;
+        Ok(Self {
+            fingerprint: Stored::decode(0, fingerprint)?.fingerprint,
+            done,
+            result,
+            remaining_ms,
+        })
+    }
 }
 
 /// One outbox row to write.
@@ -720,23 +745,14 @@ macro_rules! shared_queries {
             sql: &'a Statements,
             identity: &'a Identity,
         ) -> Result<Option<LeaseState>, Error> {
-            let row: Option<(Vec<u8>, bool, Option<Vec<u8>>, i64)> =
-                sqlx::query_as(AssertSqlSafe(sql.lease_state.clone()))
-                    .bind(identity.scope.as_str())
-                    .bind(identity.consumer.as_str())
-                    .bind(identity.key.as_str())
-                    .fetch_optional(pool)
-                    .await
-                    .map_err(database_error::<Self>)?;
-            row.map(|(fingerprint, done, result, remaining_ms)| {
-                Ok(LeaseState {
-                    fingerprint: Stored::decode(0, fingerprint)?.fingerprint,
-                    done,
-                    result,
-                    remaining_ms,
-                })
-            })
-            .transpose()
+            let row: Option<LeaseRow> = sqlx::query_as(AssertSqlSafe(sql.lease_state.clone()))
+                .bind(identity.scope.as_str())
+                .bind(identity.consumer.as_str())
+                .bind(identity.key.as_str())
+                .fetch_optional(pool)
+                .await
+                .map_err(database_error::<Self>)?;
+            row.map(LeaseState::decode).transpose()
         }
 
         async fn store_result<'a>(

@@ -3,7 +3,7 @@
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Statements, database_error, vanished,
+    Backend, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, database_error, vanished,
 };
 use crate::outbox::{Message, Outbox};
 use crate::tables::Tables;
@@ -67,7 +67,7 @@ impl Options {
 pub(crate) struct Shared<DB: Backend> {
     pub(crate) pool: sqlx::Pool<DB>,
     pub(crate) tables: Tables,
-    pub(crate) sql: Statements,
+    pub(crate) sql: DB::Statements,
     retention: Retention,
     max_attempts: u32,
     /// Queues this process's runs on a database that takes one writer at a time: a fair

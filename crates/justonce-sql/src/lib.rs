@@ -4,6 +4,7 @@
 //! | feature    | database                     |
 //! |------------|------------------------------|
 //! | `postgres` | PostgreSQL, through sqlx     |
+//! | `mysql`    | MariaDB or MySQL, through sqlx |
 //! | `sqlite`   | SQLite (bundled), through sqlx |
 //!
 //! ```no_run
@@ -33,11 +34,16 @@
 //! ```
 
 // Without a database feature only the types remain, and the statements go unused.
-#![cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
 
 mod backend;
 mod inbox;
 mod leases;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;

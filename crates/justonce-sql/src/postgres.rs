@@ -2,9 +2,9 @@
 //! migrations.
 
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, Clock, LeaseState, Migration, NewOutboxRow, OffsetRow,
-    OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, bind_lease,
-    database_error, shared_queries, vanished,
+    Backend, Batch, Change, ClaimRow, Clock, LeaseRow, LeaseState, Migration, NewOutboxRow,
+    OffsetRow, OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which,
+    bind_lease, database_error, shared_queries, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -93,6 +93,8 @@ ALTER TABLE {prefix}keys
 impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";
     const ONE_WRITER: bool = false;
+
+    type Statements = Statements;
 
     fn statements(tables: &Tables) -> Statements {
         let Tables { keys, outbox, .. } = tables;

@@ -1,9 +1,9 @@
 //! SQLite: WAL, `BEGIN IMMEDIATE` for writers, a busy timeout, and JSON for batches.
 
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, Clock, LeaseState, Migration, NewOutboxRow, OffsetRow,
-    OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which, bind_lease,
-    database_error, shared_queries, vanished,
+    Backend, Batch, Change, ClaimRow, Clock, LeaseRow, LeaseState, Migration, NewOutboxRow,
+    OffsetRow, OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups, Which,
+    bind_lease, database_error, shared_queries, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -97,6 +97,8 @@ impl Backend for Sqlite {
     // whatever the busy timeout; an immediate one waits for the write lock.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const ONE_WRITER: bool = true;
+
+    type Statements = Statements;
 
     fn statements(tables: &Tables) -> Statements {
         let Tables { keys, outbox, .. } = tables;

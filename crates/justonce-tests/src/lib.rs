@@ -12,11 +12,17 @@ pub use sink::{Answer, Received, Script, Sink};
 
 use justonce_sql::{Backend, Consumer, Inbox, Key, Options, Relay, WorkFuture};
 use justonce_transport::Incoming;
-use sqlx::{AssertSqlSafe, Postgres, Sqlite};
+use sqlx::{AssertSqlSafe, MySql, Postgres, Sqlite};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The MariaDB (or MySQL) server the tests use; they fail if it is down.
+pub fn mysql_url() -> String {
+    std::env::var("JUSTONCE_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
 
 /// The PostgreSQL server the tests use; they fail if it is down.
 pub fn postgres_url() -> String {
@@ -138,6 +144,14 @@ pub trait TestBackend: Backend {
     /// The store's clock `$1` milliseconds ago.
     const MILLIS_AGO: &'static str;
 
+    /// What follows a test table's columns in CREATE TABLE.
+    const TABLE_OPTIONS: &'static str = "";
+
+    /// `name` quoted as an identifier, for names that are reserved words (`key` on MySQL).
+    fn quoted(name: &str) -> String {
+        format!("\"{name}\"")
+    }
+
     /// Moves a key's processing time `millis` into the past, by the store's clock.
     fn age_key<'a>(
         pool: &'a sqlx::Pool<Self>,
@@ -181,8 +195,29 @@ pub trait TestBackend: Backend {
     fn count<'a>(pool: &'a sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send + 'a;
 }
 
+/// What every database runs the same way.
 macro_rules! same_on_every_database {
     () => {
+        async fn execute(pool: &sqlx::Pool<Self>, sql: String) -> Result<u64, sqlx::Error> {
+            let done = sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn count(pool: &sqlx::Pool<Self>, sql: String) -> i64 {
+            let (count,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.clone()))
+                .fetch_one(pool)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            count
+        }
+    };
+}
+
+/// What PostgreSQL and SQLite run the same way, with `$n` parameters.
+macro_rules! same_on_postgres_and_sqlite {
+    () => {
+        same_on_every_database!();
+
         async fn insert_effect<'a>(
             conn: &'a mut Self::Connection,
             prefix: &'a str,
@@ -190,7 +225,7 @@ macro_rules! same_on_every_database {
             key: &'a str,
         ) -> Result<(), sqlx::Error> {
             sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {prefix}effects (consumer, key) VALUES ($1, $2)"
+                "INSERT INTO {prefix}effects (consumer, msg_key) VALUES ($1, $2)"
             )))
             .bind(consumer)
             .bind(key)
@@ -248,19 +283,6 @@ macro_rules! same_on_every_database {
             .await
             .expect("age rows");
         }
-
-        async fn execute(pool: &sqlx::Pool<Self>, sql: String) -> Result<u64, sqlx::Error> {
-            let done = sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn count(pool: &sqlx::Pool<Self>, sql: String) -> i64 {
-            let (count,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.clone()))
-                .fetch_one(pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-            count
-        }
     };
 }
 
@@ -282,7 +304,7 @@ impl TestBackend for Sqlite {
         }
     }
 
-    same_on_every_database!();
+    same_on_postgres_and_sqlite!();
 }
 
 impl TestBackend for Postgres {
@@ -294,7 +316,106 @@ impl TestBackend for Postgres {
 
     fn remove(_url: &str) {}
 
+    same_on_postgres_and_sqlite!();
+}
+
+impl TestBackend for MySql {
+    const MILLIS_AGO: &'static str = "(UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND)";
+    const TABLE_OPTIONS: &'static str = " DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin";
+
+    fn quoted(name: &str) -> String {
+        format!("`{name}`")
+    }
+
+    fn fresh_url(_name: &str) -> String {
+        mysql_url()
+    }
+
+    fn remove(_url: &str) {}
+
+    async fn insert_effect<'a>(
+        conn: &'a mut Self::Connection,
+        prefix: &'a str,
+        consumer: &'a str,
+        key: &'a str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {prefix}effects (consumer, msg_key) VALUES (?, ?)"
+        )))
+        .bind(consumer)
+        .bind(key)
+        .execute(conn)
+        .await
+        .map(drop)
+    }
+
+    async fn hand_claim<'a>(
+        conn: &'a mut Self::Connection,
+        prefix: &'a str,
+        key: &'a str,
+        fingerprint: &'a [u8],
+    ) -> Result<bool, sqlx::Error> {
+        let inserted = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {prefix}keys (scope, consumer, `key`, fingerprint, claim_id, processed_at)
+             VALUES ('', 'bench', ?, ?, 0, UTC_TIMESTAMP(6))"
+        )))
+        .bind(key)
+        .bind(fingerprint)
+        .execute(conn)
+        .await;
+        match inserted {
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn age_key<'a>(pool: &'a sqlx::Pool<Self>, prefix: &'a str, key: &'a str, millis: i64) {
+        let ago = Self::MILLIS_AGO;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {prefix}keys SET processed_at = {ago} WHERE `key` = ?"
+        )))
+        .bind(millis)
+        .bind(key)
+        .execute(pool)
+        .await
+        .expect("age a key");
+    }
+
+    async fn age_rows<'a>(pool: &'a sqlx::Pool<Self>, table: String, column: &'a str, millis: i64) {
+        let ago = Self::MILLIS_AGO;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {table} SET {column} = {ago} WHERE {column} IS NOT NULL"
+        )))
+        .bind(millis)
+        .execute(pool)
+        .await
+        .expect("age rows");
+    }
+
     same_on_every_database!();
+}
+
+/// Evaluates `$body` with `$db` naming the database of `$url`'s scheme: a child process's
+/// way from the URL it was given to a generic function.
+#[macro_export]
+macro_rules! with_backend {
+    ($url:expr, $db:ident => $body:expr) => {
+        match $url.split(':').next() {
+            Some("sqlite") => {
+                type $db = sqlx::Sqlite;
+                $body
+            }
+            Some("mysql" | "mariadb") => {
+                type $db = sqlx::MySql;
+                $body
+            }
+            _ => {
+                type $db = sqlx::Postgres;
+                $body
+            }
+        }
+    };
 }
 
 /// A name no other test of any run uses: the process, a counter and the clock.
@@ -337,7 +458,10 @@ impl<DB: TestBackend> TestDb<DB> {
         inbox.migrate().await.expect("migrate");
         DB::execute(
             inbox.pool(),
-            format!("CREATE TABLE {prefix}effects (consumer TEXT NOT NULL, key TEXT NOT NULL)"),
+            format!(
+                "CREATE TABLE {prefix}effects (consumer VARCHAR(255) NOT NULL, msg_key VARCHAR(255) NOT NULL){}",
+                DB::TABLE_OPTIONS
+            ),
         )
         .await
         .expect("create the effect table");
@@ -379,7 +503,7 @@ impl<DB: TestBackend> TestDb<DB> {
         DB::count(
             self.inbox.pool(),
             format!(
-                "SELECT count(*) FROM {}effects WHERE key = '{}'",
+                "SELECT count(*) FROM {}effects WHERE msg_key = '{}'",
                 self.prefix,
                 key.as_str().replace('\'', "''")
             ),
@@ -392,7 +516,7 @@ impl<DB: TestBackend> TestDb<DB> {
         DB::count(
             self.inbox.pool(),
             format!(
-                "SELECT count(*) FROM (SELECT key FROM {}effects GROUP BY key HAVING count(*) > 1) d",
+                "SELECT count(*) FROM (SELECT msg_key FROM {}effects GROUP BY msg_key HAVING count(*) > 1) d",
                 self.prefix
             ),
         )

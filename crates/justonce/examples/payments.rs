@@ -10,14 +10,14 @@
 //! payment through the request's transaction, the one that also claims the key and stores
 //! the response, so the row, the key and the answer commit together. The same request
 //! again is answered with the same `201` and `Idempotent-Replayed: true`, and no new row.
-//! `--database` also takes a `postgres://` URL.
+//! `--database` also takes a `postgres://` or a `mysql://` URL.
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use justonce::sqlx::{self, Postgres, Sqlite};
+use justonce::sqlx::{self, MySql, Postgres, Sqlite};
 use justonce::{Backend, Consumer, Inbox};
 use justonce_http::server::{IdempotencyLayer, Tx};
 use std::future::Future;
@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             ("--database", Some(url)) => database = url,
             _ => {
                 eprintln!(
-                    "usage: payments [--listen ADDRESS] [--database sqlite://FILE | postgres://URL]"
+                    "usage: payments [--listen ADDRESS] [--database sqlite://FILE | postgres://URL | mysql://URL]"
                 );
                 std::process::exit(2);
             }
@@ -43,6 +43,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     if database.starts_with("postgres") {
         serve::<Postgres>(&listen, &database).await
+    } else if database.starts_with("mysql") || database.starts_with("mariadb") {
+        serve::<MySql>(&listen, &database).await
     } else {
         serve::<Sqlite>(&listen, &database).await
     }
@@ -217,5 +219,37 @@ impl PaymentsTable for Postgres {
             .bind(amount)
             .bind(currency);
         query.fetch_one(conn).await
+    }
+}
+
+impl PaymentsTable for MySql {
+    async fn create_table(pool: &sqlx::Pool<Self>) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS payments (
+                id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                tenant VARCHAR(128) NOT NULL,
+                amount BIGINT NOT NULL,
+                currency CHAR(3) NOT NULL
+            )",
+        )
+        .execute(pool)
+        .await
+        .map(drop)
+    }
+
+    async fn insert<'a>(
+        conn: &'a mut Self::Connection,
+        tenant: &'a str,
+        amount: i64,
+        currency: &'a str,
+    ) -> Result<i64, sqlx::Error> {
+        // No RETURNING on MySQL: the id is in the statement's answer.
+        let done = sqlx::query("INSERT INTO payments (tenant, amount, currency) VALUES (?, ?, ?)")
+            .bind(tenant)
+            .bind(amount)
+            .bind(currency)
+            .execute(conn)
+            .await?;
+        Ok(done.last_insert_id() as i64)
     }
 }

@@ -20,6 +20,7 @@
 //! |------------|-----------------------------------------------------------|
 //! | `sqlite`   | [`Inbox`] on SQLite (bundled): the embedded default       |
 //! | `postgres` | [`Inbox`] on PostgreSQL, for several instances and scale  |
+//! | `mysql`    | [`Inbox`] on MariaDB or MySQL                             |
 //!
 //! Without a feature you get the vocabulary only: [`Key`], [`Consumer`], [`Scope`],
 //! [`Fingerprint`], [`Retention`], [`Outcome`] and the errors.

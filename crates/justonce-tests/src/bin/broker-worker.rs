@@ -13,7 +13,6 @@ use justonce_tests::{TestBackend, consumer_work};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::nats::{NatsConsumer, NatsOptions};
 use justonce_transport::{ConsumerStats, KeyFrom, Ran};
-use sqlx::{Postgres, Sqlite};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -24,11 +23,7 @@ async fn main() -> ExitCode {
         eprintln!("usage: broker-worker <database-url> <prefix> <broker-url> <queue> <mode>");
         return ExitCode::from(2);
     };
-    let result = if url.starts_with("sqlite:") {
-        work::<Sqlite>(url, prefix, broker, queue, mode).await
-    } else {
-        work::<Postgres>(url, prefix, broker, queue, mode).await
-    };
+    let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, broker, queue, mode).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

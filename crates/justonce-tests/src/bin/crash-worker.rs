@@ -12,7 +12,6 @@
 
 use justonce_sql::{Consumer, Inbox, Key, Options, Outcome};
 use justonce_tests::TestBackend;
-use sqlx::{Postgres, Sqlite};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -23,11 +22,7 @@ async fn main() -> ExitCode {
         eprintln!("usage: crash-worker <database-url> <prefix> <consumer> <pause-at> <key>...");
         return ExitCode::from(2);
     };
-    let result = if url.starts_with("sqlite:") {
-        work::<Sqlite>(url, prefix, consumer, pause_at, keys).await
-    } else {
-        work::<Postgres>(url, prefix, consumer, pause_at, keys).await
-    };
+    let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, consumer, pause_at, keys).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -3,7 +3,7 @@
 //!
 //! `lease-worker <store-url> <prefix> <key> <lease-ms> <result>`
 //!
-//! The store is a `sqlite:`, `postgres:` or `redis:` URL; the prefix is the table prefix
+//! The store is a `sqlite:`, `postgres:`, `mysql:` or `redis:` URL; the prefix is the table prefix
 //! or the Redis key prefix. The worker prints `acquired <token>`, `in-progress`, `done
 //! <result>` or `reused`. Once acquired it waits for a line on standard input, then
 //! completes and prints `completed`, or `lost` (exit code 3) if another holder took the key
@@ -12,7 +12,7 @@
 use justonce_core::{Consumer, Fingerprint, Identity, Key, LeaseClaim, Leases, Retention, Scope};
 use justonce_redis::RedisLeases;
 use justonce_sql::{Inbox, Options};
-use sqlx::{Postgres, Sqlite};
+use sqlx::{MySql, Postgres, Sqlite};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -31,6 +31,7 @@ async fn main() -> ExitCode {
     let outcome = match url.split(':').next() {
         Some("sqlite") => work(sql::<Sqlite>(url, prefix).await, key, lease_for, result).await,
         Some("postgres") => work(sql::<Postgres>(url, prefix).await, key, lease_for, result).await,
+        Some("mysql") => work(sql::<MySql>(url, prefix).await, key, lease_for, result).await,
         Some("redis") => {
             let store = RedisLeases::connect(url, Retention::default())
                 .await

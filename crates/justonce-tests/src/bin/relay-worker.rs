@@ -10,7 +10,6 @@
 use justonce_http::HttpDestination;
 use justonce_sql::{Consumer, Delivered, Delivery, Destination, Inbox, Options, RelayOptions};
 use justonce_tests::TestBackend;
-use sqlx::{Postgres, Sqlite};
 use std::future::Future;
 use std::io::Write;
 use std::pin::Pin;
@@ -31,11 +30,7 @@ async fn main() -> ExitCode {
         eprintln!("relay-worker: lease-ms and pause-after-sends are numbers");
         return ExitCode::from(2);
     };
-    let result = if url.starts_with("sqlite:") {
-        relay::<Sqlite>(url, prefix, receiver, lease_ms, pause_after).await
-    } else {
-        relay::<Postgres>(url, prefix, receiver, lease_ms, pause_after).await
-    };
+    let result = justonce_tests::with_backend!(url, DB => relay::<DB>(url, prefix, receiver, lease_ms, pause_after).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

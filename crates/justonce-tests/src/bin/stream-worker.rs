@@ -6,7 +6,6 @@
 
 use justonce_sql::{Consumer, Inbox, Offset, OffsetCommit, Options};
 use justonce_tests::TestBackend;
-use sqlx::{Postgres, Sqlite};
 use std::process::ExitCode;
 
 #[tokio::main(flavor = "current_thread")]
@@ -20,11 +19,7 @@ async fn main() -> ExitCode {
         eprintln!("stream-worker: entries is a number");
         return ExitCode::from(2);
     };
-    let result = if url.starts_with("sqlite:") {
-        read::<Sqlite>(url, prefix, entries).await
-    } else {
-        read::<Postgres>(url, prefix, entries).await
-    };
+    let result = justonce_tests::with_backend!(url, DB => read::<DB>(url, prefix, entries).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

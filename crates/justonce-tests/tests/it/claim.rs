@@ -157,7 +157,7 @@ async fn racing_batches_claim_each_key_once<DB: TestBackend>(test: &str) {
     assert_eq!(first, KEYS);
     let distinct = DB::count(
         db.inbox.pool(),
-        format!("SELECT count(DISTINCT key) FROM {}effects", db.prefix),
+        format!("SELECT count(DISTINCT msg_key) FROM {}effects", db.prefix),
     )
     .await;
     assert_eq!(

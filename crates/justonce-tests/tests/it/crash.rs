@@ -96,7 +96,7 @@ async fn two_processes_racing_on_the_same_keys_act_once_per_key<DB: TestBackend>
     assert_eq!((processed, duplicates), (200, 200));
     let distinct = DB::count(
         db.inbox.pool(),
-        format!("SELECT count(DISTINCT key) FROM {}effects", db.prefix),
+        format!("SELECT count(DISTINCT msg_key) FROM {}effects", db.prefix),
     )
     .await;
     assert_eq!((db.rows("effects").await, distinct), (200, 200));

@@ -1,4 +1,5 @@
-//! One integration binary: every test body runs against SQLite and the real PostgreSQL.
+//! One integration binary: every test body runs against SQLite and the real PostgreSQL and
+//! MariaDB.
 
 mod amqp;
 mod claim;
@@ -23,8 +24,8 @@ use justonce_sql::{Inbox, Key, Outcome};
 use justonce_tests::{TestBackend, TestDb, TestRedis};
 use std::sync::Arc;
 
-/// Fans each generic test body out into one test per database: `module::sqlite::name` and
-/// `module::postgres::name`.
+/// Fans each generic test body out into one test per database: `module::sqlite::name`,
+/// `module::postgres::name` and `module::mysql::name`.
 macro_rules! on_every_database {
     ($($test:ident),* $(,)?) => {
         mod sqlite {
@@ -40,6 +41,14 @@ macro_rules! on_every_database {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $test() {
                     super::$test::<sqlx::Postgres>(stringify!($test)).await
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test::<sqlx::MySql>(stringify!($test)).await
                 }
             )*
         }
@@ -109,6 +118,14 @@ macro_rules! on_every_lease_store {
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                     async fn $test() {
                         super::super::$test::<justonce_tests::TestDb<sqlx::Postgres>>(stringify!($test)).await
+                    }
+                )*
+            }
+            mod mysql {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $test() {
+                        super::super::$test::<justonce_tests::TestDb<sqlx::MySql>>(stringify!($test)).await
                     }
                 )*
             }

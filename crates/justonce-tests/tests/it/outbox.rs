@@ -461,7 +461,7 @@ async fn a_killed_reader_resumes_at_its_stored_offset<DB: TestBackend>(test: &st
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "done");
     let distinct = DB::count(
         db.inbox.pool(),
-        format!("SELECT count(DISTINCT key) FROM {}effects", db.prefix),
+        format!("SELECT count(DISTINCT msg_key) FROM {}effects", db.prefix),
     )
     .await;
     assert_eq!((db.rows("effects").await, distinct), (entries, entries));

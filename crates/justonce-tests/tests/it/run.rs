@@ -108,7 +108,7 @@ async fn consumers_sharing_a_store_each_act_once<DB: TestBackend>(test: &str) {
     let per_consumer = DB::count(
         db.inbox.pool(),
         format!(
-            "SELECT count(DISTINCT consumer) FROM {}effects WHERE key = 'msg-1'",
+            "SELECT count(DISTINCT consumer) FROM {}effects WHERE msg_key = 'msg-1'",
             db.prefix
         ),
     )

@@ -47,8 +47,9 @@ async fn a_keys_table_without_its_constraint_is_refused<DB: TestBackend>(test: &
     DB::execute(
         db.inbox.pool(),
         format!(
-            "CREATE TABLE {bare}keys (scope TEXT NOT NULL, consumer TEXT NOT NULL, \
-             key TEXT NOT NULL, fingerprint TEXT, claim_id BIGINT, processed_at BIGINT)"
+            "CREATE TABLE {bare}keys (scope VARCHAR(128) NOT NULL, consumer VARCHAR(128) NOT NULL, \
+             {key} VARCHAR(255) NOT NULL, fingerprint TEXT, claim_id BIGINT, processed_at BIGINT)",
+            key = DB::quoted("key")
         ),
     )
     .await
