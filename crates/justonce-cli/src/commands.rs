@@ -3,7 +3,7 @@
 use crate::config::Settings;
 use crate::{Command, DlqCommand, KeysCommand};
 use anyhow::{Context, Result};
-use justonce_sql::sqlx::{Postgres, Sqlite};
+use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Options, Row, Scope, StoredKey};
 
 /// Opens the store the settings name and runs `command` on it.
@@ -15,18 +15,37 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
     {
         // Printed from the dialect alone: the database need not be reachable.
         let options = Options::default();
-        let script = if settings.database.starts_with("sqlite:") {
-            Inbox::<Sqlite>::migration_sql(&options, since)?
-        } else {
-            Inbox::<Postgres>::migration_sql(&options, since)?
+        let script = match Database::of(&settings.database) {
+            Database::Sqlite => Inbox::<Sqlite>::migration_sql(&options, since)?,
+            Database::Postgres => Inbox::<Postgres>::migration_sql(&options, since)?,
+            Database::MySql => Inbox::<MySql>::migration_sql(&options, since)?,
         };
         print!("{script}");
         return Ok(());
     }
-    if settings.database.starts_with("sqlite:") {
-        run_on::<Sqlite>(settings, command).await
-    } else {
-        run_on::<Postgres>(settings, command).await
+    match Database::of(&settings.database) {
+        Database::Sqlite => run_on::<Sqlite>(settings, command).await,
+        Database::Postgres => run_on::<Postgres>(settings, command).await,
+        Database::MySql => run_on::<MySql>(settings, command).await,
+    }
+}
+
+/// The database a URL names, by its scheme, which the settings already checked.
+enum Database {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+impl Database {
+    fn of(url: &str) -> Self {
+        if url.starts_with("sqlite:") {
+            Self::Sqlite
+        } else if url.starts_with("mysql:") {
+            Self::MySql
+        } else {
+            Self::Postgres
+        }
     }
 }
 

@@ -235,11 +235,11 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Sett
     let database = server
         .database
         .unwrap_or_else(|| "sqlite://justonce.db".to_owned());
-    if !["sqlite:", "postgres:", "postgresql:"]
+    if !["sqlite:", "postgres:", "postgresql:", "mysql:"]
         .iter()
         .any(|scheme| database.starts_with(scheme))
     {
-        bail!("server.database must be a sqlite:// or postgres:// URL");
+        bail!("server.database must be a sqlite://, postgres:// or mysql:// URL");
     }
     let body_limit =
         parse_size(server.body_limit.as_deref().unwrap_or("1MiB")).context("server.body_limit")?;

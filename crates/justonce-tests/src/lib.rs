@@ -141,6 +141,13 @@ pub trait TestBackend: Backend {
     /// Removes what [`TestBackend::fresh_url`] made, apart from tables.
     fn remove(url: &str);
 
+    /// The URL of a new, empty database named `name`, for a test of a program that uses the
+    /// default table names.
+    fn create_database(name: &str) -> impl Future<Output = String> + Send;
+
+    /// Removes a database [`TestBackend::create_database`] made.
+    fn drop_database(url: &str) -> impl Future<Output = ()> + Send;
+
     /// The store's clock `$1` milliseconds ago.
     const MILLIS_AGO: &'static str;
 
@@ -304,6 +311,14 @@ impl TestBackend for Sqlite {
         }
     }
 
+    async fn create_database(name: &str) -> String {
+        Self::fresh_url(name)
+    }
+
+    async fn drop_database(url: &str) {
+        Self::remove(url)
+    }
+
     same_on_postgres_and_sqlite!();
 }
 
@@ -315,6 +330,20 @@ impl TestBackend for Postgres {
     }
 
     fn remove(_url: &str) {}
+
+    async fn create_database(name: &str) -> String {
+        on_server::<Self>(&postgres_url(), format!("CREATE DATABASE {name}")).await;
+        database_url(&postgres_url(), name)
+    }
+
+    async fn drop_database(url: &str) {
+        let (_, name) = url.rsplit_once('/').expect("a database URL");
+        on_server::<Self>(
+            &postgres_url(),
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        )
+        .await;
+    }
 
     same_on_postgres_and_sqlite!();
 }
@@ -332,6 +361,16 @@ impl TestBackend for MySql {
     }
 
     fn remove(_url: &str) {}
+
+    async fn create_database(name: &str) -> String {
+        on_server::<Self>(&mysql_url(), format!("CREATE DATABASE {name}")).await;
+        database_url(&mysql_url(), name)
+    }
+
+    async fn drop_database(url: &str) {
+        let (_, name) = url.rsplit_once('/').expect("a database URL");
+        on_server::<Self>(&mysql_url(), format!("DROP DATABASE IF EXISTS {name}")).await;
+    }
 
     async fn insert_effect<'a>(
         conn: &'a mut Self::Connection,
@@ -396,6 +435,23 @@ impl TestBackend for MySql {
     same_on_every_database!();
 }
 
+/// Runs one statement through a connection to `base`, such as creating a database.
+async fn on_server<DB: TestBackend>(base: &str, sql: String) {
+    let pool = sqlx::Pool::<DB>::connect(base)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach {base}: {e}"));
+    DB::execute(&pool, sql.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    pool.close().await;
+}
+
+/// The URL of database `name` on the server of `base`.
+fn database_url(base: &str, name: &str) -> String {
+    let (server, _) = base.rsplit_once('/').expect("a database URL");
+    format!("{server}/{name}")
+}
+
 /// Evaluates `$body` with `$db` naming the database of `$url`'s scheme: a child process's
 /// way from the URL it was given to a generic function.
 #[macro_export]
@@ -419,7 +475,7 @@ macro_rules! with_backend {
 }
 
 /// A name no other test of any run uses: the process, a counter and the clock.
-fn unique() -> String {
+pub fn unique() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)

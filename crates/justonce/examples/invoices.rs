@@ -3,13 +3,16 @@
 //! ```text
 //! cargo run --example invoices -- --database sqlite://invoices.db --month 2026-10
 //! cargo run --example invoices -- --database postgres://postgres@127.0.0.1/test --month 2026-10
+//! cargo run --example invoices -- --database mysql://root@127.0.0.1/test --month 2026-10
 //! ```
 //!
 //! Each customer's invoice is keyed `invoice:<month>:<customer>`. In one transaction the job
 //! claims the key, writes the invoice and writes an outbox row for the invoice email. Run it
 //! twice: the second run creates nothing and changes no row.
 
-use justonce::sqlx::{self, Database, Encode, Executor, IntoArguments, Postgres, Sqlite, Type};
+use justonce::sqlx::{
+    self, AssertSqlSafe, Database, Encode, Executor, IntoArguments, MySql, Postgres, Sqlite, Type,
+};
 use justonce::{Backend, Consumer, Inbox, Key, Message, Outcome, RunError};
 use std::process::ExitCode;
 
@@ -91,20 +94,26 @@ async fn run() -> Result<(), InvoiceError> {
         return Err(InvoiceError::Usage);
     }
     let billing = Consumer::new("billing")?;
+    // MySQL's parameters are `?`; the others number theirs.
     if database.starts_with("postgres:") || database.starts_with("postgresql:") {
-        invoice_month(
-            Inbox::<Postgres>::connect(&database, billing).await?,
-            &month,
-        )
-        .await
+        let inbox = Inbox::<Postgres>::connect(&database, billing).await?;
+        invoice_month(inbox, &month, "$1, $2, $3").await
+    } else if database.starts_with("mysql:") {
+        let inbox = Inbox::<MySql>::connect(&database, billing).await?;
+        invoice_month(inbox, &month, "?, ?, ?").await
     } else {
-        invoice_month(Inbox::<Sqlite>::connect(&database, billing).await?, &month).await
+        let inbox = Inbox::<Sqlite>::connect(&database, billing).await?;
+        invoice_month(inbox, &month, "$1, $2, $3").await
     }
 }
 
 /// Generic over the database so that one example runs on both; an application names its
 /// own database and needs none of these bounds.
-async fn invoice_month<DB>(inbox: Inbox<DB>, month: &str) -> Result<(), InvoiceError>
+async fn invoice_month<DB>(
+    inbox: Inbox<DB>,
+    month: &str,
+    parameters: &str,
+) -> Result<(), InvoiceError>
 where
     DB: Backend,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -113,34 +122,35 @@ where
     for<'q> i64: Encode<'q, DB> + Type<DB>,
 {
     inbox.migrate().await?;
-    sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS invoices (
-            month TEXT NOT NULL,
-            customer TEXT NOT NULL,
-            amount_cents BIGINT NOT NULL
-        )",
-    )
-    .execute(inbox.pool())
-    .await?;
+    // Two jobs started at once may both create the table, and on PostgreSQL the loser of
+    // that race fails even with IF NOT EXISTS; asked again, it finds the table.
+    let create = "CREATE TABLE IF NOT EXISTS invoices (
+        month VARCHAR(7) NOT NULL,
+        customer VARCHAR(64) NOT NULL,
+        amount_cents BIGINT NOT NULL
+    )";
+    if sqlx::raw_sql(create).execute(inbox.pool()).await.is_err() {
+        sqlx::raw_sql(create).execute(inbox.pool()).await?;
+    }
 
+    let insert =
+        format!("INSERT INTO invoices (month, customer, amount_cents) VALUES ({parameters})");
     let (mut created, mut skipped) = (0, 0);
     for (customer, amount_cents) in CUSTOMERS {
         let key = &Key::purpose(["invoice", month, customer])?;
         let job = format!("{month} {customer} {amount_cents}");
         // The work may run more than once (after a serialization failure), so it borrows
         // what it needs rather than moving it.
-        let inbox = &inbox;
+        let (inbox, insert) = (&inbox, &insert);
         let outcome = inbox
             .run(key, job.as_bytes(), |tx| {
                 Box::pin(async move {
-                    sqlx::query(
-                        "INSERT INTO invoices (month, customer, amount_cents) VALUES ($1, $2, $3)",
-                    )
-                    .bind(month)
-                    .bind(customer)
-                    .bind(amount_cents)
-                    .execute(&mut **tx)
-                    .await?;
+                    sqlx::query(AssertSqlSafe(insert.as_str()))
+                        .bind(month)
+                        .bind(customer)
+                        .bind(amount_cents)
+                        .execute(&mut **tx)
+                        .await?;
                     let email = format!("Your invoice for {month}: {amount_cents} cents");
                     inbox
                         .enqueue(tx, key, "invoice-email", Message::new("email", email))

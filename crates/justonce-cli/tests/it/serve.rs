@@ -1,5 +1,5 @@
 use hmac::Mac;
-use justonce_tests::{Sink, TestBackend, TestDb, peak_rss_mib, postgres_url};
+use justonce_tests::{Sink, TestBackend, TestDb, peak_rss_mib};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -23,6 +23,14 @@ macro_rules! on_every_database {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $test() {
                     super::$test::<justonce_sql::sqlx::Postgres>(stringify!($test)).await
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test::<justonce_sql::sqlx::MySql>(stringify!($test)).await
                 }
             )*
         }
@@ -213,25 +221,18 @@ async fn text_of(client: &reqwest::Client, url: &str) -> String {
 /// The database URL a server of this test uses, and the database to clean up after.
 async fn database<DB: TestBackend>(test: &str) -> (TestDb<DB>, String) {
     let db = TestDb::<DB>::new(test).await;
-    // The server uses the default table prefix; on PostgreSQL give it a schema of its own.
+    // The server uses the default table prefix: on a server, give it a database of its own.
     let url = if DB::NAME == "SQLite" {
         db.url.clone()
     } else {
-        let schema = db.prefix.trim_end_matches('_').to_owned();
-        DB::execute(db.inbox.pool(), format!("CREATE SCHEMA {schema}"))
-            .await
-            .unwrap();
-        format!("{}?options=-c%20search_path%3D{schema}", postgres_url())
+        DB::create_database(db.prefix.trim_end_matches('_')).await
     };
     (db, url)
 }
 
-async fn drop_database<DB: TestBackend>(db: TestDb<DB>) {
+async fn drop_database<DB: TestBackend>(db: TestDb<DB>, url: &str) {
     if DB::NAME != "SQLite" {
-        let schema = db.prefix.trim_end_matches('_').to_owned();
-        DB::execute(db.inbox.pool(), format!("DROP SCHEMA {schema} CASCADE"))
-            .await
-            .unwrap();
+        DB::drop_database(url).await;
     }
     db.cleanup().await;
 }
@@ -352,7 +353,7 @@ async fn every_event_posted_twice_is_delivered_once_per_key<DB: TestBackend>(tes
         "metrics are for the admin listener only"
     );
     server.stop().await;
-    drop_database(db).await;
+    drop_database(db, &url).await;
 }
 
 async fn a_server_killed_twenty_times_loses_no_acknowledged_event<DB: TestBackend>(test: &str) {
@@ -394,12 +395,12 @@ async fn a_server_killed_twenty_times_loses_no_acknowledged_event<DB: TestBacken
         "a key reached the receiver with two bodies"
     );
     server.stop().await;
-    drop_database(db).await;
+    drop_database(db, &url).await;
 }
 
 #[tokio::test]
 async fn bad_configuration_exits_2_and_names_the_problem() {
-    let server = Server::configure("mysql://nowhere", "http://127.0.0.1:1/x");
+    let server = Server::configure("mongodb://nowhere", "http://127.0.0.1:1/x");
     let output = server
         .command(&["check"])
         .stderr(Stdio::piped())
@@ -453,7 +454,7 @@ async fn two_servers_on_one_postgres_database_share_the_work() {
     for server in &mut servers {
         server.stop().await;
     }
-    drop_database(db).await;
+    drop_database(db, &url).await;
 }
 
 /// The SQLite server still answers its health check, and stored no key.
@@ -499,7 +500,7 @@ async fn a_short_content_length_is_refused_and_the_server_stays_up() {
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     assert_up_with_nothing_stored(&server, &db).await;
     server.stop().await;
-    drop_database(db).await;
+    drop_database(db, &url).await;
 }
 
 /// What follows a request's head on the wire: nothing, or `n` bytes of `x` as they are or
@@ -647,7 +648,7 @@ async fn hostile_bodies_get_4xx_and_leave_memory_bounded() {
     );
     assert_up_with_nothing_stored(&server, &db).await;
     server.stop().await;
-    drop_database(db).await;
+    drop_database(db, &url).await;
 }
 
 fn amqp_url() -> String {
@@ -731,7 +732,7 @@ async fn a_queue_consumed_by_the_service_reaches_its_target_once_per_key<DB: Tes
             .await
             .unwrap();
     }
-    drop_database(db).await;
+    drop_database(db, &url).await;
 }
 
 /// 100 orders reached the sink, each with `Idempotency-Key: orders:order-<n>`, its own body
@@ -798,7 +799,7 @@ async fn a_stream_consumed_by_the_service_reaches_its_target_once_per_key<DB: Te
     for name in [format!("{stream}_DEAD"), stream] {
         jetstream.delete_stream(&name).await.unwrap();
     }
-    drop_database(db).await;
+    drop_database(db, &url).await;
 }
 
 /// `migrate --print-sql` applied by hand, as a database administrator would, makes the
@@ -828,5 +829,5 @@ async fn the_printed_migrations_make_a_schema_the_service_accepts<DB: TestBacken
         !later.contains("CREATE TABLE IF NOT EXISTS justonce_keys"),
         "{later}"
     );
-    drop_database(db).await;
+    drop_database(db, &url).await;
 }

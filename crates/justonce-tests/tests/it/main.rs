@@ -8,6 +8,7 @@ mod commit;
 mod crash;
 mod http;
 mod idempotency;
+mod invoices;
 mod lease;
 mod lease_process;
 mod nats;

@@ -1,0 +1,81 @@
+//! The invoice example as users run it: a real process on a fresh database, started four at
+//! once and then again.
+
+use super::on_every_database;
+use justonce_tests::{TestBackend, unique};
+use std::process::Output;
+use std::time::Duration;
+use tokio::process::Command;
+
+on_every_database!(the_invoice_job_invoices_each_customer_once_however_it_is_started);
+
+const CUSTOMERS: i64 = 5;
+
+async fn invoice_job(url: &str) -> Output {
+    let run = Command::new(env!("CARGO_BIN_EXE_invoices"))
+        .args(["--database", url, "--month", "2026-10"])
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the invoice job hung")
+        .expect("start the invoice job")
+}
+
+/// The rows of each table the job writes: invoices, keys, outbox.
+async fn rows<DB: TestBackend>(pool: &sqlx::Pool<DB>) -> [i64; 3] {
+    let mut counts = [0; 3];
+    for (count, table) in counts
+        .iter_mut()
+        .zip(["invoices", "justonce_keys", "justonce_outbox"])
+    {
+        *count = DB::count(pool, format!("SELECT count(*) FROM {table}")).await;
+    }
+    counts
+}
+
+async fn the_invoice_job_invoices_each_customer_once_however_it_is_started<DB: TestBackend>(
+    _test: &str,
+) {
+    let url = DB::create_database(&format!("inv_{}", unique())).await;
+
+    // Four jobs at once on a database none of them has migrated yet.
+    let racers = futures_util::future::join_all((0..4).map(|_| invoice_job(&url))).await;
+    let mut created = 0;
+    for output in &racers {
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "a racing job failed: {}{stdout}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let count: i64 = stdout
+            .strip_prefix("created ")
+            .and_then(|rest| rest.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected output {stdout:?}"));
+        created += count;
+    }
+    assert_eq!(created, CUSTOMERS, "invoices created across the four jobs");
+
+    let pool = sqlx::Pool::<DB>::connect(&url).await.unwrap();
+    let after_race = rows(&pool).await;
+    assert_eq!(after_race, [CUSTOMERS; 3]);
+    let customers = DB::count(
+        &pool,
+        "SELECT count(DISTINCT customer) FROM invoices".to_owned(),
+    )
+    .await;
+    assert_eq!(customers, CUSTOMERS, "one invoice per customer");
+
+    // Once more: nothing to do, and no row added.
+    let again = invoice_job(&url).await;
+    assert!(again.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        "created 0 invoices, skipped 5 already invoiced\n"
+    );
+    assert_eq!(rows(&pool).await, after_race);
+
+    pool.close().await;
+    DB::drop_database(&url).await;
+}
