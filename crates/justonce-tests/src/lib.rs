@@ -77,11 +77,14 @@ pub fn consumer_work<DB: TestBackend>(
     }
 }
 
-/// The flags of the throughput benchmarks: `[--backend postgres|sqlite] [--messages N]
+/// The databases a benchmark's `--backend` names.
+pub const BACKENDS: [&str; 3] = ["postgres", "mysql", "sqlite"];
+
+/// The flags of the throughput benchmarks: `[--backend postgres|mysql|sqlite] [--messages N]
 /// [--duplicates PERCENT] [--batch N] [--json]`, and `--broker NAME` where the benchmark
 /// has brokers.
 pub struct StreamArgs {
-    /// `postgres` or `sqlite`.
+    /// `postgres`, `mysql` or `sqlite`.
     pub backend: String,
     /// The broker, one of those the benchmark offers (the first by default).
     pub broker: String,
@@ -112,7 +115,7 @@ impl StreamArgs {
             match flag.as_str() {
                 "--json" => args.json = true,
                 "--backend" => {
-                    args.backend = raw.next().filter(|b| b == "postgres" || b == "sqlite")?
+                    args.backend = raw.next().filter(|b| BACKENDS.contains(&b.as_str()))?
                 }
                 "--messages" => args.messages = raw.next()?.parse().ok().filter(|n| *n > 0)?,
                 "--duplicates" => {

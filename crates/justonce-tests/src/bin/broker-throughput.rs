@@ -1,7 +1,7 @@
 //! Messages per second through a broker consumer, one transaction per message and (on
 //! RabbitMQ) in batches, with a share of them repeated.
 //!
-//! `broker-throughput [--broker amqp|nats] [--backend postgres|sqlite] [--messages N]
+//! `broker-throughput [--broker amqp|nats] [--backend postgres|mysql|sqlite] [--messages N]
 //! [--duplicates PERCENT] [--batch N] [--json]`
 //!
 //! The program publishes the messages to a fresh durable queue or file-stored stream and
@@ -16,7 +16,6 @@ use justonce_tests::{StreamArgs, TestBackend, TestDb, amqp_url, consumer_work, p
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::nats::{NatsConsumer, NatsOptions};
 use justonce_transport::{ConsumerStats, KeyFrom};
-use sqlx::{Postgres, Sqlite};
 use std::time::Instant;
 
 #[tokio::main]
@@ -25,16 +24,15 @@ async fn main() -> std::process::ExitCode {
         .filter(|args| args.broker == "amqp" || args.batch == 1);
     let Some(args) = args else {
         eprintln!(
-            "usage: broker-throughput [--broker amqp|nats] [--backend postgres|sqlite] \
+            "usage: broker-throughput [--broker amqp|nats] [--backend postgres|mysql|sqlite] \
              [--messages N] [--duplicates PERCENT] [--batch N (amqp)] [--json]"
         );
         return std::process::ExitCode::from(2);
     };
-    let (per_second, stats) = match (args.broker.as_str(), args.backend.as_str()) {
-        ("nats", "sqlite") => measure_nats::<Sqlite>(&args).await,
-        ("nats", _) => measure_nats::<Postgres>(&args).await,
-        (_, "sqlite") => measure::<Sqlite>(&args).await,
-        _ => measure::<Postgres>(&args).await,
+    let (per_second, stats) = if args.broker == "nats" {
+        justonce_tests::with_backend!(args.backend, DB => measure_nats::<DB>(&args).await)
+    } else {
+        justonce_tests::with_backend!(args.backend, DB => measure::<DB>(&args).await)
     };
     let rss = justonce_tests::peak_rss_mib(None);
     let mode = if args.batch > 1 {

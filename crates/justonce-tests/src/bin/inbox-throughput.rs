@@ -1,6 +1,6 @@
 //! Messages per second through the inbox, beside a hand-written client on the same driver.
 //!
-//! `inbox-throughput [--backend postgres|sqlite] [--messages N] [--duplicates PERCENT]
+//! `inbox-throughput [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT]
 //! [--batch N] [--json]`
 //!
 //! One worker. Each mode processes the same generated stream (a share of it repeats earlier
@@ -12,23 +12,18 @@
 
 use justonce_sql::{Claim, Consumer, Fingerprint, Key};
 use justonce_tests::{StreamArgs, TestBackend, TestDb};
-use sqlx::{Postgres, Sqlite};
 use std::time::Instant;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let Some(args) = StreamArgs::from_args(20_000, 1_000, &[]) else {
         eprintln!(
-            "usage: inbox-throughput [--backend postgres|sqlite] [--messages N] \
+            "usage: inbox-throughput [--backend postgres|mysql|sqlite] [--messages N] \
              [--duplicates PERCENT] [--batch N] [--json]"
         );
         return std::process::ExitCode::from(2);
     };
-    let results = if args.backend == "sqlite" {
-        measure::<Sqlite>(&args).await
-    } else {
-        measure::<Postgres>(&args).await
-    };
+    let results = justonce_tests::with_backend!(args.backend, DB => measure::<DB>(&args).await);
     for (mode, per_second, effects, distinct) in results {
         if args.json {
             println!(

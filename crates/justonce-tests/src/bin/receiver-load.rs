@@ -1,6 +1,6 @@
 //! Accepted webhooks per second, and the time to the 2xx, for the receiver on loopback.
 //!
-//! `receiver-load [--backend postgres|sqlite] [--requests N] [--clients N | --rate R] [--json]`
+//! `receiver-load [--backend postgres|mysql|sqlite] [--requests N] [--clients N | --rate R] [--json]`
 //!
 //! The receiver (`POST /webhooks/{source}`, hmac-sha256, id in the body) and the load
 //! generator run in this process. By default `clients` connections each post distinct
@@ -14,7 +14,6 @@ use hmac::Mac;
 use justonce_http::receiver::{IdLocation, Scheme, Source, router};
 use justonce_sql::Backend;
 use justonce_tests::{TestBackend, TestDb};
-use sqlx::{Postgres, Sqlite};
 use std::time::{Duration, Instant};
 
 const SECRET: &[u8] = b"load secret";
@@ -34,7 +33,7 @@ async fn main() -> std::process::ExitCode {
         };
         match flag.as_str() {
             "--backend" => match args.next() {
-                Some(name) if name == "postgres" || name == "sqlite" => backend = name,
+                Some(name) if justonce_tests::BACKENDS.contains(&name.as_str()) => backend = name,
                 _ => return usage(),
             },
             "--requests" => match number(args.next()) {
@@ -57,11 +56,8 @@ async fn main() -> std::process::ExitCode {
         Some(rate) => Load::Rate(rate),
         None => Load::Clients(clients),
     };
-    let (per_second, p50, p99) = if backend == "sqlite" {
-        run::<Sqlite>(requests, load).await
-    } else {
-        run::<Postgres>(requests, load).await
-    };
+    let (per_second, p50, p99) =
+        justonce_tests::with_backend!(backend, DB => run::<DB>(requests, load).await);
     let (p50, p99) = (p50.as_secs_f64() * 1000.0, p99.as_secs_f64() * 1000.0);
     let rss = justonce_tests::peak_rss_mib(None);
     let (load_name, load_value, load_text) = match load {
@@ -85,7 +81,7 @@ async fn main() -> std::process::ExitCode {
 
 fn usage() -> std::process::ExitCode {
     eprintln!(
-        "usage: receiver-load [--backend postgres|sqlite] [--requests N] [--clients N | --rate R] [--json]"
+        "usage: receiver-load [--backend postgres|mysql|sqlite] [--requests N] [--clients N | --rate R] [--json]"
     );
     std::process::ExitCode::from(2)
 }

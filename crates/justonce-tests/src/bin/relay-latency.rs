@@ -1,7 +1,7 @@
 //! Measures the time from a committed outbox row to its arrival at an HTTP receiver on
 //! loopback, through a relay that waits for notifications (PostgreSQL) or polls (SQLite).
 //!
-//! `relay-latency [--backend postgres|sqlite] [--messages N] [--json]`
+//! `relay-latency [--backend postgres|mysql|sqlite] [--messages N] [--json]`
 //!
 //! PostgreSQL is the one at `JUSTONCE_TEST_POSTGRES_URL`; SQLite a new file.
 //!
@@ -11,7 +11,6 @@
 use justonce_http::HttpDestination;
 use justonce_sql::{Key, Message, RelayOptions};
 use justonce_tests::{RunningRelay, Sink, TestBackend, TestDb};
-use sqlx::{Postgres, Sqlite};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -21,27 +20,24 @@ async fn main() -> std::process::ExitCode {
     let (mut backend, mut messages, mut json) = ("postgres".to_owned(), 500_usize, false);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
-            ("--backend", Some(name)) if name == "postgres" || name == "sqlite" => backend = name,
+            ("--backend", Some(name)) if justonce_tests::BACKENDS.contains(&name.as_str()) => {
+                backend = name
+            }
             ("--messages", Some(n)) if n.parse::<usize>().is_ok_and(|n| n > 0) => {
                 messages = n.parse().unwrap_or(messages)
             }
             ("--json", None) => json = true,
             _ => {
                 eprintln!(
-                    "usage: relay-latency [--backend postgres|sqlite] [--messages N] [--json]"
+                    "usage: relay-latency [--backend postgres|mysql|sqlite] [--messages N] [--json]"
                 );
                 return std::process::ExitCode::from(2);
             }
         }
     }
-    let sqlite = backend == "sqlite";
-    let figures = if sqlite {
-        measure::<Sqlite>(messages).await
-    } else {
-        measure::<Postgres>(messages).await
-    };
+    let figures = justonce_tests::with_backend!(backend, DB => measure::<DB>(messages).await);
     let [p50, p99, max] = figures.map(|d| d.as_secs_f64() * 1000.0);
-    let name = if sqlite { "SQLite" } else { "PostgreSQL" };
+    let name = justonce_tests::with_backend!(backend, DB => <DB as sqlx::Database>::NAME);
     let rss = justonce_tests::peak_rss_mib(None);
     if json {
         println!(
