@@ -8,6 +8,7 @@ use justonce_sql::{Consumer, Retention};
 use justonce_transport::KeyFrom;
 use justonce_transport::amqp::AmqpOptions;
 use justonce_transport::nats::NatsOptions;
+use justonce_transport::redis_streams::RedisStreamOptions;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -50,6 +51,7 @@ pub struct ConsumerSettings {
 pub enum BrokerOptions {
     Amqp(AmqpOptions),
     Nats(NatsOptions),
+    Redis(RedisStreamOptions),
 }
 
 impl Settings {
@@ -88,6 +90,7 @@ struct RawConsumer {
     stream: Option<String>,
     subject: Option<String>,
     durable: Option<String>,
+    group: Option<String>,
     id: Option<String>,
     retry_horizon: Option<String>,
     retention: Option<String>,
@@ -124,12 +127,13 @@ struct RawSource {
 }
 
 /// The consumer keys that `JUSTONCE_CONSUMERS_<NAME>_<KEY>` overrides: the text ones.
-const CONSUMER_KEYS: [&str; 11] = [
+const CONSUMER_KEYS: [&str; 12] = [
     "from",
     "queue",
     "stream",
     "subject",
     "durable",
+    "group",
     "id",
     "retry_horizon",
     "retention",
@@ -290,11 +294,16 @@ fn validate_consumer(
         Some(_) => resolve_secret(&raw.from, env)?,
         None => raw.from.clone(),
     };
-    let nats = from.starts_with("nats://");
-    if !nats && !from.starts_with("amqp://") {
+    let scheme = from.split_once("://").map_or("", |(scheme, _)| scheme);
+    let (amqp, nats, redis) = (
+        scheme == "amqp",
+        scheme == "nats",
+        matches!(scheme, "redis" | "rediss"),
+    );
+    if !(amqp || nats || redis) {
         bail!(
-            "from must be an amqp:// or nats:// URL (or env:VARIABLE holding one): RabbitMQ \
-             and NATS JetStream are the brokers this version consumes"
+            "from must be an amqp://, nats:// or redis:// URL (or env:VARIABLE holding one): \
+             RabbitMQ, NATS JetStream and Redis Streams are the brokers this version consumes"
         );
     }
     let only = |present: bool, key: &str, broker: &str| -> Result<()> {
@@ -303,13 +312,16 @@ fn validate_consumer(
         }
         Ok(())
     };
-    if nats {
-        only(raw.queue.is_some(), "queue", "RabbitMQ")?;
-    } else {
-        only(raw.stream.is_some(), "stream", "NATS")?;
-        only(raw.subject.is_some(), "subject", "NATS")?;
-        only(raw.durable.is_some(), "durable", "NATS")?;
-    }
+    only(!amqp && raw.queue.is_some(), "queue", "RabbitMQ")?;
+    only(!amqp && raw.prefetch.is_some(), "prefetch", "RabbitMQ")?;
+    only(!nats && raw.subject.is_some(), "subject", "NATS")?;
+    only(!nats && raw.durable.is_some(), "durable", "NATS")?;
+    only(!redis && raw.group.is_some(), "group", "Redis Streams")?;
+    only(
+        amqp && raw.stream.is_some(),
+        "stream",
+        "NATS and Redis Streams",
+    )?;
     let key_from = match raw.id.as_deref().unwrap_or("message_id") {
         "message_id" => KeyFrom::MessageId,
         id => match id.split_once(':') {
@@ -327,11 +339,14 @@ fn validate_consumer(
     let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
     let retention = Retention::new(keep, retry_horizon)?;
     let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
-    let options = if nats {
-        let stream = raw
-            .stream
+    let stream = || {
+        raw.stream
+            .clone()
             .filter(|s| !s.is_empty())
-            .context("stream must name a stream")?;
+            .context("stream must name a stream")
+    };
+    let options = if nats {
+        let stream = stream()?;
         let subject = raw.subject.unwrap_or_else(|| stream.clone());
         let mut options = NatsOptions::new(&stream, subject)
             .key_from(key_from)
@@ -339,8 +354,14 @@ fn validate_consumer(
         if let Some(attempts) = raw.max_attempts {
             options = options.max_attempts(attempts);
         }
-        only(raw.prefetch.is_some(), "prefetch", "RabbitMQ")?;
         BrokerOptions::Nats(options)
+    } else if redis {
+        let group = raw.group.clone().unwrap_or_else(|| name.to_owned());
+        let mut options = RedisStreamOptions::new(stream()?, group).key_from(key_from);
+        if let Some(attempts) = raw.max_attempts {
+            options = options.max_attempts(attempts);
+        }
+        BrokerOptions::Redis(options)
     } else {
         let queue = raw
             .queue
@@ -681,8 +702,16 @@ target = "http://127.0.0.1:9000/orders"
         assert!(format!("{:?}", orders.options).contains("orders-eu"));
         let cases = [
             (
+                ORDERS.replace("env:ORDERS_BROKER", "mqtt://127.0.0.1:1883"),
+                "amqp://, nats:// or redis://",
+            ),
+            (
                 ORDERS.replace("env:ORDERS_BROKER", "redis://127.0.0.1:6379"),
-                "amqp:// or nats://",
+                "queue only applies",
+            ),
+            (
+                ORDERS.replace("queue = \"orders\"", "group = \"g\""),
+                "group only applies",
             ),
             (
                 ORDERS.replace("env:ORDERS_BROKER", "nats://127.0.0.1:4222"),

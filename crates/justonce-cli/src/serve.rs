@@ -11,6 +11,7 @@ use justonce_sql::{Backend, Consumer, Inbox, Key, Message, Outbox, WorkFuture};
 use justonce_transport::Incoming;
 use justonce_transport::amqp::AmqpConsumer;
 use justonce_transport::nats::NatsConsumer;
+use justonce_transport::redis_streams::RedisStreamConsumer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -178,6 +179,11 @@ where
         }
         BrokerOptions::Nats(options) => {
             let consumer = NatsConsumer::connect(from, inbox, options.clone()).await?;
+            tracing::info!(consumer = %name, "consuming");
+            consumer.run(stopped, work).await
+        }
+        BrokerOptions::Redis(options) => {
+            let consumer = RedisStreamConsumer::connect(from, inbox, options.clone()).await?;
             tracing::info!(consumer = %name, "consuming");
             consumer.run(stopped, work).await
         }

@@ -41,6 +41,7 @@ on_every_database!(
     every_event_posted_twice_is_delivered_once_per_key,
     a_queue_consumed_by_the_service_reaches_its_target_once_per_key,
     a_stream_consumed_by_the_service_reaches_its_target_once_per_key,
+    a_redis_stream_consumed_by_the_service_reaches_its_target_once_per_key,
     the_printed_migrations_make_a_schema_the_service_accepts,
     a_server_killed_twenty_times_loses_no_acknowledged_event,
 );
@@ -799,6 +800,51 @@ async fn a_stream_consumed_by_the_service_reaches_its_target_once_per_key<DB: Te
     for name in [format!("{stream}_DEAD"), stream] {
         jetstream.delete_stream(&name).await.unwrap();
     }
+    drop_database(db, &url).await;
+}
+
+/// `serve` consuming a Redis stream in a consumer group: 120 entries for 100 ids reach the
+/// target once per id.
+async fn a_redis_stream_consumed_by_the_service_reaches_its_target_once_per_key<DB: TestBackend>(
+    test: &str,
+) {
+    use redis::AsyncCommands;
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let redis_url = justonce_tests::redis_url();
+    let stream = format!("{}orders", db.prefix);
+    let mut redis = redis::Client::open(redis_url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis");
+    // Added before the service starts: its group begins at the start of the stream.
+    for n in 0..120 {
+        let id = format!("order-{}", n % 100);
+        let body = format!(r#"{{"order":"{id}"}}"#);
+        let _: String = redis
+            .xadd(
+                &stream,
+                "*",
+                &[
+                    ("order_id", id.as_str()),
+                    ("body", body.as_str()),
+                    ("content-type", "application/json"),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{redis_url}\"\nstream = \"{stream}\"\n\
+         id = \"header:order_id\"\ntarget = \"{}\"\n",
+        sink.url()
+    );
+    let mut server = Server::configure_with(&url, &sink.url(), &consumer);
+    server.start().await;
+    assert_each_order_delivered_once(&sink).await;
+    server.stop().await;
+    let _: () = redis.del(&stream).await.unwrap();
     drop_database(db, &url).await;
 }
 

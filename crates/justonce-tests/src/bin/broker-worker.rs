@@ -1,10 +1,11 @@
 //! A broker consumer for the crash tests, writing one effect row per key: RabbitMQ for an
-//! `amqp://` URL, NATS JetStream for a `nats://` one.
+//! `amqp://` URL, NATS JetStream for a `nats://` one, Redis Streams for a `redis://` one.
 //!
 //! `broker-worker <database-url> <prefix> <broker-url> <queue> <mode>`
 //!
 //! The queue is a RabbitMQ queue (the key is the `message_id`), or the JetStream stream,
-//! subject and durable consumer of that name (the key is the `Order-Id` header). `pause-after-commit`: takes one message, runs its work and commits, prints
+//! subject and durable consumer of that name (the key is the `Order-Id` header), or the
+//! Redis stream of that name, read in group `test` (the key is the `key` field). `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed.
 
@@ -12,6 +13,7 @@ use justonce_sql::{Consumer, Inbox, Options};
 use justonce_tests::{TestBackend, consumer_work};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::nats::{NatsConsumer, NatsOptions};
+use justonce_transport::redis_streams::{KEY_FIELD, RedisStreamConsumer, RedisStreamOptions};
 use justonce_transport::{ConsumerStats, KeyFrom, Ran};
 use std::io::Write;
 use std::process::ExitCode;
@@ -49,7 +51,33 @@ async fn work<DB: TestBackend>(
     let work = consumer_work::<DB>(prefix);
     let forever = std::future::pending::<()>();
     let pause = mode == "pause-after-commit";
-    if broker.starts_with("nats:") {
+    if broker.starts_with("redis:") {
+        let options = RedisStreamOptions::new(queue, "test")
+            .consumer(format!("worker-{}", std::process::id()))
+            .claim_idle(std::time::Duration::from_millis(500));
+        let consumer = RedisStreamConsumer::connect(broker, inbox, options).await?;
+        if !pause {
+            consumer.run(forever, work).await?;
+            return Ok(());
+        }
+        let mut entries = consumer.entries();
+        let entry = loop {
+            if let Some(entry) = entries.next().await?.into_iter().next() {
+                break entry;
+            }
+        };
+        let ran = consumer.run_one(&entry, &work).await;
+        let Ran::Outcome(outcome) = ran else {
+            return Err(format!("the work did not commit: {ran:?}").into());
+        };
+        let key = entry.field(KEY_FIELD).unwrap_or_default();
+        committed(&String::from_utf8_lossy(&key), &outcome)?;
+        forever.await;
+        let ran = Ran::<sqlx::Error>::Outcome(outcome);
+        consumer
+            .settle(&entry, ran, &mut ConsumerStats::default())
+            .await?;
+    } else if broker.starts_with("nats:") {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
         let consumer = NatsConsumer::connect(broker, inbox, options).await?;
         if !pause {

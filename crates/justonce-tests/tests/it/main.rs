@@ -16,6 +16,7 @@ mod outbox;
 mod payments;
 mod purge;
 mod receiver;
+mod redis_streams;
 mod relay_crash;
 mod run;
 mod schema;

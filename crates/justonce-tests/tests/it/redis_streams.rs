@@ -1,0 +1,343 @@
+//! The Redis Streams consumer and publisher against the real server, with the keys on each
+//! real database: duplicates acknowledged without work, failures taken over again then
+//! dead-lettered, a worker killed between its commit and its ack or at random moments, two
+//! workers in one group, and the relay's publisher.
+
+use super::{Xorshift, on_every_database};
+use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_tests::{TestBackend, TestDb, consumer_work, redis_url};
+use justonce_transport::redis_streams::{
+    BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
+};
+use justonce_transport::{ConsumerStats, REASON_HEADER};
+use redis::AsyncCommands;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+on_every_database!(
+    each_entry_added_twice_takes_effect_once,
+    ten_thousand_entries_with_a_fifth_repeated_take_effect_once_per_key,
+    failing_work_is_taken_over_again_then_dead_lettered,
+    a_worker_killed_between_commit_and_ack_leaves_one_effect,
+    a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
+    two_consumer_processes_in_one_group_take_effect_once_each,
+    the_relay_adds_each_row_with_its_key,
+);
+
+/// The group every reader of these tests joins.
+const GROUP: &str = "test";
+
+/// A stream named after the test's prefix, deleted at the end with its dead letters.
+struct Stream {
+    name: String,
+    redis: redis::aio::MultiplexedConnection,
+}
+
+impl Stream {
+    async fn new<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let client = redis::Client::open(redis_url()).unwrap();
+        let redis = client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("Redis at {}: {e}", redis_url()));
+        Self {
+            name: format!("{}orders", db.prefix),
+            redis,
+        }
+    }
+
+    /// Adds entries with these keys, each with body `x`, in one round trip.
+    async fn add(&self, keys: impl IntoIterator<Item = String>) {
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.xadd(
+                &self.name,
+                "*",
+                &[(KEY_FIELD, key.as_bytes()), (BODY_FIELD, b"x")],
+            )
+            .ignore();
+        }
+        pipe.query_async::<()>(&mut self.redis.clone())
+            .await
+            .unwrap();
+    }
+
+    /// Entries the group has not yet read, or read and not acknowledged.
+    async fn unsettled(&self) -> usize {
+        let mut redis = self.redis.clone();
+        let groups: redis::streams::StreamInfoGroupsReply =
+            redis.xinfo_groups(&self.name).await.unwrap();
+        let group = groups.groups.iter().find(|g| g.name == GROUP).unwrap();
+        group.pending + group.lag.unwrap_or(usize::MAX)
+    }
+
+    async fn length(&self, stream: &str) -> usize {
+        self.redis.clone().xlen(stream).await.unwrap()
+    }
+
+    async fn delete(self) {
+        let mut redis = self.redis.clone();
+        let _: () = redis
+            .del(&[self.name.clone(), format!("{}.dead", self.name)])
+            .await
+            .unwrap();
+    }
+}
+
+fn options(stream: &Stream, consumer: &str) -> RedisStreamOptions {
+    RedisStreamOptions::new(&stream.name, GROUP)
+        .consumer(consumer)
+        .claim_idle(Duration::from_millis(500))
+}
+
+/// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
+async fn consume_until<DB: TestBackend, F, Fut>(
+    db: &TestDb<DB>,
+    consumer: &RedisStreamConsumer<DB>,
+    done: F,
+) -> ConsumerStats
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = consumer.run(stopped, consumer_work::<DB>(&db.prefix));
+    let waiting = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !done().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not done within a minute"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.send(()).unwrap();
+    };
+    let (stats, ()) = tokio::join!(running, waiting);
+    stats.unwrap()
+}
+
+async fn each_entry_added_twice_takes_effect_once<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let consumer =
+        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
+            .await
+            .unwrap();
+    stream
+        .add((0..2).flat_map(|_| (0..50).map(|n| format!("order:{n}"))))
+        .await;
+    let stats = consume_until(&db, &consumer, || async { stream.unsettled().await == 0 }).await;
+    assert_eq!((stats.processed, stats.duplicates), (50, 50));
+    assert_eq!(db.rows("effects").await, 50);
+    assert_eq!(db.doubled_effects().await, 0);
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn ten_thousand_entries_with_a_fifth_repeated_take_effect_once_per_key<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let consumer = RedisStreamConsumer::connect(
+        &redis_url(),
+        db.inbox.clone(),
+        options(&stream, "a").count(100),
+    )
+    .await
+    .unwrap();
+    stream
+        .add((0..10_000).map(|n| format!("order:{}", n % 8_000)))
+        .await;
+    let stats = consume_until(&db, &consumer, || async { stream.unsettled().await == 0 }).await;
+    assert_eq!((stats.processed, stats.duplicates), (8_000, 2_000));
+    assert_eq!(db.rows("effects").await, 8_000, "effects = distinct keys");
+    assert_eq!(db.doubled_effects().await, 0);
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn failing_work_is_taken_over_again_then_dead_lettered<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let consumer = RedisStreamConsumer::connect(
+        &redis_url(),
+        db.inbox.clone(),
+        options(&stream, "a").max_attempts(2),
+    )
+    .await
+    .unwrap();
+    stream
+        .add([
+            "fail1:order".to_owned(),
+            "bad:order".to_owned(),
+            "good:order".to_owned(),
+        ])
+        .await;
+    let dead = format!("{}.dead", stream.name);
+    let stats = consume_until(&db, &consumer, || async {
+        stream.unsettled().await == 0 && stream.length(&dead).await == 1
+    })
+    .await;
+    assert_eq!(
+        (stats.processed, stats.retried, stats.dead_lettered),
+        (2, 2, 1)
+    );
+    assert_eq!(db.effects_of(&Key::new("fail1:order").unwrap()).await, 1);
+    assert_eq!(db.effects_of(&Key::new("good:order").unwrap()).await, 1);
+    assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
+    let mut redis = stream.redis.clone();
+    let letters: redis::streams::StreamRangeReply = redis.xrange_all(&dead).await.unwrap();
+    let letter = &letters.ids[0];
+    assert_eq!(
+        letter.get::<String>(KEY_FIELD).as_deref(),
+        Some("bad:order")
+    );
+    let reason: String = letter.get(REASON_HEADER).unwrap();
+    assert!(reason.contains("refused on attempt 2"), "{reason}");
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+fn worker<DB: TestBackend>(db: &TestDb<DB>, stream: &Stream, mode: &str) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
+        .args([&db.url, &db.prefix, &redis_url(), &stream.name, mode])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start broker-worker")
+}
+
+async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    // Creates the group the worker joins.
+    let consumer =
+        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
+            .await
+            .unwrap();
+    stream.add(["order:0".to_owned()]).await;
+    let mut paused = worker(&db, &stream, "pause-after-commit");
+    let mut lines = BufReader::new(paused.stdout.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the worker commits within 30 s")
+        .unwrap();
+    assert_eq!(said.as_deref(), Some("committed order:0 Processed(())"));
+    paused.kill().await.expect("SIGKILL the worker");
+    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
+    // The entry stays pending for the dead worker until another takes it over: a duplicate.
+    let stats = consume_until(&db, &consumer, || async { stream.unsettled().await == 0 }).await;
+    assert_eq!((stats.processed, stats.duplicates), (0, 1));
+    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let consumer =
+        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
+            .await
+            .unwrap();
+    stream
+        .add((0..1_000).map(|n| format!("order:{}", n % 800)))
+        .await;
+    let mut random = Xorshift::from_clock();
+    for _ in 0..20 {
+        let mut running = worker(&db, &stream, "run");
+        tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
+        running.kill().await.expect("SIGKILL the consumer");
+    }
+    consume_until(&db, &consumer, || async {
+        stream.unsettled().await == 0 && db.rows("effects").await == 800
+    })
+    .await;
+    assert_eq!(db.rows("effects").await, 800, "nothing lost");
+    assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn two_consumer_processes_in_one_group_take_effect_once_each<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    // Creates the group the workers share.
+    let consumer =
+        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
+            .await
+            .unwrap();
+    stream
+        .add((0..1_000).map(|n| format!("order:{}", n % 800)))
+        .await;
+    let mut workers = [worker(&db, &stream, "run"), worker(&db, &stream, "run")];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while stream.unsettled().await > 0 || db.rows("effects").await < 800 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not drained within a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for worker in &mut workers {
+        worker.kill().await.unwrap();
+    }
+    assert_eq!(db.rows("effects").await, 800, "effects = distinct keys");
+    assert_eq!(db.doubled_effects().await, 0);
+    drop(consumer);
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn the_relay_adds_each_row_with_its_key<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let consumer =
+        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
+            .await
+            .unwrap();
+    let destination = RedisStreamDestination::new(&redis_url(), &stream.name).unwrap();
+    let headers = [("content-type".to_owned(), "text/plain".to_owned())];
+    let delivery = Delivery {
+        id: 1,
+        key: "billing:invoice:2026-10",
+        destination: "orders",
+        payload: b"invoice",
+        headers: &headers,
+        attempt: 1,
+    };
+    assert_eq!(destination.deliver(delivery).await, Delivered::Sent);
+    // The relay sends a row again when its mark was lost: two entries, one key.
+    assert_eq!(destination.deliver(delivery).await, Delivered::Sent);
+    let mut redis = stream.redis.clone();
+    let entries: redis::streams::StreamRangeReply = redis.xrange_all(&stream.name).await.unwrap();
+    assert_eq!(entries.ids.len(), 2);
+    for entry in &entries.ids {
+        assert_eq!(
+            entry.get::<String>(KEY_FIELD).as_deref(),
+            Some("billing:invoice:2026-10")
+        );
+        assert_eq!(
+            entry.get::<Vec<u8>>(BODY_FIELD).as_deref(),
+            Some(&b"invoice"[..])
+        );
+        assert_eq!(
+            entry.get::<String>("content-type").as_deref(),
+            Some("text/plain")
+        );
+    }
+    let stats = consume_until(&db, &consumer, || async { stream.unsettled().await == 0 }).await;
+    assert_eq!((stats.processed, stats.duplicates), (1, 1));
+    assert_eq!(
+        db.effects_of(&Key::new("billing:invoice:2026-10").unwrap())
+            .await,
+        1
+    );
+    stream.delete().await;
+    db.cleanup().await;
+}

@@ -1,0 +1,523 @@
+//! Redis Streams: a consumer group reader that acknowledges (`XACK`) only after the commit,
+//! reclaims what a dead reader left pending, and the relay's publisher.
+//!
+//! ```no_run
+//! # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), justonce_transport::Error> {
+//! use justonce_sql::sqlx;
+//! use justonce_transport::redis_streams::{RedisStreamConsumer, RedisStreamOptions};
+//!
+//! let consumer = RedisStreamConsumer::connect(
+//!     "redis://127.0.0.1:6379",
+//!     inbox,
+//!     RedisStreamOptions::new("orders", "shipping"),
+//! )
+//! .await?;
+//! consumer
+//!     .run(tokio::signal::ctrl_c(), |tx, message| {
+//!         Box::pin(async move {
+//!             sqlx::query("INSERT INTO shipments (order_key) VALUES ($1)")
+//!                 .bind(message.key.as_str())
+//!                 .execute(&mut **tx)
+//!                 .await
+//!                 .map(drop)
+//!         })
+//!     })
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! An entry is a set of fields: by default the key is in `key` and the body in `body`, as
+//! [`RedisStreamDestination`] writes them. An entry read but not acknowledged stays in the
+//! group's pending list. After [`RedisStreamOptions::claim_idle`] any reader of the group
+//! takes it over (`XAUTOCLAIM`), which is how the entries of a reader that died are
+//! delivered again and how failed work is retried; Redis counts the deliveries, and after
+//! the attempt limit the entry is added to `<stream>.dead` with its reason and acknowledged.
+//!
+//! Redis keeps a stream only as well as its persistence settings: without AOF
+//! (`appendonly yes`, and `appendfsync always` to lose nothing on a crash of the machine) a
+//! restart loses the stream, its pending lists and its acknowledgements.
+
+use crate::{
+    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
+    truncate,
+};
+use justonce_core::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+/// The field that holds an entry's key, by default.
+pub const KEY_FIELD: &str = "key";
+/// The field that holds an entry's body.
+pub const BODY_FIELD: &str = "body";
+/// The field that holds an entry's content type, if any.
+pub const CONTENT_TYPE_FIELD: &str = "content-type";
+
+/// How long one read waits for new entries before the reader looks at the pending list
+/// and its shutdown again.
+const READ_BLOCK: Duration = Duration::from_millis(1_000);
+
+/// Settings of a [`RedisStreamConsumer`].
+#[derive(Debug, Clone)]
+pub struct RedisStreamOptions {
+    stream: String,
+    group: String,
+    consumer: String,
+    key_from: KeyFrom,
+    max_attempts: u32,
+    claim_idle: Duration,
+    count: usize,
+    store_pause: Duration,
+}
+
+impl RedisStreamOptions {
+    /// Reads `stream` as a member of consumer group `group` (created at the start of the
+    /// stream, with the stream, if missing), under a consumer name of its own process. The
+    /// key is the `key` field; failed work gets 5 attempts before it goes to
+    /// `<stream>.dead`; entries pending for 30 s are taken over.
+    pub fn new(stream: impl Into<String>, group: impl Into<String>) -> Self {
+        Self {
+            stream: stream.into(),
+            group: group.into(),
+            consumer: format!("justonce-{}", std::process::id()),
+            key_from: KeyFrom::MessageId,
+            max_attempts: 5,
+            claim_idle: Duration::from_secs(30),
+            count: 16,
+            store_pause: Duration::from_secs(1),
+        }
+    }
+
+    /// This reader's name in the group: unique among the group's live readers.
+    pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
+        self.consumer = consumer.into();
+        self
+    }
+
+    /// Where the key is: [`KeyFrom::MessageId`] is the `key` field, [`KeyFrom::Header`] a
+    /// field of that name, [`KeyFrom::Json`] a pointer into the `body` field.
+    pub fn key_from(mut self, key_from: KeyFrom) -> Self {
+        self.key_from = key_from;
+        self
+    }
+
+    /// How many times failed work is tried before it is dead-lettered (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// How long an entry stays pending, unacknowledged, before a reader takes it over:
+    /// longer than the longest work, since work still running is taken over too. It is
+    /// also the delay before failed work is tried again.
+    pub fn claim_idle(mut self, idle: Duration) -> Self {
+        self.claim_idle = idle.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How many entries one read takes at most (at least 1).
+    pub fn count(mut self, count: usize) -> Self {
+        self.count = count.max(1);
+        self
+    }
+
+    /// How long the reader waits after a database failure before it reads again.
+    pub fn store_pause(mut self, pause: Duration) -> Self {
+        self.store_pause = pause;
+        self
+    }
+
+    /// The stream dead letters are added to.
+    pub fn dead_letter_stream(&self) -> String {
+        format!("{}.dead", self.stream)
+    }
+}
+
+/// A Redis Streams consumer group reader that runs each entry's work once in effect.
+pub struct RedisStreamConsumer<DB: Backend> {
+    inbox: Inbox<DB>,
+    redis: MultiplexedConnection,
+    options: RedisStreamOptions,
+}
+
+impl<DB: Backend> std::fmt::Debug for RedisStreamConsumer<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStreamConsumer")
+            .field("inbox", &self.inbox)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One entry taken from the stream, with the delivery Redis counts.
+#[derive(Debug)]
+pub struct Entry {
+    entry: StreamId,
+    attempt: u32,
+}
+
+impl Entry {
+    /// The entry's id in the stream.
+    pub fn id(&self) -> &str {
+        &self.entry.id
+    }
+
+    /// Which delivery of the entry this is, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The value of one of the entry's fields.
+    pub fn field(&self, name: &str) -> Option<Vec<u8>> {
+        self.entry.get::<Vec<u8>>(name)
+    }
+}
+
+impl<DB: Backend> RedisStreamConsumer<DB> {
+    /// Connects to `url` and creates the group (and the stream) unless it exists.
+    pub async fn connect(
+        url: &str,
+        inbox: Inbox<DB>,
+        options: RedisStreamOptions,
+    ) -> Result<Self, Error> {
+        let client =
+            redis::Client::open(url).map_err(|e| Error::Config(format!("Redis URL: {e}")))?;
+        // A read blocks on the server for up to READ_BLOCK: the answer may take that long.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(READ_BLOCK + Duration::from_secs(10)));
+        let mut redis = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(broker)?;
+        let created: redis::RedisResult<()> = redis
+            .xgroup_create_mkstream(&options.stream, &options.group, "0")
+            .await;
+        match created {
+            Ok(()) => {}
+            Err(error) if error.code() == Some("BUSYGROUP") => {}
+            Err(error) => {
+                return Err(Error::Config(format!(
+                    "creating group {} on stream {}: {error}",
+                    options.group, options.stream
+                )));
+            }
+        }
+        Ok(Self {
+            inbox,
+            redis,
+            options,
+        })
+    }
+
+    /// Takes entries until `shutdown` resolves, runs `work` for each in a transaction with
+    /// its key, and settles each only after. An entry taken but not settled at shutdown
+    /// stays pending and is taken over after the claim idle time.
+    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut stats = ConsumerStats::default();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut entries = self.entries();
+        loop {
+            let next = tokio::select! {
+                _ = &mut shutdown => break,
+                next = entries.next() => next?,
+            };
+            for entry in next {
+                let ran = self.run_one(&entry, &work).await;
+                let paused = matches!(ran, Ran::Store(_));
+                self.settle(&entry, ran, &mut stats).await?;
+                if paused {
+                    tokio::time::sleep(self.options.store_pause).await;
+                    break;
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    /// The entries in reads of up to [`RedisStreamOptions::count`], for callers that run
+    /// and settle them themselves.
+    pub fn entries(&self) -> Entries<'_, DB> {
+        Entries {
+            consumer: self,
+            redis: self.redis.clone(),
+            last_claim: None,
+        }
+    }
+
+    /// Runs the work of one entry in a transaction with its key (see [`Inbox::run`]).
+    pub async fn run_one<F, E>(&self, entry: &Entry, work: &F) -> Ran<E>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let body = entry.field(BODY_FIELD).unwrap_or_default();
+        let key = match key_of(&self.options.key_from, entry, &body) {
+            Ok(key) => key,
+            Err(reason) => return Ran::NoKey(reason),
+        };
+        let incoming = Incoming {
+            key,
+            body,
+            attempt: entry.attempt,
+            redelivered: entry.attempt > 1,
+            content_type: entry
+                .field(CONTENT_TYPE_FIELD)
+                .and_then(|bytes| String::from_utf8(bytes).ok()),
+        };
+        let run = self
+            .inbox
+            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .await;
+        Ran::of(run)
+    }
+
+    /// Acknowledges, leaves pending for another attempt, or dead-letters the entry as
+    /// `ran` says, and counts it in `stats`.
+    pub async fn settle<E: std::fmt::Display>(
+        &self,
+        entry: &Entry,
+        ran: Ran<E>,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error> {
+        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "redis").increment(1);
+        let attempt = entry.attempt;
+        match ran {
+            Ran::Outcome(outcome) => {
+                match outcome {
+                    Outcome::Processed(()) => stats.processed += 1,
+                    Outcome::Duplicate => stats.duplicates += 1,
+                    Outcome::KeyReused { .. } => {
+                        tracing::warn!(
+                            id = entry.id(),
+                            "the same key with another payload: skipped"
+                        );
+                        stats.key_reused += 1;
+                    }
+                }
+                self.ack(entry).await
+            }
+            Ran::Work(error) if attempt < self.options.max_attempts => {
+                // Left pending: a reader takes it over after the claim idle time.
+                tracing::debug!(attempt, %error, "work failed: retrying");
+                stats.retried += 1;
+                Ok(())
+            }
+            Ran::Work(error) => {
+                stats.dead_lettered += 1;
+                self.dead_letter(entry, &format!("attempt {attempt}: {error}"))
+                    .await
+            }
+            Ran::NoKey(reason) => {
+                stats.dead_lettered += 1;
+                self.dead_letter(entry, &reason).await
+            }
+            Ran::Store(error) => {
+                tracing::warn!(%error, "database failed: the entry stays pending");
+                stats.returned += 1;
+                Ok(())
+            }
+        }
+    }
+
+    async fn ack(&self, entry: &Entry) -> Result<(), Error> {
+        let mut redis = self.redis.clone();
+        let _: usize = redis
+            .xack(&self.options.stream, &self.options.group, &[entry.id()])
+            .await
+            .map_err(broker)?;
+        Ok(())
+    }
+
+    /// Adds the entry, with the reason, to the dead-letter stream and acknowledges it, in
+    /// one transaction on the server.
+    async fn dead_letter(&self, entry: &Entry, reason: &str) -> Result<(), Error> {
+        tracing::warn!(%reason, id = entry.id(), "dead-lettered");
+        let mut fields: Vec<(String, Vec<u8>)> = entry
+            .entry
+            .map
+            .keys()
+            .filter_map(|name| Some((name.clone(), entry.field(name)?)))
+            .collect();
+        fields.push((ATTEMPT_HEADER.to_owned(), entry.attempt.to_string().into()));
+        fields.push((
+            REASON_HEADER.to_owned(),
+            truncate(reason, REASON_BYTES).as_bytes().to_vec(),
+        ));
+        let mut redis = self.redis.clone();
+        redis::pipe()
+            .atomic()
+            .xadd(self.options.dead_letter_stream(), "*", &fields)
+            .ignore()
+            .xack(&self.options.stream, &self.options.group, &[entry.id()])
+            .ignore()
+            .query_async::<()>(&mut redis)
+            .await
+            .map_err(broker)
+    }
+}
+
+/// The entries of one reader: first what other readers left pending past the claim idle
+/// time, then new ones.
+pub struct Entries<'c, DB: Backend> {
+    consumer: &'c RedisStreamConsumer<DB>,
+    redis: MultiplexedConnection,
+    last_claim: Option<Instant>,
+}
+
+impl<DB: Backend> Entries<'_, DB> {
+    /// The next entries: pending ones taken over, or new ones; empty when none came within
+    /// a second.
+    pub async fn next(&mut self) -> Result<Vec<Entry>, Error> {
+        let options = &self.consumer.options;
+        // Looked at every half of the idle time: a pending entry waits at most 1.5 times it.
+        let claim_due = self
+            .last_claim
+            .is_none_or(|at| at.elapsed() >= options.claim_idle / 2);
+        if claim_due {
+            let claimed = self.claim_pending().await?;
+            if claimed.is_empty() {
+                self.last_claim = Some(Instant::now());
+            } else {
+                return Ok(claimed);
+            }
+        }
+        let read = StreamReadOptions::default()
+            .group(&options.group, &options.consumer)
+            .count(options.count)
+            .block(usize::try_from(READ_BLOCK.as_millis()).unwrap_or(1_000));
+        let reply: Option<StreamReadReply> = self
+            .redis
+            .xread_options(&[&options.stream], &[">"], &read)
+            .await
+            .map_err(broker)?;
+        Ok(reply
+            .into_iter()
+            .flat_map(|reply| reply.keys)
+            .flat_map(|stream| stream.ids)
+            .map(|entry| Entry { entry, attempt: 1 })
+            .collect())
+    }
+
+    /// Takes over entries pending longer than the claim idle time, with the delivery count
+    /// Redis keeps for each.
+    async fn claim_pending(&mut self) -> Result<Vec<Entry>, Error> {
+        let options = &self.consumer.options;
+        let idle = u64::try_from(options.claim_idle.as_millis()).unwrap_or(u64::MAX);
+        let claimed: redis::streams::StreamAutoClaimReply = self
+            .redis
+            .xautoclaim_options(
+                &options.stream,
+                &options.group,
+                &options.consumer,
+                idle,
+                "0-0",
+                StreamAutoClaimOptions::default().count(options.count),
+            )
+            .await
+            .map_err(broker)?;
+        let mut entries = Vec::with_capacity(claimed.claimed.len());
+        for entry in claimed.claimed {
+            let pending: redis::streams::StreamPendingCountReply = self
+                .redis
+                .xpending_count(&options.stream, &options.group, &entry.id, &entry.id, 1)
+                .await
+                .map_err(broker)?;
+            let delivered = pending.ids.first().map_or(1, |p| p.times_delivered);
+            entries.push(Entry {
+                entry,
+                attempt: u32::try_from(delivered).unwrap_or(u32::MAX).max(1),
+            });
+        }
+        Ok(entries)
+    }
+}
+
+/// The relay's destination for Redis Streams: adds each outbox row to a stream as an entry
+/// with its key in `key`, its payload in `body` and its headers as fields. A row added
+/// twice (the relay died before marking it sent) is two entries with one key: the
+/// consumer's claim makes the second a duplicate.
+#[derive(Debug)]
+pub struct RedisStreamDestination {
+    client: redis::Client,
+    stream: String,
+    /// The connection, opened on the first delivery and reopened after a failure.
+    redis: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+}
+
+impl RedisStreamDestination {
+    /// Adds to `stream`. Connects on the first delivery.
+    pub fn new(url: &str, stream: &str) -> Result<Self, Error> {
+        Ok(Self {
+            client: redis::Client::open(url)
+                .map_err(|e| Error::Config(format!("Redis URL: {e}")))?,
+            stream: stream.to_owned(),
+            redis: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
+        let mut open = self.redis.lock().await;
+        let mut redis = match open.as_ref() {
+            Some(redis) => redis.clone(),
+            None => {
+                let redis = self
+                    .client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| format!("connecting: {e}"))?;
+                *open = Some(redis.clone());
+                redis
+            }
+        };
+        let mut fields: Vec<(&str, &[u8])> = vec![
+            (KEY_FIELD, delivery.key.as_bytes()),
+            (BODY_FIELD, delivery.payload),
+        ];
+        for (name, value) in delivery.headers {
+            fields.push((name.as_str(), value.as_bytes()));
+        }
+        let added: redis::RedisResult<String> = redis.xadd(&self.stream, "*", &fields).await;
+        if added.is_err() {
+            *open = None;
+        }
+        added.map(drop).map_err(|e| e.to_string())
+    }
+}
+
+impl Destination for RedisStreamDestination {
+    fn deliver<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
+        Box::pin(async move { crate::delivered(self.send(delivery).await) })
+    }
+}
+
+/// The key of an entry, or why it has none.
+fn key_of(key_from: &KeyFrom, entry: &Entry, body: &[u8]) -> Result<Key, String> {
+    let text_field = |name: &str| {
+        let bytes = entry
+            .field(name)
+            .ok_or_else(|| format!("the entry has no field {name}"))?;
+        String::from_utf8(bytes).map_err(|_| format!("the field {name} is not UTF-8"))
+    };
+    let text = match key_from {
+        KeyFrom::MessageId => text_field(KEY_FIELD)?,
+        KeyFrom::Header(name) => text_field(name)?,
+        KeyFrom::Json(pointer) => crate::json_id(body, pointer)?,
+    };
+    Key::new(text).map_err(|e| e.to_string())
+}
+
+fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Broker(Box::new(error))
+}
