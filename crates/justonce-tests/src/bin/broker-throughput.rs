@@ -1,36 +1,43 @@
 //! Messages per second through a broker consumer, one transaction per message and (on
 //! RabbitMQ) in batches, with a share of them repeated.
 //!
-//! `broker-throughput [--broker amqp|nats] [--backend postgres|mysql|sqlite] [--messages N]
+//! `broker-throughput [--broker amqp|nats|redis] [--backend postgres|mysql|sqlite] [--messages N]
 //! [--duplicates PERCENT] [--batch N] [--json]`
 //!
-//! The program publishes the messages to a fresh durable queue or file-stored stream and
+//! The program publishes the messages to a fresh durable queue, file-stored stream or Redis
+//! stream and
 //! waits for the broker's confirms, then starts the clock and consumes them all: each
 //! message's key is claimed and one effect row written in a transaction, and the message
 //! acknowledged after the commit. With `--batch` (RabbitMQ), up to that many deliveries
-//! share one claim statement and one transaction. Before it prints, it checks that effect
+//! share one claim statement and one transaction; on Redis, `--batch` is how many entries
+//! one read takes, each still in its own transaction. Before it prints, it checks that effect
 //! rows equal distinct keys.
 
 use justonce_sql::Backend;
 use justonce_tests::{StreamArgs, TestBackend, TestDb, amqp_url, consumer_work, publish_many};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::nats::{NatsConsumer, NatsOptions};
+use justonce_transport::redis_streams::{
+    BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamOptions,
+};
 use justonce_transport::{ConsumerStats, KeyFrom};
 use std::time::Instant;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let args = StreamArgs::from_args(10_000, 1, &["amqp", "nats"])
-        .filter(|args| args.broker == "amqp" || args.batch == 1);
+    let args = StreamArgs::from_args(10_000, 1, &["amqp", "nats", "redis"])
+        .filter(|args| args.broker != "nats" || args.batch == 1);
     let Some(args) = args else {
         eprintln!(
-            "usage: broker-throughput [--broker amqp|nats] [--backend postgres|mysql|sqlite] \
-             [--messages N] [--duplicates PERCENT] [--batch N (amqp)] [--json]"
+            "usage: broker-throughput [--broker amqp|nats|redis] [--backend postgres|mysql|sqlite] \
+             [--messages N] [--duplicates PERCENT] [--batch N (amqp, redis)] [--json]"
         );
         return std::process::ExitCode::from(2);
     };
     let (per_second, stats) = if args.broker == "nats" {
         justonce_tests::with_backend!(args.backend, DB => measure_nats::<DB>(&args).await)
+    } else if args.broker == "redis" {
+        justonce_tests::with_backend!(args.backend, DB => measure_redis::<DB>(&args).await)
     } else {
         justonce_tests::with_backend!(args.backend, DB => measure::<DB>(&args).await)
     };
@@ -167,6 +174,62 @@ async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
             .await
             .expect("stream deleted");
     }
+    db.cleanup().await;
+    (per_second, stats)
+}
+
+async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
+    let db = TestDb::<DB>::new("redis-throughput").await;
+    let stream = format!("{}bench", db.prefix);
+    let url = justonce_tests::redis_url();
+    let options = RedisStreamOptions::new(&stream, "bench").count(args.batch.max(16));
+    let consumer = RedisStreamConsumer::connect(&url, db.inbox.clone(), options)
+        .await
+        .expect("Redis");
+    let mut redis = redis::Client::open(url.as_str())
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis");
+    let distinct = args.distinct();
+    for round in (0..args.messages).collect::<Vec<_>>().chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for n in round {
+            let key = format!("order:{}", n % distinct);
+            pipe.xadd(
+                &stream,
+                "*",
+                &[(KEY_FIELD, key.as_str()), (BODY_FIELD, key.as_str())],
+            )
+            .ignore();
+        }
+        pipe.query_async::<()>(&mut redis).await.expect("added");
+    }
+
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let started = Instant::now();
+    let mut entries = consumer.entries();
+    while ((stats.processed + stats.duplicates) as usize) < args.messages {
+        for entry in entries.next().await.expect("entries") {
+            let ran = consumer.run_one(&entry, &work).await;
+            consumer
+                .settle(&entry, ran, &mut stats)
+                .await
+                .expect("settled");
+        }
+    }
+    let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(
+        db.rows("effects").await,
+        distinct as i64,
+        "effects = distinct keys"
+    );
+    redis::cmd("DEL")
+        .arg(&stream)
+        .query_async::<()>(&mut redis)
+        .await
+        .expect("stream deleted");
     db.cleanup().await;
     (per_second, stats)
 }
