@@ -7,6 +7,7 @@ use justonce_http::receiver::{IdLocation, Scheme, Source};
 use justonce_sql::{Consumer, Retention};
 use justonce_transport::KeyFrom;
 use justonce_transport::amqp::AmqpOptions;
+use justonce_transport::mqtt::MqttOptions;
 use justonce_transport::nats::NatsOptions;
 use justonce_transport::redis_streams::RedisStreamOptions;
 use serde::Deserialize;
@@ -52,6 +53,7 @@ pub enum BrokerOptions {
     Amqp(AmqpOptions),
     Nats(NatsOptions),
     Redis(RedisStreamOptions),
+    Mqtt(MqttOptions),
 }
 
 impl Settings {
@@ -91,6 +93,8 @@ struct RawConsumer {
     subject: Option<String>,
     durable: Option<String>,
     group: Option<String>,
+    topic: Option<String>,
+    client_id: Option<String>,
     id: Option<String>,
     retry_horizon: Option<String>,
     retention: Option<String>,
@@ -127,13 +131,15 @@ struct RawSource {
 }
 
 /// The consumer keys that `JUSTONCE_CONSUMERS_<NAME>_<KEY>` overrides: the text ones.
-const CONSUMER_KEYS: [&str; 12] = [
+const CONSUMER_KEYS: [&str; 14] = [
     "from",
     "queue",
     "stream",
     "subject",
     "durable",
     "group",
+    "topic",
+    "client_id",
     "id",
     "retry_horizon",
     "retention",
@@ -295,15 +301,17 @@ fn validate_consumer(
         None => raw.from.clone(),
     };
     let scheme = from.split_once("://").map_or("", |(scheme, _)| scheme);
-    let (amqp, nats, redis) = (
+    let (amqp, nats, redis, mqtt) = (
         scheme == "amqp",
         scheme == "nats",
         matches!(scheme, "redis" | "rediss"),
+        scheme == "mqtt",
     );
-    if !(amqp || nats || redis) {
+    if !(amqp || nats || redis || mqtt) {
         bail!(
-            "from must be an amqp://, nats:// or redis:// URL (or env:VARIABLE holding one): \
-             RabbitMQ, NATS JetStream and Redis Streams are the brokers this version consumes"
+            "from must be an amqp://, nats://, redis:// or mqtt:// URL (or env:VARIABLE \
+             holding one): RabbitMQ, NATS JetStream, Redis Streams and MQTT are the brokers \
+             this version consumes"
         );
     }
     let only = |present: bool, key: &str, broker: &str| -> Result<()> {
@@ -318,10 +326,12 @@ fn validate_consumer(
     only(!nats && raw.durable.is_some(), "durable", "NATS")?;
     only(!redis && raw.group.is_some(), "group", "Redis Streams")?;
     only(
-        amqp && raw.stream.is_some(),
+        !(nats || redis) && raw.stream.is_some(),
         "stream",
         "NATS and Redis Streams",
     )?;
+    only(!mqtt && raw.topic.is_some(), "topic", "MQTT")?;
+    only(!mqtt && raw.client_id.is_some(), "client_id", "MQTT")?;
     let key_from = match raw.id.as_deref().unwrap_or("message_id") {
         "message_id" => KeyFrom::MessageId,
         id => match id.split_once(':') {
@@ -362,6 +372,21 @@ fn validate_consumer(
             options = options.max_attempts(attempts);
         }
         BrokerOptions::Redis(options)
+    } else if mqtt {
+        let topic = raw
+            .topic
+            .clone()
+            .filter(|t| !t.is_empty())
+            .context("topic must name a topic filter")?;
+        let client_id = raw
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("justonce-{name}"));
+        let mut options = MqttOptions::new(topic, client_id).key_from(key_from);
+        if let Some(attempts) = raw.max_attempts {
+            options = options.max_attempts(attempts);
+        }
+        BrokerOptions::Mqtt(options)
     } else {
         let queue = raw
             .queue
@@ -702,8 +727,8 @@ target = "http://127.0.0.1:9000/orders"
         assert!(format!("{:?}", orders.options).contains("orders-eu"));
         let cases = [
             (
-                ORDERS.replace("env:ORDERS_BROKER", "mqtt://127.0.0.1:1883"),
-                "amqp://, nats:// or redis://",
+                ORDERS.replace("env:ORDERS_BROKER", "kafka://127.0.0.1:9092"),
+                "amqp://, nats://, redis:// or mqtt://",
             ),
             (
                 ORDERS.replace("env:ORDERS_BROKER", "redis://127.0.0.1:6379"),

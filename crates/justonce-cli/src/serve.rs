@@ -10,6 +10,7 @@ use justonce_http::receiver;
 use justonce_sql::{Backend, Consumer, Inbox, Key, Message, Outbox, WorkFuture};
 use justonce_transport::Incoming;
 use justonce_transport::amqp::AmqpConsumer;
+use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::NatsConsumer;
 use justonce_transport::redis_streams::RedisStreamConsumer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -179,6 +180,11 @@ where
         }
         BrokerOptions::Nats(options) => {
             let consumer = NatsConsumer::connect(from, inbox, options.clone()).await?;
+            tracing::info!(consumer = %name, "consuming");
+            consumer.run(stopped, work).await
+        }
+        BrokerOptions::Mqtt(options) => {
+            let consumer = MqttConsumer::connect(from, inbox, options.clone()).await?;
             tracing::info!(consumer = %name, "consuming");
             consumer.run(stopped, work).await
         }

@@ -24,6 +24,19 @@ pub fn mysql_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
+/// The MQTT broker the tests use; they fail if it is down.
+pub fn mqtt_url() -> String {
+    std::env::var("JUSTONCE_TEST_MQTT_URL").unwrap_or_else(|_| "mqtt://127.0.0.1:1883".to_owned())
+}
+
+/// The MQTT settings the tests' consumers of `topic` share: one persistent session per
+/// topic, kept for five minutes, so that a process that takes over a killed one's client id
+/// receives what it left unacknowledged.
+pub fn mqtt_options(topic: &str) -> justonce_transport::mqtt::MqttOptions {
+    justonce_transport::mqtt::MqttOptions::new(topic, format!("{topic}-c"))
+        .session_expiry(std::time::Duration::from_secs(300))
+}
+
 /// The PostgreSQL server the tests use; they fail if it is down.
 pub fn postgres_url() -> String {
     std::env::var("JUSTONCE_TEST_POSTGRES_URL")

@@ -10,6 +10,7 @@
 //! | `amqp`  | RabbitMQ (AMQP 0-9-1), through lapin: [`amqp::AmqpConsumer`] and [`amqp::AmqpDestination`] |
 //! | `nats`  | NATS JetStream, through async-nats: [`nats::NatsConsumer`] and [`nats::NatsDestination`] |
 //! | `redis` | Redis Streams, through redis: [`redis_streams::RedisStreamConsumer`] and [`redis_streams::RedisStreamDestination`] |
+//! | `mqtt`  | MQTT 5, through rumqttc: [`mqtt::MqttConsumer`] and [`mqtt::MqttDestination`] |
 //!
 //! What a consumer does with each delivery:
 //!
@@ -26,6 +27,8 @@
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "redis")]
@@ -98,7 +101,12 @@ impl<E> Ran<E> {
 }
 
 /// A publisher's answer to the relay: sent, or to be tried again for `reason`.
-#[cfg(any(feature = "amqp", feature = "nats", feature = "redis"))]
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
 pub(crate) fn delivered(sent: Result<(), String>) -> justonce_core::Delivered {
     match sent {
         Ok(()) => justonce_core::Delivered::Sent,
@@ -119,7 +127,12 @@ pub(crate) fn truncate(text: &str, bytes: usize) -> &str {
 }
 
 /// The id at a JSON pointer in `body`: a string or a number.
-#[cfg(any(feature = "amqp", feature = "nats", feature = "redis"))]
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
 pub(crate) fn json_id(body: &[u8], pointer: &str) -> Result<String, String> {
     // serde_json refuses nesting deeper than 128 levels.
     let body: serde_json::Value =

@@ -42,6 +42,7 @@ on_every_database!(
     a_queue_consumed_by_the_service_reaches_its_target_once_per_key,
     a_stream_consumed_by_the_service_reaches_its_target_once_per_key,
     a_redis_stream_consumed_by_the_service_reaches_its_target_once_per_key,
+    an_mqtt_topic_consumed_by_the_service_reaches_its_target_once_per_key,
     the_printed_migrations_make_a_schema_the_service_accepts,
     a_server_killed_twenty_times_loses_no_acknowledged_event,
 );
@@ -845,6 +846,53 @@ async fn a_redis_stream_consumed_by_the_service_reaches_its_target_once_per_key<
     assert_each_order_delivered_once(&sink).await;
     server.stop().await;
     let _: () = redis.del(&stream).await.unwrap();
+    drop_database(db, &url).await;
+}
+
+/// `serve` consuming an MQTT topic on a persistent session: 120 messages for 100 ids,
+/// published while the service was not yet running, reach the target once per id.
+async fn an_mqtt_topic_consumed_by_the_service_reaches_its_target_once_per_key<DB: TestBackend>(
+    test: &str,
+) {
+    use justonce_sql::{Delivered, Delivery, Destination};
+    use justonce_transport::mqtt::{MqttConsumer, MqttDestination, MqttOptions};
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let mqtt = justonce_tests::mqtt_url();
+    let topic = format!("{}orders", db.prefix);
+    let client_id = format!("{}service", db.prefix);
+    // The session and its subscription exist before the messages, which wait in it for
+    // the service.
+    let session = MqttOptions::new(&topic, &client_id).session_expiry(Duration::from_secs(300));
+    drop(
+        MqttConsumer::connect(&mqtt, db.inbox.clone(), session)
+            .await
+            .expect("MQTT"),
+    );
+    let publisher = MqttDestination::new(&mqtt, &topic, &format!("{client_id}-p")).unwrap();
+    let headers = [("content-type".to_owned(), "application/json".to_owned())];
+    for n in 0..120 {
+        let id = format!("order-{}", n % 100);
+        let body = format!(r#"{{"order":"{id}"}}"#);
+        let delivery = Delivery {
+            id: n,
+            key: &id,
+            destination: "orders",
+            payload: body.as_bytes(),
+            headers: &headers,
+            attempt: 1,
+        };
+        assert_eq!(publisher.deliver(delivery).await, Delivered::Sent);
+    }
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{mqtt}\"\ntopic = \"{topic}\"\n\
+         client_id = \"{client_id}\"\ntarget = \"{}\"\n",
+        sink.url()
+    );
+    let mut server = Server::configure_with(&url, &sink.url(), &consumer);
+    server.start().await;
+    assert_each_order_delivered_once(&sink).await;
+    server.stop().await;
     drop_database(db, &url).await;
 }
 

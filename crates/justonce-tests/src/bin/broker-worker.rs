@@ -1,17 +1,21 @@
 //! A broker consumer for the crash tests, writing one effect row per key: RabbitMQ for an
-//! `amqp://` URL, NATS JetStream for a `nats://` one, Redis Streams for a `redis://` one.
+//! `amqp://` URL, NATS JetStream for a `nats://` one, Redis Streams for a `redis://` one,
+//! MQTT for an `mqtt://` one.
 //!
 //! `broker-worker <database-url> <prefix> <broker-url> <queue> <mode>`
 //!
 //! The queue is a RabbitMQ queue (the key is the `message_id`), or the JetStream stream,
 //! subject and durable consumer of that name (the key is the `Order-Id` header), or the
-//! Redis stream of that name, read in group `test` (the key is the `key` field). `pause-after-commit`: takes one message, runs its work and commits, prints
+//! Redis stream of that name, read in group `test` (the key is the `key` field), or the
+//! MQTT topic of that name, on the persistent session of client `<queue>-c` (the key is the
+//! `key` user property). `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed.
 
 use justonce_sql::{Consumer, Inbox, Options};
-use justonce_tests::{TestBackend, consumer_work};
+use justonce_tests::{TestBackend, consumer_work, mqtt_options};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::{NatsConsumer, NatsOptions};
 use justonce_transport::redis_streams::{KEY_FIELD, RedisStreamConsumer, RedisStreamOptions};
 use justonce_transport::{ConsumerStats, KeyFrom, Ran};
@@ -51,7 +55,28 @@ async fn work<DB: TestBackend>(
     let work = consumer_work::<DB>(prefix);
     let forever = std::future::pending::<()>();
     let pause = mode == "pause-after-commit";
-    if broker.starts_with("redis:") {
+    if broker.starts_with("mqtt:") {
+        let consumer = MqttConsumer::connect(broker, inbox, mqtt_options(queue)).await?;
+        if !pause {
+            consumer.run(forever, work).await?;
+            return Ok(());
+        }
+        let message = consumer.next().await?;
+        let ran = consumer.run_one(&message, &work).await;
+        let Ran::Outcome(outcome) = ran else {
+            return Err(format!("the work did not commit: {ran:?}").into());
+        };
+        let key = (message.properties.as_ref())
+            .and_then(|p| p.user_properties.iter().find(|(name, _)| name == "key"))
+            .map(|(_, key)| key.clone())
+            .unwrap_or_default();
+        committed(&key, &outcome)?;
+        forever.await;
+        let ran = Ran::<sqlx::Error>::Outcome(outcome);
+        consumer
+            .settle(&message, ran, &mut ConsumerStats::default())
+            .await?;
+    } else if broker.starts_with("redis:") {
         let options = RedisStreamOptions::new(queue, "test")
             .consumer(format!("worker-{}", std::process::id()))
             .claim_idle(std::time::Duration::from_millis(500));

@@ -11,6 +11,7 @@ mod idempotency;
 mod invoices;
 mod lease;
 mod lease_process;
+mod mqtt;
 mod nats;
 mod outbox;
 mod payments;

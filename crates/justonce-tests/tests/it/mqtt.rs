@@ -1,0 +1,297 @@
+//! The MQTT consumer and publisher against the real broker, with the keys on each real
+//! database: duplicates acknowledged without work, failures published again then
+//! dead-lettered, a worker killed between its commit and its ack or at random moments, and
+//! the relay's publisher.
+
+use super::{Xorshift, on_every_database};
+use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_tests::{TestBackend, TestDb, consumer_work, mqtt_options, mqtt_url};
+use justonce_transport::mqtt::{KEY_PROPERTY, Message, MqttConsumer, MqttDestination};
+use justonce_transport::{ConsumerStats, REASON_HEADER};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::Packet;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+on_every_database!(
+    each_message_published_twice_takes_effect_once,
+    failing_work_is_published_again_then_dead_lettered,
+    a_worker_killed_between_commit_and_ack_leaves_one_effect,
+    a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
+    the_relay_publishes_with_its_key,
+);
+
+/// The topic of one test, named after its prefix.
+fn topic<DB: TestBackend>(db: &TestDb<DB>) -> String {
+    format!("{}orders", db.prefix)
+}
+
+/// Publishes one message per key through justonce's own publisher, each acknowledged by the
+/// broker before the next.
+async fn publish(topic: &str, keys: impl IntoIterator<Item = String>) {
+    let publisher = MqttDestination::new(&mqtt_url(), topic, &format!("{topic}-p")).unwrap();
+    for (n, key) in keys.into_iter().enumerate() {
+        let delivery = Delivery {
+            id: n as i64,
+            key: &key,
+            destination: "orders",
+            payload: b"x",
+            headers: &[],
+            attempt: 1,
+        };
+        assert_eq!(
+            publisher.deliver(delivery).await,
+            Delivered::Sent,
+            "MQTT at {}",
+            mqtt_url()
+        );
+    }
+}
+
+/// Runs and settles messages until `settled` of them have been, or none came for `quiet`
+/// after at least `settled` (when `settled` is 0: until a quiet spell), within a minute.
+async fn consume<DB: TestBackend>(
+    db: &TestDb<DB>,
+    consumer: &MqttConsumer<DB>,
+    settled: u64,
+) -> ConsumerStats {
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let total = |s: &ConsumerStats| s.processed + s.duplicates + s.retried + s.dead_lettered;
+    while total(&stats) < settled {
+        let message = tokio::time::timeout_at(deadline, consumer.next())
+            .await
+            .expect("the messages within a minute")
+            .unwrap();
+        let ran = consumer.run_one(&message, &work).await;
+        consumer.settle(&message, ran, &mut stats).await.unwrap();
+    }
+    stats
+}
+
+/// Consumes until no message has come for two seconds.
+async fn drain<DB: TestBackend>(db: &TestDb<DB>, consumer: &MqttConsumer<DB>) -> ConsumerStats {
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while let Ok(message) = tokio::time::timeout(Duration::from_secs(2), consumer.next()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still busy after a minute"
+        );
+        let message = message.unwrap();
+        let ran = consumer.run_one(&message, &work).await;
+        consumer.settle(&message, ran, &mut stats).await.unwrap();
+    }
+    stats
+}
+
+async fn each_message_published_twice_takes_effect_once<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = topic(&db);
+    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(&topic))
+        .await
+        .unwrap();
+    publish(
+        &topic,
+        (0..2).flat_map(|_| (0..50).map(|n| format!("order:{n}"))),
+    )
+    .await;
+    let stats = consume(&db, &consumer, 100).await;
+    assert_eq!((stats.processed, stats.duplicates), (50, 50));
+    assert_eq!(db.rows("effects").await, 50);
+    assert_eq!(db.doubled_effects().await, 0);
+    db.cleanup().await;
+}
+
+/// A plain subscriber on `topic` with a clean session, answered by the broker before it
+/// returns, and the messages it receives.
+async fn subscriber(topic: &str) -> tokio::sync::mpsc::UnboundedReceiver<Message> {
+    let url = mqtt_url();
+    let address = url.trim_start_matches("mqtt://").trim_end_matches('/');
+    let (host, port) = address.rsplit_once(':').unwrap_or((address, "1883"));
+    let port = port.parse().expect("a port in the MQTT URL");
+    let mut options = rumqttc::v5::MqttOptions::new(format!("{topic}-s"), host, port);
+    options.set_clean_start(true);
+    let (client, mut events) = rumqttc::v5::AsyncClient::new(options, 16);
+    client.subscribe(topic, QoS::AtLeastOnce).await.unwrap();
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+    let (messages_tx, messages) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let _client = client;
+        let mut subscribed_tx = Some(subscribed_tx);
+        while let Ok(event) = events.poll().await {
+            match event {
+                rumqttc::v5::Event::Incoming(Packet::SubAck(_)) => {
+                    if let Some(tx) = subscribed_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                rumqttc::v5::Event::Incoming(Packet::Publish(message)) => {
+                    let _ = messages_tx.send(message);
+                }
+                _ => {}
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), subscribed)
+        .await
+        .expect("subscribed within 10 s")
+        .unwrap();
+    messages
+}
+
+async fn failing_work_is_published_again_then_dead_lettered<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = topic(&db);
+    let dead_topic = format!("{topic}/dead");
+    let mut dead = subscriber(&dead_topic).await;
+    let consumer = MqttConsumer::connect(
+        &mqtt_url(),
+        db.inbox.clone(),
+        mqtt_options(&topic)
+            .max_attempts(2)
+            .dead_letter_topic(&dead_topic),
+    )
+    .await
+    .unwrap();
+    publish(&topic, ["fail1:order".to_owned(), "bad:order".to_owned()]).await;
+    // fail1 fails once then succeeds; bad fails, then fails again and is dead-lettered.
+    let stats = consume(&db, &consumer, 4).await;
+    assert_eq!(
+        (stats.processed, stats.retried, stats.dead_lettered),
+        (1, 2, 1)
+    );
+    assert_eq!(db.effects_of(&Key::new("fail1:order").unwrap()).await, 1);
+    assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
+    let letter = tokio::time::timeout(Duration::from_secs(10), dead.recv())
+        .await
+        .expect("a dead letter")
+        .unwrap();
+    let property = |name: &str| {
+        let properties = letter.properties.as_ref().unwrap();
+        let found = properties.user_properties.iter().find(|(n, _)| n == name);
+        found.map(|(_, value)| value.clone()).unwrap_or_default()
+    };
+    assert_eq!(property(KEY_PROPERTY), "bad:order");
+    assert!(property(REASON_HEADER).contains("refused on attempt 2"));
+    assert_eq!(&letter.payload[..], b"x");
+    db.cleanup().await;
+}
+
+fn worker<DB: TestBackend>(db: &TestDb<DB>, topic: &str, mode: &str) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
+        .args([&db.url, &db.prefix, &mqtt_url(), topic, mode])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start broker-worker")
+}
+
+/// Makes the session and its subscription, then leaves, so that messages published next
+/// wait in the broker for the session's client.
+async fn open_session<DB: TestBackend>(db: &TestDb<DB>, topic: &str) {
+    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(topic))
+        .await
+        .unwrap();
+    drop(consumer);
+}
+
+async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = topic(&db);
+    open_session(&db, &topic).await;
+    publish(&topic, ["order:0".to_owned()]).await;
+    let mut paused = worker(&db, &topic, "pause-after-commit");
+    let mut lines = BufReader::new(paused.stdout.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the worker commits within 30 s")
+        .unwrap();
+    assert_eq!(said.as_deref(), Some("committed order:0 Processed(())"));
+    paused.kill().await.expect("SIGKILL the worker");
+    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
+    // The session's next connection gets the unacknowledged message again: a duplicate.
+    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(&topic))
+        .await
+        .unwrap();
+    let stats = consume(&db, &consumer, 1).await;
+    assert_eq!((stats.processed, stats.duplicates), (0, 1));
+    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
+    db.cleanup().await;
+}
+
+async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = topic(&db);
+    open_session(&db, &topic).await;
+    // Within Mosquitto's default of 1,000 messages queued for a session.
+    publish(&topic, (0..500).map(|n| format!("order:{}", n % 400))).await;
+    let mut random = Xorshift::from_clock();
+    for _ in 0..20 {
+        let mut running = worker(&db, &topic, "run");
+        tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
+        running.kill().await.expect("SIGKILL the consumer");
+    }
+    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(&topic))
+        .await
+        .unwrap();
+    drain(&db, &consumer).await;
+    assert_eq!(db.rows("effects").await, 400, "nothing lost");
+    assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
+    db.cleanup().await;
+}
+
+async fn the_relay_publishes_with_its_key<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = topic(&db);
+    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(&topic))
+        .await
+        .unwrap();
+    let destination = MqttDestination::new(&mqtt_url(), &topic, &format!("{topic}-relay")).unwrap();
+    let headers = [
+        ("content-type".to_owned(), "text/plain".to_owned()),
+        ("x-source".to_owned(), "billing".to_owned()),
+    ];
+    let delivery = Delivery {
+        id: 1,
+        key: "billing:invoice:2026-10",
+        destination: "orders",
+        payload: b"invoice",
+        headers: &headers,
+        attempt: 1,
+    };
+    assert_eq!(destination.deliver(delivery).await, Delivered::Sent);
+    // The relay sends a row again when its mark was lost: two messages, one key.
+    assert_eq!(destination.deliver(delivery).await, Delivered::Sent);
+    let first = consumer.next().await.unwrap();
+    let properties = first.properties.clone().unwrap();
+    assert_eq!(properties.content_type.as_deref(), Some("text/plain"));
+    assert!(properties.user_properties.contains(&(
+        KEY_PROPERTY.to_owned(),
+        "billing:invoice:2026-10".to_owned()
+    )));
+    assert!(
+        properties
+            .user_properties
+            .contains(&("x-source".to_owned(), "billing".to_owned()))
+    );
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let ran = consumer.run_one(&first, &work).await;
+    consumer.settle(&first, ran, &mut stats).await.unwrap();
+    let second = consumer.next().await.unwrap();
+    let ran = consumer.run_one(&second, &work).await;
+    consumer.settle(&second, ran, &mut stats).await.unwrap();
+    assert_eq!((stats.processed, stats.duplicates), (1, 1));
+    assert_eq!(
+        db.effects_of(&Key::new("billing:invoice:2026-10").unwrap())
+            .await,
+        1
+    );
+    db.cleanup().await;
+}

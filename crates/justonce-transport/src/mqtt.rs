@@ -1,0 +1,612 @@
+//! MQTT 5: a QoS 1 subscriber on a persistent session that acknowledges (`PUBACK`) only after
+//! the commit, and the relay's publisher.
+//!
+//! ```no_run
+//! # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), justonce_transport::Error> {
+//! use justonce_sql::sqlx;
+//! use justonce_transport::mqtt::{MqttConsumer, MqttOptions};
+//!
+//! let consumer = MqttConsumer::connect(
+//!     "mqtt://127.0.0.1:1883",
+//!     inbox,
+//!     MqttOptions::new("orders/#", "shipping-1"),
+//! )
+//! .await?;
+//! consumer
+//!     .run(tokio::signal::ctrl_c(), |tx, message| {
+//!         Box::pin(async move {
+//!             sqlx::query("INSERT INTO shipments (order_key) VALUES ($1)")
+//!                 .bind(message.key.as_str())
+//!                 .execute(&mut **tx)
+//!                 .await
+//!                 .map(drop)
+//!         })
+//!     })
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The session is persistent (`clean_start` off, a session expiry): a message delivered but
+//! not acknowledged when the consumer died is sent again when a consumer with the same
+//! client id connects. MQTT has no negative acknowledgement, so failed work is published
+//! again to the message's topic with its attempt count in a user property, then
+//! acknowledged; after the attempt limit it is published to the dead-letter topic with the
+//! reason. Each copy is acknowledged by the broker before the original is.
+//!
+//! The key is the `key` user property by default, as [`MqttDestination`] publishes it.
+
+use crate::{
+    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
+    truncate,
+};
+use justonce_core::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
+use rumqttc::Outgoing;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event, EventLoop};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::sync::{Mutex, mpsc};
+
+pub use rumqttc::v5::mqttbytes::v5::Publish as Message;
+
+/// The user property that holds a message's key, by default.
+pub const KEY_PROPERTY: &str = "key";
+
+/// How long the broker has to acknowledge a publish or a subscription.
+const BROKER_ANSWER: Duration = Duration::from_secs(30);
+
+/// Settings of an [`MqttConsumer`].
+#[derive(Debug, Clone)]
+pub struct MqttOptions {
+    topic: String,
+    client_id: String,
+    key_from: KeyFrom,
+    max_attempts: u32,
+    session_expiry: Duration,
+    dead_letter_topic: String,
+    store_pause: Duration,
+}
+
+impl MqttOptions {
+    /// Subscribes to `topic` (a filter, wildcards allowed) at QoS 1 as client `client_id`,
+    /// whose session the broker keeps for a week while it is away. The key is the `key`
+    /// user property; failed work gets 5 attempts before it goes to
+    /// `justonce/dead/<client_id>`.
+    pub fn new(topic: impl Into<String>, client_id: impl Into<String>) -> Self {
+        let client_id = client_id.into();
+        Self {
+            topic: topic.into(),
+            dead_letter_topic: format!("justonce/dead/{client_id}"),
+            client_id,
+            key_from: KeyFrom::MessageId,
+            max_attempts: 5,
+            session_expiry: Duration::from_secs(7 * 86_400),
+            store_pause: Duration::from_secs(1),
+        }
+    }
+
+    /// Where the key is: [`KeyFrom::MessageId`] is the `key` user property,
+    /// [`KeyFrom::Header`] a user property of that name, [`KeyFrom::Json`] a pointer into
+    /// the payload.
+    pub fn key_from(mut self, key_from: KeyFrom) -> Self {
+        self.key_from = key_from;
+        self
+    }
+
+    /// How many times failed work is tried before it is dead-lettered (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// How long the broker keeps the session, and the messages for it, while no consumer
+    /// with this client id is connected: at least as long as a consumer may be down.
+    pub fn session_expiry(mut self, expiry: Duration) -> Self {
+        self.session_expiry = expiry;
+        self
+    }
+
+    /// The topic dead letters are published to.
+    pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
+        self.dead_letter_topic = topic.into();
+        self
+    }
+
+    /// How long the consumer waits after a database failure before it publishes the
+    /// message back.
+    pub fn store_pause(mut self, pause: Duration) -> Self {
+        self.store_pause = pause;
+        self
+    }
+}
+
+/// What the event loop passes on to the consumer or publisher.
+enum Confirm {
+    /// The event loop sent a publish with this packet id.
+    Sent(u16),
+    /// The broker acknowledged the publish with this packet id.
+    Acked(u16),
+    /// The broker acknowledged a subscription.
+    Subscribed,
+    /// The connection failed, for this reason.
+    Failed(String),
+}
+
+/// A client and the task that drives its event loop.
+struct Connection {
+    client: AsyncClient,
+    confirms: Mutex<mpsc::UnboundedReceiver<Confirm>>,
+    messages: Mutex<mpsc::UnboundedReceiver<Result<Message, String>>>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl Connection {
+    /// Connects as `client_id`; `session_expiry` of `None` starts a clean session.
+    fn open(url: &str, client_id: &str, session_expiry: Option<Duration>) -> Result<Self, Error> {
+        let address = parse_url(url)?;
+        let mut options = rumqttc::v5::MqttOptions::new(client_id, address.host, address.port);
+        options.set_keep_alive(Duration::from_secs(30));
+        if let Some((user, password)) = address.login {
+            options.set_credentials(user, password);
+        }
+        match session_expiry {
+            Some(expiry) => {
+                let seconds = u32::try_from(expiry.as_secs()).unwrap_or(u32::MAX);
+                options
+                    .set_clean_start(false)
+                    .set_session_expiry_interval(Some(seconds))
+                    .set_manual_acks(true);
+            }
+            None => {
+                options.set_clean_start(true);
+            }
+        }
+        let (client, events) = AsyncClient::new(options, 64);
+        let (confirm_tx, confirms) = mpsc::unbounded_channel();
+        let (message_tx, messages) = mpsc::unbounded_channel();
+        let driver = tokio::spawn(drive(events, confirm_tx, message_tx));
+        Ok(Self {
+            client,
+            confirms: Mutex::new(confirms),
+            messages: Mutex::new(messages),
+            driver,
+        })
+    }
+
+    /// Publishes at QoS 1 and waits until the broker has acknowledged it.
+    async fn publish_confirmed(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        properties: PublishProperties,
+    ) -> Result<(), Error> {
+        // One publish in flight at a time, so that the next packet id sent is this one's.
+        let mut confirms = self.confirms.lock().await;
+        self.client
+            .publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties)
+            .await
+            .map_err(broker)?;
+        let answered = tokio::time::timeout(BROKER_ANSWER, async {
+            let mut sent = None;
+            while let Some(confirm) = confirms.recv().await {
+                match (confirm, sent) {
+                    (Confirm::Sent(pkid), None) => sent = Some(pkid),
+                    (Confirm::Acked(pkid), Some(sent)) if pkid == sent => return Ok(()),
+                    (Confirm::Failed(reason), _) => return Err(Error::Broker(reason.into())),
+                    _ => {}
+                }
+            }
+            Err(Error::Broker("the connection to the broker closed".into()))
+        })
+        .await;
+        answered.unwrap_or_else(|_| {
+            Err(Error::Broker(
+                format!("the broker did not acknowledge a publish to {topic}").into(),
+            ))
+        })
+    }
+}
+
+/// Polls the event loop, passing on messages, publish confirmations and subscriptions,
+/// until the connection fails; the failure ends the consumer, whose caller connects again.
+async fn drive(
+    mut events: EventLoop,
+    confirms: mpsc::UnboundedSender<Confirm>,
+    messages: mpsc::UnboundedSender<Result<Message, String>>,
+) {
+    loop {
+        let passed = match events.poll().await {
+            Ok(Event::Incoming(Packet::Publish(message))) => messages.send(Ok(message)).is_ok(),
+            Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                confirms.send(Confirm::Acked(ack.pkid)).is_ok()
+            }
+            Ok(Event::Incoming(Packet::SubAck(_))) => confirms.send(Confirm::Subscribed).is_ok(),
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
+                confirms.send(Confirm::Sent(pkid)).is_ok()
+            }
+            Ok(_) => true,
+            Err(error) => {
+                let _ = confirms.send(Confirm::Failed(error.to_string()));
+                let _ = messages.send(Err(error.to_string()));
+                false
+            }
+        };
+        if !passed {
+            return;
+        }
+    }
+}
+
+/// An MQTT consumer that runs each message's work once in effect.
+pub struct MqttConsumer<DB: Backend> {
+    inbox: Inbox<DB>,
+    connection: Connection,
+    options: MqttOptions,
+}
+
+impl<DB: Backend> std::fmt::Debug for MqttConsumer<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttConsumer")
+            .field("inbox", &self.inbox)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> MqttConsumer<DB> {
+    /// Connects to `url` (`mqtt://[user:password@]host[:port]`) on the client's persistent
+    /// session and subscribes to the topic at QoS 1, waiting for the broker's answer.
+    pub async fn connect(url: &str, inbox: Inbox<DB>, options: MqttOptions) -> Result<Self, Error> {
+        let connection = Connection::open(url, &options.client_id, Some(options.session_expiry))?;
+        connection
+            .client
+            .subscribe(options.topic.clone(), QoS::AtLeastOnce)
+            .await
+            .map_err(broker)?;
+        let subscribed = tokio::time::timeout(BROKER_ANSWER, async {
+            let mut confirms = connection.confirms.lock().await;
+            loop {
+                match confirms.recv().await {
+                    Some(Confirm::Subscribed) => return Ok(()),
+                    Some(Confirm::Failed(reason)) => return Err(Error::Broker(reason.into())),
+                    Some(_) => {}
+                    None => return Err(Error::Broker("the connection closed".into())),
+                }
+            }
+        })
+        .await
+        .map_err(|_| {
+            Error::Broker(format!("no answer to the subscription to {}", options.topic).into())
+        })?;
+        subscribed?;
+        Ok(Self {
+            inbox,
+            connection,
+            options,
+        })
+    }
+
+    /// Takes messages until `shutdown` resolves, runs `work` for each in a transaction with
+    /// its key, and settles each only after. A message taken but not settled at shutdown is
+    /// sent again on the session's next connection.
+    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut stats = ConsumerStats::default();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let next = tokio::select! {
+                _ = &mut shutdown => break,
+                next = self.next() => next?,
+            };
+            let ran = self.run_one(&next, &work).await;
+            self.settle(&next, ran, &mut stats).await?;
+        }
+        Ok(stats)
+    }
+
+    /// The next message, for callers that run and settle messages themselves.
+    pub async fn next(&self) -> Result<Message, Error> {
+        match self.connection.messages.lock().await.recv().await {
+            Some(Ok(message)) => Ok(message),
+            Some(Err(reason)) => Err(Error::Broker(reason.into())),
+            None => Err(Error::Broker("the connection to the broker closed".into())),
+        }
+    }
+
+    /// Runs the work of one message in a transaction with its key (see [`Inbox::run`]).
+    pub async fn run_one<F, E>(&self, message: &Message, work: &F) -> Ran<E>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let key = match key_of(&self.options.key_from, message) {
+            Ok(key) => key,
+            Err(reason) => return Ran::NoKey(reason),
+        };
+        let attempt = attempt_of(message);
+        let incoming = Incoming {
+            key,
+            body: message.payload.to_vec(),
+            attempt,
+            redelivered: message.dup || attempt > 1,
+            content_type: message
+                .properties
+                .as_ref()
+                .and_then(|p| p.content_type.clone()),
+        };
+        let run = self
+            .inbox
+            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .await;
+        Ran::of(run)
+    }
+
+    /// Acknowledges, publishes again for another attempt, or dead-letters the message as
+    /// `ran` says, and counts it in `stats`.
+    pub async fn settle<E: std::fmt::Display>(
+        &self,
+        message: &Message,
+        ran: Ran<E>,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error> {
+        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "mqtt").increment(1);
+        let attempt = attempt_of(message);
+        let topic = String::from_utf8_lossy(&message.topic).into_owned();
+        match ran {
+            Ran::Outcome(Outcome::Processed(())) => stats.processed += 1,
+            Ran::Outcome(Outcome::Duplicate) => stats.duplicates += 1,
+            Ran::Outcome(Outcome::KeyReused { .. }) => {
+                tracing::warn!(%topic, "the same key with another payload: skipped");
+                stats.key_reused += 1;
+            }
+            Ran::Work(error) if attempt < self.options.max_attempts => {
+                tracing::debug!(attempt, %error, "work failed: retrying");
+                stats.retried += 1;
+                self.publish_copy(message, &topic, attempt + 1, None)
+                    .await?;
+            }
+            Ran::Work(error) => {
+                let reason = format!("attempt {attempt}: {error}");
+                stats.dead_lettered += 1;
+                self.dead_letter(message, attempt, &reason).await?;
+            }
+            Ran::NoKey(reason) => {
+                stats.dead_lettered += 1;
+                self.dead_letter(message, attempt, &reason).await?;
+            }
+            Ran::Store(error) => {
+                tracing::warn!(%error, "database failed: the message goes back to its topic");
+                stats.returned += 1;
+                tokio::time::sleep(self.options.store_pause).await;
+                self.publish_copy(message, &topic, attempt, None).await?;
+            }
+        }
+        self.connection.client.ack(message).await.map_err(broker)
+    }
+
+    async fn dead_letter(
+        &self,
+        message: &Message,
+        attempt: u32,
+        reason: &str,
+    ) -> Result<(), Error> {
+        tracing::warn!(%reason, "dead-lettered");
+        let topic = self.options.dead_letter_topic.clone();
+        self.publish_copy(message, &topic, attempt, Some(reason))
+            .await
+    }
+
+    /// Publishes the message to `topic` with its properties, the attempt and the reason, and
+    /// waits for the broker to acknowledge it.
+    async fn publish_copy(
+        &self,
+        message: &Message,
+        topic: &str,
+        attempt: u32,
+        reason: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut properties = message.properties.clone().unwrap_or_default();
+        // Set by the broker for its subscribers, not by publishers.
+        properties.subscription_identifiers.clear();
+        properties
+            .user_properties
+            .retain(|(name, _)| name != ATTEMPT_HEADER && name != REASON_HEADER);
+        properties
+            .user_properties
+            .push((ATTEMPT_HEADER.to_owned(), attempt.to_string()));
+        if let Some(reason) = reason {
+            properties.user_properties.push((
+                REASON_HEADER.to_owned(),
+                truncate(reason, REASON_BYTES).to_owned(),
+            ));
+        }
+        self.connection
+            .publish_confirmed(topic, message.payload.to_vec(), properties)
+            .await
+    }
+}
+
+/// The relay's destination for MQTT: publishes each outbox row to a topic at QoS 1 with
+/// its key in the `key` user property and its headers as user properties, and marks it
+/// sent once the broker acknowledges it. A row published again is a second message with
+/// the same key, which the consumer's claim makes a duplicate.
+pub struct MqttDestination {
+    url: String,
+    topic: String,
+    client_id: String,
+    /// The connection, opened on the first delivery and reopened after a failure.
+    connection: Mutex<Option<Connection>>,
+}
+
+impl std::fmt::Debug for MqttDestination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttDestination")
+            .field("topic", &self.topic)
+            .field("client_id", &self.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MqttDestination {
+    /// Publishes to `topic` as client `client_id` on a clean session. Connects on the first
+    /// delivery.
+    pub fn new(url: &str, topic: &str, client_id: &str) -> Result<Self, Error> {
+        parse_url(url)?;
+        Ok(Self {
+            url: url.to_owned(),
+            topic: topic.to_owned(),
+            client_id: client_id.to_owned(),
+            connection: Mutex::new(None),
+        })
+    }
+
+    async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
+        let mut open = self.connection.lock().await;
+        if open.is_none() {
+            *open = Some(
+                Connection::open(&self.url, &self.client_id, None).map_err(|e| e.to_string())?,
+            );
+        }
+        let connection = open.as_ref().expect("opened above");
+        let mut properties = PublishProperties::default();
+        properties
+            .user_properties
+            .push((KEY_PROPERTY.to_owned(), delivery.key.to_owned()));
+        for (name, value) in delivery.headers {
+            if name.eq_ignore_ascii_case("content-type") {
+                properties.content_type = Some(value.clone());
+            } else {
+                properties
+                    .user_properties
+                    .push((name.clone(), value.clone()));
+            }
+        }
+        let sent = connection
+            .publish_confirmed(&self.topic, delivery.payload.to_vec(), properties)
+            .await;
+        if sent.is_err() {
+            *open = None;
+        }
+        sent.map_err(|e| e.to_string())
+    }
+}
+
+impl Destination for MqttDestination {
+    fn deliver<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
+        Box::pin(async move { crate::delivered(self.send(delivery).await) })
+    }
+}
+
+/// Where a broker is, and who to log in as.
+#[derive(Debug, PartialEq, Eq)]
+struct Address {
+    host: String,
+    port: u16,
+    login: Option<(String, String)>,
+}
+
+/// The address in `mqtt://[user:password@]host[:port]`.
+fn parse_url(url: &str) -> Result<Address, Error> {
+    let bad = |why: &str| {
+        Error::Config(format!(
+            "MQTT URL: {why}; expected mqtt://[user:password@]host[:port]"
+        ))
+    };
+    let rest = url
+        .strip_prefix("mqtt://")
+        .ok_or_else(|| bad("not mqtt://"))?;
+    let rest = rest.trim_end_matches('/');
+    let (login, address) = match rest.rsplit_once('@') {
+        Some((login, address)) => {
+            let (user, password) = login.split_once(':').unwrap_or((login, ""));
+            (Some((user.to_owned(), password.to_owned())), address)
+        }
+        None => (None, rest),
+    };
+    let (host, port) = match address.rsplit_once(':') {
+        Some((host, port)) => (
+            host,
+            port.parse().map_err(|_| bad("the port is not a number"))?,
+        ),
+        None => (address, 1883),
+    };
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    Ok(Address {
+        host: host.to_owned(),
+        port,
+        login,
+    })
+}
+
+fn user_property<'m>(message: &'m Message, name: &str) -> Option<&'m str> {
+    let properties = message.properties.as_ref()?;
+    properties
+        .user_properties
+        .iter()
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.as_str())
+}
+
+/// Which attempt this is, from 1, as the copies published for retries count.
+fn attempt_of(message: &Message) -> u32 {
+    user_property(message, ATTEMPT_HEADER)
+        .and_then(|attempt| attempt.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The key of a message, or why it has none.
+fn key_of(key_from: &KeyFrom, message: &Message) -> Result<Key, String> {
+    let text = match key_from {
+        KeyFrom::MessageId => user_property(message, KEY_PROPERTY)
+            .ok_or("the message has no key user property")?
+            .to_owned(),
+        KeyFrom::Header(name) => user_property(message, name)
+            .ok_or_else(|| format!("the message has no user property {name}"))?
+            .to_owned(),
+        KeyFrom::Json(pointer) => crate::json_id(&message.payload, pointer)?,
+    };
+    Key::new(text).map_err(|e| e.to_string())
+}
+
+fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Broker(Box::new(error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_url;
+
+    #[test]
+    fn urls_name_host_port_and_login() {
+        let address = parse_url("mqtt://127.0.0.1:1883").unwrap();
+        assert_eq!((address.host.as_str(), address.port), ("127.0.0.1", 1883));
+        assert_eq!(address.login, None);
+        assert_eq!(parse_url("mqtt://broker").unwrap().port, 1883);
+        assert_eq!(
+            parse_url("mqtt://app:s3cret@broker:8883").unwrap().login,
+            Some(("app".to_owned(), "s3cret".to_owned()))
+        );
+        for bad in ["http://broker", "mqtt://", "mqtt://broker:port"] {
+            assert!(parse_url(bad).is_err(), "{bad} was accepted");
+        }
+    }
+}
