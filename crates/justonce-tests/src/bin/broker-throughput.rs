@@ -42,10 +42,10 @@ async fn main() -> std::process::ExitCode {
         justonce_tests::with_backend!(args.backend, DB => measure::<DB>(&args).await)
     };
     let rss = justonce_tests::peak_rss_mib(None);
-    let mode = if args.batch > 1 {
-        format!("batches of {}", args.batch)
-    } else {
-        "one by one".to_owned()
+    let mode = match (args.batch, args.broker.as_str()) {
+        (1, _) => "one by one".to_owned(),
+        (batch, "redis") => format!("reads of {batch}"),
+        (batch, _) => format!("batches of {batch}"),
     };
     if args.json {
         println!(
