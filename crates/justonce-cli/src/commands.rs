@@ -1,10 +1,23 @@
 //! Each command against the configured database.
 
 use crate::config::Settings;
-use crate::{Command, DlqCommand, KeysCommand};
+use crate::{Command, DlqCommand, KeyArgs, KeysCommand};
 use anyhow::{Context, Result};
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Options, Row, Scope, StoredKey};
+use std::io::{BufRead, IsTerminal, Write};
+
+/// Bad usage found once the command runs, such as a malformed key: exit code 2.
+#[derive(Debug)]
+pub struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
 
 /// Opens the store the settings name and runs `command` on it.
 pub async fn run(settings: Settings, command: Command) -> Result<()> {
@@ -84,34 +97,231 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
             let sent = outbox.purge_sent(keep_sent, batch_size).await?;
             println!("purged {keys} keys and {sent} sent deliveries");
         }
-        Command::Stats => {
-            let stats = outbox.stats().await?;
-            println!(
-                "deliveries: {} sent, {} due, {} dead",
-                stats.sent, stats.due, stats.dead
-            );
-        }
+        Command::Stats { json } => stats(&inbox, json).await?,
         Command::Dlq { command } => dlq(&outbox, command).await?,
-        Command::Keys {
-            command:
-                KeysCommand::Show {
-                    key,
-                    consumer,
-                    scope,
-                },
-        } => {
-            let scope = scope
-                .map(Scope::new)
-                .transpose()?
-                .unwrap_or_else(Scope::none);
-            let identity = Identity::new(scope, Consumer::new(consumer)?, Key::new(key)?);
-            let stored = inbox.lookup(&identity).await?.with_context(|| {
-                format!("no key {} for consumer {}", identity.key, identity.consumer)
-            })?;
+        Command::Keys { command } => keys(&inbox, command).await?,
+    }
+    Ok(())
+}
+
+async fn keys<DB: Backend>(inbox: &Inbox<DB>, command: KeysCommand) -> Result<()> {
+    match command {
+        KeysCommand::Show { key } => {
+            let identity = key.identity()?;
+            let stored = lookup(inbox, &identity).await?;
             print_key(&identity, &stored);
+        }
+        KeysCommand::Release { key, yes } => {
+            let identity = key.identity()?;
+            show_lease_in_progress(inbox, &identity, "release").await?;
+            confirm("Release this key, so that the next claim takes it?", yes)?;
+            if !inbox.release_key(&identity).await? {
+                anyhow::bail!("{} has no lease in progress any more", name(&identity));
+            }
+            println!("released: the next claim takes {} at once", identity.key);
+        }
+        KeysCommand::Complete { key, result, yes } => {
+            let identity = key.identity()?;
+            show_lease_in_progress(inbox, &identity, "complete").await?;
+            let stored = match &result {
+                Some(result) => format!("{} bytes of result", result.len()),
+                None => "no result".to_owned(),
+            };
+            confirm(&format!("Mark this key done, with {stored}?"), yes)?;
+            let result = result.as_deref().map(str::as_bytes);
+            if !inbox.complete_key(&identity, result).await? {
+                anyhow::bail!("{} has no lease in progress any more", name(&identity));
+            }
+            println!("completed: {} is done, with {stored}", identity.key);
         }
     }
     Ok(())
+}
+
+impl KeyArgs {
+    /// The key's identity; a malformed key, consumer or scope is bad usage.
+    fn identity(self) -> Result<Identity> {
+        let usage = |error: justonce_sql::Error| Usage(error.to_string());
+        let scope = match self.scope {
+            Some(scope) => Scope::new(scope).map_err(usage)?,
+            None => Scope::none(),
+        };
+        let consumer = Consumer::new(self.consumer).map_err(usage)?;
+        let key = Key::new(self.key).map_err(usage)?;
+        Ok(Identity::new(scope, consumer, key))
+    }
+}
+
+/// The key, its consumer and its scope, as an error message names them.
+fn name(identity: &Identity) -> String {
+    match identity.scope.as_str() {
+        "" => format!("key {} of consumer {}", identity.key, identity.consumer),
+        scope => format!(
+            "key {} of consumer {} in scope {scope}",
+            identity.key, identity.consumer
+        ),
+    }
+}
+
+async fn lookup<DB: Backend>(inbox: &Inbox<DB>, identity: &Identity) -> Result<StoredKey> {
+    inbox
+        .lookup(identity)
+        .await?
+        .with_context(|| format!("no {} is stored", name(identity)))
+}
+
+/// Prints a key whose lease is in progress, which `action` is about to change; fails for
+/// one that is missing or done.
+async fn show_lease_in_progress<DB: Backend>(
+    inbox: &Inbox<DB>,
+    identity: &Identity,
+    action: &str,
+) -> Result<()> {
+    let stored = lookup(inbox, identity).await?;
+    if stored.lease_remaining.is_none() {
+        anyhow::bail!(
+            "{} is done: there is no lease in progress to {action}",
+            name(identity)
+        );
+    }
+    print_key(identity, &stored);
+    Ok(())
+}
+
+/// Asks `question` on the terminal unless `yes`, and fails unless the answer is yes. With
+/// no terminal to ask on, only `--yes` goes ahead.
+fn confirm(question: &str, yes: bool) -> Result<()> {
+    if yes {
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Usage(
+            "stdin is not a terminal to confirm on: pass --yes to go ahead; nothing changed"
+                .to_owned(),
+        )
+        .into());
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer)?;
+    if matches!(answer.trim().to_lowercase().as_str(), "y" | "yes") {
+        Ok(())
+    } else {
+        anyhow::bail!("not confirmed: nothing changed")
+    }
+}
+
+async fn stats<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
+    let keys = inbox.key_counts().await?;
+    let deliveries = inbox.outbox().stats().await?;
+    let offsets = inbox.all_offsets().await?;
+    if json {
+        let stats = serde_json::json!({
+            "keys": keys.iter().map(|count| serde_json::json!({
+                "consumer": count.consumer,
+                "scope": (!count.scope.is_empty()).then_some(&count.scope),
+                "keys": count.keys,
+                "in_progress": count.in_progress,
+            })).collect::<Vec<_>>(),
+            "deliveries": {
+                "sent": deliveries.sent,
+                "due": deliveries.due,
+                "dead": deliveries.dead,
+                "oldest_due_age_seconds": deliveries.oldest_due.as_secs_f64(),
+            },
+            "offsets": offsets.iter().map(|stored| serde_json::json!({
+                "consumer": stored.consumer,
+                "stream": stored.stream,
+                "partition": stored.partition,
+                "position": stored.offset.position,
+                "sequence": stored.offset.sequence,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{stats}");
+        return Ok(());
+    }
+    print_table(
+        "keys",
+        &["consumer", "scope", "keys", "in progress"],
+        keys.iter()
+            .map(|count| {
+                vec![
+                    count.consumer.clone(),
+                    scope_or_none(&count.scope).to_owned(),
+                    count.keys.to_string(),
+                    count.in_progress.to_string(),
+                ]
+            })
+            .collect(),
+    );
+    print_table(
+        "deliveries",
+        &["sent", "due", "dead", "oldest due"],
+        vec![vec![
+            deliveries.sent.to_string(),
+            deliveries.due.to_string(),
+            deliveries.dead.to_string(),
+            format!("{} s", deliveries.oldest_due.as_secs()),
+        ]],
+    );
+    print_table(
+        "offsets",
+        &["consumer", "stream", "partition", "position", "sequence"],
+        offsets
+            .iter()
+            .map(|stored| {
+                vec![
+                    stored.consumer.clone(),
+                    stored.stream.clone(),
+                    stored.partition.to_string(),
+                    stored.offset.position.to_string(),
+                    stored.offset.sequence.to_string(),
+                ]
+            })
+            .collect(),
+    );
+    println!(
+        "Duplicates and key reuses are not stored: the running service counts them since it \
+         started, on the admin listener's /metrics."
+    );
+    Ok(())
+}
+
+/// Prints `rows` under `title` in aligned columns, or that there are none.
+fn print_table(title: &str, header: &[&str], rows: Vec<Vec<String>>) {
+    if rows.is_empty() {
+        println!("{title}: none\n");
+        return;
+    }
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        println!("  {}", padded.join("  ").trim_end());
+    };
+    println!("{title}");
+    line(header.to_vec());
+    for row in &rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    println!();
+}
+
+fn scope_or_none(scope: &str) -> &str {
+    match scope {
+        "" => "(none)",
+        scope => scope,
+    }
 }
 
 async fn dlq<DB: Backend>(outbox: &justonce_sql::Outbox<DB>, command: DlqCommand) -> Result<()> {
@@ -155,10 +365,7 @@ async fn dlq<DB: Backend>(outbox: &justonce_sql::Outbox<DB>, command: DlqCommand
 }
 
 fn print_key(identity: &Identity, stored: &StoredKey) {
-    let scope = match identity.scope.as_str() {
-        "" => "(none)",
-        scope => scope,
-    };
+    let scope = scope_or_none(identity.scope.as_str());
     let state = match stored.lease_remaining {
         None => "done".to_owned(),
         Some(remaining) if remaining.is_zero() => "in progress, lease ended".to_owned(),

@@ -7,7 +7,7 @@ mod commands;
 mod config;
 mod serve;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -51,14 +51,21 @@ enum Command {
         #[arg(long, default_value_t = 1_000)]
         batch_size: u32,
     },
-    /// Count deliveries: sent, due and dead.
-    Stats,
+    /// Show what the store holds: keys per consumer and scope, deliveries and stream offsets.
+    ///
+    /// Duplicates and key reuses are not stored: the running service counts them since it
+    /// started, on the admin listener's /metrics.
+    Stats {
+        /// Print one JSON object, for scripts, instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
     /// Look after deliveries that were dead-lettered.
     Dlq {
         #[command(subcommand)]
         command: DlqCommand,
     },
-    /// Inspect claimed keys.
+    /// Inspect claimed keys; free or complete a lease whose worker is stuck.
     Keys {
         #[command(subcommand)]
         command: KeysCommand,
@@ -69,15 +76,49 @@ enum Command {
 enum KeysCommand {
     /// Show what the store holds for one key: done or in progress, and its fingerprint.
     Show {
-        /// The key, such as `shop:evt_1` for a webhook or an order id for a queue.
-        key: String,
-        /// The consumer that claimed it: a source's or consumer's name.
-        #[arg(long)]
-        consumer: String,
-        /// The tenant scope, if the key was claimed in one.
-        #[arg(long)]
-        scope: Option<String>,
+        #[command(flatten)]
+        key: KeyArgs,
     },
+    /// Free a key whose lease is in progress (a stuck worker): the next claim takes it at once.
+    ///
+    /// It is the lease running out now: the worker can still finish until another claim
+    /// takes the key. Asks for confirmation unless --yes. Fails, changing nothing, for a key
+    /// that is not stored or is done.
+    Release {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Do not ask for confirmation; needed when stdin is not a terminal.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Mark a key whose lease is in progress done by hand, with an optional result.
+    ///
+    /// For work known to be done: later claims find the key done, and its worker can no
+    /// longer complete, renew or release it. Asks for confirmation unless --yes. Fails,
+    /// changing nothing, for a key that is not stored or is done.
+    Complete {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The result to store, which later claims read; none by default.
+        #[arg(long)]
+        result: Option<String>,
+        /// Do not ask for confirmation; needed when stdin is not a terminal.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// Which key a `keys` command is about.
+#[derive(Args)]
+struct KeyArgs {
+    /// The key, such as `shop:evt_1` for a webhook or an order id for a queue.
+    key: String,
+    /// The consumer that claimed it: a source's or consumer's name.
+    #[arg(long)]
+    consumer: String,
+    /// The tenant scope, if the key was claimed in one.
+    #[arg(long)]
+    scope: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -132,6 +173,10 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(commands::run(settings, cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.is::<commands::Usage>() => {
+            eprintln!("justonce: {error:#}");
+            ExitCode::from(2)
+        }
         Err(error) => {
             eprintln!("justonce: {error:#}");
             ExitCode::FAILURE

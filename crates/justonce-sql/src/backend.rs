@@ -1,5 +1,6 @@
 //! What differs between databases, behind one sealed trait.
 
+use crate::admin::{KeyCount, StoredOffset};
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Lease, Offset, Scope};
 use std::future::Future;
@@ -142,6 +143,21 @@ pub trait Backend: sqlx::Database + Sealed {
         sql: &'a Self::Statements,
     ) -> impl Future<Output = Result<(i64, i64, i64, i64), Error>> + Send + 'a;
 
+    /// How many keys each consumer has in each scope, and how many of them are leases not
+    /// completed, ordered by consumer and scope.
+    #[doc(hidden)]
+    fn key_counts<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Self::Statements,
+    ) -> impl Future<Output = Result<Vec<KeyCount>, Error>> + Send + 'a;
+
+    /// Every stored offset, ordered by consumer, stream and partition.
+    #[doc(hidden)]
+    fn all_offsets<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Self::Statements,
+    ) -> impl Future<Output = Result<Vec<StoredOffset>, Error>> + Send + 'a;
+
     /// What wakes a waiting relay when a row is committed: notifications on PostgreSQL,
     /// nothing on SQLite (the relay polls).
     #[doc(hidden)]
@@ -214,12 +230,16 @@ pub struct Statements {
     pub(crate) purge_sent: Arc<str>,
     pub(crate) commit_offset: Arc<str>,
     pub(crate) load_offsets: Arc<str>,
+    pub(crate) all_offsets: Arc<str>,
     pub(crate) outbox_stats: Arc<str>,
+    pub(crate) key_counts: Arc<str>,
     pub(crate) lease_claim: Arc<str>,
     pub(crate) lease_state: Arc<str>,
     pub(crate) lease_complete: Arc<str>,
     pub(crate) lease_release: Arc<str>,
     pub(crate) lease_renew: Arc<str>,
+    pub(crate) force_release: Arc<str>,
+    pub(crate) force_complete: Arc<str>,
     pub(crate) store_result: Arc<str>,
 }
 
@@ -342,6 +362,10 @@ impl Statements {
                 "SELECT partition_id, position, sequence FROM {offsets}
                  WHERE consumer = $1 AND stream = $2 ORDER BY partition_id"
             )),
+            all_offsets: text(format!(
+                "SELECT consumer, stream, partition_id, position, sequence FROM {offsets}
+                 ORDER BY consumer, stream, partition_id"
+            )),
             // Takes a free key, or an expired lease on it with the same payload, with a
             // larger token than the last holder's. A key in any other state returns no
             // row, and `lease_state` says which.
@@ -383,9 +407,26 @@ impl Statements {
                    AND lease_until IS NOT NULL",
                 (clock.later_by)("$5")
             )),
+            // An operator's release is the lease running out now: the holder keeps its
+            // token until the next claim takes the key over with a larger one.
+            force_release: text(format!(
+                "UPDATE {keys} SET lease_until = {now}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3 AND lease_until IS NOT NULL"
+            )),
+            // An operator's completion takes the key from its holder: the new token refuses
+            // the holder's late complete, renew or release.
+            force_complete: text(format!(
+                "UPDATE {keys}
+                 SET lease_until = NULL, result = $4, token = token + 1, processed_at = {now}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3 AND lease_until IS NOT NULL"
+            )),
             store_result: text(format!(
                 "UPDATE {keys} SET result = $4
                  WHERE scope = $1 AND consumer = $2 AND key = $3"
+            )),
+            key_counts: text(format!(
+                "SELECT consumer, scope, count(*), count(lease_until) FROM {keys}
+                 GROUP BY consumer, scope ORDER BY consumer, scope"
             )),
             outbox_stats: text(format!(
                 "SELECT
@@ -461,6 +502,10 @@ impl LeaseState {
         })
     }
 }
+
+/// The columns of an `all_offsets` statement as sqlx decodes them: consumer, stream,
+/// partition, position and sequence, with the names as `Name` (bytes on MySQL).
+pub(crate) type OffsetTuple<Name> = (Name, Name, i32, i64, i64);
 
 /// One outbox row to write.
 pub struct NewOutboxRow<'a> {
@@ -590,6 +635,15 @@ pub enum Change<'a> {
         lease: &'a Lease,
         lease_ms: i64,
     },
+    /// An operator frees a key's lease, whoever holds it.
+    ForceRelease {
+        identity: &'a Identity,
+    },
+    /// An operator marks a key's lease done, whoever holds it; `None` stores no result.
+    ForceComplete {
+        identity: &'a Identity,
+        result: Option<&'a [u8]>,
+    },
 }
 
 /// A stream position to store.
@@ -657,6 +711,22 @@ pub(crate) fn vanished(identity: &Identity) -> Error {
     }
 }
 
+/// Binds the identity that every change to a key names, as `$1` to `$3`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn bind_identity<'q, DB>(
+    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
+    identity: &'q Identity,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    query
+        .bind(identity.scope.as_str())
+        .bind(identity.consumer.as_str())
+        .bind(identity.key.as_str())
+}
+
 /// Binds the identity and token that every change to a lease names, as `$1` to `$4`.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn bind_lease<'q, DB>(
@@ -668,12 +738,7 @@ where
     &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
-    let id = &lease.identity;
-    query
-        .bind(id.scope.as_str())
-        .bind(id.consumer.as_str())
-        .bind(id.key.as_str())
-        .bind(lease.token)
+    bind_identity(query, &lease.identity).bind(lease.token)
 }
 
 /// The queries whose text and binds are the same on every database, written once and
@@ -814,6 +879,12 @@ macro_rules! shared_queries {
                 Change::LeaseRenew { lease, lease_ms } => {
                     bind_lease(statement(&sql.lease_renew), lease).bind(lease_ms)
                 }
+                Change::ForceRelease { identity } => {
+                    bind_identity(statement(&sql.force_release), identity)
+                }
+                Change::ForceComplete { identity, result } => {
+                    bind_identity(statement(&sql.force_complete), identity).bind(result)
+                }
             };
             let done = query.execute(pool).await.map_err(database_error::<Self>)?;
             Ok(done.rows_affected())
@@ -887,6 +958,48 @@ macro_rules! shared_queries {
                 .fetch_one(pool)
                 .await
                 .map_err(database_error::<Self>)
+        }
+
+        async fn key_counts<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Statements,
+        ) -> Result<Vec<KeyCount>, Error> {
+            let rows: Vec<(String, String, i64, i64)> =
+                sqlx::query_as(AssertSqlSafe(sql.key_counts.clone()))
+                    .fetch_all(pool)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            Ok(rows
+                .into_iter()
+                .map(|(consumer, scope, keys, in_progress)| KeyCount {
+                    consumer,
+                    scope,
+                    keys,
+                    in_progress,
+                })
+                .collect())
+        }
+
+        async fn all_offsets<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Statements,
+        ) -> Result<Vec<StoredOffset>, Error> {
+            let rows: Vec<OffsetTuple<String>> =
+                sqlx::query_as(AssertSqlSafe(sql.all_offsets.clone()))
+                    .fetch_all(pool)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            Ok(rows
+                .into_iter()
+                .map(
+                    |(consumer, stream, partition, position, sequence)| StoredOffset {
+                        consumer,
+                        stream,
+                        partition,
+                        offset: Offset::new(position, sequence),
+                    },
+                )
+                .collect())
         }
 
         async fn load_offsets<'a>(

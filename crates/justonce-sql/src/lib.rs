@@ -39,6 +39,7 @@
     allow(dead_code)
 )]
 
+mod admin;
 mod backend;
 mod inbox;
 mod leases;
@@ -52,6 +53,7 @@ mod relay;
 mod sqlite;
 mod tables;
 
+pub use admin::{KeyCount, StoredOffset};
 pub use backend::Backend;
 pub use inbox::{Inbox, Options, RunError, WorkFuture};
 pub use justonce_core::*;

@@ -10,9 +10,10 @@
 //! whether it did. Upgrading the shared lock that a failed INSERT leaves to an exclusive
 //! one instead deadlocks as soon as two transactions wait for the same key.
 
+use crate::admin::{KeyCount, StoredOffset};
 use crate::backend::{
     Backend, Batch, Change, ClaimRow, LeaseRow, LeaseState, Migration, NewOutboxRow, OffsetRow,
-    OutboxRow, OutboxTuple, Sealed, Stored, Wakeups, Which, database_error, vanished,
+    OffsetTuple, OutboxRow, OutboxTuple, Sealed, Stored, Wakeups, Which, database_error, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -135,7 +136,9 @@ pub struct MySqlStatements {
     ensure_offset: String,
     move_offset: String,
     load_offsets: String,
+    all_offsets: String,
     outbox_stats: String,
+    key_counts: String,
     ensure_lease: String,
     lease_take_over: String,
     lease_token: String,
@@ -143,6 +146,8 @@ pub struct MySqlStatements {
     lease_complete: String,
     lease_release: String,
     lease_renew: String,
+    force_release: String,
+    force_complete: String,
     store_result: String,
 }
 
@@ -254,6 +259,10 @@ impl MySqlStatements {
                 "SELECT partition_id, position, sequence FROM {offsets}
                  WHERE consumer = ? AND stream = ? ORDER BY partition_id"
             ),
+            all_offsets: format!(
+                "SELECT consumer, stream, partition_id, position, sequence FROM {offsets}
+                 ORDER BY consumer, stream, partition_id"
+            ),
             outbox_stats: format!(
                 "SELECT
                     count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
@@ -299,7 +308,24 @@ impl MySqlStatements {
                 "UPDATE {keys} SET lease_until = {LATER}
                  WHERE {this_key} AND token = ? AND lease_until IS NOT NULL"
             ),
+            // An operator's release is the lease running out now: the holder keeps its
+            // token until the next claim takes the key over with a larger one.
+            force_release: format!(
+                "UPDATE {keys} SET lease_until = {NOW}
+                 WHERE {this_key} AND lease_until IS NOT NULL"
+            ),
+            // An operator's completion takes the key from its holder: the new token refuses
+            // the holder's late complete, renew or release.
+            force_complete: format!(
+                "UPDATE {keys}
+                 SET lease_until = NULL, result = ?, token = token + 1, processed_at = {NOW}
+                 WHERE {this_key} AND lease_until IS NOT NULL"
+            ),
             store_result: format!("UPDATE {keys} SET result = ? WHERE {this_key}"),
+            key_counts: format!(
+                "SELECT consumer, scope, count(*), count(lease_until) FROM {keys}
+                 GROUP BY consumer, scope ORDER BY consumer, scope"
+            ),
         }
     }
 }
@@ -315,6 +341,11 @@ fn error_number(error: &sqlx::Error) -> Option<u16> {
         .as_database_error()
         .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
         .map(MySqlDatabaseError::number)
+}
+
+/// A name stored as bytes, which was UTF-8 when it was written.
+fn decode_text(bytes: Vec<u8>, what: &str) -> Result<String, Error> {
+    String::from_utf8(bytes).map_err(|_| Error::Schema(format!("a stored {what} is not UTF-8")))
 }
 
 fn is_duplicate(error: &sqlx::Error) -> bool {
@@ -442,10 +473,10 @@ impl Backend for MySql {
             .map_err(database_error::<Self>)?;
         rows.into_iter()
             .map(|(key, claim_id, fingerprint)| {
-                // Keys are stored as bytes; they were UTF-8 when claimed.
-                let key = String::from_utf8(key)
-                    .map_err(|_| Error::Schema("a stored key is not UTF-8".to_owned()))?;
-                Ok((key, Stored::decode(claim_id, fingerprint)?))
+                Ok((
+                    decode_text(key, "key")?,
+                    Stored::decode(claim_id, fingerprint)?,
+                ))
             })
             .collect()
     }
@@ -560,6 +591,12 @@ impl Backend for MySql {
             Change::LeaseRenew { lease, lease_ms } => {
                 bind_identity(statement(&sql.lease_renew).bind(lease_ms), &lease.identity)
                     .bind(lease.token)
+            }
+            Change::ForceRelease { identity } => {
+                bind_identity(statement(&sql.force_release), identity)
+            }
+            Change::ForceComplete { identity, result } => {
+                bind_identity(statement(&sql.force_complete).bind(result), identity)
             }
         };
         let done = query.execute(pool).await.map_err(database_error::<Self>)?;
@@ -690,6 +727,48 @@ impl Backend for MySql {
             .fetch_one(pool)
             .await
             .map_err(database_error::<Self>)
+    }
+
+    async fn key_counts<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a MySqlStatements,
+    ) -> Result<Vec<KeyCount>, Error> {
+        let rows: Vec<(Vec<u8>, Vec<u8>, i64, i64)> =
+            sqlx::query_as(AssertSqlSafe(sql.key_counts.clone()))
+                .fetch_all(pool)
+                .await
+                .map_err(database_error::<Self>)?;
+        rows.into_iter()
+            .map(|(consumer, scope, keys, in_progress)| {
+                Ok(KeyCount {
+                    consumer: decode_text(consumer, "consumer")?,
+                    scope: decode_text(scope, "scope")?,
+                    keys,
+                    in_progress,
+                })
+            })
+            .collect()
+    }
+
+    async fn all_offsets<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a MySqlStatements,
+    ) -> Result<Vec<StoredOffset>, Error> {
+        let rows: Vec<OffsetTuple<Vec<u8>>> =
+            sqlx::query_as(AssertSqlSafe(sql.all_offsets.clone()))
+                .fetch_all(pool)
+                .await
+                .map_err(database_error::<Self>)?;
+        rows.into_iter()
+            .map(|(consumer, stream, partition, position, sequence)| {
+                Ok(StoredOffset {
+                    consumer: decode_text(consumer, "consumer")?,
+                    stream: decode_text(stream, "stream")?,
+                    partition,
+                    offset: Offset::new(position, sequence),
+                })
+            })
+            .collect()
     }
 
     async fn outbox_wakeups<'a>(

@@ -1,6 +1,7 @@
 use hmac::Mac;
 use justonce_tests::{Sink, TestBackend, TestDb, peak_rss_mib};
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -45,6 +46,10 @@ on_every_database!(
     an_mqtt_topic_consumed_by_the_service_reaches_its_target_once_per_key,
     the_printed_migrations_make_a_schema_the_service_accepts,
     a_server_killed_twenty_times_loses_no_acknowledged_event,
+    keys_release_lets_the_next_claim_take_a_stuck_lease_at_once,
+    keys_complete_marks_a_stuck_lease_done_and_refuses_its_holder,
+    keys_release_and_complete_change_nothing_unless_confirmed_on_a_lease_in_progress,
+    stats_json_reports_exactly_what_the_store_holds,
 );
 
 /// A `justonce serve` with its own config file, database and free ports.
@@ -305,17 +310,20 @@ async fn every_event_posted_twice_is_delivered_once_per_key<DB: TestBackend>(tes
         assert!(bodies.iter().all(|b| *b == bodies[0]));
     }
     // The receiver has every delivery; the relay records the last ones a moment later.
-    let mut stats = String::new();
+    let all_sent = serde_json::json!({"sent": 300, "due": 0, "dead": 0});
+    let mut stats = serde_json::Value::Null;
     for _ in 0..300 {
-        let (code, printed) = server.run(&["stats"]).await;
-        assert_eq!(code, 0);
-        stats = printed.trim().to_owned();
-        if stats == "deliveries: 300 sent, 0 due, 0 dead" {
+        stats = stats_json(&server).await;
+        if stats["deliveries"] == all_sent {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(stats, "deliveries: 300 sent, 0 due, 0 dead");
+    assert_eq!(stats["deliveries"], all_sent);
+    assert_eq!(
+        stats["keys"],
+        serde_json::json!([{"consumer": "demo", "scope": null, "keys": 300, "in_progress": 0}])
+    );
     let (code, shown) = server
         .run(&["keys", "show", "demo:evt_0", "--consumer", "demo"])
         .await;
@@ -923,5 +931,420 @@ async fn the_printed_migrations_make_a_schema_the_service_accepts<DB: TestBacken
         !later.contains("CREATE TABLE IF NOT EXISTS justonce_keys"),
         "{later}"
     );
+    drop_database(db, &url).await;
+}
+
+/// `stats --json` as parsed JSON, with the age of the oldest due delivery taken out (it
+/// depends on the clock) after checking it is plausible.
+async fn stats_json(server: &Server) -> serde_json::Value {
+    let (code, printed) = server.run(&["stats", "--json"]).await;
+    assert_eq!(code, 0, "{printed}");
+    let mut stats: serde_json::Value = serde_json::from_str(&printed)
+        .unwrap_or_else(|e| panic!("stats --json printed no JSON ({e}): {printed}"));
+    let age = stats["deliveries"]
+        .as_object_mut()
+        .and_then(|deliveries| deliveries.remove("oldest_due_age_seconds"))
+        .and_then(|age| age.as_f64())
+        .unwrap_or_else(|| panic!("no oldest_due_age_seconds in {printed}"));
+    assert!((0.0..600.0).contains(&age), "oldest due for {age} s");
+    stats
+}
+
+/// A migrated database of a server's own, and a worker's inbox on it for consumer `worker`.
+async fn server_and_worker<DB: TestBackend>(
+    test: &str,
+) -> (TestDb<DB>, String, Server, justonce_sql::Inbox<DB>) {
+    let (db, url) = database::<DB>(test).await;
+    let server = Server::configure(&url, "http://127.0.0.1:1/unused");
+    assert_eq!(
+        server.run(&["migrate"]).await,
+        (0, "2 migrations applied\n".to_owned())
+    );
+    let worker =
+        justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("worker").unwrap())
+            .await
+            .unwrap();
+    (db, url, server, worker)
+}
+
+/// A lease for an hour on `key`, which must be free.
+async fn acquire<DB: TestBackend>(
+    inbox: &justonce_sql::Inbox<DB>,
+    key: &str,
+) -> justonce_sql::Lease {
+    use justonce_sql::{Fingerprint, Key, LeaseClaim, Leases};
+    let identity = inbox.identity(&Key::new(key).unwrap());
+    let claim = inbox
+        .claim_lease(&identity, &Fingerprint::of(key), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    match claim {
+        LeaseClaim::Acquired(lease) => lease,
+        other => panic!("{key} was not acquired: {other:?}"),
+    }
+}
+
+/// What a claim of `key` (with the payload `acquire` uses) finds now.
+async fn claim<DB: TestBackend>(
+    inbox: &justonce_sql::Inbox<DB>,
+    key: &str,
+) -> justonce_sql::LeaseClaim {
+    use justonce_sql::{Fingerprint, Key, Leases};
+    let identity = inbox.identity(&Key::new(key).unwrap());
+    inbox
+        .claim_lease(&identity, &Fingerprint::of(key), Duration::from_secs(3600))
+        .await
+        .unwrap()
+}
+
+/// Runs `args` with stderr captured: the exit code, stdout and stderr.
+async fn run_capturing(server: &Server, args: &[&str]) -> (i32, String, String) {
+    let output = server
+        .command(args)
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A worker stuck on a lease for an hour: `keys release --yes` lets the next claim take
+/// the key at once with a larger token, and the stuck worker's late complete is refused.
+async fn keys_release_lets_the_next_claim_take_a_stuck_lease_at_once<DB: TestBackend>(test: &str) {
+    use justonce_sql::{ErrorKind, Leases};
+    let (db, url, server, worker) = server_and_worker::<DB>(test).await;
+    let stuck = acquire(&worker, "charge:1").await;
+    assert!(matches!(
+        claim(&worker, "charge:1").await,
+        justonce_sql::LeaseClaim::InProgress { .. }
+    ));
+    let (code, printed) = server
+        .run(&[
+            "keys",
+            "release",
+            "charge:1",
+            "--consumer",
+            "worker",
+            "--yes",
+        ])
+        .await;
+    assert_eq!(code, 0, "{printed}");
+    assert!(printed.contains("key:         charge:1"), "{printed}");
+    assert!(
+        printed.contains("state:       in progress, lease ends in"),
+        "what changes is shown first: {printed}"
+    );
+    assert!(
+        printed.contains("released: the next claim takes charge:1 at once"),
+        "{printed}"
+    );
+    let next = acquire(&worker, "charge:1").await;
+    assert!(
+        next.token > stuck.token,
+        "{} after {}",
+        next.token,
+        stuck.token
+    );
+    let late = worker.complete(&stuck, b"late").await.unwrap_err();
+    assert_eq!(late.kind(), ErrorKind::LeaseLost);
+    worker.complete(&next, b"charged").await.unwrap();
+    assert_eq!(
+        claim(&worker, "charge:1").await,
+        justonce_sql::LeaseClaim::Done {
+            result: Some(b"charged".to_vec())
+        }
+    );
+    worker.pool().close().await;
+    drop_database(db, &url).await;
+}
+
+/// `keys complete --yes --result done` on a stuck lease: later claims find the key done
+/// with that result, and the stuck worker can no longer complete, renew or release it.
+async fn keys_complete_marks_a_stuck_lease_done_and_refuses_its_holder<DB: TestBackend>(
+    test: &str,
+) {
+    use justonce_sql::{ErrorKind, LeaseClaim, Leases};
+    let (db, url, server, worker) = server_and_worker::<DB>(test).await;
+    let stuck = acquire(&worker, "charge:2").await;
+    let (code, printed) = server
+        .run(&[
+            "keys",
+            "complete",
+            "charge:2",
+            "--consumer",
+            "worker",
+            "--result",
+            "done",
+            "--yes",
+        ])
+        .await;
+    assert_eq!(code, 0, "{printed}");
+    assert!(
+        printed.contains("state:       in progress, lease ends in"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("completed: charge:2 is done, with 4 bytes of result"),
+        "{printed}"
+    );
+    assert_eq!(
+        claim(&worker, "charge:2").await,
+        LeaseClaim::Done {
+            result: Some(b"done".to_vec())
+        }
+    );
+    let refused = [
+        worker.complete(&stuck, b"late").await,
+        worker.renew(&stuck, Duration::from_secs(60)).await,
+        worker.release(&stuck).await,
+    ];
+    for late in refused {
+        assert_eq!(late.unwrap_err().kind(), ErrorKind::LeaseLost);
+    }
+    assert_eq!(
+        claim(&worker, "charge:2").await,
+        LeaseClaim::Done {
+            result: Some(b"done".to_vec())
+        },
+        "the stuck worker changed nothing"
+    );
+    let (code, shown) = server
+        .run(&["keys", "show", "charge:2", "--consumer", "worker"])
+        .await;
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.contains("state:       done"), "{shown}");
+    assert!(shown.contains("result:      4 bytes"), "{shown}");
+
+    // Without --result, the key is done with no result, as a transactional claim leaves it.
+    acquire(&worker, "charge:3").await;
+    let (code, printed) = server
+        .run(&[
+            "keys",
+            "complete",
+            "charge:3",
+            "--consumer",
+            "worker",
+            "--yes",
+        ])
+        .await;
+    assert_eq!(code, 0, "{printed}");
+    assert_eq!(
+        claim(&worker, "charge:3").await,
+        LeaseClaim::Done { result: None }
+    );
+    worker.pool().close().await;
+    drop_database(db, &url).await;
+}
+
+/// Without --yes and with no terminal on stdin, both commands exit 2 and name --yes; a key
+/// that is missing, done or in another scope fails with 1; a malformed key is bad usage.
+/// None of them changes the key.
+async fn keys_release_and_complete_change_nothing_unless_confirmed_on_a_lease_in_progress<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    use justonce_sql::{LeaseClaim, Leases};
+    let (db, url, server, worker) = server_and_worker::<DB>(test).await;
+    let held = acquire(&worker, "charge:held").await;
+    let done = acquire(&worker, "charge:done").await;
+    worker.complete(&done, b"receipt").await.unwrap();
+
+    for action in ["release", "complete"] {
+        let mut unconfirmed = vec!["keys", action, "charge:held", "--consumer", "worker"];
+        if action == "complete" {
+            unconfirmed.extend(["--result", "x"]);
+        }
+        let (code, printed, error) = run_capturing(&server, &unconfirmed).await;
+        assert_eq!(code, 2, "{action} without --yes: {printed}{error}");
+        assert!(error.contains("--yes"), "{action}: {error}");
+        assert!(
+            printed.contains("key:         charge:held"),
+            "{action} shows the key it would change: {printed}"
+        );
+        for (key, scope, expected) in [
+            (
+                "charge:never",
+                None,
+                "no key charge:never of consumer worker is stored",
+            ),
+            (
+                "charge:done",
+                None,
+                "key charge:done of consumer worker is done: there is no lease in progress",
+            ),
+            (
+                "charge:held",
+                Some("tenant-a"),
+                "no key charge:held of consumer worker in scope tenant-a is stored",
+            ),
+        ] {
+            let mut args = vec!["keys", action, key, "--consumer", "worker", "--yes"];
+            args.extend(scope.iter().flat_map(|scope| ["--scope", *scope]));
+            let (code, printed, error) = run_capturing(&server, &args).await;
+            assert_eq!(code, 1, "{action} {key}: {printed}{error}");
+            assert!(error.contains(expected), "{action} {key}: {error}");
+            assert!(printed.is_empty(), "{action} {key}: {printed}");
+        }
+        let (code, _, error) = run_capturing(
+            &server,
+            &["keys", action, "", "--consumer", "worker", "--yes"],
+        )
+        .await;
+        assert_eq!(code, 2, "{action} of an empty key: {error}");
+        assert!(error.contains("invalid key"), "{error}");
+    }
+
+    // The held lease is still its worker's, and the done key keeps its result.
+    assert!(matches!(
+        claim(&worker, "charge:held").await,
+        LeaseClaim::InProgress { remaining } if remaining > Duration::from_secs(3000)
+    ));
+    worker
+        .renew(&held, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    worker.complete(&held, b"finished").await.unwrap();
+    assert_eq!(
+        claim(&worker, "charge:done").await,
+        LeaseClaim::Done {
+            result: Some(b"receipt".to_vec())
+        }
+    );
+    worker.pool().close().await;
+    drop_database(db, &url).await;
+}
+
+/// A destination that answers every delivery the same way.
+struct Answering(justonce_sql::Delivered);
+
+impl justonce_sql::Destination for Answering {
+    fn deliver<'a>(
+        &'a self,
+        _delivery: justonce_sql::Delivery<'a>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = justonce_sql::Delivered> + Send + 'a>> {
+        Box::pin(std::future::ready(self.0.clone()))
+    }
+}
+
+/// Claims `key` for `inbox` in a transaction with one outbox row for `destination`.
+async fn claim_with_delivery<DB: TestBackend>(
+    inbox: &justonce_sql::Inbox<DB>,
+    key: &str,
+    destination: &str,
+) {
+    let key = justonce_sql::Key::new(key).unwrap();
+    let mut tx = inbox.begin().await.unwrap();
+    let claim = inbox
+        .claim(&mut tx, &key, key.as_str().as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(claim, justonce_sql::Claim::First);
+    let message = justonce_sql::Message::new(destination, "{}");
+    inbox
+        .enqueue(&mut tx, &key, "notify", message)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// `stats --json` after a known set of claims, leases, deliveries and offsets counts each
+/// exactly; the tables say the same, and that duplicates are counted elsewhere.
+async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: &str) {
+    use justonce_sql::{Consumer, Delivered, Leases, Offset, OffsetCommit, Scope};
+    let (db, url, server, worker) = server_and_worker::<DB>(test).await;
+    let empty = stats_json(&server).await;
+    assert_eq!(
+        empty,
+        serde_json::json!({
+            "keys": [],
+            "deliveries": {"sent": 0, "due": 0, "dead": 0},
+            "offsets": [],
+        })
+    );
+
+    // billing: three keys, two deliveries sent and one dead-lettered.
+    let billing = worker.with_consumer(Consumer::new("billing").unwrap());
+    claim_with_delivery(&billing, "inv-1", "accepting").await;
+    claim_with_delivery(&billing, "inv-2", "accepting").await;
+    claim_with_delivery(&billing, "inv-3", "refusing").await;
+    let round = billing
+        .outbox()
+        .relay()
+        .destination("accepting", Answering(Delivered::Sent))
+        .destination(
+            "refusing",
+            Answering(Delivered::Reject {
+                reason: "400".to_owned(),
+            }),
+        )
+        .relay_once()
+        .await
+        .unwrap();
+    assert_eq!((round.sent, round.dead), (2, 1));
+    // billing in tenant-a: a lease held and a lease completed.
+    let tenant = billing.with_scope(Scope::new("tenant-a").unwrap());
+    acquire(&tenant, "inv-4").await;
+    let completed = acquire(&tenant, "inv-5").await;
+    tenant.complete(&completed, b"ok").await.unwrap();
+    // mail: two keys whose deliveries are due.
+    let mail = worker.with_consumer(Consumer::new("mail").unwrap());
+    claim_with_delivery(&mail, "welcome-1", "accepting").await;
+    claim_with_delivery(&mail, "welcome-2", "accepting").await;
+    // reader: two partitions of one stream.
+    let reader = worker.with_consumer(Consumer::new("reader").unwrap());
+    let mut tx = reader.begin().await.unwrap();
+    for (partition, offset) in [(0, Offset::from(41)), (1, Offset::new(7, 2))] {
+        let moved = reader
+            .commit_offset(&mut tx, "orders", partition, offset)
+            .await
+            .unwrap();
+        assert_eq!(moved, OffsetCommit::Moved);
+    }
+    tx.commit().await.unwrap();
+
+    assert_eq!(
+        stats_json(&server).await,
+        serde_json::json!({
+            "keys": [
+                {"consumer": "billing", "scope": null, "keys": 3, "in_progress": 0},
+                {"consumer": "billing", "scope": "tenant-a", "keys": 2, "in_progress": 1},
+                {"consumer": "mail", "scope": null, "keys": 2, "in_progress": 0},
+            ],
+            "deliveries": {"sent": 2, "due": 2, "dead": 1},
+            "offsets": [
+                {"consumer": "reader", "stream": "orders", "partition": 0, "position": 41, "sequence": 0},
+                {"consumer": "reader", "stream": "orders", "partition": 1, "position": 7, "sequence": 2},
+            ],
+        })
+    );
+
+    let (code, tables) = server.run(&["stats"]).await;
+    assert_eq!(code, 0, "{tables}");
+    let rows: Vec<Vec<&str>> = tables
+        .lines()
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    for row in [
+        vec!["billing", "(none)", "3", "0"],
+        vec!["billing", "tenant-a", "2", "1"],
+        vec!["mail", "(none)", "2", "0"],
+        vec!["reader", "orders", "1", "7", "2"],
+    ] {
+        assert!(rows.contains(&row), "{row:?} not in\n{tables}");
+    }
+    assert!(
+        rows.iter().any(|row| row.starts_with(&["2", "2", "1"])),
+        "deliveries not in\n{tables}"
+    );
+    assert!(
+        tables.contains("Duplicates and key reuses are not stored"),
+        "{tables}"
+    );
+    worker.pool().close().await;
     drop_database(db, &url).await;
 }

@@ -1,0 +1,82 @@
+//! What an operator does by hand: free or complete a lease whose holder is stuck, and count
+//! what the store holds.
+
+use crate::backend::{Backend, Change};
+use crate::inbox::Inbox;
+use justonce_core::{Error, Identity, Offset};
+
+impl<DB: Backend> Inbox<DB> {
+    /// Frees a key whose lease is in progress, whoever holds it, so that the next claim
+    /// takes it at once with a larger token: for a worker that is stuck or gone.
+    ///
+    /// It is the lease running out now, by the store's clock: until another claim takes the
+    /// key over, its holder may still complete, renew or release it; afterwards the holder
+    /// gets [`Error::LeaseLost`]. Returns `false`, changing nothing, for a key that is not
+    /// stored or is done.
+    pub async fn release_key(&self, identity: &Identity) -> Result<bool, Error> {
+        self.force(Change::ForceRelease { identity }).await
+    }
+
+    /// Marks a key whose lease is in progress done, whoever holds it, with `result` (or none)
+    /// for later claims to read: for work an operator knows was done.
+    ///
+    /// The key gets a new token, so its holder's late complete, renew or release gets
+    /// [`Error::LeaseLost`]. Returns `false`, changing nothing, for a key that is not stored
+    /// or is done already.
+    pub async fn complete_key(
+        &self,
+        identity: &Identity,
+        result: Option<&[u8]>,
+    ) -> Result<bool, Error> {
+        self.force(Change::ForceComplete { identity, result }).await
+    }
+
+    /// How many keys each consumer holds in each scope, ordered by consumer and scope. It
+    /// counts every row of the keys table.
+    pub async fn key_counts(&self) -> Result<Vec<KeyCount>, Error> {
+        let shared = self.shared();
+        DB::key_counts(&shared.pool, &shared.sql).await
+    }
+
+    /// Every stored stream offset of every consumer, ordered by consumer, stream and
+    /// partition.
+    pub async fn all_offsets(&self) -> Result<Vec<StoredOffset>, Error> {
+        let shared = self.shared();
+        DB::all_offsets(&shared.pool, &shared.sql).await
+    }
+
+    async fn force(&self, change: Change<'_>) -> Result<bool, Error> {
+        let shared = self.shared();
+        let _writer = shared.queue_writer().await;
+        Ok(DB::change(&shared.pool, &shared.sql, change).await? > 0)
+    }
+}
+
+/// The keys of one consumer in one scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyCount {
+    /// The consumer that claimed them.
+    pub consumer: String,
+    /// The tenant scope; empty for none.
+    pub scope: String,
+    /// How many keys are stored.
+    pub keys: i64,
+    /// How many of them are leases not completed: held, or whose lease ran out or was
+    /// released and which wait for the next claim.
+    pub in_progress: i64,
+}
+
+/// A stream position as stored by [`Inbox::commit_offset`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredOffset {
+    /// The consumer that stored it.
+    pub consumer: String,
+    /// The stream.
+    pub stream: String,
+    /// The stream's partition.
+    pub partition: i32,
+    /// The position.
+    pub offset: Offset,
+}
