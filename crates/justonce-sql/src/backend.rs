@@ -690,6 +690,24 @@ pub struct Migration {
     pub(crate) sql: &'static str,
 }
 
+/// The migrations after version `current`, or an error if the tables are newer than any
+/// this version knows.
+pub(crate) fn pending_migrations<'m>(
+    migrations: &'m [Migration],
+    current: i64,
+    tables: &Tables,
+) -> Result<Vec<&'m Migration>, Error> {
+    let newest = migrations.last().map_or(0, |m| m.version);
+    if current > newest {
+        return Err(Error::Schema(format!(
+            "table {} is at version {current}, newer than the {newest} this version of \
+             justonce knows: upgrade justonce",
+            tables.migrations
+        )));
+    }
+    Ok(migrations.iter().filter(|m| m.version > current).collect())
+}
+
 /// Wraps a driver error, noting whether a new transaction may succeed.
 pub(crate) fn database_error<DB: Backend>(error: sqlx::Error) -> Error {
     Error::Database {
@@ -741,8 +759,125 @@ where
     bind_identity(query, &lease.identity).bind(lease.token)
 }
 
-/// The queries whose text and binds are the same on every database, written once and
-/// expanded inside each backend's `impl`.
+/// The queries whose binds are the same on every database, written once and expanded
+/// inside each backend's `impl`: each statements type has a field of the same name for
+/// each, with its parameters in the same order.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+macro_rules! common_queries {
+    () => {
+        async fn find<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a Self::Statements,
+            identity: &'a Identity,
+        ) -> Result<Option<Stored>, Error> {
+            let row: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.find.clone()))
+                .bind(identity.scope.as_str())
+                .bind(identity.consumer.as_str())
+                .bind(identity.key.as_str())
+                .fetch_optional(conn)
+                .await
+                .map_err(database_error::<Self>)?;
+            row.map(|(claim_id, fingerprint)| Stored::decode(claim_id, fingerprint))
+                .transpose()
+        }
+        async fn lease_state<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Self::Statements,
+            identity: &'a Identity,
+        ) -> Result<Option<LeaseState>, Error> {
+            let row: Option<LeaseRow> = sqlx::query_as(AssertSqlSafe(sql.lease_state.clone()))
+                .bind(identity.scope.as_str())
+                .bind(identity.consumer.as_str())
+                .bind(identity.key.as_str())
+                .fetch_optional(pool)
+                .await
+                .map_err(database_error::<Self>)?;
+            row.map(LeaseState::decode).transpose()
+        }
+        async fn outbox_stats<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Self::Statements,
+        ) -> Result<(i64, i64, i64, i64), Error> {
+            sqlx::query_as(AssertSqlSafe(sql.outbox_stats.clone()))
+                .fetch_one(pool)
+                .await
+                .map_err(database_error::<Self>)
+        }
+        async fn key_counts<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Self::Statements,
+        ) -> Result<Vec<KeyCount>, Error> {
+            let rows: Vec<(String, String, i64, i64)> =
+                sqlx::query_as(AssertSqlSafe(sql.key_counts.clone()))
+                    .fetch_all(pool)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            Ok(rows
+                .into_iter()
+                .map(|(consumer, scope, keys, in_progress)| KeyCount {
+                    consumer,
+                    scope,
+                    keys,
+                    in_progress,
+                })
+                .collect())
+        }
+        async fn all_offsets<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Self::Statements,
+        ) -> Result<Vec<StoredOffset>, Error> {
+            let rows: Vec<OffsetTuple<String>> =
+                sqlx::query_as(AssertSqlSafe(sql.all_offsets.clone()))
+                    .fetch_all(pool)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            Ok(rows
+                .into_iter()
+                .map(
+                    |(consumer, stream, partition, position, sequence)| StoredOffset {
+                        consumer,
+                        stream,
+                        partition,
+                        offset: Offset::new(position, sequence),
+                    },
+                )
+                .collect())
+        }
+        async fn load_offsets<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Self::Statements,
+            consumer: &'a str,
+            stream: &'a str,
+        ) -> Result<Vec<(i32, Offset)>, Error> {
+            let rows: Vec<(i32, i64, i64)> =
+                sqlx::query_as(AssertSqlSafe(sql.load_offsets.clone()))
+                    .bind(consumer)
+                    .bind(stream)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(database_error::<Self>)?;
+            Ok(rows
+                .into_iter()
+                .map(|(partition, position, sequence)| (partition, Offset::new(position, sequence)))
+                .collect())
+        }
+        async fn has_unique_constraint<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Self::Statements,
+        ) -> Result<bool, Error> {
+            let (found,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.has_unique_constraint.clone()))
+                .fetch_one(pool)
+                .await
+                .map_err(database_error::<Self>)?;
+            Ok(found > 0)
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) use common_queries;
+
+/// The queries whose text and binds are the same on PostgreSQL and SQLite, which number
+/// their parameters, written once and expanded inside each backend's `impl`.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! shared_queries {
     () => {
@@ -770,22 +905,6 @@ macro_rules! shared_queries {
             }
         }
 
-        async fn find<'a>(
-            conn: &'a mut Self::Connection,
-            sql: &'a Statements,
-            identity: &'a Identity,
-        ) -> Result<Option<Stored>, Error> {
-            let row: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.find.clone()))
-                .bind(identity.scope.as_str())
-                .bind(identity.consumer.as_str())
-                .bind(identity.key.as_str())
-                .fetch_optional(conn)
-                .await
-                .map_err(database_error::<Self>)?;
-            row.map(|(claim_id, fingerprint)| Stored::decode(claim_id, fingerprint))
-                .transpose()
-        }
-
         async fn lease_claim<'a>(
             pool: &'a sqlx::Pool<Self>,
             sql: &'a Statements,
@@ -803,21 +922,6 @@ macro_rules! shared_queries {
                 .await
                 .map_err(database_error::<Self>)?;
             Ok(token.map(|(token,)| token))
-        }
-
-        async fn lease_state<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a Statements,
-            identity: &'a Identity,
-        ) -> Result<Option<LeaseState>, Error> {
-            let row: Option<LeaseRow> = sqlx::query_as(AssertSqlSafe(sql.lease_state.clone()))
-                .bind(identity.scope.as_str())
-                .bind(identity.consumer.as_str())
-                .bind(identity.key.as_str())
-                .fetch_optional(pool)
-                .await
-                .map_err(database_error::<Self>)?;
-            row.map(LeaseState::decode).transpose()
         }
 
         async fn store_result<'a>(
@@ -950,88 +1054,6 @@ macro_rules! shared_queries {
             Ok(done.rows_affected() > 0)
         }
 
-        async fn outbox_stats<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a Statements,
-        ) -> Result<(i64, i64, i64, i64), Error> {
-            sqlx::query_as(AssertSqlSafe(sql.outbox_stats.clone()))
-                .fetch_one(pool)
-                .await
-                .map_err(database_error::<Self>)
-        }
-
-        async fn key_counts<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a Statements,
-        ) -> Result<Vec<KeyCount>, Error> {
-            let rows: Vec<(String, String, i64, i64)> =
-                sqlx::query_as(AssertSqlSafe(sql.key_counts.clone()))
-                    .fetch_all(pool)
-                    .await
-                    .map_err(database_error::<Self>)?;
-            Ok(rows
-                .into_iter()
-                .map(|(consumer, scope, keys, in_progress)| KeyCount {
-                    consumer,
-                    scope,
-                    keys,
-                    in_progress,
-                })
-                .collect())
-        }
-
-        async fn all_offsets<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a Statements,
-        ) -> Result<Vec<StoredOffset>, Error> {
-            let rows: Vec<OffsetTuple<String>> =
-                sqlx::query_as(AssertSqlSafe(sql.all_offsets.clone()))
-                    .fetch_all(pool)
-                    .await
-                    .map_err(database_error::<Self>)?;
-            Ok(rows
-                .into_iter()
-                .map(
-                    |(consumer, stream, partition, position, sequence)| StoredOffset {
-                        consumer,
-                        stream,
-                        partition,
-                        offset: Offset::new(position, sequence),
-                    },
-                )
-                .collect())
-        }
-
-        async fn load_offsets<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a Statements,
-            consumer: &'a str,
-            stream: &'a str,
-        ) -> Result<Vec<(i32, Offset)>, Error> {
-            let rows: Vec<(i32, i64, i64)> =
-                sqlx::query_as(AssertSqlSafe(sql.load_offsets.clone()))
-                    .bind(consumer)
-                    .bind(stream)
-                    .fetch_all(pool)
-                    .await
-                    .map_err(database_error::<Self>)?;
-            Ok(rows
-                .into_iter()
-                .map(|(partition, position, sequence)| (partition, Offset::new(position, sequence)))
-                .collect())
-        }
-
-        async fn has_unique_constraint<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a Statements,
-        ) -> Result<bool, Error> {
-            let (found,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.has_unique_constraint.clone()))
-                .fetch_one(pool)
-                .await
-                .map_err(database_error::<Self>)?;
-            Ok(found > 0)
-        }
-
         fn migration_script(tables: &Tables, since: i64) -> String {
             let mut script = format!("{};\n", Self::BEGIN);
             for statement in MIGRATION_SETUP {
@@ -1075,15 +1097,7 @@ macro_rules! shared_queries {
             .fetch_one(&mut *tx)
             .await
             .map_err(database_error::<Self>)?;
-            let newest = MIGRATIONS.last().map_or(0, |m| m.version);
-            if current > newest {
-                return Err(Error::Schema(format!(
-                    "table {} is at version {current}, newer than the {newest} this \
-                     version of justonce knows: upgrade justonce",
-                    tables.migrations
-                )));
-            }
-            let pending: Vec<_> = MIGRATIONS.iter().filter(|m| m.version > current).collect();
+            let pending = pending_migrations(MIGRATIONS, current, tables)?;
             for migration in &pending {
                 sqlx::raw_sql(AssertSqlSafe(tables.render(migration.sql)))
                     .execute(&mut *tx)

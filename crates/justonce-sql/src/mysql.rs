@@ -13,7 +13,8 @@
 use crate::admin::{KeyCount, StoredOffset};
 use crate::backend::{
     Backend, Batch, Change, ClaimRow, LeaseRow, LeaseState, Migration, NewOutboxRow, OffsetRow,
-    OffsetTuple, OutboxRow, OutboxTuple, Sealed, Stored, Wakeups, Which, database_error, vanished,
+    OffsetTuple, OutboxRow, OutboxTuple, Sealed, Stored, Wakeups, Which, common_queries,
+    database_error, pending_migrations, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -184,9 +185,10 @@ impl MySqlStatements {
                  ON DUPLICATE KEY UPDATE claim_id = claim_id"
             ),
             find_many: format!(
-                "SELECT `key`, claim_id, fingerprint FROM {keys}
+                "SELECT {}, claim_id, fingerprint FROM {keys}
                  WHERE scope = ? AND consumer = ? AND `key` IN ({{list}})
-                 LOCK IN SHARE MODE"
+                 LOCK IN SHARE MODE",
+                text("`key`")
             ),
             has_unique_constraint: format!(
                 "SELECT count(*) FROM (
@@ -260,8 +262,10 @@ impl MySqlStatements {
                  WHERE consumer = ? AND stream = ? ORDER BY partition_id"
             ),
             all_offsets: format!(
-                "SELECT consumer, stream, partition_id, position, sequence FROM {offsets}
-                 ORDER BY consumer, stream, partition_id"
+                "SELECT {}, {}, partition_id, position, sequence FROM {offsets}
+                 ORDER BY consumer, stream, partition_id",
+                text("consumer"),
+                text("stream")
             ),
             outbox_stats: format!(
                 "SELECT
@@ -323,11 +327,19 @@ impl MySqlStatements {
             ),
             store_result: format!("UPDATE {keys} SET result = ? WHERE {this_key}"),
             key_counts: format!(
-                "SELECT consumer, scope, count(*), count(lease_until) FROM {keys}
-                 GROUP BY consumer, scope ORDER BY consumer, scope"
+                "SELECT {}, {}, count(*), count(lease_until) FROM {keys}
+                 GROUP BY consumer, scope ORDER BY consumer, scope",
+                text("consumer"),
+                text("scope")
             ),
         }
     }
+}
+
+/// A VARBINARY column read as text: the bytes were UTF-8 when they were written, and sqlx
+/// decodes only text columns as strings.
+fn text(column: &str) -> String {
+    format!("CAST({column} AS CHAR CHARACTER SET utf8mb4)")
 }
 
 /// `template` with `{list}` replaced by `count` copies of `item`, comma separated.
@@ -341,11 +353,6 @@ fn error_number(error: &sqlx::Error) -> Option<u16> {
         .as_database_error()
         .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
         .map(MySqlDatabaseError::number)
-}
-
-/// A name stored as bytes, which was UTF-8 when it was written.
-fn decode_text(bytes: Vec<u8>, what: &str) -> Result<String, Error> {
-    String::from_utf8(bytes).map_err(|_| Error::Schema(format!("a stored {what} is not UTF-8")))
 }
 
 fn is_duplicate(error: &sqlx::Error) -> bool {
@@ -406,22 +413,6 @@ impl Backend for MySql {
         }
     }
 
-    async fn find<'a>(
-        conn: &'a mut Self::Connection,
-        sql: &'a MySqlStatements,
-        identity: &'a Identity,
-    ) -> Result<Option<Stored>, Error> {
-        let row: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.find.clone()))
-            .bind(identity.scope.as_str())
-            .bind(identity.consumer.as_str())
-            .bind(identity.key.as_str())
-            .fetch_optional(conn)
-            .await
-            .map_err(database_error::<Self>)?;
-        row.map(|(claim_id, fingerprint)| Stored::decode(claim_id, fingerprint))
-            .transpose()
-    }
-
     async fn insert_many<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a MySqlStatements,
@@ -467,17 +458,12 @@ impl Backend for MySql {
         for key in keys {
             query = query.bind(*key);
         }
-        let rows: Vec<(Vec<u8>, i64, Vec<u8>)> = query
+        let rows: Vec<(String, i64, Vec<u8>)> = query
             .fetch_all(conn)
             .await
             .map_err(database_error::<Self>)?;
         rows.into_iter()
-            .map(|(key, claim_id, fingerprint)| {
-                Ok((
-                    decode_text(key, "key")?,
-                    Stored::decode(claim_id, fingerprint)?,
-                ))
-            })
+            .map(|(key, claim_id, fingerprint)| Ok((key, Stored::decode(claim_id, fingerprint)?)))
             .collect()
     }
 
@@ -516,21 +502,6 @@ impl Backend for MySql {
             .map_err(database_error::<Self>)?;
         tx.commit().await.map_err(database_error::<Self>)?;
         Ok(Some(token))
-    }
-
-    async fn lease_state<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a MySqlStatements,
-        identity: &'a Identity,
-    ) -> Result<Option<LeaseState>, Error> {
-        let row: Option<LeaseRow> = sqlx::query_as(AssertSqlSafe(sql.lease_state.clone()))
-            .bind(identity.scope.as_str())
-            .bind(identity.consumer.as_str())
-            .bind(identity.key.as_str())
-            .fetch_optional(pool)
-            .await
-            .map_err(database_error::<Self>)?;
-        row.map(LeaseState::decode).transpose()
     }
 
     async fn store_result<'a>(
@@ -701,76 +672,6 @@ impl Backend for MySql {
         Ok(moved.rows_affected() > 0)
     }
 
-    async fn load_offsets<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a MySqlStatements,
-        consumer: &'a str,
-        stream: &'a str,
-    ) -> Result<Vec<(i32, Offset)>, Error> {
-        let rows: Vec<(i32, i64, i64)> = sqlx::query_as(AssertSqlSafe(sql.load_offsets.clone()))
-            .bind(consumer)
-            .bind(stream)
-            .fetch_all(pool)
-            .await
-            .map_err(database_error::<Self>)?;
-        Ok(rows
-            .into_iter()
-            .map(|(partition, position, sequence)| (partition, Offset::new(position, sequence)))
-            .collect())
-    }
-
-    async fn outbox_stats<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a MySqlStatements,
-    ) -> Result<(i64, i64, i64, i64), Error> {
-        sqlx::query_as(AssertSqlSafe(sql.outbox_stats.clone()))
-            .fetch_one(pool)
-            .await
-            .map_err(database_error::<Self>)
-    }
-
-    async fn key_counts<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a MySqlStatements,
-    ) -> Result<Vec<KeyCount>, Error> {
-        let rows: Vec<(Vec<u8>, Vec<u8>, i64, i64)> =
-            sqlx::query_as(AssertSqlSafe(sql.key_counts.clone()))
-                .fetch_all(pool)
-                .await
-                .map_err(database_error::<Self>)?;
-        rows.into_iter()
-            .map(|(consumer, scope, keys, in_progress)| {
-                Ok(KeyCount {
-                    consumer: decode_text(consumer, "consumer")?,
-                    scope: decode_text(scope, "scope")?,
-                    keys,
-                    in_progress,
-                })
-            })
-            .collect()
-    }
-
-    async fn all_offsets<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a MySqlStatements,
-    ) -> Result<Vec<StoredOffset>, Error> {
-        let rows: Vec<OffsetTuple<Vec<u8>>> =
-            sqlx::query_as(AssertSqlSafe(sql.all_offsets.clone()))
-                .fetch_all(pool)
-                .await
-                .map_err(database_error::<Self>)?;
-        rows.into_iter()
-            .map(|(consumer, stream, partition, position, sequence)| {
-                Ok(StoredOffset {
-                    consumer: decode_text(consumer, "consumer")?,
-                    stream: decode_text(stream, "stream")?,
-                    partition,
-                    offset: Offset::new(position, sequence),
-                })
-            })
-            .collect()
-    }
-
     async fn outbox_wakeups<'a>(
         _pool: &'a sqlx::Pool<Self>,
         _tables: &'a Tables,
@@ -834,16 +735,7 @@ impl Backend for MySql {
         script
     }
 
-    async fn has_unique_constraint<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a MySqlStatements,
-    ) -> Result<bool, Error> {
-        let (found,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.has_unique_constraint.clone()))
-            .fetch_one(pool)
-            .await
-            .map_err(database_error::<Self>)?;
-        Ok(found > 0)
-    }
+    common_queries!();
 
     fn is_retryable(error: &sqlx::Error) -> bool {
         matches!(error_number(error), Some(DEADLOCK | LOCK_WAIT_TIMEOUT))
@@ -885,15 +777,7 @@ async fn apply_migrations(
     .fetch_one(&mut *conn)
     .await
     .map_err(database_error::<MySql>)?;
-    let newest = MIGRATIONS.last().map_or(0, |m| m.version);
-    if current > newest {
-        return Err(Error::Schema(format!(
-            "table {} is at version {current}, newer than the {newest} this \
-             version of justonce knows: upgrade justonce",
-            tables.migrations
-        )));
-    }
-    let pending: Vec<_> = MIGRATIONS.iter().filter(|m| m.version > current).collect();
+    let pending = pending_migrations(MIGRATIONS, current, tables)?;
     for migration in &pending {
         if !migration.sql.trim().is_empty() {
             sqlx::raw_sql(AssertSqlSafe(tables.render(migration.sql)))

@@ -5,7 +5,8 @@ use crate::admin::{KeyCount, StoredOffset};
 use crate::backend::{
     Backend, Batch, Change, ClaimRow, Clock, LeaseRow, LeaseState, Migration, NewOutboxRow,
     OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups,
-    Which, bind_identity, bind_lease, database_error, shared_queries, vanished,
+    Which, bind_identity, bind_lease, common_queries, database_error, pending_migrations,
+    shared_queries, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -260,4 +261,5 @@ impl Backend for Postgres {
     }
 
     shared_queries!();
+    common_queries!();
 }

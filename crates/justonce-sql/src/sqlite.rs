@@ -4,7 +4,8 @@ use crate::admin::{KeyCount, StoredOffset};
 use crate::backend::{
     Backend, Batch, Change, ClaimRow, Clock, LeaseRow, LeaseState, Migration, NewOutboxRow,
     OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups,
-    Which, bind_identity, bind_lease, database_error, shared_queries, vanished,
+    Which, bind_identity, bind_lease, common_queries, database_error, pending_migrations,
+    shared_queries, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -239,6 +240,7 @@ impl Backend for Sqlite {
     }
 
     shared_queries!();
+    common_queries!();
 }
 
 /// `text` as a JSON string. Keys, scopes and consumer names hold no control characters

@@ -164,8 +164,11 @@ pub trait TestBackend: Backend {
     /// Removes a database [`TestBackend::create_database`] made.
     fn drop_database(url: &str) -> impl Future<Output = ()> + Send;
 
-    /// The store's clock `$1` milliseconds ago.
+    /// The store's clock, the first parameter's milliseconds ago.
     const MILLIS_AGO: &'static str;
+
+    /// How the first two parameters of a statement are written.
+    const PARAMETERS: [&'static str; 2] = ["$1", "$2"];
 
     /// What follows a test table's columns in CREATE TABLE.
     const TABLE_OPTIONS: &'static str = "";
@@ -221,34 +224,15 @@ pub trait TestBackend: Backend {
 /// What every database runs the same way.
 macro_rules! same_on_every_database {
     () => {
-        async fn execute(pool: &sqlx::Pool<Self>, sql: String) -> Result<u64, sqlx::Error> {
-            let done = sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn count(pool: &sqlx::Pool<Self>, sql: String) -> i64 {
-            let (count,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.clone()))
-                .fetch_one(pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-            count
-        }
-    };
-}
-
-/// What PostgreSQL and SQLite run the same way, with `$n` parameters.
-macro_rules! same_on_postgres_and_sqlite {
-    () => {
-        same_on_every_database!();
-
         async fn insert_effect<'a>(
             conn: &'a mut Self::Connection,
             prefix: &'a str,
             consumer: &'a str,
             key: &'a str,
         ) -> Result<(), sqlx::Error> {
+            let [first, second] = Self::PARAMETERS;
             sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {prefix}effects (consumer, msg_key) VALUES ($1, $2)"
+                "INSERT INTO {prefix}effects (consumer, msg_key) VALUES ({first}, {second})"
             )))
             .bind(consumer)
             .bind(key)
@@ -257,32 +241,16 @@ macro_rules! same_on_postgres_and_sqlite {
             .map(drop)
         }
 
-        async fn hand_claim<'a>(
-            conn: &'a mut Self::Connection,
-            prefix: &'a str,
-            key: &'a str,
-            fingerprint: &'a [u8],
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {prefix}keys (scope, consumer, key, fingerprint, claim_id)
-                 VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING"
-            )))
-            .bind(key)
-            .bind(fingerprint)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
         async fn age_key<'a>(
             pool: &'a sqlx::Pool<Self>,
             prefix: &'a str,
             key: &'a str,
             millis: i64,
         ) {
-            let ago = Self::MILLIS_AGO;
+            let (ago, [_, second]) = (Self::MILLIS_AGO, Self::PARAMETERS);
+            let column = Self::quoted("key");
             sqlx::query(AssertSqlSafe(format!(
-                "UPDATE {prefix}keys SET processed_at = {ago} WHERE key = $2"
+                "UPDATE {prefix}keys SET processed_at = {ago} WHERE {column} = {second}"
             )))
             .bind(millis)
             .bind(key)
@@ -305,6 +273,43 @@ macro_rules! same_on_postgres_and_sqlite {
             .execute(pool)
             .await
             .expect("age rows");
+        }
+
+        async fn execute(pool: &sqlx::Pool<Self>, sql: String) -> Result<u64, sqlx::Error> {
+            let done = sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn count(pool: &sqlx::Pool<Self>, sql: String) -> i64 {
+            let (count,): (i64,) = sqlx::query_as(AssertSqlSafe(sql.clone()))
+                .fetch_one(pool)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            count
+        }
+    };
+}
+
+/// What PostgreSQL and SQLite run the same way, with `$n` parameters.
+macro_rules! same_on_postgres_and_sqlite {
+    () => {
+        same_on_every_database!();
+
+        async fn hand_claim<'a>(
+            conn: &'a mut Self::Connection,
+            prefix: &'a str,
+            key: &'a str,
+            fingerprint: &'a [u8],
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {prefix}keys (scope, consumer, key, fingerprint, claim_id)
+                 VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING"
+            )))
+            .bind(key)
+            .bind(fingerprint)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
         }
     };
 }
@@ -366,6 +371,7 @@ impl TestBackend for Postgres {
 
 impl TestBackend for MySql {
     const MILLIS_AGO: &'static str = "(UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND)";
+    const PARAMETERS: [&'static str; 2] = ["?", "?"];
     const TABLE_OPTIONS: &'static str = " DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin";
 
     fn quoted(name: &str) -> String {
@@ -388,22 +394,6 @@ impl TestBackend for MySql {
         on_server::<Self>(&mysql_url(), format!("DROP DATABASE IF EXISTS {name}")).await;
     }
 
-    async fn insert_effect<'a>(
-        conn: &'a mut Self::Connection,
-        prefix: &'a str,
-        consumer: &'a str,
-        key: &'a str,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {prefix}effects (consumer, msg_key) VALUES (?, ?)"
-        )))
-        .bind(consumer)
-        .bind(key)
-        .execute(conn)
-        .await
-        .map(drop)
-    }
-
     async fn hand_claim<'a>(
         conn: &'a mut Self::Connection,
         prefix: &'a str,
@@ -423,29 +413,6 @@ impl TestBackend for MySql {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
             Err(e) => Err(e),
         }
-    }
-
-    async fn age_key<'a>(pool: &'a sqlx::Pool<Self>, prefix: &'a str, key: &'a str, millis: i64) {
-        let ago = Self::MILLIS_AGO;
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {prefix}keys SET processed_at = {ago} WHERE `key` = ?"
-        )))
-        .bind(millis)
-        .bind(key)
-        .execute(pool)
-        .await
-        .expect("age a key");
-    }
-
-    async fn age_rows<'a>(pool: &'a sqlx::Pool<Self>, table: String, column: &'a str, millis: i64) {
-        let ago = Self::MILLIS_AGO;
-        sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {table} SET {column} = {ago} WHERE {column} IS NOT NULL"
-        )))
-        .bind(millis)
-        .execute(pool)
-        .await
-        .expect("age rows");
     }
 
     same_on_every_database!();

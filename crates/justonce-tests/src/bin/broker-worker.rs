@@ -18,7 +18,7 @@ use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::{NatsConsumer, NatsOptions};
 use justonce_transport::redis_streams::{KEY_FIELD, RedisStreamConsumer, RedisStreamOptions};
-use justonce_transport::{ConsumerStats, KeyFrom, Ran};
+use justonce_transport::{KeyFrom, Ran};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -63,19 +63,11 @@ async fn work<DB: TestBackend>(
         }
         let message = consumer.next().await?;
         let ran = consumer.run_one(&message, &work).await;
-        let Ran::Outcome(outcome) = ran else {
-            return Err(format!("the work did not commit: {ran:?}").into());
-        };
         let key = (message.properties.as_ref())
             .and_then(|p| p.user_properties.iter().find(|(name, _)| name == "key"))
             .map(|(_, key)| key.clone())
             .unwrap_or_default();
-        committed(&key, &outcome)?;
-        forever.await;
-        let ran = Ran::<sqlx::Error>::Outcome(outcome);
-        consumer
-            .settle(&message, ran, &mut ConsumerStats::default())
-            .await?;
+        pause_after_commit(&key, ran).await
     } else if broker.starts_with("redis:") {
         let options = RedisStreamOptions::new(queue, "test")
             .consumer(format!("worker-{}", std::process::id()))
@@ -92,16 +84,8 @@ async fn work<DB: TestBackend>(
             }
         };
         let ran = consumer.run_one(&entry, &work).await;
-        let Ran::Outcome(outcome) = ran else {
-            return Err(format!("the work did not commit: {ran:?}").into());
-        };
         let key = entry.field(KEY_FIELD).unwrap_or_default();
-        committed(&String::from_utf8_lossy(&key), &outcome)?;
-        forever.await;
-        let ran = Ran::<sqlx::Error>::Outcome(outcome);
-        consumer
-            .settle(&entry, ran, &mut ConsumerStats::default())
-            .await?;
+        pause_after_commit(&String::from_utf8_lossy(&key), ran).await
     } else if broker.starts_with("nats:") {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
         let consumer = NatsConsumer::connect(broker, inbox, options).await?;
@@ -112,19 +96,11 @@ async fn work<DB: TestBackend>(
         let mut messages = consumer.messages().await?;
         let message = messages.next().await?.ok_or("no message")?;
         let ran = consumer.run_one(&message, &work).await;
-        let Ran::Outcome(outcome) = ran else {
-            return Err(format!("the work did not commit: {ran:?}").into());
-        };
         let key = (message.headers.as_ref())
             .and_then(|headers| headers.get("Order-Id"))
             .map(|id| id.as_str().to_owned())
             .unwrap_or_default();
-        committed(&key, &outcome)?;
-        forever.await;
-        let ran = Ran::<sqlx::Error>::Outcome(outcome);
-        consumer
-            .settle(&message, ran, &mut ConsumerStats::default())
-            .await?;
+        pause_after_commit(&key, ran).await
     } else {
         let consumer =
             AmqpConsumer::connect(broker, inbox.clone(), AmqpOptions::new(queue)).await?;
@@ -139,20 +115,21 @@ async fn work<DB: TestBackend>(
             .ok_or("the consumer was cancelled")?;
         let key = delivery.key().map_err(str::to_owned)?.clone();
         let ran = delivery.run(&inbox, &work).await;
-        let Ran::Outcome(outcome) = ran else {
-            return Err(format!("the work did not commit: {ran:?}").into());
-        };
-        committed(key.as_str(), &outcome)?;
-        forever.await;
-        let ran = Ran::<sqlx::Error>::Outcome(outcome);
-        delivery.settle(ran, &mut ConsumerStats::default()).await?;
+        pause_after_commit(key.as_str(), ran).await
     }
-    Ok(())
 }
 
-/// The commit is durable and the message not acknowledged: the parent kills us after this.
-fn committed(key: &str, outcome: &justonce_sql::Outcome<()>) -> std::io::Result<()> {
+/// Says that the work of `key` committed, then waits to be killed: the message is never
+/// acknowledged.
+async fn pause_after_commit<E: std::fmt::Debug>(
+    key: &str,
+    ran: Ran<E>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Ran::Outcome(outcome) = ran else {
+        return Err(format!("the work did not commit: {ran:?}").into());
+    };
     let mut stdout = std::io::stdout();
     writeln!(stdout, "committed {key} {outcome:?}")?;
-    stdout.flush()
+    stdout.flush()?;
+    std::future::pending().await
 }

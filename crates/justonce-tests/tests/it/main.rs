@@ -145,6 +145,36 @@ macro_rules! on_every_lease_store {
 }
 pub(crate) use on_every_lease_store;
 
+/// Runs a broker consumer until `done` holds, within a minute, then stops it and returns
+/// what it counted. `run` starts the consumer with the signal that stops it.
+pub(crate) async fn run_until<R, F, Fut>(
+    run: impl FnOnce(tokio::sync::oneshot::Receiver<()>) -> R,
+    done: F,
+) -> justonce_transport::ConsumerStats
+where
+    R: std::future::Future<
+            Output = Result<justonce_transport::ConsumerStats, justonce_transport::Error>,
+        >,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = run(stopped);
+    let waiting = async {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !done().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not done within a minute"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        stop.send(()).unwrap();
+    };
+    let (stats, ()) = tokio::join!(running, waiting);
+    stats.unwrap()
+}
+
 /// Sends `request` to `app` with no socket, and returns the status, the headers and the
 /// whole body.
 pub(crate) async fn respond(

@@ -3,12 +3,12 @@
 //! dead-lettered, a worker killed between its commit and its ack or at random moments, and
 //! the relay's publisher deduplicated by the stream.
 
-use super::{Xorshift, on_every_database};
+use super::{Xorshift, on_every_database, run_until};
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
 use justonce_transport::nats::{MSG_ID_HEADER, NatsConsumer, NatsDestination, NatsOptions};
-use justonce_transport::{KeyFrom, REASON_HEADER};
+use justonce_transport::{ConsumerStats, KeyFrom, REASON_HEADER};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -87,26 +87,16 @@ async fn consume_until<DB: TestBackend, F, Fut>(
     db: &TestDb<DB>,
     consumer: &NatsConsumer<DB>,
     done: F,
-) -> justonce_transport::ConsumerStats
+) -> ConsumerStats
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = consumer.run(stopped, consumer_work::<DB>(&db.prefix));
-    let waiting = async {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while !done().await {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "not done within a minute"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        stop.send(()).unwrap();
-    };
-    let (stats, ()) = tokio::join!(running, waiting);
-    stats.unwrap()
+    run_until(
+        |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
+        done,
+    )
+    .await
 }
 
 async fn each_message_published_twice_takes_effect_once<DB: TestBackend>(test: &str) {

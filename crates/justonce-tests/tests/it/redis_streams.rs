@@ -3,7 +3,7 @@
 //! dead-lettered, a worker killed between its commit and its ack or at random moments, two
 //! workers in one group, and the relay's publisher.
 
-use super::{Xorshift, on_every_database};
+use super::{Xorshift, on_every_database, run_until};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work, redis_url};
 use justonce_transport::redis_streams::{
@@ -101,21 +101,11 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = consumer.run(stopped, consumer_work::<DB>(&db.prefix));
-    let waiting = async {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while !done().await {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "not done within a minute"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        stop.send(()).unwrap();
-    };
-    let (stats, ()) = tokio::join!(running, waiting);
-    stats.unwrap()
+    run_until(
+        |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
+        done,
+    )
+    .await
 }
 
 async fn each_entry_added_twice_takes_effect_once<DB: TestBackend>(test: &str) {
