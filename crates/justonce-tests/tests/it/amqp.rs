@@ -1,8 +1,10 @@
 //! The RabbitMQ consumer and publisher against the real broker, with the keys on each real
-//! database: duplicates acknowledged without work, failures retried then dead-lettered,
-//! a worker killed between its commit and its ack, and the relay publishing outbox rows.
+//! database: failures retried then dead-lettered, batches, two worker processes on one
+//! queue, and the relay publishing outbox rows. The proofs every broker shares are in
+//! `broker`.
 
-use super::{Xorshift, on_every_database};
+use super::broker::TestBroker;
+use super::{on_every_database, run_until};
 use justonce_sql::{Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
 use justonce_transport::ConsumerStats;
@@ -13,23 +15,19 @@ use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 on_every_database!(
-    each_message_delivered_twice_takes_effect_once,
     failing_work_is_retried_then_dead_lettered,
     a_message_without_a_key_is_dead_lettered,
-    a_worker_killed_between_commit_and_ack_leaves_one_effect,
     run_stops_on_shutdown_after_settling_what_it_took,
     ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each,
-    a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
     two_consumer_processes_on_one_queue_take_effect_once_each,
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     the_relay_publishes_rows_with_their_key_as_message_id,
 );
 
 /// A queue (and its dead-letter queue) named after the test's prefix, deleted at the end.
-struct Queue {
+pub(crate) struct Queue {
     name: String,
     connection: Connection,
     publisher: AmqpDestination,
@@ -153,36 +151,6 @@ async fn connect<DB: TestBackend>(
     .unwrap()
 }
 
-async fn each_message_delivered_twice_takes_effect_once<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let queue = Queue::new(&db).await;
-    let consumer = connect(&db, &queue, |options| options).await;
-    for _ in 0..2 {
-        for n in 0..50 {
-            queue
-                .publish(&format!("order:{n}"), format!("order {n}").as_bytes())
-                .await;
-        }
-    }
-    let stats = consume(&db, &consumer, 100).await;
-    assert_eq!((stats.processed, stats.duplicates), (50, 50));
-    assert_eq!(db.rows("effects").await, 50);
-    for n in 0..50 {
-        assert_eq!(
-            db.effects_of(&Key::new(format!("order:{n}")).unwrap())
-                .await,
-            1
-        );
-    }
-    assert!(
-        queue.get(&queue.name).await.is_none(),
-        "every delivery was acknowledged"
-    );
-    consumer.close().await.unwrap();
-    queue.delete().await;
-    db.cleanup().await;
-}
-
 async fn failing_work_is_retried_then_dead_lettered<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let queue = Queue::new(&db).await;
@@ -243,42 +211,6 @@ async fn a_message_without_a_key_is_dead_lettered<DB: TestBackend>(test: &str) {
     assert_eq!(body, b"no id");
     assert!(header(&properties, REASON_HEADER).is_some());
     assert_eq!(db.rows("effects").await, 0);
-    consumer.close().await.unwrap();
-    queue.delete().await;
-    db.cleanup().await;
-}
-
-async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let queue = Queue::new(&db).await;
-    // Declares the queues before the worker consumes them.
-    let consumer = connect(&db, &queue, |options| options).await;
-    queue.publish("order:1", b"ship it").await;
-    let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
-        .args([
-            &db.url,
-            &db.prefix,
-            &amqp_url(),
-            &queue.name,
-            "pause-after-commit",
-        ])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start broker-worker");
-    let mut lines = BufReader::new(worker.stdout.take().unwrap()).lines();
-    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the worker commits within 30 s")
-        .unwrap();
-    assert_eq!(said.as_deref(), Some("committed order:1 Processed(())"));
-    worker.kill().await.expect("SIGKILL the worker");
-    assert_eq!(db.effects_of(&Key::new("order:1").unwrap()).await, 1);
-    // The broker delivers the unacknowledged message again: a duplicate, acknowledged.
-    let stats = consume(&db, &consumer, 1).await;
-    assert_eq!((stats.processed, stats.duplicates), (0, 1));
-    assert_eq!(db.effects_of(&Key::new("order:1").unwrap()).await, 1);
-    assert!(queue.get(&queue.name).await.is_none());
     consumer.close().await.unwrap();
     queue.delete().await;
     db.cleanup().await;
@@ -398,30 +330,6 @@ async fn await_effects<DB: TestBackend>(db: &TestDb<DB>, effects: i64) {
     }
 }
 
-async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: TestBackend>(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let queue = Queue::new(&db).await;
-    let consumer = connect(&db, &queue, |options| options).await;
-    queue.publish_many(2_000, 1_600).await;
-    let mut random = Xorshift::from_clock();
-    for _ in 0..20 {
-        let mut running = worker(&db, &queue);
-        tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
-        running.kill().await.expect("SIGKILL the consumer");
-    }
-    let mut last = worker(&db, &queue);
-    await_effects(&db, 1_600).await;
-    last.kill().await.unwrap();
-    assert_eq!(db.rows("effects").await, 1_600, "nothing lost");
-    assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
-    settle_the_rest(&db, &queue, &consumer).await;
-    consumer.close().await.unwrap();
-    queue.delete().await;
-    db.cleanup().await;
-}
-
 async fn two_consumer_processes_on_one_queue_take_effect_once_each<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let queue = Queue::new(&db).await;
@@ -487,4 +395,70 @@ async fn a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others<DB: T
 async fn assert_queue_empty(queue: &Queue) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(queue.ready().await, 0);
+}
+
+impl TestBroker for Queue {
+    type Consumer<DB: TestBackend> = AmqpConsumer<DB>;
+
+    fn url() -> String {
+        amqp_url()
+    }
+
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let queue = Queue::new(db).await;
+        // Declares the queues.
+        connect(db, &queue, |options| options)
+            .await
+            .close()
+            .await
+            .unwrap();
+        queue
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn publish(&self, keys: &[String]) {
+        for key in keys {
+            Queue::publish(self, key, b"x").await;
+        }
+    }
+
+    async fn connect<DB: TestBackend>(&self, db: &TestDb<DB>) -> AmqpConsumer<DB> {
+        connect(db, self, |options| options).await
+    }
+
+    async fn consume<DB: TestBackend>(
+        consumer: &AmqpConsumer<DB>,
+        db: &TestDb<DB>,
+        count: usize,
+    ) -> ConsumerStats {
+        consume(db, consumer, count).await
+    }
+
+    async fn run_until<DB: TestBackend, F, Fut>(
+        consumer: &AmqpConsumer<DB>,
+        db: &TestDb<DB>,
+        done: F,
+    ) -> ConsumerStats
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        run_until(
+            |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
+            done,
+        )
+        .await
+    }
+
+    async fn settled(&self) -> bool {
+        // Ready messages only: AMQP does not count the unacknowledged ones.
+        self.ready().await == 0
+    }
+
+    async fn delete(self) {
+        Queue::delete(self).await
+    }
 }

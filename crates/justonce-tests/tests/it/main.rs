@@ -2,6 +2,7 @@
 //! MariaDB.
 
 mod amqp;
+mod broker;
 mod claim;
 mod client;
 mod commit;

@@ -1,24 +1,19 @@
 //! The MQTT consumer and publisher against the real broker, with the keys on each real
-//! database: duplicates acknowledged without work, failures published again then
-//! dead-lettered, a worker killed between its commit and its ack or at random moments, and
-//! the relay's publisher.
+//! database: failures published again then dead-lettered, and the relay's publisher. The
+//! proofs every broker shares are in `broker`.
 
-use super::{Xorshift, on_every_database};
+use super::broker::TestBroker;
+use super::{on_every_database, run_until};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work, mqtt_options, mqtt_url};
 use justonce_transport::mqtt::{KEY_PROPERTY, Message, MqttConsumer, MqttDestination};
 use justonce_transport::{ConsumerStats, REASON_HEADER};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Packet;
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 on_every_database!(
-    each_message_published_twice_takes_effect_once,
     failing_work_is_published_again_then_dead_lettered,
-    a_worker_killed_between_commit_and_ack_leaves_one_effect,
-    a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
     the_relay_publishes_with_its_key,
 );
 
@@ -69,41 +64,6 @@ async fn consume<DB: TestBackend>(
         consumer.settle(&message, ran, &mut stats).await.unwrap();
     }
     stats
-}
-
-/// Consumes until no message has come for two seconds.
-async fn drain<DB: TestBackend>(db: &TestDb<DB>, consumer: &MqttConsumer<DB>) -> ConsumerStats {
-    let work = consumer_work::<DB>(&db.prefix);
-    let mut stats = ConsumerStats::default();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while let Ok(message) = tokio::time::timeout(Duration::from_secs(2), consumer.next()).await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still busy after a minute"
-        );
-        let message = message.unwrap();
-        let ran = consumer.run_one(&message, &work).await;
-        consumer.settle(&message, ran, &mut stats).await.unwrap();
-    }
-    stats
-}
-
-async fn each_message_published_twice_takes_effect_once<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let topic = topic(&db);
-    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(&topic))
-        .await
-        .unwrap();
-    publish(
-        &topic,
-        (0..2).flat_map(|_| (0..50).map(|n| format!("order:{n}"))),
-    )
-    .await;
-    let stats = consume(&db, &consumer, 100).await;
-    assert_eq!((stats.processed, stats.duplicates), (50, 50));
-    assert_eq!(db.rows("effects").await, 50);
-    assert_eq!(db.doubled_effects().await, 0);
-    db.cleanup().await;
 }
 
 /// A plain subscriber on `topic` with a clean session, answered by the broker before it
@@ -181,71 +141,6 @@ async fn failing_work_is_published_again_then_dead_lettered<DB: TestBackend>(tes
     db.cleanup().await;
 }
 
-fn worker<DB: TestBackend>(db: &TestDb<DB>, topic: &str, mode: &str) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
-        .args([&db.url, &db.prefix, &mqtt_url(), topic, mode])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start broker-worker")
-}
-
-/// Makes the session and its subscription, then leaves, so that messages published next
-/// wait in the broker for the session's client.
-async fn open_session<DB: TestBackend>(db: &TestDb<DB>, topic: &str) {
-    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(topic))
-        .await
-        .unwrap();
-    drop(consumer);
-}
-
-async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let topic = topic(&db);
-    open_session(&db, &topic).await;
-    publish(&topic, ["order:0".to_owned()]).await;
-    let mut paused = worker(&db, &topic, "pause-after-commit");
-    let mut lines = BufReader::new(paused.stdout.take().unwrap()).lines();
-    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the worker commits within 30 s")
-        .unwrap();
-    assert_eq!(said.as_deref(), Some("committed order:0 Processed(())"));
-    paused.kill().await.expect("SIGKILL the worker");
-    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
-    // The session's next connection gets the unacknowledged message again: a duplicate.
-    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(&topic))
-        .await
-        .unwrap();
-    let stats = consume(&db, &consumer, 1).await;
-    assert_eq!((stats.processed, stats.duplicates), (0, 1));
-    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
-    db.cleanup().await;
-}
-
-async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: TestBackend>(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let topic = topic(&db);
-    open_session(&db, &topic).await;
-    // Within Mosquitto's default of 1,000 messages queued for a session.
-    publish(&topic, (0..500).map(|n| format!("order:{}", n % 400))).await;
-    let mut random = Xorshift::from_clock();
-    for _ in 0..20 {
-        let mut running = worker(&db, &topic, "run");
-        tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
-        running.kill().await.expect("SIGKILL the consumer");
-    }
-    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(&topic))
-        .await
-        .unwrap();
-    drain(&db, &consumer).await;
-    assert_eq!(db.rows("effects").await, 400, "nothing lost");
-    assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
-    db.cleanup().await;
-}
-
 async fn the_relay_publishes_with_its_key<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let topic = topic(&db);
@@ -294,4 +189,72 @@ async fn the_relay_publishes_with_its_key<DB: TestBackend>(test: &str) {
         1
     );
     db.cleanup().await;
+}
+
+/// The topic of one test, with the persistent session its consumers share.
+pub(crate) struct Topic {
+    name: String,
+}
+
+impl TestBroker for Topic {
+    type Consumer<DB: TestBackend> = MqttConsumer<DB>;
+
+    fn url() -> String {
+        mqtt_url()
+    }
+
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let topic = Topic { name: topic(db) };
+        // Makes the session and its subscription, then leaves, so that messages published
+        // next wait in the broker for the session's client.
+        drop(TestBroker::connect(&topic, db).await);
+        topic
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn publish(&self, keys: &[String]) {
+        publish(&self.name, keys.iter().cloned()).await
+    }
+
+    async fn connect<DB: TestBackend>(&self, db: &TestDb<DB>) -> MqttConsumer<DB> {
+        MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(&self.name))
+            .await
+            .unwrap()
+    }
+
+    async fn consume<DB: TestBackend>(
+        consumer: &MqttConsumer<DB>,
+        db: &TestDb<DB>,
+        count: usize,
+    ) -> ConsumerStats {
+        consume(db, consumer, count as u64).await
+    }
+
+    async fn run_until<DB: TestBackend, F, Fut>(
+        consumer: &MqttConsumer<DB>,
+        db: &TestDb<DB>,
+        done: F,
+    ) -> ConsumerStats
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        run_until(
+            |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
+            done,
+        )
+        .await
+    }
+
+    async fn settled(&self) -> bool {
+        // Mosquitto does not say what a session holds.
+        true
+    }
+
+    async fn delete(self) {
+        // A topic is not stored; the session expires on its own.
+    }
 }

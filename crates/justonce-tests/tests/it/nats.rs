@@ -1,9 +1,10 @@
 //! The NATS JetStream consumer and publisher against the real server, with the keys on each
-//! real database: duplicates acknowledged without work, failures redelivered then
-//! dead-lettered, a worker killed between its commit and its ack or at random moments, and
-//! the relay's publisher deduplicated by the stream.
+//! real database: failures redelivered then dead-lettered, two worker processes on one
+//! durable consumer, and the relay's publisher deduplicated by the stream. The proofs every
+//! broker shares are in `broker`.
 
-use super::{Xorshift, on_every_database, run_until};
+use super::broker::TestBroker;
+use super::{on_every_database, run_until};
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
@@ -11,13 +12,9 @@ use justonce_transport::nats::{MSG_ID_HEADER, NatsConsumer, NatsDestination, Nat
 use justonce_transport::{ConsumerStats, KeyFrom, REASON_HEADER};
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 on_every_database!(
-    each_message_published_twice_takes_effect_once,
     failing_work_is_redelivered_then_dead_lettered,
-    a_worker_killed_between_commit_and_ack_leaves_one_effect,
-    a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
     two_consumer_processes_on_one_durable_take_effect_once_each,
     the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat,
 );
@@ -28,7 +25,7 @@ fn nats_url() -> String {
 
 /// A stream named after the test's prefix (with its subject and durable consumer of the
 /// same name), deleted at the end.
-struct Stream {
+pub(crate) struct Stream {
     name: String,
     jetstream: jetstream::Context,
 }
@@ -99,28 +96,6 @@ where
     .await
 }
 
-async fn each_message_published_twice_takes_effect_once<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let stream = Stream::new(&db).await;
-    let consumer = NatsConsumer::connect(&nats_url(), db.inbox.clone(), options(&stream))
-        .await
-        .unwrap();
-    for _ in 0..2 {
-        for n in 0..50 {
-            stream.publish(&format!("order:{n}"), b"x").await;
-        }
-    }
-    let stats = consume_until(&db, &consumer, || async {
-        stream.unsettled().await == 0 && db.rows("effects").await == 50
-    })
-    .await;
-    assert_eq!((stats.processed, stats.duplicates), (50, 50));
-    assert_eq!(db.rows("effects").await, 50);
-    assert_eq!(db.doubled_effects().await, 0);
-    stream.delete().await;
-    db.cleanup().await;
-}
-
 async fn failing_work_is_redelivered_then_dead_lettered<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let stream = Stream::new(&db).await;
@@ -164,71 +139,6 @@ fn worker<DB: TestBackend>(db: &TestDb<DB>, stream: &Stream, mode: &str) -> toki
         .kill_on_drop(true)
         .spawn()
         .expect("start broker-worker")
-}
-
-async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let stream = Stream::new(&db).await;
-    // Creates the streams and the durable consumer the worker binds to.
-    let consumer = NatsConsumer::connect(
-        &nats_url(),
-        db.inbox.clone(),
-        options(&stream).ack_wait(Duration::from_secs(1)),
-    )
-    .await
-    .unwrap();
-    stream.publish("order:0", b"ship it").await;
-    let mut paused = worker(&db, &stream, "pause-after-commit");
-    let mut lines = BufReader::new(paused.stdout.take().unwrap()).lines();
-    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the worker commits within 30 s")
-        .unwrap();
-    assert_eq!(said.as_deref(), Some("committed order:0 Processed(())"));
-    paused.kill().await.expect("SIGKILL the worker");
-    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
-    // After the ack wait, the server delivers the message again: a duplicate.
-    let stats = consume_until(&db, &consumer, || async { stream.unsettled().await == 0 }).await;
-    assert_eq!((stats.processed, stats.duplicates), (0, 1));
-    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
-    stream.delete().await;
-    db.cleanup().await;
-}
-
-async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: TestBackend>(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let stream = Stream::new(&db).await;
-    let url = nats_url();
-    let reader = || {
-        NatsConsumer::connect(
-            &url,
-            db.inbox.clone(),
-            options(&stream).ack_wait(Duration::from_secs(1)),
-        )
-    };
-    // Creates the streams and the durable consumer the workers bind to.
-    let consumer = reader().await.unwrap();
-    for n in 0..1_000 {
-        stream.publish(&format!("order:{}", n % 800), b"x").await;
-    }
-    drop(consumer);
-    let mut random = Xorshift::from_clock();
-    for _ in 0..20 {
-        let mut running = worker(&db, &stream, "run");
-        tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
-        running.kill().await.expect("SIGKILL the consumer");
-    }
-    let consumer = reader().await.unwrap();
-    consume_until(&db, &consumer, || async {
-        stream.unsettled().await == 0 && db.rows("effects").await == 800
-    })
-    .await;
-    assert_eq!(db.rows("effects").await, 800, "nothing lost");
-    assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
-    stream.delete().await;
-    db.cleanup().await;
 }
 
 async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: TestBackend>(
@@ -298,4 +208,81 @@ async fn two_consumer_processes_on_one_durable_take_effect_once_each<DB: TestBac
     drop(consumer);
     stream.delete().await;
     db.cleanup().await;
+}
+
+impl TestBroker for Stream {
+    type Consumer<DB: TestBackend> = NatsConsumer<DB>;
+
+    fn url() -> String {
+        nats_url()
+    }
+
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let stream = Stream::new(db).await;
+        // Creates the streams and the durable consumer.
+        TestBroker::connect(&stream, db).await;
+        stream
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn publish(&self, keys: &[String]) {
+        for key in keys {
+            Stream::publish(self, key, b"x").await;
+        }
+    }
+
+    async fn connect<DB: TestBackend>(&self, db: &TestDb<DB>) -> NatsConsumer<DB> {
+        // A short ack wait: what a killed worker held comes back within a second.
+        let options = options(self).ack_wait(Duration::from_secs(1));
+        NatsConsumer::connect(&nats_url(), db.inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn consume<DB: TestBackend>(
+        consumer: &NatsConsumer<DB>,
+        db: &TestDb<DB>,
+        count: usize,
+    ) -> ConsumerStats {
+        let work = consumer_work::<DB>(&db.prefix);
+        let mut stats = ConsumerStats::default();
+        let mut messages = consumer.messages().await.unwrap();
+        for _ in 0..count {
+            let message = tokio::time::timeout(Duration::from_secs(30), messages.next())
+                .await
+                .expect("a message within 30 s")
+                .unwrap()
+                .expect("the stream is open");
+            let ran = consumer.run_one(&message, &work).await;
+            consumer.settle(&message, ran, &mut stats).await.unwrap();
+        }
+        stats
+    }
+
+    async fn run_until<DB: TestBackend, F, Fut>(
+        consumer: &NatsConsumer<DB>,
+        db: &TestDb<DB>,
+        done: F,
+    ) -> ConsumerStats
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        run_until(
+            |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
+            done,
+        )
+        .await
+    }
+
+    async fn settled(&self) -> bool {
+        self.unsettled().await == 0
+    }
+
+    async fn delete(self) {
+        Stream::delete(self).await
+    }
 }

@@ -1,9 +1,10 @@
 //! The Redis Streams consumer and publisher against the real server, with the keys on each
-//! real database: duplicates acknowledged without work, failures taken over again then
-//! dead-lettered, a worker killed between its commit and its ack or at random moments, two
-//! workers in one group, and the relay's publisher.
+//! real database: 10,000 entries with a fifth repeated, failures taken over again then
+//! dead-lettered, two workers in one group, and the relay's publisher. The proofs every
+//! broker shares are in `broker`.
 
-use super::{Xorshift, on_every_database, run_until};
+use super::broker::TestBroker;
+use super::{on_every_database, run_until};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work, redis_url};
 use justonce_transport::redis_streams::{
@@ -13,14 +14,10 @@ use justonce_transport::{ConsumerStats, REASON_HEADER};
 use redis::AsyncCommands;
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 on_every_database!(
-    each_entry_added_twice_takes_effect_once,
     ten_thousand_entries_with_a_fifth_repeated_take_effect_once_per_key,
     failing_work_is_taken_over_again_then_dead_lettered,
-    a_worker_killed_between_commit_and_ack_leaves_one_effect,
-    a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
     two_consumer_processes_in_one_group_take_effect_once_each,
     the_relay_adds_each_row_with_its_key,
 );
@@ -29,7 +26,7 @@ on_every_database!(
 const GROUP: &str = "test";
 
 /// A stream named after the test's prefix, deleted at the end with its dead letters.
-struct Stream {
+pub(crate) struct Stream {
     name: String,
     redis: redis::aio::MultiplexedConnection,
 }
@@ -108,24 +105,6 @@ where
     .await
 }
 
-async fn each_entry_added_twice_takes_effect_once<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let stream = Stream::new(&db).await;
-    let consumer =
-        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
-            .await
-            .unwrap();
-    stream
-        .add((0..2).flat_map(|_| (0..50).map(|n| format!("order:{n}"))))
-        .await;
-    let stats = consume_until(&db, &consumer, || async { stream.unsettled().await == 0 }).await;
-    assert_eq!((stats.processed, stats.duplicates), (50, 50));
-    assert_eq!(db.rows("effects").await, 50);
-    assert_eq!(db.doubled_effects().await, 0);
-    stream.delete().await;
-    db.cleanup().await;
-}
-
 async fn ten_thousand_entries_with_a_fifth_repeated_take_effect_once_per_key<DB: TestBackend>(
     test: &str,
 ) {
@@ -198,60 +177,6 @@ fn worker<DB: TestBackend>(db: &TestDb<DB>, stream: &Stream, mode: &str) -> toki
         .kill_on_drop(true)
         .spawn()
         .expect("start broker-worker")
-}
-
-async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let stream = Stream::new(&db).await;
-    // Creates the group the worker joins.
-    let consumer =
-        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
-            .await
-            .unwrap();
-    stream.add(["order:0".to_owned()]).await;
-    let mut paused = worker(&db, &stream, "pause-after-commit");
-    let mut lines = BufReader::new(paused.stdout.take().unwrap()).lines();
-    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the worker commits within 30 s")
-        .unwrap();
-    assert_eq!(said.as_deref(), Some("committed order:0 Processed(())"));
-    paused.kill().await.expect("SIGKILL the worker");
-    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
-    // The entry stays pending for the dead worker until another takes it over: a duplicate.
-    let stats = consume_until(&db, &consumer, || async { stream.unsettled().await == 0 }).await;
-    assert_eq!((stats.processed, stats.duplicates), (0, 1));
-    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
-    stream.delete().await;
-    db.cleanup().await;
-}
-
-async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<DB: TestBackend>(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let stream = Stream::new(&db).await;
-    let consumer =
-        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
-            .await
-            .unwrap();
-    stream
-        .add((0..1_000).map(|n| format!("order:{}", n % 800)))
-        .await;
-    let mut random = Xorshift::from_clock();
-    for _ in 0..20 {
-        let mut running = worker(&db, &stream, "run");
-        tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
-        running.kill().await.expect("SIGKILL the consumer");
-    }
-    consume_until(&db, &consumer, || async {
-        stream.unsettled().await == 0 && db.rows("effects").await == 800
-    })
-    .await;
-    assert_eq!(db.rows("effects").await, 800, "nothing lost");
-    assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
-    stream.delete().await;
-    db.cleanup().await;
 }
 
 async fn two_consumer_processes_in_one_group_take_effect_once_each<DB: TestBackend>(test: &str) {
@@ -330,4 +255,81 @@ async fn the_relay_adds_each_row_with_its_key<DB: TestBackend>(test: &str) {
     );
     stream.delete().await;
     db.cleanup().await;
+}
+
+impl TestBroker for Stream {
+    type Consumer<DB: TestBackend> = RedisStreamConsumer<DB>;
+
+    fn url() -> String {
+        redis_url()
+    }
+
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let stream = Stream::new(db).await;
+        // Creates the group.
+        TestBroker::connect(&stream, db).await;
+        stream
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn publish(&self, keys: &[String]) {
+        self.add(keys.iter().cloned()).await
+    }
+
+    async fn connect<DB: TestBackend>(&self, db: &TestDb<DB>) -> RedisStreamConsumer<DB> {
+        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(self, "a"))
+            .await
+            .unwrap()
+    }
+
+    async fn consume<DB: TestBackend>(
+        consumer: &RedisStreamConsumer<DB>,
+        db: &TestDb<DB>,
+        count: usize,
+    ) -> ConsumerStats {
+        let work = consumer_work::<DB>(&db.prefix);
+        let mut stats = ConsumerStats::default();
+        let mut entries = consumer.entries();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut taken = 0;
+        while taken < count {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{taken} of {count} entries in 30 s"
+            );
+            for entry in entries.next().await.unwrap() {
+                taken += 1;
+                let ran = consumer.run_one(&entry, &work).await;
+                consumer.settle(&entry, ran, &mut stats).await.unwrap();
+            }
+        }
+        stats
+    }
+
+    async fn run_until<DB: TestBackend, F, Fut>(
+        consumer: &RedisStreamConsumer<DB>,
+        db: &TestDb<DB>,
+        done: F,
+    ) -> ConsumerStats
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        run_until(
+            |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
+            done,
+        )
+        .await
+    }
+
+    async fn settled(&self) -> bool {
+        self.unsettled().await == 0
+    }
+
+    async fn delete(self) {
+        Stream::delete(self).await
+    }
 }

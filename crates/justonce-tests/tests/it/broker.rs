@@ -1,0 +1,180 @@
+//! What every broker consumer must do, one body per proof fanned over every broker and every
+//! database: a message delivered twice takes effect once; a worker killed after its commit
+//! and before its ack leaves one effect, and the redelivery is a duplicate; a consumer
+//! killed twenty times at random moments loses nothing and doubles nothing.
+
+use super::Xorshift;
+use justonce_sql::Key;
+use justonce_tests::{TestBackend, TestDb};
+use justonce_transport::ConsumerStats;
+use std::future::Future;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// A broker under test: the queue, stream or topic of one test, and its consumers.
+pub(crate) trait TestBroker: Sized {
+    /// A consumer of the test's queue, with the test's inbox.
+    type Consumer<DB: TestBackend>;
+
+    /// The broker's URL, as a worker process takes it.
+    fn url() -> String;
+
+    /// The queue, stream or topic named after the test, ready to hold messages for its
+    /// consumers (a session or group made), with no consumer connected.
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self;
+
+    /// The name a worker process consumes.
+    fn name(&self) -> &str;
+
+    /// Publishes one message per key, each stored by the broker before the next.
+    async fn publish(&self, keys: &[String]);
+
+    async fn connect<DB: TestBackend>(&self, db: &TestDb<DB>) -> Self::Consumer<DB>;
+
+    /// Takes exactly `count` messages, runs and settles each.
+    async fn consume<DB: TestBackend>(
+        consumer: &Self::Consumer<DB>,
+        db: &TestDb<DB>,
+        count: usize,
+    ) -> ConsumerStats;
+
+    /// Runs the consumer until `done` holds, within a minute.
+    async fn run_until<DB: TestBackend, F, Fut>(
+        consumer: &Self::Consumer<DB>,
+        db: &TestDb<DB>,
+        done: F,
+    ) -> ConsumerStats
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = bool>;
+
+    /// Whether the broker holds nothing unread or unacknowledged for the consumers; true
+    /// where the broker cannot say (MQTT).
+    async fn settled(&self) -> bool;
+
+    async fn delete(self);
+}
+
+/// Fans each generic test body out into one test per broker and database:
+/// `broker::amqp::sqlite::name` and so on.
+macro_rules! on_every_broker {
+    ($($test:ident),* $(,)?) => {
+        on_every_broker!(@broker amqp, crate::amqp::Queue; $($test),*);
+        on_every_broker!(@broker nats, crate::nats::Stream; $($test),*);
+        on_every_broker!(@broker redis, crate::redis_streams::Stream; $($test),*);
+        on_every_broker!(@broker mqtt, crate::mqtt::Topic; $($test),*);
+    };
+    (@broker $name:ident, $broker:ty; $($test:ident),*) => {
+        mod $name {
+            on_every_broker!(@database sqlite, sqlx::Sqlite, $broker; $($test),*);
+            on_every_broker!(@database postgres, sqlx::Postgres, $broker; $($test),*);
+            on_every_broker!(@database mysql, sqlx::MySql, $broker; $($test),*);
+        }
+    };
+    (@database $name:ident, $db:ty, $broker:ty; $($test:ident),*) => {
+        mod $name {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    crate::broker::$test::<$broker, $db>(stringify!($test)).await
+                }
+            )*
+        }
+    };
+}
+
+on_every_broker!(
+    each_message_delivered_twice_takes_effect_once,
+    a_worker_killed_between_commit_and_ack_leaves_one_effect,
+    a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
+);
+
+fn worker<B: TestBroker, DB: TestBackend>(
+    db: &TestDb<DB>,
+    broker: &B,
+    mode: &str,
+) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
+        .args([&db.url, &db.prefix, &B::url(), broker.name(), mode])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start broker-worker")
+}
+
+async fn each_message_delivered_twice_takes_effect_once<B: TestBroker, DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..100).map(|n| format!("order:{}", n % 50)).collect();
+    broker.publish(&keys).await;
+    let consumer = broker.connect(&db).await;
+    let stats = B::consume(&consumer, &db, 100).await;
+    assert_eq!((stats.processed, stats.duplicates), (50, 50));
+    assert_eq!(db.rows("effects").await, 50);
+    assert_eq!(db.doubled_effects().await, 0);
+    assert!(broker.settled().await, "every delivery was acknowledged");
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<
+    B: TestBroker,
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    broker.publish(&["order:0".to_owned()]).await;
+    let mut paused = worker(&db, &broker, "pause-after-commit");
+    let mut lines = BufReader::new(paused.stdout.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the worker commits within 30 s")
+        .unwrap();
+    assert_eq!(said.as_deref(), Some("committed order:0 Processed(())"));
+    paused.kill().await.expect("SIGKILL the worker");
+    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
+    // The broker delivers the unacknowledged message again: a duplicate, acknowledged.
+    let consumer = broker.connect(&db).await;
+    let stats = B::consume(&consumer, &db, 1).await;
+    assert_eq!((stats.processed, stats.duplicates), (0, 1));
+    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
+    assert!(broker.settled().await, "the redelivery was acknowledged");
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<
+    B: TestBroker,
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    // 500 messages for 400 keys: within Mosquitto's default of 1,000 queued per session.
+    let keys: Vec<String> = (0..500).map(|n| format!("order:{}", n % 400)).collect();
+    broker.publish(&keys).await;
+    let mut random = Xorshift::from_clock();
+    for _ in 0..20 {
+        let mut running = worker(&db, &broker, "run");
+        tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
+        running.kill().await.expect("SIGKILL the consumer");
+    }
+    let consumer = broker.connect(&db).await;
+    B::run_until(&consumer, &db, || async {
+        db.rows("effects").await == 400 && broker.settled().await
+    })
+    .await;
+    assert_eq!(db.rows("effects").await, 400, "nothing lost");
+    assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
