@@ -63,6 +63,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tracing::Instrument;
 
 /// The request header that carries the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -256,7 +257,14 @@ where
         let ready = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, ready);
         let settings = Arc::clone(&self.settings);
-        Box::pin(async move { Ok(handle(&settings, inner, request).await) })
+        // The key's fields are recorded once the request has shown them.
+        let span = tracing::debug_span!(
+            "justonce.idempotency",
+            scope = tracing::field::Empty,
+            consumer = tracing::field::Empty,
+            key = tracing::field::Empty,
+        );
+        Box::pin(async move { Ok(handle(&settings, inner, request).instrument(span).await) })
     }
 }
 
@@ -315,6 +323,10 @@ where
     };
     let consumer = IdempotencyLayer::consumer_for(&parts.method, route(&parts));
     let identity = Identity::new(scope, consumer, key);
+    let span = tracing::Span::current();
+    span.record("scope", identity.scope.as_str());
+    span.record("consumer", identity.consumer.as_str());
+    span.record("key", identity.key.as_str());
     let fingerprint = Fingerprint::of(&body);
     let taken = match &settings.store {
         Store::Leases(store) => {

@@ -19,6 +19,7 @@ use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// The future a unit of work returns: it borrows the transaction for `'t`, and may borrow
 /// anything that outlives the call to [`Inbox::run`].
@@ -357,22 +358,52 @@ impl<DB: Backend> Inbox<DB> {
         &self,
         key: &Key,
         payload: &[u8],
+        work: F,
+    ) -> Result<Outcome<T>, RunError<E>>
+    where
+        F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let identity = self.identity(key);
+        let span = tracing::debug_span!(
+            "justonce.run",
+            scope = %identity.scope,
+            consumer = %identity.consumer,
+            key = %identity.key,
+        );
+        self.run_attempts(&identity, Fingerprint::of(payload), work)
+            .instrument(span)
+            .await
+    }
+
+    /// The transactions of [`Inbox::run`], until one commits or fails for good.
+    async fn run_attempts<'env, T, E, F>(
+        &self,
+        identity: &Identity,
+        fingerprint: Fingerprint,
         mut work: F,
     ) -> Result<Outcome<T>, RunError<E>>
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let fingerprint = Fingerprint::of(payload);
-        let identity = self.identity(key);
         let mut unknown_commit = None;
         let mut attempt = 1;
         loop {
             let failed = match self
-                .attempt(&identity, fingerprint, &mut work, &mut unknown_commit)
+                .attempt(identity, fingerprint, &mut work, &mut unknown_commit)
                 .await
             {
-                Ok(outcome) => return Ok(outcome),
+                Ok(outcome) => {
+                    let name = match &outcome {
+                        Outcome::Processed(_) => "processed",
+                        Outcome::Duplicate => "duplicate",
+                        Outcome::KeyReused { .. } => "key_reused",
+                    };
+                    tracing::debug!(outcome = name, attempt, "claimed");
+                    metrics::counter!("justonce_claims_total", "outcome" => name).increment(1);
+                    return Ok(outcome);
+                }
                 Err(failed) => failed,
             };
             let transient = match &failed {
@@ -397,7 +428,13 @@ impl<DB: Backend> Inbox<DB> {
                     Failed::Store(error) => RunError::Store(error),
                 });
             }
-            tracing::debug!(key = %key, attempt, "transaction failed transiently: retrying");
+            let cause = if unknown_commit.is_some() {
+                "commit_unknown"
+            } else {
+                "transient"
+            };
+            tracing::debug!(attempt, cause, "transaction failed: retrying");
+            metrics::counter!("justonce_retries_total", "cause" => cause).increment(1);
             backoff(attempt).await;
             attempt += 1;
         }

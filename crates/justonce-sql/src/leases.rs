@@ -4,6 +4,7 @@ use crate::backend::{Backend, Change};
 use crate::inbox::{Inbox, millis};
 use justonce_core::{Error, Fingerprint, Identity, Lease, LeaseClaim, LeaseFuture, Leases};
 use std::time::Duration;
+use tracing::Instrument;
 
 /// A lease claim can lose a race: the row it could not take may expire, be released or
 /// vanish before it is read. It asks again this many times before answering in progress.
@@ -142,7 +143,16 @@ impl<DB: Backend> Leases for Inbox<DB> {
         fingerprint: &'a Fingerprint,
         lease_for: Duration,
     ) -> LeaseFuture<'a, LeaseClaim> {
-        Box::pin(self.take_lease(identity, fingerprint, lease_for))
+        let span = tracing::debug_span!(
+            "justonce.lease",
+            scope = %identity.scope,
+            consumer = %identity.consumer,
+            key = %identity.key,
+        );
+        Box::pin(
+            self.take_lease(identity, fingerprint, lease_for)
+                .instrument(span),
+        )
     }
 
     fn complete<'a>(&'a self, lease: &'a Lease, result: &'a [u8]) -> LeaseFuture<'a, ()> {

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// How the relay takes, retries and gives up on rows.
 #[derive(Debug, Clone)]
@@ -257,7 +258,14 @@ impl<DB: Backend> Relay<DB> {
         if taken_at.elapsed() > self.options.lease / 2 {
             return Ok(None);
         }
-        let recorded = match self.deliver(row).await {
+        let span = tracing::debug_span!(
+            "justonce.deliver",
+            id = row.id,
+            key = %row.key,
+            destination = %row.destination,
+            attempt = row.attempts,
+        );
+        let recorded = match self.deliver(row).instrument(span).await {
             Delivered::Sent => {
                 self.outbox.change(Change::MarkSent { id: row.id }).await?;
                 Recorded::Sent

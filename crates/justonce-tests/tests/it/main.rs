@@ -22,6 +22,7 @@ mod redis_streams;
 mod relay_crash;
 mod run;
 mod schema;
+mod spans;
 
 use justonce_sql::Leases;
 use justonce_sql::{Inbox, Key, Outcome};
