@@ -62,7 +62,8 @@ pub fn peak_rss_mib(pid: Option<u32>) -> f64 {
 
 /// The broker tests' work: one effect row for the message's key, failing for keys that start
 /// with `fail` on attempts up to the digit after it (`fail2:` fails twice), and always
-/// for keys that start with `bad`.
+/// for keys that start with `bad`. A key that starts with `hang`, on its first delivery,
+/// prints `hanging <key>` and never finishes: a failpoint inside an open transaction.
 pub fn consumer_work<DB: TestBackend>(
     prefix: &str,
 ) -> impl for<'e, 't> Fn(
@@ -84,6 +85,12 @@ pub fn consumer_work<DB: TestBackend>(
                     "refused on attempt {}",
                     message.attempt
                 )));
+            }
+            if key.starts_with("hang") && !message.redelivered {
+                use std::io::Write;
+                let mut stdout = std::io::stdout();
+                writeln!(stdout, "hanging {key}").and_then(|()| stdout.flush())?;
+                std::future::pending::<()>().await;
             }
             DB::insert_effect(tx, &prefix, "test", key).await
         })

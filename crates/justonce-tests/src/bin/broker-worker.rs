@@ -10,7 +10,7 @@
 //! MQTT topic of that name, on the persistent session of client `<queue>-c` (the key is the
 //! `key` user property). `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
-//! consumes until it is killed.
+//! consumes until it is killed. `run-batched` (RabbitMQ): the same in batches of 20.
 
 use justonce_sql::{Consumer, Inbox, Options};
 use justonce_tests::{TestBackend, consumer_work, mqtt_options};
@@ -104,6 +104,10 @@ async fn work<DB: TestBackend>(
     } else {
         let consumer =
             AmqpConsumer::connect(broker, inbox.clone(), AmqpOptions::new(queue)).await?;
+        if mode == "run-batched" {
+            consumer.run_batched(forever, 20, work).await?;
+            return Ok(());
+        }
         if !pause {
             consumer.run(forever, work).await?;
             return Ok(());

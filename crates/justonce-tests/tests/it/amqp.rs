@@ -15,6 +15,7 @@ use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use std::process::Stdio;
 use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 on_every_database!(
     failing_work_is_retried_then_dead_lettered,
@@ -23,6 +24,7 @@ on_every_database!(
     ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each,
     two_consumer_processes_on_one_queue_take_effect_once_each,
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
+    a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
     the_relay_publishes_rows_with_their_key_as_message_id,
 );
 
@@ -387,6 +389,59 @@ async fn a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others<DB: T
     assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
     consumer.close().await.unwrap();
     assert_queue_empty(&queue).await;
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+/// A batch worker killed while a message in the middle of its batch runs, with the work of
+/// the ones before it written in the batch's open transaction: nothing of the batch was
+/// committed, and its redelivery takes effect once per key.
+async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options.prefetch(64)).await;
+    for n in 0..20 {
+        queue.publish(&format!("order:{n}"), b"x").await;
+        if n == 9 {
+            queue.publish("hang:order", b"the failpoint").await;
+        }
+    }
+    let mut batcher = tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
+        .args([&db.url, &db.prefix, &amqp_url(), &queue.name, "run-batched"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start broker-worker");
+    let mut lines = BufReader::new(batcher.stdout.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the worker reaches the failpoint within 30 s")
+        .unwrap();
+    assert_eq!(said.as_deref(), Some("hanging hang:order"));
+    assert_eq!(
+        db.rows("effects").await,
+        0,
+        "nothing of the batch committed"
+    );
+    batcher.kill().await.expect("SIGKILL the worker");
+
+    let dead = queue.dead();
+    let stats = run_until(
+        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
+        || async { db.rows("effects").await == 21 && queue.ready().await == 0 },
+    )
+    .await;
+    assert_eq!(
+        stats.processed, 21,
+        "the whole batch again, the failpoint passed"
+    );
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(queue.ready_in(&dead).await, 0);
+    consumer.close().await.unwrap();
     queue.delete().await;
     db.cleanup().await;
 }
