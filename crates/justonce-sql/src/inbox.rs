@@ -6,6 +6,7 @@ use crate::backend::{
     Backend, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, database_error, vanished,
 };
 use crate::outbox::{Message, Outbox};
+use crate::recent::RecentKeys;
 use crate::tables::Tables;
 use justonce_core::{
     Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, OffsetCommit, Outcome, Retention,
@@ -31,6 +32,7 @@ pub struct Options {
     prefix: String,
     retention: Retention,
     max_attempts: u32,
+    recent_keys: usize,
 }
 
 impl Default for Options {
@@ -39,6 +41,7 @@ impl Default for Options {
             prefix: "justonce_".to_owned(),
             retention: Retention::default(),
             max_attempts: 10,
+            recent_keys: 10_000,
         }
     }
 }
@@ -63,6 +66,16 @@ impl Options {
         self.max_attempts = attempts.max(1);
         self
     }
+
+    /// How many keys [`Inbox::run`] remembers having seen committed (default 10,000), each
+    /// for at most 5 minutes or the retry horizon if shorter: a duplicate of one is
+    /// answered without asking the database. 0 asks the database every time. A key stays
+    /// claimed until a purge, which deletes only keys past the retry horizon, so what is
+    /// remembered stays true; a purge through this inbox forgets everything.
+    pub fn recent_keys(mut self, keys: usize) -> Self {
+        self.recent_keys = keys;
+        self
+    }
 }
 
 pub(crate) struct Shared<DB: Backend> {
@@ -74,6 +87,7 @@ pub(crate) struct Shared<DB: Backend> {
     /// Queues this process's runs on a database that takes one writer at a time: a fair
     /// queue here beats SQLite's busy handler, which polls with sleeps of up to 100 ms.
     writer: tokio::sync::Mutex<()>,
+    recent: RecentKeys,
 }
 
 impl<DB: Backend> Shared<DB> {
@@ -153,6 +167,7 @@ impl<DB: Backend> Inbox<DB> {
                 retention: options.retention,
                 max_attempts: options.max_attempts,
                 writer: tokio::sync::Mutex::new(()),
+                recent: RecentKeys::new(options.recent_keys, options.retention.retry_horizon()),
             }),
             consumer,
             scope: Scope::none(),
@@ -371,7 +386,21 @@ impl<DB: Backend> Inbox<DB> {
             consumer = %identity.consumer,
             key = %identity.key,
         );
-        self.run_attempts(&identity, Fingerprint::of(payload), work)
+        let fingerprint = Fingerprint::of(payload);
+        if let Some(stored) = self.shared.recent.get(&identity) {
+            let _entered = span.enter();
+            let outcome = if stored == fingerprint {
+                Outcome::Duplicate
+            } else {
+                Outcome::KeyReused {
+                    stored,
+                    received: fingerprint,
+                }
+            };
+            count_claim(&outcome, "recent");
+            return Ok(outcome);
+        }
+        self.run_attempts(&identity, fingerprint, work)
             .instrument(span)
             .await
     }
@@ -395,13 +424,12 @@ impl<DB: Backend> Inbox<DB> {
                 .await
             {
                 Ok(outcome) => {
-                    let name = match &outcome {
-                        Outcome::Processed(_) => "processed",
-                        Outcome::Duplicate => "duplicate",
-                        Outcome::KeyReused { .. } => "key_reused",
+                    let committed_with = match &outcome {
+                        Outcome::KeyReused { stored, .. } => *stored,
+                        Outcome::Processed(_) | Outcome::Duplicate => fingerprint,
                     };
-                    tracing::debug!(outcome = name, attempt, "claimed");
-                    metrics::counter!("justonce_claims_total", "outcome" => name).increment(1);
+                    self.shared.recent.insert(identity, committed_with);
+                    count_claim(&outcome, "database");
                     return Ok(outcome);
                 }
                 Err(failed) => failed,
@@ -609,7 +637,7 @@ impl<DB: Backend> Inbox<DB> {
                 retry_horizon: horizon,
             });
         }
-        in_batches(batch_size, |limit| async move {
+        let purged = in_batches(batch_size, |limit| async move {
             let change = Change::PurgeKeys {
                 consumer: self.consumer.as_str(),
                 older_than_ms: millis(older_than),
@@ -618,7 +646,9 @@ impl<DB: Backend> Inbox<DB> {
             let _writer = self.shared.queue_writer().await;
             DB::change(&self.shared.pool, &self.shared.sql, change).await
         })
-        .await
+        .await;
+        self.shared.recent.clear();
+        purged
     }
 
     /// Purges the keys older than the configured retention; see [`Inbox::purge`].
@@ -678,6 +708,18 @@ fn is_retryable_work_error<DB: Backend>(error: &(dyn std::error::Error + 'static
 }
 
 /// A fresh 64-bit claim id.
+/// Counts a run's outcome, and whether the database or the recent keys answered it.
+fn count_claim<T>(outcome: &Outcome<T>, answered_by: &'static str) {
+    let name = match outcome {
+        Outcome::Processed(_) => "processed",
+        Outcome::Duplicate => "duplicate",
+        Outcome::KeyReused { .. } => "key_reused",
+    };
+    tracing::debug!(outcome = name, answered_by, "claimed");
+    metrics::counter!("justonce_claims_total", "outcome" => name, "answered_by" => answered_by)
+        .increment(1);
+}
+
 fn random_claim_id() -> i64 {
     random_u64() as i64
 }

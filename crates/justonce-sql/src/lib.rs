@@ -48,6 +48,7 @@ mod mysql;
 mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod recent;
 mod relay;
 #[cfg(feature = "sqlite")]
 mod sqlite;

@@ -18,6 +18,7 @@ mod outbox;
 mod payments;
 mod purge;
 mod receiver;
+mod recent;
 mod redis_streams;
 mod relay_crash;
 mod run;
