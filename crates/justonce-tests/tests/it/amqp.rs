@@ -22,7 +22,6 @@ on_every_database!(
     a_message_without_a_key_is_dead_lettered,
     run_stops_on_shutdown_after_settling_what_it_took,
     ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each,
-    two_consumer_processes_on_one_queue_take_effect_once_each,
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
     the_relay_publishes_rows_with_their_key_as_message_id,
@@ -278,22 +277,6 @@ async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(
     db.cleanup().await;
 }
 
-/// Consumes what the killed workers left in the queue: every key is processed already,
-/// so each is a duplicate, and the queue ends empty.
-async fn settle_the_rest<DB: TestBackend>(
-    db: &TestDb<DB>,
-    queue: &Queue,
-    consumer: &AmqpConsumer<DB>,
-) {
-    // Deliveries the killed workers held come back as ready once their connections close.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let left = queue.ready().await as usize;
-    let stats = consume(db, consumer, left).await;
-    assert_eq!(stats.processed, 0, "every key was processed before");
-    assert_eq!(stats.duplicates as usize, left);
-    assert_eq!(queue.ready().await, 0);
-}
-
 async fn ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each<DB: TestBackend>(
     test: &str,
 ) {
@@ -310,15 +293,6 @@ async fn ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each<DB
     db.cleanup().await;
 }
 
-fn worker<DB: TestBackend>(db: &TestDb<DB>, queue: &Queue) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
-        .args([&db.url, &db.prefix, &amqp_url(), &queue.name, "run"])
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start broker-worker")
-}
-
 /// Waits until the effect table holds `effects` rows, for at most a minute.
 async fn await_effects<DB: TestBackend>(db: &TestDb<DB>, effects: i64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -330,24 +304,6 @@ async fn await_effects<DB: TestBackend>(db: &TestDb<DB>, effects: i64) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn two_consumer_processes_on_one_queue_take_effect_once_each<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let queue = Queue::new(&db).await;
-    let consumer = connect(&db, &queue, |options| options).await;
-    queue.publish_many(2_000, 1_600).await;
-    let mut workers = [worker(&db, &queue), worker(&db, &queue)];
-    await_effects(&db, 1_600).await;
-    for worker in &mut workers {
-        worker.kill().await.unwrap();
-    }
-    assert_eq!(db.rows("effects").await, 1_600);
-    assert_eq!(db.doubled_effects().await, 0);
-    settle_the_rest(&db, &queue, &consumer).await;
-    consumer.close().await.unwrap();
-    queue.delete().await;
-    db.cleanup().await;
 }
 
 async fn a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others<DB: TestBackend>(

@@ -1,7 +1,8 @@
 //! What every broker consumer must do, one body per proof fanned over every broker and every
 //! database: a message delivered twice takes effect once; a worker killed after its commit
 //! and before its ack leaves one effect, and the redelivery is a duplicate; a consumer
-//! killed twenty times at random moments loses nothing and doubles nothing.
+//! killed twenty times at random moments loses nothing and doubles nothing; two consumer
+//! processes on one queue take effect once per key.
 
 use super::Xorshift;
 use justonce_sql::Key;
@@ -56,23 +57,22 @@ pub(crate) trait TestBroker: Sized {
     async fn delete(self);
 }
 
-/// Fans each generic test body out into one test per broker and database:
-/// `broker::amqp::sqlite::name` and so on.
-macro_rules! on_every_broker {
-    ($($test:ident),* $(,)?) => {
-        on_every_broker!(@broker amqp, crate::amqp::Queue; $($test),*);
-        on_every_broker!(@broker nats, crate::nats::Stream; $($test),*);
-        on_every_broker!(@broker redis, crate::redis_streams::Stream; $($test),*);
-        on_every_broker!(@broker mqtt, crate::mqtt::Topic; $($test),*);
-    };
-    (@broker $name:ident, $broker:ty; $($test:ident),*) => {
-        mod $name {
-            on_every_broker!(@database sqlite, sqlx::Sqlite, $broker; $($test),*);
-            on_every_broker!(@database postgres, sqlx::Postgres, $broker; $($test),*);
-            on_every_broker!(@database mysql, sqlx::MySql, $broker; $($test),*);
+/// Fans each generic test body out into one test per broker and database, such as
+/// `broker::every::amqp::sqlite::name`.
+macro_rules! on_brokers {
+    ($module:ident: [$($name:ident = $broker:ty),* $(,)?] $tests:tt) => {
+        mod $module {
+            $(on_brokers!(@broker $name, $broker, $tests);)*
         }
     };
-    (@database $name:ident, $db:ty, $broker:ty; $($test:ident),*) => {
+    (@broker $name:ident, $broker:ty, $tests:tt) => {
+        mod $name {
+            on_brokers!(@database sqlite, sqlx::Sqlite, $broker, $tests);
+            on_brokers!(@database postgres, sqlx::Postgres, $broker, $tests);
+            on_brokers!(@database mysql, sqlx::MySql, $broker, $tests);
+        }
+    };
+    (@database $name:ident, $db:ty, $broker:ty, ($($test:ident),* $(,)?)) => {
         mod $name {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,11 +84,25 @@ macro_rules! on_every_broker {
     };
 }
 
-on_every_broker!(
+on_brokers!(every: [
+    amqp = crate::amqp::Queue,
+    nats = crate::nats::Stream,
+    redis = crate::redis_streams::Stream,
+    mqtt = crate::mqtt::Topic,
+] (
     each_message_delivered_twice_takes_effect_once,
     a_worker_killed_between_commit_and_ack_leaves_one_effect,
     a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
-);
+));
+
+// MQTT consumers do not compete in this version: that needs shared subscriptions.
+on_brokers!(competing: [
+    amqp = crate::amqp::Queue,
+    nats = crate::nats::Stream,
+    redis = crate::redis_streams::Stream,
+] (
+    two_consumer_processes_on_one_queue_take_effect_once_each,
+));
 
 fn worker<B: TestBroker, DB: TestBackend>(
     db: &TestDb<DB>,
@@ -175,6 +189,34 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<
     assert_eq!(db.rows("effects").await, 400, "nothing lost");
     assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
     drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+async fn two_consumer_processes_on_one_queue_take_effect_once_each<
+    B: TestBroker,
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..500).map(|n| format!("order:{}", n % 400)).collect();
+    broker.publish(&keys).await;
+    let mut workers = [worker(&db, &broker, "run"), worker(&db, &broker, "run")];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while db.rows("effects").await < 400 || !broker.settled().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not drained within a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for worker in &mut workers {
+        worker.kill().await.unwrap();
+    }
+    assert_eq!(db.rows("effects").await, 400, "effects = distinct keys");
+    assert_eq!(db.doubled_effects().await, 0);
     broker.delete().await;
     db.cleanup().await;
 }

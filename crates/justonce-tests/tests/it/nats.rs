@@ -10,12 +10,10 @@ use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
 use justonce_transport::nats::{MSG_ID_HEADER, NatsConsumer, NatsDestination, NatsOptions};
 use justonce_transport::{ConsumerStats, KeyFrom, REASON_HEADER};
-use std::process::Stdio;
 use std::time::Duration;
 
 on_every_database!(
     failing_work_is_redelivered_then_dead_lettered,
-    two_consumer_processes_on_one_durable_take_effect_once_each,
     the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat,
 );
 
@@ -132,15 +130,6 @@ async fn failing_work_is_redelivered_then_dead_lettered<DB: TestBackend>(test: &
     db.cleanup().await;
 }
 
-fn worker<DB: TestBackend>(db: &TestDb<DB>, stream: &Stream, mode: &str) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
-        .args([&db.url, &db.prefix, &nats_url(), &stream.name, mode])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start broker-worker")
-}
-
 async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: TestBackend>(
     test: &str,
 ) {
@@ -177,35 +166,6 @@ async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: Test
         stored.headers.get(MSG_ID_HEADER).unwrap().as_str(),
         "billing:invoice:2026-10"
     );
-    stream.delete().await;
-    db.cleanup().await;
-}
-
-async fn two_consumer_processes_on_one_durable_take_effect_once_each<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let stream = Stream::new(&db).await;
-    // Creates the streams and the durable consumer the workers share.
-    let consumer = NatsConsumer::connect(&nats_url(), db.inbox.clone(), options(&stream))
-        .await
-        .unwrap();
-    for n in 0..1_000 {
-        stream.publish(&format!("order:{}", n % 800), b"x").await;
-    }
-    let mut workers = [worker(&db, &stream, "run"), worker(&db, &stream, "run")];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while stream.unsettled().await > 0 || db.rows("effects").await < 800 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not drained within a minute"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    for worker in &mut workers {
-        worker.kill().await.unwrap();
-    }
-    assert_eq!(db.rows("effects").await, 800, "effects = distinct keys");
-    assert_eq!(db.doubled_effects().await, 0);
-    drop(consumer);
     stream.delete().await;
     db.cleanup().await;
 }

@@ -12,13 +12,11 @@ use justonce_transport::redis_streams::{
 };
 use justonce_transport::{ConsumerStats, REASON_HEADER};
 use redis::AsyncCommands;
-use std::process::Stdio;
 use std::time::Duration;
 
 on_every_database!(
     ten_thousand_entries_with_a_fifth_repeated_take_effect_once_per_key,
     failing_work_is_taken_over_again_then_dead_lettered,
-    two_consumer_processes_in_one_group_take_effect_once_each,
     the_relay_adds_each_row_with_its_key,
 );
 
@@ -166,45 +164,6 @@ async fn failing_work_is_taken_over_again_then_dead_lettered<DB: TestBackend>(te
     );
     let reason: String = letter.get(REASON_HEADER).unwrap();
     assert!(reason.contains("refused on attempt 2"), "{reason}");
-    stream.delete().await;
-    db.cleanup().await;
-}
-
-fn worker<DB: TestBackend>(db: &TestDb<DB>, stream: &Stream, mode: &str) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
-        .args([&db.url, &db.prefix, &redis_url(), &stream.name, mode])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start broker-worker")
-}
-
-async fn two_consumer_processes_in_one_group_take_effect_once_each<DB: TestBackend>(test: &str) {
-    let db = TestDb::<DB>::new(test).await;
-    let stream = Stream::new(&db).await;
-    // Creates the group the workers share.
-    let consumer =
-        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
-            .await
-            .unwrap();
-    stream
-        .add((0..1_000).map(|n| format!("order:{}", n % 800)))
-        .await;
-    let mut workers = [worker(&db, &stream, "run"), worker(&db, &stream, "run")];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while stream.unsettled().await > 0 || db.rows("effects").await < 800 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not drained within a minute"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    for worker in &mut workers {
-        worker.kill().await.unwrap();
-    }
-    assert_eq!(db.rows("effects").await, 800, "effects = distinct keys");
-    assert_eq!(db.doubled_effects().await, 0);
-    drop(consumer);
     stream.delete().await;
     db.cleanup().await;
 }
