@@ -1,7 +1,8 @@
 //! Messages per second through a broker consumer, one transaction per message and (on
 //! RabbitMQ) in batches, with a share of them repeated.
 //!
-//! `broker-throughput [--broker amqp|nats|redis] [--backend postgres|mysql|sqlite] [--messages N]
+//! `broker-throughput [--broker amqp|nats|redis|mqtt] [--backend postgres|mysql|sqlite]
+//! [--messages N]
 //! [--duplicates PERCENT] [--batch N] [--json]`
 //!
 //! The program publishes the messages to a fresh durable queue, file-stored stream or Redis
@@ -10,7 +11,9 @@
 //! message's key is claimed and one effect row written in a transaction, and the message
 //! acknowledged after the commit. With `--batch` (RabbitMQ), up to that many deliveries
 //! share one claim statement and one transaction; on Redis, `--batch` is how many entries
-//! one read takes, each still in its own transaction. Before it prints, it checks that effect
+//! one read takes, each still in its own transaction. On MQTT the messages are published
+//! while they are consumed, never more than 500 ahead: Mosquitto drops what passes its
+//! queue of 1,000 per session, and the clock runs from the first publish. Before it prints, it checks that effect
 //! rows equal distinct keys.
 
 use justonce_sql::Backend;
@@ -25,17 +28,19 @@ use std::time::Instant;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let args = StreamArgs::from_args(10_000, 1, &["amqp", "nats", "redis"])
-        .filter(|args| args.broker != "nats" || args.batch == 1);
+    let args = StreamArgs::from_args(10_000, 1, &["amqp", "nats", "redis", "mqtt"])
+        .filter(|args| matches!(args.broker.as_str(), "amqp" | "redis") || args.batch == 1);
     let Some(args) = args else {
         eprintln!(
-            "usage: broker-throughput [--broker amqp|nats|redis] [--backend postgres|mysql|sqlite] \
+            "usage: broker-throughput [--broker amqp|nats|redis|mqtt] [--backend postgres|mysql|sqlite] \
              [--messages N] [--duplicates PERCENT] [--batch N (amqp, redis)] [--json]"
         );
         return std::process::ExitCode::from(2);
     };
     let (per_second, stats) = if args.broker == "nats" {
         justonce_tests::with_backend!(args.backend, DB => measure_nats::<DB>(&args).await)
+    } else if args.broker == "mqtt" {
+        justonce_tests::with_backend!(args.backend, DB => measure_mqtt::<DB>(&args).await)
     } else if args.broker == "redis" {
         justonce_tests::with_backend!(args.backend, DB => measure_redis::<DB>(&args).await)
     } else {
@@ -230,6 +235,64 @@ async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Co
         .query_async::<()>(&mut redis)
         .await
         .expect("stream deleted");
+    db.cleanup().await;
+    (per_second, stats)
+}
+
+async fn measure_mqtt<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
+    use justonce_sql::{Delivered, Delivery, Destination};
+    use justonce_transport::mqtt::{MqttConsumer, MqttDestination};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let db = TestDb::<DB>::new("mqtt-throughput").await;
+    let topic = format!("{}bench", db.prefix);
+    let url = justonce_tests::mqtt_url();
+    let consumer =
+        MqttConsumer::connect(&url, db.inbox.clone(), justonce_tests::mqtt_options(&topic))
+            .await
+            .expect("MQTT");
+    let publisher = MqttDestination::new(&url, &topic, &format!("{topic}-p")).expect("an MQTT URL");
+    let distinct = args.distinct();
+    let settled = AtomicU64::new(0);
+    let started = Instant::now();
+    let publishing = async {
+        for n in 0..args.messages {
+            while n as u64 >= settled.load(Ordering::Relaxed) + 500 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            let key = format!("order:{}", n % distinct);
+            let delivery = Delivery {
+                id: n as i64,
+                key: &key,
+                destination: "bench",
+                payload: key.as_bytes(),
+                headers: &[],
+                attempt: 1,
+            };
+            assert_eq!(publisher.deliver(delivery).await, Delivered::Sent);
+        }
+    };
+    let consuming = async {
+        let work = consumer_work::<DB>(&db.prefix);
+        let mut stats = ConsumerStats::default();
+        while ((stats.processed + stats.duplicates) as usize) < args.messages {
+            let message = consumer.next().await.expect("a message");
+            let ran = consumer.run_one(&message, &work).await;
+            consumer
+                .settle(&message, ran, &mut stats)
+                .await
+                .expect("settled");
+            settled.store(stats.processed + stats.duplicates, Ordering::Relaxed);
+        }
+        stats
+    };
+    let ((), stats) = tokio::join!(publishing, consuming);
+    let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(
+        db.rows("effects").await,
+        distinct as i64,
+        "effects = distinct keys"
+    );
     db.cleanup().await;
     (per_second, stats)
 }
