@@ -1,7 +1,7 @@
 //! `Inbox::run`: the claim, the work and its writes commit together, once per key.
 
 use super::{key, on_every_database, process};
-use justonce_sql::{Fingerprint, Key, Message, Outcome, RunError};
+use justonce_sql::{Claim, Fingerprint, Key, Message, Outcome, RunError};
 use justonce_tests::{TestBackend, TestDb};
 
 on_every_database!(
@@ -10,6 +10,7 @@ on_every_database!(
     consumers_sharing_a_store_each_act_once,
     a_reused_key_has_no_effect,
     nfc_and_nfd_spellings_are_two_keys,
+    keys_that_differ_by_a_trailing_space_are_two_keys,
     failed_work_leaves_the_key_unclaimed,
     tenants_are_kept_apart,
 );
@@ -150,6 +151,35 @@ async fn nfc_and_nfd_spellings_are_two_keys<DB: TestBackend>(test: &str) {
         (db.effects_of(&nfc).await, db.effects_of(&nfd).await),
         (1, 1)
     );
+    db.cleanup().await;
+}
+
+/// Keys compare byte for byte: a collation that pads with spaces (MariaDB's `_bin` ones)
+/// would make these one key.
+async fn keys_that_differ_by_a_trailing_space_are_two_keys<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let (bare, spaced) = (key("order 1"), key("order 1 "));
+    for key in [&bare, &spaced] {
+        assert_eq!(
+            process(&db, &db.inbox, key, b"p").await,
+            Outcome::Processed(())
+        );
+    }
+    assert_eq!(db.rows("keys").await, 2);
+    assert_eq!(db.rows("effects").await, 2);
+    // Through the batch claim too, which reads the stored keys back by value.
+    let mut tx = db.inbox.begin().await.unwrap();
+    let claims = db
+        .inbox
+        .claim_many(
+            &mut tx,
+            &[(spaced.clone(), &b"p"[..]), (key("order 1  "), &b"p"[..])],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(claims, vec![Claim::Duplicate, Claim::First]);
+    assert_eq!(db.rows("keys").await, 3);
     db.cleanup().await;
 }
 
