@@ -1,6 +1,7 @@
 //! Each command against the configured database.
 
 use crate::config::Settings;
+use crate::progress::Progress;
 use crate::{Command, DlqCommand, KeyArgs, KeysCommand};
 use anyhow::{Context, Result};
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
@@ -86,15 +87,36 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
             );
         }
         Command::Purge { batch_size } => {
+            let mut progress = Progress::new();
+            let full = u64::from(batch_size.max(1));
             let mut keys = 0;
             let sources = settings.sources.iter().map(|s| (&s.name, s.retention));
             let consumers = settings.consumers.iter().map(|c| (&c.name, c.retention));
             for (name, retention) in sources.chain(consumers) {
                 let consumer = inbox.with_consumer(Consumer::new(name.as_str())?);
-                keys += consumer.purge(retention.keep(), batch_size).await?;
+                let mut purged = 0;
+                loop {
+                    let batch = consumer.purge_batch(retention.keep(), batch_size).await?;
+                    purged += batch;
+                    progress.update(format!("keys of {name}: {purged} purged"));
+                    if batch < full {
+                        break;
+                    }
+                }
+                progress.finish();
+                keys += purged;
             }
             let keep_sent = settings.store_retention()?.keep();
-            let sent = outbox.purge_sent(keep_sent, batch_size).await?;
+            let mut sent = 0;
+            loop {
+                let batch = outbox.purge_sent_batch(keep_sent, batch_size).await?;
+                sent += batch;
+                progress.update(format!("sent deliveries: {sent} purged"));
+                if batch < full {
+                    break;
+                }
+            }
+            progress.finish();
             println!("purged {keys} keys and {sent} sent deliveries");
         }
         Command::Stats { json } => stats(&inbox, json).await?,

@@ -5,6 +5,7 @@
 
 mod commands;
 mod config;
+mod progress;
 mod serve;
 
 use clap::{Args, Parser, Subcommand};

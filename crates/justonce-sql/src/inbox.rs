@@ -630,6 +630,16 @@ impl<DB: Backend> Inbox<DB> {
     /// locks, and returns how many were deleted. A purged key can be claimed again, so
     /// `older_than` shorter than the retention's retry horizon is refused.
     pub async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
+        in_batches(batch_size, |limit| {
+            self.purge_batch(older_than, u32::try_from(limit).unwrap_or(u32::MAX))
+        })
+        .await
+    }
+
+    /// One statement of [`Inbox::purge`]: deletes at most `batch_size` of the keys it would
+    /// delete, and returns how many it did. Fewer than `batch_size` means none are left; a
+    /// caller that loops can report its progress between batches.
+    pub async fn purge_batch(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
         let horizon = self.shared.retention.retry_horizon();
         if older_than < horizon {
             return Err(Error::RetentionBelowHorizon {
@@ -637,16 +647,15 @@ impl<DB: Backend> Inbox<DB> {
                 retry_horizon: horizon,
             });
         }
-        let purged = in_batches(batch_size, |limit| async move {
-            let change = Change::PurgeKeys {
-                consumer: self.consumer.as_str(),
-                older_than_ms: millis(older_than),
-                limit,
-            };
+        let change = Change::PurgeKeys {
+            consumer: self.consumer.as_str(),
+            older_than_ms: millis(older_than),
+            limit: i64::from(batch_size.max(1)),
+        };
+        let purged = {
             let _writer = self.shared.queue_writer().await;
             DB::change(&self.shared.pool, &self.shared.sql, change).await
-        })
-        .await;
+        };
         self.shared.recent.clear();
         purged
     }

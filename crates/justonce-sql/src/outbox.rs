@@ -158,10 +158,21 @@ impl<DB: Backend> Outbox<DB> {
     /// `batch_size` per statement; returns how many.
     pub async fn purge_sent(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
         in_batches(batch_size, |limit| {
-            self.change(Change::PurgeSent {
-                older_than_ms: millis(older_than),
-                limit,
-            })
+            self.purge_sent_batch(older_than, u32::try_from(limit).unwrap_or(u32::MAX))
+        })
+        .await
+    }
+
+    /// One statement of [`Outbox::purge_sent`]: deletes at most `batch_size` rows and
+    /// returns how many it did; fewer than `batch_size` means none are left.
+    pub async fn purge_sent_batch(
+        &self,
+        older_than: Duration,
+        batch_size: u32,
+    ) -> Result<u64, Error> {
+        self.change(Change::PurgeSent {
+            older_than_ms: millis(older_than),
+            limit: i64::from(batch_size.max(1)),
         })
         .await
     }

@@ -45,6 +45,7 @@ on_every_database!(
     a_redis_stream_consumed_by_the_service_reaches_its_target_once_per_key,
     an_mqtt_topic_consumed_by_the_service_reaches_its_target_once_per_key,
     the_printed_migrations_make_a_schema_the_service_accepts,
+    purge_deletes_only_keys_past_retention_and_reports_its_progress,
     a_server_killed_twenty_times_loses_no_acknowledged_event,
     keys_release_lets_the_next_claim_take_a_stuck_lease_at_once,
     keys_complete_marks_a_stuck_lease_done_and_refuses_its_holder,
@@ -901,6 +902,62 @@ async fn an_mqtt_topic_consumed_by_the_service_reaches_its_target_once_per_key<D
     server.start().await;
     assert_each_order_delivered_once(&sink).await;
     server.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// `purge` deletes a source's keys past its retention, in batches, and says how far it got
+/// on standard error, with the result alone on standard output.
+async fn purge_deletes_only_keys_past_retention_and_reports_its_progress<DB: TestBackend>(
+    test: &str,
+) {
+    let (db, url) = database::<DB>(test).await;
+    let server = Server::configure(&url, "http://127.0.0.1:1/unused");
+    assert_eq!(server.run(&["migrate"]).await.0, 0);
+    let demo =
+        justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("demo").unwrap())
+            .await
+            .unwrap();
+    for n in 0..7 {
+        let key = justonce_sql::Key::new(format!("demo:evt_{n}")).unwrap();
+        let outcome = demo
+            .run(&key, b"{}", |_tx| {
+                Box::pin(async { Ok::<_, justonce_sql::sqlx::Error>(()) })
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome, justonce_sql::Outcome::Processed(()));
+    }
+    // Five of them eight days old: past the default retention of seven.
+    for n in 0..5 {
+        DB::age_key(
+            demo.pool(),
+            "justonce_",
+            &format!("demo:evt_{n}"),
+            8 * 86_400_000,
+        )
+        .await;
+    }
+    let output = server
+        .command(&["purge", "--batch-size", "2"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "purged 5 keys and 0 sent deliveries\n"
+    );
+    let progress = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        progress
+            .lines()
+            .any(|line| line == "keys of demo: 5 purged"),
+        "{progress}"
+    );
+    let left = DB::count(demo.pool(), "SELECT count(*) FROM justonce_keys".to_owned()).await;
+    assert_eq!(left, 2);
+    demo.pool().close().await;
     drop_database(db, &url).await;
 }
 
