@@ -164,6 +164,15 @@ async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<
     db.cleanup().await;
 }
 
+/// The test's queue with 500 messages for 400 keys published: within Mosquitto's default
+/// of 1,000 queued per session.
+async fn with_repeats<B: TestBroker, DB: TestBackend>(db: &TestDb<DB>) -> B {
+    let broker = B::open(db).await;
+    let keys: Vec<String> = (0..500).map(|n| format!("order:{}", n % 400)).collect();
+    broker.publish(&keys).await;
+    broker
+}
+
 async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<
     B: TestBroker,
     DB: TestBackend,
@@ -171,10 +180,7 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<
     test: &str,
 ) {
     let db = TestDb::<DB>::new(test).await;
-    let broker = B::open(&db).await;
-    // 500 messages for 400 keys: within Mosquitto's default of 1,000 queued per session.
-    let keys: Vec<String> = (0..500).map(|n| format!("order:{}", n % 400)).collect();
-    broker.publish(&keys).await;
+    let broker = with_repeats::<B, DB>(&db).await;
     let mut random = Xorshift::from_clock();
     for _ in 0..20 {
         let mut running = worker(&db, &broker, "run");
@@ -200,9 +206,7 @@ async fn two_consumer_processes_on_one_queue_take_effect_once_each<
     test: &str,
 ) {
     let db = TestDb::<DB>::new(test).await;
-    let broker = B::open(&db).await;
-    let keys: Vec<String> = (0..500).map(|n| format!("order:{}", n % 400)).collect();
-    broker.publish(&keys).await;
+    let broker = with_repeats::<B, DB>(&db).await;
     let mut workers = [worker(&db, &broker, "run"), worker(&db, &broker, "run")];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while db.rows("effects").await < 400 || !broker.settled().await {
