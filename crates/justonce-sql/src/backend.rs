@@ -49,13 +49,14 @@ pub trait Backend: sqlx::Database + Sealed {
     ) -> impl Future<Output = Result<Option<Stored>, Error>> + Send + 'a;
 
     /// Inserts the keys that are not present in one statement, in key order, and returns
-    /// the inserted keys.
+    /// the rows it knows of afterwards: at least the inserted ones, which carry the batch's
+    /// claim id. A key it returns no row for is read with `find_many`.
     #[doc(hidden)]
     fn insert_many<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Self::Statements,
         batch: &'a Batch<'a>,
-    ) -> impl Future<Output = Result<Vec<String>, Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a;
 
     /// The stored rows of these keys.
     #[doc(hidden)]
@@ -455,6 +456,23 @@ pub struct Batch<'a> {
     pub(crate) keys: Vec<&'a str>,
     pub(crate) fingerprints: Vec<&'a Fingerprint>,
     pub(crate) claim_id: i64,
+}
+
+impl Batch<'_> {
+    /// The rows of keys this batch inserted, from the keys alone.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(crate) fn inserted(&self, keys: Vec<String>) -> Vec<(String, Stored)> {
+        keys.into_iter()
+            .filter_map(|key| {
+                let index = self.keys.binary_search(&key.as_str()).ok()?;
+                let stored = Stored {
+                    claim_id: self.claim_id,
+                    fingerprint: *self.fingerprints[index],
+                };
+                Some((key, stored))
+            })
+            .collect()
+    }
 }
 
 /// The row that holds a key: which attempt claimed it, with which payload.

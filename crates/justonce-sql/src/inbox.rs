@@ -313,14 +313,22 @@ impl<DB: Backend> Inbox<DB> {
             fingerprints: unique.iter().map(|&index| &fingerprints[index]).collect(),
             claim_id: random_claim_id(),
         };
-        let inserted = DB::insert_many(tx, &self.shared.sql, &batch).await?;
-        let first_claims: HashSet<&str> = inserted.iter().map(String::as_str).collect();
-        let mut holders: HashMap<String, Fingerprint> = HashMap::with_capacity(messages.len());
+        let known = DB::insert_many(tx, &self.shared.sql, &batch).await?;
+        let first_claims: HashSet<&str> = known
+            .iter()
+            .filter(|(_, stored)| stored.claim_id == batch.claim_id)
+            .map(|(key, _)| key.as_str())
+            .collect();
+        let mut holders: HashMap<String, Fingerprint> = known
+            .iter()
+            .filter(|(key, _)| !first_claims.contains(key.as_str()))
+            .map(|(key, stored)| (key.clone(), stored.fingerprint))
+            .collect();
         let already_held: Vec<&str> = batch
             .keys
             .iter()
             .copied()
-            .filter(|key| !first_claims.contains(key))
+            .filter(|key| !first_claims.contains(key) && !holders.contains_key(*key))
             .collect();
         if !already_held.is_empty() {
             for (key, stored) in DB::find_many(

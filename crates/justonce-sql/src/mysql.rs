@@ -417,7 +417,7 @@ impl Backend for MySql {
         conn: &'a mut Self::Connection,
         sql: &'a MySqlStatements,
         batch: &'a Batch<'a>,
-    ) -> Result<Vec<String>, Error> {
+    ) -> Result<Vec<(String, Stored)>, Error> {
         let text = with_list(
             &sql.insert_many,
             &format!("(?, ?, ?, ?, ?, {NOW})"),
@@ -436,12 +436,9 @@ impl Backend for MySql {
             .execute(&mut *conn)
             .await
             .map_err(database_error::<Self>)?;
-        let rows = Self::find_many(conn, sql, batch.scope, batch.consumer, &batch.keys).await?;
-        Ok(rows
-            .into_iter()
-            .filter(|(_, stored)| stored.claim_id == batch.claim_id)
-            .map(|(key, _)| key)
-            .collect())
+        // No RETURNING: every key's row is read back, the inserted ones by the batch's
+        // claim id, and the caller needs no second read for the others.
+        Self::find_many(conn, sql, batch.scope, batch.consumer, &batch.keys).await
     }
 
     async fn find_many<'a>(

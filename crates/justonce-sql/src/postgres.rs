@@ -192,7 +192,7 @@ impl Backend for Postgres {
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
         batch: &'a Batch<'a>,
-    ) -> Result<Vec<String>, Error> {
+    ) -> Result<Vec<(String, Stored)>, Error> {
         let fingerprints: Vec<&[u8]> = batch
             .fingerprints
             .iter()
@@ -207,7 +207,7 @@ impl Backend for Postgres {
             .fetch_all(conn)
             .await
             .map_err(database_error::<Self>)?;
-        Ok(inserted.into_iter().map(|(key,)| key).collect())
+        Ok(batch.inserted(inserted.into_iter().map(|(key,)| key).collect()))
     }
 
     async fn find_many<'a>(

@@ -174,7 +174,7 @@ impl Backend for Sqlite {
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
         batch: &'a Batch<'a>,
-    ) -> Result<Vec<String>, Error> {
+    ) -> Result<Vec<(String, Stored)>, Error> {
         let pairs = batch
             .keys
             .iter()
@@ -189,7 +189,7 @@ impl Backend for Sqlite {
             .fetch_all(conn)
             .await
             .map_err(database_error::<Self>)?;
-        Ok(inserted.into_iter().map(|(key,)| key).collect())
+        Ok(batch.inserted(inserted.into_iter().map(|(key,)| key).collect()))
     }
 
     async fn find_many<'a>(
