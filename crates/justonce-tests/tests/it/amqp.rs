@@ -448,22 +448,6 @@ impl TestBroker for Queue {
         consume(db, consumer, count).await
     }
 
-    async fn run_until<DB: TestBackend, F, Fut>(
-        consumer: &AmqpConsumer<DB>,
-        db: &TestDb<DB>,
-        done: F,
-    ) -> ConsumerStats
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = bool>,
-    {
-        run_until(
-            |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
-            done,
-        )
-        .await
-    }
-
     async fn settled(&self) -> bool {
         // Ready messages only: AMQP does not count the unacknowledged ones.
         self.ready().await == 0

@@ -4,11 +4,10 @@
 //! killed twenty times at random moments loses nothing and doubles nothing; two consumer
 //! processes on one queue take effect once per key.
 
-use super::Xorshift;
+use super::{Xorshift, run_until};
 use justonce_sql::Key;
-use justonce_tests::{TestBackend, TestDb};
+use justonce_tests::{TestBackend, TestDb, consumer_work};
 use justonce_transport::ConsumerStats;
-use std::future::Future;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -16,7 +15,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 /// A broker under test: the queue, stream or topic of one test, and its consumers.
 pub(crate) trait TestBroker: Sized {
     /// A consumer of the test's queue, with the test's inbox.
-    type Consumer<DB: TestBackend>;
+    type Consumer<DB: TestBackend>: Consume<DB>;
 
     /// The broker's URL, as a worker process takes it.
     fn url() -> String;
@@ -40,21 +39,55 @@ pub(crate) trait TestBroker: Sized {
         count: usize,
     ) -> ConsumerStats;
 
-    /// Runs the consumer until `done` holds, within a minute.
-    async fn run_until<DB: TestBackend, F, Fut>(
-        consumer: &Self::Consumer<DB>,
-        db: &TestDb<DB>,
-        done: F,
-    ) -> ConsumerStats
-    where
-        F: Fn() -> Fut,
-        Fut: Future<Output = bool>;
-
     /// Whether the broker holds nothing unread or unacknowledged for the consumers; true
     /// where the broker cannot say (MQTT).
     async fn settled(&self) -> bool;
 
     async fn delete(self);
+}
+
+/// What the consumer of every broker offers: running the tests' work until stopped.
+pub(crate) trait Consume<DB: TestBackend> {
+    async fn run_work(
+        &self,
+        db: &TestDb<DB>,
+        stopped: tokio::sync::oneshot::Receiver<()>,
+    ) -> Result<ConsumerStats, justonce_transport::Error>;
+}
+
+macro_rules! consume_with_run {
+    ($($consumer:ty),* $(,)?) => {$(
+        impl<DB: TestBackend> Consume<DB> for $consumer {
+            async fn run_work(
+                &self,
+                db: &TestDb<DB>,
+                stopped: tokio::sync::oneshot::Receiver<()>,
+            ) -> Result<ConsumerStats, justonce_transport::Error> {
+                self.run(stopped, consumer_work::<DB>(&db.prefix)).await
+            }
+        }
+    )*};
+}
+
+consume_with_run!(
+    justonce_transport::amqp::AmqpConsumer<DB>,
+    justonce_transport::nats::NatsConsumer<DB>,
+    justonce_transport::redis_streams::RedisStreamConsumer<DB>,
+    justonce_transport::mqtt::MqttConsumer<DB>,
+);
+
+/// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
+pub(crate) async fn consume_until<DB, F, Fut>(
+    db: &TestDb<DB>,
+    consumer: &impl Consume<DB>,
+    done: F,
+) -> ConsumerStats
+where
+    DB: TestBackend,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    run_until(|stopped| consumer.run_work(db, stopped), done).await
 }
 
 /// Fans each generic test body out into one test per broker and database, such as
@@ -188,9 +221,10 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<
         running.kill().await.expect("SIGKILL the consumer");
     }
     let consumer = broker.connect(&db).await;
-    B::run_until(&consumer, &db, || async {
-        db.rows("effects").await == 400 && broker.settled().await
-    })
+    run_until(
+        |stopped| consumer.run_work(&db, stopped),
+        || async { db.rows("effects").await == 400 && broker.settled().await },
+    )
     .await;
     assert_eq!(db.rows("effects").await, 400, "nothing lost");
     assert_eq!(db.doubled_effects().await, 0, "nothing doubled");

@@ -3,7 +3,7 @@
 //! proofs every broker shares are in `broker`.
 
 use super::broker::TestBroker;
-use super::{on_every_database, run_until};
+use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work, mqtt_options, mqtt_url};
 use justonce_transport::mqtt::{KEY_PROPERTY, Message, MqttConsumer, MqttDestination};
@@ -231,22 +231,6 @@ impl TestBroker for Topic {
         count: usize,
     ) -> ConsumerStats {
         consume(db, consumer, count as u64).await
-    }
-
-    async fn run_until<DB: TestBackend, F, Fut>(
-        consumer: &MqttConsumer<DB>,
-        db: &TestDb<DB>,
-        done: F,
-    ) -> ConsumerStats
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = bool>,
-    {
-        run_until(
-            |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
-            done,
-        )
-        .await
     }
 
     async fn settled(&self) -> bool {

@@ -4,7 +4,8 @@
 //! broker shares are in `broker`.
 
 use super::broker::TestBroker;
-use super::{on_every_database, run_until};
+use super::broker::consume_until;
+use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
@@ -75,23 +76,6 @@ impl Stream {
 
 fn options(stream: &Stream) -> NatsOptions {
     NatsOptions::new(&stream.name, &stream.name).key_from(KeyFrom::Header("Order-Id".into()))
-}
-
-/// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
-async fn consume_until<DB: TestBackend, F, Fut>(
-    db: &TestDb<DB>,
-    consumer: &NatsConsumer<DB>,
-    done: F,
-) -> ConsumerStats
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    run_until(
-        |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
-        done,
-    )
-    .await
 }
 
 async fn failing_work_is_redelivered_then_dead_lettered<DB: TestBackend>(test: &str) {
@@ -220,22 +204,6 @@ impl TestBroker for Stream {
             consumer.settle(&message, ran, &mut stats).await.unwrap();
         }
         stats
-    }
-
-    async fn run_until<DB: TestBackend, F, Fut>(
-        consumer: &NatsConsumer<DB>,
-        db: &TestDb<DB>,
-        done: F,
-    ) -> ConsumerStats
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = bool>,
-    {
-        run_until(
-            |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
-            done,
-        )
-        .await
     }
 
     async fn settled(&self) -> bool {

@@ -4,7 +4,8 @@
 //! broker shares are in `broker`.
 
 use super::broker::TestBroker;
-use super::{on_every_database, run_until};
+use super::broker::consume_until;
+use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work, redis_url};
 use justonce_transport::redis_streams::{
@@ -84,23 +85,6 @@ fn options(stream: &Stream, consumer: &str) -> RedisStreamOptions {
     RedisStreamOptions::new(&stream.name, GROUP)
         .consumer(consumer)
         .claim_idle(Duration::from_millis(500))
-}
-
-/// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
-async fn consume_until<DB: TestBackend, F, Fut>(
-    db: &TestDb<DB>,
-    consumer: &RedisStreamConsumer<DB>,
-    done: F,
-) -> ConsumerStats
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    run_until(
-        |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
-        done,
-    )
-    .await
 }
 
 async fn ten_thousand_entries_with_a_fifth_repeated_take_effect_once_per_key<DB: TestBackend>(
@@ -266,22 +250,6 @@ impl TestBroker for Stream {
             }
         }
         stats
-    }
-
-    async fn run_until<DB: TestBackend, F, Fut>(
-        consumer: &RedisStreamConsumer<DB>,
-        db: &TestDb<DB>,
-        done: F,
-    ) -> ConsumerStats
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = bool>,
-    {
-        run_until(
-            |stopped| consumer.run(stopped, consumer_work::<DB>(&db.prefix)),
-            done,
-        )
-        .await
     }
 
     async fn settled(&self) -> bool {
