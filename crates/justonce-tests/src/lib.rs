@@ -70,6 +70,7 @@ pub fn consumer_work<DB: TestBackend>(
     &'t mut sqlx::Transaction<'e, DB>,
     &'t Incoming,
 ) -> WorkFuture<'t, (), sqlx::Error>
++ Sync
 + use<DB> {
     let prefix = prefix.to_owned();
     move |tx, message| {

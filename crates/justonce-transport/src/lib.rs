@@ -27,6 +27,8 @@
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(any(feature = "nats", feature = "redis"))]
+mod in_order;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "nats")]
@@ -173,6 +175,9 @@ pub enum Error {
     /// delivered again.
     #[error("broker: {0}")]
     Broker(#[source] justonce_core::BoxError),
+    /// The database failed where a reader loads or stores its position.
+    #[error("database: {0}")]
+    Store(#[source] justonce_core::Error),
 }
 
 impl Error {
@@ -181,6 +186,7 @@ impl Error {
         match self {
             Error::Config(_) => ErrorKind::Config,
             Error::Broker(_) => ErrorKind::Broker,
+            Error::Store(_) => ErrorKind::Store,
         }
     }
 }
@@ -193,4 +199,6 @@ pub enum ErrorKind {
     Config,
     /// See [`Error::Broker`].
     Broker,
+    /// See [`Error::Store`].
+    Store,
 }

@@ -31,13 +31,14 @@
 
 use crate::{
     ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
-    truncate,
+    in_order, truncate,
 };
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, AckKind, consumer::pull};
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use justonce_core::{Delivered, Delivery, Destination, Key};
-use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Offset, Outcome, WorkFuture, sqlx};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -136,29 +137,7 @@ impl<DB: Backend> NatsConsumer<DB> {
     /// durable pull consumer (explicit acks, no delivery limit of its own: this consumer
     /// counts attempts and dead-letters).
     pub async fn connect(url: &str, inbox: Inbox<DB>, options: NatsOptions) -> Result<Self, Error> {
-        let client = async_nats::connect(url).await.map_err(broker)?;
-        let jetstream = jetstream::new(client);
-        let stream = if options.declare {
-            let dead = format!("{}_DEAD", options.stream);
-            for (name, subject) in [
-                (&dead, options.dead_letter_subject()),
-                (&options.stream, options.subject.clone()),
-            ] {
-                jetstream
-                    .get_or_create_stream(jetstream::stream::Config {
-                        name: name.clone(),
-                        subjects: vec![subject],
-                        storage: jetstream::stream::StorageType::File,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| Error::Config(format!("creating stream {name}: {e}")))?;
-            }
-            jetstream.get_stream(&options.stream).await
-        } else {
-            jetstream.get_stream(&options.stream).await
-        }
-        .map_err(|e| Error::Config(format!("stream {}: {e}", options.stream)))?;
+        let (jetstream, stream) = open_stream(url, &options).await?;
         let consumer = stream
             .get_or_create_consumer(
                 &options.durable,
@@ -273,16 +252,16 @@ impl<DB: Backend> NatsConsumer<DB> {
             Ran::Work(error) if attempt < self.options.max_attempts => {
                 tracing::debug!(attempt, %error, "work failed: retrying");
                 stats.retried += 1;
-                AckKind::Nak(Some(retry_delay(attempt)))
+                AckKind::Nak(Some(in_order::retry_delay(attempt)))
             }
             Ran::Work(error) => {
                 let reason = format!("attempt {attempt}: {error}");
-                self.dead_letter(message, attempt, &reason).await?;
+                dead_letter(&self.jetstream, &self.options, message, attempt, &reason).await?;
                 stats.dead_lettered += 1;
                 AckKind::Term
             }
             Ran::NoKey(reason) => {
-                self.dead_letter(message, attempt, &reason).await?;
+                dead_letter(&self.jetstream, &self.options, message, attempt, &reason).await?;
                 stats.dead_lettered += 1;
                 AckKind::Term
             }
@@ -295,36 +274,310 @@ impl<DB: Backend> NatsConsumer<DB> {
         metrics::counter!("justonce_deliveries_consumed_total", "broker" => "nats").increment(1);
         message.ack_with(kind).await.map_err(Error::Broker)
     }
+}
 
-    /// Publishes the message, with its headers and the reason, to the dead-letter subject
-    /// and waits for the stream to store it; the original is terminated after.
-    async fn dead_letter(
+/// Connects to `url` and opens the stream of `options`, creating it and its dead-letter
+/// stream (with file storage) unless they are declared elsewhere.
+async fn open_stream(
+    url: &str,
+    options: &NatsOptions,
+) -> Result<(jetstream::Context, jetstream::stream::Stream), Error> {
+    let client = async_nats::connect(url).await.map_err(broker)?;
+    let jetstream = jetstream::new(client);
+    if options.declare {
+        let dead = format!("{}_DEAD", options.stream);
+        for (name, subject) in [
+            (&dead, options.dead_letter_subject()),
+            (&options.stream, options.subject.clone()),
+        ] {
+            jetstream
+                .get_or_create_stream(jetstream::stream::Config {
+                    name: name.clone(),
+                    subjects: vec![subject],
+                    storage: jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| Error::Config(format!("creating stream {name}: {e}")))?;
+        }
+    }
+    let stream = jetstream
+        .get_stream(&options.stream)
+        .await
+        .map_err(|e| Error::Config(format!("stream {}: {e}", options.stream)))?;
+    Ok((jetstream, stream))
+}
+
+/// Publishes the message, with its headers and the reason, to the dead-letter subject and
+/// waits for the stream to store it.
+async fn dead_letter(
+    jetstream: &jetstream::Context,
+    options: &NatsOptions,
+    message: &jetstream::Message,
+    attempt: u32,
+    reason: &str,
+) -> Result<(), Error> {
+    tracing::warn!(%reason, "dead-lettered");
+    let mut headers = message.headers.clone().unwrap_or_default();
+    headers.insert(ATTEMPT_HEADER, attempt.to_string().as_str());
+    headers.insert(REASON_HEADER, truncate(reason, REASON_BYTES));
+    // A dead letter is its own message: the original id would be deduplicated away. The
+    // stream sequence makes a letter published twice (by a reader that died before it moved
+    // its offset) one.
+    let stream_sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
+    headers.insert(
+        MSG_ID_HEADER,
+        format!("dead:{}:{stream_sequence}", options.stream).as_str(),
+    );
+    jetstream
+        .publish_with_headers(
+            options.dead_letter_subject(),
+            headers,
+            message.payload.clone(),
+        )
+        .await
+        .map_err(broker)?
+        .await
+        .map(drop)
+        .map_err(broker)
+}
+
+/// How long a reader waits after the database failed before it runs the entry again.
+const STORE_PAUSE: Duration = Duration::from_secs(1);
+
+/// A single reader of a JetStream subject that keeps its position in the database: each
+/// message's stream sequence is stored as an offset in the same transaction as its work, and
+/// the reader starts after the stored one. The server keeps no acknowledgement state: the
+/// messages come through an ordered consumer, which the server forgets when the reader
+/// goes.
+///
+/// Use it where one process reads a subject in order; readers that share the messages need
+/// [`NatsConsumer`]. Failed work is run again in place after a growing delay, holding up
+/// the messages after it, up to the attempt limit; then the message is published to the
+/// dead-letter subject with its reason and the offset moves past it. The durable name and
+/// the ack wait of [`NatsOptions`] do not apply.
+pub struct NatsReader<DB: Backend> {
+    inbox: Inbox<DB>,
+    jetstream: jetstream::Context,
+    stream: jetstream::stream::Stream,
+    options: NatsOptions,
+}
+
+impl<DB: Backend> std::fmt::Debug for NatsReader<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsReader")
+            .field("inbox", &self.inbox)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> NatsReader<DB> {
+    /// Connects to `url` and creates the streams unless they exist elsewhere.
+    pub async fn connect(url: &str, inbox: Inbox<DB>, options: NatsOptions) -> Result<Self, Error> {
+        let (jetstream, stream) = open_stream(url, &options).await?;
+        Ok(Self {
+            inbox,
+            jetstream,
+            stream,
+            options,
+        })
+    }
+
+    /// The name the position is stored under for the inbox's consumer: the stream and the
+    /// subject, such as `ORDERS:orders.*`, since two subjects of one stream are read apart.
+    pub fn offset_stream(&self) -> String {
+        format!("{}:{}", self.options.stream, self.options.subject)
+    }
+
+    /// Reads messages after the stored offset until `shutdown` resolves, and runs `work` for
+    /// each in a transaction with its key and its offset. A message whose transaction had not
+    /// committed at shutdown is read again by the next reader.
+    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
+            + Sync,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut messages = self.messages().await?;
+        let mut stats = ConsumerStats::default();
+        let mut unstored = in_order::Unstored::default();
+        let stream = self.offset_stream();
+        let mut shutdown = std::pin::pin!(shutdown);
+        'read: loop {
+            let next = tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep(in_order::IDLE), if unstored.is_some() => {
+                    unstored.store(&self.inbox, &stream).await;
+                    continue;
+                }
+                next = messages.next() => next,
+            };
+            let Some(message) = next? else { break };
+            while !self
+                .process(&message, &work, &mut stats, &mut unstored)
+                .await?
+            {
+                tokio::select! {
+                    _ = &mut shutdown => break 'read,
+                    _ = tokio::time::sleep(STORE_PAUSE) => {}
+                }
+            }
+        }
+        unstored.store(&self.inbox, &stream).await;
+        Ok(stats)
+    }
+
+    /// The messages after the stored offset, for callers that run them themselves.
+    pub async fn messages(&self) -> Result<ReadMessages, Error> {
+        let stored = in_order::stored_offset(&self.inbox, &self.offset_stream())
+            .await
+            .map_err(Error::Store)?;
+        let deliver_policy = match stored {
+            Some(offset) => DeliverPolicy::ByStartSequence {
+                start_sequence: u64::try_from(offset.position).unwrap_or(0) + 1,
+            },
+            None => DeliverPolicy::All,
+        };
+        let consumer = self
+            .stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: self.options.subject.clone(),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Config(format!("reading stream {}: {e}", self.options.stream)))?;
+        let stream = consumer.messages().await.map_err(broker)?;
+        Ok(ReadMessages { stream })
+    }
+
+    /// Runs the work of one message once, in a transaction with its key and its offset.
+    pub async fn run_one<F, E>(&self, message: &jetstream::Message, work: &F) -> Ran<E>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
+            + Sync,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        match self.read(message) {
+            Ok((offset, incoming)) => {
+                in_order::run_at(&self.inbox, &self.offset_stream(), offset, &incoming, work).await
+            }
+            Err(reason) => Ran::NoKey(reason),
+        }
+    }
+
+    /// Runs a message's work with its retries and gives up on it or counts it; false when
+    /// the database failed and the message must be run again.
+    async fn process<F, E>(
         &self,
         message: &jetstream::Message,
-        attempt: u32,
-        reason: &str,
-    ) -> Result<(), Error> {
-        tracing::warn!(%reason, "dead-lettered");
-        let mut headers = message.headers.clone().unwrap_or_default();
-        headers.insert(ATTEMPT_HEADER, attempt.to_string().as_str());
-        headers.insert(REASON_HEADER, truncate(reason, REASON_BYTES));
-        // A dead letter is its own message: the original id would be deduplicated away.
-        let stream_sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
-        headers.insert(
-            MSG_ID_HEADER,
-            format!("dead:{}:{stream_sequence}", self.options.stream).as_str(),
-        );
-        self.jetstream
-            .publish_with_headers(
-                self.options.dead_letter_subject(),
-                headers,
-                message.payload.clone(),
-            )
-            .await
-            .map_err(broker)?
-            .await
-            .map(drop)
-            .map_err(broker)
+        work: &F,
+        stats: &mut ConsumerStats,
+        unstored: &mut in_order::Unstored,
+    ) -> Result<bool, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
+            + Sync,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "nats").increment(1);
+        let stream = self.offset_stream();
+        let (offset, mut incoming) = match self.read(message) {
+            Ok(read) => read,
+            Err(reason) => {
+                dead_letter(&self.jetstream, &self.options, message, 1, &reason).await?;
+                stats.dead_lettered += 1;
+                return self.skip(message).await;
+            }
+        };
+        let max_attempts = self.options.max_attempts;
+        let ran = in_order::run_with_retries(
+            &self.inbox,
+            &stream,
+            offset,
+            &mut incoming,
+            work,
+            max_attempts,
+            stats,
+        )
+        .await;
+        match ran {
+            Ran::Outcome(outcome) => {
+                in_order::count(&outcome, stats);
+                unstored.after(&outcome, offset);
+            }
+            Ran::Work(error) => {
+                let reason = format!("attempt {}: {error}", incoming.attempt);
+                dead_letter(
+                    &self.jetstream,
+                    &self.options,
+                    message,
+                    incoming.attempt,
+                    &reason,
+                )
+                .await?;
+                stats.dead_lettered += 1;
+                return self.skip(message).await;
+            }
+            Ran::NoKey(reason) => {
+                dead_letter(&self.jetstream, &self.options, message, 1, &reason).await?;
+                stats.dead_lettered += 1;
+                return self.skip(message).await;
+            }
+            Ran::Store(error) => {
+                tracing::warn!(%error, "database failed: the message runs again");
+                stats.returned += 1;
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Moves the offset past a message given up; false if the database failed.
+    async fn skip(&self, message: &jetstream::Message) -> Result<bool, Error> {
+        let Ok(info) = message.info() else {
+            return Ok(true);
+        };
+        let offset = Offset::from(i64::try_from(info.stream_sequence).unwrap_or(i64::MAX));
+        match in_order::skip(&self.inbox, &self.offset_stream(), offset).await {
+            Ok(()) => Ok(true),
+            Err(error) => {
+                tracing::warn!(%error, "database failed: the offset did not move past a dead letter");
+                Ok(false)
+            }
+        }
+    }
+
+    /// A message's offset and what its work sees, or why it has no key.
+    fn read(&self, message: &jetstream::Message) -> Result<(Offset, Incoming), String> {
+        let info = message
+            .info()
+            .map_err(|e| format!("the message has no stream position: {e}"))?;
+        let offset = Offset::from(i64::try_from(info.stream_sequence).unwrap_or(i64::MAX));
+        let key = key_of(&self.options.key_from, message)?;
+        Ok((
+            offset,
+            Incoming {
+                key,
+                body: message.payload.to_vec(),
+                attempt: 1,
+                redelivered: false,
+                content_type: header(message, "Content-Type"),
+            },
+        ))
+    }
+}
+
+/// The messages of a [`NatsReader`], in stream order.
+pub struct ReadMessages {
+    stream: pull::Ordered,
+}
+
+impl ReadMessages {
+    /// The next message; `None` if the server ended the stream.
+    pub async fn next(&mut self) -> Result<Option<jetstream::Message>, Error> {
+        self.stream.next().await.transpose().map_err(broker)
     }
 }
 
@@ -346,11 +599,6 @@ fn attempt_of(message: &jetstream::Message) -> u32 {
         .info()
         .map(|info| u32::try_from(info.delivered).unwrap_or(1).max(1))
         .unwrap_or(1)
-}
-
-/// 1 s after the first failure, doubling to at most a minute.
-fn retry_delay(attempt: u32) -> Duration {
-    Duration::from_secs(1 << attempt.saturating_sub(1).min(6)).min(Duration::from_secs(60))
 }
 
 /// The relay's destination for NATS JetStream: publishes each outbox row to a subject with

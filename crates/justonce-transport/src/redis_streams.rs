@@ -40,10 +40,10 @@
 
 use crate::{
     ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
-    truncate,
+    in_order, truncate,
 };
 use justonce_core::{Delivered, Delivery, Destination, Key};
-use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Offset, Outcome, WorkFuture, sqlx};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
@@ -185,15 +185,7 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
         inbox: Inbox<DB>,
         options: RedisStreamOptions,
     ) -> Result<Self, Error> {
-        let client =
-            redis::Client::open(url).map_err(|e| Error::Config(format!("Redis URL: {e}")))?;
-        // A read blocks on the server for up to READ_BLOCK: the answer may take that long.
-        let config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(Some(READ_BLOCK + Duration::from_secs(10)));
-        let mut redis = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(broker)?;
+        let mut redis = connect(url).await?;
         let created: redis::RedisResult<()> = redis
             .xgroup_create_mkstream(&options.stream, &options.group, "0")
             .await;
@@ -341,27 +333,297 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
     /// one transaction on the server.
     async fn dead_letter(&self, entry: &Entry, reason: &str) -> Result<(), Error> {
         tracing::warn!(%reason, id = entry.id(), "dead-lettered");
-        let mut fields: Vec<(String, Vec<u8>)> = entry
-            .entry
-            .map
-            .keys()
-            .filter_map(|name| Some((name.clone(), entry.field(name)?)))
-            .collect();
-        fields.push((ATTEMPT_HEADER.to_owned(), entry.attempt.to_string().into()));
-        fields.push((
-            REASON_HEADER.to_owned(),
-            truncate(reason, REASON_BYTES).as_bytes().to_vec(),
-        ));
         let mut redis = self.redis.clone();
         redis::pipe()
             .atomic()
-            .xadd(self.options.dead_letter_stream(), "*", &fields)
+            .xadd(
+                self.options.dead_letter_stream(),
+                "*",
+                &dead_letter_fields(entry, reason),
+            )
             .ignore()
             .xack(&self.options.stream, &self.options.group, &[entry.id()])
             .ignore()
             .query_async::<()>(&mut redis)
             .await
             .map_err(broker)
+    }
+}
+
+/// An entry's fields, with its attempt count and the reason it was given up.
+fn dead_letter_fields(entry: &Entry, reason: &str) -> Vec<(String, Vec<u8>)> {
+    let mut fields: Vec<(String, Vec<u8>)> = entry
+        .entry
+        .map
+        .keys()
+        .filter_map(|name| Some((name.clone(), entry.field(name)?)))
+        .collect();
+    fields.push((ATTEMPT_HEADER.to_owned(), entry.attempt.to_string().into()));
+    fields.push((
+        REASON_HEADER.to_owned(),
+        truncate(reason, REASON_BYTES).as_bytes().to_vec(),
+    ));
+    fields
+}
+
+/// Connects to `url` with a response timeout past the time a read blocks on the server.
+async fn connect(url: &str) -> Result<MultiplexedConnection, Error> {
+    let client = redis::Client::open(url).map_err(|e| Error::Config(format!("Redis URL: {e}")))?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(READ_BLOCK + Duration::from_secs(10)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(broker)
+}
+
+/// A single reader of a stream that keeps its position in the database: each entry's id
+/// is stored as an offset in the same transaction as its work, and the reader starts after
+/// the stored one. It reads with plain `XREAD`: no group, nothing pending, nothing to
+/// acknowledge.
+///
+/// Use it where one process reads a stream in order; readers that share the entries need
+/// [`RedisStreamConsumer`]. Failed work is run again in place after a growing delay,
+/// holding up the entries after it, up to the attempt limit; then the entry is added to
+/// `<stream>.dead` with its reason and the offset moves past it. The group, the consumer
+/// name and the claim idle time of [`RedisStreamOptions`] do not apply.
+pub struct RedisStreamReader<DB: Backend> {
+    inbox: Inbox<DB>,
+    redis: MultiplexedConnection,
+    options: RedisStreamOptions,
+}
+
+impl<DB: Backend> std::fmt::Debug for RedisStreamReader<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStreamReader")
+            .field("inbox", &self.inbox)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> RedisStreamReader<DB> {
+    /// Connects to `url`.
+    pub async fn connect(
+        url: &str,
+        inbox: Inbox<DB>,
+        options: RedisStreamOptions,
+    ) -> Result<Self, Error> {
+        Ok(Self {
+            inbox,
+            redis: connect(url).await?,
+            options,
+        })
+    }
+
+    /// The name the position is stored under for the inbox's consumer: the stream's.
+    pub fn offset_stream(&self) -> &str {
+        &self.options.stream
+    }
+
+    /// Reads entries after the stored offset until `shutdown` resolves, and runs `work`
+    /// for each in a transaction with its key and its offset. An entry whose transaction
+    /// had not committed at shutdown is read again by the next reader.
+    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
+            + Sync,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut stats = ConsumerStats::default();
+        let mut unstored = in_order::Unstored::default();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut entries = self.entries().await?;
+        'read: loop {
+            let next = tokio::select! {
+                _ = &mut shutdown => break,
+                next = entries.next() => next?,
+            };
+            if next.is_empty() {
+                unstored.store(&self.inbox, self.offset_stream()).await;
+            }
+            for entry in next {
+                while !self
+                    .process(&entry, &work, &mut stats, &mut unstored)
+                    .await?
+                {
+                    tokio::select! {
+                        _ = &mut shutdown => break 'read,
+                        _ = tokio::time::sleep(self.options.store_pause) => {}
+                    }
+                }
+            }
+        }
+        unstored.store(&self.inbox, self.offset_stream()).await;
+        Ok(stats)
+    }
+
+    /// The entries after the stored offset, in reads of up to
+    /// [`RedisStreamOptions::count`], for callers that run them themselves.
+    pub async fn entries(&self) -> Result<ReadEntries, Error> {
+        let stored = in_order::stored_offset(&self.inbox, self.offset_stream())
+            .await
+            .map_err(Error::Store)?;
+        let after = stored.unwrap_or_default();
+        Ok(ReadEntries {
+            redis: self.redis.clone(),
+            stream: self.options.stream.clone(),
+            count: self.options.count,
+            after: format!("{}-{}", after.position, after.sequence),
+        })
+    }
+
+    /// Runs the work of one entry once, in a transaction with its key and its offset.
+    pub async fn run_one<F, E>(&self, entry: &Entry, work: &F) -> Ran<E>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
+            + Sync,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        match self.read(entry) {
+            Ok((offset, incoming)) => {
+                in_order::run_at(&self.inbox, self.offset_stream(), offset, &incoming, work).await
+            }
+            Err(reason) => Ran::NoKey(reason),
+        }
+    }
+
+    /// Runs an entry's work with its retries and gives up on it or counts it; false when
+    /// the database failed and the entry must be run again.
+    async fn process<F, E>(
+        &self,
+        entry: &Entry,
+        work: &F,
+        stats: &mut ConsumerStats,
+        unstored: &mut in_order::Unstored,
+    ) -> Result<bool, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
+            + Sync,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "redis").increment(1);
+        let (offset, mut incoming) = match self.read(entry) {
+            Ok(read) => read,
+            Err(reason) => return self.give_up(entry, &reason, stats).await,
+        };
+        let ran = in_order::run_with_retries(
+            &self.inbox,
+            self.offset_stream(),
+            offset,
+            &mut incoming,
+            work,
+            self.options.max_attempts,
+            stats,
+        )
+        .await;
+        match ran {
+            Ran::Outcome(outcome) => {
+                in_order::count(&outcome, stats);
+                unstored.after(&outcome, offset);
+                Ok(true)
+            }
+            Ran::Work(error) => {
+                let reason = format!("attempt {}: {error}", incoming.attempt);
+                self.give_up(entry, &reason, stats).await
+            }
+            Ran::NoKey(reason) => self.give_up(entry, &reason, stats).await,
+            Ran::Store(error) => {
+                tracing::warn!(%error, "database failed: the entry runs again");
+                stats.returned += 1;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Adds the entry to the dead-letter stream and moves the offset past it; false if the
+    /// database failed. A reader that dies in between adds the entry again.
+    async fn give_up(
+        &self,
+        entry: &Entry,
+        reason: &str,
+        stats: &mut ConsumerStats,
+    ) -> Result<bool, Error> {
+        tracing::warn!(%reason, id = entry.id(), "dead-lettered");
+        let mut redis = self.redis.clone();
+        let _: String = redis
+            .xadd(
+                self.options.dead_letter_stream(),
+                "*",
+                &dead_letter_fields(entry, reason),
+            )
+            .await
+            .map_err(broker)?;
+        stats.dead_lettered += 1;
+        let Some(offset) = offset_of(entry.id()) else {
+            return Ok(true);
+        };
+        match in_order::skip(&self.inbox, self.offset_stream(), offset).await {
+            Ok(()) => Ok(true),
+            Err(error) => {
+                tracing::warn!(%error, "database failed: the offset did not move past a dead letter");
+                Ok(false)
+            }
+        }
+    }
+
+    /// An entry's offset and what its work sees, or why it has no key.
+    fn read(&self, entry: &Entry) -> Result<(Offset, Incoming), String> {
+        let offset = offset_of(entry.id())
+            .ok_or_else(|| format!("the entry id {} is not <ms>-<seq>", entry.id()))?;
+        let body = entry.field(BODY_FIELD).unwrap_or_default();
+        let key = key_of(&self.options.key_from, entry, &body)?;
+        Ok((
+            offset,
+            Incoming {
+                key,
+                body,
+                attempt: 1,
+                redelivered: false,
+                content_type: entry
+                    .field(CONTENT_TYPE_FIELD)
+                    .and_then(|bytes| String::from_utf8(bytes).ok()),
+            },
+        ))
+    }
+}
+
+/// The offset of an entry id `<ms>-<seq>`.
+fn offset_of(id: &str) -> Option<Offset> {
+    let (ms, seq) = id.split_once('-')?;
+    Some(Offset::new(ms.parse().ok()?, seq.parse().ok()?))
+}
+
+/// The entries of a [`RedisStreamReader`], in stream order.
+pub struct ReadEntries {
+    redis: MultiplexedConnection,
+    stream: String,
+    count: usize,
+    /// The id of the last entry read.
+    after: String,
+}
+
+impl ReadEntries {
+    /// The next entries; empty when none came within a second.
+    pub async fn next(&mut self) -> Result<Vec<Entry>, Error> {
+        let read = StreamReadOptions::default()
+            .count(self.count)
+            .block(usize::try_from(READ_BLOCK.as_millis()).unwrap_or(1_000));
+        let reply: Option<StreamReadReply> = self
+            .redis
+            .xread_options(&[&self.stream], &[&self.after], &read)
+            .await
+            .map_err(broker)?;
+        let entries: Vec<Entry> = reply
+            .into_iter()
+            .flat_map(|reply| reply.keys)
+            .flat_map(|stream| stream.ids)
+            .map(|entry| Entry { entry, attempt: 1 })
+            .collect();
+        if let Some(last) = entries.last() {
+            self.after = last.id().to_owned();
+        }
+        Ok(entries)
     }
 }
 

@@ -2,13 +2,14 @@
 //! `amqp://` URL, NATS JetStream for a `nats://` one, Redis Streams for a `redis://` one,
 //! MQTT for an `mqtt://` one.
 //!
-//! `broker-worker <database-url> <prefix> <broker-url> <queue> <mode>`
+//! `broker-worker <database-url> <prefix> <broker-url> <queue> <kind> <mode>`
 //!
 //! The queue is a RabbitMQ queue (the key is the `message_id`), or the JetStream stream,
 //! subject and durable consumer of that name (the key is the `Order-Id` header), or the
 //! Redis stream of that name, read in group `test` (the key is the `key` field), or the
 //! MQTT topic of that name, on the persistent session of client `<queue>-c` (the key is the
-//! `key` user property). `pause-after-commit`: takes one message, runs its work and commits, prints
+//! `key` user property). `kind` is `consumer`, or `reader` for the single readers of NATS and
+//! Redis, which keep their offset in the database. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed. `run-batched` (RabbitMQ): the same in batches of 20.
 
@@ -16,8 +17,10 @@ use justonce_sql::{Consumer, Inbox, Options};
 use justonce_tests::{TestBackend, consumer_work, mqtt_options};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::mqtt::MqttConsumer;
-use justonce_transport::nats::{NatsConsumer, NatsOptions};
-use justonce_transport::redis_streams::{KEY_FIELD, RedisStreamConsumer, RedisStreamOptions};
+use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
+use justonce_transport::redis_streams::{
+    KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
+};
 use justonce_transport::{KeyFrom, Ran};
 use std::io::Write;
 use std::process::ExitCode;
@@ -25,11 +28,14 @@ use std::process::ExitCode;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, prefix, broker, queue, mode] = args.as_slice() else {
-        eprintln!("usage: broker-worker <database-url> <prefix> <broker-url> <queue> <mode>");
+    let [url, prefix, broker, queue, kind, mode] = args.as_slice() else {
+        eprintln!(
+            "usage: broker-worker <database-url> <prefix> <broker-url> <queue> <kind> <mode>"
+        );
         return ExitCode::from(2);
     };
-    let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, broker, queue, mode).await);
+    let reader = kind == "reader";
+    let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, broker, queue, reader, mode).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -44,6 +50,7 @@ async fn work<DB: TestBackend>(
     prefix: &str,
     broker: &str,
     queue: &str,
+    reader: bool,
     mode: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let inbox = Inbox::<DB>::connect_with(
@@ -68,6 +75,23 @@ async fn work<DB: TestBackend>(
             .map(|(_, key)| key.clone())
             .unwrap_or_default();
         pause_after_commit(&key, ran).await
+    } else if broker.starts_with("redis:") && reader {
+        let reader =
+            RedisStreamReader::connect(broker, inbox, RedisStreamOptions::new(queue, "test"))
+                .await?;
+        if !pause {
+            reader.run(forever, work).await?;
+            return Ok(());
+        }
+        let mut entries = reader.entries().await?;
+        let entry = loop {
+            if let Some(entry) = entries.next().await?.into_iter().next() {
+                break entry;
+            }
+        };
+        let ran = reader.run_one(&entry, &work).await;
+        let key = entry.field(KEY_FIELD).unwrap_or_default();
+        pause_after_commit(&String::from_utf8_lossy(&key), ran).await
     } else if broker.starts_with("redis:") {
         let options = RedisStreamOptions::new(queue, "test")
             .consumer(format!("worker-{}", std::process::id()))
@@ -86,6 +110,17 @@ async fn work<DB: TestBackend>(
         let ran = consumer.run_one(&entry, &work).await;
         let key = entry.field(KEY_FIELD).unwrap_or_default();
         pause_after_commit(&String::from_utf8_lossy(&key), ran).await
+    } else if broker.starts_with("nats:") && reader {
+        let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
+        let reader = NatsReader::connect(broker, inbox, options).await?;
+        if !pause {
+            reader.run(forever, work).await?;
+            return Ok(());
+        }
+        let mut messages = reader.messages().await?;
+        let message = messages.next().await?.ok_or("no message")?;
+        let ran = reader.run_one(&message, &work).await;
+        pause_after_commit(&order_id(&message), ran).await
     } else if broker.starts_with("nats:") {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
         let consumer = NatsConsumer::connect(broker, inbox, options).await?;
@@ -96,11 +131,7 @@ async fn work<DB: TestBackend>(
         let mut messages = consumer.messages().await?;
         let message = messages.next().await?.ok_or("no message")?;
         let ran = consumer.run_one(&message, &work).await;
-        let key = (message.headers.as_ref())
-            .and_then(|headers| headers.get("Order-Id"))
-            .map(|id| id.as_str().to_owned())
-            .unwrap_or_default();
-        pause_after_commit(&key, ran).await
+        pause_after_commit(&order_id(&message), ran).await
     } else {
         let consumer =
             AmqpConsumer::connect(broker, inbox.clone(), AmqpOptions::new(queue)).await?;
@@ -121,6 +152,14 @@ async fn work<DB: TestBackend>(
         let ran = delivery.run(&inbox, &work).await;
         pause_after_commit(key.as_str(), ran).await
     }
+}
+
+/// The key of the NATS tests' messages.
+fn order_id(message: &justonce_transport::nats::Message) -> String {
+    (message.headers.as_ref())
+        .and_then(|headers| headers.get("Order-Id"))
+        .map(|id| id.as_str().to_owned())
+        .unwrap_or_default()
 }
 
 /// Says that the work of `key` committed, then waits to be killed: the message is never

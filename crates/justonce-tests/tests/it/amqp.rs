@@ -367,7 +367,14 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
         }
     }
     let mut batcher = tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
-        .args([&db.url, &db.prefix, &amqp_url(), &queue.name, "run-batched"])
+        .args([
+            &db.url,
+            &db.prefix,
+            &amqp_url(),
+            &queue.name,
+            "consumer",
+            "run-batched",
+        ])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -441,6 +448,7 @@ impl TestBroker for Queue {
     }
 
     async fn consume<DB: TestBackend>(
+        &self,
         consumer: &AmqpConsumer<DB>,
         db: &TestDb<DB>,
         count: usize,
@@ -448,7 +456,7 @@ impl TestBroker for Queue {
         consume(db, consumer, count).await
     }
 
-    async fn settled(&self) -> bool {
+    async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {
         // Ready messages only: AMQP does not count the unacknowledged ones.
         self.ready().await == 0
     }

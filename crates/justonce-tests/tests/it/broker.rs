@@ -1,6 +1,8 @@
-//! What every broker consumer must do, one body per proof fanned over every broker and every
+//! What every broker consumer must do, one body per proof fanned over every broker (and the
+//! single readers of NATS and Redis, which keep their offset in the database) and every
 //! database: a message delivered twice takes effect once; a worker killed after its commit
-//! and before its ack leaves one effect, and the redelivery is a duplicate; a consumer
+//! and before its ack leaves one effect, and the redelivery is a duplicate (a reader does
+//! not read it again); a consumer
 //! killed twenty times at random moments loses nothing and doubles nothing; two consumer
 //! processes on one queue take effect once per key.
 
@@ -16,6 +18,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 pub(crate) trait TestBroker: Sized {
     /// A consumer of the test's queue, with the test's inbox.
     type Consumer<DB: TestBackend>: Consume<DB>;
+
+    /// Whether the consumer keeps its position in the database (a single reader): what it
+    /// committed is not delivered again, instead of delivered again as a duplicate.
+    const KEEPS_OFFSET: bool = false;
 
     /// The broker's URL, as a worker process takes it.
     fn url() -> String;
@@ -34,14 +40,16 @@ pub(crate) trait TestBroker: Sized {
 
     /// Takes exactly `count` messages, runs and settles each.
     async fn consume<DB: TestBackend>(
+        &self,
         consumer: &Self::Consumer<DB>,
         db: &TestDb<DB>,
         count: usize,
     ) -> ConsumerStats;
 
-    /// Whether the broker holds nothing unread or unacknowledged for the consumers; true
-    /// where the broker cannot say (MQTT).
-    async fn settled(&self) -> bool;
+    /// Whether the broker holds nothing unread or unacknowledged for the consumers (a
+    /// reader: its stored offset is the stream's last); true where the broker cannot say
+    /// (MQTT).
+    async fn settled<DB: TestBackend>(&self, db: &TestDb<DB>) -> bool;
 
     async fn delete(self);
 }
@@ -72,9 +80,29 @@ macro_rules! consume_with_run {
 consume_with_run!(
     justonce_transport::amqp::AmqpConsumer<DB>,
     justonce_transport::nats::NatsConsumer<DB>,
+    justonce_transport::nats::NatsReader<DB>,
     justonce_transport::redis_streams::RedisStreamConsumer<DB>,
+    justonce_transport::redis_streams::RedisStreamReader<DB>,
     justonce_transport::mqtt::MqttConsumer<DB>,
 );
+
+/// What a single reader's `consume` does: runs it until its stored offset is the stream's
+/// last, then checks that it took exactly `count` entries.
+pub(crate) async fn read_to_end<B, DB>(
+    broker: &B,
+    reader: &B::Consumer<DB>,
+    db: &TestDb<DB>,
+    count: usize,
+) -> ConsumerStats
+where
+    B: TestBroker,
+    DB: TestBackend,
+{
+    let stats = consume_until(db, reader, || broker.settled(db)).await;
+    let taken = stats.processed + stats.duplicates + stats.key_reused + stats.dead_lettered;
+    assert_eq!(taken, count as u64, "entries read: {stats:?}");
+    stats
+}
 
 /// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
 pub(crate) async fn consume_until<DB, F, Fut>(
@@ -120,7 +148,9 @@ macro_rules! on_brokers {
 on_brokers!(every: [
     amqp = crate::amqp::Queue,
     nats = crate::nats::Stream,
+    nats_reader = crate::nats::ReadStream,
     redis = crate::redis_streams::Stream,
+    redis_reader = crate::redis_streams::ReadStream,
     mqtt = crate::mqtt::Topic,
 ] (
     each_message_delivered_twice_takes_effect_once,
@@ -142,8 +172,13 @@ fn worker<B: TestBroker, DB: TestBackend>(
     broker: &B,
     mode: &str,
 ) -> tokio::process::Child {
+    let kind = if B::KEEPS_OFFSET {
+        "reader"
+    } else {
+        "consumer"
+    };
     tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
-        .args([&db.url, &db.prefix, &B::url(), broker.name(), mode])
+        .args([&db.url, &db.prefix, &B::url(), broker.name(), kind, mode])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -158,11 +193,11 @@ async fn each_message_delivered_twice_takes_effect_once<B: TestBroker, DB: TestB
     let keys: Vec<String> = (0..100).map(|n| format!("order:{}", n % 50)).collect();
     broker.publish(&keys).await;
     let consumer = broker.connect(&db).await;
-    let stats = B::consume(&consumer, &db, 100).await;
+    let stats = broker.consume(&consumer, &db, 100).await;
     assert_eq!((stats.processed, stats.duplicates), (50, 50));
     assert_eq!(db.rows("effects").await, 50);
     assert_eq!(db.doubled_effects().await, 0);
-    assert!(broker.settled().await, "every delivery was acknowledged");
+    assert!(broker.settled(&db).await, "every delivery was acknowledged");
     drop(consumer);
     broker.delete().await;
     db.cleanup().await;
@@ -176,7 +211,9 @@ async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<
 ) {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
-    broker.publish(&["order:0".to_owned()]).await;
+    broker
+        .publish(&["order:0".to_owned(), "order:1".to_owned()])
+        .await;
     let mut paused = worker(&db, &broker, "pause-after-commit");
     let mut lines = BufReader::new(paused.stdout.take().unwrap()).lines();
     let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
@@ -186,12 +223,18 @@ async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<
     assert_eq!(said.as_deref(), Some("committed order:0 Processed(())"));
     paused.kill().await.expect("SIGKILL the worker");
     assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
-    // The broker delivers the unacknowledged message again: a duplicate, acknowledged.
+    // The broker delivers the unacknowledged message again: a duplicate, acknowledged. A
+    // reader starts after the offset committed with the work, and reads only order:1.
     let consumer = broker.connect(&db).await;
-    let stats = B::consume(&consumer, &db, 1).await;
-    assert_eq!((stats.processed, stats.duplicates), (0, 1));
-    assert_eq!(db.effects_of(&Key::new("order:0").unwrap()).await, 1);
-    assert!(broker.settled().await, "the redelivery was acknowledged");
+    let redelivered = u64::from(!B::KEEPS_OFFSET);
+    let stats = broker
+        .consume(&consumer, &db, 1 + usize::from(!B::KEEPS_OFFSET))
+        .await;
+    assert_eq!((stats.processed, stats.duplicates), (1, redelivered));
+    for key in ["order:0", "order:1"] {
+        assert_eq!(db.effects_of(&Key::new(key).unwrap()).await, 1, "{key}");
+    }
+    assert!(broker.settled(&db).await, "the redelivery was acknowledged");
     drop(consumer);
     broker.delete().await;
     db.cleanup().await;
@@ -223,7 +266,7 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<
     let consumer = broker.connect(&db).await;
     run_until(
         |stopped| consumer.run_work(&db, stopped),
-        || async { db.rows("effects").await == 400 && broker.settled().await },
+        || async { db.rows("effects").await == 400 && broker.settled(&db).await },
     )
     .await;
     assert_eq!(db.rows("effects").await, 400, "nothing lost");
@@ -243,7 +286,7 @@ async fn two_consumer_processes_on_one_queue_take_effect_once_each<
     let broker = with_repeats::<B, DB>(&db).await;
     let mut workers = [worker(&db, &broker, "run"), worker(&db, &broker, "run")];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while db.rows("effects").await < 400 || !broker.settled().await {
+    while db.rows("effects").await < 400 || !broker.settled(&db).await {
         assert!(
             tokio::time::Instant::now() < deadline,
             "not drained within a minute"

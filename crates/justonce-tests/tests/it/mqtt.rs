@@ -226,6 +226,7 @@ impl TestBroker for Topic {
     }
 
     async fn consume<DB: TestBackend>(
+        &self,
         consumer: &MqttConsumer<DB>,
         db: &TestDb<DB>,
         count: usize,
@@ -233,7 +234,7 @@ impl TestBroker for Topic {
         consume(db, consumer, count as u64).await
     }
 
-    async fn settled(&self) -> bool {
+    async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {
         // Mosquitto does not say what a session holds.
         true
     }

@@ -3,18 +3,20 @@
 //! durable consumer, and the relay's publisher deduplicated by the stream. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::TestBroker;
-use super::broker::consume_until;
+use super::broker::{TestBroker, consume_until, read_to_end};
 use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
-use justonce_transport::nats::{MSG_ID_HEADER, NatsConsumer, NatsDestination, NatsOptions};
+use justonce_transport::nats::{
+    MSG_ID_HEADER, NatsConsumer, NatsDestination, NatsOptions, NatsReader,
+};
 use justonce_transport::{ConsumerStats, KeyFrom, REASON_HEADER};
 use std::time::Duration;
 
 on_every_database!(
     failing_work_is_redelivered_then_dead_lettered,
+    a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on,
     the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat,
 );
 
@@ -114,6 +116,48 @@ async fn failing_work_is_redelivered_then_dead_lettered<DB: TestBackend>(test: &
     db.cleanup().await;
 }
 
+async fn a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = ReadStream::open(&db).await;
+    for key in ["fail1:order", "bad:order", "order:after"] {
+        stream.0.publish(key, key.as_bytes()).await;
+    }
+    let reader = NatsReader::connect(
+        &nats_url(),
+        db.inbox.clone(),
+        options(&stream.0).max_attempts(2),
+    )
+    .await
+    .unwrap();
+    let stats = consume_until(&db, &reader, || stream.settled(&db)).await;
+    assert_eq!(
+        (stats.processed, stats.retried, stats.dead_lettered),
+        (2, 2, 1)
+    );
+    for (key, effects) in [("fail1:order", 1), ("bad:order", 0), ("order:after", 1)] {
+        assert_eq!(
+            db.effects_of(&Key::new(key).unwrap()).await,
+            effects,
+            "{key}"
+        );
+    }
+    let dead = format!("{}_DEAD", stream.0.name);
+    let letter = (stream.0.jetstream.get_stream(&dead).await.unwrap())
+        .get_raw_message(1)
+        .await
+        .unwrap();
+    assert_eq!(&letter.payload[..], b"bad:order");
+    let reason = letter.headers.get(REASON_HEADER).unwrap().as_str();
+    assert!(reason.contains("attempt 2: "), "{reason}");
+    assert_eq!(stream.positions(&db).await, (3, Some(3)));
+    stream.delete().await;
+    db.cleanup().await;
+}
+
 async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: TestBackend>(
     test: &str,
 ) {
@@ -187,6 +231,7 @@ impl TestBroker for Stream {
     }
 
     async fn consume<DB: TestBackend>(
+        &self,
         consumer: &NatsConsumer<DB>,
         db: &TestDb<DB>,
         count: usize,
@@ -206,11 +251,74 @@ impl TestBroker for Stream {
         stats
     }
 
-    async fn settled(&self) -> bool {
+    async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {
         self.unsettled().await == 0
     }
 
     async fn delete(self) {
         Stream::delete(self).await
+    }
+}
+
+/// The stream of a test read by a single reader that keeps its offset in the database.
+pub(crate) struct ReadStream(Stream);
+
+impl ReadStream {
+    /// The stream's last sequence, and the reader's stored offset.
+    async fn positions<DB: TestBackend>(&self, db: &TestDb<DB>) -> (u64, Option<u64>) {
+        let offset_stream = format!("{0}:{0}", self.0.name);
+        let stored = db.inbox.load_offsets(&offset_stream).await.unwrap();
+        let last = self.0.jetstream.get_stream(&self.0.name).await.unwrap();
+        let last = last.get_info().await.unwrap().state.last_sequence;
+        let stored = stored.first().map(|(_, offset)| offset.position as u64);
+        (last, stored)
+    }
+}
+
+impl TestBroker for ReadStream {
+    type Consumer<DB: TestBackend> = NatsReader<DB>;
+    const KEEPS_OFFSET: bool = true;
+
+    fn url() -> String {
+        nats_url()
+    }
+
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let stream = ReadStream(Stream::new(db).await);
+        // Creates the streams.
+        TestBroker::connect(&stream, db).await;
+        stream
+    }
+
+    fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    async fn publish(&self, keys: &[String]) {
+        TestBroker::publish(&self.0, keys).await
+    }
+
+    async fn connect<DB: TestBackend>(&self, db: &TestDb<DB>) -> NatsReader<DB> {
+        NatsReader::connect(&nats_url(), db.inbox.clone(), options(&self.0))
+            .await
+            .unwrap()
+    }
+
+    async fn consume<DB: TestBackend>(
+        &self,
+        reader: &NatsReader<DB>,
+        db: &TestDb<DB>,
+        count: usize,
+    ) -> ConsumerStats {
+        read_to_end(self, reader, db, count).await
+    }
+
+    async fn settled<DB: TestBackend>(&self, db: &TestDb<DB>) -> bool {
+        let (last, stored) = self.positions(db).await;
+        stored == Some(last)
+    }
+
+    async fn delete(self) {
+        self.0.delete().await
     }
 }

@@ -3,13 +3,13 @@
 //! dead-lettered, two workers in one group, and the relay's publisher. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::TestBroker;
-use super::broker::consume_until;
+use super::broker::{TestBroker, consume_until, read_to_end};
 use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work, redis_url};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
+    RedisStreamReader,
 };
 use justonce_transport::{ConsumerStats, REASON_HEADER};
 use redis::AsyncCommands;
@@ -18,6 +18,7 @@ use std::time::Duration;
 on_every_database!(
     ten_thousand_entries_with_a_fifth_repeated_take_effect_once_per_key,
     failing_work_is_taken_over_again_then_dead_lettered,
+    a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on,
     the_relay_adds_each_row_with_its_key,
 );
 
@@ -200,6 +201,50 @@ async fn the_relay_adds_each_row_with_its_key<DB: TestBackend>(test: &str) {
     db.cleanup().await;
 }
 
+async fn a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = ReadStream::open(&db).await;
+    let keys = ["fail1:order", "bad:order", "order:after"];
+    stream.0.add(keys.map(str::to_owned)).await;
+    let reader = RedisStreamReader::connect(
+        &redis_url(),
+        db.inbox.clone(),
+        options(&stream.0, "a").max_attempts(2),
+    )
+    .await
+    .unwrap();
+    let stats = consume_until(&db, &reader, || stream.settled(&db)).await;
+    assert_eq!(
+        (stats.processed, stats.retried, stats.dead_lettered),
+        (2, 2, 1)
+    );
+    for (key, effects) in [("fail1:order", 1), ("bad:order", 0), ("order:after", 1)] {
+        assert_eq!(
+            db.effects_of(&Key::new(key).unwrap()).await,
+            effects,
+            "{key}"
+        );
+    }
+    let dead = format!("{}.dead", stream.0.name);
+    let letters: redis::streams::StreamRangeReply =
+        stream.0.redis.clone().xrange_all(&dead).await.unwrap();
+    let [letter] = letters.ids.as_slice() else {
+        panic!("one dead letter: {letters:?}");
+    };
+    assert_eq!(
+        letter.get::<String>(KEY_FIELD).as_deref(),
+        Some("bad:order")
+    );
+    let reason: String = letter.get(REASON_HEADER).unwrap();
+    assert!(reason.contains("attempt 2: "), "{reason}");
+    stream.delete().await;
+    db.cleanup().await;
+}
+
 impl TestBroker for Stream {
     type Consumer<DB: TestBackend> = RedisStreamConsumer<DB>;
 
@@ -229,6 +274,7 @@ impl TestBroker for Stream {
     }
 
     async fn consume<DB: TestBackend>(
+        &self,
         consumer: &RedisStreamConsumer<DB>,
         db: &TestDb<DB>,
         count: usize,
@@ -252,11 +298,70 @@ impl TestBroker for Stream {
         stats
     }
 
-    async fn settled(&self) -> bool {
+    async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {
         self.unsettled().await == 0
     }
 
     async fn delete(self) {
         Stream::delete(self).await
+    }
+}
+
+/// The stream of a test read by a single reader that keeps its offset in the database.
+pub(crate) struct ReadStream(Stream);
+
+impl TestBroker for ReadStream {
+    type Consumer<DB: TestBackend> = RedisStreamReader<DB>;
+    const KEEPS_OFFSET: bool = true;
+
+    fn url() -> String {
+        redis_url()
+    }
+
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        ReadStream(Stream::new(db).await)
+    }
+
+    fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    async fn publish(&self, keys: &[String]) {
+        self.0.add(keys.iter().cloned()).await
+    }
+
+    async fn connect<DB: TestBackend>(&self, db: &TestDb<DB>) -> RedisStreamReader<DB> {
+        RedisStreamReader::connect(&redis_url(), db.inbox.clone(), options(&self.0, "a"))
+            .await
+            .unwrap()
+    }
+
+    async fn consume<DB: TestBackend>(
+        &self,
+        reader: &RedisStreamReader<DB>,
+        db: &TestDb<DB>,
+        count: usize,
+    ) -> ConsumerStats {
+        read_to_end(self, reader, db, count).await
+    }
+
+    /// Whether the reader's stored offset is the id of the stream's last entry.
+    async fn settled<DB: TestBackend>(&self, db: &TestDb<DB>) -> bool {
+        let last: redis::streams::StreamRangeReply = self
+            .0
+            .redis
+            .clone()
+            .xrevrange_count(&self.0.name, "+", "-", 1)
+            .await
+            .unwrap();
+        let stored = db.inbox.load_offsets(&self.0.name).await.unwrap();
+        let stored = stored
+            .first()
+            .map(|(_, offset)| format!("{}-{}", offset.position, offset.sequence));
+        last.ids.first().map(|entry| entry.id.clone()) == stored
+    }
+
+    async fn delete(self) {
+        self.0.delete().await
     }
 }
