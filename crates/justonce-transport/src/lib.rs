@@ -8,8 +8,8 @@
 //! | feature | broker |
 //! |---------|--------|
 //! | `amqp`  | RabbitMQ (AMQP 0-9-1), through lapin: [`amqp::AmqpConsumer`] and [`amqp::AmqpDestination`] |
-//! | `nats`  | NATS JetStream, through async-nats: [`nats::NatsConsumer`] and [`nats::NatsDestination`] |
-//! | `redis` | Redis Streams, through redis: [`redis_streams::RedisStreamConsumer`] and [`redis_streams::RedisStreamDestination`] |
+//! | `nats`  | NATS JetStream, through async-nats: [`nats::NatsConsumer`], the single reader [`nats::NatsReader`] and [`nats::NatsDestination`] |
+//! | `redis` | Redis Streams, through redis: [`redis_streams::RedisStreamConsumer`], the single reader [`redis_streams::RedisStreamReader`] and [`redis_streams::RedisStreamDestination`] |
 //! | `mqtt`  | MQTT 5, through rumqttc: [`mqtt::MqttConsumer`] and [`mqtt::MqttDestination`] |
 //!
 //! What a consumer does with each delivery:
@@ -24,6 +24,10 @@
 //! | the database failed | returned to the broker, after a pause |
 //!
 //! Nothing is acknowledged before its transaction has committed.
+//!
+//! A single reader ([`nats::NatsReader`], [`redis_streams::RedisStreamReader`]) acknowledges
+//! nothing: it stores each entry's position as an offset in the same transaction as the work,
+//! and starts after the stored offset.
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
