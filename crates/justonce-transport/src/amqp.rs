@@ -33,7 +33,7 @@ use crate::{
 };
 use futures_util::StreamExt;
 use justonce_core::{Delivered, Delivery, Destination, Key};
-use justonce_sql::{Backend, Claim, Inbox, Outcome, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
@@ -217,16 +217,13 @@ impl<DB: Backend> AmqpConsumer<DB> {
     {
         let (keyed, unkeyed): (Vec<_>, Vec<_>) =
             batch.into_iter().partition(|taken| taken.incoming.is_ok());
-        let one_by_one = match self.commit_batch(&keyed, work).await {
-            Ok(claims) => {
-                for (taken, claim) in keyed.into_iter().zip(claims) {
-                    let outcome = match claim {
-                        Claim::First => Outcome::Processed(()),
-                        Claim::Duplicate => Outcome::Duplicate,
-                        Claim::KeyReused { stored, received } => {
-                            Outcome::KeyReused { stored, received }
-                        }
-                    };
+        let incoming: Vec<&Incoming> = keyed
+            .iter()
+            .filter_map(|taken| taken.incoming.as_ref().ok())
+            .collect();
+        let one_by_one = match crate::commit_batch(&self.inbox, &incoming, work).await {
+            Ok(outcomes) => {
+                for (taken, outcome) in keyed.into_iter().zip(outcomes) {
                     taken.settle(Ran::<E>::Outcome(outcome), stats).await?;
                 }
                 unkeyed
@@ -241,47 +238,6 @@ impl<DB: Backend> AmqpConsumer<DB> {
             taken.settle(ran, stats).await?;
         }
         Ok(())
-    }
-
-    /// Claims the batch's keys and runs the work of each first claim in one transaction.
-    async fn commit_batch<F, E>(
-        &self,
-        batch: &[Taken<'_, DB>],
-        work: &F,
-    ) -> Result<Vec<Claim>, justonce_core::BoxError>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let incoming: Vec<&Incoming> = batch
-            .iter()
-            .filter_map(|taken| taken.incoming.as_ref().ok())
-            .collect();
-        if incoming.is_empty() {
-            return Ok(Vec::new());
-        }
-        let messages: Vec<(Key, &[u8])> = incoming
-            .iter()
-            .map(|message| (message.key.clone(), message.body.as_slice()))
-            .collect();
-        let mut tx = self.inbox.begin().await?;
-        let claims = match self.inbox.claim_many(&mut tx, &messages).await {
-            Ok(claims) => claims,
-            Err(error) => {
-                tx.rollback().await?;
-                return Err(error.into());
-            }
-        };
-        for (message, claim) in incoming.iter().zip(&claims) {
-            if *claim == Claim::First
-                && let Err(error) = work(&mut tx, message).await
-            {
-                tx.rollback().await?;
-                return Err(error.into());
-            }
-        }
-        tx.commit().await?;
-        Ok(claims)
     }
 
     /// The deliveries one at a time, for callers that run and settle them themselves.

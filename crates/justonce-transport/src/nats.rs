@@ -36,7 +36,7 @@ use crate::{
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use justonce_core::{Delivered, Delivery, Destination, Key};
 use justonce_sql::{Backend, Inbox, Offset, Outcome, WorkFuture, sqlx};
 use std::future::Future;
@@ -167,6 +167,24 @@ impl<DB: Backend> NatsConsumer<DB> {
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        self.run_batched(shutdown, 1, work).await
+    }
+
+    /// Like [`NatsConsumer::run`], with the messages that have arrived, up to `batch_size`,
+    /// claimed with one statement and worked in one transaction, then acknowledged after its
+    /// commit; a `batch_size` of 1 is [`NatsConsumer::run`]. If any work in a batch fails,
+    /// the batch rolls back and its messages are run one by one, so that one failing message
+    /// neither loses nor doubles the others.
+    pub async fn run_batched<F, E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: F,
+    ) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let mut messages = self.messages().await?;
         let mut stats = ConsumerStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -175,11 +193,62 @@ impl<DB: Backend> NatsConsumer<DB> {
                 _ = &mut shutdown => break,
                 next = messages.next() => next,
             };
-            let Some(message) = next? else { break };
-            let ran = self.run_one(&message, &work).await;
-            self.settle(&message, ran, &mut stats).await?;
+            let Some(first) = next? else { break };
+            if batch_size <= 1 {
+                let ran = self.run_one(&first, &work).await;
+                self.settle(&first, ran, &mut stats).await?;
+            } else {
+                let batch = messages.more(first, batch_size).await?;
+                self.settle_batch(&batch, &work, &mut stats).await?;
+            }
         }
         Ok(stats)
+    }
+
+    /// Claims the keys of `batch` with one statement, runs the work of each first claim in
+    /// one transaction, and settles every message after its commit; if any work fails,
+    /// rolls back and runs and settles the messages one by one. While the batch runs, the
+    /// server is told its messages are in progress.
+    pub async fn settle_batch<F, E>(
+        &self,
+        batch: &[jetstream::Message],
+        work: &F,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let (keyed, unkeyed): (Vec<_>, Vec<_>) = batch
+            .iter()
+            .map(|message| (message, self.incoming(message)))
+            .partition(|(_, incoming)| incoming.is_ok());
+        let incoming: Vec<&Incoming> = keyed
+            .iter()
+            .filter_map(|(_, incoming)| incoming.as_ref().ok())
+            .collect();
+        let commit = crate::commit_batch(&self.inbox, &incoming, work);
+        let committed = self
+            .in_progress(keyed.iter().map(|(message, _)| *message), commit)
+            .await;
+        let one_by_one = match committed {
+            Ok(outcomes) => {
+                for ((message, _), outcome) in keyed.iter().zip(outcomes) {
+                    self.settle(message, Ran::<E>::Outcome(outcome), stats)
+                        .await?;
+                }
+                unkeyed
+            }
+            Err(error) => {
+                tracing::debug!(%error, "a batch failed: running its messages one by one");
+                keyed.into_iter().chain(unkeyed).collect()
+            }
+        };
+        for (message, _) in one_by_one {
+            let ran = self.run_one(message, work).await;
+            self.settle(message, ran, stats).await?;
+        }
+        Ok(())
     }
 
     /// The messages one at a time, for callers that run and settle them themselves.
@@ -195,35 +264,51 @@ impl<DB: Backend> NatsConsumer<DB> {
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let attempt = attempt_of(message);
-        let incoming = match key_of(&self.options.key_from, message) {
-            Ok(key) => Incoming {
-                key,
-                body: message.payload.to_vec(),
-                attempt,
-                redelivered: attempt > 1,
-                content_type: header(message, "Content-Type"),
-            },
+        let incoming = match self.incoming(message) {
+            Ok(incoming) => incoming,
             Err(reason) => return Ran::NoKey(reason),
         };
         let run = self
             .inbox
             .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming));
-        let mut run = std::pin::pin!(run);
+        Ran::of(self.in_progress([message], run).await)
+    }
+
+    /// What the work of a message sees, or why it has no key.
+    fn incoming(&self, message: &jetstream::Message) -> Result<Incoming, String> {
+        let attempt = attempt_of(message);
+        Ok(Incoming {
+            key: key_of(&self.options.key_from, message)?,
+            body: message.payload.to_vec(),
+            attempt,
+            redelivered: attempt > 1,
+            content_type: header(message, "Content-Type"),
+        })
+    }
+
+    /// Runs `work`, telling the server every half ack wait that `messages` are in progress.
+    async fn in_progress<'m, T>(
+        &self,
+        messages: impl IntoIterator<Item = &'m jetstream::Message> + Clone,
+        work: impl Future<Output = T>,
+    ) -> T {
+        let mut work = std::pin::pin!(work);
         // The first report is due after half the ack wait. An interval's immediate first
         // tick would cost a turn of the timer wheel (up to a millisecond) on every message.
         let every = self.options.ack_wait / 2;
         let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        let ran = loop {
+        loop {
             tokio::select! {
-                ran = &mut run => break ran,
+                done = &mut work => return done,
                 _ = progress.tick() => {
-                    // A lost progress report costs at most a redelivery, which is a duplicate.
-                    let _ = message.ack_with(AckKind::Progress).await;
+                    for message in messages.clone() {
+                        // A lost progress report costs at most a redelivery, which is a
+                        // duplicate.
+                        let _ = message.ack_with(AckKind::Progress).await;
+                    }
                 }
             }
-        };
-        Ran::of(ran)
+        }
     }
 
     /// Acknowledges, redelivers later, dead-letters or returns the message as `ran` says,
@@ -590,6 +675,33 @@ impl Messages {
     /// The next message; `None` if the server ended the stream.
     pub async fn next(&mut self) -> Result<Option<jetstream::Message>, Error> {
         self.stream.next().await.transpose().map_err(broker)
+    }
+
+    /// `first` and the messages that arrive after it within a millisecond, up to
+    /// `batch_size` in all.
+    pub async fn more(
+        &mut self,
+        first: jetstream::Message,
+        batch_size: usize,
+    ) -> Result<Vec<jetstream::Message>, Error> {
+        let mut batch = vec![first];
+        // One deadline for the batch: a pull's messages arrive together, so a batch fills at
+        // once when they are there, and costs at most a millisecond when they are not.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(1);
+        while batch.len() < batch_size {
+            let next = match self.stream.next().now_or_never() {
+                Some(next) => next,
+                None => match tokio::time::timeout_at(deadline, self.stream.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            match next {
+                Some(message) => batch.push(message.map_err(broker)?),
+                None => break,
+            }
+        }
+        Ok(batch)
     }
 }
 

@@ -11,7 +11,7 @@
 //! `key` user property). `kind` is `consumer`, or `reader` for the single readers of NATS and
 //! Redis, which keep their offset in the database. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
-//! consumes until it is killed. `run-batched` (RabbitMQ): the same in batches of 20.
+//! consumes until it is killed. `run-batched` (RabbitMQ, NATS): the same in batches of 20.
 
 use justonce_sql::{Consumer, Inbox, Options};
 use justonce_tests::{TestBackend, consumer_work, mqtt_options};
@@ -124,6 +124,10 @@ async fn work<DB: TestBackend>(
     } else if broker.starts_with("nats:") {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
         let consumer = NatsConsumer::connect(broker, inbox, options).await?;
+        if mode == "run-batched" {
+            consumer.run_batched(forever, 20, work).await?;
+            return Ok(());
+        }
         if !pause {
             consumer.run(forever, work).await?;
             return Ok(());

@@ -1,10 +1,10 @@
 //! The RabbitMQ consumer and publisher against the real broker, with the keys on each real
-//! database: failures retried then dead-lettered, batches, two worker processes on one
-//! queue, and the relay publishing outbox rows. The proofs every broker shares are in
-//! `broker`.
+//! database: failures retried then dead-lettered, two worker processes on one queue, and
+//! the relay publishing outbox rows. The proofs every broker shares, and those of batches,
+//! are in `broker`.
 
-use super::broker::TestBroker;
-use super::{on_every_database, run_until};
+use super::broker::{Batching, TestBroker};
+use super::on_every_database;
 use justonce_sql::{Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
 use justonce_transport::ConsumerStats;
@@ -13,17 +13,13 @@ use justonce_transport::{ATTEMPT_HEADER, REASON_HEADER};
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeleteOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 on_every_database!(
     failing_work_is_retried_then_dead_lettered,
     a_message_without_a_key_is_dead_lettered,
     run_stops_on_shutdown_after_settling_what_it_took,
     ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each,
-    a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
-    a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
     the_relay_publishes_rows_with_their_key_as_message_id,
 );
 
@@ -294,125 +290,14 @@ async fn ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each<DB
 }
 
 /// Waits until the effect table holds `effects` rows, for at most a minute.
-async fn await_effects<DB: TestBackend>(db: &TestDb<DB>, effects: i64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while db.rows("effects").await < effects {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {effects} effects after a minute",
-            db.rows("effects").await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+impl Batching for Queue {
+    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> AmqpConsumer<DB> {
+        connect(db, self, |options| options.prefetch(64).max_attempts(2)).await
     }
-}
 
-async fn a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others<DB: TestBackend>(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let queue = Queue::new(&db).await;
-    let consumer = connect(&db, &queue, |options| options.prefetch(64).max_attempts(2)).await;
-    // 40 keys, 10 of them twice, one that fails once and one that always fails, mixed in.
-    for n in 0..50 {
-        queue.publish(&format!("order:{}", n % 40), b"x").await;
-        if n == 10 {
-            queue.publish("fail1:order", b"fails once").await;
-        }
-        if n == 30 {
-            queue.publish("bad:order", b"always fails").await;
-        }
+    async fn dead_letters(&self) -> u64 {
+        u64::from(self.ready_in(&self.dead()).await)
     }
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = async {
-        consumer
-            .run_batched(stopped, 20, consumer_work::<DB>(&db.prefix))
-            .await
-    };
-    let dead = queue.dead();
-    let waiting = async {
-        await_effects(&db, 41).await;
-        while queue.ready_in(&dead).await == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        stop.send(()).unwrap();
-    };
-    let (stats, ()) = tokio::join!(running, waiting);
-    let stats = stats.unwrap();
-    assert_eq!(stats.processed, 41, "40 keys and the one that failed once");
-    assert_eq!(stats.dead_lettered, 1);
-    assert_eq!(db.rows("effects").await, 41);
-    assert_eq!(db.doubled_effects().await, 0);
-    assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
-    consumer.close().await.unwrap();
-    assert_queue_empty(&queue).await;
-    queue.delete().await;
-    db.cleanup().await;
-}
-
-/// A batch worker killed while a message in the middle of its batch runs, with the work of
-/// the ones before it written in the batch's open transaction: nothing of the batch was
-/// committed, and its redelivery takes effect once per key.
-async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing<
-    DB: TestBackend,
->(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let queue = Queue::new(&db).await;
-    let consumer = connect(&db, &queue, |options| options.prefetch(64)).await;
-    for n in 0..20 {
-        queue.publish(&format!("order:{n}"), b"x").await;
-        if n == 9 {
-            queue.publish("hang:order", b"the failpoint").await;
-        }
-    }
-    let mut batcher = tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
-        .args([
-            &db.url,
-            &db.prefix,
-            &amqp_url(),
-            &queue.name,
-            "consumer",
-            "run-batched",
-        ])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start broker-worker");
-    let mut lines = BufReader::new(batcher.stdout.take().unwrap()).lines();
-    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the worker reaches the failpoint within 30 s")
-        .unwrap();
-    assert_eq!(said.as_deref(), Some("hanging hang:order"));
-    assert_eq!(
-        db.rows("effects").await,
-        0,
-        "nothing of the batch committed"
-    );
-    batcher.kill().await.expect("SIGKILL the worker");
-
-    let dead = queue.dead();
-    let stats = run_until(
-        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
-        || async { db.rows("effects").await == 21 && queue.ready().await == 0 },
-    )
-    .await;
-    assert_eq!(
-        stats.processed, 21,
-        "the whole batch again, the failpoint passed"
-    );
-    assert_eq!(db.doubled_effects().await, 0);
-    assert_eq!(queue.ready_in(&dead).await, 0);
-    consumer.close().await.unwrap();
-    queue.delete().await;
-    db.cleanup().await;
-}
-
-/// After the consumer closed, nothing is left in the queue: every delivery was settled.
-async fn assert_queue_empty(queue: &Queue) {
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(queue.ready().await, 0);
 }
 
 impl TestBroker for Queue {

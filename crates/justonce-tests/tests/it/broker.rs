@@ -104,6 +104,45 @@ where
     stats
 }
 
+/// A broker whose consumer claims what has arrived in batches.
+pub(crate) trait Batching: TestBroker {
+    /// A consumer that takes up to 64 messages ahead and gives failed work 2 attempts.
+    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> Self::Consumer<DB>;
+
+    /// How many messages the dead-letter queue or stream holds.
+    async fn dead_letters(&self) -> u64;
+}
+
+/// What a batching consumer offers: running the tests' work in batches until stopped.
+pub(crate) trait ConsumeBatches<DB: TestBackend> {
+    async fn run_batches(
+        &self,
+        db: &TestDb<DB>,
+        stopped: tokio::sync::oneshot::Receiver<()>,
+        batch_size: usize,
+    ) -> Result<ConsumerStats, justonce_transport::Error>;
+}
+
+macro_rules! consume_batches {
+    ($($consumer:ty),* $(,)?) => {$(
+        impl<DB: TestBackend> ConsumeBatches<DB> for $consumer {
+            async fn run_batches(
+                &self,
+                db: &TestDb<DB>,
+                stopped: tokio::sync::oneshot::Receiver<()>,
+                batch_size: usize,
+            ) -> Result<ConsumerStats, justonce_transport::Error> {
+                self.run_batched(stopped, batch_size, consumer_work::<DB>(&db.prefix)).await
+            }
+        }
+    )*};
+}
+
+consume_batches!(
+    justonce_transport::amqp::AmqpConsumer<DB>,
+    justonce_transport::nats::NatsConsumer<DB>,
+);
+
 /// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
 pub(crate) async fn consume_until<DB, F, Fut>(
     db: &TestDb<DB>,
@@ -165,6 +204,14 @@ on_brokers!(competing: [
     redis = crate::redis_streams::Stream,
 ] (
     two_consumer_processes_on_one_queue_take_effect_once_each,
+));
+
+on_brokers!(batched: [
+    amqp = crate::amqp::Queue,
+    nats = crate::nats::Stream,
+] (
+    a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
+    a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
 ));
 
 fn worker<B: TestBroker, DB: TestBackend>(
@@ -298,6 +345,91 @@ async fn two_consumer_processes_on_one_queue_take_effect_once_each<
     }
     assert_eq!(db.rows("effects").await, 400, "effects = distinct keys");
     assert_eq!(db.doubled_effects().await, 0);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+async fn a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+    B::Consumer<DB>: ConsumeBatches<DB>,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    // 40 keys, 10 of them twice, one that fails once and one that always fails, mixed in.
+    let mut keys = Vec::new();
+    for n in 0..50 {
+        keys.push(format!("order:{}", n % 40));
+        match n {
+            10 => keys.push("fail1:order".to_owned()),
+            30 => keys.push("bad:order".to_owned()),
+            _ => {}
+        }
+    }
+    broker.publish(&keys).await;
+    let consumer = broker.connect_for_batches(&db).await;
+    let stats = run_until(
+        |stopped| consumer.run_batches(&db, stopped, 20),
+        || async {
+            db.rows("effects").await == 41
+                && broker.dead_letters().await == 1
+                && broker.settled(&db).await
+        },
+    )
+    .await;
+    assert_eq!(stats.processed, 41, "40 keys and the one that failed once");
+    assert_eq!(stats.dead_lettered, 1);
+    assert_eq!(db.rows("effects").await, 41);
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// A batch worker killed while a message in the middle of its batch runs, with the work of
+/// the ones before it written in the batch's open transaction: nothing of the batch was
+/// committed, and its redelivery takes effect once per key.
+async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing<B, DB>(
+    test: &str,
+) where
+    B: Batching,
+    DB: TestBackend,
+    B::Consumer<DB>: ConsumeBatches<DB>,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let mut keys: Vec<String> = (0..20).map(|n| format!("order:{n}")).collect();
+    keys.insert(10, "hang:order".to_owned());
+    broker.publish(&keys).await;
+    let mut batcher = worker(&db, &broker, "run-batched");
+    let mut lines = BufReader::new(batcher.stdout.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the worker reaches the failpoint within 30 s")
+        .unwrap();
+    assert_eq!(said.as_deref(), Some("hanging hang:order"));
+    assert_eq!(
+        db.rows("effects").await,
+        0,
+        "nothing of the batch committed"
+    );
+    batcher.kill().await.expect("SIGKILL the worker");
+
+    let consumer = broker.connect_for_batches(&db).await;
+    let stats = run_until(
+        |stopped| consumer.run_batches(&db, stopped, 20),
+        || async { db.rows("effects").await == 21 && broker.settled(&db).await },
+    )
+    .await;
+    assert_eq!(
+        stats.processed, 21,
+        "the whole batch again, the failpoint passed"
+    );
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(broker.dead_letters().await, 0);
+    drop(consumer);
     broker.delete().await;
     db.cleanup().await;
 }

@@ -3,7 +3,7 @@
 //! durable consumer, and the relay's publisher deduplicated by the stream. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{TestBroker, consume_until, read_to_end};
+use super::broker::{Batching, TestBroker, consume_until, read_to_end};
 use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
@@ -196,6 +196,21 @@ async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: Test
     );
     stream.delete().await;
     db.cleanup().await;
+}
+
+impl Batching for Stream {
+    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> NatsConsumer<DB> {
+        let options = options(self)
+            .ack_wait(Duration::from_secs(1))
+            .max_attempts(2);
+        NatsConsumer::connect(&nats_url(), db.inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        self.messages_in(&format!("{}_DEAD", self.name)).await
+    }
 }
 
 impl TestBroker for Stream {
