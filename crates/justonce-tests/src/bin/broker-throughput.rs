@@ -1,15 +1,15 @@
 //! Messages per second through a broker consumer, one transaction per message and (on
-//! RabbitMQ) in batches, with a share of them repeated.
+//! RabbitMQ and NATS) in batches, with a share of them repeated.
 //!
-//! `broker-throughput [--broker amqp|nats|redis|mqtt] [--backend postgres|mysql|sqlite]
-//! [--messages N]
-//! [--duplicates PERCENT] [--batch N] [--json]`
+//! `broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt]
+//! [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] [--batch N] [--json]`
 //!
 //! The program publishes the messages to a fresh durable queue, file-stored stream or Redis
 //! stream and
 //! waits for the broker's confirms, then starts the clock and consumes them all: each
 //! message's key is claimed and one effect row written in a transaction, and the message
-//! acknowledged after the commit. With `--batch` (RabbitMQ), up to that many deliveries
+//! acknowledged after the commit; the single readers (`nats-reader`, `redis-reader`) store
+//! each entry's offset in that transaction instead. With `--batch` (RabbitMQ, NATS), up to that many deliveries
 //! share one claim statement and one transaction; on Redis, `--batch` is how many entries
 //! one read takes, each still in its own transaction. On MQTT the messages are published
 //! while they are consumed, never more than 500 ahead: Mosquitto drops what passes its
@@ -17,31 +17,45 @@
 //! rows equal distinct keys.
 
 use justonce_sql::Backend;
+use justonce_sql::Outcome;
 use justonce_tests::{StreamArgs, TestBackend, TestDb, amqp_url, consumer_work, publish_many};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
-use justonce_transport::nats::{NatsConsumer, NatsOptions};
+use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
-    BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamOptions,
+    BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
-use justonce_transport::{ConsumerStats, KeyFrom};
+use justonce_transport::{ConsumerStats, KeyFrom, Ran};
 use std::time::Instant;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let args = StreamArgs::from_args(10_000, 1, &["amqp", "nats", "redis", "mqtt"])
-        .filter(|args| matches!(args.broker.as_str(), "amqp" | "redis") || args.batch == 1);
+    let brokers = [
+        "amqp",
+        "nats",
+        "nats-reader",
+        "redis",
+        "redis-reader",
+        "mqtt",
+    ];
+    let args = StreamArgs::from_args(10_000, 1, &brokers).filter(|args| {
+        matches!(
+            args.broker.as_str(),
+            "amqp" | "nats" | "redis" | "redis-reader"
+        ) || args.batch == 1
+    });
     let Some(args) = args else {
         eprintln!(
-            "usage: broker-throughput [--broker amqp|nats|redis|mqtt] [--backend postgres|mysql|sqlite] \
-             [--messages N] [--duplicates PERCENT] [--batch N (amqp, redis)] [--json]"
+            "usage: broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt] \
+             [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] \
+             [--batch N (amqp, nats; reads on redis)] [--json]"
         );
         return std::process::ExitCode::from(2);
     };
-    let (per_second, stats) = if args.broker == "nats" {
+    let (per_second, stats) = if args.broker.starts_with("nats") {
         justonce_tests::with_backend!(args.backend, DB => measure_nats::<DB>(&args).await)
     } else if args.broker == "mqtt" {
         justonce_tests::with_backend!(args.backend, DB => measure_mqtt::<DB>(&args).await)
-    } else if args.broker == "redis" {
+    } else if args.broker.starts_with("redis") {
         justonce_tests::with_backend!(args.backend, DB => measure_redis::<DB>(&args).await)
     } else {
         justonce_tests::with_backend!(args.backend, DB => measure::<DB>(&args).await)
@@ -49,7 +63,7 @@ async fn main() -> std::process::ExitCode {
     let rss = justonce_tests::peak_rss_mib(None);
     let mode = match (args.batch, args.broker.as_str()) {
         (1, _) => "one by one".to_owned(),
-        (batch, "redis") => format!("reads of {batch}"),
+        (batch, "redis" | "redis-reader") => format!("reads of {batch}"),
         (batch, _) => format!("batches of {batch}"),
     };
     if args.json {
@@ -131,7 +145,7 @@ async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
     let url = std::env::var("JUSTONCE_TEST_NATS_URL")
         .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
     let options = NatsOptions::new(&stream, &stream).key_from(KeyFrom::Header("Order-Id".into()));
-    let consumer = NatsConsumer::connect(&url, db.inbox.clone(), options)
+    let consumer = NatsConsumer::connect(&url, db.inbox.clone(), options.clone())
         .await
         .expect("NATS");
     let jetstream = async_nats::jetstream::new(async_nats::connect(&url).await.expect("NATS"));
@@ -158,14 +172,33 @@ async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
     let work = consumer_work::<DB>(&db.prefix);
     let mut stats = ConsumerStats::default();
     let started = Instant::now();
-    let mut messages = consumer.messages().await.expect("consuming");
-    while ((stats.processed + stats.duplicates) as usize) < args.messages {
-        let message = messages.next().await.expect("a message").expect("a stream");
-        let ran = consumer.run_one(&message, &work).await;
-        consumer
-            .settle(&message, ran, &mut stats)
+    if args.broker == "nats-reader" {
+        let reader = NatsReader::connect(&url, db.inbox.clone(), options)
             .await
-            .expect("settled");
+            .expect("NATS");
+        let mut messages = reader.messages().await.expect("reading");
+        while ((stats.processed + stats.duplicates) as usize) < args.messages {
+            let message = messages.next().await.expect("a message").expect("a stream");
+            count(reader.run_one(&message, &work).await, &mut stats);
+        }
+    } else {
+        let mut messages = consumer.messages().await.expect("consuming");
+        while ((stats.processed + stats.duplicates) as usize) < args.messages {
+            let first = messages.next().await.expect("a message").expect("a stream");
+            if args.batch > 1 {
+                let batch = messages.more(first, args.batch).await.expect("a batch");
+                consumer
+                    .settle_batch(&batch, &work, &mut stats)
+                    .await
+                    .expect("settled");
+            } else {
+                let ran = consumer.run_one(&first, &work).await;
+                consumer
+                    .settle(&first, ran, &mut stats)
+                    .await
+                    .expect("settled");
+            }
+        }
     }
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     assert_eq!(
@@ -214,14 +247,27 @@ async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Co
     let work = consumer_work::<DB>(&db.prefix);
     let mut stats = ConsumerStats::default();
     let started = Instant::now();
-    let mut entries = consumer.entries();
-    while ((stats.processed + stats.duplicates) as usize) < args.messages {
-        for entry in entries.next().await.expect("entries") {
-            let ran = consumer.run_one(&entry, &work).await;
-            consumer
-                .settle(&entry, ran, &mut stats)
-                .await
-                .expect("settled");
+    if args.broker == "redis-reader" {
+        let options = RedisStreamOptions::new(&stream, "bench").count(args.batch.max(16));
+        let reader = RedisStreamReader::connect(&url, db.inbox.clone(), options)
+            .await
+            .expect("Redis");
+        let mut entries = reader.entries().await.expect("reading");
+        while ((stats.processed + stats.duplicates) as usize) < args.messages {
+            for entry in entries.next().await.expect("entries") {
+                count(reader.run_one(&entry, &work).await, &mut stats);
+            }
+        }
+    } else {
+        let mut entries = consumer.entries();
+        while ((stats.processed + stats.duplicates) as usize) < args.messages {
+            for entry in entries.next().await.expect("entries") {
+                let ran = consumer.run_one(&entry, &work).await;
+                consumer
+                    .settle(&entry, ran, &mut stats)
+                    .await
+                    .expect("settled");
+            }
         }
     }
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
@@ -237,6 +283,15 @@ async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Co
         .expect("stream deleted");
     db.cleanup().await;
     (per_second, stats)
+}
+
+/// Counts what a single reader's run of one entry came to; the bench's work never fails.
+fn count<E: std::fmt::Debug>(ran: Ran<E>, stats: &mut ConsumerStats) {
+    match ran {
+        Ran::Outcome(Outcome::Processed(())) => stats.processed += 1,
+        Ran::Outcome(_) => stats.duplicates += 1,
+        other => panic!("the bench's work failed: {other:?}"),
+    }
 }
 
 async fn measure_mqtt<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
