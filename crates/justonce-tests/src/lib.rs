@@ -3,10 +3,12 @@
 //! shows as two rows.
 
 mod amqp;
+mod mqtt;
 mod redis;
 mod sink;
 
 pub use amqp::{amqp_url, publish_many};
+pub use mqtt::publish_while_consuming;
 pub use redis::{TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 
@@ -34,6 +36,14 @@ pub fn mqtt_url() -> String {
 /// receives what it left unacknowledged.
 pub fn mqtt_options(topic: &str) -> justonce_transport::mqtt::MqttOptions {
     justonce_transport::mqtt::MqttOptions::new(topic, format!("{topic}-c"))
+        .session_expiry(std::time::Duration::from_secs(300))
+}
+
+/// The settings of member `member` of the tests' shared subscription to `topic`: client
+/// `<topic>-m<member>` in group `test`.
+pub fn shared_mqtt_options(topic: &str, member: &str) -> justonce_transport::mqtt::MqttOptions {
+    justonce_transport::mqtt::MqttOptions::new(topic, format!("{topic}-m{member}"))
+        .shared("test")
         .session_expiry(std::time::Duration::from_secs(300))
 }
 

@@ -44,6 +44,7 @@ use justonce_core::{Delivered, Delivery, Destination, Key};
 use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, EventLoop};
 use std::future::Future;
@@ -63,6 +64,7 @@ const BROKER_ANSWER: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct MqttOptions {
     topic: String,
+    shared_group: Option<String>,
     client_id: String,
     key_from: KeyFrom,
     max_attempts: u32,
@@ -80,6 +82,7 @@ impl MqttOptions {
         let client_id = client_id.into();
         Self {
             topic: topic.into(),
+            shared_group: None,
             dead_letter_topic: format!("justonce/dead/{client_id}"),
             client_id,
             key_from: KeyFrom::MessageId,
@@ -101,6 +104,24 @@ impl MqttOptions {
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
         self
+    }
+
+    /// Shares the topic's messages among the consumers of `group` (an MQTT 5 shared
+    /// subscription, `$share/<group>/<topic>`): each message goes to one of them. Each
+    /// consumer process needs a client id of its own. A message delivered to a consumer
+    /// that died waits in that consumer's session until its client id connects again; the
+    /// broker does not hand it to another member.
+    pub fn shared(mut self, group: impl Into<String>) -> Self {
+        self.shared_group = Some(group.into());
+        self
+    }
+
+    /// The filter subscribed to: the topic, or its shared subscription.
+    fn subscription(&self) -> String {
+        match &self.shared_group {
+            Some(group) => format!("$share/{group}/{}", self.topic),
+            None => self.topic.clone(),
+        }
     }
 
     /// How long the broker keeps the session, and the messages for it, while no consumer
@@ -130,8 +151,8 @@ enum Confirm {
     Sent(u16),
     /// The broker acknowledged the publish with this packet id.
     Acked(u16),
-    /// The broker acknowledged a subscription.
-    Subscribed,
+    /// The broker answered a subscription: granted at QoS 1 or more, or refused.
+    Subscribed(Result<(), String>),
     /// The connection failed, for this reason.
     Failed(String),
 }
@@ -230,7 +251,21 @@ async fn drive(
             Ok(Event::Incoming(Packet::PubAck(ack))) => {
                 confirms.send(Confirm::Acked(ack.pkid)).is_ok()
             }
-            Ok(Event::Incoming(Packet::SubAck(_))) => confirms.send(Confirm::Subscribed).is_ok(),
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                // QoS 0 granted would be at most once: as bad as a refusal.
+                let granted = ack.return_codes.iter().all(|code| {
+                    matches!(
+                        code,
+                        SubscribeReasonCode::Success(QoS::AtLeastOnce | QoS::ExactlyOnce)
+                    )
+                });
+                let answer = if granted {
+                    Ok(())
+                } else {
+                    Err(format!("the broker answered {:?}", ack.return_codes))
+                };
+                confirms.send(Confirm::Subscribed(answer)).is_ok()
+            }
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
                 confirms.send(Confirm::Sent(pkid)).is_ok()
             }
@@ -268,16 +303,21 @@ impl<DB: Backend> MqttConsumer<DB> {
     /// session and subscribes to the topic at QoS 1, waiting for the broker's answer.
     pub async fn connect(url: &str, inbox: Inbox<DB>, options: MqttOptions) -> Result<Self, Error> {
         let connection = Connection::open(url, &options.client_id, Some(options.session_expiry))?;
+        let subscription = options.subscription();
         connection
             .client
-            .subscribe(options.topic.clone(), QoS::AtLeastOnce)
+            .subscribe(subscription.clone(), QoS::AtLeastOnce)
             .await
             .map_err(broker)?;
         let subscribed = tokio::time::timeout(BROKER_ANSWER, async {
             let mut confirms = connection.confirms.lock().await;
             loop {
                 match confirms.recv().await {
-                    Some(Confirm::Subscribed) => return Ok(()),
+                    Some(Confirm::Subscribed(answer)) => {
+                        return answer.map_err(|reason| {
+                            Error::Config(format!("subscribing to {subscription}: {reason}"))
+                        });
+                    }
                     Some(Confirm::Failed(reason)) => return Err(Error::Broker(reason.into())),
                     Some(_) => {}
                     None => return Err(Error::Broker("the connection closed".into())),

@@ -16,8 +16,7 @@
 //! queue of 1,000 per session, and the clock runs from the first publish. Before it prints, it checks that effect
 //! rows equal distinct keys.
 
-use justonce_sql::Backend;
-use justonce_sql::Outcome;
+use justonce_sql::{Backend, Outcome};
 use justonce_tests::{StreamArgs, TestBackend, TestDb, amqp_url, consumer_work, publish_many};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
@@ -295,9 +294,7 @@ fn count<E: std::fmt::Debug>(ran: Ran<E>, stats: &mut ConsumerStats) {
 }
 
 async fn measure_mqtt<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
-    use justonce_sql::{Delivered, Delivery, Destination};
-    use justonce_transport::mqtt::{MqttConsumer, MqttDestination};
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use justonce_transport::mqtt::MqttConsumer;
 
     let db = TestDb::<DB>::new("mqtt-throughput").await;
     let topic = format!("{}bench", db.prefix);
@@ -306,42 +303,16 @@ async fn measure_mqtt<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
         MqttConsumer::connect(&url, db.inbox.clone(), justonce_tests::mqtt_options(&topic))
             .await
             .expect("MQTT");
-    let publisher = MqttDestination::new(&url, &topic, &format!("{topic}-p")).expect("an MQTT URL");
     let distinct = args.distinct();
-    let settled = AtomicU64::new(0);
     let started = Instant::now();
-    let publishing = async {
-        for n in 0..args.messages {
-            while n as u64 >= settled.load(Ordering::Relaxed) + 500 {
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-            }
-            let key = format!("order:{}", n % distinct);
-            let delivery = Delivery {
-                id: n as i64,
-                key: &key,
-                destination: "bench",
-                payload: key.as_bytes(),
-                headers: &[],
-                attempt: 1,
-            };
-            assert_eq!(publisher.deliver(delivery).await, Delivered::Sent);
-        }
-    };
-    let consuming = async {
-        let work = consumer_work::<DB>(&db.prefix);
-        let mut stats = ConsumerStats::default();
-        while ((stats.processed + stats.duplicates) as usize) < args.messages {
-            let message = consumer.next().await.expect("a message");
-            let ran = consumer.run_one(&message, &work).await;
-            consumer
-                .settle(&message, ran, &mut stats)
-                .await
-                .expect("settled");
-            settled.store(stats.processed + stats.duplicates, Ordering::Relaxed);
-        }
-        stats
-    };
-    let ((), stats) = tokio::join!(publishing, consuming);
+    let stats = justonce_tests::publish_while_consuming(
+        &db.prefix,
+        &consumer,
+        &topic,
+        args.messages,
+        distinct,
+    )
+    .await;
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     assert_eq!(
         db.rows("effects").await,

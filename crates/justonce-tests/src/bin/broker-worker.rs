@@ -9,12 +9,14 @@
 //! Redis stream of that name, read in group `test` (the key is the `key` field), or the
 //! MQTT topic of that name, on the persistent session of client `<queue>-c` (the key is the
 //! `key` user property). `kind` is `consumer`, or `reader` for the single readers of NATS and
-//! Redis, which keep their offset in the database. `pause-after-commit`: takes one message, runs its work and commits, prints
+//! Redis, which keep their offset in the database, or `member-<n>` for a consumer that shares
+//! the queue with others: on MQTT, client `<queue>-m<n>` in the shared subscription of group
+//! `test`; elsewhere a plain consumer. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed. `run-batched` (RabbitMQ, NATS): the same in batches of 20.
 
 use justonce_sql::{Consumer, Inbox, Options};
-use justonce_tests::{TestBackend, consumer_work, mqtt_options};
+use justonce_tests::{TestBackend, consumer_work, mqtt_options, shared_mqtt_options};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
@@ -34,8 +36,7 @@ async fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     };
-    let reader = kind == "reader";
-    let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, broker, queue, reader, mode).await);
+    let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, broker, queue, kind, mode).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -50,9 +51,10 @@ async fn work<DB: TestBackend>(
     prefix: &str,
     broker: &str,
     queue: &str,
-    reader: bool,
+    kind: &str,
     mode: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let reader = kind == "reader";
     let inbox = Inbox::<DB>::connect_with(
         url,
         Consumer::new("test")?,
@@ -63,7 +65,11 @@ async fn work<DB: TestBackend>(
     let forever = std::future::pending::<()>();
     let pause = mode == "pause-after-commit";
     if broker.starts_with("mqtt:") {
-        let consumer = MqttConsumer::connect(broker, inbox, mqtt_options(queue)).await?;
+        let options = match kind.strip_prefix("member-") {
+            Some(member) => shared_mqtt_options(queue, member),
+            None => mqtt_options(queue),
+        };
+        let consumer = MqttConsumer::connect(broker, inbox, options).await?;
         if !pause {
             consumer.run(forever, work).await?;
             return Ok(());

@@ -30,6 +30,14 @@ pub(crate) trait TestBroker: Sized {
     /// consumers (a session or group made), with no consumer connected.
     async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self;
 
+    /// The queue opened for two consumer processes that share its messages: [`open`], and on
+    /// MQTT their sessions in one shared subscription.
+    ///
+    /// [`open`]: TestBroker::open
+    async fn open_shared<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        Self::open(db).await
+    }
+
     /// The name a worker process consumes.
     fn name(&self) -> &str;
 
@@ -197,11 +205,11 @@ on_brokers!(every: [
     a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
 ));
 
-// MQTT consumers do not compete in this version: that needs shared subscriptions.
 on_brokers!(competing: [
     amqp = crate::amqp::Queue,
     nats = crate::nats::Stream,
     redis = crate::redis_streams::Stream,
+    mqtt = crate::mqtt::Topic,
 ] (
     two_consumer_processes_on_one_queue_take_effect_once_each,
 ));
@@ -214,6 +222,7 @@ on_brokers!(batched: [
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
 ));
 
+/// A worker process: a consumer, or the reader of a broker that keeps its offset.
 fn worker<B: TestBroker, DB: TestBackend>(
     db: &TestDb<DB>,
     broker: &B,
@@ -224,6 +233,15 @@ fn worker<B: TestBroker, DB: TestBackend>(
     } else {
         "consumer"
     };
+    spawn_worker(db, broker, kind, mode)
+}
+
+fn spawn_worker<B: TestBroker, DB: TestBackend>(
+    db: &TestDb<DB>,
+    broker: &B,
+    kind: &str,
+    mode: &str,
+) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
         .args([&db.url, &db.prefix, &B::url(), broker.name(), kind, mode])
         .stdout(Stdio::piped())
@@ -289,8 +307,7 @@ async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<
 
 /// The test's queue with 500 messages for 400 keys published: within Mosquitto's default
 /// of 1,000 queued per session.
-async fn with_repeats<B: TestBroker, DB: TestBackend>(db: &TestDb<DB>) -> B {
-    let broker = B::open(db).await;
+async fn with_repeats<B: TestBroker>(broker: B) -> B {
     let keys: Vec<String> = (0..500).map(|n| format!("order:{}", n % 400)).collect();
     broker.publish(&keys).await;
     broker
@@ -303,7 +320,7 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<
     test: &str,
 ) {
     let db = TestDb::<DB>::new(test).await;
-    let broker = with_repeats::<B, DB>(&db).await;
+    let broker = with_repeats(B::open(&db).await).await;
     let mut random = Xorshift::from_clock();
     for _ in 0..20 {
         let mut running = worker(&db, &broker, "run");
@@ -330,8 +347,9 @@ async fn two_consumer_processes_on_one_queue_take_effect_once_each<
     test: &str,
 ) {
     let db = TestDb::<DB>::new(test).await;
-    let broker = with_repeats::<B, DB>(&db).await;
-    let mut workers = [worker(&db, &broker, "run"), worker(&db, &broker, "run")];
+    let broker = with_repeats(B::open_shared(&db).await).await;
+    let mut workers =
+        [1, 2].map(|member| spawn_worker(&db, &broker, &format!("member-{member}"), "run"));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while db.rows("effects").await < 400 || !broker.settled(&db).await {
         assert!(

@@ -5,7 +5,9 @@
 use super::broker::TestBroker;
 use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Key};
-use justonce_tests::{TestBackend, TestDb, consumer_work, mqtt_options, mqtt_url};
+use justonce_tests::{
+    TestBackend, TestDb, consumer_work, mqtt_options, mqtt_url, shared_mqtt_options,
+};
 use justonce_transport::mqtt::{KEY_PROPERTY, Message, MqttConsumer, MqttDestination};
 use justonce_transport::{ConsumerStats, REASON_HEADER};
 use rumqttc::v5::mqttbytes::QoS;
@@ -13,6 +15,7 @@ use rumqttc::v5::mqttbytes::v5::Packet;
 use std::time::Duration;
 
 on_every_database!(
+    ten_thousand_messages_a_fifth_repeated_take_effect_once_per_key,
     failing_work_is_published_again_then_dead_lettered,
     the_relay_publishes_with_its_key,
 );
@@ -101,6 +104,23 @@ async fn subscriber(topic: &str) -> tokio::sync::mpsc::UnboundedReceiver<Message
         .expect("subscribed within 10 s")
         .unwrap();
     messages
+}
+
+/// Published while consumed: Mosquitto keeps at most 1,000 messages per session.
+async fn ten_thousand_messages_a_fifth_repeated_take_effect_once_per_key<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = topic(&db);
+    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), mqtt_options(&topic))
+        .await
+        .unwrap();
+    let stats =
+        justonce_tests::publish_while_consuming(&db.prefix, &consumer, &topic, 10_000, 8_000).await;
+    assert_eq!((stats.processed, stats.duplicates), (8_000, 2_000));
+    assert_eq!(db.rows("effects").await, 8_000, "effects = distinct keys");
+    assert_eq!(db.doubled_effects().await, 0);
+    db.cleanup().await;
 }
 
 async fn failing_work_is_published_again_then_dead_lettered<DB: TestBackend>(test: &str) {
@@ -208,6 +228,19 @@ impl TestBroker for Topic {
         // Makes the session and its subscription, then leaves, so that messages published
         // next wait in the broker for the session's client.
         drop(TestBroker::connect(&topic, db).await);
+        topic
+    }
+
+    async fn open_shared<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let topic = Topic { name: topic(db) };
+        for member in ["1", "2"] {
+            let options = shared_mqtt_options(&topic.name, member);
+            drop(
+                MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), options)
+                    .await
+                    .unwrap(),
+            );
+        }
         topic
     }
 

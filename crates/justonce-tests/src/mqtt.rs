@@ -1,0 +1,59 @@
+//! Many messages through Mosquitto, which drops what passes its queue of 1,000 per session.
+
+use crate::{TestBackend, consumer_work};
+use justonce_sql::{Delivered, Delivery, Destination};
+use justonce_transport::ConsumerStats;
+use justonce_transport::mqtt::{MqttConsumer, MqttDestination};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Publishes `count` messages for keys `order:0` to `order:<distinct - 1>` in turn to `topic`
+/// while `consumer` runs the tests' work for each, never more than 500 ahead of it, and
+/// returns what the consumer counted.
+pub async fn publish_while_consuming<DB: TestBackend>(
+    prefix: &str,
+    consumer: &MqttConsumer<DB>,
+    topic: &str,
+    count: usize,
+    distinct: usize,
+) -> ConsumerStats {
+    let url = crate::mqtt_url();
+    let publisher = MqttDestination::new(&url, topic, &format!("{topic}-p")).expect("an MQTT URL");
+    let settled = AtomicU64::new(0);
+    let publishing = async {
+        for n in 0..count {
+            while n as u64 >= settled.load(Ordering::Relaxed) + 500 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            let key = format!("order:{}", n % distinct);
+            let delivery = Delivery {
+                id: n as i64,
+                key: &key,
+                destination: "orders",
+                payload: key.as_bytes(),
+                headers: &[],
+                attempt: 1,
+            };
+            assert_eq!(
+                publisher.deliver(delivery).await,
+                Delivered::Sent,
+                "MQTT at {url}"
+            );
+        }
+    };
+    let consuming = async {
+        let work = consumer_work::<DB>(prefix);
+        let mut stats = ConsumerStats::default();
+        while ((stats.processed + stats.duplicates) as usize) < count {
+            let message = consumer.next().await.expect("a message");
+            let ran = consumer.run_one(&message, &work).await;
+            consumer
+                .settle(&message, ran, &mut stats)
+                .await
+                .expect("settled");
+            settled.store(stats.processed + stats.duplicates, Ordering::Relaxed);
+        }
+        stats
+    };
+    let ((), stats) = tokio::join!(publishing, consuming);
+    stats
+}
