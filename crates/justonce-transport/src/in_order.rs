@@ -172,18 +172,6 @@ pub(crate) async fn stored_offset<DB: Backend>(
         .map(|(_, offset)| offset))
 }
 
-/// Counts an entry's outcome in `stats`.
-pub(crate) fn count(outcome: &Outcome<()>, stats: &mut ConsumerStats) {
-    match outcome {
-        Outcome::Processed(()) => stats.processed += 1,
-        Outcome::Duplicate => stats.duplicates += 1,
-        Outcome::KeyReused { .. } => {
-            tracing::warn!("the same key with another payload: skipped");
-            stats.key_reused += 1;
-        }
-    }
-}
-
 /// 1 s after the first failure, doubling to at most a minute.
 pub(crate) fn retry_delay(attempt: u32) -> Duration {
     Duration::from_secs(1 << attempt.saturating_sub(1).min(6)).min(Duration::from_secs(60))

@@ -108,7 +108,7 @@ impl<E> Ran<E> {
 
 /// Claims the keys of `batch` with one statement and runs the work of each first claim, in
 /// one transaction; what each message came to, in order. Any failure rolls it all back.
-#[cfg(any(feature = "amqp", feature = "nats"))]
+#[cfg(any(feature = "amqp", feature = "nats", feature = "redis"))]
 pub(crate) async fn commit_batch<DB, F, E>(
     inbox: &justonce_sql::Inbox<DB>,
     batch: &[&Incoming],
@@ -155,6 +155,19 @@ where
             Claim::KeyReused { stored, received } => Outcome::KeyReused { stored, received },
         })
         .collect())
+}
+
+/// Counts a delivery's outcome in `stats`.
+#[cfg(any(feature = "nats", feature = "redis"))]
+pub(crate) fn count(outcome: &Outcome<()>, stats: &mut ConsumerStats) {
+    match outcome {
+        Outcome::Processed(()) => stats.processed += 1,
+        Outcome::Duplicate => stats.duplicates += 1,
+        Outcome::KeyReused { .. } => {
+            tracing::warn!("the same key with another payload: skipped");
+            stats.key_reused += 1;
+        }
+    }
 }
 
 /// A publisher's answer to the relay: sent, or to be tried again for `reason`.

@@ -589,7 +589,7 @@ impl<DB: Backend> NatsReader<DB> {
         .await;
         match ran {
             Ran::Outcome(outcome) => {
-                in_order::count(&outcome, stats);
+                crate::count(&outcome, stats);
                 unstored.after(&outcome, offset);
             }
             Ran::Work(error) => {

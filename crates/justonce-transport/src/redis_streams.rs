@@ -43,7 +43,7 @@ use crate::{
     in_order, truncate,
 };
 use justonce_core::{Delivered, Delivery, Destination, Key};
-use justonce_sql::{Backend, Inbox, Offset, Outcome, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Offset, WorkFuture, sqlx};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
@@ -214,6 +214,26 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        self.run_batched(shutdown, 1, work).await
+    }
+
+    /// Like [`RedisStreamConsumer::run`], with the entries of one read, up to `batch_size`
+    /// at a time, claimed with one statement and worked in one transaction, then
+    /// acknowledged with one `XACK` after its commit; a `batch_size` of 1 is
+    /// [`RedisStreamConsumer::run`]. If any work in a batch fails, the batch rolls back
+    /// and its entries are run one by one, so that one failing entry neither loses nor
+    /// doubles the others. A read takes up to [`RedisStreamOptions::count`] entries: set it
+    /// to at least `batch_size`.
+    pub async fn run_batched<F, E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: F,
+    ) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let mut stats = ConsumerStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
         let mut entries = self.entries();
@@ -222,6 +242,12 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
                 _ = &mut shutdown => break,
                 next = entries.next() => next?,
             };
+            if batch_size > 1 {
+                for batch in next.chunks(batch_size) {
+                    self.settle_batch(batch, &work, &mut stats).await?;
+                }
+                continue;
+            }
             for entry in next {
                 let ran = self.run_one(&entry, &work).await;
                 let paused = matches!(ran, Ran::Store(_));
@@ -233,6 +259,56 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
             }
         }
         Ok(stats)
+    }
+
+    /// Claims the keys of `batch` with one statement, runs the work of each first claim in
+    /// one transaction, and acknowledges them all with one `XACK` after its commit; if any
+    /// work fails, rolls back and runs and settles the entries one by one.
+    pub async fn settle_batch<F, E>(
+        &self,
+        batch: &[Entry],
+        work: &F,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let (keyed, unkeyed): (Vec<_>, Vec<_>) = batch
+            .iter()
+            .map(|entry| (entry, self.incoming(entry)))
+            .partition(|(_, incoming)| incoming.is_ok());
+        let incoming: Vec<&Incoming> = keyed
+            .iter()
+            .filter_map(|(_, incoming)| incoming.as_ref().ok())
+            .collect();
+        let one_by_one = match crate::commit_batch(&self.inbox, &incoming, work).await {
+            Ok(outcomes) => {
+                for outcome in &outcomes {
+                    crate::count(outcome, stats);
+                }
+                metrics::counter!("justonce_deliveries_consumed_total", "broker" => "redis")
+                    .increment(outcomes.len() as u64);
+                let ids: Vec<&str> = keyed.iter().map(|(entry, _)| entry.id()).collect();
+                if !ids.is_empty() {
+                    let mut redis = self.redis.clone();
+                    let _: usize = redis
+                        .xack(&self.options.stream, &self.options.group, &ids)
+                        .await
+                        .map_err(broker)?;
+                }
+                unkeyed
+            }
+            Err(error) => {
+                tracing::debug!(%error, "a batch failed: running its entries one by one");
+                keyed.into_iter().chain(unkeyed).collect()
+            }
+        };
+        for (entry, _) in one_by_one {
+            let ran = self.run_one(entry, work).await;
+            self.settle(entry, ran, stats).await?;
+        }
+        Ok(())
     }
 
     /// The entries in reads of up to [`RedisStreamOptions::count`], for callers that run
@@ -251,25 +327,29 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let body = entry.field(BODY_FIELD).unwrap_or_default();
-        let key = match key_of(&self.options.key_from, entry, &body) {
-            Ok(key) => key,
+        let incoming = match self.incoming(entry) {
+            Ok(incoming) => incoming,
             Err(reason) => return Ran::NoKey(reason),
-        };
-        let incoming = Incoming {
-            key,
-            body,
-            attempt: entry.attempt,
-            redelivered: entry.attempt > 1,
-            content_type: entry
-                .field(CONTENT_TYPE_FIELD)
-                .and_then(|bytes| String::from_utf8(bytes).ok()),
         };
         let run = self
             .inbox
             .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
             .await;
         Ran::of(run)
+    }
+
+    /// What the work of an entry sees, or why it has no key.
+    fn incoming(&self, entry: &Entry) -> Result<Incoming, String> {
+        let body = entry.field(BODY_FIELD).unwrap_or_default();
+        Ok(Incoming {
+            key: key_of(&self.options.key_from, entry, &body)?,
+            body,
+            attempt: entry.attempt,
+            redelivered: entry.attempt > 1,
+            content_type: entry
+                .field(CONTENT_TYPE_FIELD)
+                .and_then(|bytes| String::from_utf8(bytes).ok()),
+        })
     }
 
     /// Acknowledges, leaves pending for another attempt, or dead-letters the entry as
@@ -284,17 +364,7 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
         let attempt = entry.attempt;
         match ran {
             Ran::Outcome(outcome) => {
-                match outcome {
-                    Outcome::Processed(()) => stats.processed += 1,
-                    Outcome::Duplicate => stats.duplicates += 1,
-                    Outcome::KeyReused { .. } => {
-                        tracing::warn!(
-                            id = entry.id(),
-                            "the same key with another payload: skipped"
-                        );
-                        stats.key_reused += 1;
-                    }
-                }
+                crate::count(&outcome, stats);
                 self.ack(entry).await
             }
             Ran::Work(error) if attempt < self.options.max_attempts => {
@@ -519,7 +589,7 @@ impl<DB: Backend> RedisStreamReader<DB> {
         .await;
         match ran {
             Ran::Outcome(outcome) => {
-                in_order::count(&outcome, stats);
+                crate::count(&outcome, stats);
                 unstored.after(&outcome, offset);
                 Ok(true)
             }

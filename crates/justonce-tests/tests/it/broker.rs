@@ -149,6 +149,7 @@ macro_rules! consume_batches {
 consume_batches!(
     justonce_transport::amqp::AmqpConsumer<DB>,
     justonce_transport::nats::NatsConsumer<DB>,
+    justonce_transport::redis_streams::RedisStreamConsumer<DB>,
 );
 
 /// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
@@ -217,6 +218,7 @@ on_brokers!(competing: [
 on_brokers!(batched: [
     amqp = crate::amqp::Queue,
     nats = crate::nats::Stream,
+    redis = crate::redis_streams::Stream,
 ] (
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,

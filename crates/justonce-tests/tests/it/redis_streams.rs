@@ -3,7 +3,7 @@
 //! dead-lettered, two workers in one group, and the relay's publisher. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{TestBroker, consume_until, read_to_end};
+use super::broker::{Batching, TestBroker, consume_until, read_to_end};
 use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work, redis_url};
@@ -243,6 +243,22 @@ async fn a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_move
     assert!(reason.contains("attempt 2: "), "{reason}");
     stream.delete().await;
     db.cleanup().await;
+}
+
+impl Batching for Stream {
+    async fn connect_for_batches<DB: TestBackend>(
+        &self,
+        db: &TestDb<DB>,
+    ) -> RedisStreamConsumer<DB> {
+        let options = options(self, "a").count(64).max_attempts(2);
+        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        self.length(&format!("{}.dead", self.name)).await as u64
+    }
 }
 
 impl TestBroker for Stream {
