@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
 
 /// Everything `serve` and the other commands need, checked. Not `Debug`: the database URL
 /// may hold a password.
@@ -74,7 +76,10 @@ impl Settings {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table of server, sources and consumers"
+)]
 struct RawConfig {
     #[serde(default)]
     server: RawServer,
@@ -85,7 +90,7 @@ struct RawConfig {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table of consumer settings")]
 struct RawConsumer {
     from: String,
     queue: Option<String>,
@@ -106,7 +111,7 @@ struct RawConsumer {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table of server settings")]
 struct RawServer {
     listen: Option<String>,
     admin_listen: Option<String>,
@@ -115,7 +120,7 @@ struct RawServer {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table of source settings")]
 struct RawSource {
     scheme: String,
     #[serde(default)]
@@ -162,84 +167,195 @@ const SOURCE_KEYS: [&str; 10] = [
 ];
 
 /// Reads `path` (absent is fine: every value has a default or comes from the environment),
-/// applies `JUSTONCE_*` overrides from `env`, and validates.
+/// applies `JUSTONCE_*` overrides from `env`, and validates. Every error names the file,
+/// the setting's dotted key with its line (or the variable that set it), and what was
+/// expected.
 pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
+    let file = path.display().to_string();
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+        Err(error) => return Err(error).with_context(|| format!("reading {file}")),
     };
-    let mut table: toml::Table =
-        toml::from_str(&text).with_context(|| format!("{} is not valid TOML", path.display()))?;
-    apply_env(&mut table, env);
-    let raw: RawConfig = table
-        .try_into()
-        .with_context(|| format!("in {}", path.display()))?;
-    validate(raw, env)
+    // A syntax error shows its line and column.
+    let mut document =
+        DeTable::parse(&text).with_context(|| format!("{file} is not valid TOML"))?;
+    let overrides = apply_env(document.get_mut(), env, text.len());
+    let origin = Origin {
+        text: &text,
+        document: document.get_ref().clone(),
+        overrides,
+    };
+    let raw = RawConfig::deserialize(toml::de::Deserializer::from(document))
+        .map_err(|error| origin.explain(&error))
+        .with_context(|| file.clone())?;
+    validate(raw, env, &origin).with_context(|| file)
 }
 
-/// `JUSTONCE_SERVER_<KEY>` and `JUSTONCE_SOURCES_<SOURCE>_<KEY>` (upper case, `-` as `_`)
-/// override the file. `secrets` takes a comma-separated list.
-fn apply_env(table: &mut toml::Table, env: &dyn Fn(&str) -> Option<String>) {
-    let variable = |path: &[&str]| {
-        format!("JUSTONCE_{}", path.join("_"))
+/// What names a setting in an error: the parsed file, for its lines, and the variables that
+/// overrode it.
+struct Origin<'i> {
+    text: &'i str,
+    document: DeTable<'i>,
+    /// The path of each overridden setting, with its variable.
+    overrides: BTreeMap<Vec<String>, String>,
+}
+
+impl Origin<'_> {
+    /// `sources.shop.retention (line 12)`, `... (from JUSTONCE_SOURCES_SHOP_RETENTION)`, or
+    /// the bare key for a default.
+    fn name(&self, path: &[&str]) -> String {
+        let key = path.join(".");
+        let path: Vec<String> = path.iter().map(|part| (*part).to_owned()).collect();
+        if let Some(variable) = self.overrides.get(&path) {
+            return format!("{key} (from {variable})");
+        }
+        match span_of(&self.document, &path) {
+            Some(span) => format!("{key} (line {})", self.line(span.start)),
+            None => key,
+        }
+    }
+
+    fn line(&self, offset: usize) -> usize {
+        let offset = offset.min(self.text.len());
+        self.text.as_bytes()[..offset]
+            .iter()
+            .filter(|byte| **byte == b'\n')
+            .count()
+            + 1
+    }
+
+    /// A deserialization error, named by the setting at its position.
+    fn explain(&self, error: &toml::de::Error) -> anyhow::Error {
+        let mut path = error
+            .span()
+            .map(|span| path_at(&self.document, span.start))
+            .unwrap_or_default();
+        let mut message = error.message().to_owned();
+        // serde words a missing field `missing field `NAME``: name it by its own key.
+        if let Some(field) = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.strip_suffix('`'))
+        {
+            path.push(field.to_owned());
+            message = "is required".to_owned();
+        }
+        if path.is_empty() {
+            return anyhow!("{message}");
+        }
+        let path: Vec<&str> = path.iter().map(String::as_str).collect();
+        anyhow!("{}: {message}", self.name(&path))
+    }
+}
+
+/// The span of the value at `path`.
+fn span_of(table: &DeTable<'_>, path: &[String]) -> Option<std::ops::Range<usize>> {
+    let (first, rest) = path.split_first()?;
+    let value = table.get(first.as_str())?;
+    match (rest.is_empty(), value.get_ref()) {
+        (true, _) => Some(value.span()),
+        (false, DeValue::Table(inner)) => span_of(inner, rest),
+        (false, _) => None,
+    }
+}
+
+/// The path of the innermost key whose key or value holds `offset`.
+fn path_at(table: &DeTable<'_>, offset: usize) -> Vec<String> {
+    for (key, value) in table {
+        if let DeValue::Table(inner) = value.get_ref() {
+            let inner_path = path_at(inner, offset);
+            if !inner_path.is_empty() {
+                return [vec![key.get_ref().to_string()], inner_path].concat();
+            }
+        }
+        if key.span().contains(&offset) || value.span().contains(&offset) {
+            return vec![key.get_ref().to_string()];
+        }
+    }
+    Vec::new()
+}
+
+/// `JUSTONCE_SERVER_<KEY>`, `JUSTONCE_SOURCES_<SOURCE>_<KEY>` and
+/// `JUSTONCE_CONSUMERS_<CONSUMER>_<KEY>` (upper case, `-` as `_`) override the file.
+/// `secrets` takes a comma-separated list. Each value gets a span of its own past the end of
+/// the file's `len` bytes, so that an error in it is traced back to its variable; the
+/// overridden paths are returned with their variables.
+fn apply_env(
+    document: &mut DeTable<'_>,
+    env: &dyn Fn(&str) -> Option<String>,
+    len: usize,
+) -> BTreeMap<Vec<String>, String> {
+    let mut overrides = BTreeMap::new();
+    let mut set = |table: &mut DeTable<'_>, section: &str, name: Option<&str>, key: &str| {
+        let path: Vec<&str> = [section].into_iter().chain(name).chain([key]).collect();
+        let variable = format!("JUSTONCE_{}", path.join("_"))
             .to_uppercase()
-            .replace('-', "_")
+            .replace('-', "_");
+        let Some(value) = env(&variable) else {
+            return;
+        };
+        let span = || {
+            let start = len + overrides.len();
+            start..start + 1
+        };
+        let value = if key == "secrets" {
+            let mut list = toml::de::DeArray::new();
+            for secret in value.split(',') {
+                list.push(Spanned::new(
+                    span(),
+                    DeValue::String(secret.trim().to_owned().into()),
+                ));
+            }
+            DeValue::Array(list)
+        } else {
+            DeValue::String(value.into())
+        };
+        table.insert(
+            Spanned::new(span(), key.to_owned().into()),
+            Spanned::new(span(), value),
+        );
+        overrides.insert(path.iter().map(|p| (*p).to_owned()).collect(), variable);
     };
-    let server = table
-        .entry("server")
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    if let Some(server) = server.as_table_mut() {
+    let server = document
+        .entry(Spanned::new(len..len, "server".into()))
+        .or_insert_with(|| Spanned::new(len..len, DeValue::Table(DeTable::new())));
+    if let DeValue::Table(server) = server.get_mut() {
         for key in SERVER_KEYS {
-            if let Some(value) = env(&variable(&["server", key])) {
-                server.insert(key.to_owned(), toml::Value::String(value));
-            }
+            set(server, "server", None, key);
         }
     }
-    if let Some(consumers) = table.get_mut("consumers").and_then(|c| c.as_table_mut()) {
-        for (name, consumer) in consumers.iter_mut() {
-            let Some(consumer) = consumer.as_table_mut() else {
-                continue;
-            };
-            for key in CONSUMER_KEYS {
-                if let Some(value) = env(&variable(&["consumers", name, key])) {
-                    consumer.insert(key.to_owned(), toml::Value::String(value));
-                }
-            }
-        }
-    }
-    let Some(sources) = table.get_mut("sources").and_then(|s| s.as_table_mut()) else {
-        return;
-    };
-    for (name, source) in sources.iter_mut() {
-        let Some(source) = source.as_table_mut() else {
+    for (section, keys) in [
+        ("sources", &SOURCE_KEYS[..]),
+        ("consumers", &CONSUMER_KEYS[..]),
+    ] {
+        let Some(DeValue::Table(entries)) = document.get_mut(section).map(Spanned::get_mut) else {
             continue;
         };
-        for key in SOURCE_KEYS {
-            let Some(value) = env(&variable(&["sources", name, key])) else {
+        for (name, entry) in entries.iter_mut() {
+            let DeValue::Table(entry) = entry.get_mut() else {
                 continue;
             };
-            let value = if key == "secrets" {
-                toml::Value::Array(
-                    value
-                        .split(',')
-                        .map(|s| toml::Value::String(s.trim().to_owned()))
-                        .collect(),
-                )
-            } else {
-                toml::Value::String(value)
-            };
-            source.insert(key.to_owned(), value);
+            for key in keys {
+                set(entry, section, Some(name.get_ref()), key);
+            }
         }
     }
+    overrides
 }
 
-fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
+fn validate(
+    raw: RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    origin: &Origin<'_>,
+) -> Result<Settings> {
     let server = raw.server;
-    let address = |value: Option<String>, default: &str, what: &str| -> Result<SocketAddr> {
+    let address = |value: Option<String>, default: &str, key: &str| -> Result<SocketAddr> {
         let value = value.unwrap_or_else(|| default.to_owned());
         value.parse().map_err(|_| {
-            anyhow!("server.{what} {value:?} is not an address such as 127.0.0.1:8080")
+            anyhow!(
+                "{}: {value:?} is not an address such as 127.0.0.1:8080",
+                origin.name(&["server", key])
+            )
         })
     };
     let database = server
@@ -249,23 +365,29 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Sett
         .iter()
         .any(|scheme| database.starts_with(scheme))
     {
-        bail!("server.database must be a sqlite://, postgres:// or mysql:// URL");
+        // The URL itself may hold a password: it is not repeated.
+        bail!(
+            "{}: must be a sqlite://, postgres:// or mysql:// URL",
+            origin.name(&["server", "database"])
+        );
     }
-    let body_limit =
-        parse_size(server.body_limit.as_deref().unwrap_or("1MiB")).context("server.body_limit")?;
+    let body_limit = parse_size(server.body_limit.as_deref().unwrap_or("1MiB"))
+        .with_context(|| origin.name(&["server", "body_limit"]))?;
+    if body_limit == 0 {
+        bail!(
+            "{}: must be more than zero bytes",
+            origin.name(&["server", "body_limit"])
+        );
+    }
     let sources = raw
         .sources
         .into_iter()
-        .map(|(name, source)| {
-            validate_source(&name, source, env).with_context(|| format!("sources.{name}"))
-        })
+        .map(|(name, source)| validate_source(&name, source, env, origin))
         .collect::<Result<Vec<_>>>()?;
     let consumers = raw
         .consumers
         .into_iter()
-        .map(|(name, consumer)| {
-            validate_consumer(&name, consumer, env).with_context(|| format!("consumers.{name}"))
-        })
+        .map(|(name, consumer)| validate_consumer(&name, consumer, env, origin))
         .collect::<Result<Vec<_>>>()?;
     // Sources and consumers share the store's consumer names and the relay's destinations.
     if let Some(both) = consumers
@@ -273,7 +395,8 @@ fn validate(raw: RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Sett
         .find(|c| sources.iter().any(|s| s.name == c.name))
     {
         bail!(
-            "{:?} names both a source and a consumer: they share one namespace",
+            "{}: {:?} names both a source and a consumer: they share one namespace",
+            origin.name(&["consumers", &both.name]),
             both.name
         );
     }
@@ -291,13 +414,16 @@ fn validate_consumer(
     name: &str,
     raw: RawConsumer,
     env: &dyn Fn(&str) -> Option<String>,
+    origin: &Origin<'_>,
 ) -> Result<ConsumerSettings> {
-    Consumer::new(name)?;
+    let at = |key: &str| origin.name(&["consumers", name, key]);
+    let named = || origin.name(&["consumers", name]);
+    Consumer::new(name).with_context(named)?;
     if name.contains(':') || name.contains('/') {
-        bail!("consumer name {name:?} may not contain ':' or '/'");
+        bail!("{}: a consumer's name may not contain ':' or '/'", named());
     }
     let from = match raw.from.strip_prefix("env:") {
-        Some(_) => resolve_secret(&raw.from, env)?,
+        Some(_) => resolve_secret(&raw.from, env).with_context(|| at("from"))?,
         None => raw.from.clone(),
     };
     let scheme = from.split_once("://").map_or("", |(scheme, _)| scheme);
@@ -309,14 +435,15 @@ fn validate_consumer(
     );
     if !(amqp || nats || redis || mqtt) {
         bail!(
-            "from must be an amqp://, nats://, redis:// or mqtt:// URL (or env:VARIABLE \
+            "{}: must be an amqp://, nats://, redis:// or mqtt:// URL (or env:VARIABLE \
              holding one): RabbitMQ, NATS JetStream, Redis Streams and MQTT are the brokers \
-             this version consumes"
+             this version consumes",
+            at("from")
         );
     }
     let only = |present: bool, key: &str, broker: &str| -> Result<()> {
         if present {
-            bail!("{key} only applies to {broker} consumers");
+            bail!("{}: only applies to {broker} consumers", at(key));
         }
         Ok(())
     };
@@ -339,21 +466,24 @@ fn validate_consumer(
             Some(("json", pointer)) if pointer.starts_with('/') => {
                 KeyFrom::Json(pointer.to_owned())
             }
-            _ => bail!("id {id:?} must be \"message_id\", \"header:NAME\" or \"json:/POINTER\""),
+            _ => bail!(
+                "{}: {id:?} must be \"message_id\", \"header:NAME\" or \"json:/POINTER\"",
+                at("id")
+            ),
         },
     };
-    let duration = |value: Option<&str>, default: &str, what: &str| {
-        parse_duration(value.unwrap_or(default)).with_context(|| what.to_owned())
+    let duration = |value: Option<&str>, default: &str, key: &str| {
+        parse_duration(value.unwrap_or(default)).with_context(|| at(key))
     };
     let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
     let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
-    let retention = Retention::new(keep, retry_horizon)?;
+    let retention = Retention::new(keep, retry_horizon).with_context(|| at("retention"))?;
     let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
     let stream = || {
         raw.stream
             .clone()
             .filter(|s| !s.is_empty())
-            .context("stream must name a stream")
+            .with_context(|| format!("{}: must name a stream", at("stream")))
     };
     let options = if nats {
         let stream = stream()?;
@@ -377,7 +507,7 @@ fn validate_consumer(
             .topic
             .clone()
             .filter(|t| !t.is_empty())
-            .context("topic must name a topic filter")?;
+            .with_context(|| format!("{}: must name a topic filter", at("topic")))?;
         let client_id = raw
             .client_id
             .clone()
@@ -391,7 +521,7 @@ fn validate_consumer(
         let queue = raw
             .queue
             .filter(|q| !q.is_empty())
-            .context("queue must name a queue")?;
+            .with_context(|| format!("{}: must name a queue", at("queue")))?;
         let mut options = AmqpOptions::new(&queue).key_from(key_from);
         if let Some(attempts) = raw.max_attempts {
             options = options.max_attempts(attempts);
@@ -406,22 +536,25 @@ fn validate_consumer(
         from,
         options,
         retention,
-        destination: destination(&raw.target, raw.target_secret.as_deref(), env)?,
+        destination: destination(&raw.target, raw.target_secret.as_deref(), env, &at)?,
         deliver_for,
     })
 }
 
-/// The HTTP target of a source or consumer, signed when it has a secret.
+/// The HTTP target of a source or consumer, signed when it has a secret. `at` names a key
+/// of the source or consumer.
 fn destination(
     target: &str,
     secret: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
+    at: &dyn Fn(&str) -> String,
 ) -> Result<HttpDestination> {
-    let mut destination = HttpDestination::new(target).context("target")?;
+    let mut destination = HttpDestination::new(target)
+        .with_context(|| format!("{}: must be an http:// or https:// URL", at("target")))?;
     if let Some(reference) = secret {
-        destination = destination
-            .signed_with(&resolve_secret(reference, env)?)
-            .context("target_secret")?;
+        destination = resolve_secret(reference, env)
+            .and_then(|secret| Ok(destination.signed_with(&secret)?))
+            .with_context(|| at("target_secret"))?;
     }
     Ok(destination)
 }
@@ -430,34 +563,43 @@ fn validate_source(
     name: &str,
     raw: RawSource,
     env: &dyn Fn(&str) -> Option<String>,
+    origin: &Origin<'_>,
 ) -> Result<SourceSettings> {
-    let duration = |value: Option<&str>, default: &str, what: &str| {
-        parse_duration(value.unwrap_or(default)).with_context(|| what.to_owned())
+    let at = |key: &str| origin.name(&["sources", name, key]);
+    let duration = |value: Option<&str>, default: &str, key: &str| {
+        parse_duration(value.unwrap_or(default)).with_context(|| at(key))
     };
     let signs_a_timestamp = matches!(raw.scheme.as_str(), "standard-webhooks" | "stripe");
     if raw.tolerance.is_some() && !signs_a_timestamp {
-        bail!("tolerance only applies to standard-webhooks and stripe, which sign a timestamp");
+        bail!(
+            "{}: only applies to standard-webhooks and stripe, which sign a timestamp",
+            at("tolerance")
+        );
     }
     if raw.signature_header.is_some() && raw.scheme != "hmac-sha256" {
-        bail!("signature_header only applies to hmac-sha256");
+        bail!("{}: only applies to hmac-sha256", at("signature_header"));
     }
     let tolerance = duration(raw.tolerance.as_deref(), "5m", "tolerance")?;
     if tolerance.is_zero() {
-        bail!("tolerance must be more than zero");
+        bail!("{}: must be more than zero", at("tolerance"));
     }
     let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
     let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
-    let retention = Retention::new(keep, retry_horizon)?;
+    let retention = Retention::new(keep, retry_horizon).with_context(|| at("retention"))?;
     let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
     let secrets = raw
         .secrets
         .iter()
         .map(|reference| resolve_secret(reference, env))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>>>()
+        .with_context(|| at("secrets"))?;
     match (raw.scheme.as_str(), secrets.is_empty()) {
-        ("none", false) => bail!("scheme none takes no secrets"),
+        ("none", false) => bail!("{}: scheme none takes no secrets", at("secrets")),
         ("none", true) => {}
-        (scheme, true) => bail!("scheme {scheme} needs at least one secret"),
+        (scheme, true) => bail!(
+            "{}: scheme {scheme} needs at least one secret",
+            at("secrets")
+        ),
         _ => {}
     }
     let as_bytes = || {
@@ -468,7 +610,7 @@ fn validate_source(
     };
     let (scheme, default_id) = match raw.scheme.as_str() {
         "standard-webhooks" => (
-            Scheme::standard_webhooks(&secrets, tolerance)?,
+            Scheme::standard_webhooks(&secrets, tolerance).with_context(|| at("secrets"))?,
             Some("header:webhook-id"),
         ),
         "stripe" => (
@@ -486,8 +628,12 @@ fn validate_source(
         ),
         "hmac-sha256" => {
             let header = raw.signature_header.as_deref().unwrap_or("X-Signature");
-            axum::http::HeaderName::try_from(header)
-                .map_err(|_| anyhow!("signature_header {header:?} is not a header name"))?;
+            axum::http::HeaderName::try_from(header).map_err(|_| {
+                anyhow!(
+                    "{}: {header:?} is not a header name",
+                    at("signature_header")
+                )
+            })?;
             let scheme = Scheme::HmacSha256 {
                 secrets: as_bytes(),
                 header: header.to_ascii_lowercase(),
@@ -496,12 +642,14 @@ fn validate_source(
         }
         "none" => (Scheme::None, None),
         other => bail!(
-            "scheme {other:?} is not one of standard-webhooks, stripe, github, hmac-sha256, none"
+            "{}: {other:?} is not one of standard-webhooks, stripe, github, hmac-sha256, none",
+            at("scheme")
         ),
     };
     let id = raw.id.as_deref().or(default_id).ok_or_else(|| {
         anyhow!(
-            "scheme {} needs id = \"header:NAME\" or \"json:/POINTER\"",
+            "{}: is required for scheme {}: \"header:NAME\" or \"json:/POINTER\"",
+            at("id"),
             raw.scheme
         )
     })?;
@@ -509,16 +657,19 @@ fn validate_source(
         Some(("header", header)) => IdLocation::Header(
             header
                 .parse()
-                .map_err(|_| anyhow!("id header {header:?} is not a header name"))?,
+                .map_err(|_| anyhow!("{}: {header:?} is not a header name", at("id")))?,
         ),
         Some(("json", pointer)) if pointer.starts_with('/') => IdLocation::Json(pointer.to_owned()),
-        _ => bail!("id {id:?} must be \"header:NAME\" or \"json:/POINTER\""),
+        _ => bail!(
+            "{}: {id:?} must be \"header:NAME\" or \"json:/POINTER\"",
+            at("id")
+        ),
     };
     Ok(SourceSettings {
         name: name.to_owned(),
-        source: Source::new(name, scheme, id)?,
+        source: Source::new(name, scheme, id).with_context(|| origin.name(&["sources", name]))?,
         retention,
-        destination: destination(&raw.target, raw.target_secret.as_deref(), env)?,
+        destination: destination(&raw.target, raw.target_secret.as_deref(), env, &at)?,
         deliver_for,
     })
 }
@@ -587,7 +738,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
         let map: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -648,46 +799,285 @@ target = "http://127.0.0.1:9000/hooks/shop"
         assert_eq!(shop.deliver_for, Duration::from_secs(3 * 86_400));
     }
 
+    /// `SHOP` and `ORDERS` together, the lines the cases below name:
+    /// 3 `listen`, 4 `body_limit`, 7 `scheme`, 8 `secrets`, 9 `target`,
+    /// 12 `from`, 13 `queue`, 15 `max_attempts`, 16 `target`.
+    fn shop_and_orders() -> String {
+        format!("{SHOP}{ORDERS}")
+    }
+
+    /// Loads `text` and checks that the error names the file, `key` and `expected`.
+    fn assert_named(text: &str, env: &dyn Fn(&str) -> Option<String>, key: &str, expected: &str) {
+        let path = write_temporary(text);
+        let error = match load(&path, env) {
+            Ok(_) => panic!("accepted:\n{text}"),
+            Err(error) => format!("{error:#}"),
+        };
+        let _ = std::fs::remove_file(&path);
+        for part in [path.display().to_string().as_str(), key, expected] {
+            assert!(error.contains(part), "{part:?} not in {error:?}");
+        }
+        for secret in ["c2VjcmV0", "hunter2"] {
+            assert!(!error.contains(secret), "a secret was printed: {error}");
+        }
+    }
+
     #[test]
-    fn mistakes_are_named() {
-        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+    fn every_mistake_names_the_file_the_key_and_what_was_expected() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://guest:hunter2@127.0.0.1:5672/%2f"),
+        ]);
+        let both = shop_and_orders();
+        assert!(load_text(&both, &env).is_ok());
+        let edit = |from: &str, to: &str| {
+            assert!(both.contains(from), "{from:?}");
+            both.replacen(from, to, 1)
+        };
+        let unknown = "unknown field";
         let cases = [
-            (SHOP.replace("listen =", "lisen ="), "lisen"),
+            // Unknown keys, at every level.
+            (edit("[server]", "[serverr]"), "serverr (line 2)", unknown),
             (
-                SHOP.replace("env:SHOP_SECRET", "whsec_inline"),
+                edit("listen =", "lisen ="),
+                "server.lisen (line 3)",
+                unknown,
+            ),
+            (
+                edit("secrets =", "secret ="),
+                "sources.shop.secret (line 8)",
+                unknown,
+            ),
+            (
+                edit("max_attempts", "max_attemps"),
+                "consumers.orders.max_attemps (line 15)",
+                unknown,
+            ),
+            // Wrong types.
+            (
+                edit("\"127.0.0.1:8080\"", "8080"),
+                "server.listen (line 3)",
+                "expected a string",
+            ),
+            (
+                edit("[\"env:SHOP_SECRET\"]", "\"env:SHOP_SECRET\""),
+                "sources.shop.secrets (line 8)",
+                "expected a sequence",
+            ),
+            (
+                edit("max_attempts = 3", "max_attempts = \"3\""),
+                "consumers.orders.max_attempts (line 15)",
+                "expected u32",
+            ),
+            (
+                edit("max_attempts = 3", "max_attempts = -1"),
+                "consumers.orders.max_attempts (line 15)",
+                "expected u32",
+            ),
+            (
+                format!("{both}prefetch = 70000\n"),
+                "consumers.orders.prefetch (line 17)",
+                "expected u16",
+            ),
+            (
+                "sources = 3\n".to_owned(),
+                "sources (line 1)",
+                "expected a map",
+            ),
+            (
+                "[sources]\nshop = \"x\"\n".to_owned(),
+                "sources.shop (line 2)",
+                "expected a table of source settings",
+            ),
+            // Missing required keys.
+            (
+                edit("target = \"http://127.0.0.1:9000/hooks/shop\"\n", ""),
+                "sources.shop.target",
+                "is required",
+            ),
+            (
+                edit("scheme = \"standard-webhooks\"\n", ""),
+                "sources.shop.scheme",
+                "is required",
+            ),
+            (
+                edit("from = \"env:ORDERS_BROKER\"\n", ""),
+                "consumers.orders.from",
+                "is required",
+            ),
+            (
+                edit("queue = \"orders\"\n", ""),
+                "consumers.orders.queue",
+                "must name a queue",
+            ),
+            (
+                edit("standard-webhooks", "hmac-sha256"),
+                "sources.shop.id",
+                "is required for scheme hmac-sha256",
+            ),
+            // Bad durations and sizes.
+            (
+                format!("{both}retention = \"7 days\"\n"),
+                "consumers.orders.retention (line 17)",
+                "unknown unit: use ms, s, m, h or d",
+            ),
+            (
+                edit(
+                    "target = \"http://127.0.0.1:9000/hooks/shop\"",
+                    "target = \"http://127.0.0.1:9000/hooks/shop\"\nretry_horizon = \"3x\"",
+                ),
+                "sources.shop.retry_horizon (line 10)",
+                "unknown unit",
+            ),
+            (
+                edit("\"64KiB\"", "\"-1\""),
+                "server.body_limit (line 4)",
+                "not a size such as 1MiB",
+            ),
+            (
+                edit("\"64KiB\"", "\"1 TB\""),
+                "server.body_limit (line 4)",
+                "use B, KiB",
+            ),
+            (
+                edit("\"64KiB\"", "\"0\""),
+                "server.body_limit (line 4)",
+                "more than zero",
+            ),
+            (
+                format!("{both}retention = \"1h\"\n"),
+                "consumers.orders.retention (line 17)",
+                "shorter than the sender's retry horizon",
+            ),
+            // Bad URLs, addresses and names.
+            (
+                "[server]\ndatabase = \"mongodb://u:hunter2@x\"\n".to_owned(),
+                "server.database (line 2)",
+                "sqlite://, postgres:// or mysql://",
+            ),
+            (
+                edit("http://127.0.0.1:9000/hooks/shop", "not a url"),
+                "sources.shop.target (line 9)",
+                "http:// or https://",
+            ),
+            (
+                edit("http://127.0.0.1:9000/orders", "ftp://127.0.0.1/orders"),
+                "consumers.orders.target (line 16)",
+                "http or https",
+            ),
+            (
+                edit("env:ORDERS_BROKER", "kafka://127.0.0.1:9092"),
+                "consumers.orders.from (line 12)",
+                "amqp://, nats://, redis:// or mqtt://",
+            ),
+            (
+                edit("127.0.0.1:8080", "localhost"),
+                "server.listen (line 3)",
+                "an address such as",
+            ),
+            (
+                edit("standard-webhooks", "magic"),
+                "sources.shop.scheme (line 7)",
+                "not one of",
+            ),
+            (
+                edit("env:SHOP_SECRET", "whsec_inline"),
+                "sources.shop.secrets (line 8)",
                 "env:VARIABLE",
             ),
             (
-                SHOP.replace("SHOP_SECRET", "MISSING_SECRET"),
-                "MISSING_SECRET",
+                format!("{both}target_secret = \"inline\"\n"),
+                "consumers.orders.target_secret (line 17)",
+                "env:VARIABLE",
             ),
-            (SHOP.replace("standard-webhooks", "magic"), "magic"),
-            (format!("{SHOP}retention = \"1d\"\n"), "retry horizon"),
-            (SHOP.replace("64KiB", "64 parsecs"), "body_limit"),
-            (format!("{SHOP}tolerance = \"5\"\n"), "unit"),
-            (SHOP.replace("standard-webhooks", "hmac-sha256"), "id ="),
             (
-                SHOP.replace("http://127.0.0.1:9000/hooks/shop", "ftp://x"),
-                "target",
+                edit("SHOP_SECRET", "MISSING_SECRET"),
+                "sources.shop.secrets (line 8)",
+                "MISSING_SECRET is not set",
             ),
-            (format!("{SHOP}tolerance = \"0s\"\n"), "more than zero"),
+            (
+                format!("{SHOP}tolerance = \"5\"\n"),
+                "sources.shop.tolerance (line 10)",
+                "needs a unit",
+            ),
+            (
+                format!("{SHOP}tolerance = \"0s\"\n"),
+                "sources.shop.tolerance (line 10)",
+                "more than zero",
+            ),
             (
                 SHOP.replace("standard-webhooks", "github") + "tolerance = \"1m\"\n",
-                "tolerance",
+                "sources.shop.tolerance (line 10)",
+                "only applies to standard-webhooks and stripe",
             ),
             (
                 format!("{SHOP}signature_header = \"X-Sig\"\n"),
-                "signature_header",
+                "sources.shop.signature_header (line 10)",
+                "only applies to hmac-sha256",
             ),
             (
-                SHOP.replace("[sources.shop]", "[sources.\"a:b\"]"),
+                edit("header:X-Order-Id", "body"),
+                "consumers.orders.id (line 14)",
+                "\"message_id\", \"header:NAME\" or \"json:/POINTER\"",
+            ),
+            (
+                edit("[sources.shop]", "[sources.\"a:b\"]"),
+                "sources.a:b (line 6)",
                 "may not contain",
             ),
+            (
+                edit("[consumers.orders]", "[consumers.shop]"),
+                "consumers.shop (line 11)",
+                "both a source and a consumer",
+            ),
         ];
-        for (text, expected) in cases {
-            let error = error_of(&text, &env);
-            assert!(error.contains(expected), "{expected:?} not in {error:?}");
-            assert!(!error.contains("c2VjcmV0"), "a secret was printed: {error}");
+        for (text, key, expected) in cases {
+            assert_named(&text, &env, key, expected);
+        }
+    }
+
+    #[test]
+    fn a_bad_override_names_its_variable() {
+        for (variable, value, key, expected) in [
+            (
+                "JUSTONCE_SOURCES_SHOP_RETENTION",
+                "5",
+                "sources.shop.retention (from JUSTONCE_SOURCES_SHOP_RETENTION)",
+                "needs a unit",
+            ),
+            (
+                "JUSTONCE_SERVER_LISTEN",
+                "nowhere",
+                "server.listen (from JUSTONCE_SERVER_LISTEN)",
+                "an address such as",
+            ),
+            (
+                "JUSTONCE_CONSUMERS_ORDERS_FROM",
+                "kafka://x",
+                "consumers.orders.from (from JUSTONCE_CONSUMERS_ORDERS_FROM)",
+                "amqp://",
+            ),
+        ] {
+            let env = env_of(&[
+                ("SHOP_SECRET", "whsec_c2VjcmV0"),
+                ("ORDERS_BROKER", "amqp://127.0.0.1:5672/%2f"),
+                (variable, value),
+            ]);
+            assert_named(&shop_and_orders(), &env, key, expected);
+        }
+    }
+
+    #[test]
+    fn syntax_errors_name_the_file_and_the_line() {
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+        for (text, line) in [
+            ("[server\nlisten = \"x\"\n", "line 1"),
+            ("[server]\nlisten = \n", "line 2"),
+            ("[server]\n\nlisten = \"a\"\nlisten = \"b\"\n", "line 4"),
+            ("[server]\nlisten = \"unterminated\n", "line 2"),
+            ("[server]\nlisten = \"a\" trailing\n", "line 2"),
+        ] {
+            assert_named(text, &env, "is not valid TOML", line);
         }
     }
 
@@ -732,15 +1122,15 @@ target = "http://127.0.0.1:9000/orders"
             ),
             (
                 ORDERS.replace("env:ORDERS_BROKER", "redis://127.0.0.1:6379"),
-                "queue only applies",
+                "consumers.orders.queue (line 13): only applies to RabbitMQ",
             ),
             (
                 ORDERS.replace("queue = \"orders\"", "group = \"g\""),
-                "group only applies",
+                "consumers.orders.group (line 13): only applies to Redis Streams",
             ),
             (
                 ORDERS.replace("env:ORDERS_BROKER", "nats://127.0.0.1:4222"),
-                "queue only applies",
+                "consumers.orders.queue (line 13): only applies to RabbitMQ",
             ),
             (ORDERS.replace("header:X-Order-Id", "body"), "message_id"),
             (

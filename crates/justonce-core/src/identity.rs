@@ -29,7 +29,10 @@ fn check(value: &str, max: usize) -> Result<(), Invalid> {
 /// A key is 1 to 255 bytes of UTF-8 without control characters. Keys are compared byte for
 /// byte as given: no Unicode normalisation, no case folding, no trimming. `"café"` written
 /// with a precomposed `é` (NFC) and with `e` plus a combining accent (NFD) are two keys;
-/// normalise before building the key if your sender may spell one id both ways.
+/// normalise before building the key if your sender may spell one id both ways. A key of
+/// spaces only is a key, and invisible format characters such as U+200F RIGHT-TO-LEFT MARK
+/// are kept: `"a\u{200F}b"` and `"ab"` are two keys. The same holds for consumer names
+/// and scopes.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key(String);
 
@@ -258,6 +261,90 @@ mod tests {
                 ),
                 "{bad:?} was accepted"
             );
+        }
+    }
+
+    /// Keys, consumer names and scopes share one check; each is tried with the same hostile
+    /// texts against its own limit.
+    #[test]
+    fn hostile_texts_are_refused_with_a_reason_or_kept_byte_for_byte() {
+        type Make = fn(String) -> Result<String, Error>;
+        let kinds: [(Make, usize, ErrorKind); 3] = [
+            (
+                |t| Key::new(t).map(|k| k.0),
+                Key::MAX_LEN,
+                ErrorKind::InvalidKey,
+            ),
+            (
+                |t| Consumer::new(t).map(|c| c.0),
+                Consumer::MAX_LEN,
+                ErrorKind::InvalidConsumer,
+            ),
+            (
+                |t| Scope::new(t).map(|s| s.0),
+                Scope::MAX_LEN,
+                ErrorKind::InvalidScope,
+            ),
+        ];
+        for (make, max, kind) in kinds {
+            let reason = |text: String| match make(text.clone()) {
+                Err(
+                    Error::InvalidKey(why) | Error::InvalidConsumer(why) | Error::InvalidScope(why),
+                ) => why,
+                other => panic!("{text:?} gave {other:?}, not a {kind:?}"),
+            };
+            assert_eq!(make(String::new()).unwrap_err().kind(), kind);
+            assert_eq!(reason(String::new()), Invalid::Empty);
+            let crab = "\u{1f980}"; // four bytes
+            let at_limit = [
+                "k".repeat(max),
+                format!("{}{}", crab.repeat(max / 4), "k".repeat(max % 4)),
+            ];
+            for text in at_limit {
+                assert_eq!(text.len(), max);
+                assert_eq!(make(text.clone()).unwrap(), text);
+            }
+            for text in [
+                "k".repeat(max + 1),
+                format!("{}k", crab.repeat(max / 4 + 1)),
+            ] {
+                let len = text.len();
+                assert_eq!(reason(text), Invalid::TooLong { len, max });
+            }
+            // A mebibyte is refused by its length, and the message does not repeat it.
+            let huge = "k".repeat(1 << 20);
+            let message = make(huge.clone()).unwrap_err().to_string();
+            assert_eq!(reason(huge), Invalid::TooLong { len: 1 << 20, max });
+            assert!(message.len() < 100, "{message}");
+            for (text, character, position) in [
+                ("a\0b", '\0', 1),
+                ("\r", '\r', 0),
+                ("esc\u{1b}[2J", '\u{1b}', 3),
+                ("\u{e9}\u{85}", '\u{85}', 2),
+                ("del\u{7f}", '\u{7f}', 3),
+            ] {
+                assert_eq!(
+                    reason(text.to_owned()),
+                    Invalid::ControlCharacter {
+                        character,
+                        position
+                    },
+                    "{text:?}"
+                );
+            }
+            // Kept exactly as given: no trimming, no normalisation, nothing escaped.
+            for text in [
+                " ",
+                "   ",
+                "'; DROP TABLE x; --",
+                "a\\b%_\"`",
+                "\u{1f980}\u{1f468}\u{200d}\u{1f469}",
+                "a\u{200f}b",
+                "caf\u{e9}",
+                "cafe\u{301}",
+            ] {
+                assert_eq!(make(text.to_owned()).unwrap(), text);
+            }
         }
     }
 

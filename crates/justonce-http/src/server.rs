@@ -13,7 +13,7 @@
 //! | same key while the first still runs | `409`, with `Retry-After` |
 //! | same key, another body | `422` |
 //! | no key, where one is required | `400` |
-//! | a key that is empty, over 255 bytes or has control characters | `400` |
+//! | a key that is empty or blank, over 255 bytes, not visible ASCII or has control characters | `400` |
 //! | the store cannot be reached | `503`, with `Retry-After` |
 //!
 //! Rejections are `application/problem+json`. A 5xx releases the key, so that the retry
@@ -737,7 +737,9 @@ impl<DB: Backend, S: Send + Sync> axum::extract::FromRequestParts<S> for Tx<DB> 
     }
 }
 
-/// The key from the header, bare or as the draft's quoted string.
+/// The key from the header, bare or as the draft's quoted string. Spaces and tabs around
+/// the value are not part of it (RFC 9110, section 5.5), as hyper already strips them from
+/// what it reads off a socket: `" k1 "` is `k1`, and a blank value is an empty key.
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<Key>, String> {
     let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
     let Some(value) = values.next() else {
@@ -748,7 +750,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<Key>, String> {
     }
     let text = value
         .to_str()
-        .map_err(|_| "the Idempotency-Key is not visible ASCII".to_owned())?;
+        .map_err(|_| "the Idempotency-Key is not visible ASCII".to_owned())?
+        .trim_matches([' ', '\t']);
     let bare = match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
         Some(quoted) => unescape(quoted)?,
         None => text.to_owned(),
@@ -961,6 +964,13 @@ mod tests {
         assert!(key(&"k".repeat(256)).is_err(), "too long");
         assert!(key(&"k".repeat(255)).is_ok());
         assert!(key("a\tb").is_err(), "control character");
+        assert_eq!(key(" \tabc\t ").unwrap().unwrap().as_str(), "abc");
+        assert!(key("   ").is_err(), "blank");
+        assert_eq!(
+            key("\" a \"").unwrap().unwrap().as_str(),
+            " a ",
+            "quoted spaces are kept"
+        );
         assert!(key(r#""a\nb""#).is_err(), "bad escape");
         assert_eq!(idempotency_key(&HeaderMap::new()), Ok(None));
     }

@@ -70,8 +70,10 @@ struct Receiving<DB: Backend> {
 /// written to the outbox, for the destination named after the source, in one transaction;
 /// then the answer is `200` with `{"status":"accepted"|"duplicate"|"key_reused","key":…}`.
 /// It never waits for the delivery. Rejections are `application/problem+json` and store
-/// nothing: unknown source 404, bad signature 401, body over `body_limit` 413, missing id or
-/// unreadable JSON 400; a database that cannot be reached 503 with `Retry-After`.
+/// nothing: unknown source 404, bad signature 401, body over `body_limit` 413, a missing or
+/// blank id, an id that makes no valid key (over 255 bytes with the prefix, or with a
+/// control character) or unreadable JSON 400; a database that cannot be reached 503 with
+/// `Retry-After`. Any other id is taken as given, byte for byte.
 pub fn router<DB: Backend>(inbox: &Inbox<DB>, sources: Vec<Source>, body_limit: usize) -> Router {
     let sources = sources
         .into_iter()
@@ -199,9 +201,11 @@ async fn healthz<DB: Backend>(State(inbox): State<Inbox<DB>>) -> Response {
     }
 }
 
-/// The event id as text, from a header or a JSON pointer into the body.
+/// The event id as text, from a header or a JSON pointer into the body. A blank id is no
+/// id: taken as given, every blank-id event would share one key, and all but the first
+/// would be dropped as duplicates.
 fn event_id(location: &IdLocation, headers: &HeaderMap, body: &[u8]) -> Result<String, String> {
-    match location {
+    let id = match location {
         IdLocation::Header(name) => headers
             .get(name)
             .and_then(|value| value.to_str().ok())
@@ -218,7 +222,11 @@ fn event_id(location: &IdLocation, headers: &HeaderMap, body: &[u8]) -> Result<S
                 _ => Err(format!("the body has no string or number at {pointer}")),
             }
         }
+    }?;
+    if id.trim().is_empty() {
+        return Err("the event id is blank".to_owned());
     }
+    Ok(id)
 }
 
 /// Counts one request of `source` by what became of it.

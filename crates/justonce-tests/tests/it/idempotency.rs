@@ -33,6 +33,7 @@ on_every_database!(
     a_transactional_5xx_rolls_the_writes_back,
     a_transactional_retry_waits_for_the_first_and_replays_it,
     a_transactional_request_without_a_key_still_gets_a_transaction,
+    hostile_keys_get_400_problems_or_are_used_as_given,
 );
 
 /// What the handlers saw: how many times they ran, and what the next ones should do.
@@ -456,4 +457,82 @@ async fn fifty_concurrent_identical_requests_run_the_handler_once<S: LeaseStore>
         }
     }
     store.close().await;
+}
+
+/// Every key the layer refuses gets a 400 problem that says why, without running the
+/// handler or storing a row; the ones it accepts are used byte for byte.
+async fn hostile_keys_get_400_problems_or_are_used_as_given<DB: TestBackend>(test: &str) {
+    use axum::http::HeaderValue;
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler::default();
+    let app = app(Arc::new(db.inbox.clone()), &handler, LEASE);
+    let with_key = |value: HeaderValue| {
+        let mut request = request("/payments", "a", None, "{}");
+        request.headers_mut().insert("idempotency-key", value);
+        request
+    };
+    let text = |text: &str| HeaderValue::from_str(text).unwrap();
+    let mebibyte = "k".repeat(1 << 20);
+    let refused = [
+        (text(""), "it is empty"),
+        (text("   "), "it is empty"),
+        (text("\"\""), "it is empty"),
+        (
+            text(&"k".repeat(256)),
+            "256 bytes long, more than the 255 allowed",
+        ),
+        (text(&format!("\"{}\"", "k".repeat(256))), "256 bytes long"),
+        (text(&mebibyte), "1048576 bytes long"),
+        (text("a\tb"), "control character"),
+        (text(r#""a\nb""#), "bad escape"),
+        // UTF-8 in a header is not visible ASCII, so emoji and right-to-left marks are
+        // refused rather than guessed at.
+        (
+            HeaderValue::from_bytes("\u{1f980}".as_bytes()).unwrap(),
+            "not visible ASCII",
+        ),
+        (
+            HeaderValue::from_bytes("a\u{200f}b".as_bytes()).unwrap(),
+            "not visible ASCII",
+        ),
+    ];
+    for (value, why) in refused {
+        let answer = respond(&app, with_key(value)).await;
+        assert_problem(&answer, StatusCode::BAD_REQUEST);
+        let problem: serde_json::Value = serde_json::from_slice(&answer.2).unwrap();
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(why), "{why:?} not in {detail:?}");
+        assert!(answer.2.len() < 1024, "the problem repeats the key");
+    }
+    // HTTP itself has no way to carry NUL or DEL in a header.
+    assert!(HeaderValue::from_bytes(b"a\0b").is_err());
+    assert!(HeaderValue::from_bytes(b"a\x7fb").is_err());
+    assert_eq!((handler.calls(), db.rows("keys").await), (0, 0));
+
+    let sql = "'; DROP TABLE x; --";
+    let longest = "k".repeat(255);
+    for key in [sql, longest.as_str(), r#"" spaced ""#, "k1"] {
+        let first = respond(&app, with_key(text(key))).await;
+        assert_eq!(first.0, StatusCode::CREATED, "{key:?}");
+        let retry = respond(&app, with_key(text(key))).await;
+        assert_eq!((retry.0, &retry.2), (first.0, &first.2), "{key:?}");
+        assert_eq!(retry.1["idempotent-replayed"], "true");
+    }
+    // The spaces around a bare value are not part of it, as on the wire.
+    let padded = respond(&app, with_key(text(" \tk1\t "))).await;
+    assert_eq!(padded.1["idempotent-replayed"], "true");
+    assert_eq!((handler.calls(), db.rows("keys").await), (4, 4));
+    let consumer = IdempotencyLayer::consumer_for(&axum::http::Method::POST, "/payments");
+    let scope = justonce_sql::Scope::new("a").unwrap();
+    for key in [sql, longest.as_str(), " spaced ", "k1"] {
+        let identity = justonce_sql::Identity::new(
+            scope.clone(),
+            consumer.clone(),
+            justonce_sql::Key::new(key).unwrap(),
+        );
+        let stored = db.inbox.lookup(&identity).await.unwrap();
+        assert!(stored.is_some_and(|k| k.result.is_some()), "{key:?}");
+    }
+    db.inbox.check().await.expect("the tables are intact");
+    db.cleanup().await;
 }

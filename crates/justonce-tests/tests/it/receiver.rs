@@ -14,6 +14,7 @@ on_every_database!(
     the_same_event_twice_is_stored_once_and_answered_200_both_times,
     rejected_requests_store_nothing,
     an_unreachable_database_answers_503,
+    hostile_event_ids_get_400_problems_or_are_stored_once_as_given,
 );
 
 const KEY: &[u8] = b"the shop's signing key";
@@ -210,4 +211,123 @@ async fn an_unreachable_database_answers_503<DB: TestBackend>(test: &str) {
     let reopened = TestDb::<DB>::reopen(&url, &prefix).await;
     assert_eq!(reopened.rows("keys").await, 0);
     reopened.cleanup().await;
+}
+
+/// An event whose id makes no key gets a 400 problem that says why and stores nothing; any
+/// other id is the key `<source>:<id>` byte for byte, stored once.
+async fn hostile_event_ids_get_400_problems_or_are_stored_once_as_given<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    // Room for a mebibyte of id, so that the id is refused and not the body.
+    let app = router(&db.inbox, vec![shop(), stripe()], 2 << 20);
+    let with_id =
+        |id: serde_json::Value| stripe_signed(&serde_json::json!({ "id": id }).to_string());
+    // "stripe:" takes 7 of a key's 255 bytes.
+    let (longest, mebibyte) = ("i".repeat(248), "i".repeat(1 << 20));
+    let refused = [
+        (with_id("".into()), "no event id", "blank"),
+        (with_id(" \t ".into()), "no event id", "blank"),
+        (
+            with_id(serde_json::Value::Null),
+            "no event id",
+            "no string or number",
+        ),
+        (
+            with_id(serde_json::json!({"nested": 1})),
+            "no event id",
+            "no string or number",
+        ),
+        (
+            with_id(format!("{longest}i").into()),
+            "unusable event id",
+            "256 bytes long",
+        ),
+        (
+            with_id(mebibyte.clone().into()),
+            "unusable event id",
+            "1048583 bytes long",
+        ),
+        (
+            with_id("a\0b".into()),
+            "unusable event id",
+            "control character",
+        ),
+        (
+            with_id("line\nbreak".into()),
+            "unusable event id",
+            "control character",
+        ),
+        (
+            with_id("\u{1b}[2J".into()),
+            "unusable event id",
+            "control character",
+        ),
+        (signed("", "{}"), "no event id", "blank"),
+        (signed("   ", "{}"), "no event id", "blank"),
+        (
+            signed(&mebibyte, "{}"),
+            "unusable event id",
+            "1048581 bytes long",
+        ),
+    ];
+    for (n, (request, title, why)) in refused.into_iter().enumerate() {
+        let (status, content_type, body) = answer(&app, request).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "case {n}: {body}");
+        assert_eq!(content_type, "application/problem+json", "case {n}");
+        let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(problem["title"], title, "case {n}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(why), "case {n}: {why:?} not in {detail:?}");
+        assert!(body.len() < 1024, "case {n}: the problem repeats the id");
+    }
+    // A header id that is not visible ASCII fails the signature's own check of its headers.
+    let mut utf8_id = signed("evt\u{200f}1", "{}");
+    utf8_id.headers_mut().insert(
+        "webhook-id",
+        axum::http::HeaderValue::from_bytes("evt\u{200f}1".as_bytes()).unwrap(),
+    );
+    assert_eq!(answer(&app, utf8_id).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!((db.rows("keys").await, db.rows("outbox").await), (0, 0));
+
+    let accepted: [(serde_json::Value, &str); 9] = [
+        ("'; DROP TABLE x; --".into(), "'; DROP TABLE x; --"),
+        (longest.clone().into(), &longest),
+        ("\u{1f980}".into(), "\u{1f980}"),
+        ("evt1".into(), "evt1"),
+        ("evt\u{200f}1".into(), "evt\u{200f}1"),
+        ("caf\u{e9}".into(), "caf\u{e9}"),
+        ("cafe\u{301}".into(), "cafe\u{301}"),
+        (" padded ".into(), " padded "),
+        (12345.into(), "12345"),
+    ];
+    let requests = accepted.iter().map(|(id, text)| {
+        let request = move || with_id(id.clone());
+        (
+            Box::new(request) as Box<dyn Fn() -> Request<Body>>,
+            format!("stripe:{text}"),
+        )
+    });
+    let in_a_header = || signed("'; DROP TABLE x; --", "{}");
+    let requests = requests.chain([(
+        Box::new(in_a_header) as Box<dyn Fn() -> Request<Body>>,
+        "shop:'; DROP TABLE x; --".to_owned(),
+    )]);
+    let mut stored = 0;
+    for (request, key) in requests {
+        for status in ["accepted", "duplicate"] {
+            let (code, _, body) = answer(&app, request()).await;
+            assert_eq!(code, StatusCode::OK, "{key:?}: {body}");
+            let answered: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(answered["key"].as_str(), Some(key.as_str()));
+            assert_eq!(answered["status"], status, "{key:?}");
+        }
+        stored += 1;
+    }
+    assert_eq!(
+        (db.rows("keys").await, db.rows("outbox").await),
+        (stored, stored)
+    );
+    db.inbox.check().await.expect("the tables are intact");
+    db.cleanup().await;
 }
