@@ -646,7 +646,7 @@ fn key_of(key_from: &KeyFrom, delivery: &lapin::message::Delivery) -> Result<Key
         }
         KeyFrom::Json(pointer) => crate::json_id(&delivery.data, pointer)?,
     };
-    Key::new(text).map_err(|e| e.to_string())
+    crate::message_key(text)
 }
 
 fn broker(error: lapin::Error) -> Error {

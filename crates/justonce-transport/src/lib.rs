@@ -187,6 +187,22 @@ pub(crate) fn delivered(sent: Result<(), String>) -> justonce_core::Delivered {
     }
 }
 
+/// The key of a delivery from the id it carries. A blank id is refused, not kept as a key
+/// of spaces: every message with a blank id would share it, and all but the first would be
+/// skipped as duplicates.
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+pub(crate) fn message_key(text: String) -> Result<Key, String> {
+    if !text.is_empty() && text.trim().is_empty() {
+        return Err("the message id is blank".to_owned());
+    }
+    Key::new(text).map_err(|e| e.to_string())
+}
+
 /// At most `bytes` bytes of `text`, cut at a character boundary.
 pub(crate) fn truncate(text: &str, bytes: usize) -> &str {
     let mut end = text.len().min(bytes);

@@ -792,7 +792,7 @@ fn key_of(key_from: &KeyFrom, message: &jetstream::Message) -> Result<Key, Strin
         }
         KeyFrom::Json(pointer) => crate::json_id(&message.payload, pointer)?,
     };
-    Key::new(text).map_err(|e| e.to_string())
+    crate::message_key(text)
 }
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {

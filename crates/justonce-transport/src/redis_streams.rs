@@ -847,7 +847,7 @@ fn key_of(key_from: &KeyFrom, entry: &Entry, body: &[u8]) -> Result<Key, String>
         KeyFrom::Header(name) => text_field(name)?,
         KeyFrom::Json(pointer) => crate::json_id(body, pointer)?,
     };
-    Key::new(text).map_err(|e| e.to_string())
+    crate::message_key(text)
 }
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {

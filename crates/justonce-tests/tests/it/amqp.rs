@@ -17,7 +17,7 @@ use std::time::Duration;
 
 on_every_database!(
     failing_work_is_retried_then_dead_lettered,
-    a_message_without_a_key_is_dead_lettered,
+    a_message_without_a_key_or_with_a_blank_one_is_dead_lettered,
     run_stops_on_shutdown_after_settling_what_it_took,
     ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each,
     the_relay_publishes_rows_with_their_key_as_message_id,
@@ -185,28 +185,42 @@ async fn failing_work_is_retried_then_dead_lettered<DB: TestBackend>(test: &str)
     db.cleanup().await;
 }
 
-async fn a_message_without_a_key_is_dead_lettered<DB: TestBackend>(test: &str) {
+async fn a_message_without_a_key_or_with_a_blank_one_is_dead_lettered<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let queue = Queue::new(&db).await;
     let consumer = connect(&db, &queue, |options| options).await;
     let channel = queue.connection.create_channel().await.unwrap();
-    channel
-        .basic_publish(
-            "".into(),
-            queue.name.as_str().into(),
-            BasicPublishOptions::default(),
-            b"no id",
-            BasicProperties::default(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    let stats = consume(&db, &consumer, 1).await;
-    assert_eq!(stats.dead_lettered, 1);
+    // A blank id is no key either: as a key, every blank id would be one message.
+    let blank = BasicProperties::default().with_message_id("  ".into());
+    for (body, properties) in [
+        (b"no id".as_slice(), BasicProperties::default()),
+        (b"blank id".as_slice(), blank),
+    ] {
+        channel
+            .basic_publish(
+                "".into(),
+                queue.name.as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let stats = consume(&db, &consumer, 2).await;
+    assert_eq!(stats.dead_lettered, 2);
     let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
     assert_eq!(body, b"no id");
     assert!(header(&properties, REASON_HEADER).is_some());
+    let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
+    assert_eq!(body, b"blank id");
+    let Some(AMQPValue::LongString(reason)) = header(&properties, REASON_HEADER) else {
+        panic!("a reason: {properties:?}");
+    };
+    let reason = String::from_utf8_lossy(reason.as_bytes()).into_owned();
+    assert!(reason.contains("blank"), "{reason}");
     assert_eq!(db.rows("effects").await, 0);
     consumer.close().await.unwrap();
     queue.delete().await;
