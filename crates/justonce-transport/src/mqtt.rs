@@ -57,6 +57,9 @@ pub use rumqttc::v5::mqttbytes::v5::Publish as Message;
 /// The user property that holds a message's key, by default.
 pub const KEY_PROPERTY: &str = "key";
 
+/// How many publishes a connection may have awaiting the broker's acknowledgement.
+const OUTGOING_INFLIGHT: u16 = 16;
+
 /// How long the broker has to acknowledge a publish or a subscription.
 const BROKER_ANSWER: Duration = Duration::from_secs(30);
 
@@ -177,6 +180,9 @@ impl Connection {
         let address = parse_url(url)?;
         let mut options = rumqttc::v5::MqttOptions::new(client_id, address.host, address.port);
         options.set_keep_alive(Duration::from_secs(30));
+        // rumqttc keeps a slot per packet id it may have in flight, 65,535 by default: about
+        // 16 MiB per connection. This client publishes one message at a time.
+        options.set_outgoing_inflight_upper_limit(OUTGOING_INFLIGHT);
         if let Some((user, password)) = address.login {
             options.set_credentials(user, password);
         }
