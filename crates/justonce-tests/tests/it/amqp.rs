@@ -19,7 +19,6 @@ on_every_database!(
     failing_work_is_retried_then_dead_lettered,
     a_message_without_a_key_or_with_a_blank_one_is_dead_lettered,
     run_stops_on_shutdown_after_settling_what_it_took,
-    ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each,
     the_relay_publishes_rows_with_their_key_as_message_id,
 );
 
@@ -59,11 +58,6 @@ impl Queue {
             attempt: 1,
         };
         assert_eq!(self.publisher.deliver(delivery).await, Delivered::Sent);
-    }
-
-    /// Publishes `count` messages for `distinct` keys, and waits for every confirm.
-    async fn publish_many(&self, count: usize, distinct: usize) {
-        justonce_tests::publish_many(&self.connection, &self.name, count, distinct).await;
     }
 
     /// Messages ready in the queue: neither delivered to a consumer nor acknowledged.
@@ -287,23 +281,6 @@ async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(
     db.cleanup().await;
 }
 
-async fn ten_thousand_messages_a_fifth_of_them_repeated_take_effect_once_each<DB: TestBackend>(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let queue = Queue::new(&db).await;
-    let consumer = connect(&db, &queue, |options| options.prefetch(64)).await;
-    queue.publish_many(10_000, 8_000).await;
-    let stats = consume(&db, &consumer, 10_000).await;
-    assert_eq!((stats.processed, stats.duplicates), (8_000, 2_000));
-    assert_eq!(db.rows("effects").await, 8_000, "effects = distinct keys");
-    assert_eq!(db.doubled_effects().await, 0);
-    consumer.close().await.unwrap();
-    queue.delete().await;
-    db.cleanup().await;
-}
-
-/// Waits until the effect table holds `effects` rows, for at most a minute.
 impl Batching for Queue {
     async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> AmqpConsumer<DB> {
         connect(db, self, |options| options.prefetch(64).max_attempts(2)).await

@@ -2,9 +2,10 @@
 //! single readers of NATS and Redis, which keep their offset in the database) and every
 //! database: a message delivered twice takes effect once; a worker killed after its commit
 //! and before its ack leaves one effect, and the redelivery is a duplicate (a reader does
-//! not read it again); a consumer
-//! killed twenty times at random moments loses nothing and doubles nothing; two consumer
-//! processes on one queue take effect once per key.
+//! not read it again); 10,000 messages with a fifth repeated take effect once per key; a
+//! consumer killed twenty times at random moments loses nothing and doubles nothing; two
+//! consumer processes on one queue take effect once per key; and, where a consumer takes
+//! batches, a failing or killed batch neither loses nor doubles the others.
 
 use super::{Xorshift, run_until};
 use justonce_sql::Key;
@@ -206,6 +207,17 @@ on_brokers!(every: [
     a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
 ));
 
+// MQTT's own test publishes while it consumes: Mosquitto keeps 1,000 messages per session.
+on_brokers!(many: [
+    amqp = crate::amqp::Queue,
+    nats = crate::nats::Stream,
+    nats_reader = crate::nats::ReadStream,
+    redis = crate::redis_streams::Stream,
+    redis_reader = crate::redis_streams::ReadStream,
+] (
+    ten_thousand_messages_a_fifth_repeated_take_effect_once_per_key,
+));
+
 on_brokers!(competing: [
     amqp = crate::amqp::Queue,
     nats = crate::nats::Stream,
@@ -302,6 +314,29 @@ async fn a_worker_killed_between_commit_and_ack_leaves_one_effect<
         assert_eq!(db.effects_of(&Key::new(key).unwrap()).await, 1, "{key}");
     }
     assert!(broker.settled(&db).await, "the redelivery was acknowledged");
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+async fn ten_thousand_messages_a_fifth_repeated_take_effect_once_per_key<
+    B: TestBroker,
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..10_000)
+        .map(|n| format!("order:{}", n % 8_000))
+        .collect();
+    broker.publish(&keys).await;
+    let consumer = broker.connect(&db).await;
+    let stats = broker.consume(&consumer, &db, 10_000).await;
+    assert_eq!((stats.processed, stats.duplicates), (8_000, 2_000));
+    assert_eq!(db.rows("effects").await, 8_000, "effects = distinct keys");
+    assert_eq!(db.doubled_effects().await, 0);
+    assert!(broker.settled(&db).await, "every message was settled");
     drop(consumer);
     broker.delete().await;
     db.cleanup().await;
