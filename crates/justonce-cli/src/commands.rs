@@ -1,5 +1,6 @@
 //! Each command against the configured database.
 
+use crate::bench;
 use crate::config::Settings;
 use crate::progress::Progress;
 use crate::{Command, DlqCommand, KeyArgs, KeysCommand};
@@ -22,6 +23,31 @@ impl std::error::Error for Usage {}
 
 /// Opens the store the settings name and runs `command` on it.
 pub async fn run(settings: Settings, command: Command) -> Result<()> {
+    if let Command::Bench(args) = command {
+        let url = args.database.as_deref().unwrap_or(&settings.database);
+        let sections = if args.only.is_empty() {
+            vec![
+                bench::Section::Throughput,
+                bench::Section::Latency,
+                bench::Section::Purge,
+            ]
+        } else {
+            args.only
+        };
+        let count = |n: u64| usize::try_from(n).context("a count beyond this machine's memory");
+        let bench_settings = bench::Settings {
+            messages: count(args.messages)?,
+            duplicates: usize::from(args.duplicates),
+            batch: count(args.batch)?,
+            workers: count(args.workers)?,
+            sizes: args.sizes,
+            samples: count(args.samples)?,
+            purge: args.purge,
+            sections,
+            json: args.json,
+        };
+        return bench::run(url, &bench_settings).await;
+    }
     if let Command::Migrate {
         print_sql: true,
         since,
@@ -122,6 +148,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         Command::Stats { json } => stats(&inbox, json).await?,
         Command::Dlq { command } => dlq(&outbox, command).await?,
         Command::Keys { command } => keys(&inbox, command).await?,
+        Command::Bench(_) => unreachable!("run measures before it opens the store"),
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //!
 //! Exit codes: 0 on success, 2 on bad usage or configuration, 1 on failure.
 
+mod bench;
 mod commands;
 mod config;
 mod progress;
@@ -71,6 +72,46 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Measure claims on the database: throughput beside a hand-written client, latency as
+    /// the key table grows, and a purge under load.
+    ///
+    /// Runs in tables of its own, dropped at the end; prints a table, or one JSON object
+    /// per result. Each throughput result checks that effect rows equal distinct keys.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// The database to measure; the configured one by default.
+    #[arg(long)]
+    database: Option<String>,
+    /// Messages in the generated stream.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    messages: u64,
+    /// The share of messages, in percent, that repeat an earlier key.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..100))]
+    duplicates: u8,
+    /// Messages per transaction for claim_many.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
+    batch: u64,
+    /// Concurrent workers, each with its share of the stream.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    workers: u64,
+    /// Key table sizes at which to measure claim latency, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    sizes: Vec<u64>,
+    /// Claims timed at each size, and before and during the purge.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..))]
+    samples: u64,
+    /// Expired keys to purge.
+    #[arg(long, default_value_t = 1_000_000)]
+    purge: u64,
+    /// Only these sections, comma-separated; all by default.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    only: Vec<bench::Section>,
+    /// One JSON object per result, for scripts.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]

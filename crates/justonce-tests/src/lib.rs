@@ -220,15 +220,6 @@ pub trait TestBackend: Backend {
         key: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
-    /// The hand-written claim a benchmark compares with: the same insert justonce makes,
-    /// without justonce. Returns whether the key was new.
-    fn hand_claim<'a>(
-        conn: &'a mut Self::Connection,
-        prefix: &'a str,
-        key: &'a str,
-        fingerprint: &'a [u8],
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
-
     /// Runs one statement without arguments.
     fn execute<'a>(
         pool: &'a sqlx::Pool<Self>,
@@ -308,30 +299,6 @@ macro_rules! same_on_every_database {
     };
 }
 
-/// What PostgreSQL and SQLite run the same way, with `$n` parameters.
-macro_rules! same_on_postgres_and_sqlite {
-    () => {
-        same_on_every_database!();
-
-        async fn hand_claim<'a>(
-            conn: &'a mut Self::Connection,
-            prefix: &'a str,
-            key: &'a str,
-            fingerprint: &'a [u8],
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO {prefix}keys (scope, consumer, key, fingerprint, claim_id)
-                 VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING"
-            )))
-            .bind(key)
-            .bind(fingerprint)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        }
-    };
-}
-
 impl TestBackend for Sqlite {
     const MILLIS_AGO: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1";
 
@@ -358,7 +325,7 @@ impl TestBackend for Sqlite {
         Self::remove(url)
     }
 
-    same_on_postgres_and_sqlite!();
+    same_on_every_database!();
 }
 
 impl TestBackend for Postgres {
@@ -384,7 +351,7 @@ impl TestBackend for Postgres {
         .await;
     }
 
-    same_on_postgres_and_sqlite!();
+    same_on_every_database!();
 }
 
 impl TestBackend for MySql {
@@ -410,27 +377,6 @@ impl TestBackend for MySql {
     async fn drop_database(url: &str) {
         let (_, name) = url.rsplit_once('/').expect("a database URL");
         on_server::<Self>(&mysql_url(), format!("DROP DATABASE IF EXISTS {name}")).await;
-    }
-
-    async fn hand_claim<'a>(
-        conn: &'a mut Self::Connection,
-        prefix: &'a str,
-        key: &'a str,
-        fingerprint: &'a [u8],
-    ) -> Result<bool, sqlx::Error> {
-        let inserted = sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {prefix}keys (scope, consumer, `key`, fingerprint, claim_id, processed_at)
-             VALUES ('', 'bench', ?, ?, 0, UTC_TIMESTAMP(6))"
-        )))
-        .bind(key)
-        .bind(fingerprint)
-        .execute(conn)
-        .await;
-        match inserted {
-            Ok(_) => Ok(true),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
-            Err(e) => Err(e),
-        }
     }
 
     same_on_every_database!();

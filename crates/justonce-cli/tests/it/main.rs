@@ -1,4 +1,5 @@
 //! The `justonce` binary end to end: real HTTP on loopback, real databases, a real receiver
 //! of the deliveries, and a server killed with SIGKILL.
 
+mod bench;
 mod serve;

@@ -1,0 +1,897 @@
+//! `justonce bench`: how fast claims are on this database, beside what the same work costs
+//! without justonce, as the key table grows, and while a purge runs.
+//!
+//! Everything runs in tables of its own (`justonce_bench_<pid>_*`), dropped at the end. Each
+//! throughput result checks, and prints, that effect rows equal distinct keys.
+
+use crate::progress::Progress;
+use anyhow::{Context, Result, bail, ensure};
+use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
+use justonce_sql::{Backend, Claim, Consumer, Fingerprint, Inbox, Key, Options, Retention};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// What `justonce bench` measures, from its arguments.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub messages: usize,
+    pub duplicates: usize,
+    pub batch: usize,
+    pub workers: usize,
+    pub sizes: Vec<u64>,
+    pub samples: usize,
+    pub purge: u64,
+    pub sections: Vec<Section>,
+    pub json: bool,
+}
+
+/// A part of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    /// Messages per second, beside the hand-written client and the one-statement limit.
+    Throughput,
+    /// Claim latency and batched throughput as the key table grows.
+    Latency,
+    /// Keys purged per second, and claim latency while the purge runs.
+    Purge,
+}
+
+/// Runs the sections of `settings` on the database at `url`.
+pub async fn run(url: &str, settings: &Settings) -> Result<()> {
+    if url.starts_with("sqlite:") {
+        bench::<Sqlite>(url, settings).await
+    } else if url.starts_with("mysql:") {
+        bench::<MySql>(url, settings).await
+    } else {
+        bench::<Postgres>(url, settings).await
+    }
+}
+
+async fn bench<DB: BenchDb>(url: &str, settings: &Settings) -> Result<()> {
+    let prefix = format!("justonce_bench_{}_", std::process::id());
+    // A retry horizon of an hour lets the purge section purge keys a day old.
+    let retention = Retention::new(Duration::from_secs(86_400), Duration::from_secs(3_600))?;
+    let inbox = Inbox::<DB>::connect_with(
+        url,
+        Consumer::new("bench")?,
+        Options::default().prefix(&prefix).retention(retention),
+    )
+    .await
+    .context("opening the database")?;
+    inbox.migrate().await?;
+    let bench = Bench {
+        tables: BenchTables::new(&prefix),
+        inbox,
+        settings,
+        report: Report::new(settings.json, DB::LABEL),
+    };
+    let result = bench.sections().await;
+    let dropped = bench.drop_tables().await;
+    result?;
+    dropped?;
+    bench.report.memory();
+    Ok(())
+}
+
+struct Bench<'s, DB: BenchDb> {
+    tables: BenchTables,
+    inbox: Inbox<DB>,
+    settings: &'s Settings,
+    report: Report,
+}
+
+impl<DB: BenchDb> Bench<'_, DB> {
+    async fn sections(&self) -> Result<()> {
+        DB::create_effects(self.inbox.pool(), &self.tables.effects).await?;
+        for section in &self.settings.sections {
+            match section {
+                Section::Throughput => self.throughput().await?,
+                Section::Latency => self.latency().await?,
+                Section::Purge => self.purge().await?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Each mode on the same generated stream, from empty tables.
+    async fn throughput(&self) -> Result<()> {
+        let (keys, distinct) = stream(self.settings.messages, self.settings.duplicates);
+        let mut progress = Progress::new();
+        let mut hand_written = None;
+        for mode in Mode::ALL {
+            if mode == Mode::OneStatement && !DB::HAS_ONE_STATEMENT {
+                continue;
+            }
+            self.empty().await?;
+            progress.update(format!("throughput: {}", mode.name()));
+            let started = Instant::now();
+            self.run_mode(mode, &keys).await?;
+            let elapsed = started.elapsed();
+            let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
+            let doubled = DB::doubled(self.inbox.pool(), &self.tables.effects).await?;
+            ensure!(
+                effects == distinct as i64 && doubled == 0,
+                "{}: {effects} effect rows ({doubled} doubled) for {distinct} distinct keys",
+                mode.name()
+            );
+            let per_second = keys.len() as f64 / elapsed.as_secs_f64();
+            if mode == Mode::HandWritten {
+                hand_written = Some(per_second);
+            }
+            let against = hand_written.map(|baseline| per_second / baseline);
+            progress.finish();
+            self.report
+                .throughput(mode, self.settings, per_second, effects, against);
+            if mode == Mode::Run {
+                // The same stream again through the same inbox: every message a duplicate.
+                let started = Instant::now();
+                self.run_all(&keys).await?;
+                let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
+                let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
+                ensure!(effects == distinct as i64, "run-again wrote effects");
+                self.report.throughput(
+                    Mode::RunAgain,
+                    self.settings,
+                    per_second,
+                    effects,
+                    hand_written.map(|baseline| per_second / baseline),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `mode` over `keys` with the configured workers.
+    async fn run_mode(&self, mode: Mode, keys: &[Key]) -> Result<()> {
+        let workers = self.settings.workers.max(1);
+        let shares: Vec<Vec<Key>> = (0..workers)
+            .map(|worker| keys.iter().skip(worker).step_by(workers).cloned().collect())
+            .collect();
+        let runs = shares.iter().map(|share| async move {
+            match mode {
+                Mode::HandWritten => self.hand_written(share).await,
+                Mode::OneStatement => self.one_statement(share).await,
+                Mode::Run | Mode::RunAgain => self.run_all(share).await,
+                Mode::ClaimMany => self.claim_many(share).await,
+            }
+        });
+        for done in futures_util::future::join_all(runs).await {
+            done?;
+        }
+        Ok(())
+    }
+
+    /// BEGIN, the claim as a plain INSERT that skips a duplicate, the effect, COMMIT.
+    async fn hand_written(&self, keys: &[Key]) -> Result<()> {
+        for key in keys {
+            let fingerprint = Fingerprint::of(key.as_str());
+            let mut tx = self.inbox.begin().await?;
+            if DB::hand_claim(&mut tx, &self.tables.keys, key.as_str(), &fingerprint).await? {
+                DB::insert_effect(&mut tx, &self.tables.effects, key.as_str()).await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// The claim and the effect in one statement, committed on its own: one round trip.
+    async fn one_statement(&self, keys: &[Key]) -> Result<()> {
+        for key in keys {
+            let fingerprint = Fingerprint::of(key.as_str());
+            DB::one_statement(self.inbox.pool(), &self.tables, key.as_str(), &fingerprint).await?;
+        }
+        Ok(())
+    }
+
+    async fn run_all(&self, keys: &[Key]) -> Result<()> {
+        let effects = self.tables.effects.as_str();
+        for key in keys {
+            // Processed or a duplicate: the effect rows say which, when the mode ends.
+            let _outcome = self
+                .inbox
+                .run(key, key.as_str().as_bytes(), |tx| {
+                    Box::pin(DB::insert_effect(tx, effects, key.as_str()))
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn claim_many(&self, keys: &[Key]) -> Result<()> {
+        for batch in keys.chunks(self.settings.batch.max(1)) {
+            self.claim_batch(batch).await?;
+        }
+        Ok(())
+    }
+
+    async fn claim_batch(&self, batch: &[Key]) -> Result<()> {
+        let messages: Vec<(Key, &[u8])> = batch
+            .iter()
+            .map(|key| (key.clone(), key.as_str().as_bytes()))
+            .collect();
+        let mut tx = self.inbox.begin().await?;
+        let claims = self.inbox.claim_many(&mut tx, &messages).await?;
+        for ((key, _), claim) in messages.iter().zip(claims) {
+            if claim == Claim::First {
+                DB::insert_effect(&mut tx, &self.tables.effects, key.as_str()).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// At each table size: the latency of one claim with its effect, and batched
+    /// throughput, on fresh keys.
+    async fn latency(&self) -> Result<()> {
+        self.empty().await?;
+        let mut progress = Progress::new();
+        let mut filled = 0;
+        for (round, &size) in self.settings.sizes.iter().enumerate() {
+            if size > filled {
+                self.fill(&mut progress, filled, size, Duration::ZERO)
+                    .await?;
+                filled = size;
+            }
+            progress.update(format!("latency at {size} keys: claims"));
+            let fresh = |n: usize| Key::new(format!("latency:{round}:{n}")).expect("a valid key");
+            let claims: Vec<Key> = (0..self.settings.samples).map(fresh).collect();
+            let latencies = self.timed_runs(&claims).await?;
+            progress.update(format!("latency at {size} keys: batches"));
+            let batched: Vec<Key> = (0..self.settings.samples.max(self.settings.batch) * 5)
+                .map(|n| fresh(self.settings.samples + n))
+                .collect();
+            let started = Instant::now();
+            self.claim_many(&batched).await?;
+            let per_second = batched.len() as f64 / started.elapsed().as_secs_f64();
+            progress.finish();
+            self.report
+                .latency(size, &latencies, self.settings.batch, per_second);
+        }
+        Ok(())
+    }
+
+    /// Keys purged per second, and claim latency without and during the purge.
+    async fn purge(&self) -> Result<()> {
+        self.empty().await?;
+        let mut progress = Progress::new();
+        let expired = self.settings.purge;
+        self.fill(&mut progress, 0, expired, Duration::from_secs(2 * 86_400))
+            .await?;
+        let fresh =
+            |phase: &str, n: usize| Key::new(format!("purge:{phase}:{n}")).expect("a valid key");
+        progress.update("purge: claims without a purge".to_owned());
+        let quiet: Vec<Key> = (0..self.settings.samples)
+            .map(|n| fresh("quiet", n))
+            .collect();
+        let without = self.timed_runs(&quiet).await?;
+        let purging = async {
+            let started = Instant::now();
+            let keep = Duration::from_secs(86_400);
+            let mut purged = 0;
+            loop {
+                let batch = self.inbox.purge_batch(keep, 1_000).await?;
+                purged += batch;
+                if batch < 1_000 {
+                    return Ok::<_, anyhow::Error>((purged, started.elapsed()));
+                }
+            }
+        };
+        let claiming = async {
+            let mut latencies = Vec::new();
+            let mut n = 0;
+            // Claims until the purge is over, at least the configured samples.
+            while latencies.len() < self.settings.samples {
+                latencies.extend(self.timed_runs(&[fresh("during", n)]).await?);
+                n += 1;
+            }
+            Ok::<_, anyhow::Error>(latencies)
+        };
+        progress.update(format!("purge: {expired} expired keys, claiming meanwhile"));
+        let (purged, during) = tokio::join!(purging, claiming);
+        let (purged, took) = purged?;
+        progress.finish();
+        ensure!(
+            purged == expired,
+            "purged {purged} keys of the {expired} expired"
+        );
+        self.report.purge(purged, took, &without, &during?);
+        Ok(())
+    }
+
+    /// The duration of each `Inbox::run`, one after the other.
+    async fn timed_runs(&self, keys: &[Key]) -> Result<Vec<Duration>> {
+        let mut latencies = Vec::with_capacity(keys.len());
+        for key in keys {
+            let started = Instant::now();
+            self.run_all(std::slice::from_ref(key)).await?;
+            latencies.push(started.elapsed());
+        }
+        Ok(latencies)
+    }
+
+    /// Adds keys `from..to`, processed `age` ago, in statements of 100,000.
+    async fn fill(&self, progress: &mut Progress, from: u64, to: u64, age: Duration) -> Result<()> {
+        let mut at = from;
+        while at < to {
+            let until = (at + 100_000).min(to);
+            progress.update(format!("filling the key table: {at} of {to} keys"));
+            DB::fill(self.inbox.pool(), &self.tables.keys, at, until, age).await?;
+            at = until;
+        }
+        progress.update(format!("filling the key table: {to} of {to} keys"));
+        progress.finish();
+        Ok(())
+    }
+
+    async fn empty(&self) -> Result<()> {
+        for table in [&self.tables.keys, &self.tables.effects] {
+            DB::execute(self.inbox.pool(), format!("DELETE FROM {table}")).await?;
+        }
+        Ok(())
+    }
+
+    async fn drop_tables(&self) -> Result<()> {
+        for table in &self.tables.all {
+            DB::execute(self.inbox.pool(), format!("DROP TABLE IF EXISTS {table}")).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The generated stream: `messages` keys of which `duplicates` percent repeat an earlier one,
+/// and how many are distinct.
+fn stream(messages: usize, duplicates: usize) -> (Vec<Key>, usize) {
+    let mut keys: Vec<Key> = Vec::with_capacity(messages);
+    let mut distinct = 0;
+    for n in 0..messages {
+        // Spread over the stream without a random source, the same on every run.
+        if n > 0 && (n * 7_919) % 100 < duplicates {
+            keys.push(keys[(n * 104_729) % n].clone());
+        } else {
+            keys.push(Key::new(format!("message:{distinct}")).expect("a valid key"));
+            distinct += 1;
+        }
+    }
+    (keys, distinct)
+}
+
+/// A way to process the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    HandWritten,
+    OneStatement,
+    Run,
+    RunAgain,
+    ClaimMany,
+}
+
+impl Mode {
+    /// The modes that start from empty tables, baseline first.
+    const ALL: [Mode; 4] = [
+        Mode::HandWritten,
+        Mode::OneStatement,
+        Mode::Run,
+        Mode::ClaimMany,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::HandWritten => "hand-written",
+            Mode::OneStatement => "one-statement",
+            Mode::Run => "run",
+            Mode::RunAgain => "run-again",
+            Mode::ClaimMany => "claim_many",
+        }
+    }
+}
+
+/// The bench's tables: justonce's, under the bench's prefix, and the effects.
+struct BenchTables {
+    keys: String,
+    effects: String,
+    all: Vec<String>,
+}
+
+impl BenchTables {
+    fn new(prefix: &str) -> Self {
+        let all = ["effects", "outbox", "offsets", "keys", "migrations"]
+            .map(|table| format!("{prefix}{table}"))
+            .to_vec();
+        Self {
+            keys: format!("{prefix}keys"),
+            effects: format!("{prefix}effects"),
+            all,
+        }
+    }
+}
+
+/// Prints results as a table, or one JSON object per result.
+struct Report {
+    json: bool,
+    database: &'static str,
+}
+
+impl Report {
+    fn new(json: bool, database: &'static str) -> Self {
+        Self { json, database }
+    }
+
+    fn throughput(
+        &self,
+        mode: Mode,
+        settings: &Settings,
+        per_second: f64,
+        effects: i64,
+        against_hand_written: Option<f64>,
+    ) {
+        let batch = (mode == Mode::ClaimMany).then_some(settings.batch);
+        if self.json {
+            let result = serde_json::json!({
+                "bench": "throughput",
+                "database": self.database,
+                "mode": mode.name(),
+                "workers": settings.workers,
+                "batch": batch,
+                "messages": settings.messages,
+                "duplicates_percent": settings.duplicates,
+                "messages_per_second": per_second.round(),
+                "effects": effects,
+                "effects_equal_distinct_keys": true,
+                "against_hand_written": against_hand_written.map(|r| (r * 100.0).round() / 100.0),
+            });
+            println!("{result}");
+            return;
+        }
+        let mode = match batch {
+            Some(batch) => format!("{} ({batch})", mode.name()),
+            None => mode.name().to_owned(),
+        };
+        let ratio = against_hand_written
+            .map(|r| format!("{r:.2}x hand-written"))
+            .unwrap_or_default();
+        println!(
+            "throughput  {:<9} {mode:<19} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<18} effects {effects} = distinct keys",
+            self.database, settings.workers
+        );
+    }
+
+    fn latency(&self, size: u64, latencies: &[Duration], batch: usize, batched: f64) {
+        let (p50, p99) = (percentile(latencies, 50), percentile(latencies, 99));
+        if self.json {
+            let result = serde_json::json!({
+                "bench": "latency",
+                "database": self.database,
+                "keys": size,
+                "claims": latencies.len(),
+                "p50_ms": millis(p50),
+                "p99_ms": millis(p99),
+                "batch": batch,
+                "batched_messages_per_second": batched.round(),
+            });
+            println!("{result}");
+            return;
+        }
+        println!(
+            "latency     {:<9} {size:>10} keys  claim p50 {:.2} ms  p99 {:.2} ms  batches of {batch}: {batched:.0} msg/s",
+            self.database,
+            millis(p50),
+            millis(p99),
+        );
+    }
+
+    fn purge(&self, purged: u64, took: Duration, without: &[Duration], during: &[Duration]) {
+        let per_second = purged as f64 / took.as_secs_f64();
+        let (quiet, busy) = (percentile(without, 99), percentile(during, 99));
+        if self.json {
+            let result = serde_json::json!({
+                "bench": "purge",
+                "database": self.database,
+                "purged": purged,
+                "seconds": took.as_secs_f64(),
+                "keys_per_second": per_second.round(),
+                "claim_p99_ms_without": millis(quiet),
+                "claim_p99_ms_during": millis(busy),
+                "claims_during": during.len(),
+            });
+            println!("{result}");
+            return;
+        }
+        println!(
+            "purge       {:<9} {purged:>10} keys  {per_second:.0} keys/s  claim p99 {:.2} ms without, {:.2} ms while purging",
+            self.database,
+            millis(quiet),
+            millis(busy),
+        );
+    }
+
+    fn memory(&self) {
+        let Some(rss) = peak_rss_mib() else { return };
+        if self.json {
+            let result = serde_json::json!({
+                "bench": "memory",
+                "database": self.database,
+                "peak_rss_mib": (rss * 10.0).round() / 10.0,
+            });
+            println!("{result}");
+        } else {
+            println!("memory      {:<9} peak RSS {rss:.1} MiB", self.database);
+        }
+    }
+}
+
+/// The `p`th percentile of `samples`.
+fn percentile(samples: &[Duration], p: usize) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let index = (sorted.len() * p).div_ceil(100).saturating_sub(1);
+    sorted.get(index).copied().unwrap_or_default()
+}
+
+fn millis(duration: Duration) -> f64 {
+    (duration.as_secs_f64() * 1_000_000.0).round() / 1_000.0
+}
+
+/// This process's peak resident memory, where the kernel reports it (Linux).
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The statements the bench writes by hand, per database.
+trait BenchDb: Backend {
+    const LABEL: &'static str;
+    /// Whether the claim and the effect fit in one statement.
+    const HAS_ONE_STATEMENT: bool;
+
+    async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()>;
+
+    /// Send, for the work of [`Inbox::run`].
+    fn insert_effect<'a>(
+        tx: &'a mut sqlx::Transaction<'_, Self>,
+        table: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Inserts the key; false if it was there.
+    async fn hand_claim(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<bool>;
+
+    async fn one_statement(
+        pool: &sqlx::Pool<Self>,
+        tables: &BenchTables,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<()>;
+
+    /// Inserts keys `fill:<from>` to `fill:<to - 1>` of the bench's consumer, processed
+    /// `age` ago, in one statement.
+    async fn fill(
+        pool: &sqlx::Pool<Self>,
+        table: &str,
+        from: u64,
+        to: u64,
+        age: Duration,
+    ) -> Result<()>;
+
+    async fn execute(pool: &sqlx::Pool<Self>, sql: String) -> Result<()>;
+
+    async fn count(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64>;
+
+    /// Effect rows beyond the first for their key.
+    async fn doubled(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64>;
+}
+
+/// What runs the same on every database.
+macro_rules! common {
+    () => {
+        async fn execute(pool: &sqlx::Pool<Self>, sql: String) -> Result<()> {
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
+            Ok(())
+        }
+
+        async fn count(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64> {
+            let sql = format!("SELECT COUNT(*) FROM {table}");
+            Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+                .fetch_one(pool)
+                .await?)
+        }
+
+        async fn doubled(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64> {
+            let sql = format!("SELECT COUNT(*) - COUNT(DISTINCT effect_key) FROM {table}");
+            Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+                .fetch_one(pool)
+                .await?)
+        }
+    };
+}
+
+impl BenchDb for Postgres {
+    const LABEL: &'static str = "postgres";
+    const HAS_ONE_STATEMENT: bool = true;
+
+    common!();
+
+    async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()> {
+        Self::execute(
+            pool,
+            format!("CREATE TABLE {table} (effect_key text NOT NULL)"),
+        )
+        .await
+    }
+
+    async fn insert_effect(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        key: &str,
+    ) -> Result<(), sqlx::Error> {
+        let sql = format!("INSERT INTO {table} (effect_key) VALUES ($1)");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key)
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    }
+
+    async fn hand_claim(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<bool> {
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
+             VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING"
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(key)
+            .bind(fingerprint.as_bytes().as_slice())
+            .execute(&mut **tx)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn one_statement(
+        pool: &sqlx::Pool<Self>,
+        tables: &BenchTables,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<()> {
+        let sql = format!(
+            "WITH claimed AS (
+                 INSERT INTO {} (scope, consumer, key, fingerprint, claim_id)
+                 VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING RETURNING key)
+             INSERT INTO {} (effect_key) SELECT key FROM claimed",
+            tables.keys, tables.effects
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key)
+            .bind(fingerprint.as_bytes().as_slice())
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn fill(
+        pool: &sqlx::Pool<Self>,
+        table: &str,
+        from: u64,
+        to: u64,
+        age: Duration,
+    ) -> Result<()> {
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id, processed_at)
+             SELECT '', 'bench', 'fill:' || n, sha256(n::text::bytea), 0,
+                    now() - make_interval(secs => $3)
+             FROM generate_series($1::bigint, $2::bigint - 1) AS n"
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::try_from(from)?)
+            .bind(i64::try_from(to)?)
+            .bind(age.as_secs_f64())
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+}
+
+impl BenchDb for Sqlite {
+    const LABEL: &'static str = "sqlite";
+    const HAS_ONE_STATEMENT: bool = false;
+
+    common!();
+
+    async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()> {
+        Self::execute(
+            pool,
+            format!("CREATE TABLE {table} (effect_key TEXT NOT NULL)"),
+        )
+        .await
+    }
+
+    async fn insert_effect(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        key: &str,
+    ) -> Result<(), sqlx::Error> {
+        let sql = format!("INSERT INTO {table} (effect_key) VALUES ($1)");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key)
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    }
+
+    async fn hand_claim(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<bool> {
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
+             VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING"
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(key)
+            .bind(fingerprint.as_bytes().as_slice())
+            .execute(&mut **tx)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn one_statement(
+        _pool: &sqlx::Pool<Self>,
+        _tables: &BenchTables,
+        _key: &str,
+        _fingerprint: &Fingerprint,
+    ) -> Result<()> {
+        bail!("SQLite has no statement that both claims and writes the effect")
+    }
+
+    async fn fill(
+        pool: &sqlx::Pool<Self>,
+        table: &str,
+        from: u64,
+        to: u64,
+        age: Duration,
+    ) -> Result<()> {
+        let sql = format!(
+            "WITH RECURSIVE n(n) AS (SELECT $1 UNION ALL SELECT n + 1 FROM n WHERE n + 1 < $2)
+             INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id, processed_at)
+             SELECT '', 'bench', 'fill:' || n, randomblob(32), 0,
+                    CAST(unixepoch('subsec') * 1000 AS INTEGER) - $3
+             FROM n"
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::try_from(from)?)
+            .bind(i64::try_from(to)?)
+            .bind(i64::try_from(age.as_millis())?)
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+}
+
+impl BenchDb for MySql {
+    const LABEL: &'static str = "mysql";
+    const HAS_ONE_STATEMENT: bool = false;
+
+    common!();
+
+    async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()> {
+        Self::execute(
+            pool,
+            format!("CREATE TABLE {table} (effect_key VARBINARY(255) NOT NULL) ENGINE=InnoDB"),
+        )
+        .await
+    }
+
+    async fn insert_effect(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        key: &str,
+    ) -> Result<(), sqlx::Error> {
+        let sql = format!("INSERT INTO {table} (effect_key) VALUES (?)");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(key)
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    }
+
+    /// A plain INSERT whose duplicate-key error is caught, as justonce's claim is: MySQL
+    /// reports an ignored duplicate unreliably through sqlx's found-rows flag.
+    async fn hand_claim(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<bool> {
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, `key`, fingerprint, claim_id, processed_at)
+             VALUES ('', 'bench', ?, ?, 0, UTC_TIMESTAMP(6))"
+        );
+        let inserted = sqlx::query(AssertSqlSafe(sql))
+            .bind(key)
+            .bind(fingerprint.as_bytes().as_slice())
+            .execute(&mut **tx)
+            .await;
+        match inserted {
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    async fn one_statement(
+        _pool: &sqlx::Pool<Self>,
+        _tables: &BenchTables,
+        _key: &str,
+        _fingerprint: &Fingerprint,
+    ) -> Result<()> {
+        bail!("MySQL has no statement that both claims and writes the effect")
+    }
+
+    async fn fill(
+        pool: &sqlx::Pool<Self>,
+        table: &str,
+        from: u64,
+        to: u64,
+        age: Duration,
+    ) -> Result<()> {
+        // Numbers from five tables of digits, not a recursive CTE: MariaDB stops one after
+        // 1,000 rows by default, and MySQL names that limit differently.
+        let digits = "(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                      UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL \
+                      SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)";
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, `key`, fingerprint, claim_id, processed_at)
+             SELECT '', 'bench', CONCAT('fill:', n), UNHEX(SHA2(n, 256)), 0,
+                    UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+             FROM (SELECT ? + a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS n
+                   FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) numbers
+             WHERE n < ?"
+        );
+        ensure!(to - from <= 100_000, "at most 100,000 keys per statement");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(u64::try_from(age.as_micros())?)
+            .bind(from)
+            .bind(to)
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stream_repeats_the_share_asked_for() {
+        let (keys, distinct) = stream(10_000, 20);
+        assert_eq!(keys.len(), 10_000);
+        let unique: std::collections::HashSet<&str> = keys.iter().map(Key::as_str).collect();
+        assert_eq!(unique.len(), distinct);
+        assert!((7_900..=8_100).contains(&distinct), "{distinct}");
+    }
+
+    #[test]
+    fn percentiles_pick_the_sample_at_or_above_the_share() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&samples, 50), Duration::from_millis(50));
+        assert_eq!(percentile(&samples, 99), Duration::from_millis(99));
+        assert_eq!(percentile(&[], 99), Duration::ZERO);
+    }
+}

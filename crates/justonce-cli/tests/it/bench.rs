@@ -1,0 +1,140 @@
+//! `justonce bench` against each real database, small: every section reports, every
+//! throughput result saw effect rows equal distinct keys, and its tables are gone after.
+
+use justonce_tests::{TestBackend, TestDb};
+use std::process::Stdio;
+
+macro_rules! on_every_database {
+    ($($test:ident),* $(,)?) => {
+        $(
+            mod $test {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$test::<justonce_sql::sqlx::Sqlite>("bench_sqlite").await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$test::<justonce_sql::sqlx::Postgres>("bench_postgres").await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn mysql() {
+                    super::$test::<justonce_sql::sqlx::MySql>("bench_mysql").await
+                }
+            }
+        )*
+    };
+}
+
+on_every_database!(every_section_reports_and_leaves_no_table_behind);
+
+async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args([
+            "bench",
+            "--database",
+            &db.url,
+            "--json",
+            "--messages",
+            "2000",
+        ])
+        .args(["--batch", "100", "--workers", "2", "--sizes", "1000,5000"])
+        .args(["--samples", "50", "--purge", "5000"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start justonce bench");
+    let pid = child.id().expect("a running bench");
+    let output = child.wait_with_output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let results: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    let of = |bench: &str| -> Vec<&serde_json::Value> {
+        results.iter().filter(|r| r["bench"] == bench).collect()
+    };
+
+    let throughput = of("throughput");
+    let modes: Vec<&str> = throughput
+        .iter()
+        .map(|r| r["mode"].as_str().unwrap())
+        .collect();
+    let mut expected = vec!["hand-written", "run", "run-again", "claim_many"];
+    if db.url.starts_with("postgres") {
+        expected.insert(1, "one-statement");
+    }
+    assert_eq!(modes, expected);
+    let distinct = &throughput[0]["effects"];
+    for result in &throughput {
+        assert_eq!(&result["effects"], distinct, "{result}");
+        assert_eq!(result["effects_equal_distinct_keys"], true);
+        assert!(result["messages_per_second"].as_f64().unwrap() > 0.0);
+    }
+    // A fifth of 2,000 messages repeat a key.
+    assert!(
+        (1_500..2_000).contains(&distinct.as_i64().unwrap()),
+        "{distinct}"
+    );
+
+    let latency = of("latency");
+    let sizes: Vec<u64> = latency
+        .iter()
+        .map(|r| r["keys"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [1_000, 5_000]);
+    for result in latency {
+        assert_eq!(result["claims"], 50);
+        assert!(result["p50_ms"].as_f64().unwrap() <= result["p99_ms"].as_f64().unwrap());
+        assert!(result["batched_messages_per_second"].as_f64().unwrap() > 0.0);
+    }
+
+    let [purge] = of("purge")[..] else {
+        panic!("one purge result: {stdout}");
+    };
+    assert_eq!(purge["purged"], 5_000);
+    assert!(purge["claims_during"].as_u64().unwrap() >= 50);
+    let [memory] = of("memory")[..] else {
+        panic!("one memory result: {stdout}");
+    };
+    assert!(memory["peak_rss_mib"].as_f64().unwrap() > 0.0);
+
+    let left = DB::count(db.inbox.pool(), tables_named(&db.url, pid)).await;
+    assert_eq!(left, 0, "the bench's tables are dropped");
+    db.cleanup().await;
+}
+
+/// A query counting the tables of the bench process `pid`.
+fn tables_named(url: &str, pid: u32) -> String {
+    let like = format!("'justonce_bench_{pid}_%'");
+    if url.starts_with("sqlite") {
+        format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name LIKE {like}")
+    } else if url.starts_with("mysql") {
+        format!(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name LIKE {like}"
+        )
+    } else {
+        format!("SELECT COUNT(*) FROM information_schema.tables WHERE table_name LIKE {like}")
+    }
+}
+
+#[tokio::test]
+async fn a_share_of_duplicates_of_100_percent_is_bad_usage() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args([
+            "bench",
+            "--database",
+            "sqlite::memory:",
+            "--duplicates",
+            "100",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--duplicates"), "{stderr}");
+}
