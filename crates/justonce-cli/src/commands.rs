@@ -9,6 +9,9 @@ use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Options, Row, Scope, StoredKey};
 use std::io::{BufRead, IsTerminal, Write};
 
+/// Dead letters replayed per statement by `dlq replay --all`.
+const REPLAY_BATCH: u32 = 1_000;
+
 /// Bad usage found once the command runs, such as a malformed key: exit code 2.
 #[derive(Debug)]
 pub struct Usage(String);
@@ -401,7 +404,21 @@ async fn dlq<DB: Backend>(outbox: &justonce_sql::Outbox<DB>, command: DlqCommand
             println!("delivery {id} is due again");
         }
         DlqCommand::Replay { id: None, .. } => {
-            println!("{} dead letters are due again", outbox.replay_all().await?);
+            // Bounded by the count at the start: a replayed row that dies again during the
+            // replay is not replayed twice.
+            let dead = u64::try_from(outbox.stats().await?.dead).unwrap_or(0);
+            let mut progress = Progress::new();
+            let mut replayed = 0;
+            while replayed < dead {
+                let batch = outbox.replay_batch(REPLAY_BATCH).await?;
+                replayed += batch;
+                progress.update(format!("dead letters: {replayed} of {dead} due again"));
+                if batch < u64::from(REPLAY_BATCH) {
+                    break;
+                }
+            }
+            progress.finish();
+            println!("{replayed} dead letters are due again");
         }
         DlqCommand::Purge => {
             println!(

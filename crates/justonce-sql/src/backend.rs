@@ -340,7 +340,11 @@ impl Statements {
                 "UPDATE {outbox}
                  SET dead = FALSE, attempts = 0, next_attempt_at = {now}, created_at = {now},
                      last_error = NULL
-                 WHERE dead AND sent_at IS NULL AND ($1 IS NULL OR id = $1)"
+                 WHERE id IN (
+                    SELECT id FROM {outbox}
+                    WHERE dead AND sent_at IS NULL AND ($1 IS NULL OR id = $1)
+                    ORDER BY id LIMIT $2
+                 )"
             )),
             purge_dead: text(format!("DELETE FROM {outbox} WHERE dead")),
             purge_sent: text(format!(
@@ -633,9 +637,10 @@ pub enum Change<'a> {
         reason: &'a str,
         token: i64,
     },
-    /// Every dead letter when `id` is `None`.
+    /// Every dead letter when `id` is `None`, at most `limit`.
     Replay {
         id: Option<i64>,
+        limit: i64,
     },
     PurgeDead,
     PurgeSent {
@@ -988,7 +993,7 @@ macro_rules! shared_queries {
                 Change::MarkDead { id, reason, token } => {
                     statement(&sql.mark_dead).bind(id).bind(reason).bind(token)
                 }
-                Change::Replay { id } => statement(&sql.replay).bind(id),
+                Change::Replay { id, limit } => statement(&sql.replay).bind(id).bind(limit),
                 Change::PurgeDead => statement(&sql.purge_dead),
                 Change::PurgeSent {
                     older_than_ms,

@@ -239,7 +239,8 @@ impl MySqlStatements {
                 "UPDATE {outbox}
                  SET dead = FALSE, attempts = 0, next_attempt_at = {NOW}, created_at = {NOW},
                      last_error = NULL
-                 WHERE dead AND sent_at IS NULL AND (? IS NULL OR id = ?)"
+                 WHERE dead AND sent_at IS NULL AND (? IS NULL OR id = ?)
+                 ORDER BY id LIMIT ?"
             ),
             purge_dead: format!("DELETE FROM {outbox} WHERE dead"),
             purge_sent: format!("DELETE FROM {outbox} WHERE sent_at < {EARLIER} LIMIT ?"),
@@ -543,7 +544,7 @@ impl Backend for MySql {
             Change::MarkDead { id, reason, token } => {
                 statement(&sql.mark_dead).bind(reason).bind(id).bind(token)
             }
-            Change::Replay { id } => statement(&sql.replay).bind(id).bind(id),
+            Change::Replay { id, limit } => statement(&sql.replay).bind(id).bind(id).bind(limit),
             Change::PurgeDead => statement(&sql.purge_dead),
             Change::PurgeSent {
                 older_than_ms,

@@ -141,12 +141,28 @@ impl<DB: Backend> Outbox<DB> {
     /// Puts a dead letter back to due, with its attempts reset and the same key, so that
     /// the relay sends it again. Returns whether the row was a dead letter.
     pub async fn replay(&self, id: i64) -> Result<bool, Error> {
-        Ok(self.change(Change::Replay { id: Some(id) }).await? > 0)
+        let change = Change::Replay {
+            id: Some(id),
+            limit: 1,
+        };
+        Ok(self.change(change).await? > 0)
     }
 
-    /// Replays every dead letter; returns how many.
+    /// Replays every dead letter in one statement; returns how many.
     pub async fn replay_all(&self) -> Result<u64, Error> {
-        self.change(Change::Replay { id: None }).await
+        self.replay_batch(u32::MAX).await
+    }
+
+    /// Replays at most `batch_size` dead letters, oldest first, and returns how many, so
+    /// that a caller replaying many can report its progress between batches. A row
+    /// replayed may die again (a destination that still refuses it) and be picked by a
+    /// later batch: bound such a loop by the count of dead letters it started from.
+    pub async fn replay_batch(&self, batch_size: u32) -> Result<u64, Error> {
+        let change = Change::Replay {
+            id: None,
+            limit: i64::from(batch_size.max(1)),
+        };
+        self.change(change).await
     }
 
     /// Deletes every dead letter; returns how many.

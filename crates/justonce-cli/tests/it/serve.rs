@@ -1402,6 +1402,26 @@ async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: 
         tables.contains("Duplicates and key reuses are not stored"),
         "{tables}"
     );
+
+    // The dead letter replayed, with its progress on standard error.
+    let replayed = server
+        .command(&["dlq", "replay", "--all"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert!(replayed.status.success());
+    let stdout = String::from_utf8_lossy(&replayed.stdout);
+    assert_eq!(stdout.trim(), "1 dead letters are due again");
+    let stderr = String::from_utf8_lossy(&replayed.stderr);
+    assert!(
+        stderr.contains("dead letters: 1 of 1 due again"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stats_json(&server).await["deliveries"],
+        serde_json::json!({"sent": 2, "due": 3, "dead": 0})
+    );
     worker.pool().close().await;
     drop_database(db, &url).await;
 }

@@ -17,6 +17,7 @@ on_every_database!(
     the_relay_sends_each_row_with_its_derived_key,
     failures_are_retried_dead_lettered_and_replayed_with_the_same_key,
     retries_stop_after_the_last_attempt,
+    dead_letters_are_replayed_in_batches_oldest_first,
     a_row_for_an_unknown_destination_is_retried,
     sent_rows_are_purged_after_their_retention,
     offsets_never_move_backwards,
@@ -187,6 +188,38 @@ async fn retries_stop_after_the_last_attempt<DB: TestBackend>(test: &str) {
     assert_eq!(row.last_error.as_deref(), Some("connection refused"));
     assert_eq!(outbox.replay_all().await.unwrap(), 1);
     assert_eq!(outbox.get(id).await.unwrap().unwrap().attempts, 0);
+    db.cleanup().await;
+}
+
+async fn dead_letters_are_replayed_in_batches_oldest_first<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(enqueue(&db.inbox, &format!("evt_{n}"), "refused").await);
+    }
+    let refusals = (0..5).map(|_| Delivered::Reject {
+        reason: "410 Gone".to_owned(),
+    });
+    let outbox = db.inbox.outbox();
+    let relay = outbox
+        .relay()
+        .options(eager())
+        .destination("sink", Recorder::answering(refusals));
+    assert_eq!(relay.relay_once().await.unwrap().dead, 5);
+    let due = |outbox: &justonce_sql::Outbox<DB>| {
+        let outbox = outbox.clone();
+        async move {
+            let dead = outbox.dead_letters(10).await.unwrap();
+            dead.into_iter().map(|row| row.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(outbox.replay_batch(2).await.unwrap(), 2);
+    assert_eq!(due(&outbox).await, ids[2..], "the two oldest went first");
+    assert_eq!(outbox.replay_batch(2).await.unwrap(), 2);
+    assert_eq!(outbox.replay_batch(2).await.unwrap(), 1);
+    assert_eq!(outbox.replay_batch(2).await.unwrap(), 0);
+    assert!(due(&outbox).await.is_empty());
+    assert_eq!(outbox.stats().await.unwrap().due, 5);
     db.cleanup().await;
 }
 
