@@ -3,6 +3,7 @@
 //!
 //! Exit codes: 0 on success, 2 on bad usage or configuration, 1 on failure.
 
+mod activity;
 mod bench;
 mod commands;
 mod config;

@@ -1,5 +1,6 @@
 //! `justonce serve`: the public receiver, the admin listener and the relay, until SIGTERM.
 
+use crate::activity::{self, Activity};
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
 use anyhow::{Context, Result};
 use axum::http::StatusCode;
@@ -14,6 +15,7 @@ use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::NatsConsumer;
 use justonce_transport::redis_streams::RedisStreamConsumer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tower_http::timeout::TimeoutLayer;
@@ -48,6 +50,18 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
+    let activity = Arc::new(Activity::new(prometheus.clone()));
+    let sampling = Arc::clone(&activity);
+    tokio::spawn(async move {
+        let mut minutes = tokio::time::interval_at(
+            tokio::time::Instant::now() + activity::MINUTE,
+            activity::MINUTE,
+        );
+        loop {
+            minutes.tick().await;
+            sampling.sample();
+        }
+    });
     let outbox = inbox.outbox();
     let status_outbox = outbox.clone();
     let admin = receiver::health_router(&inbox)
@@ -60,6 +74,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             get(move || {
                 status_page(
                     status_outbox.clone(),
+                    Arc::clone(&activity),
                     source_names.clone(),
                     consumer_names.clone(),
                 )
@@ -242,13 +257,42 @@ async fn metrics_page<DB: Backend>(prometheus: PrometheusHandle, outbox: Outbox<
         .into_response()
 }
 
-/// The status page: the sources, the consumers and the state of their deliveries, for a
-/// person.
+/// Dead letters the status page lists, newest last.
+const DEAD_LETTERS_SHOWN: u32 = 20;
+
+/// The status page: the sources and consumers, the events of the last hour, the state of
+/// the deliveries and the dead letters with their reasons, for a person. Plain HTML with an
+/// inline SVG chart: nothing to build, nothing fetched.
 async fn status_page<DB: Backend>(
     outbox: Outbox<DB>,
+    activity: Arc<Activity>,
     sources: Vec<String>,
     consumers: Vec<String>,
 ) -> Response {
+    let chart = activity::chart(&activity.minutes());
+    let dead_letters = match outbox.dead_letters(DEAD_LETTERS_SHOWN).await {
+        Ok(rows) if rows.is_empty() => "<p>none</p>".to_owned(),
+        Ok(rows) => {
+            let rows: String = rows
+                .iter()
+                .map(|row| {
+                    format!(
+                        "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+                        row.id,
+                        escape(&row.destination),
+                        escape(&row.key),
+                        row.attempts,
+                        escape(row.last_error.as_deref().unwrap_or("")),
+                    )
+                })
+                .collect();
+            format!(
+                "<table><tr><th>id</th><th>destination</th><th>key</th><th>attempts</th>\
+                 <th>reason</th></tr>{rows}</table>"
+            )
+        }
+        Err(_) => "<p>the database cannot be reached</p>".to_owned(),
+    };
     let state = match outbox.stats().await {
         Ok(stats) => format!(
             "<tr><td>sent</td><td>{}</td></tr><tr><td>due</td><td>{}</td></tr>\
@@ -275,7 +319,9 @@ async fn status_page<DB: Backend>(
         "<!doctype html><html><head><meta charset=utf-8><title>justonce</title></head>\
          <body><h1>justonce</h1><h2>Sources</h2><ul>{sources}</ul>\
          <h2>Consumers</h2><ul>{consumers}</ul>\
+         <h2>Events</h2>{chart}\
          <h2>Deliveries</h2><table>{state}</table>\
+         <h2>Dead letters</h2>{dead_letters}\
          <p><a href=\"/metrics\">metrics</a> · <a href=\"/healthz\">health</a></p></body></html>"
     );
     ([(CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()

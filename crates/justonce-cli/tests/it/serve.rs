@@ -409,6 +409,47 @@ async fn a_server_killed_twenty_times_loses_no_acknowledged_event<DB: TestBacken
     drop_database(db, &url).await;
 }
 
+/// The admin listener's page: the events of the last hour in its chart, and a dead letter
+/// with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_the_last_hour_and_the_dead_letters_with_their_reasons() {
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("status-page").await;
+    let refusing: justonce_tests::Script = std::sync::Arc::new(|key: &str, _| {
+        if key.contains("evt_bad") {
+            justonce_tests::Answer::status(422)
+        } else {
+            justonce_tests::Answer::status(200)
+        }
+    });
+    let sink = Sink::scripted(refusing).await;
+    let mut server = Server::configure(&url, &sink.url());
+    server.start().await;
+    let client = client();
+    for body in [r#"{"id":"evt_1"}"#, r#"{"id":"evt_1"}"#, r#"{"id":"evt_bad"}"#] {
+        assert_eq!(post(&client, &server.public, body).await.unwrap().0, 200);
+    }
+    let mut page = String::new();
+    for _ in 0..200 {
+        page = text_of(&client, &format!("{}/", server.admin)).await;
+        if page.contains("evt_bad") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(page.contains("<svg"), "{page}");
+    assert!(
+        page.contains("accepted 2") && page.contains("duplicates 1"),
+        "{page}"
+    );
+    let dead_letter = page
+        .split("<tr>")
+        .find(|row| row.contains("demo:evt_bad"))
+        .unwrap_or_else(|| panic!("the dead letter is listed: {page}"));
+    assert!(dead_letter.contains("422"), "its reason: {dead_letter}");
+    server.stop().await;
+    drop_database(db, &url).await;
+}
+
 #[tokio::test]
 async fn bad_configuration_exits_2_and_names_the_problem() {
     let server = Server::configure("mongodb://nowhere", "http://127.0.0.1:1/x");
