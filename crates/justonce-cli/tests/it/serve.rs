@@ -425,7 +425,11 @@ async fn the_status_page_shows_the_last_hour_and_the_dead_letters_with_their_rea
     let mut server = Server::configure(&url, &sink.url());
     server.start().await;
     let client = client();
-    for body in [r#"{"id":"evt_1"}"#, r#"{"id":"evt_1"}"#, r#"{"id":"evt_bad"}"#] {
+    for body in [
+        r#"{"id":"evt_1"}"#,
+        r#"{"id":"evt_1"}"#,
+        r#"{"id":"evt_bad"}"#,
+    ] {
         assert_eq!(post(&client, &server.public, body).await.unwrap().0, 200);
     }
     let mut page = String::new();
