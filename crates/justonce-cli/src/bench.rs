@@ -616,50 +616,57 @@ macro_rules! common {
     };
 }
 
+/// What PostgreSQL and SQLite write the same way, with `$n` parameters.
+macro_rules! dollar_parameters {
+    () => {
+        async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()> {
+            Self::execute(
+                pool,
+                format!("CREATE TABLE {table} (effect_key TEXT NOT NULL)"),
+            )
+            .await
+        }
+
+        async fn insert_effect(
+            tx: &mut sqlx::Transaction<'_, Self>,
+            table: &str,
+            key: &str,
+        ) -> Result<(), sqlx::Error> {
+            let sql = format!("INSERT INTO {table} (effect_key) VALUES ($1)");
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(key)
+                .execute(&mut **tx)
+                .await
+                .map(drop)
+        }
+
+        async fn hand_claim(
+            tx: &mut sqlx::Transaction<'_, Self>,
+            table: &str,
+            key: &str,
+            fingerprint: &Fingerprint,
+        ) -> Result<bool> {
+            let sql = format!(
+                "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
+                 VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING"
+            );
+            let done = sqlx::query(AssertSqlSafe(sql))
+                .bind(key)
+                .bind(fingerprint.as_bytes().as_slice())
+                .execute(&mut **tx)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+    };
+}
+
 impl BenchDb for Postgres {
     const LABEL: &'static str = "postgres";
     const HAS_ONE_STATEMENT: bool = true;
 
     common!();
 
-    async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()> {
-        Self::execute(
-            pool,
-            format!("CREATE TABLE {table} (effect_key text NOT NULL)"),
-        )
-        .await
-    }
-
-    async fn insert_effect(
-        tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
-        key: &str,
-    ) -> Result<(), sqlx::Error> {
-        let sql = format!("INSERT INTO {table} (effect_key) VALUES ($1)");
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(key)
-            .execute(&mut **tx)
-            .await
-            .map(drop)
-    }
-
-    async fn hand_claim(
-        tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
-        key: &str,
-        fingerprint: &Fingerprint,
-    ) -> Result<bool> {
-        let sql = format!(
-            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
-             VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING"
-        );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(key)
-            .bind(fingerprint.as_bytes().as_slice())
-            .execute(&mut **tx)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
+    dollar_parameters!();
 
     async fn one_statement(
         pool: &sqlx::Pool<Self>,
@@ -711,44 +718,7 @@ impl BenchDb for Sqlite {
 
     common!();
 
-    async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()> {
-        Self::execute(
-            pool,
-            format!("CREATE TABLE {table} (effect_key TEXT NOT NULL)"),
-        )
-        .await
-    }
-
-    async fn insert_effect(
-        tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
-        key: &str,
-    ) -> Result<(), sqlx::Error> {
-        let sql = format!("INSERT INTO {table} (effect_key) VALUES ($1)");
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(key)
-            .execute(&mut **tx)
-            .await
-            .map(drop)
-    }
-
-    async fn hand_claim(
-        tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
-        key: &str,
-        fingerprint: &Fingerprint,
-    ) -> Result<bool> {
-        let sql = format!(
-            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
-             VALUES ('', 'bench', $1, $2, 0) ON CONFLICT DO NOTHING"
-        );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(key)
-            .bind(fingerprint.as_bytes().as_slice())
-            .execute(&mut **tx)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
+    dollar_parameters!();
 
     async fn one_statement(
         _pool: &sqlx::Pool<Self>,
