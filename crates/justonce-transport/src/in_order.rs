@@ -29,6 +29,7 @@ enum InOrderError<E> {
 
 /// How long a reader waits without a new entry before it stores the offset of the duplicates
 /// it read last.
+#[cfg(feature = "nats")]
 pub(crate) const IDLE: Duration = Duration::from_secs(1);
 
 /// Runs `work` for `incoming`, at `offset` of `stream`, in one transaction with its key and

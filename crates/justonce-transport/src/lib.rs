@@ -108,7 +108,12 @@ impl<E> Ran<E> {
 
 /// Claims the keys of `batch` with one statement and runs the work of each first claim, in
 /// one transaction; what each message came to, in order. Any failure rolls it all back.
-#[cfg(any(feature = "amqp", feature = "nats", feature = "redis"))]
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
 pub(crate) async fn commit_batch<DB, F, E>(
     inbox: &justonce_sql::Inbox<DB>,
     batch: &[&Incoming],

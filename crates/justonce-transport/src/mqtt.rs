@@ -350,17 +350,106 @@ impl<DB: Backend> MqttConsumer<DB> {
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        self.run_batched(shutdown, 1, work).await
+    }
+
+    /// Like [`MqttConsumer::run`], with the messages that have arrived, up to `batch_size`,
+    /// claimed with one statement and worked in one transaction, then acknowledged in order
+    /// after its commit; a `batch_size` of 1 is [`MqttConsumer::run`]. If any work in a batch
+    /// fails, the batch rolls back and its messages are run one by one. The broker sends at
+    /// most its in-flight window of unacknowledged messages (Mosquitto: 20 by default), which
+    /// bounds a batch too.
+    pub async fn run_batched<F, E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: F,
+    ) -> Result<ConsumerStats, Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let mut stats = ConsumerStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            let next = tokio::select! {
+            let first = tokio::select! {
                 _ = &mut shutdown => break,
                 next = self.next() => next?,
             };
-            let ran = self.run_one(&next, &work).await;
-            self.settle(&next, ran, &mut stats).await?;
+            if batch_size <= 1 {
+                let ran = self.run_one(&first, &work).await;
+                self.settle(&first, ran, &mut stats).await?;
+            } else {
+                let batch = self.more(first, batch_size).await?;
+                self.settle_batch(&batch, &work, &mut stats).await?;
+            }
         }
         Ok(stats)
+    }
+
+    /// `first` and the messages that arrive after it within a millisecond, up to
+    /// `batch_size` in all.
+    pub async fn more(&self, first: Message, batch_size: usize) -> Result<Vec<Message>, Error> {
+        let mut batch = vec![first];
+        let mut messages = self.connection.messages.lock().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(1);
+        while batch.len() < batch_size {
+            let next = match messages.try_recv() {
+                Ok(next) => next,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    match tokio::time::timeout_at(deadline, messages.recv()).await {
+                        Ok(Some(next)) => next,
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+            };
+            batch.push(next.map_err(|reason| Error::Broker(reason.into()))?);
+        }
+        Ok(batch)
+    }
+
+    /// Claims the keys of `batch` with one statement, runs the work of each first claim in
+    /// one transaction, and settles every message, in order, after its commit; if any work
+    /// fails, rolls back and runs and settles the messages one by one.
+    pub async fn settle_batch<F, E>(
+        &self,
+        batch: &[Message],
+        work: &F,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error>
+    where
+        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let read: Vec<Result<Incoming, String>> =
+            batch.iter().map(|message| self.incoming(message)).collect();
+        let keyed: Vec<&Incoming> = read.iter().filter_map(|r| r.as_ref().ok()).collect();
+        match crate::commit_batch(&self.inbox, &keyed, work).await {
+            Ok(outcomes) => {
+                let mut outcomes = outcomes.into_iter();
+                for (message, read) in batch.iter().zip(read) {
+                    let ran = match read {
+                        Err(reason) => Ran::<E>::NoKey(reason),
+                        Ok(_) => match outcomes.next() {
+                            Some(outcome) => Ran::Outcome(outcome),
+                            // The batch answers every keyed message: without an answer,
+                            // nothing is acknowledged, and the broker sends it again.
+                            None => break,
+                        },
+                    };
+                    self.settle(message, ran, stats).await?;
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "a batch failed: running its messages one by one");
+                for message in batch {
+                    let ran = self.run_one(message, work).await;
+                    self.settle(message, ran, stats).await?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The next message, for callers that run and settle messages themselves.
@@ -378,13 +467,22 @@ impl<DB: Backend> MqttConsumer<DB> {
         F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let key = match key_of(&self.options.key_from, message) {
-            Ok(key) => key,
+        let incoming = match self.incoming(message) {
+            Ok(incoming) => incoming,
             Err(reason) => return Ran::NoKey(reason),
         };
+        let run = self
+            .inbox
+            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .await;
+        Ran::of(run)
+    }
+
+    /// What the work of a message sees, or why it has no key.
+    fn incoming(&self, message: &Message) -> Result<Incoming, String> {
         let attempt = attempt_of(message);
-        let incoming = Incoming {
-            key,
+        Ok(Incoming {
+            key: key_of(&self.options.key_from, message)?,
             body: message.payload.to_vec(),
             attempt,
             redelivered: message.dup || attempt > 1,
@@ -392,12 +490,7 @@ impl<DB: Backend> MqttConsumer<DB> {
                 .properties
                 .as_ref()
                 .and_then(|p| p.content_type.clone()),
-        };
-        let run = self
-            .inbox
-            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
-            .await;
-        Ran::of(run)
+        })
     }
 
     /// Acknowledges, publishes again for another attempt, or dead-letters the message as

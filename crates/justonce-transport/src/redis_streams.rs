@@ -509,7 +509,7 @@ impl<DB: Backend> RedisStreamReader<DB> {
                 _ = &mut shutdown => break,
                 next = entries.next() => next?,
             };
-            if next.is_empty() {
+            if next.is_empty() && unstored.is_some() {
                 unstored.store(&self.inbox, self.offset_stream()).await;
             }
             for entry in next {

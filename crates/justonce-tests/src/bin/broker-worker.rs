@@ -13,7 +13,7 @@
 //! the queue with others: on MQTT, client `<queue>-m<n>` in the shared subscription of group
 //! `test`; elsewhere a plain consumer. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
-//! consumes until it is killed. `run-batched` (RabbitMQ, NATS, Redis): the same in batches of 20.
+//! consumes until it is killed. `run-batched`: the same in batches of 20.
 
 use justonce_sql::{Consumer, Inbox, Options};
 use justonce_tests::{TestBackend, consumer_work, mqtt_options, shared_mqtt_options};
@@ -70,6 +70,10 @@ async fn work<DB: TestBackend>(
             None => mqtt_options(queue),
         };
         let consumer = MqttConsumer::connect(broker, inbox, options).await?;
+        if mode == "run-batched" {
+            consumer.run_batched(forever, 20, work).await?;
+            return Ok(());
+        }
         if !pause {
             consumer.run(forever, work).await?;
             return Ok(());

@@ -151,6 +151,7 @@ consume_batches!(
     justonce_transport::amqp::AmqpConsumer<DB>,
     justonce_transport::nats::NatsConsumer<DB>,
     justonce_transport::redis_streams::RedisStreamConsumer<DB>,
+    justonce_transport::mqtt::MqttConsumer<DB>,
 );
 
 /// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
@@ -231,6 +232,7 @@ on_brokers!(batched: [
     amqp = crate::amqp::Queue,
     nats = crate::nats::Stream,
     redis = crate::redis_streams::Stream,
+    mqtt = crate::mqtt::Topic,
 ] (
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,

@@ -2,7 +2,7 @@
 //! database: failures published again then dead-lettered, and the relay's publisher. The
 //! proofs every broker shares are in `broker`.
 
-use super::broker::TestBroker;
+use super::broker::{Batching, TestBroker};
 use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{
@@ -214,6 +214,39 @@ async fn the_relay_publishes_with_its_key<DB: TestBackend>(test: &str) {
 /// The topic of one test, with the persistent session its consumers share.
 pub(crate) struct Topic {
     name: String,
+    /// What reached `<name>/dead`, and how many so far.
+    dead: tokio::sync::Mutex<(tokio::sync::mpsc::UnboundedReceiver<Message>, u64)>,
+}
+
+impl Topic {
+    /// The topic of the test, with a subscriber on its dead-letter topic.
+    async fn new<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        let name = topic(db);
+        let dead = subscriber(&format!("{name}/dead")).await;
+        Topic {
+            name,
+            dead: tokio::sync::Mutex::new((dead, 0)),
+        }
+    }
+}
+
+impl Batching for Topic {
+    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> MqttConsumer<DB> {
+        let options = mqtt_options(&self.name)
+            .max_attempts(2)
+            .dead_letter_topic(format!("{}/dead", self.name));
+        MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        let mut dead = self.dead.lock().await;
+        while dead.0.try_recv().is_ok() {
+            dead.1 += 1;
+        }
+        dead.1
+    }
 }
 
 impl TestBroker for Topic {
@@ -224,7 +257,7 @@ impl TestBroker for Topic {
     }
 
     async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self {
-        let topic = Topic { name: topic(db) };
+        let topic = Topic::new(db).await;
         // Makes the session and its subscription, then leaves, so that messages published
         // next wait in the broker for the session's client.
         drop(TestBroker::connect(&topic, db).await);
@@ -232,7 +265,7 @@ impl TestBroker for Topic {
     }
 
     async fn open_shared<DB: TestBackend>(db: &TestDb<DB>) -> Self {
-        let topic = Topic { name: topic(db) };
+        let topic = Topic::new(db).await;
         for member in ["1", "2"] {
             let options = shared_mqtt_options(&topic.name, member);
             drop(
