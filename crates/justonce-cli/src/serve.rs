@@ -25,6 +25,16 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let source_names: Vec<String> = settings.sources.iter().map(|s| s.name.clone()).collect();
     let consumer_names: Vec<String> = settings.consumers.iter().map(|c| c.name.clone()).collect();
     let mut relay = inbox.outbox().relay();
+    // Each source's and consumer's keys, with how long they are kept: for the purge lag.
+    let mut kept = Vec::new();
+    for source in &settings.sources {
+        let keys = inbox.with_consumer(Consumer::new(source.name.as_str())?);
+        kept.push((source.name.clone(), source.retention.keep(), keys));
+    }
+    for consumer in &settings.consumers {
+        let keys = inbox.with_consumer(Consumer::new(consumer.name.as_str())?);
+        kept.push((consumer.name.clone(), consumer.retention.keep(), keys));
+    }
     for source in settings.sources {
         sources.push(source.source);
         relay = relay.destination_for(source.name, source.destination, source.deliver_for);
@@ -67,7 +77,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let admin = receiver::health_router(&inbox)
         .route(
             "/metrics",
-            get(move || metrics_page(prometheus.clone(), outbox.clone())),
+            get(move || metrics_page(prometheus.clone(), outbox.clone(), kept.clone())),
         )
         .route(
             "/",
@@ -239,9 +249,21 @@ fn forward_to_target<DB: Backend>(
 /// How long one request may take, and about how long stopping waits for the last ones.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Prometheus text: the counters the receiver and the relay keep, and the outbox's state
-/// read at scrape time.
-async fn metrics_page<DB: Backend>(prometheus: PrometheusHandle, outbox: Outbox<DB>) -> Response {
+/// Prometheus text: the counters the receiver and the relay keep, and the outbox's state and
+/// each consumer's purge lag (how long its oldest key has been past its retention) read at
+/// scrape time.
+async fn metrics_page<DB: Backend>(
+    prometheus: PrometheusHandle,
+    outbox: Outbox<DB>,
+    kept: Vec<(String, Duration, Inbox<DB>)>,
+) -> Response {
+    for (name, keep, keys) in kept {
+        match keys.oldest_key_age().await {
+            Ok(age) => metrics::gauge!("justonce_purge_lag_seconds", "consumer" => name)
+                .set(age.saturating_sub(keep).as_secs_f64()),
+            Err(error) => tracing::warn!(%error, "purge lag not read for /metrics"),
+        }
+    }
     match outbox.stats().await {
         Ok(stats) => {
             metrics::gauge!("justonce_deliveries_due").set(stats.due as f64);

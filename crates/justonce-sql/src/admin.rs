@@ -4,6 +4,7 @@
 use crate::backend::{Backend, Change};
 use crate::inbox::Inbox;
 use justonce_core::{Error, Identity, Offset};
+use std::time::Duration;
 
 impl<DB: Backend> Inbox<DB> {
     /// Frees a key whose lease is in progress, whoever holds it, so that the next claim
@@ -36,6 +37,15 @@ impl<DB: Backend> Inbox<DB> {
     pub async fn key_counts(&self) -> Result<Vec<KeyCount>, Error> {
         let shared = self.shared();
         DB::key_counts(&shared.pool, &shared.sql).await
+    }
+
+    /// How long ago this consumer's oldest key was processed, in any scope; zero without
+    /// keys. Past the retention, it is how far the purge is behind.
+    pub async fn oldest_key_age(&self) -> Result<Duration, Error> {
+        let shared = self.shared();
+        let age_ms =
+            DB::oldest_key_age_ms(&shared.pool, &shared.sql, self.consumer().as_str()).await?;
+        Ok(Duration::from_millis(u64::try_from(age_ms).unwrap_or(0)))
     }
 
     /// Every stored stream offset of every consumer, ordered by consumer, stream and

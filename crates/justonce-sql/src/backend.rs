@@ -152,6 +152,14 @@ pub trait Backend: sqlx::Database + Sealed {
         sql: &'a Self::Statements,
     ) -> impl Future<Output = Result<Vec<KeyCount>, Error>> + Send + 'a;
 
+    /// Milliseconds since the oldest key of `consumer` was processed; 0 without keys.
+    #[doc(hidden)]
+    fn oldest_key_age_ms<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Self::Statements,
+        consumer: &'a str,
+    ) -> impl Future<Output = Result<i64, Error>> + Send + 'a;
+
     /// Every stored offset, ordered by consumer, stream and partition.
     #[doc(hidden)]
     fn all_offsets<'a>(
@@ -234,6 +242,7 @@ pub struct Statements {
     pub(crate) all_offsets: Arc<str>,
     pub(crate) outbox_stats: Arc<str>,
     pub(crate) key_counts: Arc<str>,
+    pub(crate) oldest_key_age: Arc<str>,
     pub(crate) lease_claim: Arc<str>,
     pub(crate) lease_state: Arc<str>,
     pub(crate) lease_complete: Arc<str>,
@@ -428,6 +437,11 @@ impl Statements {
             store_result: text(format!(
                 "UPDATE {keys} SET result = $4
                  WHERE scope = $1 AND consumer = $2 AND key = $3"
+            )),
+            // The minimum, not the greatest age: the purge index finds it at once.
+            oldest_key_age: text(format!(
+                "SELECT coalesce({}, 0) FROM {keys} WHERE consumer = $1",
+                (clock.age_ms)("min(processed_at)")
             )),
             key_counts: text(format!(
                 "SELECT consumer, scope, count(*), count(lease_until) FROM {keys}
@@ -788,6 +802,17 @@ where
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 macro_rules! common_queries {
     () => {
+        async fn oldest_key_age_ms<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Self::Statements,
+            consumer: &'a str,
+        ) -> Result<i64, Error> {
+            sqlx::query_scalar(AssertSqlSafe(sql.oldest_key_age.clone()))
+                .bind(consumer)
+                .fetch_one(pool)
+                .await
+                .map_err(database_error::<Self>)
+        }
         async fn find<'a>(
             conn: &'a mut Self::Connection,
             sql: &'a Self::Statements,

@@ -140,6 +140,7 @@ pub struct MySqlStatements {
     all_offsets: String,
     outbox_stats: String,
     key_counts: String,
+    oldest_key_age: String,
     ensure_lease: String,
     lease_take_over: String,
     lease_token: String,
@@ -327,6 +328,10 @@ impl MySqlStatements {
                  WHERE {this_key} AND lease_until IS NOT NULL"
             ),
             store_result: format!("UPDATE {keys} SET result = ? WHERE {this_key}"),
+            oldest_key_age: format!(
+                "SELECT CAST(coalesce({}, 0) AS SIGNED) FROM {keys} WHERE consumer = ?",
+                age_ms("min(processed_at)")
+            ),
             key_counts: format!(
                 "SELECT {}, {}, count(*), count(lease_until) FROM {keys}
                  GROUP BY consumer, scope ORDER BY consumer, scope",

@@ -28,11 +28,25 @@ async fn purge_removes_only_keys_older_than_the_cutoff<DB: TestBackend>(test: &s
     DB::age_key(db.inbox.pool(), &db.prefix, "k29", 6 * DAY_MS).await;
 
     let week = Duration::from_secs(7 * 86_400);
+    // Eight days old, a day past the cutoff: how far the purge is behind.
+    let age = db.inbox.oldest_key_age().await.unwrap();
+    let eight_days = Duration::from_millis(8 * DAY_MS as u64);
+    assert!(
+        age >= eight_days && age < eight_days + Duration::from_secs(60),
+        "{age:?}"
+    );
     // 12 of this consumer's keys (k0 of audit was aged too, and is not this consumer's).
     assert_eq!(db.inbox.purge(week, 5).await.unwrap(), 12);
     assert_eq!(db.rows("keys").await, 30 - 12 + 1);
     assert_eq!(db.inbox.purge(week, 5).await.unwrap(), 0);
+    let age = db.inbox.oldest_key_age().await.unwrap();
+    assert!(
+        age >= Duration::from_millis(6 * DAY_MS as u64) && age < week,
+        "{age:?}"
+    );
     assert_eq!(audit.purge(week, 5).await.unwrap(), 1);
+    let nobody = db.consumer("nobody");
+    assert_eq!(nobody.oldest_key_age().await.unwrap(), Duration::ZERO);
 
     assert_eq!(
         process(&db, &db.inbox, &key("k0"), b"p").await,
