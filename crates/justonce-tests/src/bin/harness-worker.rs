@@ -1,0 +1,145 @@
+//! The consumer the fault harness runs, kills and restarts: reads keys from standard input,
+//! one a line, runs each through `Inbox::run` with one effect row as its work, and
+//! acknowledges it on standard output once its transaction has committed.
+//!
+//! `harness-worker <database-url> <prefix> <mode> <lanes>`
+//!
+//! `lanes` keys are in flight at once. Lines written: `ready` once connected, then per key
+//! `ack processed <key> <runs>` (`runs`: how many times the work ran), `ack duplicate <key>`,
+//! or `nack <key> <reason>` (`commit-unknown` or `error`): not acknowledged, for the broker
+//! to deliver again. `mode` is `correct`.
+
+use justonce_sql::{Consumer, ErrorKind, Inbox, Key, Options, Outcome, RunError};
+use justonce_tests::TestBackend;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
+use tokio::sync::Mutex;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [url, prefix, mode, lanes] = args.as_slice() else {
+        return usage();
+    };
+    let (Some(mode), Ok(lanes)) = (Mode::parse(mode), lanes.parse::<usize>()) else {
+        return usage();
+    };
+    let result =
+        justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, mode, lanes).await);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("harness-worker: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn usage() -> ExitCode {
+    eprintln!("usage: harness-worker <database-url> <prefix> correct <lanes>");
+    ExitCode::from(2)
+}
+
+#[derive(Clone, Copy)]
+enum Mode {
+    /// The claim, the effect and the commit in one `Inbox::run`; acknowledged after it.
+    Correct,
+}
+
+impl Mode {
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "correct" => Some(Self::Correct),
+            _ => None,
+        }
+    }
+}
+
+type Keys = Arc<Mutex<Lines<BufReader<Stdin>>>>;
+
+async fn work<DB: TestBackend>(
+    url: &str,
+    prefix: &str,
+    mode: Mode,
+    lanes: usize,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let inbox = connect::<DB>(url, prefix).await?;
+    say("ready".to_owned());
+    let keys: Keys = Arc::new(Mutex::new(BufReader::new(tokio::io::stdin()).lines()));
+    let mut running = tokio::task::JoinSet::new();
+    for _ in 0..lanes.max(1) {
+        let (inbox, keys, prefix) = (inbox.clone(), Arc::clone(&keys), prefix.to_owned());
+        running.spawn(async move { lane(inbox, keys, prefix, mode).await });
+    }
+    while let Some(done) = running.join_next().await {
+        done??;
+    }
+    Ok(())
+}
+
+/// Connects, waiting out a database that is down: a worker restarted during an outage
+/// keeps trying, as a deployed consumer would.
+async fn connect<DB: TestBackend>(
+    url: &str,
+    prefix: &str,
+) -> Result<Inbox<DB>, justonce_sql::Error> {
+    let consumer = Consumer::new("test").expect("a valid consumer name");
+    let mut tries = 0;
+    loop {
+        let connected =
+            Inbox::<DB>::connect_with(url, consumer.clone(), Options::default().prefix(prefix))
+                .await;
+        match connected {
+            Ok(inbox) => return Ok(inbox),
+            Err(_) if tries < 600 => tries += 1,
+            Err(error) => return Err(error),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Takes keys until standard input ends, one at a time.
+async fn lane<DB: TestBackend>(
+    inbox: Inbox<DB>,
+    keys: Keys,
+    prefix: String,
+    mode: Mode,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    loop {
+        let Some(line) = keys.lock().await.next_line().await? else {
+            return Ok(());
+        };
+        let key = Key::new(line.as_str())?;
+        let answer = match mode {
+            Mode::Correct => correct(&inbox, &prefix, &key).await,
+        };
+        say(answer);
+    }
+}
+
+/// The work as justonce means it: one transaction holds the claim and the effect, and the
+/// key is acknowledged only once it has committed.
+async fn correct<DB: TestBackend>(inbox: &Inbox<DB>, prefix: &str, key: &Key) -> String {
+    let mut runs = 0;
+    let outcome = inbox
+        .run(key, key.as_str().as_bytes(), |tx| {
+            runs += 1;
+            Box::pin(DB::insert_effect(tx, prefix, "test", key.as_str()))
+        })
+        .await;
+    match outcome {
+        Ok(Outcome::Processed(())) => format!("ack processed {key} {runs}"),
+        Ok(_) => format!("ack duplicate {key}"),
+        Err(RunError::Store(error)) if error.kind() == ErrorKind::CommitUnknown => {
+            format!("nack {key} commit-unknown")
+        }
+        Err(_) => format!("nack {key} error"),
+    }
+}
+
+fn say(line: String) {
+    // One `println!` is one write of a whole line, so lanes never interleave.
+    println!("{line}");
+}
