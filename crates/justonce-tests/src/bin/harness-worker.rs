@@ -7,7 +7,10 @@
 //! `lanes` keys are in flight at once. Lines written: `ready` once connected, then per key
 //! `ack processed <key> <runs>` (`runs`: how many times the work ran), `ack duplicate <key>`,
 //! or `nack <key> <reason>` (`commit-unknown` or `error`): not acknowledged, for the broker
-//! to deliver again. `mode` is `correct`.
+//! to deliver again. `mode` is `correct`, or one of two deliberately broken variants that
+//! the harness must catch: `ack-before-commit` (acknowledges, then runs the transaction) and
+//! `separate-claim` (checks the key, commits the effect, then claims the key in a second
+//! transaction).
 
 use justonce_sql::{Consumer, ErrorKind, Inbox, Key, Options, Outcome, RunError};
 use justonce_tests::TestBackend;
@@ -38,7 +41,9 @@ async fn main() -> ExitCode {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: harness-worker <database-url> <prefix> correct <lanes>");
+    eprintln!(
+        "usage: harness-worker <database-url> <prefix> correct|ack-before-commit|separate-claim <lanes>"
+    );
     ExitCode::from(2)
 }
 
@@ -46,12 +51,20 @@ fn usage() -> ExitCode {
 enum Mode {
     /// The claim, the effect and the commit in one `Inbox::run`; acknowledged after it.
     Correct,
+    /// Deliberately wrong: the key is acknowledged before its transaction commits, so a
+    /// crash in between loses it.
+    BrokenAckBeforeCommit,
+    /// Deliberately wrong: the key is looked up, the effect committed, and only then the key
+    /// claimed in a transaction of its own, so a crash in between doubles the effect.
+    BrokenSeparateClaim,
 }
 
 impl Mode {
     fn parse(name: &str) -> Option<Self> {
         match name {
             "correct" => Some(Self::Correct),
+            "ack-before-commit" => Some(Self::BrokenAckBeforeCommit),
+            "separate-claim" => Some(Self::BrokenSeparateClaim),
             _ => None,
         }
     }
@@ -114,6 +127,15 @@ async fn lane<DB: TestBackend>(
         let key = Key::new(line.as_str())?;
         let answer = match mode {
             Mode::Correct => correct(&inbox, &prefix, &key).await,
+            Mode::BrokenAckBeforeCommit => {
+                say(format!("ack processed {key} 1"));
+                // The outcome no longer matters to the broker: it was told already.
+                let _ = correct(&inbox, &prefix, &key).await;
+                continue;
+            }
+            Mode::BrokenSeparateClaim => broken_separate_claim(&inbox, &prefix, &key)
+                .await
+                .unwrap_or_else(|_| format!("nack {key} error")),
         };
         say(answer);
     }
@@ -137,6 +159,35 @@ async fn correct<DB: TestBackend>(inbox: &Inbox<DB>, prefix: &str, key: &Key) ->
         }
         Err(_) => format!("nack {key} error"),
     }
+}
+
+/// The deliberately broken check-then-act: nothing ties the effect to the claim.
+async fn broken_separate_claim<DB: TestBackend>(
+    inbox: &Inbox<DB>,
+    prefix: &str,
+    key: &Key,
+) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    let claimed = DB::count(
+        inbox.pool(),
+        format!(
+            "SELECT count(*) FROM {prefix}keys WHERE consumer = 'test' AND {} = '{key}'",
+            DB::quoted("key")
+        ),
+    )
+    .await;
+    if claimed > 0 {
+        return Ok(format!("ack duplicate {key}"));
+    }
+    let mut tx = inbox.begin().await?;
+    DB::insert_effect(&mut tx, prefix, "test", key.as_str()).await?;
+    tx.commit().await?;
+    // Whatever the claim says now, the effect is already done.
+    let _ = inbox
+        .run(key, key.as_str().as_bytes(), |_| {
+            Box::pin(async { Ok::<_, sqlx::Error>(()) })
+        })
+        .await?;
+    Ok(format!("ack processed {key} 1"))
 }
 
 fn say(line: String) {

@@ -5,6 +5,9 @@
 //! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite] [--short] [--json]
 //! [--broken ack-before-commit|separate-claim] [--seed N]`
 //!
+//! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
+//! the check catches what it is there to catch: such a run must report violations.
+//!
 //! Prints one table (or one JSON object with `--json`): attempted, acknowledged, lost,
 //! duplicated and unexpected keys with their fractions, redeliveries and the recovery time
 //! from each fault to the next acknowledged commit. Exits 1 when lost, duplicated or
@@ -31,6 +34,8 @@ struct Args {
     short: bool,
     json: bool,
     seed: u64,
+    /// The worker's mode: `correct`, or a deliberately broken one.
+    mode: String,
 }
 
 impl Args {
@@ -41,6 +46,7 @@ impl Args {
             short: false,
             json: false,
             seed: Rng::clock_seed(),
+            mode: "correct".to_owned(),
         };
         let mut raw = std::env::args().skip(1);
         while let Some(flag) = raw.next() {
@@ -53,6 +59,11 @@ impl Args {
                 }
                 "--short" => args.short = true,
                 "--json" => args.json = true,
+                "--broken" => {
+                    args.mode = raw
+                        .next()
+                        .filter(|m| ["ack-before-commit", "separate-claim"].contains(&m.as_str()))?
+                }
                 "--seed" => args.seed = raw.next()?.parse().ok().filter(|s| *s != 0)?,
                 _ => return None,
             }
@@ -102,7 +113,7 @@ async fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let Some(args) = Args::parse() else {
         eprintln!(
-            "usage: fault-harness --scenario {} [--backend postgres|mysql|sqlite] [--short] [--json] [--seed N]",
+            "usage: fault-harness --scenario {} [--backend postgres|mysql|sqlite] [--short] [--json] [--broken ack-before-commit|separate-claim] [--seed N]",
             SCENARIOS.join("|")
         );
         return ExitCode::from(2);
@@ -143,8 +154,13 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     let db = TestDb::<DB>::at(url).await;
     let scenario = kill(args, &db);
     let title = format!(
-        "fault-harness: {} on {} ({}), seed {}",
+        "fault-harness: {}{} on {} ({}), seed {}",
         args.scenario,
+        if args.mode == "correct" {
+            String::new()
+        } else {
+            format!(" with the deliberately broken {}", args.mode)
+        },
         args.backend,
         if args.short { "short" } else { "long" },
         args.seed
@@ -176,7 +192,7 @@ fn kill<DB: TestBackend>(args: &Args, db: &TestDb<DB>) -> Scenario {
         workers: Workers {
             url: db.url.clone(),
             prefix: db.prefix.clone(),
-            mode: "correct".to_owned(),
+            mode: args.mode.clone(),
             processes: 1,
             lanes: 4,
             window: 8,
