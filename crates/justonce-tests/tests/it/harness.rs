@@ -77,3 +77,40 @@ async fn the_check_reports_doubles_when_claiming_in_a_separate_transaction() {
     assert!(figures["duplicated"].as_u64().unwrap() > 0, "{figures}");
     assert_eq!(code, 1, "{figures}");
 }
+
+/// A run without faults: clean, and each key acknowledged as processed exactly once.
+async fn clean_run(scenario: &str, backend: &str) {
+    let args = ["--scenario", scenario, "--backend", backend];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    assert_eq!(
+        figures["details"]["acknowledged as processed"], figures["keys"],
+        "{figures}"
+    );
+}
+
+#[tokio::test]
+async fn a_storm_of_ten_deliveries_per_key_takes_effect_once_per_key_on_postgres() {
+    clean_run("storm", "postgres").await
+}
+
+#[tokio::test]
+async fn a_storm_of_ten_deliveries_per_key_takes_effect_once_per_key_on_mysql() {
+    clean_run("storm", "mysql").await
+}
+
+#[tokio::test]
+async fn sixty_four_consumers_on_the_same_keys_take_effect_once_per_key_on_postgres() {
+    clean_run("hot-keys", "postgres").await
+}
+
+#[tokio::test]
+async fn sixty_four_consumers_on_the_same_keys_take_effect_once_per_key_on_mysql() {
+    clean_run("hot-keys", "mysql").await
+}
+
+#[tokio::test]
+async fn sixty_four_consumers_on_the_same_keys_take_effect_once_per_key_on_sqlite() {
+    clean_run("hot-keys", "sqlite").await
+}

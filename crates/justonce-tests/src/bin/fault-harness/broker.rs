@@ -38,6 +38,7 @@ pub struct Workers {
 
 /// The faults the broker itself injects, or hears of.
 pub enum Faults {
+    None,
     /// SIGKILL a worker this many times, at random points of the run, and start another.
     Kills(usize),
 }
@@ -64,6 +65,9 @@ pub struct Record {
     pub faults: usize,
     /// From each fault to the next commit acknowledged after it.
     pub recovery: Vec<Duration>,
+    /// Acknowledgements as processed, and as duplicates.
+    pub processed: u64,
+    pub duplicates: u64,
     /// Refusals (`nack`), by reason.
     pub refusals: BTreeMap<String, u64>,
     /// Whether every delivery was acknowledged before the deadline.
@@ -145,6 +149,8 @@ pub async fn deliver(
             redeliveries: 0,
             faults: 0,
             recovery: Vec::new(),
+            processed: 0,
+            duplicates: 0,
             refusals: BTreeMap::new(),
             drained: false,
         },
@@ -166,6 +172,7 @@ pub async fn deliver(
             points.sort_unstable();
             points.into()
         }
+        Faults::None => VecDeque::new(),
     };
     let mut kill_at: Option<tokio::time::Instant> = None;
     let deadline = tokio::time::Instant::now() + deadline;
@@ -346,7 +353,10 @@ impl Broker<'_> {
                 self.acks += 1;
                 let first = &mut self.record.acknowledged[index as usize];
                 first.get_or_insert(ack);
-                if matches!(ack, Ack::Processed(_)) {
+                if ack == Ack::Duplicate {
+                    self.record.duplicates += 1;
+                } else {
+                    self.record.processed += 1;
                     let recovery = &mut self.record.recovery;
                     self.awaiting.retain(|fault| {
                         let recovered = at >= fault.after && process >= fault.from_process;

@@ -16,6 +16,10 @@
 //! Scenarios:
 //! - `kill`: one worker process, four keys at a time, SIGKILLed at random points and
 //!   restarted until the workload is drained.
+//! - `storm`: 1,000,000 deliveries of 100,000 keys (short: 100,000 of 10,000), each key's
+//!   ten deliveries close together, to four worker processes of four lanes each.
+//! - `hot-keys`: 64 consumers (four processes of 16 lanes) on 100 keys at a time, every
+//!   consumer given every key of a round; 100 rounds of 100 keys (short: 10).
 
 mod broker;
 mod report;
@@ -26,7 +30,7 @@ use report::Report;
 use std::process::ExitCode;
 use std::time::Duration;
 
-const SCENARIOS: [&str; 1] = ["kill"];
+const SCENARIOS: [&str; 3] = ["kill", "storm", "hot-keys"];
 
 struct Args {
     scenario: String,
@@ -87,6 +91,12 @@ impl Rng {
             .expect("a clock after 1970")
             .as_nanos();
         (nanos as u64) | 1
+    }
+
+    fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.below(i as u64 + 1) as usize);
+        }
     }
 
     /// A number below `bound` (at least 1).
@@ -152,7 +162,11 @@ async fn main() -> ExitCode {
 async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> {
     let mut rng = Rng(args.seed);
     let db = TestDb::<DB>::at(url).await;
-    let scenario = kill(args, &db);
+    let scenario = match args.scenario.as_str() {
+        "kill" => kill(args, &db, &mut rng),
+        "storm" => storm(args, &db, &mut rng),
+        _ => hot_keys(args, &db, &mut rng),
+    };
     let title = format!(
         "fault-harness: {}{} on {} ({}), seed {}",
         args.scenario,
@@ -166,6 +180,7 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         args.seed
     );
     let deliveries = scenario.plan.len();
+    let started = std::time::Instant::now();
     let record = broker::deliver(
         &scenario.workers,
         scenario.keys,
@@ -178,26 +193,88 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     let effects = DB::effect_counts(db.inbox.pool(), &db.prefix)
         .await
         .map_err(|e| format!("cannot read the effect rows: {e}"))?;
-    let report = Report::check(title, deliveries, &record, effects);
+    let mut report = Report::check(title, deliveries, &record, effects);
+    report.details.push((
+        "drained in (ms)".to_owned(),
+        started.elapsed().as_millis() as u64,
+    ));
     db.cleanup().await;
     Ok(report)
 }
 
+/// `processes` worker processes of `lanes` lanes each on `db`'s tables.
+fn workers<DB: TestBackend>(
+    args: &Args,
+    db: &TestDb<DB>,
+    processes: usize,
+    lanes: usize,
+) -> Workers {
+    Workers {
+        url: db.url.clone(),
+        prefix: db.prefix.clone(),
+        mode: args.mode.clone(),
+        processes,
+        lanes,
+        // Twice the lanes: a lane never waits for the broker.
+        window: 2 * lanes,
+    }
+}
+
 /// One worker process killed at random points and restarted, until drained.
-fn kill<DB: TestBackend>(args: &Args, db: &TestDb<DB>) -> Scenario {
+fn kill<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenario {
     let keys = args.size(5_000, 50_000);
+    let mut plan: Vec<u32> = (0..keys as u32).collect();
+    rng.shuffle(&mut plan);
     Scenario {
         keys,
-        plan: (0..keys as u32).collect(),
-        workers: Workers {
-            url: db.url.clone(),
-            prefix: db.prefix.clone(),
-            mode: args.mode.clone(),
-            processes: 1,
-            lanes: 4,
-            window: 8,
-        },
+        plan,
+        workers: workers(args, db, 1, 4),
         faults: Faults::Kills(args.size(20, 200)),
         deadline: Duration::from_secs(args.size(120, 1200) as u64),
+    }
+}
+
+/// Ten deliveries of every key, shuffled within blocks of 100 keys: the copies of a key
+/// arrive close together, at different workers, and race.
+fn storm<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenario {
+    let keys = args.size(10_000, 100_000);
+    let mut plan = Vec::with_capacity(keys * 10);
+    for block in (0..keys as u32).collect::<Vec<_>>().chunks(100) {
+        let start = plan.len();
+        for _ in 0..10 {
+            plan.extend_from_slice(block);
+        }
+        rng.shuffle(&mut plan[start..]);
+    }
+    Scenario {
+        keys,
+        plan,
+        workers: workers(args, db, 4, 4),
+        faults: Faults::None,
+        deadline: Duration::from_secs(args.size(300, 1800) as u64),
+    }
+}
+
+/// 64 consumers on 100 keys at a time: every consumer is given every key of a round, in
+/// shuffled order, so that each key is claimed by many at once.
+fn hot_keys<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenario {
+    let keys = 100 * args.size(10, 100);
+    let mut plan = Vec::with_capacity(keys * 64);
+    for round in (0..keys as u32).collect::<Vec<_>>().chunks(100) {
+        let start = plan.len();
+        for _ in 0..64 {
+            plan.extend_from_slice(round);
+        }
+        rng.shuffle(&mut plan[start..]);
+    }
+    Scenario {
+        keys,
+        plan,
+        workers: Workers {
+            window: 16,
+            ..workers(args, db, 4, 16)
+        },
+        faults: Faults::None,
+        deadline: Duration::from_secs(args.size(300, 1800) as u64),
     }
 }

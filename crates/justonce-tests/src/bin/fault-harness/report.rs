@@ -48,11 +48,18 @@ impl Report {
             faults: record.faults,
             recovery: record.recovery.clone(),
             drained: record.drained,
-            details: record
-                .refusals
-                .iter()
-                .map(|(reason, count)| (format!("refused ({reason})"), *count))
-                .collect(),
+            details: [
+                ("acknowledged as processed".to_owned(), record.processed),
+                ("acknowledged as duplicates".to_owned(), record.duplicates),
+            ]
+            .into_iter()
+            .chain(
+                record
+                    .refusals
+                    .iter()
+                    .map(|(reason, count)| (format!("refused ({reason})"), *count)),
+            )
+            .collect(),
         };
         for index in 0..keys {
             let rows = effects.remove(&key_name(index as u32)).unwrap_or(0);
