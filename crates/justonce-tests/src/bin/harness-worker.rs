@@ -2,9 +2,9 @@
 //! one a line, runs each through `Inbox::run` with one effect row as its work, and
 //! acknowledges it on standard output once its transaction has committed.
 //!
-//! `harness-worker <database-url> <prefix> <mode> <lanes>`
+//! `harness-worker <database-url> <prefix> <mode> <lanes> <max-attempts>`
 //!
-//! `lanes` keys are in flight at once. Lines written: `ready` once connected, then per key
+//! `lanes` keys are in flight at once; `max-attempts` is `Options::max_attempts`. Lines written: `ready` once connected, then per key
 //! `ack processed <key> <runs>` (`runs`: how many times the work ran), `ack duplicate <key>`,
 //! or `nack <key> <reason>` (`commit-unknown` or `error`): not acknowledged, for the broker
 //! to deliver again. `mode` is `correct`, or one of two deliberately broken variants that
@@ -23,14 +23,16 @@ use tokio::sync::Mutex;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, prefix, mode, lanes] = args.as_slice() else {
+    let [url, prefix, mode, lanes, attempts] = args.as_slice() else {
         return usage();
     };
-    let (Some(mode), Ok(lanes)) = (Mode::parse(mode), lanes.parse::<usize>()) else {
+    let (Some(mode), Ok(lanes), Ok(attempts)) =
+        (Mode::parse(mode), lanes.parse::<usize>(), attempts.parse())
+    else {
         return usage();
     };
-    let result =
-        justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, mode, lanes).await);
+    let options = Options::default().prefix(prefix).max_attempts(attempts);
+    let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, options, prefix, mode, lanes).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -42,7 +44,7 @@ async fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: harness-worker <database-url> <prefix> correct|ack-before-commit|separate-claim <lanes>"
+        "usage: harness-worker <database-url> <prefix> correct|ack-before-commit|separate-claim <lanes> <max-attempts>"
     );
     ExitCode::from(2)
 }
@@ -74,11 +76,12 @@ type Keys = Arc<Mutex<Lines<BufReader<Stdin>>>>;
 
 async fn work<DB: TestBackend>(
     url: &str,
+    options: Options,
     prefix: &str,
     mode: Mode,
     lanes: usize,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let inbox = connect::<DB>(url, prefix).await?;
+    let inbox = connect::<DB>(url, options).await?;
     say("ready".to_owned());
     let keys: Keys = Arc::new(Mutex::new(BufReader::new(tokio::io::stdin()).lines()));
     let mut running = tokio::task::JoinSet::new();
@@ -96,14 +99,12 @@ async fn work<DB: TestBackend>(
 /// keeps trying, as a deployed consumer would.
 async fn connect<DB: TestBackend>(
     url: &str,
-    prefix: &str,
+    options: Options,
 ) -> Result<Inbox<DB>, justonce_sql::Error> {
     let consumer = Consumer::new("test").expect("a valid consumer name");
     let mut tries = 0;
     loop {
-        let connected =
-            Inbox::<DB>::connect_with(url, consumer.clone(), Options::default().prefix(prefix))
-                .await;
+        let connected = Inbox::<DB>::connect_with(url, consumer.clone(), options.clone()).await;
         match connected {
             Ok(inbox) => return Ok(inbox),
             Err(_) if tries < 600 => tries += 1,
@@ -137,7 +138,13 @@ async fn lane<DB: TestBackend>(
                 .await
                 .unwrap_or_else(|_| format!("nack {key} error")),
         };
+        let refused = answer.starts_with("nack");
         say(answer);
+        if refused {
+            // Backs off, as a consumer does after a failure, rather than spin on a
+            // database that is down.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 

@@ -114,3 +114,32 @@ async fn sixty_four_consumers_on_the_same_keys_take_effect_once_per_key_on_mysql
 async fn sixty_four_consumers_on_the_same_keys_take_effect_once_per_key_on_sqlite() {
     clean_run("hot-keys", "sqlite").await
 }
+
+#[tokio::test]
+async fn a_commit_whose_answer_is_cut_is_resolved_by_reading_the_key_and_never_acknowledged_unknown()
+ {
+    let args = ["--scenario", "commit-cut", "--backend", "postgres"];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let details = &run.1["details"];
+    let count = |name: &str| details[name].as_u64().expect(name);
+    assert_eq!(
+        count("cuts after COMMIT was forwarded") + count("cuts before COMMIT was forwarded"),
+        30,
+        "{details}"
+    );
+    assert!(
+        count("  resolved by reading the key: processed, work not run again") > 0,
+        "{details}"
+    );
+    // An outage outlasts the resolution: the commit is unknown, and the key not acknowledged.
+    assert!(count("refused (commit-unknown)") > 0, "{details}");
+    assert_eq!(
+        (
+            count("cuts resolved otherwise"),
+            count("cuts whose key was not seen")
+        ),
+        (0, 0),
+        "{details}"
+    );
+}

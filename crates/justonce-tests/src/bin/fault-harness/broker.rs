@@ -16,7 +16,7 @@ pub fn key_name(index: u32) -> String {
     format!("key-{index:07}")
 }
 
-fn key_index(name: &str) -> Option<u32> {
+pub fn key_index(name: &str) -> Option<u32> {
     name.strip_prefix("key-")?.parse().ok()
 }
 
@@ -34,6 +34,8 @@ pub struct Workers {
     pub lanes: usize,
     /// Deliveries each process holds unacknowledged at most.
     pub window: usize,
+    /// Transactions `Inbox::run` tries per key (`Options::max_attempts`).
+    pub max_attempts: u32,
 }
 
 /// The faults the broker itself injects, or hears of.
@@ -41,6 +43,9 @@ pub enum Faults {
     None,
     /// SIGKILL a worker this many times, at random points of the run, and start another.
     Kills(usize),
+    /// Faults injected elsewhere (a proxy, a database restart): when each began and when it
+    /// ended; recovery counts from its beginning to the first commit read after its end.
+    External(mpsc::UnboundedReceiver<(Instant, Instant)>),
 }
 
 /// How the first acknowledgement of a key read.
@@ -129,7 +134,7 @@ pub async fn deliver(
     workers: &Workers,
     keys: usize,
     plan: Vec<u32>,
-    faults: Faults,
+    mut faults: Faults,
     rng: &mut Rng,
     deadline: Duration,
 ) -> Result<Record, String> {
@@ -172,7 +177,7 @@ pub async fn deliver(
             points.sort_unstable();
             points.into()
         }
-        Faults::None => VecDeque::new(),
+        Faults::None | Faults::External(_) => VecDeque::new(),
     };
     let mut kill_at: Option<tokio::time::Instant> = None;
     let deadline = tokio::time::Instant::now() + deadline;
@@ -186,7 +191,15 @@ pub async fn deliver(
             broker.record.drained = true;
             break;
         }
+        let external = match &mut faults {
+            Faults::External(faults) => Some(faults),
+            _ => None,
+        };
         tokio::select! {
+            Some((began, ended)) = async { external?.recv().await } => {
+                broker.record.faults += 1;
+                broker.awaiting.push(Awaiting { began, after: ended, from_process: 0 });
+            }
             event = incoming.recv() => broker.handle(event.expect("the broker holds a sender"))?,
             () = async { tokio::time::sleep_until(kill_at.expect("armed")).await }, if kill_at.is_some() => {
                 kill_at = None;
@@ -203,9 +216,15 @@ pub async fn deliver(
 impl Broker<'_> {
     fn spawn(&mut self) -> Result<u64, String> {
         let workers = self.workers;
-        let lanes = workers.lanes.to_string();
+        let (lanes, attempts) = (workers.lanes.to_string(), workers.max_attempts.to_string());
         let mut child = Command::new(sibling("harness-worker"))
-            .args([&workers.url, &workers.prefix, &workers.mode, &lanes])
+            .args([
+                &workers.url,
+                &workers.prefix,
+                &workers.mode,
+                &lanes,
+                &attempts,
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)

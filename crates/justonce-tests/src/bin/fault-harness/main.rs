@@ -20,8 +20,14 @@
 //!   ten deliveries close together, to four worker processes of four lanes each.
 //! - `hot-keys`: 64 consumers (four processes of 16 lanes) on 100 keys at a time, every
 //!   consumer given every key of a round; 100 rounds of 100 keys (short: 10).
+//! - `commit-cut` (PostgreSQL): one worker process of four lanes reaches the database
+//!   through a proxy that cuts 300 connections (short: 30) at COMMIT, half after
+//!   forwarding it and half before, every sixth opening an outage of 1.5 s: every
+//!   connection broken and new ones refused, longer than the worker's three attempts take
+//!   to resolve the commit. The details say how each cut was resolved.
 
 mod broker;
+mod proxy;
 mod report;
 
 use broker::{Faults, Workers};
@@ -30,7 +36,7 @@ use report::Report;
 use std::process::ExitCode;
 use std::time::Duration;
 
-const SCENARIOS: [&str; 3] = ["kill", "storm", "hot-keys"];
+const SCENARIOS: [&str; 4] = ["kill", "storm", "hot-keys", "commit-cut"];
 
 struct Args {
     scenario: String,
@@ -116,6 +122,8 @@ struct Scenario {
     workers: Workers,
     faults: Faults,
     deadline: Duration,
+    /// The proxy of `commit-cut`, asked afterwards what it cut.
+    proxy: Option<proxy::Proxy>,
 }
 
 #[tokio::main]
@@ -162,10 +170,11 @@ async fn main() -> ExitCode {
 async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> {
     let mut rng = Rng(args.seed);
     let db = TestDb::<DB>::at(url).await;
-    let scenario = match args.scenario.as_str() {
+    let mut scenario = match args.scenario.as_str() {
         "kill" => kill(args, &db, &mut rng),
         "storm" => storm(args, &db, &mut rng),
-        _ => hot_keys(args, &db, &mut rng),
+        "hot-keys" => hot_keys(args, &db, &mut rng),
+        _ => commit_cut(args, &db, &mut rng).await?,
     };
     let title = format!(
         "fault-harness: {}{} on {} ({}), seed {}",
@@ -184,8 +193,8 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     let record = broker::deliver(
         &scenario.workers,
         scenario.keys,
-        scenario.plan,
-        scenario.faults,
+        std::mem::take(&mut scenario.plan),
+        std::mem::replace(&mut scenario.faults, Faults::None),
         &mut rng,
         scenario.deadline,
     )
@@ -198,6 +207,9 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         "drained in (ms)".to_owned(),
         started.elapsed().as_millis() as u64,
     ));
+    if let Some(proxy) = &scenario.proxy {
+        report.details.extend(cut_details(&proxy.cuts(), &record));
+    }
     db.cleanup().await;
     Ok(report)
 }
@@ -217,6 +229,7 @@ fn workers<DB: TestBackend>(
         lanes,
         // Twice the lanes: a lane never waits for the broker.
         window: 2 * lanes,
+        max_attempts: 10,
     }
 }
 
@@ -231,6 +244,7 @@ fn kill<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenari
         workers: workers(args, db, 1, 4),
         faults: Faults::Kills(args.size(20, 200)),
         deadline: Duration::from_secs(args.size(120, 1200) as u64),
+        proxy: None,
     }
 }
 
@@ -252,6 +266,7 @@ fn storm<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenar
         workers: workers(args, db, 4, 4),
         faults: Faults::None,
         deadline: Duration::from_secs(args.size(300, 1800) as u64),
+        proxy: None,
     }
 }
 
@@ -276,5 +291,101 @@ fn hot_keys<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Sce
         },
         faults: Faults::None,
         deadline: Duration::from_secs(args.size(300, 1800) as u64),
+        proxy: None,
     }
+}
+
+/// One worker whose connections to PostgreSQL are cut at COMMIT by the harness's proxy.
+async fn commit_cut<DB: TestBackend>(
+    args: &Args,
+    db: &TestDb<DB>,
+    rng: &mut Rng,
+) -> Result<Scenario, String> {
+    if args.backend != "postgres" {
+        return Err("commit-cut cuts PostgreSQL's protocol: --backend postgres".to_owned());
+    }
+    let (scheme, rest) = db.url.split_once("://").ok_or("a database URL")?;
+    let (user, rest) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let (server, database) = rest.split_once('/').unwrap_or((rest, ""));
+    let (faults, heard) = tokio::sync::mpsc::unbounded_channel();
+    let plan = proxy::Plan {
+        cuts: args.size(30, 300),
+        one_in: 20,
+        outage_every: 6,
+        outage: Duration::from_millis(1500),
+    };
+    let proxy = proxy::Proxy::start(
+        server.to_owned(),
+        plan,
+        Rng(rng.below(u64::MAX) | 1),
+        faults,
+    )
+    .await
+    .map_err(|e| format!("cannot start the proxy: {e}"))?;
+    let user = if user.is_empty() {
+        String::new()
+    } else {
+        format!("{user}@")
+    };
+    let keys = args.size(3_000, 30_000);
+    let mut plan: Vec<u32> = (0..keys as u32).collect();
+    rng.shuffle(&mut plan);
+    Ok(Scenario {
+        keys,
+        plan,
+        workers: Workers {
+            url: format!("{scheme}://{user}127.0.0.1:{}/{database}", proxy.port),
+            // Three attempts resolve a lost answer within about half a second: an outage
+            // outlasts them, and the commit is reported unknown.
+            max_attempts: 3,
+            ..workers(args, db, 1, 4)
+        },
+        faults: Faults::External(heard),
+        deadline: Duration::from_secs(args.size(180, 1800) as u64),
+        proxy: Some(proxy),
+    })
+}
+
+/// How the worker resolved each cut, from the first acknowledgement of the cut key.
+fn cut_details(cuts: &[proxy::Cut], record: &broker::Record) -> Vec<(String, u64)> {
+    let mut counts = [0u64; 7];
+    for cut in cuts {
+        let Some(key) = cut.key.map(|key| key as usize) else {
+            counts[6] += 1;
+            continue;
+        };
+        let (ack, unknown) = (record.acknowledged[key], record.unknown[key]);
+        let slot = match (cut.forwarded, unknown, ack) {
+            (true, false, Some(broker::Ack::Processed(1))) => 0,
+            (true, true, Some(broker::Ack::Duplicate)) => 1,
+            (false, false, Some(broker::Ack::Processed(runs))) if runs > 1 => 2,
+            (false, true, Some(broker::Ack::Processed(_))) => 3,
+            _ => 4,
+        };
+        counts[slot] += 1;
+        counts[5] += u64::from(cut.forwarded);
+    }
+    [
+        "cuts after COMMIT was forwarded",
+        "  resolved by reading the key: processed, work not run again",
+        "  unreachable: CommitUnknown, not acknowledged, redelivery found it done",
+        "cuts before COMMIT was forwarded",
+        "  rolled back: work run again, processed",
+        "  unreachable: CommitUnknown, not acknowledged, redelivery processed it",
+        "cuts resolved otherwise",
+        "cuts whose key was not seen",
+    ]
+    .into_iter()
+    .zip([
+        counts[5],
+        counts[0],
+        counts[1],
+        cuts.len() as u64 - counts[5],
+        counts[2],
+        counts[3],
+        counts[4],
+        counts[6],
+    ])
+    .map(|(name, count)| (name.to_owned(), count))
+    .collect()
 }
