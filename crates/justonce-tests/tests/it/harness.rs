@@ -143,3 +143,12 @@ async fn a_commit_whose_answer_is_cut_is_resolved_by_reading_the_key_and_never_a
         "{details}"
     );
 }
+
+#[tokio::test]
+async fn postgres_stopped_immediately_during_the_run_loses_and_doubles_nothing() {
+    let args = ["--scenario", "pg-immediate", "--backend", "postgres"];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    assert_eq!(run.1["faults"], 2, "{}", run.1);
+    assert!(run.1["recovery_max_ms"].as_u64().is_some(), "{}", run.1);
+}

@@ -6,6 +6,8 @@ use crate::Rng;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
@@ -45,7 +47,13 @@ pub enum Faults {
     Kills(usize),
     /// Faults injected elsewhere (a proxy, a database restart): when each began and when it
     /// ended; recovery counts from its beginning to the first commit read after its end.
-    External(mpsc::UnboundedReceiver<(Instant, Instant)>),
+    /// The run is not over before `expected` of them were heard of, or their sender is
+    /// gone; `progress` counts acknowledgements, for an injector that acts on progress.
+    External {
+        heard: mpsc::UnboundedReceiver<(Instant, Instant)>,
+        expected: usize,
+        progress: Arc<AtomicUsize>,
+    },
 }
 
 /// How the first acknowledgement of a key read.
@@ -177,9 +185,12 @@ pub async fn deliver(
             points.sort_unstable();
             points.into()
         }
-        Faults::None | Faults::External(_) => VecDeque::new(),
+        Faults::None | Faults::External { .. } => VecDeque::new(),
     };
     let mut kill_at: Option<tokio::time::Instant> = None;
+    // Whether every external fault expected was heard of, and whether their injector is gone.
+    let mut heard_all = !matches!(faults, Faults::External { .. });
+    let mut injector_gone = heard_all;
     let deadline = tokio::time::Instant::now() + deadline;
     loop {
         broker.dispatch().await;
@@ -187,19 +198,30 @@ pub async fn deliver(
             kill_points.pop_front();
             kill_at = Some(tokio::time::Instant::now() + Duration::from_millis(rng.below(10)));
         }
-        if broker.drained() && kill_points.is_empty() && kill_at.is_none() {
+        let external = match &mut faults {
+            Faults::External {
+                heard,
+                expected,
+                progress,
+            } => {
+                progress.store(broker.acks, Ordering::Relaxed);
+                heard_all |= broker.record.faults >= *expected;
+                Some(heard)
+            }
+            _ => None,
+        };
+        if broker.drained() && kill_points.is_empty() && kill_at.is_none() && heard_all {
             broker.record.drained = true;
             break;
         }
-        let external = match &mut faults {
-            Faults::External(faults) => Some(faults),
-            _ => None,
-        };
         tokio::select! {
-            Some((began, ended)) = async { external?.recv().await } => {
-                broker.record.faults += 1;
-                broker.awaiting.push(Awaiting { began, after: ended, from_process: 0 });
-            }
+            fault = async { external?.recv().await }, if !injector_gone => match fault {
+                Some((began, ended)) => {
+                    broker.record.faults += 1;
+                    broker.awaiting.push(Awaiting { began, after: ended, from_process: 0 });
+                }
+                None => (heard_all, injector_gone) = (true, true),
+            },
             event = incoming.recv() => broker.handle(event.expect("the broker holds a sender"))?,
             () = async { tokio::time::sleep_until(kill_at.expect("armed")).await }, if kill_at.is_some() => {
                 kill_at = None;

@@ -25,8 +25,13 @@
 //!   forwarding it and half before, every sixth opening an outage of 1.5 s: every
 //!   connection broken and new ones refused, longer than the worker's three attempts take
 //!   to resolve the commit. The details say how each cut was resolved.
+//! - `pg-immediate` (PostgreSQL): two worker processes of four lanes on a throwaway cluster
+//!   of the harness's own, stopped with `pg_ctl stop -m immediate` 10 times (short: 2)
+//!   during the run, down for a second each time, and started again; the workers keep
+//!   going.
 
 mod broker;
+mod cluster;
 mod proxy;
 mod report;
 
@@ -34,9 +39,11 @@ use broker::{Faults, Workers};
 use justonce_tests::{BACKENDS, TestBackend, TestDb};
 use report::Report;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-const SCENARIOS: [&str; 4] = ["kill", "storm", "hot-keys", "commit-cut"];
+const SCENARIOS: [&str; 5] = ["kill", "storm", "hot-keys", "commit-cut", "pg-immediate"];
 
 struct Args {
     scenario: String,
@@ -124,6 +131,8 @@ struct Scenario {
     deadline: Duration,
     /// The proxy of `commit-cut`, asked afterwards what it cut.
     proxy: Option<proxy::Proxy>,
+    /// The restarts of `pg-immediate`, awaited before the check.
+    injector: Option<tokio::task::JoinHandle<Result<(), String>>>,
 }
 
 #[tokio::main]
@@ -169,12 +178,30 @@ async fn main() -> ExitCode {
 
 async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> {
     let mut rng = Rng(args.seed);
-    let db = TestDb::<DB>::at(url).await;
+    if ["commit-cut", "pg-immediate"].contains(&args.scenario.as_str())
+        && args.backend != "postgres"
+    {
+        return Err(format!(
+            "{} runs on PostgreSQL only: --backend postgres",
+            args.scenario
+        ));
+    }
+    let cluster = if args.scenario == "pg-immediate" {
+        let started = tokio::task::spawn_blocking(cluster::Cluster::start).await;
+        Some(Arc::new(started.map_err(|e| e.to_string())??))
+    } else {
+        None
+    };
+    let url = cluster
+        .as_ref()
+        .map_or(url.to_owned(), |cluster| cluster.url());
+    let db = TestDb::<DB>::at(&url).await;
     let mut scenario = match args.scenario.as_str() {
         "kill" => kill(args, &db, &mut rng),
         "storm" => storm(args, &db, &mut rng),
         "hot-keys" => hot_keys(args, &db, &mut rng),
-        _ => commit_cut(args, &db, &mut rng).await?,
+        "commit-cut" => commit_cut(args, &db, &mut rng).await?,
+        _ => pg_immediate(args, &db, &mut rng, cluster.clone().expect("started above")),
     };
     let title = format!(
         "fault-harness: {}{} on {} ({}), seed {}",
@@ -199,6 +226,9 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         scenario.deadline,
     )
     .await?;
+    if let Some(injector) = scenario.injector.take() {
+        injector.await.map_err(|e| e.to_string())??;
+    }
     let effects = DB::effect_counts(db.inbox.pool(), &db.prefix)
         .await
         .map_err(|e| format!("cannot read the effect rows: {e}"))?;
@@ -245,6 +275,7 @@ fn kill<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenari
         faults: Faults::Kills(args.size(20, 200)),
         deadline: Duration::from_secs(args.size(120, 1200) as u64),
         proxy: None,
+        injector: None,
     }
 }
 
@@ -267,6 +298,7 @@ fn storm<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenar
         faults: Faults::None,
         deadline: Duration::from_secs(args.size(300, 1800) as u64),
         proxy: None,
+        injector: None,
     }
 }
 
@@ -292,6 +324,7 @@ fn hot_keys<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Sce
         faults: Faults::None,
         deadline: Duration::from_secs(args.size(300, 1800) as u64),
         proxy: None,
+        injector: None,
     }
 }
 
@@ -301,9 +334,6 @@ async fn commit_cut<DB: TestBackend>(
     db: &TestDb<DB>,
     rng: &mut Rng,
 ) -> Result<Scenario, String> {
-    if args.backend != "postgres" {
-        return Err("commit-cut cuts PostgreSQL's protocol: --backend postgres".to_owned());
-    }
     let (scheme, rest) = db.url.split_once("://").ok_or("a database URL")?;
     let (user, rest) = rest.rsplit_once('@').unwrap_or(("", rest));
     let (server, database) = rest.split_once('/').unwrap_or((rest, ""));
@@ -340,9 +370,14 @@ async fn commit_cut<DB: TestBackend>(
             max_attempts: 3,
             ..workers(args, db, 1, 4)
         },
-        faults: Faults::External(heard),
+        faults: Faults::External {
+            heard,
+            expected: 0,
+            progress: Arc::default(),
+        },
         deadline: Duration::from_secs(args.size(180, 1800) as u64),
         proxy: Some(proxy),
+        injector: None,
     })
 }
 
@@ -388,4 +423,58 @@ fn cut_details(cuts: &[proxy::Cut], record: &broker::Record) -> Vec<(String, u64
     ])
     .map(|(name, count)| (name.to_owned(), count))
     .collect()
+}
+
+/// Two workers on the harness's own cluster, which is stopped at once and started again at
+/// random points of the run.
+fn pg_immediate<DB: TestBackend>(
+    args: &Args,
+    db: &TestDb<DB>,
+    rng: &mut Rng,
+    cluster: Arc<cluster::Cluster>,
+) -> Scenario {
+    let keys = args.size(3_000, 30_000);
+    let restarts = args.size(2, 10);
+    let mut plan: Vec<u32> = (0..keys as u32).collect();
+    rng.shuffle(&mut plan);
+    // After how many acknowledgements each restart comes.
+    let mut points: Vec<usize> = (0..restarts)
+        .map(|_| keys / 10 + rng.below(keys as u64 * 8 / 10) as usize)
+        .collect();
+    points.sort_unstable();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let (faults, heard) = tokio::sync::mpsc::unbounded_channel();
+    let acknowledged = Arc::clone(&progress);
+    let injector = tokio::spawn(async move {
+        for point in points {
+            while acknowledged.load(Ordering::Relaxed) < point {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let began = std::time::Instant::now();
+            let down = Arc::clone(&cluster);
+            tokio::task::spawn_blocking(move || down.stop_immediately())
+                .await
+                .map_err(|e| e.to_string())??;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let up = Arc::clone(&cluster);
+            tokio::task::spawn_blocking(move || up.start_again())
+                .await
+                .map_err(|e| e.to_string())??;
+            let _ = faults.send((began, std::time::Instant::now()));
+        }
+        Ok(())
+    });
+    Scenario {
+        keys,
+        plan,
+        workers: workers(args, db, 2, 4),
+        faults: Faults::External {
+            heard,
+            expected: restarts,
+            progress,
+        },
+        deadline: Duration::from_secs(args.size(180, 1800) as u64),
+        proxy: None,
+        injector: Some(injector),
+    }
 }
