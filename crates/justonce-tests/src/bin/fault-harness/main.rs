@@ -381,46 +381,37 @@ async fn commit_cut<DB: TestBackend>(
     })
 }
 
-/// How the worker resolved each cut, from the first acknowledgement of the cut key.
+/// How the worker resolved each cut, from the first acknowledgement of the cut key and
+/// whether it was ever refused as `commit-unknown`.
 fn cut_details(cuts: &[proxy::Cut], record: &broker::Record) -> Vec<(String, u64)> {
-    let mut counts = [0u64; 7];
+    use broker::Ack::Processed;
+    let mut counts = [0u64; 8];
     for cut in cuts {
-        let Some(key) = cut.key.map(|key| key as usize) else {
-            counts[6] += 1;
-            continue;
-        };
-        let (ack, unknown) = (record.acknowledged[key], record.unknown[key]);
-        let slot = match (cut.forwarded, unknown, ack) {
-            (true, false, Some(broker::Ack::Processed(1))) => 0,
-            (true, true, Some(broker::Ack::Duplicate)) => 1,
-            (false, false, Some(broker::Ack::Processed(runs))) if runs > 1 => 2,
-            (false, true, Some(broker::Ack::Processed(_))) => 3,
-            _ => 4,
+        let slot = match cut.key.map(|key| key as usize) {
+            None => 7,
+            Some(key) => match (cut.forwarded, record.unknown[key], record.acknowledged[key]) {
+                (true, false, Some(Processed(1))) => 1,
+                (true, true, Some(_)) => 2,
+                (false, false, Some(Processed(_))) => 4,
+                (false, true, Some(_)) => 5,
+                _ => 6,
+            },
         };
         counts[slot] += 1;
-        counts[5] += u64::from(cut.forwarded);
+        counts[if cut.forwarded { 0 } else { 3 }] += 1;
     }
     [
         "cuts after COMMIT was forwarded",
         "  resolved by reading the key: processed, work not run again",
-        "  unreachable: CommitUnknown, not acknowledged, redelivery found it done",
+        "  unreachable: CommitUnknown, not acknowledged, redelivered",
         "cuts before COMMIT was forwarded",
-        "  rolled back: work run again, processed",
-        "  unreachable: CommitUnknown, not acknowledged, redelivery processed it",
+        "  rolled back: processed by a later attempt",
+        "  unreachable: CommitUnknown, not acknowledged, rolled back, redelivered",
         "cuts resolved otherwise",
         "cuts whose key was not seen",
     ]
     .into_iter()
-    .zip([
-        counts[5],
-        counts[0],
-        counts[1],
-        cuts.len() as u64 - counts[5],
-        counts[2],
-        counts[3],
-        counts[4],
-        counts[6],
-    ])
+    .zip(counts)
     .map(|(name, count)| (name.to_owned(), count))
     .collect()
 }

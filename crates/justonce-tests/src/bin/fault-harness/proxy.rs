@@ -156,11 +156,16 @@ impl Connection {
     }
 
     /// Whether to cut this COMMIT: `Some(true)` to forward it first, `Some(false)` to drop
-    /// it. An outage cut also breaks every other connection and refuses new ones.
+    /// it. An outage cut also breaks every other connection and refuses new ones. A key is cut
+    /// once at most, so that each cut's resolution can be told.
     fn decide(&self, key: Option<u32>) -> Option<bool> {
         let mut state = self.state.lock().expect("proxy state");
         let state = &mut *state;
-        if state.cuts.len() >= state.plan.cuts || state.rng.below(state.plan.one_in) != 0 {
+        let cut_before = state.cuts.iter().any(|cut| key.is_some() && cut.key == key);
+        if cut_before
+            || state.cuts.len() >= state.plan.cuts
+            || state.rng.below(state.plan.one_in) != 0
+        {
             return None;
         }
         let forwarded = state.rng.below(2) == 0;
