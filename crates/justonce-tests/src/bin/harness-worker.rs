@@ -177,7 +177,7 @@ async fn broken_separate_claim<DB: TestBackend>(
     let claimed = DB::count(
         inbox.pool(),
         format!(
-            "SELECT count(*) FROM {prefix}keys WHERE consumer = 'test' AND {} = '{key}'",
+            "SELECT count(*) FROM {prefix}keys WHERE scope = '' AND consumer = 'test' AND {} = '{key}'",
             DB::quoted("key")
         ),
     )
