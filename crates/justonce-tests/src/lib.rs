@@ -228,6 +228,12 @@ pub trait TestBackend: Backend {
 
     /// The single number a counting query returns.
     fn count<'a>(pool: &'a sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send + 'a;
+
+    /// Each key of the effect table under `prefix` with its number of effect rows.
+    fn effect_counts<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        prefix: &'a str,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, sqlx::Error>> + Send + 'a;
 }
 
 /// What every database runs the same way.
@@ -295,6 +301,17 @@ macro_rules! same_on_every_database {
                 .await
                 .unwrap_or_else(|e| panic!("{sql}: {e}"));
             count
+        }
+
+        async fn effect_counts(
+            pool: &sqlx::Pool<Self>,
+            prefix: &str,
+        ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT msg_key, count(*) FROM {prefix}effects GROUP BY msg_key"
+            )))
+            .fetch_all(pool)
+            .await
         }
     };
 }
@@ -449,8 +466,16 @@ impl<DB: TestBackend> TestDb<DB> {
     /// Fresh, migrated tables with an effect table beside them.
     pub async fn new(test: &str) -> Self {
         let unique = unique();
+        Self::create(DB::fresh_url(&format!("{test}-{unique}")), &unique).await
+    }
+
+    /// Fresh, migrated tables with an effect table beside them, in the database of `url`.
+    pub async fn at(url: &str) -> Self {
+        Self::create(url.to_owned(), &unique()).await
+    }
+
+    async fn create(url: String, unique: &str) -> Self {
         let prefix = format!("t{unique}_");
-        let url = DB::fresh_url(&format!("{test}-{unique}"));
         let inbox = Inbox::<DB>::connect_with(
             &url,
             Consumer::new("test").unwrap(),

@@ -7,6 +7,7 @@ mod claim;
 mod client;
 mod commit;
 mod crash;
+mod harness;
 mod hostile;
 mod http;
 mod idempotency;

@@ -1,0 +1,144 @@
+//! A throwaway PostgreSQL cluster of the harness's own: `initdb` into a temporary folder, a
+//! free port, `pg_ctl` as a non-root user. It is the one stopped with `-m immediate`; the
+//! machine's shared cluster is never touched.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct Cluster {
+    folder: PathBuf,
+    port: u16,
+    bin: PathBuf,
+    /// The user the server runs as when the harness runs as root (PostgreSQL refuses root).
+    run_as: Option<&'static str>,
+}
+
+impl Cluster {
+    /// Creates and starts the cluster.
+    pub fn start() -> Result<Self, String> {
+        let bin = bin_folder()?;
+        let folder =
+            std::env::temp_dir().join(format!("justonce-harness-pg-{}", justonce_tests::unique()));
+        std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+        let root = std::fs::metadata("/proc/self").is_ok_and(|me| me.uid() == 0);
+        let run_as = root.then_some("postgres");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| format!("no free port: {e}"))?
+            .port();
+        let cluster = Self {
+            folder,
+            port,
+            bin,
+            run_as,
+        };
+        if let Some(user) = run_as {
+            run(Command::new("chown").arg(user).arg(&cluster.folder))?;
+        }
+        let data = cluster.data();
+        cluster.pg(
+            "initdb",
+            &["-D", &data, "-U", "postgres", "--auth=trust", "--no-sync"],
+        )?;
+        cluster.start_again()?;
+        Ok(cluster)
+    }
+
+    /// The URL of the cluster's `postgres` database.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Stops the server at once, as a crash would: no shutdown checkpoint, clients cut.
+    pub fn stop_immediately(&self) -> Result<(), String> {
+        self.pg(
+            "pg_ctl",
+            &["-D", &self.data(), "-m", "immediate", "-w", "stop"],
+        )
+    }
+
+    /// Starts the server, recovering from its WAL, and waits until it takes connections.
+    pub fn start_again(&self) -> Result<(), String> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            self.port,
+            self.folder.display()
+        );
+        let log = self.folder.join("log").display().to_string();
+        self.pg(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data(),
+                "-l",
+                &log,
+                "-o",
+                &options,
+                "-w",
+                "start",
+            ],
+        )
+    }
+
+    fn data(&self) -> String {
+        self.folder.join("data").display().to_string()
+    }
+
+    fn pg(&self, program: &str, args: &[&str]) -> Result<(), String> {
+        let program = self.bin.join(program);
+        let mut command = match self.run_as {
+            Some(user) => {
+                let mut command = Command::new("runuser");
+                command.args(["-u", user, "--"]).arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        run(command.args(args).current_dir(&self.folder))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.stop_immediately();
+        let _ = std::fs::remove_dir_all(&self.folder);
+    }
+}
+
+/// PostgreSQL's programs: where `pg_config` says, or the newest of the Debian layout.
+fn bin_folder() -> Result<PathBuf, String> {
+    if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
+        let bin = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        if bin.join("initdb").exists() {
+            return Ok(bin);
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map_err(|_| "PostgreSQL's programs not found: no pg_config".to_owned())?
+        .filter_map(|entry| Some(entry.ok()?.path().join("bin")))
+        .filter(|bin| bin.join("initdb").exists())
+        .collect();
+    found.sort_by_key(|bin| version(bin));
+    found
+        .pop()
+        .ok_or_else(|| "PostgreSQL's initdb not found".to_owned())
+}
+
+fn version(bin: &Path) -> u32 {
+    bin.parent()
+        .and_then(|folder| folder.file_name()?.to_str()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{command:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}

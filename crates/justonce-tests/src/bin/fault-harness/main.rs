@@ -1,0 +1,471 @@
+//! The fault harness: runs a scenario against real worker processes and a real database,
+//! injects its faults, waits for every delivery to be acknowledged, and checks the
+//! database's effect rows against what was attempted and acknowledged.
+//!
+//! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite] [--short] [--json]
+//! [--broken ack-before-commit|separate-claim] [--seed N]`
+//!
+//! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
+//! the check catches what it is there to catch: such a run must report violations.
+//!
+//! Prints one table (or one JSON object with `--json`): attempted, acknowledged, lost,
+//! duplicated and unexpected keys with their fractions, redeliveries and the recovery time
+//! from each fault to the next acknowledged commit. Exits 1 when lost, duplicated or
+//! unexpected is not 0, 2 on bad usage.
+//!
+//! Scenarios:
+//! - `kill`: one worker process, four keys at a time, SIGKILLed at random points and
+//!   restarted until the workload is drained.
+//! - `storm`: 1,000,000 deliveries of 100,000 keys (short: 100,000 of 10,000), each key's
+//!   ten deliveries close together, to four worker processes of four lanes each.
+//! - `hot-keys`: 64 consumers (four processes of 16 lanes) on 100 keys at a time, every
+//!   consumer given every key of a round; 100 rounds of 100 keys (short: 10).
+//! - `commit-cut` (PostgreSQL): one worker process of four lanes reaches the database
+//!   through a proxy that cuts 300 connections (short: 30) at COMMIT, half after
+//!   forwarding it and half before, every sixth opening an outage of 1.5 s: every
+//!   connection broken and new ones refused, longer than the worker's three attempts take
+//!   to resolve the commit. The details say how each cut was resolved.
+//! - `pg-immediate` (PostgreSQL): two worker processes of four lanes on a throwaway cluster
+//!   of the harness's own, stopped with `pg_ctl stop -m immediate` 10 times (short: 2)
+//!   during the run, down for a second each time, and started again; the workers keep
+//!   going.
+
+mod broker;
+mod cluster;
+mod proxy;
+mod report;
+
+use broker::{Faults, Workers};
+use justonce_tests::{BACKENDS, TestBackend, TestDb};
+use report::Report;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+const SCENARIOS: [&str; 5] = ["kill", "storm", "hot-keys", "commit-cut", "pg-immediate"];
+
+struct Args {
+    scenario: String,
+    backend: String,
+    short: bool,
+    json: bool,
+    seed: u64,
+    /// The worker's mode: `correct`, or a deliberately broken one.
+    mode: String,
+}
+
+impl Args {
+    fn parse() -> Option<Self> {
+        let mut args = Self {
+            scenario: String::new(),
+            backend: "postgres".to_owned(),
+            short: false,
+            json: false,
+            seed: Rng::clock_seed(),
+            mode: "correct".to_owned(),
+        };
+        let mut raw = std::env::args().skip(1);
+        while let Some(flag) = raw.next() {
+            match flag.as_str() {
+                "--scenario" => {
+                    args.scenario = raw.next().filter(|s| SCENARIOS.contains(&s.as_str()))?
+                }
+                "--backend" => {
+                    args.backend = raw.next().filter(|b| BACKENDS.contains(&b.as_str()))?
+                }
+                "--short" => args.short = true,
+                "--json" => args.json = true,
+                "--broken" => {
+                    args.mode = raw
+                        .next()
+                        .filter(|m| ["ack-before-commit", "separate-claim"].contains(&m.as_str()))?
+                }
+                "--seed" => args.seed = raw.next()?.parse().ok().filter(|s| *s != 0)?,
+                _ => return None,
+            }
+        }
+        (!args.scenario.is_empty()).then_some(args)
+    }
+
+    /// The short size in CI, the long one otherwise.
+    fn size(&self, short: usize, long: usize) -> usize {
+        if self.short { short } else { long }
+    }
+}
+
+/// A small deterministic generator: a run is repeated by its seed.
+pub struct Rng(u64);
+
+impl Rng {
+    fn clock_seed() -> u64 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("a clock after 1970")
+            .as_nanos();
+        (nanos as u64) | 1
+    }
+
+    fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            items.swap(i, self.below(i as u64 + 1) as usize);
+        }
+    }
+
+    /// A number below `bound` (at least 1).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % bound.max(1)
+    }
+}
+
+/// What a scenario runs: the workload, the workers and the faults.
+struct Scenario {
+    keys: usize,
+    /// Workload key indices in delivery order; a key may come more than once.
+    plan: Vec<u32>,
+    workers: Workers,
+    faults: Faults,
+    deadline: Duration,
+    /// The proxy of `commit-cut`, asked afterwards what it cut.
+    proxy: Option<proxy::Proxy>,
+    /// The restarts of `pg-immediate`, awaited before the check.
+    injector: Option<tokio::task::JoinHandle<Result<(), String>>>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let Some(args) = Args::parse() else {
+        eprintln!(
+            "usage: fault-harness --scenario {} [--backend postgres|mysql|sqlite] [--short] [--json] [--broken ack-before-commit|separate-claim] [--seed N]",
+            SCENARIOS.join("|")
+        );
+        return ExitCode::from(2);
+    };
+    let url = match args.backend.as_str() {
+        "postgres" => justonce_tests::postgres_url(),
+        "mysql" => justonce_tests::mysql_url(),
+        _ => format!(
+            "sqlite://{}",
+            std::env::temp_dir()
+                .join(format!("justonce-harness-{}.db", justonce_tests::unique()))
+                .display()
+        ),
+    };
+    let result = justonce_tests::with_backend!(url, DB => run::<DB>(&args, &url).await);
+    match result {
+        Ok(report) => {
+            if args.json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.table());
+            }
+            if report.violated() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(error) => {
+            eprintln!("fault-harness: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> {
+    let mut rng = Rng(args.seed);
+    if ["commit-cut", "pg-immediate"].contains(&args.scenario.as_str())
+        && args.backend != "postgres"
+    {
+        return Err(format!(
+            "{} runs on PostgreSQL only: --backend postgres",
+            args.scenario
+        ));
+    }
+    let cluster = if args.scenario == "pg-immediate" {
+        let started = tokio::task::spawn_blocking(cluster::Cluster::start).await;
+        Some(Arc::new(started.map_err(|e| e.to_string())??))
+    } else {
+        None
+    };
+    let url = cluster
+        .as_ref()
+        .map_or(url.to_owned(), |cluster| cluster.url());
+    let db = TestDb::<DB>::at(&url).await;
+    let mut scenario = match args.scenario.as_str() {
+        "kill" => kill(args, &db, &mut rng),
+        "storm" => storm(args, &db, &mut rng),
+        "hot-keys" => hot_keys(args, &db, &mut rng),
+        "commit-cut" => commit_cut(args, &db, &mut rng).await?,
+        _ => pg_immediate(args, &db, &mut rng, cluster.clone().expect("started above")),
+    };
+    let title = format!(
+        "fault-harness: {}{} on {} ({}), seed {}",
+        args.scenario,
+        if args.mode == "correct" {
+            String::new()
+        } else {
+            format!(" with the deliberately broken {}", args.mode)
+        },
+        args.backend,
+        if args.short { "short" } else { "long" },
+        args.seed
+    );
+    let deliveries = scenario.plan.len();
+    let started = std::time::Instant::now();
+    let record = broker::deliver(
+        &scenario.workers,
+        scenario.keys,
+        std::mem::take(&mut scenario.plan),
+        std::mem::replace(&mut scenario.faults, Faults::None),
+        &mut rng,
+        scenario.deadline,
+    )
+    .await?;
+    if let Some(injector) = scenario.injector.take() {
+        injector.await.map_err(|e| e.to_string())??;
+    }
+    let effects = DB::effect_counts(db.inbox.pool(), &db.prefix)
+        .await
+        .map_err(|e| format!("cannot read the effect rows: {e}"))?;
+    let mut report = Report::check(title, deliveries, &record, effects);
+    report.details.push((
+        "drained in (ms)".to_owned(),
+        started.elapsed().as_millis() as u64,
+    ));
+    if let Some(proxy) = &scenario.proxy {
+        report.details.extend(cut_details(&proxy.cuts(), &record));
+    }
+    db.cleanup().await;
+    Ok(report)
+}
+
+/// `processes` worker processes of `lanes` lanes each on `db`'s tables.
+fn workers<DB: TestBackend>(
+    args: &Args,
+    db: &TestDb<DB>,
+    processes: usize,
+    lanes: usize,
+) -> Workers {
+    Workers {
+        url: db.url.clone(),
+        prefix: db.prefix.clone(),
+        mode: args.mode.clone(),
+        processes,
+        lanes,
+        // Twice the lanes: a lane never waits for the broker.
+        window: 2 * lanes,
+        max_attempts: 10,
+    }
+}
+
+/// One worker process killed at random points and restarted, until drained.
+fn kill<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenario {
+    let keys = args.size(5_000, 50_000);
+    let mut plan: Vec<u32> = (0..keys as u32).collect();
+    rng.shuffle(&mut plan);
+    Scenario {
+        keys,
+        plan,
+        workers: workers(args, db, 1, 4),
+        faults: Faults::Kills(args.size(20, 200)),
+        deadline: Duration::from_secs(args.size(120, 1200) as u64),
+        proxy: None,
+        injector: None,
+    }
+}
+
+/// Ten deliveries of every key, shuffled within blocks of 100 keys: the copies of a key
+/// arrive close together, at different workers, and race.
+fn storm<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenario {
+    let keys = args.size(10_000, 100_000);
+    let mut plan = Vec::with_capacity(keys * 10);
+    for block in (0..keys as u32).collect::<Vec<_>>().chunks(100) {
+        let start = plan.len();
+        for _ in 0..10 {
+            plan.extend_from_slice(block);
+        }
+        rng.shuffle(&mut plan[start..]);
+    }
+    Scenario {
+        keys,
+        plan,
+        workers: workers(args, db, 4, 4),
+        faults: Faults::None,
+        deadline: Duration::from_secs(args.size(300, 1800) as u64),
+        proxy: None,
+        injector: None,
+    }
+}
+
+/// 64 consumers on 100 keys at a time: every consumer is given every key of a round, in
+/// shuffled order, so that each key is claimed by many at once.
+fn hot_keys<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenario {
+    let keys = 100 * args.size(10, 100);
+    let mut plan = Vec::with_capacity(keys * 64);
+    for round in (0..keys as u32).collect::<Vec<_>>().chunks(100) {
+        let start = plan.len();
+        for _ in 0..64 {
+            plan.extend_from_slice(round);
+        }
+        rng.shuffle(&mut plan[start..]);
+    }
+    Scenario {
+        keys,
+        plan,
+        workers: Workers {
+            window: 16,
+            ..workers(args, db, 4, 16)
+        },
+        faults: Faults::None,
+        deadline: Duration::from_secs(args.size(300, 1800) as u64),
+        proxy: None,
+        injector: None,
+    }
+}
+
+/// One worker whose connections to PostgreSQL are cut at COMMIT by the harness's proxy.
+async fn commit_cut<DB: TestBackend>(
+    args: &Args,
+    db: &TestDb<DB>,
+    rng: &mut Rng,
+) -> Result<Scenario, String> {
+    let (scheme, rest) = db.url.split_once("://").ok_or("a database URL")?;
+    let (user, rest) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let (server, database) = rest.split_once('/').unwrap_or((rest, ""));
+    let (faults, heard) = tokio::sync::mpsc::unbounded_channel();
+    let plan = proxy::Plan {
+        cuts: args.size(30, 300),
+        one_in: 20,
+        outage_every: 6,
+        outage: Duration::from_millis(1500),
+    };
+    let proxy = proxy::Proxy::start(
+        server.to_owned(),
+        plan,
+        Rng(rng.below(u64::MAX) | 1),
+        faults,
+    )
+    .await
+    .map_err(|e| format!("cannot start the proxy: {e}"))?;
+    let user = if user.is_empty() {
+        String::new()
+    } else {
+        format!("{user}@")
+    };
+    let keys = args.size(3_000, 30_000);
+    let mut plan: Vec<u32> = (0..keys as u32).collect();
+    rng.shuffle(&mut plan);
+    Ok(Scenario {
+        keys,
+        plan,
+        workers: Workers {
+            url: format!("{scheme}://{user}127.0.0.1:{}/{database}", proxy.port),
+            // Three attempts resolve a lost answer within about half a second: an outage
+            // outlasts them, and the commit is reported unknown.
+            max_attempts: 3,
+            ..workers(args, db, 1, 4)
+        },
+        faults: Faults::External {
+            heard,
+            expected: 0,
+            progress: Arc::default(),
+        },
+        deadline: Duration::from_secs(args.size(180, 1800) as u64),
+        proxy: Some(proxy),
+        injector: None,
+    })
+}
+
+/// How the worker resolved each cut, from the first acknowledgement of the cut key and
+/// whether it was ever refused as `commit-unknown`.
+fn cut_details(cuts: &[proxy::Cut], record: &broker::Record) -> Vec<(String, u64)> {
+    use broker::Ack::Processed;
+    let mut counts = [0u64; 8];
+    for cut in cuts {
+        let slot = match cut.key.map(|key| key as usize) {
+            None => 7,
+            Some(key) => match (cut.forwarded, record.unknown[key], record.acknowledged[key]) {
+                (true, false, Some(Processed(1))) => 1,
+                (true, true, Some(_)) => 2,
+                (false, false, Some(Processed(_))) => 4,
+                (false, true, Some(_)) => 5,
+                _ => 6,
+            },
+        };
+        counts[slot] += 1;
+        counts[if cut.forwarded { 0 } else { 3 }] += 1;
+    }
+    [
+        "cuts after COMMIT was forwarded",
+        "  resolved by reading the key: processed, work not run again",
+        "  unreachable: CommitUnknown, not acknowledged, redelivered",
+        "cuts before COMMIT was forwarded",
+        "  rolled back: processed by a later attempt",
+        "  unreachable: CommitUnknown, not acknowledged, rolled back, redelivered",
+        "cuts resolved otherwise",
+        "cuts whose key was not seen",
+    ]
+    .into_iter()
+    .zip(counts)
+    .map(|(name, count)| (name.to_owned(), count))
+    .collect()
+}
+
+/// Two workers on the harness's own cluster, which is stopped at once and started again at
+/// random points of the run.
+fn pg_immediate<DB: TestBackend>(
+    args: &Args,
+    db: &TestDb<DB>,
+    rng: &mut Rng,
+    cluster: Arc<cluster::Cluster>,
+) -> Scenario {
+    let keys = args.size(3_000, 30_000);
+    let restarts = args.size(2, 10);
+    let mut plan: Vec<u32> = (0..keys as u32).collect();
+    rng.shuffle(&mut plan);
+    // After how many acknowledgements each restart comes.
+    let mut points: Vec<usize> = (0..restarts)
+        .map(|_| keys / 10 + rng.below(keys as u64 * 8 / 10) as usize)
+        .collect();
+    points.sort_unstable();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let (faults, heard) = tokio::sync::mpsc::unbounded_channel();
+    let acknowledged = Arc::clone(&progress);
+    let injector = tokio::spawn(async move {
+        for point in points {
+            while acknowledged.load(Ordering::Relaxed) < point {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let began = std::time::Instant::now();
+            let down = Arc::clone(&cluster);
+            tokio::task::spawn_blocking(move || down.stop_immediately())
+                .await
+                .map_err(|e| e.to_string())??;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let up = Arc::clone(&cluster);
+            tokio::task::spawn_blocking(move || up.start_again())
+                .await
+                .map_err(|e| e.to_string())??;
+            let _ = faults.send((began, std::time::Instant::now()));
+        }
+        Ok(())
+    });
+    Scenario {
+        keys,
+        plan,
+        workers: workers(args, db, 2, 4),
+        faults: Faults::External {
+            heard,
+            expected: restarts,
+            progress,
+        },
+        deadline: Duration::from_secs(args.size(180, 1800) as u64),
+        proxy: None,
+        injector: Some(injector),
+    }
+}

@@ -1,0 +1,158 @@
+//! The check: the broker's record against the effect rows in the database, and the table
+//! (or JSON) it prints.
+
+use crate::broker::{Record, key_name};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// The figures of one run.
+pub struct Report {
+    pub title: String,
+    pub keys: usize,
+    pub deliveries: usize,
+    pub attempted: u64,
+    pub acknowledged: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub unexpected: u64,
+    pub redeliveries: u64,
+    pub faults: usize,
+    pub recovery: Vec<Duration>,
+    pub drained: bool,
+    /// What the scenario measured besides, in the order it gives them.
+    pub details: Vec<(String, u64)>,
+}
+
+impl Report {
+    /// Compares `record` with `effects`, each effect key with its number of rows. Every key
+    /// of the workload is required, so an attempted key without an effect is lost, whether
+    /// or not it was acknowledged.
+    pub fn check(
+        title: String,
+        deliveries: usize,
+        record: &Record,
+        effects: Vec<(String, i64)>,
+    ) -> Self {
+        let keys = record.attempted.len();
+        let mut effects: HashMap<String, i64> = effects.into_iter().collect();
+        let mut report = Self {
+            title,
+            keys,
+            deliveries,
+            attempted: 0,
+            acknowledged: 0,
+            lost: 0,
+            duplicated: 0,
+            unexpected: 0,
+            redeliveries: record.redeliveries,
+            faults: record.faults,
+            recovery: record.recovery.clone(),
+            drained: record.drained,
+            details: [
+                ("acknowledged as processed".to_owned(), record.processed),
+                ("acknowledged as duplicates".to_owned(), record.duplicates),
+            ]
+            .into_iter()
+            .chain(
+                record
+                    .refusals
+                    .iter()
+                    .map(|(reason, count)| (format!("refused ({reason})"), *count)),
+            )
+            .collect(),
+        };
+        for index in 0..keys {
+            let rows = effects.remove(&key_name(index as u32)).unwrap_or(0);
+            report.attempted += u64::from(record.attempted[index]);
+            report.acknowledged += u64::from(record.acknowledged[index].is_some());
+            report.lost += u64::from(record.attempted[index] && rows == 0);
+            report.duplicated += u64::from(rows > 1);
+        }
+        // What remains are effects of keys the workload never had.
+        report.unexpected = effects.len() as u64;
+        report.duplicated += effects.values().filter(|rows| **rows > 1).count() as u64;
+        report
+    }
+
+    /// Whether the run broke a promise: lost, duplicated or unexpected is not 0.
+    pub fn violated(&self) -> bool {
+        self.lost + self.duplicated + self.unexpected > 0
+    }
+
+    fn fraction(&self, count: u64) -> f64 {
+        count as f64 / (self.attempted.max(1)) as f64
+    }
+
+    fn recovery_ms(&self) -> Option<(u128, u128)> {
+        let mut sorted = self.recovery.clone();
+        sorted.sort_unstable();
+        let p50 = sorted.get(sorted.len().saturating_sub(1) / 2)?;
+        Some((p50.as_millis(), sorted.last()?.as_millis()))
+    }
+
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "{}\n{} keys, {} deliveries, {} faults{}\n",
+            self.title,
+            self.keys,
+            self.deliveries,
+            self.faults,
+            if self.drained {
+                ""
+            } else {
+                ", NOT DRAINED before the deadline"
+            }
+        );
+        out += "                  count  fraction\n";
+        for (name, count) in [
+            ("attempted", self.attempted),
+            ("acknowledged", self.acknowledged),
+            ("lost", self.lost),
+            ("duplicated", self.duplicated),
+            ("unexpected", self.unexpected),
+        ] {
+            out += &format!(
+                "{name:<14}{count:>9}  {:>7.3}%\n",
+                100.0 * self.fraction(count)
+            );
+        }
+        out += &format!("{:<14}{:>9}\n", "redeliveries", self.redeliveries);
+        out += &match self.recovery_ms() {
+            Some((p50, max)) => format!("recovery      p50 {p50} ms, max {max} ms\n"),
+            None => "recovery      - (no fault)\n".to_owned(),
+        };
+        for (name, count) in &self.details {
+            out += &format!("{name}: {count}\n");
+        }
+        out
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let mut json = serde_json::json!({
+            "title": self.title,
+            "keys": self.keys,
+            "deliveries": self.deliveries,
+            "faults": self.faults,
+            "drained": self.drained,
+            "redeliveries": self.redeliveries,
+            "recovery_p50_ms": self.recovery_ms().map(|(p50, _)| p50 as u64),
+            "recovery_max_ms": self.recovery_ms().map(|(_, max)| max as u64),
+            "details": self
+                .details
+                .iter()
+                .map(|(name, count)| (name.clone(), serde_json::Value::from(*count)))
+                .collect::<serde_json::Map<_, _>>(),
+        });
+        for (name, count) in [
+            ("attempted", self.attempted),
+            ("acknowledged", self.acknowledged),
+            ("lost", self.lost),
+            ("duplicated", self.duplicated),
+            ("unexpected", self.unexpected),
+        ] {
+            json[name] = count.into();
+            json[format!("{name}_fraction")] = self.fraction(count).into();
+        }
+        json
+    }
+}

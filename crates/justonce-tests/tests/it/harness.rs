@@ -1,0 +1,154 @@
+//! The fault harness, run as CI runs it: the short version of each scenario through the
+//! real binary must find nothing lost, doubled or unexpected and exit 0, and the same
+//! harness against a deliberately broken worker must report violations and exit 1.
+
+use serde_json::Value;
+use std::time::Duration;
+use tokio::process::Command;
+
+/// Runs `fault-harness --short --json` with `args`; its exit code and the figures it printed.
+async fn harness(args: &[&str]) -> (i32, Value) {
+    let output = Command::new(env!("CARGO_BIN_EXE_fault-harness"))
+        .args(["--short", "--json"])
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(300), output)
+        .await
+        .expect("fault-harness hung")
+        .expect("run fault-harness");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let figures = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "fault-harness {args:?} printed no figures ({e}): {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.code().expect("an exit code"), figures)
+}
+
+/// Asserts a clean run: every key attempted and acknowledged, none lost, doubled or
+/// unexpected, exit 0.
+fn assert_clean(args: &[&str], (code, figures): &(i32, Value)) {
+    let count = |name: &str| figures[name].as_u64().expect(name);
+    assert_eq!(
+        (count("lost"), count("duplicated"), count("unexpected")),
+        (0, 0, 0),
+        "{args:?}: {figures}"
+    );
+    assert_eq!(count("attempted"), count("keys"), "{args:?}: {figures}");
+    assert_eq!(count("acknowledged"), count("keys"), "{args:?}: {figures}");
+    assert_eq!(*code, 0, "{args:?}: {figures}");
+}
+
+async fn killed_worker_on(backend: &str) {
+    let args = ["--scenario", "kill", "--backend", backend];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    assert_eq!(run.1["faults"], 20, "{}", run.1);
+    assert!(run.1["redeliveries"].as_u64().unwrap() > 0, "{}", run.1);
+}
+
+#[tokio::test]
+async fn a_worker_killed_twenty_times_loses_and_doubles_nothing_on_postgres() {
+    killed_worker_on("postgres").await
+}
+
+#[tokio::test]
+async fn a_worker_killed_twenty_times_loses_and_doubles_nothing_on_mysql() {
+    killed_worker_on("mysql").await
+}
+
+#[tokio::test]
+async fn a_worker_killed_twenty_times_loses_and_doubles_nothing_on_sqlite() {
+    killed_worker_on("sqlite").await
+}
+
+#[tokio::test]
+async fn the_check_reports_losses_when_acknowledging_before_commit() {
+    let (code, figures) = harness(&["--scenario", "kill", "--broken", "ack-before-commit"]).await;
+    assert!(figures["lost"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(code, 1, "{figures}");
+}
+
+#[tokio::test]
+async fn the_check_reports_doubles_when_claiming_in_a_separate_transaction() {
+    let (code, figures) = harness(&["--scenario", "kill", "--broken", "separate-claim"]).await;
+    assert!(figures["duplicated"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(code, 1, "{figures}");
+}
+
+/// A run without faults: clean, and each key acknowledged as processed exactly once.
+async fn clean_run(scenario: &str, backend: &str) {
+    let args = ["--scenario", scenario, "--backend", backend];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    assert_eq!(
+        figures["details"]["acknowledged as processed"], figures["keys"],
+        "{figures}"
+    );
+}
+
+#[tokio::test]
+async fn a_storm_of_ten_deliveries_per_key_takes_effect_once_per_key_on_postgres() {
+    clean_run("storm", "postgres").await
+}
+
+#[tokio::test]
+async fn a_storm_of_ten_deliveries_per_key_takes_effect_once_per_key_on_mysql() {
+    clean_run("storm", "mysql").await
+}
+
+#[tokio::test]
+async fn sixty_four_consumers_on_the_same_keys_take_effect_once_per_key_on_postgres() {
+    clean_run("hot-keys", "postgres").await
+}
+
+#[tokio::test]
+async fn sixty_four_consumers_on_the_same_keys_take_effect_once_per_key_on_mysql() {
+    clean_run("hot-keys", "mysql").await
+}
+
+#[tokio::test]
+async fn sixty_four_consumers_on_the_same_keys_take_effect_once_per_key_on_sqlite() {
+    clean_run("hot-keys", "sqlite").await
+}
+
+#[tokio::test]
+async fn a_commit_whose_answer_is_cut_is_resolved_by_reading_the_key_and_never_acknowledged_unknown()
+ {
+    let args = ["--scenario", "commit-cut", "--backend", "postgres"];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let details = &run.1["details"];
+    let count = |name: &str| details[name].as_u64().expect(name);
+    assert_eq!(
+        count("cuts after COMMIT was forwarded") + count("cuts before COMMIT was forwarded"),
+        30,
+        "{details}"
+    );
+    assert!(
+        count("  resolved by reading the key: processed, work not run again") > 0,
+        "{details}"
+    );
+    // An outage outlasts the resolution: the commit is unknown, and the key not acknowledged.
+    assert!(count("refused (commit-unknown)") > 0, "{details}");
+    assert_eq!(
+        (
+            count("cuts resolved otherwise"),
+            count("cuts whose key was not seen")
+        ),
+        (0, 0),
+        "{details}"
+    );
+}
+
+#[tokio::test]
+async fn postgres_stopped_immediately_during_the_run_loses_and_doubles_nothing() {
+    let args = ["--scenario", "pg-immediate", "--backend", "postgres"];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    assert_eq!(run.1["faults"], 2, "{}", run.1);
+    assert!(run.1["recovery_max_ms"].as_u64().is_some(), "{}", run.1);
+}
