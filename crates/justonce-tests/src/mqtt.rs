@@ -7,14 +7,14 @@ use justonce_transport::mqtt::{MqttConsumer, MqttDestination};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Publishes `count` messages for keys `order:0` to `order:<distinct - 1>` in turn to `topic`
-/// while `consumer` runs the tests' work for each, never more than 500 ahead of it, and
-/// returns what the consumer counted.
+/// while `consumer` runs the tests' work for each (in batches of up to `batch` when it is
+/// more than 1), never more than 500 ahead of it, and returns what the consumer counted.
 pub async fn publish_while_consuming<DB: TestBackend>(
     prefix: &str,
     consumer: &MqttConsumer<DB>,
     topic: &str,
-    count: usize,
-    distinct: usize,
+    (count, distinct): (usize, usize),
+    batch: usize,
 ) -> ConsumerStats {
     let url = crate::mqtt_url();
     let publisher = MqttDestination::new(&url, topic, &format!("{topic}-p")).expect("an MQTT URL");
@@ -45,11 +45,19 @@ pub async fn publish_while_consuming<DB: TestBackend>(
         let mut stats = ConsumerStats::default();
         while ((stats.processed + stats.duplicates) as usize) < count {
             let message = consumer.next().await.expect("a message");
-            let ran = consumer.run_one(&message, &work).await;
-            consumer
-                .settle(&message, ran, &mut stats)
-                .await
-                .expect("settled");
+            if batch > 1 {
+                let batch = consumer.more(message, batch).await.expect("a batch");
+                consumer
+                    .settle_batch(&batch, &work, &mut stats)
+                    .await
+                    .expect("settled");
+            } else {
+                let ran = consumer.run_one(&message, &work).await;
+                consumer
+                    .settle(&message, ran, &mut stats)
+                    .await
+                    .expect("settled");
+            }
             settled.store(stats.processed + stats.duplicates, Ordering::Relaxed);
         }
         stats

@@ -116,7 +116,8 @@ async fn ten_thousand_messages_a_fifth_repeated_take_effect_once_per_key<DB: Tes
         .await
         .unwrap();
     let stats =
-        justonce_tests::publish_while_consuming(&db.prefix, &consumer, &topic, 10_000, 8_000).await;
+        justonce_tests::publish_while_consuming(&db.prefix, &consumer, &topic, (10_000, 8_000), 1)
+            .await;
     assert_eq!((stats.processed, stats.duplicates), (8_000, 2_000));
     assert_eq!(db.rows("effects").await, 8_000, "effects = distinct keys");
     assert_eq!(db.doubled_effects().await, 0);
