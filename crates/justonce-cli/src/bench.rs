@@ -21,6 +21,7 @@ pub struct Settings {
     pub sizes: Vec<u64>,
     pub samples: usize,
     pub purge: u64,
+    pub purge_batch: u32,
     pub sections: Vec<Section>,
     pub json: bool,
 }
@@ -267,11 +268,12 @@ impl<DB: BenchDb> Bench<'_, DB> {
         let purging = async {
             let started = Instant::now();
             let keep = Duration::from_secs(86_400);
+            let batch_size = self.settings.purge_batch;
             let mut purged = 0;
             loop {
-                let batch = self.inbox.purge_batch(keep, 1_000).await?;
+                let batch = self.inbox.purge_batch(keep, batch_size).await?;
                 purged += batch;
-                if batch < 1_000 {
+                if batch < u64::from(batch_size) {
                     return Ok::<_, anyhow::Error>((purged, started.elapsed()));
                 }
             }
@@ -294,7 +296,12 @@ impl<DB: BenchDb> Bench<'_, DB> {
             purged == expired,
             "purged {purged} keys of the {expired} expired"
         );
-        self.report.purge(purged, took, &without, &during?);
+        self.report.purge(
+            (purged, self.settings.purge_batch),
+            took,
+            &without,
+            &during?,
+        );
         Ok(())
     }
 
@@ -479,7 +486,13 @@ impl Report {
         );
     }
 
-    fn purge(&self, purged: u64, took: Duration, without: &[Duration], during: &[Duration]) {
+    fn purge(
+        &self,
+        (purged, batch): (u64, u32),
+        took: Duration,
+        without: &[Duration],
+        during: &[Duration],
+    ) {
         let per_second = purged as f64 / took.as_secs_f64();
         let (quiet, busy) = (percentile(without, 99), percentile(during, 99));
         if self.json {
@@ -487,6 +500,7 @@ impl Report {
                 "bench": "purge",
                 "database": self.database,
                 "purged": purged,
+                "batch": batch,
                 "seconds": took.as_secs_f64(),
                 "keys_per_second": per_second.round(),
                 "claim_p99_ms_without": millis(quiet),
@@ -497,7 +511,7 @@ impl Report {
             return;
         }
         println!(
-            "purge       {:<9} {purged:>10} keys  {per_second:.0} keys/s  claim p99 {:.2} ms without, {:.2} ms while purging",
+            "purge       {:<9} {purged:>10} keys  batches of {batch}: {per_second:.0} keys/s  claim p99 {:.2} ms without, {:.2} ms while purging",
             self.database,
             millis(quiet),
             millis(busy),

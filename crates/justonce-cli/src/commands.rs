@@ -46,6 +46,7 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
             sizes: args.sizes,
             samples: count(args.samples)?,
             purge: args.purge,
+            purge_batch: args.purge_batch,
             sections,
             json: args.json,
         };

@@ -108,6 +108,9 @@ struct BenchArgs {
     /// Expired keys to purge.
     #[arg(long, default_value_t = 1_000_000)]
     purge: u64,
+    /// Keys deleted per statement while purging, as `justonce purge --batch-size`.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    purge_batch: u32,
     /// Only these sections, comma-separated; all by default.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<bench::Section>,
