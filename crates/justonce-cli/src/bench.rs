@@ -22,6 +22,7 @@ pub struct Settings {
     pub samples: usize,
     pub purge: u64,
     pub purge_batch: u32,
+    pub purge_pause: f64,
     pub sections: Vec<Section>,
     pub json: bool,
 }
@@ -271,11 +272,14 @@ impl<DB: BenchDb> Bench<'_, DB> {
             let batch_size = self.settings.purge_batch;
             let mut purged = 0;
             loop {
+                let statement = Instant::now();
                 let batch = self.inbox.purge_batch(keep, batch_size).await?;
                 purged += batch;
                 if batch < u64::from(batch_size) {
                     return Ok::<_, anyhow::Error>((purged, started.elapsed()));
                 }
+                let pause = statement.elapsed().mul_f64(self.settings.purge_pause);
+                tokio::time::sleep(pause).await;
             }
         };
         let claiming = async {

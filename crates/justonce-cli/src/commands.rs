@@ -47,6 +47,7 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
             samples: count(args.samples)?,
             purge: args.purge,
             purge_batch: args.purge_batch,
+            purge_pause: args.purge_pause,
             sections,
             json: args.json,
         };

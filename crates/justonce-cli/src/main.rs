@@ -111,6 +111,10 @@ struct BenchArgs {
     /// Keys deleted per statement while purging, as `justonce purge --batch-size`.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     purge_batch: u32,
+    /// After each purge statement, a pause this many times as long as the statement took:
+    /// 1 lets the purge take about half of the database's time.
+    #[arg(long, default_value_t = 0.0, value_parser = pause_ratio)]
+    purge_pause: f64,
     /// Only these sections, comma-separated; all by default.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<bench::Section>,
@@ -192,6 +196,14 @@ enum DlqCommand {
     },
     /// Delete every dead letter.
     Purge,
+}
+
+/// A ratio of pause to work: a number from 0 to 100.
+fn pause_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ratio) if (0.0..=100.0).contains(&ratio) => Ok(ratio),
+        _ => Err("expected a number from 0 to 100".to_owned()),
+    }
 }
 
 fn main() -> ExitCode {
