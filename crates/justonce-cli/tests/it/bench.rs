@@ -122,19 +122,20 @@ fn tables_named(url: &str, pid: u32) -> String {
 }
 
 #[tokio::test]
-async fn a_share_of_duplicates_of_100_percent_is_bad_usage() {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
-        .args([
-            "bench",
-            "--database",
-            "sqlite::memory:",
-            "--duplicates",
-            "100",
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("--duplicates"), "{stderr}");
+async fn numbers_out_of_range_are_bad_usage() {
+    for (flag, value) in [
+        ("--duplicates", "100"),
+        ("--purge-pause", "-1"),
+        ("--purge-pause", "NaN"),
+        ("--workers", "0"),
+    ] {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
+            .args(["bench", "--database", "sqlite::memory:", flag, value])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(flag), "{stderr}");
+    }
 }
