@@ -130,7 +130,8 @@ async fn numbers_out_of_range_are_bad_usage() {
         ("--workers", "0"),
     ] {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
-            .args(["bench", "--database", "sqlite::memory:", flag, value])
+            .args(["bench", "--database", "sqlite::memory:"])
+            .arg(format!("{flag}={value}"))
             .output()
             .await
             .unwrap();
