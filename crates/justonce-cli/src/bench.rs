@@ -565,8 +565,8 @@ fn peak_rss_mib() -> Option<f64> {
 /// The statements the bench writes by hand, per database.
 trait BenchDb: Backend {
     const LABEL: &'static str;
-    /// Whether the claim and the effect fit in one statement.
-    const HAS_ONE_STATEMENT: bool;
+    /// Whether the claim and the effect fit in one statement: [`BenchDb::one_statement`].
+    const HAS_ONE_STATEMENT: bool = false;
 
     async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()>;
 
@@ -585,12 +585,18 @@ trait BenchDb: Backend {
         fingerprint: &Fingerprint,
     ) -> Result<bool>;
 
+    /// The claim and the effect in one statement, where `HAS_ONE_STATEMENT`.
     async fn one_statement(
-        pool: &sqlx::Pool<Self>,
-        tables: &BenchTables,
-        key: &str,
-        fingerprint: &Fingerprint,
-    ) -> Result<()>;
+        _pool: &sqlx::Pool<Self>,
+        _tables: &BenchTables,
+        _key: &str,
+        _fingerprint: &Fingerprint,
+    ) -> Result<()> {
+        bail!(
+            "{} has no statement that both claims and writes the effect",
+            Self::LABEL
+        )
+    }
 
     /// Inserts keys `fill:<from>` to `fill:<to - 1>` of the bench's consumer, processed
     /// `age` ago, in one statement.
@@ -732,20 +738,10 @@ impl BenchDb for Postgres {
 
 impl BenchDb for Sqlite {
     const LABEL: &'static str = "sqlite";
-    const HAS_ONE_STATEMENT: bool = false;
 
     common!();
 
     dollar_parameters!();
-
-    async fn one_statement(
-        _pool: &sqlx::Pool<Self>,
-        _tables: &BenchTables,
-        _key: &str,
-        _fingerprint: &Fingerprint,
-    ) -> Result<()> {
-        bail!("SQLite has no statement that both claims and writes the effect")
-    }
 
     async fn fill(
         pool: &sqlx::Pool<Self>,
@@ -773,7 +769,6 @@ impl BenchDb for Sqlite {
 
 impl BenchDb for MySql {
     const LABEL: &'static str = "mysql";
-    const HAS_ONE_STATEMENT: bool = false;
 
     common!();
 
@@ -820,15 +815,6 @@ impl BenchDb for MySql {
             Err(sqlx::Error::Database(error)) if error.is_unique_violation() => Ok(false),
             Err(error) => Err(error.into()),
         }
-    }
-
-    async fn one_statement(
-        _pool: &sqlx::Pool<Self>,
-        _tables: &BenchTables,
-        _key: &str,
-        _fingerprint: &Fingerprint,
-    ) -> Result<()> {
-        bail!("MySQL has no statement that both claims and writes the effect")
     }
 
     async fn fill(

@@ -445,6 +445,8 @@ pub struct NatsReader<DB: Backend> {
     inbox: Inbox<DB>,
     jetstream: jetstream::Context,
     stream: jetstream::stream::Stream,
+    /// See [`NatsReader::offset_stream`].
+    offset_stream: String,
     options: NatsOptions,
 }
 
@@ -465,14 +467,15 @@ impl<DB: Backend> NatsReader<DB> {
             inbox,
             jetstream,
             stream,
+            offset_stream: format!("{}:{}", options.stream, options.subject),
             options,
         })
     }
 
     /// The name the position is stored under for the inbox's consumer: the stream and the
     /// subject, such as `ORDERS:orders.*`, since two subjects of one stream are read apart.
-    pub fn offset_stream(&self) -> String {
-        format!("{}:{}", self.options.stream, self.options.subject)
+    pub fn offset_stream(&self) -> &str {
+        &self.offset_stream
     }
 
     /// Reads messages after the stored offset until `shutdown` resolves, and runs `work` for
@@ -487,13 +490,12 @@ impl<DB: Backend> NatsReader<DB> {
         let mut messages = self.messages().await?;
         let mut stats = ConsumerStats::default();
         let mut unstored = in_order::Unstored::default();
-        let stream = self.offset_stream();
         let mut shutdown = std::pin::pin!(shutdown);
         'read: loop {
             let next = tokio::select! {
                 _ = &mut shutdown => break,
                 _ = tokio::time::sleep(in_order::IDLE), if unstored.is_some() => {
-                    unstored.store(&self.inbox, &stream).await;
+                    unstored.store(&self.inbox, self.offset_stream()).await;
                     continue;
                 }
                 next = messages.next() => next,
@@ -509,13 +511,13 @@ impl<DB: Backend> NatsReader<DB> {
                 }
             }
         }
-        unstored.store(&self.inbox, &stream).await;
+        unstored.store(&self.inbox, self.offset_stream()).await;
         Ok(stats)
     }
 
     /// The messages after the stored offset, for callers that run them themselves.
     pub async fn messages(&self) -> Result<ReadMessages, Error> {
-        let stored = in_order::stored_offset(&self.inbox, &self.offset_stream())
+        let stored = in_order::stored_offset(&self.inbox, self.offset_stream())
             .await
             .map_err(Error::Store)?;
         let deliver_policy = match stored {
@@ -546,7 +548,7 @@ impl<DB: Backend> NatsReader<DB> {
     {
         match self.read(message) {
             Ok((offset, incoming)) => {
-                in_order::run_at(&self.inbox, &self.offset_stream(), offset, &incoming, work).await
+                in_order::run_at(&self.inbox, self.offset_stream(), offset, &incoming, work).await
             }
             Err(reason) => Ran::NoKey(reason),
         }
@@ -567,7 +569,6 @@ impl<DB: Backend> NatsReader<DB> {
         E: std::error::Error + Send + Sync + 'static,
     {
         metrics::counter!("justonce_deliveries_consumed_total", "broker" => "nats").increment(1);
-        let stream = self.offset_stream();
         let (offset, mut incoming) = match self.read(message) {
             Ok(read) => read,
             Err(reason) => {
@@ -576,14 +577,13 @@ impl<DB: Backend> NatsReader<DB> {
                 return self.skip(message).await;
             }
         };
-        let max_attempts = self.options.max_attempts;
         let ran = in_order::run_with_retries(
             &self.inbox,
-            &stream,
+            self.offset_stream(),
             offset,
             &mut incoming,
             work,
-            max_attempts,
+            self.options.max_attempts,
             stats,
         )
         .await;
@@ -625,7 +625,7 @@ impl<DB: Backend> NatsReader<DB> {
             return Ok(true);
         };
         let offset = Offset::from(i64::try_from(info.stream_sequence).unwrap_or(i64::MAX));
-        match in_order::skip(&self.inbox, &self.offset_stream(), offset).await {
+        match in_order::skip(&self.inbox, self.offset_stream(), offset).await {
             Ok(()) => Ok(true),
             Err(error) => {
                 tracing::warn!(%error, "database failed: the offset did not move past a dead letter");
