@@ -1,20 +1,22 @@
 //! Each command against the configured database.
 
-use crate::bench;
 use crate::config::Settings;
 use crate::progress::Progress;
-use crate::{Command, DlqCommand, KeyArgs, KeysCommand};
+use crate::{CheckArgs, Command, DlqCommand, KeyArgs, KeysCommand};
+use crate::{bench, check};
 use anyhow::{Context, Result};
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Options, Row, Scope, StoredKey};
+use std::hash::{BuildHasher, RandomState};
 use std::io::{BufRead, IsTerminal, Write};
+use std::time::Instant;
 
 /// Dead letters replayed per statement by `dlq replay --all`.
 const REPLAY_BATCH: u32 = 1_000;
 
 /// Bad usage found once the command runs, such as a malformed key: exit code 2.
 #[derive(Debug)]
-pub struct Usage(String);
+pub struct Usage(pub String);
 
 impl std::fmt::Display for Usage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -52,6 +54,11 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
             json: args.json,
         };
         return bench::run(url, &bench_settings).await;
+    }
+    if let Command::Check(args) = &command
+        && (args.target.is_some() || args.run.is_some())
+    {
+        return check(&settings, args).await;
     }
     if let Command::Migrate {
         print_sql: true,
@@ -109,7 +116,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
             let applied = inbox.migrate().await?;
             println!("{applied} migrations applied");
         }
-        Command::Check => {
+        Command::Check(_) => {
             inbox.check().await?;
             println!(
                 "configuration and database are fine: {} sources, {} consumers",
@@ -476,4 +483,46 @@ fn print_row(row: &Row) {
     }
     println!();
     println!("{}", String::from_utf8_lossy(&row.payload));
+}
+
+/// `justonce check` with a target or a job: the conformance kit.
+async fn check(settings: &Settings, args: &CheckArgs) -> Result<()> {
+    let effects = match (&args.effects, &args.count) {
+        (Some(sql), None) => check::Effects::Rows(sql.clone()),
+        (None, Some(sql)) => check::Effects::Count(sql.clone()),
+        _ => return Err(Usage("the check needs --effects or --count".to_owned()).into()),
+    };
+    let target = match (&args.target, &args.run) {
+        (Some(url), None) => check::Target::of(url, args.to.as_deref(), args.sign.as_deref())?,
+        (None, Some(command)) => check::Target::Job(command.clone()),
+        _ => unreachable!("clap lets one of the two through"),
+    };
+    let keys = if args.keys.is_empty() {
+        let run = format!("{:08x}", RandomState::new().hash_one(Instant::now()) as u32);
+        (1..=args.events)
+            .map(|n| format!("check-{run}-{n}"))
+            .collect()
+    } else {
+        let mut seen = std::collections::HashSet::new();
+        if let Some(repeated) = args.keys.iter().find(|key| !seen.insert(key.as_str())) {
+            return Err(Usage(format!("--keys names {repeated:?} twice")).into());
+        }
+        args.keys.clone()
+    };
+    check::run(check::Settings {
+        target,
+        effects,
+        database: args
+            .database
+            .clone()
+            .unwrap_or_else(|| settings.database.clone()),
+        keys,
+        body: args.body.clone(),
+        headers: args.headers.clone(),
+        between: args.between.clone(),
+        delay: args.delay,
+        wait: args.wait,
+        json: args.json,
+    })
+    .await
 }

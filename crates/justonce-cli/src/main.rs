@@ -5,6 +5,7 @@
 
 mod activity;
 mod bench;
+mod check;
 mod commands;
 mod config;
 mod progress;
@@ -46,8 +47,14 @@ enum Command {
         #[arg(long, default_value_t = 0, requires = "print_sql")]
         since: i64,
     },
-    /// Check the configuration and the database, then exit.
-    Check,
+    /// Check the configuration and the database, then exit; or, given a target or a job,
+    /// check that it acts once per event however often the event arrives.
+    ///
+    /// The conformance kit sends generated events, each twice: a third of them both at once,
+    /// a third one after the other, a third again after --between and --delay. Then it
+    /// reads the effects in the target's database and reports each event that took effect
+    /// not exactly once, and each try the target refused. Exit code 1 when any did.
+    Check(CheckArgs),
     /// Delete keys past each source's retention, and sent deliveries past it too.
     Purge {
         /// Rows deleted per statement.
@@ -121,6 +128,93 @@ struct BenchArgs {
     /// One JSON object per result, for scripts.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("subject").args(["target", "run"])))]
+struct CheckArgs {
+    /// The endpoint or broker to check: an http(s) URL, where each try is a POST with the
+    /// event's key as `Idempotency-Key`; or an amqp, nats, redis or mqtt URL with --to,
+    /// where each try is a message with the key as its id, published as the relay does.
+    target: Option<String>,
+    /// The job to check instead of a target: a shell command run once per try, with
+    /// `{key}` and `{n}` replaced and the key in JUSTONCE_CHECK_KEY.
+    #[arg(long, conflicts_with = "target")]
+    run: Option<String>,
+    /// The queue (RabbitMQ), subject (NATS), stream (Redis) or topic (MQTT) to publish to.
+    #[arg(long, requires = "target")]
+    to: Option<String>,
+    /// A query listing the effects: one row per effect, its first column the event's key
+    /// or number, such as `SELECT order_id FROM shipments`.
+    #[arg(long, requires = "subject")]
+    effects: Option<String>,
+    /// A query counting the effects, read before and after, for effects that do not name
+    /// their event; finds that some event failed, but not which.
+    #[arg(long, requires = "subject", conflicts_with = "effects")]
+    count: Option<String>,
+    /// The database the effects are in; the configured one by default.
+    #[arg(long, requires = "subject")]
+    database: Option<String>,
+    /// How many events to generate, keyed `check-<run>-<n>`.
+    #[arg(long, default_value_t = 30, requires = "subject",
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    events: u64,
+    /// The events' keys instead of generated ones, comma-separated, for a target that
+    /// accepts only some.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "subject",
+        conflicts_with = "events"
+    )]
+    keys: Vec<String>,
+    /// The body of each try, with `{key}` and `{n}` (the event's number from 1) replaced.
+    #[arg(
+        long,
+        requires = "subject",
+        default_value = r#"{"id":"{key}","n":{n}}"#
+    )]
+    body: String,
+    /// A header sent with each HTTP try or message, as `Name: value`, with `{key}` and
+    /// `{n}` replaced; repeatable.
+    #[arg(long = "header", requires = "subject", value_parser = header)]
+    headers: Vec<(String, String)>,
+    /// Sign HTTP tries the Standard Webhooks way with this secret (`whsec_...`), with the
+    /// key as `webhook-id`, as a webhook source of `justonce serve` expects.
+    #[arg(
+        long,
+        env = "JUSTONCE_CHECK_SECRET",
+        hide_env_values = true,
+        requires = "target"
+    )]
+    sign: Option<String>,
+    /// A shell command run after the first tries and before the delayed ones, such as one
+    /// that restarts the worker under test.
+    #[arg(long, requires = "subject")]
+    between: Option<String>,
+    /// The pause before the delayed tries.
+    #[arg(long, requires = "subject", default_value = "1s", value_parser = duration)]
+    delay: std::time::Duration,
+    /// How long the effects may take to appear once the tries are sent.
+    #[arg(long, requires = "subject", default_value = "30s", value_parser = duration)]
+    wait: std::time::Duration,
+    /// Print one JSON object instead of the report.
+    #[arg(long, requires = "subject")]
+    json: bool,
+}
+
+/// `Name: value`.
+fn header(text: &str) -> Result<(String, String), String> {
+    match text.split_once(':') {
+        Some((name, value)) if !name.trim().is_empty() => {
+            Ok((name.trim().to_owned(), value.trim().to_owned()))
+        }
+        _ => Err("expected `Name: value`".to_owned()),
+    }
+}
+
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    config::parse_duration(text).map_err(|e| format!("{e:#}"))
 }
 
 #[derive(Subcommand)]

@@ -9,6 +9,7 @@
 //! | outcome of a try | what the client does |
 //! |---|---|
 //! | 408, 425, 429, 500, 502, 503, 504 | retries, after `Retry-After` on 429 and 503 |
+//! | 409 with `Retry-After`: the key's first request is still running | retries after it |
 //! | any other status | returns the response |
 //! | no connection, a timeout, or a connection that broke before the answer | retries |
 //! | any other error | returns [`Error::NoAnswer`] |
@@ -41,7 +42,7 @@
 //! # }
 //! ```
 
-use crate::retry_after::parse_retry_after;
+use crate::retry_after::{is_in_progress, parse_retry_after};
 use justonce_core::DerivedKey;
 use reqwest::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Body, IntoUrl, Request, RequestBuilder, Response, StatusCode};
@@ -233,7 +234,7 @@ impl RetryingClient {
             attempts += 1;
             let outcome = self.client.execute(this_try).await;
             let pause = match &outcome {
-                Ok(response) if is_retryable(response.status()) => {
+                Ok(response) if is_retryable(response) => {
                     Some(self.policy.pause(attempts, retry_after(response)))
                 }
                 // With the key, a request that may have arrived is as safe to send again
@@ -383,17 +384,21 @@ pub enum ErrorKind {
     NoAnswer,
 }
 
-/// Statuses that say "not now": the server may not have acted, or will deduplicate if it
+/// Answers that say "not now": the server may not have acted, or will deduplicate if it
 /// did.
-fn is_retryable(status: StatusCode) -> bool {
+fn is_retryable(response: &Response) -> bool {
+    is_retryable_status(response.status()) || is_in_progress(response.status(), response.headers())
+}
+
+fn is_retryable_status(status: StatusCode) -> bool {
     matches!(status.as_u16(), 408 | 425 | 429 | 500 | 502 | 503 | 504)
 }
 
-/// The `Retry-After` of a 429 or 503, the statuses it is sent with.
+/// The `Retry-After` of a 409, 429 or 503, the statuses it is sent with.
 fn retry_after(response: &Response) -> Option<Duration> {
     if !matches!(
         response.status(),
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
     ) {
         return None;
     }
@@ -454,10 +459,16 @@ mod tests {
     #[test]
     fn only_some_statuses_are_retried() {
         for code in [408, 425, 429, 500, 502, 503, 504] {
-            assert!(is_retryable(StatusCode::from_u16(code).unwrap()), "{code}");
+            assert!(
+                is_retryable_status(StatusCode::from_u16(code).unwrap()),
+                "{code}"
+            );
         }
         for code in [200, 201, 301, 307, 400, 401, 404, 409, 422, 501, 505] {
-            assert!(!is_retryable(StatusCode::from_u16(code).unwrap()), "{code}");
+            assert!(
+                !is_retryable_status(StatusCode::from_u16(code).unwrap()),
+                "{code}"
+            );
         }
     }
 }

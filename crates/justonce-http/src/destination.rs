@@ -1,4 +1,4 @@
-use crate::retry_after::parse_retry_after;
+use crate::retry_after::{is_in_progress, parse_retry_after};
 use crate::standard_webhooks;
 use justonce_core::{Delivered, Delivery, Destination, Error};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -16,6 +16,7 @@ const REASON_BODY_BYTES: usize = 512;
 /// |---|---|
 /// | 2xx | marks the row sent |
 /// | 408, 425, 429, 5xx, a timeout, a connection error | retries later, after `Retry-After` if the answer has one |
+/// | 409 with `Retry-After`: the key's first request is still running | retries after it |
 /// | any other status (other 4xx, 3xx: redirects are not followed) | dead-letters the row at once, keeping the status and the start of the body |
 ///
 /// Every request carries `Idempotency-Key: <row key>` and the row's own headers.
@@ -159,6 +160,7 @@ impl HttpDestination {
             .get(RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
             .and_then(parse_retry_after);
+        let in_progress = is_in_progress(status, response.headers());
         // Only the start of the body is read: it is kept as the reason, and a hostile
         // receiver must not make the relay buffer a large answer.
         let mut start = Vec::new();
@@ -172,7 +174,7 @@ impl HttpDestination {
         start.truncate(REASON_BODY_BYTES);
         let start = String::from_utf8_lossy(&start);
         let reason = format!("POST {} answered {status}: {start}", self.origin());
-        if is_transient(status) {
+        if is_transient(status) || in_progress {
             Delivered::Retry {
                 after: retry_after,
                 reason,

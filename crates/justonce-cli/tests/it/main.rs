@@ -2,4 +2,5 @@
 //! of the deliveries, and a server killed with SIGKILL.
 
 mod bench;
+mod check;
 mod serve;

@@ -7,13 +7,20 @@ use std::process::Output;
 use std::time::Duration;
 use tokio::process::Command;
 
-on_every_database!(the_invoice_job_invoices_each_customer_once_however_it_is_started);
+on_every_database!(
+    the_invoice_job_invoices_each_customer_once_however_it_is_started,
+    the_conformance_kit_passes_the_invoice_job,
+);
 
 const CUSTOMERS: i64 = 5;
 
 async fn invoice_job(url: &str) -> Output {
+    invoice_month(url, "2026-10").await
+}
+
+async fn invoice_month(url: &str, month: &str) -> Output {
     let run = Command::new(env!("CARGO_BIN_EXE_invoices"))
-        .args(["--database", url, "--month", "2026-10"])
+        .args(["--database", url, "--month", month])
         .kill_on_drop(true)
         .output();
     tokio::time::timeout(Duration::from_secs(120), run)
@@ -76,6 +83,52 @@ async fn the_invoice_job_invoices_each_customer_once_however_it_is_started<DB: T
     );
     assert_eq!(rows(&pool).await, after_race);
 
+    pool.close().await;
+    DB::drop_database(&url).await;
+}
+
+/// `justonce check --run` with the job as users start it: each month twice, some at once,
+/// and one invoice per customer and month.
+async fn the_conformance_kit_passes_the_invoice_job<DB: TestBackend>(_test: &str) {
+    let url = DB::create_database(&format!("invchk_{}", unique())).await;
+    // The job has run before, for a month the check does not send: its table exists.
+    assert!(invoice_month(&url, "2030-12").await.status.success());
+
+    let job = format!(
+        "{} --database '{url}' --month {{key}}",
+        env!("CARGO_BIN_EXE_invoices")
+    );
+    let months = (1..=6)
+        .map(|m| format!("2031-{m:02}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let output = super::check::check(&[
+        "--run",
+        &job,
+        "--keys",
+        &months,
+        "--effects",
+        "SELECT month FROM invoices WHERE customer = 'cust_481'",
+        "--database",
+        &url,
+        "--delay",
+        "0s",
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("tries taken: 12 of 12"), "{stdout}");
+    assert!(
+        stdout.contains("effects: 6 events with one, 0 with none, 0 with more than one"),
+        "{stdout}"
+    );
+    let pool = sqlx::Pool::<DB>::connect(&url).await.unwrap();
+    let invoices = DB::count(&pool, "SELECT count(*) FROM invoices".to_owned()).await;
+    assert_eq!(
+        invoices,
+        7 * CUSTOMERS,
+        "the month before and six months, once each"
+    );
     pool.close().await;
     DB::drop_database(&url).await;
 }

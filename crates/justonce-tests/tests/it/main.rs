@@ -3,6 +3,7 @@
 
 mod amqp;
 mod broker;
+mod check;
 mod claim;
 mod client;
 mod commit;

@@ -16,6 +16,7 @@ on_every_database!(
     the_same_key_under_two_tenants_makes_two_payments,
     fifty_concurrent_requests_make_one_payment,
     a_client_whose_first_two_answers_are_lost_makes_one_payment,
+    the_conformance_kit_passes_the_example,
 );
 
 const BODY: &str = r#"{"amount": 1250, "currency": "EUR"}"#;
@@ -201,6 +202,44 @@ async fn a_client_whose_first_two_answers_are_lost_makes_one_payment<
     assert_eq!(keys.len(), 3);
     assert!(keys.iter().all(|key| *key == sent.key.as_str()), "{keys:?}");
     assert_eq!(payments_of(&db, &tenant).await, 1, "exactly one payment");
+    forget_payments(&db, &[&tenant]).await;
+    db.cleanup().await;
+}
+
+/// `justonce check` against the example on a real socket: each payment twice, some at once
+/// (the second waits for the first's commit and gets its answer replayed), one payment each.
+async fn the_conformance_kit_passes_the_example<DB: TestBackend + example::PaymentsTable>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let (app, tenant) = payments(&db).await;
+    let url = format!("{}/payments", super::check::serve(app).await);
+    // The amount carries the event's number, which the effects query reads back.
+    let effects = format!("SELECT amount FROM payments WHERE tenant = '{tenant}'");
+    let output = super::check::check(&[
+        &url,
+        "--header",
+        &format!("X-Tenant: {tenant}"),
+        "--body",
+        r#"{"amount": {n}, "currency": "EUR"}"#,
+        "--effects",
+        &effects,
+        "--database",
+        &db.url,
+        "--events",
+        "9",
+        "--delay",
+        "0s",
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("tries taken: 18 of 18"), "{stdout}");
+    assert!(
+        stdout.contains("effects: 9 events with one, 0 with none, 0 with more than one"),
+        "{stdout}"
+    );
+    assert_eq!(payments_of(&db, &tenant).await, 9);
     forget_payments(&db, &[&tenant]).await;
     db.cleanup().await;
 }
