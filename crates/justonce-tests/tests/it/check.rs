@@ -53,6 +53,45 @@ pub(crate) async fn check(args: &[&str]) -> Output {
     output
 }
 
+/// `justonce check TARGET` of `events` events with no delay, its effects read by
+/// `effects` in `database`, with `more` arguments.
+pub(crate) async fn check_events(
+    target: &str,
+    effects: &str,
+    database: &str,
+    events: usize,
+    more: &[&str],
+) -> Output {
+    let events = events.to_string();
+    let mut args = vec![
+        target,
+        "--effects",
+        effects,
+        "--database",
+        database,
+        "--events",
+        &events,
+        "--delay",
+        "0s",
+    ];
+    args.extend_from_slice(more);
+    check(&args).await
+}
+
+/// Asserts a check that passed: exit 0, both tries of each of `events` events taken, and one
+/// effect each.
+pub(crate) fn assert_passed(output: &Output, events: usize) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let tries = 2 * events;
+    assert!(
+        stdout.contains(&format!("tries taken: {tries} of {tries}")),
+        "{stdout}"
+    );
+    let effects = format!("effects: {events} events with one, 0 with none, 0 with more than one");
+    assert!(stdout.contains(&effects), "{stdout}");
+}
+
 /// Serves `app` on a loopback port until the test ends; its URL.
 pub(crate) async fn serve(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -86,18 +125,7 @@ async fn a_handler_that_ignores_the_key_is_caught<DB: TestBackend>(test: &str) {
     let url = format!("{}/orders", serve(app).await);
 
     let effects = format!("SELECT event FROM {table}");
-    let output = check(&[
-        &url,
-        "--effects",
-        &effects,
-        "--database",
-        &db.url,
-        "--events",
-        "6",
-        "--delay",
-        "0s",
-    ])
-    .await;
+    let output = check_events(&url, &effects, &db.url, 6, &[]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "the check must fail");
     assert!(stdout.contains("tries taken: 12 of 12"), "{stdout}");
@@ -142,21 +170,8 @@ async fn a_try_answered_409_while_the_first_runs_is_sent_again<DB: TestBackend>(
 
     let effects = format!("SELECT msg_key FROM {}effects", db.prefix);
     // Event 1 is sent twice at once.
-    let output = check(&[
-        &url,
-        "--effects",
-        &effects,
-        "--database",
-        &db.url,
-        "--events",
-        "1",
-        "--delay",
-        "0s",
-    ])
-    .await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
-    assert!(stdout.contains("tries taken: 2 of 2"), "{stdout}");
+    let output = check_events(&url, &effects, &db.url, 1, &[]).await;
+    assert_passed(&output, 1);
     assert_eq!(db.rows("effects").await, 1);
     db.cleanup().await;
 }

@@ -115,13 +115,7 @@ async fn the_conformance_kit_passes_the_invoice_job<DB: TestBackend>(_test: &str
         "0s",
     ])
     .await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
-    assert!(stdout.contains("tries taken: 12 of 12"), "{stdout}");
-    assert!(
-        stdout.contains("effects: 6 events with one, 0 with none, 0 with more than one"),
-        "{stdout}"
-    );
+    super::check::assert_passed(&output, 6);
     let pool = sqlx::Pool::<DB>::connect(&url).await.unwrap();
     let invoices = DB::count(&pool, "SELECT count(*) FROM invoices".to_owned()).await;
     assert_eq!(
