@@ -236,7 +236,6 @@ fn record(events: &mut [Event], answers: Vec<(usize, Vec<Result<(), String>>)>) 
 
 /// One try, sent again while the target says "not now", as a retrying sender would.
 async fn attempt(settings: &Settings, event: &Event) -> Result<(), String> {
-    let body = fill(&settings.body, event);
     match &settings.target {
         Target::Job(command) => {
             let command = fill(command, event);
@@ -253,8 +252,9 @@ async fn attempt(settings: &Settings, event: &Event) -> Result<(), String> {
                 .iter()
                 .map(|(name, value)| (name.clone(), fill(value, event)))
                 .collect();
-            let mut pause = Duration::from_millis(100);
-            for attempt in 1..=ATTEMPTS {
+            let body = fill(&settings.body, event);
+            let (mut attempt, mut pause) = (1, Duration::from_millis(100));
+            loop {
                 let delivery = Delivery {
                     id: i64::try_from(event.n).unwrap_or(i64::MAX),
                     key: &event.key,
@@ -270,11 +270,10 @@ async fn attempt(settings: &Settings, event: &Event) -> Result<(), String> {
                     Delivered::Retry { after, .. } => {
                         tokio::time::sleep(after.unwrap_or(pause).min(Duration::from_secs(5)))
                             .await;
-                        pause *= 2;
+                        (attempt, pause) = (attempt + 1, pause * 2);
                     }
                 }
             }
-            unreachable!("the last attempt returns")
         }
     }
 }
