@@ -4,6 +4,7 @@
 //! Everything runs in tables of its own (`justonce_bench_<pid>_*`), dropped at the end. Each
 //! throughput result checks, and prints, that effect rows equal distinct keys.
 
+use crate::pacing::Pacer;
 use crate::progress::Progress;
 use anyhow::{Context, Result, bail, ensure};
 use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
@@ -270,16 +271,14 @@ impl<DB: BenchDb> Bench<'_, DB> {
             let started = Instant::now();
             let keep = Duration::from_secs(86_400);
             let batch_size = self.settings.purge_batch;
+            let mut pacer = Pacer::new(self.settings.purge_pause);
             let mut purged = 0;
             loop {
-                let statement = Instant::now();
-                let batch = self.inbox.purge_batch(keep, batch_size).await?;
+                let batch = pacer.run(self.inbox.purge_batch(keep, batch_size)).await?;
                 purged += batch;
                 if batch < u64::from(batch_size) {
                     return Ok::<_, anyhow::Error>((purged, started.elapsed()));
                 }
-                let pause = statement.elapsed().mul_f64(self.settings.purge_pause);
-                tokio::time::sleep(pause).await;
             }
         };
         let claiming = async {

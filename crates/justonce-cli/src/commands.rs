@@ -2,6 +2,7 @@
 
 use crate::bench;
 use crate::config::Settings;
+use crate::pacing::Pacer;
 use crate::progress::Progress;
 use crate::{Command, DlqCommand, KeyArgs, KeysCommand};
 use anyhow::{Context, Result};
@@ -117,8 +118,10 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
                 settings.consumers.len()
             );
         }
-        Command::Purge { batch_size } => {
+        Command::Purge { batch_size, pause } => {
             let mut progress = Progress::new();
+            // One pacer for the whole purge: every statement loads the same database.
+            let mut pacer = Pacer::new(pause);
             let full = u64::from(batch_size.max(1));
             let mut keys = 0;
             let sources = settings.sources.iter().map(|s| (&s.name, s.retention));
@@ -127,7 +130,9 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
                 let consumer = inbox.with_consumer(Consumer::new(name.as_str())?);
                 let mut purged = 0;
                 loop {
-                    let batch = consumer.purge_batch(retention.keep(), batch_size).await?;
+                    let batch = pacer
+                        .run(consumer.purge_batch(retention.keep(), batch_size))
+                        .await?;
                     purged += batch;
                     progress.update(format!("keys of {name}: {purged} purged"));
                     if batch < full {
@@ -140,7 +145,9 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
             let keep_sent = settings.store_retention()?.keep();
             let mut sent = 0;
             loop {
-                let batch = outbox.purge_sent_batch(keep_sent, batch_size).await?;
+                let batch = pacer
+                    .run(outbox.purge_sent_batch(keep_sent, batch_size))
+                    .await?;
                 sent += batch;
                 progress.update(format!("sent deliveries: {sent} purged"));
                 if batch < full {

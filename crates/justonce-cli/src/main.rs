@@ -7,6 +7,7 @@ mod activity;
 mod bench;
 mod commands;
 mod config;
+mod pacing;
 mod progress;
 mod serve;
 
@@ -53,6 +54,10 @@ enum Command {
         /// Rows deleted per statement.
         #[arg(long, default_value_t = 1_000)]
         batch_size: u32,
+        /// Before each statement, a pause this many times as long as the last one took, so
+        /// that claims running meanwhile keep their speed; 0 purges flat out.
+        #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pause_ratio)]
+        pause: f64,
     },
     /// Show what the store holds: keys per consumer and scope, deliveries and stream offsets.
     ///
@@ -111,9 +116,10 @@ struct BenchArgs {
     /// Keys deleted per statement while purging, as `justonce purge --batch-size`.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     purge_batch: u32,
-    /// After each purge statement, a pause this many times as long as the statement took:
-    /// 1 lets the purge take about half of the database's time.
-    #[arg(long, default_value_t = 0.0, value_parser = pause_ratio)]
+    /// Before each purge statement, a pause this many times as long as the last one took,
+    /// as `justonce purge --pause`: 1 lets the purge take about half of the database's
+    /// time, 0 purges flat out.
+    #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pause_ratio)]
     purge_pause: f64,
     /// Only these sections, comma-separated; all by default.
     #[arg(long, value_delimiter = ',', value_enum)]

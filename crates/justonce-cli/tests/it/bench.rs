@@ -123,14 +123,17 @@ fn tables_named(url: &str, pid: u32) -> String {
 
 #[tokio::test]
 async fn numbers_out_of_range_are_bad_usage() {
-    for (flag, value) in [
-        ("--duplicates", "100"),
-        ("--purge-pause", "-1"),
-        ("--purge-pause", "NaN"),
-        ("--workers", "0"),
+    let bench = ["bench", "--database", "sqlite::memory:"].as_slice();
+    for (command, flag, value) in [
+        (bench, "--duplicates", "100"),
+        (bench, "--purge-pause", "-1"),
+        (bench, "--purge-pause", "NaN"),
+        (bench, "--workers", "0"),
+        (&["purge"], "--pause", "-1"),
+        (&["purge"], "--pause", "101"),
     ] {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
-            .args(["bench", "--database", "sqlite::memory:"])
+            .args(command)
             .arg(format!("{flag}={value}"))
             .output()
             .await
