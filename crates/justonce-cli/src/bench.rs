@@ -4,12 +4,14 @@
 //! Everything runs in tables of its own (`justonce_bench_<pid>_*`), dropped at the end. Each
 //! throughput result checks, and prints, that effect rows equal distinct keys.
 
+use crate::chart::{Chart, Reference, Series};
 use crate::pacing::Pacer;
 use crate::progress::Progress;
 use anyhow::{Context, Result, bail, ensure};
 use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Claim, Consumer, Fingerprint, Inbox, Key, Options, Retention};
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// What `justonce bench` measures, from its arguments.
@@ -17,7 +19,9 @@ use std::time::{Duration, Instant};
 pub struct Settings {
     pub messages: usize,
     pub duplicates: usize,
-    pub batch: usize,
+    /// Batch sizes for claim_many: the throughput section measures each, the latency
+    /// section the first.
+    pub batches: Vec<usize>,
     pub workers: usize,
     pub sizes: Vec<u64>,
     pub samples: usize,
@@ -26,6 +30,8 @@ pub struct Settings {
     pub purge_pause: f64,
     pub sections: Vec<Section>,
     pub json: bool,
+    /// Where to write the charts, if anywhere.
+    pub chart: Option<PathBuf>,
 }
 
 /// A part of the benchmark.
@@ -86,22 +92,29 @@ struct Bench<'s, DB: BenchDb> {
 impl<DB: BenchDb> Bench<'_, DB> {
     async fn sections(&self) -> Result<()> {
         DB::create_effects(self.inbox.pool(), &self.tables.effects).await?;
+        let mut figures = Figures::default();
         for section in &self.settings.sections {
             match section {
-                Section::Throughput => self.throughput().await?,
-                Section::Latency => self.latency().await?,
+                Section::Throughput => self.throughput(&mut figures).await?,
+                Section::Latency => self.latency(&mut figures).await?,
                 Section::Purge => self.purge().await?,
+            }
+        }
+        if let Some(dir) = &self.settings.chart {
+            for path in figures.write(dir, DB::LABEL, self.settings)? {
+                self.report.chart(&path);
             }
         }
         Ok(())
     }
 
     /// Each mode on the same generated stream, from empty tables.
-    async fn throughput(&self) -> Result<()> {
+    async fn throughput(&self, figures: &mut Figures) -> Result<()> {
         let (keys, distinct) = stream(self.settings.messages, self.settings.duplicates);
         let mut progress = Progress::new();
         let mut hand_written = None;
-        for mode in Mode::ALL {
+        let batched = self.settings.batches.iter().map(|&b| Mode::ClaimMany(b));
+        for mode in Mode::ONE_BY_ONE.into_iter().chain(batched) {
             if mode == Mode::OneStatement && !DB::HAS_ONE_STATEMENT {
                 continue;
             }
@@ -123,6 +136,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
             }
             let against = hand_written.map(|baseline| per_second / baseline);
             progress.finish();
+            figures.throughput.push((mode, per_second));
             self.report
                 .throughput(mode, self.settings, per_second, effects, against);
             if mode == Mode::Run {
@@ -155,7 +169,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Mode::HandWritten => self.hand_written(share).await,
                 Mode::OneStatement => self.one_statement(share).await,
                 Mode::Run | Mode::RunAgain => self.run_all(share).await,
-                Mode::ClaimMany => self.claim_many(share).await,
+                Mode::ClaimMany(batch) => self.claim_many(share, batch).await,
             }
         });
         for done in futures_util::future::join_all(runs).await {
@@ -200,8 +214,8 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
-    async fn claim_many(&self, keys: &[Key]) -> Result<()> {
-        for batch in keys.chunks(self.settings.batch.max(1)) {
+    async fn claim_many(&self, keys: &[Key], batch: usize) -> Result<()> {
+        for batch in keys.chunks(batch.max(1)) {
             self.claim_batch(batch).await?;
         }
         Ok(())
@@ -225,8 +239,9 @@ impl<DB: BenchDb> Bench<'_, DB> {
 
     /// At each table size: the latency of one claim with its effect, and batched
     /// throughput, on fresh keys.
-    async fn latency(&self) -> Result<()> {
+    async fn latency(&self, figures: &mut Figures) -> Result<()> {
         self.empty().await?;
+        let batch = self.settings.batches.first().copied().unwrap_or(1);
         let mut progress = Progress::new();
         let mut filled = 0;
         for (round, &size) in self.settings.sizes.iter().enumerate() {
@@ -240,15 +255,17 @@ impl<DB: BenchDb> Bench<'_, DB> {
             let claims: Vec<Key> = (0..self.settings.samples).map(fresh).collect();
             let latencies = self.timed_runs(&claims).await?;
             progress.update(format!("latency at {size} keys: batches"));
-            let batched: Vec<Key> = (0..self.settings.samples.max(self.settings.batch) * 5)
+            let batched: Vec<Key> = (0..self.settings.samples.max(batch) * 5)
                 .map(|n| fresh(self.settings.samples + n))
                 .collect();
             let started = Instant::now();
-            self.claim_many(&batched).await?;
+            self.claim_many(&batched, batch).await?;
             let per_second = batched.len() as f64 / started.elapsed().as_secs_f64();
             progress.finish();
-            self.report
-                .latency(size, &latencies, self.settings.batch, per_second);
+            figures
+                .latency
+                .push((size, percentile(&latencies, 50), percentile(&latencies, 99)));
+            self.report.latency(size, &latencies, batch, per_second);
         }
         Ok(())
     }
@@ -372,17 +389,13 @@ pub enum Mode {
     OneStatement,
     Run,
     RunAgain,
-    ClaimMany,
+    /// In batches of this many messages, a transaction each.
+    ClaimMany(usize),
 }
 
 impl Mode {
-    /// The modes that start from empty tables, baseline first.
-    const ALL: [Mode; 4] = [
-        Mode::HandWritten,
-        Mode::OneStatement,
-        Mode::Run,
-        Mode::ClaimMany,
-    ];
+    /// The modes that start from empty tables and take a message at a time, baseline first.
+    const ONE_BY_ONE: [Mode; 3] = [Mode::HandWritten, Mode::OneStatement, Mode::Run];
 
     fn name(self) -> &'static str {
         match self {
@@ -390,7 +403,7 @@ impl Mode {
             Mode::OneStatement => "one-statement",
             Mode::Run => "run",
             Mode::RunAgain => "run-again",
-            Mode::ClaimMany => "claim_many",
+            Mode::ClaimMany(_) => "claim_many",
         }
     }
 }
@@ -415,6 +428,105 @@ impl BenchTables {
     }
 }
 
+/// What the charts show, gathered as the sections run.
+#[derive(Default)]
+struct Figures {
+    /// Messages per second of each throughput mode.
+    throughput: Vec<(Mode, f64)>,
+    /// Claim p50 and p99 at each key table size.
+    latency: Vec<(u64, Duration, Duration)>,
+}
+
+impl Figures {
+    /// Writes into `dir` a chart for each section that ran; returns the files.
+    fn write(&self, dir: &Path, database: &str, settings: &Settings) -> Result<Vec<PathBuf>> {
+        let mut charts = Vec::new();
+        if !self.throughput.is_empty() {
+            let batched = self
+                .throughput
+                .iter()
+                .filter_map(|&(mode, per_second)| match mode {
+                    Mode::ClaimMany(batch) => Some((batch as f64, per_second)),
+                    _ => None,
+                })
+                .collect();
+            let one_by_one = [
+                (Mode::HandWritten, "hand-written, one by one", GREY),
+                (Mode::Run, "Inbox::run, one by one", BLUE),
+            ];
+            let references = one_by_one
+                .into_iter()
+                .filter_map(|(mode, name, color)| {
+                    let &(_, y) = self.throughput.iter().find(|(m, _)| *m == mode)?;
+                    Some(Reference { name, color, y })
+                })
+                .collect();
+            let chart = Chart {
+                title: format!("{database}: claim_many throughput by batch size"),
+                subtitle: format!(
+                    "{} messages, {}% repeating a key, {} worker(s), one transaction per batch",
+                    settings.messages, settings.duplicates, settings.workers
+                ),
+                x_label: "messages per batch",
+                y_label: "messages per second",
+                series: vec![Series {
+                    name: "claim_many",
+                    color: GREEN,
+                    points: batched,
+                }],
+                references,
+            };
+            charts.push(("throughput-by-batch.svg", chart));
+        }
+        if !self.latency.is_empty() {
+            let at = |p: fn(&(u64, Duration, Duration)) -> Duration| {
+                self.latency
+                    .iter()
+                    .map(|point| (point.0 as f64, millis(p(point))))
+                    .collect()
+            };
+            let chart = Chart {
+                title: format!("{database}: claim latency by key table size"),
+                subtitle: format!(
+                    "{} claims at each size, each an Inbox::run with its effect on a fresh key",
+                    settings.samples
+                ),
+                x_label: "keys in the table",
+                y_label: "milliseconds",
+                series: vec![
+                    Series {
+                        name: "p50",
+                        color: GREEN,
+                        points: at(|point| point.1),
+                    },
+                    Series {
+                        name: "p99",
+                        color: RED,
+                        points: at(|point| point.2),
+                    },
+                ],
+                references: Vec::new(),
+            };
+            charts.push(("latency-by-table-size.svg", chart));
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut written = Vec::new();
+        for (name, chart) in charts {
+            let path = dir.join(name);
+            std::fs::write(&path, chart.svg())
+                .with_context(|| format!("writing {}", path.display()))?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+}
+
+/// The colours of the charts, as the status page's: justonce green, and grey for a baseline.
+const GREEN: &str = "#2a7";
+const GREY: &str = "#999";
+const BLUE: &str = "#36c";
+const RED: &str = "#c33";
+
 /// Prints results as a table, or one JSON object per result.
 struct Report {
     json: bool,
@@ -434,7 +546,10 @@ impl Report {
         effects: i64,
         against_hand_written: Option<f64>,
     ) {
-        let batch = (mode == Mode::ClaimMany).then_some(settings.batch);
+        let batch = match mode {
+            Mode::ClaimMany(batch) => Some(batch),
+            _ => None,
+        };
         if self.json {
             let result = serde_json::json!({
                 "bench": "throughput",
@@ -519,6 +634,19 @@ impl Report {
             millis(quiet),
             millis(busy),
         );
+    }
+
+    fn chart(&self, path: &Path) {
+        if self.json {
+            let result = serde_json::json!({
+                "bench": "chart",
+                "database": self.database,
+                "file": path.display().to_string(),
+            });
+            println!("{result}");
+        } else {
+            println!("chart       {:<9} {}", self.database, path.display());
+        }
     }
 
     fn memory(&self) {

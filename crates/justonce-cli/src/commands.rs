@@ -42,7 +42,7 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
         let bench_settings = bench::Settings {
             messages: count(args.messages)?,
             duplicates: usize::from(args.duplicates),
-            batch: count(args.batch)?,
+            batches: args.batch.into_iter().map(count).collect::<Result<_>>()?,
             workers: count(args.workers)?,
             sizes: args.sizes,
             samples: count(args.samples)?,
@@ -51,6 +51,7 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
             purge_pause: args.purge_pause,
             sections,
             json: args.json,
+            chart: args.chart,
         };
         return bench::run(url, &bench_settings).await;
     }

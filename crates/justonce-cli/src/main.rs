@@ -5,6 +5,7 @@
 
 mod activity;
 mod bench;
+mod chart;
 mod commands;
 mod config;
 mod pacing;
@@ -98,9 +99,11 @@ struct BenchArgs {
     /// The share of messages, in percent, that repeat an earlier key.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..100))]
     duplicates: u8,
-    /// Messages per transaction for claim_many.
-    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
-    batch: u64,
+    /// Messages per transaction for claim_many, comma-separated: the throughput section
+    /// measures each, the latency section the first.
+    #[arg(long, value_delimiter = ',', default_value = "1000",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    batch: Vec<u64>,
     /// Concurrent workers, each with its share of the stream.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     workers: u64,
@@ -127,6 +130,11 @@ struct BenchArgs {
     /// One JSON object per result, for scripts.
     #[arg(long)]
     json: bool,
+    /// Write SVG charts into this folder (created if missing): throughput by batch size
+    /// (throughput-by-batch.svg) and claim latency by key table size
+    /// (latency-by-table-size.svg), for the sections that run.
+    #[arg(long, value_name = "DIR")]
+    chart: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
