@@ -28,6 +28,8 @@ pub struct Settings {
     pub purge: u64,
     pub purge_batch: u32,
     pub purge_pause: f64,
+    /// How long the sustained section runs.
+    pub duration: Duration,
     pub sections: Vec<Section>,
     pub json: bool,
     /// Where to write the charts, if anywhere.
@@ -43,6 +45,9 @@ pub enum Section {
     Latency,
     /// Keys purged per second, and claim latency while the purge runs.
     Purge,
+    /// Resident memory over a long run (--duration): `Inbox::run` on an endless stream, the
+    /// peak RSS of each tenth of the run. Only when asked for.
+    Sustained,
 }
 
 /// Runs the sections of `settings` on the database at `url`.
@@ -98,6 +103,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Section::Throughput => self.throughput(&mut figures).await?,
                 Section::Latency => self.latency(&mut figures).await?,
                 Section::Purge => self.purge().await?,
+                Section::Sustained => self.sustained().await?,
             }
         }
         if let Some(dir) = &self.settings.chart {
@@ -325,6 +331,39 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
+    /// `Inbox::run` on an endless stream for the configured duration, and the peak resident
+    /// memory of each tenth of it: flat, unless something grows with the messages.
+    async fn sustained(&self) -> Result<()> {
+        self.empty().await?;
+        let mut progress = Progress::new();
+        let started = Instant::now();
+        let (mut messages, mut distinct) = (0, 0);
+        let mut peaks = Vec::with_capacity(10);
+        for tenth in 1..=10_u32 {
+            let end = started + self.settings.duration * tenth / 10;
+            let mut peak = status_mib("VmRSS:").unwrap_or(0.0);
+            while Instant::now() < end {
+                let keys: Vec<Key> = (messages..messages + 100)
+                    .map(|n| endless_key(n, self.settings.duplicates, &mut distinct))
+                    .collect();
+                self.run_all(&keys).await?;
+                messages += keys.len();
+                peak = peak.max(status_mib("VmRSS:").unwrap_or(0.0));
+            }
+            peaks.push(peak);
+            progress.update(format!("sustained: {tenth} tenths, {messages} messages"));
+        }
+        let took = started.elapsed();
+        progress.finish();
+        let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
+        ensure!(
+            effects == distinct as i64,
+            "sustained: {effects} effect rows for {distinct} distinct keys"
+        );
+        self.report.sustained(took, messages, effects, &peaks);
+        Ok(())
+    }
+
     /// The duration of each `Inbox::run`, one after the other.
     async fn timed_runs(&self, keys: &[Key]) -> Result<Vec<Duration>> {
         let mut latencies = Vec::with_capacity(keys.len());
@@ -380,6 +419,18 @@ fn stream(messages: usize, duplicates: usize) -> (Vec<Key>, usize) {
         }
     }
     (keys, distinct)
+}
+
+/// Message `n` of an endless stream in which `duplicates` percent repeat one of the last
+/// 1,000 distinct keys, as a redelivery would; counts the distinct keys in `distinct`.
+fn endless_key(n: usize, duplicates: usize, distinct: &mut usize) -> Key {
+    let id = if *distinct > 0 && (n * 7_919) % 100 < duplicates {
+        *distinct - 1 - (n * 104_729) % (*distinct).min(1_000)
+    } else {
+        *distinct += 1;
+        *distinct - 1
+    };
+    Key::new(format!("endless:{id}")).expect("a valid key")
 }
 
 /// A way to process the stream.
@@ -649,8 +700,40 @@ impl Report {
         }
     }
 
+    fn sustained(&self, took: Duration, messages: usize, effects: i64, peaks: &[f64]) {
+        let per_second = messages as f64 / took.as_secs_f64();
+        let (low, high) = peaks
+            .iter()
+            .fold((f64::INFINITY, 0.0_f64), |(l, h), &p| (l.min(p), h.max(p)));
+        let spread = (high - low) / low * 100.0;
+        if self.json {
+            let result = serde_json::json!({
+                "bench": "sustained",
+                "database": self.database,
+                "seconds": took.as_secs_f64().round(),
+                "messages": messages,
+                "messages_per_second": per_second.round(),
+                "effects": effects,
+                "effects_equal_distinct_keys": true,
+                "peak_rss_mib_per_tenth": peaks.iter().map(|p| (p * 10.0).round() / 10.0).collect::<Vec<_>>(),
+                "spread_percent": (spread * 10.0).round() / 10.0,
+            });
+            println!("{result}");
+            return;
+        }
+        let peaks: Vec<String> = peaks.iter().map(|p| format!("{p:.1}")).collect();
+        println!(
+            "sustained   {:<9} {:.0} s, {messages} messages, {per_second:.0} msg/s  peak RSS per tenth {} MiB: spread {spread:.1} %  effects {effects} = distinct keys",
+            self.database,
+            took.as_secs_f64(),
+            peaks.join(" "),
+        );
+    }
+
     fn memory(&self) {
-        let Some(rss) = peak_rss_mib() else { return };
+        let Some(rss) = status_mib("VmHWM:") else {
+            return;
+        };
         if self.json {
             let result = serde_json::json!({
                 "bench": "memory",
@@ -676,12 +759,13 @@ fn millis(duration: Duration) -> f64 {
     (duration.as_secs_f64() * 1_000_000.0).round() / 1_000.0
 }
 
-/// This process's peak resident memory, where the kernel reports it (Linux).
-fn peak_rss_mib() -> Option<f64> {
+/// A memory figure of this process (`VmRSS:` resident now, `VmHWM:` its peak), where the
+/// kernel reports it (Linux).
+fn status_mib(field: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib: f64 = status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .find_map(|line| line.strip_prefix(field))?
         .split_whitespace()
         .next()?
         .parse()

@@ -49,6 +49,7 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
             purge: args.purge,
             purge_batch: args.purge_batch,
             purge_pause: args.purge_pause,
+            duration: args.duration,
             sections,
             json: args.json,
             chart: args.chart,

@@ -124,7 +124,10 @@ struct BenchArgs {
     /// time, 0 purges flat out.
     #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pause_ratio)]
     purge_pause: f64,
-    /// Only these sections, comma-separated; all by default.
+    /// How long the sustained section runs, such as 90s or 10m.
+    #[arg(long, default_value = "1m", value_parser = run_length)]
+    duration: std::time::Duration,
+    /// Only these sections, comma-separated; all but sustained by default.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<bench::Section>,
     /// One JSON object per result, for scripts.
@@ -217,6 +220,15 @@ fn pause_ratio(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(ratio) if (0.0..=100.0).contains(&ratio) => Ok(ratio),
         _ => Err("expected a number from 0 to 100".to_owned()),
+    }
+}
+
+/// A duration of at least a second.
+fn run_length(text: &str) -> Result<std::time::Duration, String> {
+    match config::parse_duration(text) {
+        Ok(duration) if duration.as_secs() >= 1 => Ok(duration),
+        Ok(_) => Err("expected at least 1s".to_owned()),
+        Err(error) => Err(error.to_string()),
     }
 }
 

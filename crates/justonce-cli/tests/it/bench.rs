@@ -26,7 +26,10 @@ macro_rules! on_every_database {
     };
 }
 
-on_every_database!(every_section_reports_and_leaves_no_table_behind);
+on_every_database!(
+    every_section_reports_and_leaves_no_table_behind,
+    the_sustained_run_reports_a_peak_per_tenth,
+);
 
 async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
@@ -146,6 +149,45 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
     db.cleanup().await;
 }
 
+/// `--only sustained`, which the default sections leave out, runs for `--duration` and
+/// reports the peak RSS of each tenth of it.
+async fn the_sustained_run_reports_a_peak_per_tenth<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["bench", "--database", &db.url, "--json"])
+        .args(["--only", "sustained", "--duration", "2s"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let results: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    let benches: Vec<&str> = results
+        .iter()
+        .map(|r| r["bench"].as_str().unwrap())
+        .collect();
+    assert_eq!(benches, ["sustained", "memory"]);
+    let sustained = &results[0];
+    assert_eq!(sustained["effects_equal_distinct_keys"], true);
+    let (messages, effects) = (&sustained["messages"], &sustained["effects"]);
+    // A fifth of the messages repeat a key.
+    assert!(
+        effects.as_f64().unwrap() < messages.as_f64().unwrap() * 0.9,
+        "{sustained}"
+    );
+    let peaks = sustained["peak_rss_mib_per_tenth"].as_array().unwrap();
+    assert_eq!(peaks.len(), 10, "{sustained}");
+    assert!(
+        peaks.iter().all(|p| p.as_f64().unwrap() > 0.0),
+        "{sustained}"
+    );
+    db.cleanup().await;
+}
+
 /// A query counting the tables of the bench process `pid`.
 fn tables_named(url: &str, pid: u32) -> String {
     let like = format!("'justonce_bench_{pid}_%'");
@@ -170,6 +212,8 @@ async fn numbers_out_of_range_are_bad_usage() {
         (bench, "--purge-pause", "NaN"),
         (bench, "--workers", "0"),
         (bench, "--batch", "100,0"),
+        (bench, "--duration", "0s"),
+        (bench, "--duration", "10"),
         (&["purge"], "--pause", "-1"),
         (&["purge"], "--pause", "101"),
     ] {
