@@ -129,8 +129,10 @@ impl Chart<'_> {
             );
         }
         for series in &self.series {
-            let line: Vec<String> = series
-                .points
+            // Joined from left to right, whatever order they were measured in.
+            let mut points = series.points.clone();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let line: Vec<String> = points
                 .iter()
                 .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
                 .collect();
@@ -247,7 +249,7 @@ mod tests {
             series: vec![Series {
                 name: "s",
                 color: "#2a7",
-                points: vec![(10.0, 1.0), (100.0, 3.0), (1_000.0, 2.0)],
+                points: vec![(10.0, 1.0), (1_000.0, 2.0), (100.0, 3.0)],
             }],
             references: vec![Reference {
                 name: "r",
@@ -263,5 +265,9 @@ mod tests {
         assert!(svg.contains("<circle cx=\"92.0\""), "{svg}");
         assert!(svg.contains("<circle cx=\"338.0\""), "{svg}");
         assert!(svg.contains("<circle cx=\"584.0\""), "{svg}");
+        assert!(svg.contains("points=\"92.0,"), "{svg}");
+        assert!(svg.contains(" 338.0,") && svg.contains(" 584.0,"), "{svg}");
+        let line = svg.split("points=\"").nth(1).unwrap();
+        assert!(line.find(" 338.0,") < line.find(" 584.0,"), "{line}");
     }
 }
