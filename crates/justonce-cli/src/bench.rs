@@ -4,11 +4,14 @@
 //! Everything runs in tables of its own (`justonce_bench_<pid>_*`), dropped at the end. Each
 //! throughput result checks, and prints, that effect rows equal distinct keys.
 
+use crate::chart::{Chart, Reference, Series};
+use crate::pacing::Pacer;
 use crate::progress::Progress;
 use anyhow::{Context, Result, bail, ensure};
 use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Claim, Consumer, Fingerprint, Inbox, Key, Options, Retention};
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// What `justonce bench` measures, from its arguments.
@@ -16,15 +19,21 @@ use std::time::{Duration, Instant};
 pub struct Settings {
     pub messages: usize,
     pub duplicates: usize,
-    pub batch: usize,
+    /// Batch sizes for claim_many: the throughput section measures each, the latency
+    /// section the first.
+    pub batches: Vec<usize>,
     pub workers: usize,
     pub sizes: Vec<u64>,
     pub samples: usize,
     pub purge: u64,
     pub purge_batch: u32,
     pub purge_pause: f64,
+    /// How long the sustained section runs.
+    pub duration: Duration,
     pub sections: Vec<Section>,
     pub json: bool,
+    /// Where to write the charts, if anywhere.
+    pub chart: Option<PathBuf>,
 }
 
 /// A part of the benchmark.
@@ -36,6 +45,9 @@ pub enum Section {
     Latency,
     /// Keys purged per second, and claim latency while the purge runs.
     Purge,
+    /// Resident memory over a long run (--duration): `Inbox::run` on an endless stream, the
+    /// peak RSS of each tenth of the run. Only when asked for.
+    Sustained,
 }
 
 /// Runs the sections of `settings` on the database at `url`.
@@ -85,22 +97,30 @@ struct Bench<'s, DB: BenchDb> {
 impl<DB: BenchDb> Bench<'_, DB> {
     async fn sections(&self) -> Result<()> {
         DB::create_effects(self.inbox.pool(), &self.tables.effects).await?;
+        let mut figures = Figures::default();
         for section in &self.settings.sections {
             match section {
-                Section::Throughput => self.throughput().await?,
-                Section::Latency => self.latency().await?,
+                Section::Throughput => self.throughput(&mut figures).await?,
+                Section::Latency => self.latency(&mut figures).await?,
                 Section::Purge => self.purge().await?,
+                Section::Sustained => self.sustained().await?,
+            }
+        }
+        if let Some(dir) = &self.settings.chart {
+            for path in figures.write(dir, DB::LABEL, self.settings)? {
+                self.report.chart(&path);
             }
         }
         Ok(())
     }
 
     /// Each mode on the same generated stream, from empty tables.
-    async fn throughput(&self) -> Result<()> {
+    async fn throughput(&self, figures: &mut Figures) -> Result<()> {
         let (keys, distinct) = stream(self.settings.messages, self.settings.duplicates);
         let mut progress = Progress::new();
         let mut hand_written = None;
-        for mode in Mode::ALL {
+        let batched = self.settings.batches.iter().map(|&b| Mode::ClaimMany(b));
+        for mode in Mode::ONE_BY_ONE.into_iter().chain(batched) {
             if mode == Mode::OneStatement && !DB::HAS_ONE_STATEMENT {
                 continue;
             }
@@ -122,6 +142,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
             }
             let against = hand_written.map(|baseline| per_second / baseline);
             progress.finish();
+            figures.throughput.push((mode, per_second));
             self.report
                 .throughput(mode, self.settings, per_second, effects, against);
             if mode == Mode::Run {
@@ -154,7 +175,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Mode::HandWritten => self.hand_written(share).await,
                 Mode::OneStatement => self.one_statement(share).await,
                 Mode::Run | Mode::RunAgain => self.run_all(share).await,
-                Mode::ClaimMany => self.claim_many(share).await,
+                Mode::ClaimMany(batch) => self.claim_many(share, batch).await,
             }
         });
         for done in futures_util::future::join_all(runs).await {
@@ -199,8 +220,8 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
-    async fn claim_many(&self, keys: &[Key]) -> Result<()> {
-        for batch in keys.chunks(self.settings.batch.max(1)) {
+    async fn claim_many(&self, keys: &[Key], batch: usize) -> Result<()> {
+        for batch in keys.chunks(batch.max(1)) {
             self.claim_batch(batch).await?;
         }
         Ok(())
@@ -224,8 +245,9 @@ impl<DB: BenchDb> Bench<'_, DB> {
 
     /// At each table size: the latency of one claim with its effect, and batched
     /// throughput, on fresh keys.
-    async fn latency(&self) -> Result<()> {
+    async fn latency(&self, figures: &mut Figures) -> Result<()> {
         self.empty().await?;
+        let batch = self.settings.batches.first().copied().unwrap_or(1);
         let mut progress = Progress::new();
         let mut filled = 0;
         for (round, &size) in self.settings.sizes.iter().enumerate() {
@@ -239,15 +261,17 @@ impl<DB: BenchDb> Bench<'_, DB> {
             let claims: Vec<Key> = (0..self.settings.samples).map(fresh).collect();
             let latencies = self.timed_runs(&claims).await?;
             progress.update(format!("latency at {size} keys: batches"));
-            let batched: Vec<Key> = (0..self.settings.samples.max(self.settings.batch) * 5)
+            let batched: Vec<Key> = (0..self.settings.samples.max(batch) * 5)
                 .map(|n| fresh(self.settings.samples + n))
                 .collect();
             let started = Instant::now();
-            self.claim_many(&batched).await?;
+            self.claim_many(&batched, batch).await?;
             let per_second = batched.len() as f64 / started.elapsed().as_secs_f64();
             progress.finish();
-            self.report
-                .latency(size, &latencies, self.settings.batch, per_second);
+            figures
+                .latency
+                .push((size, percentile(&latencies, 50), percentile(&latencies, 99)));
+            self.report.latency(size, &latencies, batch, per_second);
         }
         Ok(())
     }
@@ -270,16 +294,14 @@ impl<DB: BenchDb> Bench<'_, DB> {
             let started = Instant::now();
             let keep = Duration::from_secs(86_400);
             let batch_size = self.settings.purge_batch;
+            let mut pacer = Pacer::new(self.settings.purge_pause);
             let mut purged = 0;
             loop {
-                let statement = Instant::now();
-                let batch = self.inbox.purge_batch(keep, batch_size).await?;
+                let batch = pacer.run(self.inbox.purge_batch(keep, batch_size)).await?;
                 purged += batch;
                 if batch < u64::from(batch_size) {
                     return Ok::<_, anyhow::Error>((purged, started.elapsed()));
                 }
-                let pause = statement.elapsed().mul_f64(self.settings.purge_pause);
-                tokio::time::sleep(pause).await;
             }
         };
         let claiming = async {
@@ -306,6 +328,39 @@ impl<DB: BenchDb> Bench<'_, DB> {
             &without,
             &during?,
         );
+        Ok(())
+    }
+
+    /// `Inbox::run` on an endless stream for the configured duration, and the peak resident
+    /// memory of each tenth of it: flat, unless something grows with the messages.
+    async fn sustained(&self) -> Result<()> {
+        self.empty().await?;
+        let mut progress = Progress::new();
+        let started = Instant::now();
+        let (mut messages, mut distinct) = (0, 0);
+        let mut peaks = Vec::with_capacity(10);
+        for tenth in 1..=10_u32 {
+            let end = started + self.settings.duration * tenth / 10;
+            let mut peak = status_mib("VmRSS:").unwrap_or(0.0);
+            while Instant::now() < end {
+                let keys: Vec<Key> = (messages..messages + 100)
+                    .map(|n| endless_key(n, self.settings.duplicates, &mut distinct))
+                    .collect();
+                self.run_all(&keys).await?;
+                messages += keys.len();
+                peak = peak.max(status_mib("VmRSS:").unwrap_or(0.0));
+            }
+            peaks.push(peak);
+            progress.update(format!("sustained: {tenth} tenths, {messages} messages"));
+        }
+        let took = started.elapsed();
+        progress.finish();
+        let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
+        ensure!(
+            effects == distinct as i64,
+            "sustained: {effects} effect rows for {distinct} distinct keys"
+        );
+        self.report.sustained(took, messages, effects, &peaks);
         Ok(())
     }
 
@@ -366,6 +421,18 @@ fn stream(messages: usize, duplicates: usize) -> (Vec<Key>, usize) {
     (keys, distinct)
 }
 
+/// Message `n` of an endless stream in which `duplicates` percent repeat one of the last
+/// 1,000 distinct keys, as a redelivery would; counts the distinct keys in `distinct`.
+fn endless_key(n: usize, duplicates: usize, distinct: &mut usize) -> Key {
+    let id = if *distinct > 0 && (n * 7_919) % 100 < duplicates {
+        *distinct - 1 - (n * 104_729) % (*distinct).min(1_000)
+    } else {
+        *distinct += 1;
+        *distinct - 1
+    };
+    Key::new(format!("endless:{id}")).expect("a valid key")
+}
+
 /// A way to process the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -373,17 +440,13 @@ pub enum Mode {
     OneStatement,
     Run,
     RunAgain,
-    ClaimMany,
+    /// In batches of this many messages, a transaction each.
+    ClaimMany(usize),
 }
 
 impl Mode {
-    /// The modes that start from empty tables, baseline first.
-    const ALL: [Mode; 4] = [
-        Mode::HandWritten,
-        Mode::OneStatement,
-        Mode::Run,
-        Mode::ClaimMany,
-    ];
+    /// The modes that start from empty tables and take a message at a time, baseline first.
+    const ONE_BY_ONE: [Mode; 3] = [Mode::HandWritten, Mode::OneStatement, Mode::Run];
 
     fn name(self) -> &'static str {
         match self {
@@ -391,7 +454,7 @@ impl Mode {
             Mode::OneStatement => "one-statement",
             Mode::Run => "run",
             Mode::RunAgain => "run-again",
-            Mode::ClaimMany => "claim_many",
+            Mode::ClaimMany(_) => "claim_many",
         }
     }
 }
@@ -416,6 +479,105 @@ impl BenchTables {
     }
 }
 
+/// What the charts show, gathered as the sections run.
+#[derive(Default)]
+struct Figures {
+    /// Messages per second of each throughput mode.
+    throughput: Vec<(Mode, f64)>,
+    /// Claim p50 and p99 at each key table size.
+    latency: Vec<(u64, Duration, Duration)>,
+}
+
+impl Figures {
+    /// Writes into `dir` a chart for each section that ran; returns the files.
+    fn write(&self, dir: &Path, database: &str, settings: &Settings) -> Result<Vec<PathBuf>> {
+        let mut charts = Vec::new();
+        if !self.throughput.is_empty() {
+            let batched = self
+                .throughput
+                .iter()
+                .filter_map(|&(mode, per_second)| match mode {
+                    Mode::ClaimMany(batch) => Some((batch as f64, per_second)),
+                    _ => None,
+                })
+                .collect();
+            let one_by_one = [
+                (Mode::HandWritten, "hand-written, one by one", GREY),
+                (Mode::Run, "Inbox::run, one by one", BLUE),
+            ];
+            let references = one_by_one
+                .into_iter()
+                .filter_map(|(mode, name, color)| {
+                    let &(_, y) = self.throughput.iter().find(|(m, _)| *m == mode)?;
+                    Some(Reference { name, color, y })
+                })
+                .collect();
+            let chart = Chart {
+                title: format!("{database}: claim_many throughput by batch size"),
+                subtitle: format!(
+                    "{} messages, {}% repeating a key, {} worker(s), one transaction per batch",
+                    settings.messages, settings.duplicates, settings.workers
+                ),
+                x_label: "messages per batch",
+                y_label: "messages per second",
+                series: vec![Series {
+                    name: "claim_many",
+                    color: GREEN,
+                    points: batched,
+                }],
+                references,
+            };
+            charts.push(("throughput-by-batch.svg", chart));
+        }
+        if !self.latency.is_empty() {
+            let at = |p: fn(&(u64, Duration, Duration)) -> Duration| {
+                self.latency
+                    .iter()
+                    .map(|point| (point.0 as f64, millis(p(point))))
+                    .collect()
+            };
+            let chart = Chart {
+                title: format!("{database}: claim latency by key table size"),
+                subtitle: format!(
+                    "{} claims at each size, each an Inbox::run with its effect on a fresh key",
+                    settings.samples
+                ),
+                x_label: "keys in the table",
+                y_label: "milliseconds",
+                series: vec![
+                    Series {
+                        name: "p50",
+                        color: GREEN,
+                        points: at(|point| point.1),
+                    },
+                    Series {
+                        name: "p99",
+                        color: RED,
+                        points: at(|point| point.2),
+                    },
+                ],
+                references: Vec::new(),
+            };
+            charts.push(("latency-by-table-size.svg", chart));
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut written = Vec::new();
+        for (name, chart) in charts {
+            let path = dir.join(name);
+            std::fs::write(&path, chart.svg())
+                .with_context(|| format!("writing {}", path.display()))?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+}
+
+/// The colours of the charts, as the status page's: justonce green, and grey for a baseline.
+const GREEN: &str = "#2a7";
+const GREY: &str = "#999";
+const BLUE: &str = "#36c";
+const RED: &str = "#c33";
+
 /// Prints results as a table, or one JSON object per result.
 struct Report {
     json: bool,
@@ -435,7 +597,10 @@ impl Report {
         effects: i64,
         against_hand_written: Option<f64>,
     ) {
-        let batch = (mode == Mode::ClaimMany).then_some(settings.batch);
+        let batch = match mode {
+            Mode::ClaimMany(batch) => Some(batch),
+            _ => None,
+        };
         if self.json {
             let result = serde_json::json!({
                 "bench": "throughput",
@@ -522,8 +687,53 @@ impl Report {
         );
     }
 
+    fn chart(&self, path: &Path) {
+        if self.json {
+            let result = serde_json::json!({
+                "bench": "chart",
+                "database": self.database,
+                "file": path.display().to_string(),
+            });
+            println!("{result}");
+        } else {
+            println!("chart       {:<9} {}", self.database, path.display());
+        }
+    }
+
+    fn sustained(&self, took: Duration, messages: usize, effects: i64, peaks: &[f64]) {
+        let per_second = messages as f64 / took.as_secs_f64();
+        let (low, high) = peaks
+            .iter()
+            .fold((f64::INFINITY, 0.0_f64), |(l, h), &p| (l.min(p), h.max(p)));
+        let spread = (high - low) / low * 100.0;
+        if self.json {
+            let result = serde_json::json!({
+                "bench": "sustained",
+                "database": self.database,
+                "seconds": took.as_secs_f64().round(),
+                "messages": messages,
+                "messages_per_second": per_second.round(),
+                "effects": effects,
+                "effects_equal_distinct_keys": true,
+                "peak_rss_mib_per_tenth": peaks.iter().map(|p| (p * 10.0).round() / 10.0).collect::<Vec<_>>(),
+                "spread_percent": (spread * 10.0).round() / 10.0,
+            });
+            println!("{result}");
+            return;
+        }
+        let peaks: Vec<String> = peaks.iter().map(|p| format!("{p:.1}")).collect();
+        println!(
+            "sustained   {:<9} {:.0} s, {messages} messages, {per_second:.0} msg/s  peak RSS per tenth {} MiB: spread {spread:.1} %  effects {effects} = distinct keys",
+            self.database,
+            took.as_secs_f64(),
+            peaks.join(" "),
+        );
+    }
+
     fn memory(&self) {
-        let Some(rss) = peak_rss_mib() else { return };
+        let Some(rss) = status_mib("VmHWM:") else {
+            return;
+        };
         if self.json {
             let result = serde_json::json!({
                 "bench": "memory",
@@ -549,12 +759,13 @@ fn millis(duration: Duration) -> f64 {
     (duration.as_secs_f64() * 1_000_000.0).round() / 1_000.0
 }
 
-/// This process's peak resident memory, where the kernel reports it (Linux).
-fn peak_rss_mib() -> Option<f64> {
+/// A memory figure of this process (`VmRSS:` resident now, `VmHWM:` its peak), where the
+/// kernel reports it (Linux).
+fn status_mib(field: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib: f64 = status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .find_map(|line| line.strip_prefix(field))?
         .split_whitespace()
         .next()?
         .parse()

@@ -1,6 +1,7 @@
 //! Each command against the configured database.
 
 use crate::config::Settings;
+use crate::pacing::Pacer;
 use crate::progress::Progress;
 use crate::{CheckArgs, Command, DlqCommand, KeyArgs, KeysCommand};
 use crate::{bench, check};
@@ -43,15 +44,17 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
         let bench_settings = bench::Settings {
             messages: count(args.messages)?,
             duplicates: usize::from(args.duplicates),
-            batch: count(args.batch)?,
+            batches: args.batch.into_iter().map(count).collect::<Result<_>>()?,
             workers: count(args.workers)?,
             sizes: args.sizes,
             samples: count(args.samples)?,
             purge: args.purge,
             purge_batch: args.purge_batch,
             purge_pause: args.purge_pause,
+            duration: args.duration,
             sections,
             json: args.json,
+            chart: args.chart,
         };
         return bench::run(url, &bench_settings).await;
     }
@@ -124,8 +127,10 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
                 settings.consumers.len()
             );
         }
-        Command::Purge { batch_size } => {
+        Command::Purge { batch_size, pause } => {
             let mut progress = Progress::new();
+            // One pacer for the whole purge: every statement loads the same database.
+            let mut pacer = Pacer::new(pause);
             let full = u64::from(batch_size.max(1));
             let mut keys = 0;
             let sources = settings.sources.iter().map(|s| (&s.name, s.retention));
@@ -134,7 +139,9 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
                 let consumer = inbox.with_consumer(Consumer::new(name.as_str())?);
                 let mut purged = 0;
                 loop {
-                    let batch = consumer.purge_batch(retention.keep(), batch_size).await?;
+                    let batch = pacer
+                        .run(consumer.purge_batch(retention.keep(), batch_size))
+                        .await?;
                     purged += batch;
                     progress.update(format!("keys of {name}: {purged} purged"));
                     if batch < full {
@@ -147,7 +154,9 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
             let keep_sent = settings.store_retention()?.keep();
             let mut sent = 0;
             loop {
-                let batch = outbox.purge_sent_batch(keep_sent, batch_size).await?;
+                let batch = pacer
+                    .run(outbox.purge_sent_batch(keep_sent, batch_size))
+                    .await?;
                 sent += batch;
                 progress.update(format!("sent deliveries: {sent} purged"));
                 if batch < full {

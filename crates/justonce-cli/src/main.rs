@@ -5,9 +5,11 @@
 
 mod activity;
 mod bench;
+mod chart;
 mod check;
 mod commands;
 mod config;
+mod pacing;
 mod progress;
 mod serve;
 
@@ -60,6 +62,10 @@ enum Command {
         /// Rows deleted per statement.
         #[arg(long, default_value_t = 1_000)]
         batch_size: u32,
+        /// Before each statement, a pause this many times as long as the last one took, so
+        /// that claims running meanwhile keep their speed; 0 purges flat out.
+        #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pause_ratio)]
+        pause: f64,
     },
     /// Show what the store holds: keys per consumer and scope, deliveries and stream offsets.
     ///
@@ -100,9 +106,11 @@ struct BenchArgs {
     /// The share of messages, in percent, that repeat an earlier key.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..100))]
     duplicates: u8,
-    /// Messages per transaction for claim_many.
-    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
-    batch: u64,
+    /// Messages per transaction for claim_many, comma-separated: the throughput section
+    /// measures each, the latency section the first.
+    #[arg(long, value_delimiter = ',', default_value = "1000",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    batch: Vec<u64>,
     /// Concurrent workers, each with its share of the stream.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     workers: u64,
@@ -118,16 +126,25 @@ struct BenchArgs {
     /// Keys deleted per statement while purging, as `justonce purge --batch-size`.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
     purge_batch: u32,
-    /// After each purge statement, a pause this many times as long as the statement took:
-    /// 1 lets the purge take about half of the database's time.
-    #[arg(long, default_value_t = 0.0, value_parser = pause_ratio)]
+    /// Before each purge statement, a pause this many times as long as the last one took,
+    /// as `justonce purge --pause`: 1 lets the purge take about half of the database's
+    /// time, 0 purges flat out.
+    #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pause_ratio)]
     purge_pause: f64,
-    /// Only these sections, comma-separated; all by default.
+    /// How long the sustained section runs, such as 90s or 10m.
+    #[arg(long, default_value = "1m", value_parser = run_length)]
+    duration: std::time::Duration,
+    /// Only these sections, comma-separated; all but sustained by default.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<bench::Section>,
     /// One JSON object per result, for scripts.
     #[arg(long)]
     json: bool,
+    /// Write SVG charts into this folder (created if missing): throughput by batch size
+    /// (throughput-by-batch.svg) and claim latency by key table size
+    /// (latency-by-table-size.svg), for the sections that run.
+    #[arg(long, value_name = "DIR")]
+    chart: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -297,6 +314,15 @@ fn pause_ratio(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(ratio) if (0.0..=100.0).contains(&ratio) => Ok(ratio),
         _ => Err("expected a number from 0 to 100".to_owned()),
+    }
+}
+
+/// A duration of at least a second.
+fn run_length(text: &str) -> Result<std::time::Duration, String> {
+    match config::parse_duration(text) {
+        Ok(duration) if duration.as_secs() >= 1 => Ok(duration),
+        Ok(_) => Err("expected at least 1s".to_owned()),
+        Err(error) => Err(error.to_string()),
     }
 }
 

@@ -1,5 +1,6 @@
 //! `justonce bench` against each real database, small: every section reports, every
-//! throughput result saw effect rows equal distinct keys, and its tables are gone after.
+//! throughput result saw effect rows equal distinct keys, the charts have a point per
+//! result, and its tables are gone after.
 
 use justonce_tests::{TestBackend, TestDb};
 use std::process::Stdio;
@@ -25,10 +26,14 @@ macro_rules! on_every_database {
     };
 }
 
-on_every_database!(every_section_reports_and_leaves_no_table_behind);
+on_every_database!(
+    every_section_reports_and_leaves_no_table_behind,
+    the_sustained_run_reports_a_peak_per_tenth,
+);
 
 async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
+    let charts = std::env::temp_dir().join(format!("justonce-{test}-{}", justonce_tests::unique()));
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
         .args([
             "bench",
@@ -38,8 +43,17 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
             "--messages",
             "2000",
         ])
-        .args(["--batch", "100", "--workers", "2", "--sizes", "1000,5000"])
+        .args([
+            "--batch",
+            "10,100",
+            "--workers",
+            "2",
+            "--sizes",
+            "1000,5000",
+        ])
         .args(["--samples", "50", "--purge", "5000"])
+        .arg("--chart")
+        .arg(&charts)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -62,11 +76,19 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
         .iter()
         .map(|r| r["mode"].as_str().unwrap())
         .collect();
-    let mut expected = vec!["hand-written", "run", "run-again", "claim_many"];
+    let mut expected = vec![
+        "hand-written",
+        "run",
+        "run-again",
+        "claim_many",
+        "claim_many",
+    ];
     if db.url.starts_with("postgres") {
         expected.insert(1, "one-statement");
     }
     assert_eq!(modes, expected);
+    let batches: Vec<&serde_json::Value> = throughput.iter().map(|r| &r["batch"]).collect();
+    assert_eq!(batches[batches.len() - 2..], [10, 100]);
     let distinct = &throughput[0]["effects"];
     for result in &throughput {
         assert_eq!(&result["effects"], distinct, "{result}");
@@ -96,6 +118,27 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
     };
     assert_eq!(purge["purged"], 5_000);
     assert!(purge["claims_during"].as_u64().unwrap() >= 50);
+    // A point per batch size; a p50 and a p99 per table size.
+    let files: Vec<&str> = of("chart")
+        .iter()
+        .map(|r| r["file"].as_str().unwrap())
+        .collect();
+    for (name, points) in [
+        ("throughput-by-batch.svg", 2),
+        ("latency-by-table-size.svg", 4),
+    ] {
+        let path = charts.join(name);
+        assert!(files.contains(&path.to_str().unwrap()), "{files:?}");
+        let svg = std::fs::read_to_string(&path).expect("the chart is written");
+        assert!(
+            svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+            "{svg}"
+        );
+        assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
+        assert_eq!(svg.matches("<circle ").count(), points, "{name}: {svg}");
+    }
+    std::fs::remove_dir_all(&charts).unwrap();
+
     let [memory] = of("memory")[..] else {
         panic!("one memory result: {stdout}");
     };
@@ -103,6 +146,45 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
 
     let left = DB::count(db.inbox.pool(), tables_named(&db.url, pid)).await;
     assert_eq!(left, 0, "the bench's tables are dropped");
+    db.cleanup().await;
+}
+
+/// `--only sustained`, which the default sections leave out, runs for `--duration` and
+/// reports the peak RSS of each tenth of it.
+async fn the_sustained_run_reports_a_peak_per_tenth<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["bench", "--database", &db.url, "--json"])
+        .args(["--only", "sustained", "--duration", "2s"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let results: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    let benches: Vec<&str> = results
+        .iter()
+        .map(|r| r["bench"].as_str().unwrap())
+        .collect();
+    assert_eq!(benches, ["sustained", "memory"]);
+    let sustained = &results[0];
+    assert_eq!(sustained["effects_equal_distinct_keys"], true);
+    let (messages, effects) = (&sustained["messages"], &sustained["effects"]);
+    // A fifth of the messages repeat a key.
+    assert!(
+        effects.as_f64().unwrap() < messages.as_f64().unwrap() * 0.9,
+        "{sustained}"
+    );
+    let peaks = sustained["peak_rss_mib_per_tenth"].as_array().unwrap();
+    assert_eq!(peaks.len(), 10, "{sustained}");
+    assert!(
+        peaks.iter().all(|p| p.as_f64().unwrap() > 0.0),
+        "{sustained}"
+    );
     db.cleanup().await;
 }
 
@@ -123,14 +205,20 @@ fn tables_named(url: &str, pid: u32) -> String {
 
 #[tokio::test]
 async fn numbers_out_of_range_are_bad_usage() {
-    for (flag, value) in [
-        ("--duplicates", "100"),
-        ("--purge-pause", "-1"),
-        ("--purge-pause", "NaN"),
-        ("--workers", "0"),
+    let bench = ["bench", "--database", "sqlite::memory:"].as_slice();
+    for (command, flag, value) in [
+        (bench, "--duplicates", "100"),
+        (bench, "--purge-pause", "-1"),
+        (bench, "--purge-pause", "NaN"),
+        (bench, "--workers", "0"),
+        (bench, "--batch", "100,0"),
+        (bench, "--duration", "0s"),
+        (bench, "--duration", "10"),
+        (&["purge"], "--pause", "-1"),
+        (&["purge"], "--pause", "101"),
     ] {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
-            .args(["bench", "--database", "sqlite::memory:"])
+            .args(command)
             .arg(format!("{flag}={value}"))
             .output()
             .await

@@ -985,7 +985,7 @@ async fn purge_deletes_only_keys_past_retention_and_reports_its_progress<DB: Tes
         .await;
     }
     let output = server
-        .command(&["purge", "--batch-size", "2"])
+        .command(&["purge", "--batch-size", "2", "--pause", "1"])
         .stderr(Stdio::piped())
         .output()
         .await

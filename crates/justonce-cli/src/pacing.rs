@@ -1,0 +1,70 @@
+//! Pacing for a purge: a pause before each statement, in proportion to how long the one
+//! before it took, so that claims running beside it get the database's time. A purge running
+//! flat out keeps a core busy in the database, and the claims wait for the CPU, not for locks
+//! (BENCHMARKS.md, `justonce bench`).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// The pause ratio of `justonce purge` and of the bench's purge unless told otherwise. On a
+/// quiet machine, claim p99 while purging was 10x its value without at 0, 5x at 1 and up to
+/// 3.5x at 3, the excess falling as 1 / (1 + ratio): 10 brings it within the target of 2x,
+/// at about a tenth of the purge's flat-out speed (BENCHMARKS.md).
+pub const DEFAULT_RATIO: f64 = 10.0;
+
+/// Runs statements one after the other, each after a pause of `ratio` times as long as the
+/// one before it took: the statements get at most `1 / (1 + ratio)` of the time.
+pub struct Pacer {
+    ratio: f64,
+    owed: Duration,
+}
+
+impl Pacer {
+    /// `ratio` 0 runs flat out.
+    pub fn new(ratio: f64) -> Self {
+        Self {
+            ratio,
+            owed: Duration::ZERO,
+        }
+    }
+
+    /// Waits out the pause the last statement earned, then runs `statement`. The pause comes
+    /// before rather than after, so that the last statement of a purge is not followed by one.
+    pub async fn run<T>(&mut self, statement: impl Future<Output = T>) -> T {
+        // Not even a zero sleep: tokio rounds it up to the next tick of its timer, up to 1 ms.
+        if !self.owed.is_zero() {
+            tokio::time::sleep(self.owed).await;
+        }
+        let started = Instant::now();
+        let done = statement.await;
+        self.owed = started.elapsed().mul_f64(self.ratio);
+        done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn each_statement_waits_ratio_times_the_last_one() {
+        let mut pacer = Pacer::new(3.0);
+        let statement = Duration::from_millis(20);
+        let first = Instant::now();
+        pacer.run(tokio::time::sleep(statement)).await;
+        let ended = Instant::now();
+        // The first statement does not wait; the second waits three times the first.
+        let second = pacer.run(async { Instant::now() }).await;
+        assert!(second - ended >= statement * 3, "{:?}", second - ended);
+        assert!(ended - first >= statement);
+    }
+
+    #[tokio::test]
+    async fn ratio_zero_owes_no_pause() {
+        let mut pacer = Pacer::new(0.0);
+        pacer
+            .run(tokio::time::sleep(Duration::from_millis(5)))
+            .await;
+        assert_eq!(pacer.owed, Duration::ZERO);
+    }
+}
