@@ -47,10 +47,14 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(error) => {
             let message = format!("{error:#}");
-            // Variables other than the JUSTONCE_* overrides are only read through `env:`
-            // references: secrets, and broker URLs that may hold a password.
+            // Variables named by `env:` references are secrets, or broker URLs that may hold
+            // a password. Short or blank values are left out: they spell parts of messages.
             for (name, secret) in &env {
-                let plain_text_elsewhere = secret.len() < 8
+                let reference = format!("env:{name}");
+                let referenced = !name.is_empty()
+                    && (text.contains(&reference) || env.values().any(|v| v.contains(&reference)));
+                let plain_text_elsewhere = !referenced
+                    || secret.trim().len() < 8
                     || name.starts_with("JUSTONCE_")
                     || text.contains(secret.as_str())
                     || MESSAGES.contains(secret.as_str())
