@@ -177,19 +177,23 @@ pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Setting
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(error) => return Err(error).with_context(|| format!("reading {file}")),
     };
+    parse(&text, &file, env)
+}
+
+/// [`load`] for the text of the file named `file`; the fuzz target calls it without a file.
+pub fn parse(text: &str, file: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
     // A syntax error shows its line and column.
-    let mut document =
-        DeTable::parse(&text).with_context(|| format!("{file} is not valid TOML"))?;
+    let mut document = DeTable::parse(text).with_context(|| format!("{file} is not valid TOML"))?;
     let overrides = apply_env(document.get_mut(), env, text.len());
     let origin = Origin {
-        text: &text,
+        text,
         document: document.get_ref().clone(),
         overrides,
     };
     let raw = RawConfig::deserialize(toml::de::Deserializer::from(document))
         .map_err(|error| origin.explain(&error))
-        .with_context(|| file.clone())?;
-    validate(raw, env, &origin).with_context(|| file)
+        .with_context(|| file.to_owned())?;
+    validate(raw, env, &origin).with_context(|| file.to_owned())
 }
 
 /// What names a setting in an error: the parsed file, for its lines, and the variables that

@@ -756,6 +756,11 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<Key>, String> {
         Some(quoted) => unescape(quoted)?,
         None => text.to_owned(),
     };
+    // Quoted spaces are as blank as the bare ones trimmed away above: taken as a key, every
+    // blank key would share one stored response.
+    if !bare.is_empty() && bare.trim().is_empty() {
+        return Err("the Idempotency-Key is blank".to_owned());
+    }
     Key::new(bare)
         .map(Some)
         .map_err(|error| format!("the Idempotency-Key is unusable: {error}"))
@@ -966,6 +971,9 @@ mod tests {
         assert!(key("a\tb").is_err(), "control character");
         assert_eq!(key(" \tabc\t ").unwrap().unwrap().as_str(), "abc");
         assert!(key("   ").is_err(), "blank");
+        // Found by the `idempotency_key` fuzz target: a quoted blank key was used.
+        assert_eq!(key("\" \"").unwrap_err(), "the Idempotency-Key is blank");
+        assert!(key("\"   \"").is_err(), "quoted blank");
         assert_eq!(
             key("\" a \"").unwrap().unwrap().as_str(),
             " a ",

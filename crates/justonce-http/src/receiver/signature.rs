@@ -163,8 +163,10 @@ fn any_verifies(keys: &[Vec<u8>], parts: &[&[u8]], signatures: &[Vec<u8>]) -> Re
     if verified { Ok(()) } else { Err(Rejected) }
 }
 
+/// Hex digits only, either case: `from_str_radix` alone also takes a sign, and would read
+/// `+5` as `05`, a second spelling of the same signature.
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
+    if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..hex.len())
@@ -325,6 +327,74 @@ mod tests {
         assert_eq!(
             Scheme::None.verify_at(&HeaderMap::new(), body, at(NOW)),
             Ok(())
+        );
+    }
+
+    /// Found by the `signatures` fuzz target: a hex signature with `+` in place of the `0`
+    /// that starts a byte verified, since `from_str_radix` takes a sign.
+    #[test]
+    fn a_hex_signature_has_one_spelling_besides_its_case() {
+        let secret = [[0xff; 36].as_slice(), b"/"].concat();
+        let signature = hex(&hmac_bytes(&secret, &[b""]));
+        assert_eq!(
+            signature,
+            "66677a980c5ae78f3eb94d960debc110858e38e05abc4ba2d97e1740f305b3d4"
+        );
+        let mut plus = signature.clone().into_bytes();
+        plus[58] = b'+';
+        let plus = String::from_utf8(plus).unwrap();
+        let hmac = Scheme::HmacSha256 {
+            secrets: vec![secret.clone()],
+            header: "x-signature".to_owned(),
+        };
+        let github = Scheme::Github {
+            secrets: vec![secret.clone()],
+        };
+        for (scheme, name, prefix) in [
+            (&hmac, "x-signature", ""),
+            (&hmac, "x-signature", "sha256="),
+            (&github, "x-hub-signature-256", "sha256="),
+        ] {
+            let with = |signature: &str| headers(&[(name, format!("{prefix}{signature}"))]);
+            assert_eq!(scheme.verify_at(&with(&signature), b"", at(NOW)), Ok(()));
+            let upper = signature.to_ascii_uppercase();
+            assert_eq!(scheme.verify_at(&with(&upper), b"", at(NOW)), Ok(()));
+            assert_eq!(
+                scheme.verify_at(&with(&plus), b"", at(NOW)),
+                Err(Rejected),
+                "{scheme:?} {prefix}{plus}"
+            );
+        }
+        let stripe = Scheme::Stripe {
+            secrets: vec![secret.clone()],
+            tolerance: MINUTES_5,
+        };
+        // A body whose signature has a byte below 0x10, so that a `0` can become `+`.
+        let (body, signed, plus_at) = (0..)
+            .find_map(|n: u32| {
+                let body = n.to_string().into_bytes();
+                let signed = hex(&hmac_bytes(
+                    &secret,
+                    &[NOW.to_string().as_bytes(), b".", &body],
+                ));
+                let at = (0..signed.len())
+                    .step_by(2)
+                    .find(|&i| signed.as_bytes()[i] == b'0')?;
+                Some((body, signed, at))
+            })
+            .unwrap();
+        let stripe_header =
+            |signature: &str| headers(&[("stripe-signature", format!("t={NOW},v1={signature}"))]);
+        assert_eq!(
+            stripe.verify_at(&stripe_header(&signed), &body, at(NOW)),
+            Ok(())
+        );
+        let mut edited = signed.into_bytes();
+        edited[plus_at] = b'+';
+        let edited = String::from_utf8(edited).unwrap();
+        assert_eq!(
+            stripe.verify_at(&stripe_header(&edited), &body, at(NOW)),
+            Err(Rejected)
         );
     }
 }

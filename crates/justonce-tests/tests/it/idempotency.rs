@@ -477,6 +477,7 @@ async fn hostile_keys_get_400_problems_or_are_used_as_given<DB: TestBackend>(tes
         (text(""), "it is empty"),
         (text("   "), "it is empty"),
         (text("\"\""), "it is empty"),
+        (text("\" \""), "is blank"),
         (
             text(&"k".repeat(256)),
             "256 bytes long, more than the 255 allowed",
