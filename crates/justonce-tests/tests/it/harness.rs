@@ -85,6 +85,21 @@ async fn the_check_reports_losses_when_acknowledging_before_commit() {
 }
 
 #[tokio::test]
+async fn the_check_reports_losses_when_a_rabbitmq_consumer_acknowledges_before_commit() {
+    let (code, figures) = harness(&[
+        "--scenario",
+        "broker-kill",
+        "--broker",
+        "amqp",
+        "--broken",
+        "ack-before-commit",
+    ])
+    .await;
+    assert!(figures["lost"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(code, 1, "{figures}");
+}
+
+#[tokio::test]
 async fn the_check_reports_doubles_when_claiming_in_a_separate_transaction() {
     let (code, figures) = harness(&["--scenario", "kill", "--broken", "separate-claim"]).await;
     assert!(figures["duplicated"].as_u64().unwrap() > 0, "{figures}");
