@@ -64,9 +64,8 @@ async fn a_worker_killed_twenty_times_loses_and_doubles_nothing_on_sqlite() {
     killed_worker_on("sqlite").await
 }
 
-#[tokio::test]
-async fn a_rabbitmq_consumer_killed_ten_times_loses_and_doubles_nothing() {
-    let args = ["--scenario", "broker-kill", "--broker", "amqp"];
+async fn killed_consumer_on(broker: &str) {
+    let args = ["--scenario", "broker-kill", "--broker", broker];
     let run = harness(&args).await;
     assert_clean(&args, &run);
     let figures = &run.1;
@@ -75,6 +74,16 @@ async fn a_rabbitmq_consumer_killed_ten_times_loses_and_doubles_nothing() {
     assert!(figures["recovery_max_ms"].as_u64().is_some(), "{figures}");
     // The broker cannot say how often it delivered again, and the table says so.
     assert!(figures["redeliveries"].is_null(), "{figures}");
+}
+
+#[tokio::test]
+async fn a_rabbitmq_consumer_killed_ten_times_loses_and_doubles_nothing() {
+    killed_consumer_on("amqp").await
+}
+
+#[tokio::test]
+async fn a_redis_streams_consumer_killed_ten_times_loses_and_doubles_nothing() {
+    killed_consumer_on("redis").await
 }
 
 #[tokio::test]

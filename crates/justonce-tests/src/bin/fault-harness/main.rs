@@ -2,7 +2,7 @@
 //! injects its faults, waits for every delivery to be acknowledged, and checks the
 //! database's effect rows against what was attempted and acknowledged.
 //!
-//! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite] [--broker amqp]
+//! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite] [--broker amqp|redis]
 //! [--short] [--json] [--broken ack-before-commit|separate-claim] [--seed N]`
 //!
 //! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
@@ -31,8 +31,8 @@
 //!   going.
 //! - `broker-kill`: no broker of the harness's own: 20,000 keys, a tenth of them twice
 //!   (short: 2,000), published to a queue of the run's own on the real broker of
-//!   `--broker` (RabbitMQ), consumed by one `broker-worker` process, the project's real
-//!   consumer, SIGKILLed 100 times (short: 10) at random moments and restarted, until the
+//!   `--broker` (`amqp`: RabbitMQ, `redis`: a Redis stream read by a consumer group),
+//!   consumed by one `broker-worker` process, the project's real consumer, SIGKILLed 100 times (short: 10) at random moments and restarted, until the
 //!   broker holds nothing unacknowledged.
 
 mod broker;
@@ -208,8 +208,13 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
             args.scenario
         ));
     }
-    if args.scenario == "broker-kill" && args.mode == "separate-claim" {
-        return Err("broker-kill's consumer has no separate-claim mode".to_owned());
+    if args.scenario == "broker-kill"
+        && args.mode != "correct"
+        && (args.mode.as_str(), args.broker.as_str()) != ("ack-before-commit", "amqp")
+    {
+        return Err(
+            "broker-kill's only broken consumer is --broker amqp's ack-before-commit".to_owned(),
+        );
     }
     let cluster = if args.scenario == "pg-immediate" {
         let started = tokio::task::spawn_blocking(cluster::Cluster::start).await;
