@@ -58,18 +58,34 @@ struct AmqpQueue {
 }
 
 impl AmqpQueue {
-    /// Messages ready in the queue: not delivered to a consumer, or given back.
-    async fn ready(&self) -> Result<usize, String> {
+    /// The queue's state: messages ready (not delivered to a consumer, or given back), and
+    /// consumers.
+    async fn state(&self) -> Result<lapin::Queue, String> {
         let channel = self.channel().await?;
         let passive = QueueDeclareOptions {
             passive: true,
             ..Default::default()
         };
-        let queue = channel
+        channel
             .queue_declare(self.name.as_str().into(), passive, Default::default())
             .await
-            .map_err(|e| e.to_string())?;
-        Ok(queue.message_count() as usize)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Messages ready once the broker has seen the consumer go: it gives back what the
+    /// consumer held when it drops the consumer, a moment after the process died.
+    async fn ready_without_consumers(&self) -> Result<usize, String> {
+        let given_up = Instant::now() + Duration::from_secs(10);
+        loop {
+            let state = self.state().await?;
+            if state.consumer_count() == 0 {
+                return Ok(state.message_count() as usize);
+            }
+            if Instant::now() >= given_up {
+                return Err("RabbitMQ still counts a consumer that was killed".to_owned());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     async fn channel(&self) -> Result<lapin::Channel, String> {
@@ -114,15 +130,15 @@ impl RealQueue for AmqpQueue {
     }
 
     async fn waiting(&self) -> Result<usize, String> {
-        self.ready().await
+        Ok(self.state().await?.message_count() as usize)
     }
 
-    /// RabbitMQ gives back what a closed or dead consumer held.
     async fn unacknowledged(&self) -> Result<usize, String> {
-        self.ready().await
+        self.ready_without_consumers().await
     }
 
     async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+        self.ready_without_consumers().await?;
         let channel = self.channel().await?;
         let mut keys = Vec::new();
         while let Some(message) = channel
