@@ -13,14 +13,23 @@ pub fn amqp_url() -> String {
 /// once, and waits for every confirm. Message `n` has the key (`message_id` and body)
 /// `order:{n % distinct}`, so the ones after the first `distinct` repeat earlier keys.
 pub async fn publish_many(connection: &Connection, queue: &str, count: usize, distinct: usize) {
+    let keys: Vec<String> = (0..count)
+        .map(|n| format!("order:{}", n % distinct))
+        .collect();
+    publish_keys(connection, queue, &keys).await
+}
+
+/// Publishes one persistent message per key, in order, to `queue` through the default
+/// exchange, all at once, and waits for every confirm. The key is the `message_id` and the
+/// body.
+pub async fn publish_keys(connection: &Connection, queue: &str, keys: &[String]) {
     let channel = connection.create_channel().await.expect("a channel");
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("publisher confirms");
-    let mut confirms = Vec::with_capacity(count);
-    for n in 0..count {
-        let key = format!("order:{}", n % distinct);
+    let mut confirms = Vec::with_capacity(keys.len());
+    for key in keys {
         let properties = BasicProperties::default()
             .with_message_id(key.as_str().into())
             .with_delivery_mode(2);

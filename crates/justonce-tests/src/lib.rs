@@ -7,7 +7,7 @@ mod mqtt;
 mod redis;
 mod sink;
 
-pub use amqp::{amqp_url, publish_many};
+pub use amqp::{amqp_url, publish_keys, publish_many};
 pub use mqtt::publish_while_consuming;
 pub use redis::{TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};

@@ -14,8 +14,10 @@
 //! `test`; elsewhere a plain consumer. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed. `run-batched`: the same in batches of 20.
+//! `ack-before-commit` (RabbitMQ only): deliberately broken, for the fault harness's own
+//! test: acknowledges each delivery, then runs its work, so that a kill in between loses it.
 
-use justonce_sql::{Consumer, Inbox, Options};
+use justonce_sql::{Consumer, Inbox, Options, Outcome};
 use justonce_tests::{TestBackend, consumer_work, mqtt_options, shared_mqtt_options};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::mqtt::MqttConsumer;
@@ -23,7 +25,7 @@ use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
     KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
-use justonce_transport::{KeyFrom, Ran};
+use justonce_transport::{ConsumerStats, KeyFrom, Ran};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -153,6 +155,9 @@ async fn work<DB: TestBackend>(
     } else {
         let consumer =
             AmqpConsumer::connect(broker, inbox.clone(), AmqpOptions::new(queue)).await?;
+        if mode == "ack-before-commit" {
+            return ack_before_commit(&consumer, &inbox, prefix).await;
+        }
         if mode == "run-batched" {
             consumer.run_batched(forever, 20, work).await?;
             return Ok(());
@@ -170,6 +175,29 @@ async fn work<DB: TestBackend>(
         let ran = delivery.run(&inbox, &work).await;
         pause_after_commit(key.as_str(), ran).await
     }
+}
+
+/// Acknowledges each delivery first, then claims its key and writes its effect: the
+/// broken order the fault harness must catch.
+async fn ack_before_commit<DB: TestBackend>(
+    consumer: &AmqpConsumer<DB>,
+    inbox: &Inbox<DB>,
+    prefix: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut deliveries = consumer.deliveries().await?;
+    let mut stats = ConsumerStats::default();
+    while let Some(delivery) = deliveries.next().await? {
+        let key = delivery.key().map_err(str::to_owned)?.clone();
+        let acknowledged = Ran::<sqlx::Error>::Outcome(Outcome::Processed(()));
+        delivery.settle(acknowledged, &mut stats).await?;
+        let _ = inbox
+            .run(&key, key.as_str().as_bytes(), |tx| {
+                let (prefix, key) = (prefix.to_owned(), key.as_str().to_owned());
+                Box::pin(async move { DB::insert_effect(tx, &prefix, "test", &key).await })
+            })
+            .await?;
+    }
+    Ok(())
 }
 
 /// The key of the NATS tests' messages.

@@ -64,9 +64,46 @@ async fn a_worker_killed_twenty_times_loses_and_doubles_nothing_on_sqlite() {
     killed_worker_on("sqlite").await
 }
 
+async fn killed_consumer_on(broker: &str) {
+    let args = ["--scenario", "broker-kill", "--broker", broker];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    assert_eq!(figures["faults"], 10, "{figures}");
+    // Each kill is followed by an effect of the new consumer's.
+    assert!(figures["recovery_max_ms"].as_u64().is_some(), "{figures}");
+    // The broker cannot say how often it delivered again, and the table says so.
+    assert!(figures["redeliveries"].is_null(), "{figures}");
+}
+
+#[tokio::test]
+async fn a_rabbitmq_consumer_killed_ten_times_loses_and_doubles_nothing() {
+    killed_consumer_on("amqp").await
+}
+
+#[tokio::test]
+async fn a_redis_streams_consumer_killed_ten_times_loses_and_doubles_nothing() {
+    killed_consumer_on("redis").await
+}
+
 #[tokio::test]
 async fn the_check_reports_losses_when_acknowledging_before_commit() {
     let (code, figures) = harness(&["--scenario", "kill", "--broken", "ack-before-commit"]).await;
+    assert!(figures["lost"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(code, 1, "{figures}");
+}
+
+#[tokio::test]
+async fn the_check_reports_losses_when_a_rabbitmq_consumer_acknowledges_before_commit() {
+    let (code, figures) = harness(&[
+        "--scenario",
+        "broker-kill",
+        "--broker",
+        "amqp",
+        "--broken",
+        "ack-before-commit",
+    ])
+    .await;
     assert!(figures["lost"].as_u64().unwrap() > 0, "{figures}");
     assert_eq!(code, 1, "{figures}");
 }

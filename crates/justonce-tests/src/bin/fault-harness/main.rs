@@ -2,8 +2,8 @@
 //! injects its faults, waits for every delivery to be acknowledged, and checks the
 //! database's effect rows against what was attempted and acknowledged.
 //!
-//! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite] [--short] [--json]
-//! [--broken ack-before-commit|separate-claim] [--seed N]`
+//! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite] [--broker amqp|redis]
+//! [--short] [--json] [--broken ack-before-commit|separate-claim] [--seed N]`
 //!
 //! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
 //! the check catches what it is there to catch: such a run must report violations.
@@ -29,10 +29,16 @@
 //!   of the harness's own, stopped with `pg_ctl stop -m immediate` 10 times (short: 2)
 //!   during the run, down for a second each time, and started again; the workers keep
 //!   going.
+//! - `broker-kill`: no broker of the harness's own: 20,000 keys, a tenth of them twice
+//!   (short: 2,000), published to a queue of the run's own on the real broker of
+//!   `--broker` (`amqp`: RabbitMQ, `redis`: a Redis stream read by a consumer group),
+//!   consumed by one `broker-worker` process, the project's real consumer, SIGKILLed 100 times (short: 10) at random moments and restarted, until the
+//!   broker holds nothing unacknowledged.
 
 mod broker;
 mod cluster;
 mod proxy;
+mod real_broker;
 mod report;
 
 use broker::{Faults, Workers};
@@ -43,11 +49,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-const SCENARIOS: [&str; 5] = ["kill", "storm", "hot-keys", "commit-cut", "pg-immediate"];
+const SCENARIOS: [&str; 6] = [
+    "kill",
+    "storm",
+    "hot-keys",
+    "commit-cut",
+    "pg-immediate",
+    "broker-kill",
+];
 
 struct Args {
     scenario: String,
     backend: String,
+    /// The real broker of `broker-kill`.
+    broker: String,
     short: bool,
     json: bool,
     seed: u64,
@@ -60,6 +75,7 @@ impl Args {
         let mut args = Self {
             scenario: String::new(),
             backend: "postgres".to_owned(),
+            broker: "amqp".to_owned(),
             short: false,
             json: false,
             seed: Rng::clock_seed(),
@@ -73,6 +89,11 @@ impl Args {
                 }
                 "--backend" => {
                     args.backend = raw.next().filter(|b| BACKENDS.contains(&b.as_str()))?
+                }
+                "--broker" => {
+                    args.broker = raw
+                        .next()
+                        .filter(|b| real_broker::BROKERS.contains(&b.as_str()))?
                 }
                 "--short" => args.short = true,
                 "--json" => args.json = true,
@@ -140,8 +161,9 @@ async fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let Some(args) = Args::parse() else {
         eprintln!(
-            "usage: fault-harness --scenario {} [--backend postgres|mysql|sqlite] [--short] [--json] [--broken ack-before-commit|separate-claim] [--seed N]",
-            SCENARIOS.join("|")
+            "usage: fault-harness --scenario {} [--backend postgres|mysql|sqlite] [--broker {}] [--short] [--json] [--broken ack-before-commit|separate-claim] [--seed N]",
+            SCENARIOS.join("|"),
+            real_broker::BROKERS.join("|")
         );
         return ExitCode::from(2);
     };
@@ -186,6 +208,14 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
             args.scenario
         ));
     }
+    if args.scenario == "broker-kill"
+        && args.mode != "correct"
+        && (args.mode.as_str(), args.broker.as_str()) != ("ack-before-commit", "amqp")
+    {
+        return Err(
+            "broker-kill's only broken consumer is --broker amqp's ack-before-commit".to_owned(),
+        );
+    }
     let cluster = if args.scenario == "pg-immediate" {
         let started = tokio::task::spawn_blocking(cluster::Cluster::start).await;
         Some(Arc::new(started.map_err(|e| e.to_string())??))
@@ -196,16 +226,14 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         .as_ref()
         .map_or(url.to_owned(), |cluster| cluster.url());
     let db = TestDb::<DB>::at(&url).await;
-    let mut scenario = match args.scenario.as_str() {
-        "kill" => kill(args, &db, &mut rng),
-        "storm" => storm(args, &db, &mut rng),
-        "hot-keys" => hot_keys(args, &db, &mut rng),
-        "commit-cut" => commit_cut(args, &db, &mut rng).await?,
-        _ => pg_immediate(args, &db, &mut rng, cluster.clone().expect("started above")),
-    };
     let title = format!(
-        "fault-harness: {}{} on {} ({}), seed {}",
+        "fault-harness: {}{}{} on {} ({}), seed {}",
         args.scenario,
+        if args.scenario == "broker-kill" {
+            format!(" through {}", args.broker)
+        } else {
+            String::new()
+        },
         if args.mode == "correct" {
             String::new()
         } else {
@@ -215,14 +243,42 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         if args.short { "short" } else { "long" },
         args.seed
     );
-    let deliveries = scenario.plan.len();
     let started = std::time::Instant::now();
+    let mut report = if args.scenario == "broker-kill" {
+        real_broker::broker_kill(args, &db, &mut rng, title).await?
+    } else {
+        through_own_broker(args, &db, &mut rng, cluster.clone(), title).await?
+    };
+    report.details.push((
+        "drained in (ms)".to_owned(),
+        started.elapsed().as_millis() as u64,
+    ));
+    db.cleanup().await;
+    Ok(report)
+}
+
+/// A scenario whose deliveries the harness's own broker makes to `harness-worker`s.
+async fn through_own_broker<DB: TestBackend>(
+    args: &Args,
+    db: &TestDb<DB>,
+    rng: &mut Rng,
+    cluster: Option<Arc<cluster::Cluster>>,
+    title: String,
+) -> Result<Report, String> {
+    let mut scenario = match args.scenario.as_str() {
+        "kill" => kill(args, db, rng),
+        "storm" => storm(args, db, rng),
+        "hot-keys" => hot_keys(args, db, rng),
+        "commit-cut" => commit_cut(args, db, rng).await?,
+        _ => pg_immediate(args, db, rng, cluster.expect("started above")),
+    };
+    let deliveries = scenario.plan.len();
     let record = broker::deliver(
         &scenario.workers,
         scenario.keys,
         std::mem::take(&mut scenario.plan),
         std::mem::replace(&mut scenario.faults, Faults::None),
-        &mut rng,
+        rng,
         scenario.deadline,
     )
     .await?;
@@ -233,14 +289,9 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         .await
         .map_err(|e| format!("cannot read the effect rows: {e}"))?;
     let mut report = Report::check(title, deliveries, &record, effects);
-    report.details.push((
-        "drained in (ms)".to_owned(),
-        started.elapsed().as_millis() as u64,
-    ));
     if let Some(proxy) = &scenario.proxy {
         report.details.extend(cut_details(&proxy.cuts(), &record));
     }
-    db.cleanup().await;
     Ok(report)
 }
 

@@ -15,7 +15,8 @@ pub struct Report {
     pub lost: u64,
     pub duplicated: u64,
     pub unexpected: u64,
-    pub redeliveries: u64,
+    /// Deliveries made again; `None` where the broker cannot say.
+    pub redeliveries: Option<u64>,
     pub faults: usize,
     pub recovery: Vec<Duration>,
     pub drained: bool,
@@ -24,16 +25,48 @@ pub struct Report {
 }
 
 impl Report {
-    /// Compares `record` with `effects`, each effect key with its number of rows. Every key
-    /// of the workload is required, so an attempted key without an effect is lost, whether
-    /// or not it was acknowledged.
+    /// Compares the harness's broker's `record` with `effects`, each effect key with its
+    /// number of rows.
     pub fn check(
         title: String,
         deliveries: usize,
         record: &Record,
         effects: Vec<(String, i64)>,
     ) -> Self {
-        let keys = record.attempted.len();
+        let acknowledged: Vec<bool> = record.acknowledged.iter().map(Option::is_some).collect();
+        let mut report =
+            Self::compare(title, deliveries, &record.attempted, &acknowledged, effects);
+        report.redeliveries = Some(record.redeliveries);
+        report.faults = record.faults;
+        report.recovery = record.recovery.clone();
+        report.drained = record.drained;
+        report.details = [
+            ("acknowledged as processed".to_owned(), record.processed),
+            ("acknowledged as duplicates".to_owned(), record.duplicates),
+        ]
+        .into_iter()
+        .chain(
+            record
+                .refusals
+                .iter()
+                .map(|(reason, count)| (format!("refused ({reason})"), *count)),
+        )
+        .collect();
+        report
+    }
+
+    /// Compares which workload keys were attempted and acknowledged with `effects`, each
+    /// effect key with its number of rows. Every key of the workload is required, so an
+    /// attempted key without an effect is lost, whether or not it was acknowledged. Faults,
+    /// recovery and redeliveries are the caller's to fill in.
+    pub fn compare(
+        title: String,
+        deliveries: usize,
+        attempted: &[bool],
+        acknowledged: &[bool],
+        effects: Vec<(String, i64)>,
+    ) -> Self {
+        let keys = attempted.len();
         let mut effects: HashMap<String, i64> = effects.into_iter().collect();
         let mut report = Self {
             title,
@@ -44,28 +77,17 @@ impl Report {
             lost: 0,
             duplicated: 0,
             unexpected: 0,
-            redeliveries: record.redeliveries,
-            faults: record.faults,
-            recovery: record.recovery.clone(),
-            drained: record.drained,
-            details: [
-                ("acknowledged as processed".to_owned(), record.processed),
-                ("acknowledged as duplicates".to_owned(), record.duplicates),
-            ]
-            .into_iter()
-            .chain(
-                record
-                    .refusals
-                    .iter()
-                    .map(|(reason, count)| (format!("refused ({reason})"), *count)),
-            )
-            .collect(),
+            redeliveries: None,
+            faults: 0,
+            recovery: Vec::new(),
+            drained: true,
+            details: Vec::new(),
         };
         for index in 0..keys {
             let rows = effects.remove(&key_name(index as u32)).unwrap_or(0);
-            report.attempted += u64::from(record.attempted[index]);
-            report.acknowledged += u64::from(record.acknowledged[index].is_some());
-            report.lost += u64::from(record.attempted[index] && rows == 0);
+            report.attempted += u64::from(attempted[index]);
+            report.acknowledged += u64::from(acknowledged[index]);
+            report.lost += u64::from(attempted[index] && rows == 0);
             report.duplicated += u64::from(rows > 1);
         }
         // What remains are effects of keys the workload never had.
@@ -116,7 +138,10 @@ impl Report {
                 100.0 * self.fraction(count)
             );
         }
-        out += &format!("{:<14}{:>9}\n", "redeliveries", self.redeliveries);
+        out += &match self.redeliveries {
+            Some(count) => format!("{:<14}{count:>9}\n", "redeliveries"),
+            None => format!("{:<14}{:>9}\n", "redeliveries", "n/a"),
+        };
         out += &match self.recovery_ms() {
             Some((p50, max)) => format!("recovery      p50 {p50} ms, max {max} ms\n"),
             None => "recovery      - (no fault)\n".to_owned(),

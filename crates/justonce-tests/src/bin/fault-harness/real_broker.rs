@@ -1,0 +1,443 @@
+//! `broker-kill`: the workload published to a queue of the run's own on a real broker and
+//! consumed by a `broker-worker` process, the project's real consumer, SIGKILLed at random
+//! moments and restarted, until the broker says that every message was
+//! acknowledged.
+
+use crate::broker::{key_index, key_name, sibling};
+use crate::report::Report;
+use crate::{Args, Rng};
+use justonce_tests::{TestBackend, TestDb};
+use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::redis_streams::KEY_FIELD;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::{Connection, ConnectionProperties};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{
+    StreamInfoGroup, StreamInfoGroupsReply, StreamPendingCountReply, StreamRangeReply,
+};
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+/// The brokers `--broker` takes.
+pub const BROKERS: [&str; 2] = ["amqp", "redis"];
+
+/// What `broker-kill` asks of a queue of the run's own on a real broker.
+trait RealQueue: Sized {
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String>;
+
+    /// The broker's URL, as `broker-worker` takes it.
+    fn url(&self) -> &str;
+
+    /// The queue's name, as `broker-worker` takes it.
+    fn name(&self) -> &str;
+
+    /// One message per key, in order, with the key where `broker-worker` reads it.
+    async fn publish(&self, keys: &[String]) -> Result<(), String>;
+
+    /// Messages no consumer has taken yet.
+    async fn waiting(&self) -> Result<usize, String>;
+
+    /// With no consumer running: messages never acknowledged.
+    async fn unacknowledged(&self) -> Result<usize, String>;
+
+    /// With no consumer running: the key of each message never acknowledged. The queue
+    /// may be left without them.
+    async fn take_unacknowledged(&self) -> Result<Vec<String>, String>;
+
+    async fn delete(self) -> Result<(), String>;
+}
+
+/// A RabbitMQ queue, and its dead-letter queue.
+struct AmqpQueue {
+    url: String,
+    name: String,
+    connection: Connection,
+}
+
+impl AmqpQueue {
+    /// The queue's state: messages ready (not delivered to a consumer, or given back), and
+    /// consumers.
+    async fn state(&self) -> Result<lapin::Queue, String> {
+        let channel = self.channel().await?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        channel
+            .queue_declare(self.name.as_str().into(), passive, Default::default())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Messages ready once the broker has seen the consumer go: it gives back what the
+    /// consumer held when it drops the consumer, a moment after the process died.
+    async fn ready_without_consumers(&self) -> Result<usize, String> {
+        let given_up = Instant::now() + Duration::from_secs(10);
+        loop {
+            let state = self.state().await?;
+            if state.consumer_count() == 0 {
+                return Ok(state.message_count() as usize);
+            }
+            if Instant::now() >= given_up {
+                return Err("RabbitMQ still counts a consumer that was killed".to_owned());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn channel(&self) -> Result<lapin::Channel, String> {
+        self.connection
+            .create_channel()
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl RealQueue for AmqpQueue {
+    /// Declares the queues as the consumer does.
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
+        let url = justonce_tests::amqp_url();
+        let name = format!("{}broker_kill", db.prefix);
+        let consumer = AmqpConsumer::connect(&url, db.inbox.clone(), AmqpOptions::new(&name))
+            .await
+            .map_err(|e| format!("RabbitMQ at {url}: {e}"))?;
+        consumer.close().await.map_err(|e| e.to_string())?;
+        let connection = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .map_err(|e| format!("RabbitMQ at {url}: {e}"))?;
+        Ok(Self {
+            url,
+            name,
+            connection,
+        })
+    }
+
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The key is the `message_id`.
+    async fn publish(&self, keys: &[String]) -> Result<(), String> {
+        justonce_tests::publish_keys(&self.connection, &self.name, keys).await;
+        Ok(())
+    }
+
+    async fn waiting(&self) -> Result<usize, String> {
+        Ok(self.state().await?.message_count() as usize)
+    }
+
+    async fn unacknowledged(&self) -> Result<usize, String> {
+        self.ready_without_consumers().await
+    }
+
+    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+        self.ready_without_consumers().await?;
+        let channel = self.channel().await?;
+        let mut keys = Vec::new();
+        while let Some(message) = channel
+            .basic_get(self.name.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            let id = message.delivery.properties.message_id().as_ref();
+            keys.push(id.map(ToString::to_string).unwrap_or_default());
+        }
+        Ok(keys)
+    }
+
+    async fn delete(self) -> Result<(), String> {
+        let channel = self.channel().await?;
+        for queue in [format!("{}.dead", self.name), self.name] {
+            channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// A Redis stream read by consumer group `test`, and its dead-letter stream.
+struct RedisStream {
+    url: String,
+    name: String,
+    redis: MultiplexedConnection,
+}
+
+impl RedisStream {
+    /// The group's state: entries pending (read, not acknowledged), its lag (entries not
+    /// yet read; `None` if Redis cannot tell) and the last id it read.
+    async fn group(&self) -> Result<StreamInfoGroup, String> {
+        let groups: StreamInfoGroupsReply = self
+            .redis
+            .clone()
+            .xinfo_groups(&self.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        groups
+            .groups
+            .into_iter()
+            .find(|group| group.name == "test")
+            .ok_or_else(|| "the stream lost its group".to_owned())
+    }
+}
+
+/// An entry id (`ms-seq`) as numbers: ids do not compare as text.
+fn entry_id(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+impl RealQueue for RedisStream {
+    /// Creates the stream and its group, reading from the start.
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
+        let url = justonce_tests::redis_url();
+        let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+        let mut redis = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("Redis at {url}: {e}"))?;
+        let name = format!("{}broker_kill", db.prefix);
+        let () = redis
+            .xgroup_create_mkstream(&name, "test", "0")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Self { url, name, redis })
+    }
+
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The key is the `key` field.
+    async fn publish(&self, keys: &[String]) -> Result<(), String> {
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.xadd(&self.name, "*", &[(KEY_FIELD, key.as_str())])
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut self.redis.clone())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn waiting(&self) -> Result<usize, String> {
+        Ok(self.group().await?.lag.unwrap_or(usize::MAX))
+    }
+
+    /// A dead consumer's entries stay pending in the group until another claims them.
+    async fn unacknowledged(&self) -> Result<usize, String> {
+        let group = self.group().await?;
+        Ok(group
+            .pending
+            .saturating_add(group.lag.unwrap_or(usize::MAX)))
+    }
+
+    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+        let mut redis = self.redis.clone();
+        let group = self.group().await?;
+        let read = entry_id(&group.last_delivered_id);
+        let pending: StreamPendingCountReply = redis
+            .xpending_count(&self.name, "test", "-", "+", group.pending.max(1))
+            .await
+            .map_err(|e| e.to_string())?;
+        let pending: HashSet<String> = pending.ids.into_iter().map(|entry| entry.id).collect();
+        let entries: StreamRangeReply = redis
+            .xrange_all(&self.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(entries
+            .ids
+            .into_iter()
+            .filter(|entry| pending.contains(&entry.id) || entry_id(&entry.id) > read)
+            .map(|entry| entry.get::<String>(KEY_FIELD).unwrap_or_default())
+            .collect())
+    }
+
+    async fn delete(self) -> Result<(), String> {
+        let dead = format!("{}.dead", self.name);
+        let () = self
+            .redis
+            .clone()
+            .del(&[self.name, dead])
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// The consumer process, replaced by a new one when it is killed.
+struct Consumer<'a, DB: TestBackend, Q> {
+    db: &'a TestDb<DB>,
+    queue: &'a Q,
+    /// `broker-worker`'s mode: `run`, or a deliberately broken one.
+    mode: &'a str,
+    running: Option<Child>,
+}
+
+impl<DB: TestBackend, Q: RealQueue> Consumer<'_, DB, Q> {
+    fn start(&mut self) -> Result<(), String> {
+        let queue = self.queue;
+        let child = Command::new(sibling("broker-worker"))
+            .args([
+                &self.db.url,
+                &self.db.prefix,
+                queue.url(),
+                queue.name(),
+                "consumer",
+                self.mode,
+            ])
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start broker-worker: {e}"))?;
+        self.running = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs the consumer and waits until it is gone: what it held goes back to the
+    /// queue.
+    async fn kill(&mut self) -> Result<(), String> {
+        if let Some(mut child) = self.running.take() {
+            child
+                .kill()
+                .await
+                .map_err(|e| format!("cannot kill the consumer: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// An error if the consumer exited on its own: it failed.
+    fn failed(&mut self) -> Result<(), String> {
+        if let Some(child) = &mut self.running
+            && let Some(status) = child.try_wait().map_err(|e| e.to_string())?
+        {
+            return Err(format!("broker-worker exited on its own: {status}"));
+        }
+        Ok(())
+    }
+}
+
+/// `broker-kill` on the broker of `--broker`.
+pub async fn broker_kill<DB: TestBackend>(
+    args: &Args,
+    db: &TestDb<DB>,
+    rng: &mut Rng,
+    title: String,
+) -> Result<Report, String> {
+    match args.broker.as_str() {
+        "redis" => kill_consumer::<DB, RedisStream>(args, db, rng, title).await,
+        _ => kill_consumer::<DB, AmqpQueue>(args, db, rng, title).await,
+    }
+}
+
+/// Publishes `keys` distinct keys, a tenth of them twice, shuffled; runs the consumer,
+/// killing it at random moments, until the queue is settled; and compares the broker's
+/// account with the effect rows.
+async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
+    args: &Args,
+    db: &TestDb<DB>,
+    rng: &mut Rng,
+    title: String,
+) -> Result<Report, String> {
+    let keys = args.size(2_000, 20_000);
+    let kills = args.size(10, 100);
+    let deadline = Instant::now() + Duration::from_secs(args.size(50, 900) as u64);
+    let mut plan: Vec<u32> = (0..keys as u32).chain(0..keys as u32 / 10).collect();
+    rng.shuffle(&mut plan);
+    let queue = Q::open(db).await?;
+    let published: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
+    queue.publish(&published).await?;
+
+    // Kill points: after random numbers of effects, well inside the run so that there is
+    // work left to recover to, plus a few random milliseconds so that the consumer is
+    // caught at any point of a delivery.
+    let mut points: Vec<i64> = (0..kills)
+        .map(|_| (keys / 20 + rng.below(keys as u64 * 17 / 20) as usize) as i64)
+        .collect();
+    points.sort_unstable();
+    let effects = async || db.rows("effects").await;
+    let mut consumer = Consumer {
+        db,
+        queue: &queue,
+        mode: if args.mode == "correct" {
+            "run"
+        } else {
+            &args.mode
+        },
+        running: None,
+    };
+    consumer.start()?;
+    let mut faults = 0;
+    let mut recovery = Vec::new();
+    let mut drained = false;
+    let mut quiet_since = None;
+    let mut points = points.into_iter().peekable();
+    while Instant::now() < deadline {
+        consumer.failed()?;
+        let committed = effects().await;
+        if points.next_if(|point| committed >= *point).is_some() {
+            tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+            let began = Instant::now();
+            consumer.kill().await?;
+            consumer.start()?;
+            faults += 1;
+            // Recovered at the next effect committed after the kill: the new consumer's.
+            // A kill with nothing left to commit has no recovery.
+            let before = effects().await;
+            let given_up = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < given_up.min(deadline) {
+                if effects().await > before {
+                    recovery.push(began.elapsed());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        } else if points.peek().is_none() && queue.waiting().await? == 0 {
+            // Nothing is waiting: once that has held long enough for the consumer to
+            // acknowledge what it took, stop it, and the broker counts what it left
+            // unacknowledged. Anything left is delivered again to a new consumer.
+            let quiet = *quiet_since.get_or_insert_with(Instant::now);
+            if quiet.elapsed() >= Duration::from_millis(300) {
+                consumer.kill().await?;
+                if queue.unacknowledged().await? == 0 {
+                    drained = true;
+                    break;
+                }
+                consumer.start()?;
+                quiet_since = None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        } else {
+            quiet_since = None;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    consumer.kill().await?;
+    // What the broker still holds was never acknowledged.
+    let mut acknowledged = vec![true; keys];
+    for key in queue.take_unacknowledged().await? {
+        let index = key_index(&key).ok_or_else(|| format!("the queue held key {key:?}"))?;
+        acknowledged[index as usize] = false;
+    }
+    queue.delete().await?;
+    let effects = DB::effect_counts(db.inbox.pool(), &db.prefix)
+        .await
+        .map_err(|e| format!("cannot read the effect rows: {e}"))?;
+    let mut report = Report::compare(title, plan.len(), &vec![true; keys], &acknowledged, effects);
+    report.faults = faults;
+    report.recovery = recovery;
+    report.drained = drained;
+    Ok(report)
+}
