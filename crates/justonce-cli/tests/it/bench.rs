@@ -63,10 +63,7 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
     let output = child.wait_with_output().await.unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
-    let results: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
-        .collect();
+    let results = json_lines(&stdout);
     let of = |bench: &str| -> Vec<&serde_json::Value> {
         results.iter().filter(|r| r["bench"] == bench).collect()
     };
@@ -162,10 +159,7 @@ async fn the_sustained_run_reports_a_peak_per_tenth<DB: TestBackend>(test: &str)
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
-    let results: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
-        .collect();
+    let results = json_lines(&stdout);
     let benches: Vec<&str> = results
         .iter()
         .map(|r| r["bench"].as_str().unwrap())
@@ -227,4 +221,12 @@ async fn numbers_out_of_range_are_bad_usage() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(flag), "{stderr}");
     }
+}
+
+/// The bench's `--json` output: one object per line.
+fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect()
 }
