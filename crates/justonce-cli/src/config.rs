@@ -25,6 +25,8 @@ pub struct Settings {
     pub admin_listen: SocketAddr,
     pub database: String,
     pub body_limit: usize,
+    /// How long a delivery the relay took stays hidden from other relays.
+    pub relay_lease: Duration,
     pub sources: Vec<SourceSettings>,
     pub consumers: Vec<ConsumerSettings>,
 }
@@ -117,6 +119,7 @@ struct RawServer {
     admin_listen: Option<String>,
     database: Option<String>,
     body_limit: Option<String>,
+    relay_lease: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -152,7 +155,13 @@ const CONSUMER_KEYS: [&str; 14] = [
     "deliver_for",
     "target_secret",
 ];
-const SERVER_KEYS: [&str; 4] = ["listen", "admin_listen", "database", "body_limit"];
+const SERVER_KEYS: [&str; 5] = [
+    "listen",
+    "admin_listen",
+    "database",
+    "body_limit",
+    "relay_lease",
+];
 const SOURCE_KEYS: [&str; 10] = [
     "scheme",
     "secrets",
@@ -383,15 +392,26 @@ fn validate(
             origin.name(&["server", "body_limit"])
         );
     }
+    let relay_lease = parse_duration(server.relay_lease.as_deref().unwrap_or("60s"))
+        .with_context(|| origin.name(&["server", "relay_lease"]))?;
+    if relay_lease < MIN_RELAY_LEASE {
+        bail!(
+            "{}: must be at least 2s, to give a delivery time within it",
+            origin.name(&["server", "relay_lease"])
+        );
+    }
+    // A delivery still running when its lease ends is sent again by another relay: each
+    // gives up well within the lease.
+    let timeout = (relay_lease / 2).min(HttpDestination::DEFAULT_TIMEOUT);
     let sources = raw
         .sources
         .into_iter()
-        .map(|(name, source)| validate_source(&name, source, env, origin))
+        .map(|(name, source)| validate_source(&name, source, timeout, env, origin))
         .collect::<Result<Vec<_>>>()?;
     let consumers = raw
         .consumers
         .into_iter()
-        .map(|(name, consumer)| validate_consumer(&name, consumer, env, origin))
+        .map(|(name, consumer)| validate_consumer(&name, consumer, timeout, env, origin))
         .collect::<Result<Vec<_>>>()?;
     // Sources and consumers share the store's consumer names and the relay's destinations.
     if let Some(both) = consumers
@@ -409,14 +429,19 @@ fn validate(
         admin_listen: address(server.admin_listen, "127.0.0.1:9090", "admin_listen")?,
         database,
         body_limit,
+        relay_lease,
         sources,
         consumers,
     })
 }
 
+/// The shortest `server.relay_lease`.
+const MIN_RELAY_LEASE: Duration = Duration::from_secs(2);
+
 fn validate_consumer(
     name: &str,
     raw: RawConsumer,
+    timeout: Duration,
     env: &dyn Fn(&str) -> Option<String>,
     origin: &Origin<'_>,
 ) -> Result<ConsumerSettings> {
@@ -540,20 +565,21 @@ fn validate_consumer(
         from,
         options,
         retention,
-        destination: destination(&raw.target, raw.target_secret.as_deref(), env, &at)?,
+        destination: destination(&raw.target, raw.target_secret.as_deref(), timeout, env, &at)?,
         deliver_for,
     })
 }
 
-/// The HTTP target of a source or consumer, signed when it has a secret. `at` names a key
-/// of the source or consumer.
+/// The HTTP target of a source or consumer, signed when it has a secret, giving up on a
+/// delivery after `timeout`. `at` names a key of the source or consumer.
 fn destination(
     target: &str,
     secret: Option<&str>,
+    timeout: Duration,
     env: &dyn Fn(&str) -> Option<String>,
     at: &dyn Fn(&str) -> String,
 ) -> Result<HttpDestination> {
-    let mut destination = HttpDestination::new(target)
+    let mut destination = HttpDestination::with_timeout(target, timeout)
         .with_context(|| format!("{}: must be an http:// or https:// URL", at("target")))?;
     if let Some(reference) = secret {
         destination = resolve_secret(reference, env)
@@ -566,6 +592,7 @@ fn destination(
 fn validate_source(
     name: &str,
     raw: RawSource,
+    timeout: Duration,
     env: &dyn Fn(&str) -> Option<String>,
     origin: &Origin<'_>,
 ) -> Result<SourceSettings> {
@@ -673,7 +700,7 @@ fn validate_source(
         name: name.to_owned(),
         source: Source::new(name, scheme, id).with_context(|| origin.name(&["sources", name]))?,
         retention,
-        destination: destination(&raw.target, raw.target_secret.as_deref(), env, &at)?,
+        destination: destination(&raw.target, raw.target_secret.as_deref(), timeout, env, &at)?,
         deliver_for,
     })
 }
@@ -791,12 +818,14 @@ target = "http://127.0.0.1:9000/hooks/shop"
             ("SHOP_SECRET", "whsec_c2VjcmV0"),
             ("JUSTONCE_SERVER_LISTEN", "127.0.0.1:18080"),
             ("JUSTONCE_SOURCES_SHOP_RETENTION", "10d"),
+            ("JUSTONCE_SERVER_RELAY_LEASE", "5s"),
         ]);
         let settings = load_text(SHOP, &env).unwrap();
         assert_eq!(settings.listen, "127.0.0.1:18080".parse().unwrap());
         assert_eq!(settings.admin_listen, "127.0.0.1:9090".parse().unwrap());
         assert_eq!(settings.database, "sqlite://justonce.db");
         assert_eq!(settings.body_limit, 64 * 1024);
+        assert_eq!(settings.relay_lease, Duration::from_secs(5));
         let shop = &settings.sources[0];
         assert_eq!(shop.source.name(), "shop");
         assert_eq!(shop.retention.keep(), Duration::from_secs(10 * 86_400));
@@ -947,6 +976,11 @@ target = "http://127.0.0.1:9000/hooks/shop"
                 edit("\"64KiB\"", "\"0\""),
                 "server.body_limit (line 4)",
                 "more than zero",
+            ),
+            (
+                edit("body_limit = \"64KiB\"", "relay_lease = \"1500ms\""),
+                "server.relay_lease (line 4)",
+                "at least 2s",
             ),
             (
                 format!("{both}retention = \"1h\"\n"),

@@ -8,7 +8,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use justonce_http::receiver;
-use justonce_sql::{Backend, Consumer, Inbox, Key, Message, Outbox, WorkFuture};
+use justonce_sql::{Backend, Consumer, Inbox, Key, Message, Outbox, RelayOptions, WorkFuture};
 use justonce_transport::Incoming;
 use justonce_transport::amqp::AmqpConsumer;
 use justonce_transport::mqtt::MqttConsumer;
@@ -24,7 +24,10 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let mut sources = Vec::new();
     let source_names: Vec<String> = settings.sources.iter().map(|s| s.name.clone()).collect();
     let consumer_names: Vec<String> = settings.consumers.iter().map(|c| c.name.clone()).collect();
-    let mut relay = inbox.outbox().relay();
+    let mut relay = inbox
+        .outbox()
+        .relay()
+        .options(RelayOptions::default().lease(settings.relay_lease));
     // Each source's and consumer's keys, with how long they are kept: for the purge lag.
     let mut kept = Vec::new();
     for source in &settings.sources {

@@ -229,6 +229,12 @@ pub trait TestBackend: Backend {
     /// The single number a counting query returns.
     fn count<'a>(pool: &'a sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send + 'a;
 
+    /// The single text column a query returns, one value per row.
+    fn texts<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: String,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a;
+
     /// Each key of the effect table under `prefix` with its number of effect rows.
     fn effect_counts<'a>(
         pool: &'a sqlx::Pool<Self>,
@@ -301,6 +307,10 @@ macro_rules! same_on_every_database {
                 .await
                 .unwrap_or_else(|e| panic!("{sql}: {e}"));
             count
+        }
+
+        async fn texts(pool: &sqlx::Pool<Self>, sql: String) -> Result<Vec<String>, sqlx::Error> {
+            sqlx::query_scalar(AssertSqlSafe(sql)).fetch_all(pool).await
         }
 
         async fn effect_counts(

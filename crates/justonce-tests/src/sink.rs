@@ -88,6 +88,11 @@ impl Sink {
         format!("http://{}/hook", self.addr)
     }
 
+    /// How many requests arrived so far.
+    pub fn requests(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+
     /// Every request so far, in arrival order.
     pub fn received(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()

@@ -1,11 +1,15 @@
 //! A relay process for the crash tests: sends outbox rows to an HTTP receiver, and can stop
 //! right after a receiver accepted a row and before the row is marked sent.
 //!
-//! `relay-worker <database-url> <prefix> <receiver-url> <lease-ms> <pause-after-sends>`
+//! `relay-worker <database-url> <prefix> <receiver-url> <lease-ms> <pause-after-sends> [key-per-try]`
 //!
 //! With `pause-after-sends` N > 0 the worker prints `paused after-send` once N rows were
 //! accepted, before recording the Nth, and waits to be killed. With 0 it relays until no
 //! row is left unsent, then prints `drained` and exits.
+//!
+//! `key-per-try` is deliberately broken, for the fault harness's own test: each try of a
+//! row carries a key of its own, so that a receiver acting once per key acts again on a row
+//! sent again.
 
 use justonce_http::HttpDestination;
 use justonce_sql::{Consumer, Delivered, Delivery, Destination, Inbox, Options, RelayOptions};
@@ -20,17 +24,25 @@ use std::time::Duration;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, prefix, receiver, lease_ms, pause_after] = args.as_slice() else {
-        eprintln!(
-            "usage: relay-worker <database-url> <prefix> <receiver-url> <lease-ms> <pause-after-sends>"
-        );
-        return ExitCode::from(2);
+    let (url, prefix, receiver, lease_ms, pause_after, key_per_try) = match args.as_slice() {
+        [url, prefix, receiver, lease_ms, pause_after] => {
+            (url, prefix, receiver, lease_ms, pause_after, false)
+        }
+        [url, prefix, receiver, lease_ms, pause_after, mode] if mode == "key-per-try" => {
+            (url, prefix, receiver, lease_ms, pause_after, true)
+        }
+        _ => {
+            eprintln!(
+                "usage: relay-worker <database-url> <prefix> <receiver-url> <lease-ms> <pause-after-sends> [key-per-try]"
+            );
+            return ExitCode::from(2);
+        }
     };
     let (Ok(lease_ms), Ok(pause_after)) = (lease_ms.parse(), pause_after.parse()) else {
         eprintln!("relay-worker: lease-ms and pause-after-sends are numbers");
         return ExitCode::from(2);
     };
-    let result = justonce_tests::with_backend!(url, DB => relay::<DB>(url, prefix, receiver, lease_ms, pause_after).await);
+    let result = justonce_tests::with_backend!(url, DB => relay::<DB>(url, prefix, receiver, lease_ms, pause_after, key_per_try).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -45,6 +57,7 @@ struct PausingAfterSend {
     inner: HttpDestination,
     accepted: AtomicU64,
     pause_after: u64,
+    key_per_try: bool,
 }
 
 impl Destination for PausingAfterSend {
@@ -53,6 +66,15 @@ impl Destination for PausingAfterSend {
         delivery: Delivery<'a>,
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
         Box::pin(async move {
+            let key_of_this_try = format!("{}#{}", delivery.key, delivery.attempt);
+            let delivery = if self.key_per_try {
+                Delivery {
+                    key: &key_of_this_try,
+                    ..delivery
+                }
+            } else {
+                delivery
+            };
             let delivered = self.inner.deliver(delivery).await;
             if delivered == Delivered::Sent
                 && self.accepted.fetch_add(1, Ordering::SeqCst) + 1 == self.pause_after
@@ -72,6 +94,7 @@ async fn relay<DB: TestBackend>(
     receiver: &str,
     lease_ms: u64,
     pause_after: u64,
+    key_per_try: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let inbox = Inbox::<DB>::connect_with(
         url,
@@ -83,6 +106,7 @@ async fn relay<DB: TestBackend>(
         inner: HttpDestination::new(receiver)?,
         accepted: AtomicU64::new(0),
         pause_after,
+        key_per_try,
     };
     let options = RelayOptions::default()
         .lease(Duration::from_millis(lease_ms))

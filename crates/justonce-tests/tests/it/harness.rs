@@ -189,3 +189,83 @@ async fn postgres_stopped_immediately_during_the_run_loses_and_doubles_nothing()
     assert_eq!(run.1["faults"], 2, "{}", run.1);
     assert!(run.1["recovery_max_ms"].as_u64().is_some(), "{}", run.1);
 }
+
+async fn killed_relay_on(backend: &str) {
+    let args = ["--scenario", "relay-kill", "--backend", backend];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    assert_eq!(figures["faults"], 10, "{figures}");
+    // A kill at the failpoint leaves a row the receiver accepted unmarked: it goes again.
+    assert!(
+        figures["details"]["kills at the failpoint (accepted, not yet marked sent)"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{figures}"
+    );
+    assert!(figures["redeliveries"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(
+        figures["details"]["rows left unsent or dead"], 0,
+        "{figures}"
+    );
+}
+
+#[tokio::test]
+async fn a_relay_killed_ten_times_delivers_every_row_with_one_key_on_postgres() {
+    killed_relay_on("postgres").await
+}
+
+#[tokio::test]
+async fn a_relay_killed_ten_times_delivers_every_row_with_one_key_on_mysql() {
+    killed_relay_on("mysql").await
+}
+
+#[tokio::test]
+async fn a_relay_killed_ten_times_delivers_every_row_with_one_key_on_sqlite() {
+    killed_relay_on("sqlite").await
+}
+
+#[tokio::test]
+async fn the_check_reports_doubles_when_the_relay_sends_a_new_key_per_try() {
+    let (code, figures) = harness(&["--scenario", "relay-kill", "--broken", "key-per-try"]).await;
+    assert!(figures["duplicated"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(code, 1, "{figures}");
+}
+
+async fn killed_server_on(backend: &str) {
+    let args = ["--scenario", "serve-kill", "--backend", backend];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    assert_eq!(figures["faults"], 10, "{figures}");
+    let answers = |status: &str| {
+        figures["details"][format!("answered 200 {status}")]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    // Each send ends with a 2xx: as new at most once per event, as a duplicate for each copy
+    // sent after a 2xx, and for a retry whose first answer was lost in a kill.
+    assert_eq!(
+        answers("accepted") + answers("duplicate"),
+        figures["deliveries"].as_u64().unwrap(),
+        "{figures}"
+    );
+    assert!(answers("accepted") <= 1_000, "{figures}");
+    assert!(answers("duplicate") >= 100, "{figures}");
+}
+
+#[tokio::test]
+async fn a_server_killed_ten_times_acts_once_on_every_acknowledged_webhook_on_postgres() {
+    killed_server_on("postgres").await
+}
+
+#[tokio::test]
+async fn a_server_killed_ten_times_acts_once_on_every_acknowledged_webhook_on_mysql() {
+    killed_server_on("mysql").await
+}
+
+#[tokio::test]
+async fn a_server_killed_ten_times_acts_once_on_every_acknowledged_webhook_on_sqlite() {
+    killed_server_on("sqlite").await
+}

@@ -3,7 +3,7 @@
 //! database's effect rows against what was attempted and acknowledged.
 //!
 //! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite] [--broker amqp|redis]
-//! [--short] [--json] [--broken ack-before-commit|separate-claim] [--seed N]`
+//! [--short] [--json] [--broken ack-before-commit|separate-claim|key-per-try] [--seed N]`
 //!
 //! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
 //! the check catches what it is there to catch: such a run must report violations.
@@ -34,12 +34,25 @@
 //!   `--broker` (`amqp`: RabbitMQ, `redis`: a Redis stream read by a consumer group),
 //!   consumed by one `broker-worker` process, the project's real consumer, SIGKILLed 100 times (short: 10) at random moments and restarted, until the
 //!   broker holds nothing unacknowledged.
+//! - `relay-kill`: 20,000 outbox rows (short: 2,000) delivered by the project's relay, a
+//!   `relay-worker` process, to an HTTP receiver inside the harness; the relay SIGKILLed 100
+//!   times (short: 10), every fourth time at its failpoint (a row accepted, not yet marked
+//!   sent), and started again, until every row is marked sent.
+//! - `serve-kill`: 10,000 signed webhooks (short: 1,000), a tenth sent again after their
+//!   2xx, posted to `justonce serve` by eight senders that retry until 2xx; the server
+//!   SIGKILLed 100 times (short: 10) and started again at once; it forwards each event to
+//!   an HTTP receiver inside the harness.
+//!
+//! Behind an HTTP receiver an effect is a distinct `Idempotency-Key`: a row or an event that
+//! arrives with two keys would act twice at a receiver that acts once per key.
 
 mod broker;
 mod cluster;
 mod proxy;
 mod real_broker;
+mod relay_kill;
 mod report;
+mod serve_kill;
 
 use broker::{Faults, Workers};
 use justonce_tests::{BACKENDS, TestBackend, TestDb};
@@ -49,14 +62,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 8] = [
     "kill",
     "storm",
     "hot-keys",
     "commit-cut",
     "pg-immediate",
     "broker-kill",
+    "relay-kill",
+    "serve-kill",
 ];
+
+/// The deliberately broken modes `--broken` takes; each scenario takes some of them.
+const BROKEN_MODES: [&str; 3] = ["ack-before-commit", "separate-claim", "key-per-try"];
 
 struct Args {
     scenario: String,
@@ -98,9 +116,7 @@ impl Args {
                 "--short" => args.short = true,
                 "--json" => args.json = true,
                 "--broken" => {
-                    args.mode = raw
-                        .next()
-                        .filter(|m| ["ack-before-commit", "separate-claim"].contains(&m.as_str()))?
+                    args.mode = raw.next().filter(|m| BROKEN_MODES.contains(&m.as_str()))?
                 }
                 "--seed" => args.seed = raw.next()?.parse().ok().filter(|s| *s != 0)?,
                 _ => return None,
@@ -161,9 +177,10 @@ async fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let Some(args) = Args::parse() else {
         eprintln!(
-            "usage: fault-harness --scenario {} [--backend postgres|mysql|sqlite] [--broker {}] [--short] [--json] [--broken ack-before-commit|separate-claim] [--seed N]",
+            "usage: fault-harness --scenario {} [--backend postgres|mysql|sqlite] [--broker {}] [--short] [--json] [--broken {}] [--seed N]",
             SCENARIOS.join("|"),
-            real_broker::BROKERS.join("|")
+            real_broker::BROKERS.join("|"),
+            BROKEN_MODES.join("|")
         );
         return ExitCode::from(2);
     };
@@ -208,6 +225,17 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
             args.scenario
         ));
     }
+    let broken_modes: &[&str] = match args.scenario.as_str() {
+        "relay-kill" => &["key-per-try"],
+        "serve-kill" => &[],
+        _ => &["ack-before-commit", "separate-claim"],
+    };
+    if args.mode != "correct" && !broken_modes.contains(&args.mode.as_str()) {
+        return Err(format!(
+            "{} has no deliberately broken mode {}",
+            args.scenario, args.mode
+        ));
+    }
     if args.scenario == "broker-kill"
         && args.mode != "correct"
         && (args.mode.as_str(), args.broker.as_str()) != ("ack-before-commit", "amqp")
@@ -244,10 +272,11 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         args.seed
     );
     let started = std::time::Instant::now();
-    let mut report = if args.scenario == "broker-kill" {
-        real_broker::broker_kill(args, &db, &mut rng, title).await?
-    } else {
-        through_own_broker(args, &db, &mut rng, cluster.clone(), title).await?
+    let mut report = match args.scenario.as_str() {
+        "broker-kill" => real_broker::broker_kill(args, &db, &mut rng, title).await?,
+        "relay-kill" => relay_kill::relay_kill(args, &db, &mut rng, title).await?,
+        "serve-kill" => serve_kill::serve_kill::<DB>(args, &mut rng, title).await?,
+        _ => through_own_broker(args, &db, &mut rng, cluster.clone(), title).await?,
     };
     report.details.push((
         "drained in (ms)".to_owned(),

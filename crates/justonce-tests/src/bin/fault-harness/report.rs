@@ -1,9 +1,49 @@
 //! The check: the broker's record against the effect rows in the database, and the table
 //! (or JSON) it prints.
 
-use crate::broker::{Record, key_name};
-use std::collections::HashMap;
+use crate::broker::{Record, key_index, key_name};
+use justonce_tests::Received;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
+
+/// The effects at an HTTP receiver that acts once per `Idempotency-Key`, from every request
+/// it received: each workload key with the number of distinct keys its requests carried (two
+/// would be two effects there). A request whose body names no workload key is an effect of a
+/// key the workload never had. Also returns the requests repeated beyond one per workload
+/// key.
+pub fn receiver_effects(received: &[Received]) -> (Vec<(String, i64)>, u64) {
+    let mut keys_by_index: HashMap<u32, HashSet<Option<&str>>> = HashMap::new();
+    let mut effects = Vec::new();
+    for (n, request) in received.iter().enumerate() {
+        match workload_index(&request.body) {
+            Some(index) => {
+                keys_by_index
+                    .entry(index)
+                    .or_default()
+                    .insert(request.key.as_deref());
+            }
+            None => effects.push((format!("request {n} with an unknown body"), 1)),
+        }
+    }
+    let repeated = (received.len() - effects.len() - keys_by_index.len()) as u64;
+    effects.extend(
+        keys_by_index
+            .into_iter()
+            .map(|(index, keys)| (key_name(index), keys.len() as i64)),
+    );
+    (effects, repeated)
+}
+
+/// The workload key a request body carries: the key's name, alone or as the `id` of a JSON
+/// object.
+fn workload_index(body: &[u8]) -> Option<u32> {
+    let body = std::str::from_utf8(body).ok()?;
+    let name = match body.strip_prefix("{\"id\":\"") {
+        Some(rest) => rest.split('"').next()?,
+        None => body,
+    };
+    key_index(name)
+}
 
 /// The figures of one run.
 pub struct Report {

@@ -1,0 +1,391 @@
+//! `serve-kill`: signed webhooks posted to `justonce serve`, the shipped binary, by senders
+//! that retry each event until it is answered 2xx, as webhook senders do, while the server
+//! is SIGKILLed at random moments and started again. A tenth of the events are sent a
+//! second time after their 2xx, as senders do. The server forwards each event to a receiver
+//! inside the harness with the event's key.
+//!
+//! An event answered 2xx is acknowledged: it must reach the receiver, and every request
+//! for it must carry the same key, so that a receiver acting once per `Idempotency-Key`
+//! acts once.
+
+use crate::broker::{key_name, sibling};
+use crate::report::{Report, receiver_effects};
+use crate::{Args, Rng};
+use hmac::{Hmac, Mac};
+use justonce_tests::{Sink, TestBackend};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+/// The source's signing secret.
+const SECRET: &str = "harness-secret";
+
+/// Senders posting at once.
+const SENDERS: usize = 8;
+
+pub async fn serve_kill<DB: TestBackend>(
+    args: &Args,
+    rng: &mut Rng,
+    title: String,
+) -> Result<Report, String> {
+    let events = args.size(1_000, 10_000);
+    let kills = args.size(10, 100);
+    let deadline = Instant::now() + Duration::from_secs(args.size(120, 1200) as u64);
+    // The server uses its default table names: it gets a database of its own.
+    let database = DB::create_database(&format!("harness_serve_{}", std::process::id())).await;
+    let sink = Sink::start().await;
+    let mut server = Server::configure(&database, &sink.url())?;
+    let mut result = send_while_killing(events, kills, deadline, rng, &mut server).await;
+    if let Ok(sent) = &mut result {
+        sent.drained &= reached(&sink, &sent.acknowledged, deadline).await;
+    }
+    let stopped = server.stop().await;
+    let received = sink.received();
+    let _ = std::fs::remove_file(&server.config);
+    DB::drop_database(&database).await;
+    let sent = result?;
+    stopped?;
+
+    let (effects, repeated) = receiver_effects(&received);
+    let attempted = vec![true; events];
+    let mut report = Report::compare(
+        title,
+        sent.tries.len(),
+        &attempted,
+        &sent.acknowledged,
+        effects,
+    );
+    report.redeliveries = Some(sent.tries.iter().sum::<u64>() - sent.tries.len() as u64);
+    report.faults = sent.killed_at.len();
+    report.recovery = sent
+        .killed_at
+        .iter()
+        .filter_map(|(began, dead)| {
+            let next = sent.answered.iter().find(|at| *at > dead)?;
+            Some(*next - *began)
+        })
+        .collect();
+    report.drained = sent.drained;
+    report.details = [
+        ("sent again after a 2xx, on purpose".to_owned(), sent.again),
+        ("requests at the receiver".to_owned(), received.len() as u64),
+        ("requests repeated at the receiver".to_owned(), repeated),
+    ]
+    .into_iter()
+    .chain(
+        sent.answers
+            .into_iter()
+            .map(|(answer, count)| (format!("answered {answer}"), count)),
+    )
+    .collect();
+    Ok(report)
+}
+
+/// What the senders saw.
+struct Sent {
+    /// Tries of each send, in plan order.
+    tries: Vec<u64>,
+    acknowledged: Vec<bool>,
+    /// Every 2xx, when it was read.
+    answered: Vec<Instant>,
+    /// Answers by status and, for a 2xx, the body's `status`; `no answer` when the
+    /// connection failed.
+    answers: BTreeMap<String, u64>,
+    again: u64,
+    /// When each kill was sent, and when the process was gone.
+    killed_at: Vec<(Instant, Instant)>,
+    /// Whether every send was answered 2xx and the receiver got every event before the
+    /// deadline.
+    drained: bool,
+}
+
+/// The state the sender tasks share.
+#[derive(Default)]
+struct Senders {
+    plan: Mutex<VecDeque<(usize, u32)>>,
+    acknowledged: Mutex<Vec<bool>>,
+    tries: Mutex<Vec<u64>>,
+    answered: Mutex<Vec<Instant>>,
+    answers: Mutex<BTreeMap<String, u64>>,
+    acks: AtomicUsize,
+}
+
+async fn send_while_killing(
+    events: usize,
+    kills: usize,
+    deadline: Instant,
+    rng: &mut Rng,
+    server: &mut Server,
+) -> Result<Sent, String> {
+    let mut plan: Vec<u32> = (0..events as u32).chain(0..events as u32 / 10).collect();
+    rng.shuffle(&mut plan);
+    let sends = plan.len();
+    server.start().await?;
+    let state = Arc::new(Senders {
+        plan: Mutex::new(plan.into_iter().enumerate().collect()),
+        acknowledged: Mutex::new(vec![false; events]),
+        tries: Mutex::new(vec![0; sends]),
+        ..Senders::default()
+    });
+    let client = reqwest::Client::new();
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|_| {
+            let (state, client, url) = (Arc::clone(&state), client.clone(), server.hooks_url());
+            tokio::spawn(async move { send(&state, &client, &url, deadline).await })
+        })
+        .collect();
+
+    let mut points: Vec<usize> = (0..kills)
+        .map(|_| sends / 20 + rng.below(sends as u64 * 16 / 20) as usize)
+        .collect();
+    points.sort_unstable();
+    let mut killed_at = Vec::new();
+    for point in points {
+        while state.acks.load(Ordering::Relaxed) < point && Instant::now() < deadline {
+            server.failed()?;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+        killed_at.push(server.kill().await?);
+        // Started again at once, not waited for: the senders retry until it answers.
+        server.spawn()?;
+    }
+    let mut all_sent = true;
+    for sender in senders {
+        all_sent &= sender.await.map_err(|e| e.to_string())?;
+    }
+    let acknowledged = std::mem::take(&mut *state.acknowledged.lock().unwrap());
+    let answered = std::mem::take(&mut *state.answered.lock().unwrap());
+    Ok(Sent {
+        tries: std::mem::take(&mut *state.tries.lock().unwrap()),
+        acknowledged,
+        answered,
+        answers: std::mem::take(&mut *state.answers.lock().unwrap()),
+        again: (events / 10) as u64,
+        killed_at,
+        drained: all_sent,
+    })
+}
+
+/// Takes sends from the plan and posts each until it is answered 2xx; false if the deadline
+/// came first.
+async fn send(state: &Senders, client: &reqwest::Client, url: &str, deadline: Instant) -> bool {
+    loop {
+        let Some((send, index)) = state.plan.lock().unwrap().pop_front() else {
+            return true;
+        };
+        let body = format!(r#"{{"id":"{}","n":{index}}}"#, key_name(index));
+        let signature = signature(body.as_bytes());
+        loop {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            state.tries.lock().unwrap()[send] += 1;
+            let answer = client
+                .post(url)
+                .header("content-type", "application/json")
+                .header("x-signature", &signature)
+                .body(body.clone())
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await;
+            let (accepted, name) = match answer {
+                Ok(response) if response.status().is_success() => {
+                    let status = response.status().as_u16();
+                    let text = response.text().await.unwrap_or_default();
+                    (true, format!("{status} {}", answer_status(&text)))
+                }
+                Ok(response) => (false, response.status().as_u16().to_string()),
+                Err(_) => (false, "no answer".to_owned()),
+            };
+            *state.answers.lock().unwrap().entry(name).or_default() += 1;
+            if accepted {
+                state.acknowledged.lock().unwrap()[index as usize] = true;
+                state.answered.lock().unwrap().push(Instant::now());
+                state.acks.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            // A sender backs off before trying again; the server may be starting.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Waits until every acknowledged event has reached the receiver, and no request came for
+/// a moment after that (a repeated delivery would show); false if the deadline came first.
+async fn reached(sink: &Sink, acknowledged: &[bool], deadline: Instant) -> bool {
+    let expected = acknowledged.iter().filter(|ack| **ack).count();
+    let mut quiet = None;
+    while Instant::now() < deadline {
+        let requests = sink.requests();
+        let (effects, _) = receiver_effects(&sink.received());
+        if effects.len() >= expected {
+            let (since, seen) = *quiet.get_or_insert((Instant::now(), requests));
+            if seen != requests {
+                quiet = None;
+            } else if since.elapsed() >= Duration::from_millis(500) {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// The `status` field of the server's JSON answer (`accepted`, `duplicate`).
+fn answer_status(text: &str) -> &str {
+    text.split("\"status\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("")
+}
+
+/// The source's signature of `body`: hex HMAC-SHA256 with a `sha256=` prefix.
+fn signature(body: &[u8]) -> String {
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).expect("any key");
+    mac.update(body);
+    let hex: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    format!("sha256={hex}")
+}
+
+/// `justonce serve` with one source forwarding to the receiver.
+struct Server {
+    config: PathBuf,
+    public: String,
+    running: Option<Child>,
+}
+
+impl Server {
+    fn configure(database: &str, target: &str) -> Result<Self, String> {
+        let (public, admin) = (free_port()?, free_port()?);
+        let config = std::env::temp_dir().join(format!("justonce-harness-{public}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                r#"[server]
+listen = "127.0.0.1:{public}"
+admin_listen = "127.0.0.1:{admin}"
+database = "{database}"
+# Deliveries a killed server had in flight go again when their lease ends.
+relay_lease = "2s"
+
+[sources.demo]
+scheme = "hmac-sha256"
+secrets = ["env:HARNESS_SECRET"]
+id = "json:/id"
+target = "{target}"
+"#
+            ),
+        )
+        .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+        Ok(Self {
+            config,
+            public: format!("http://127.0.0.1:{public}"),
+            running: None,
+        })
+    }
+
+    fn hooks_url(&self) -> String {
+        format!("{}/webhooks/demo", self.public)
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let child = Command::new(sibling("justonce"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("serve")
+            .env("HARNESS_SECRET", SECRET)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                format!("cannot start justonce serve (built by cargo build -p justonce-cli): {e}")
+            })?;
+        self.running = Some(child);
+        Ok(())
+    }
+
+    /// Starts the server and waits until it answers.
+    async fn start(&mut self) -> Result<(), String> {
+        self.spawn()?;
+        let client = reqwest::Client::new();
+        let health = format!("{}/healthz", self.public);
+        for _ in 0..400 {
+            self.failed()?;
+            if client
+                .get(&health)
+                .send()
+                .await
+                .is_ok_and(|answer| answer.status().is_success())
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err("justonce serve did not answer in 10 s".to_owned())
+    }
+
+    /// SIGKILLs the server; when the kill was sent, and when the process was gone.
+    async fn kill(&mut self) -> Result<(Instant, Instant), String> {
+        let began = Instant::now();
+        if let Some(mut child) = self.running.take() {
+            child
+                .kill()
+                .await
+                .map_err(|e| format!("cannot kill the server: {e}"))?;
+        }
+        Ok((began, Instant::now()))
+    }
+
+    /// An error if the server exited on its own: it failed.
+    fn failed(&mut self) -> Result<(), String> {
+        if let Some(child) = &mut self.running
+            && let Some(status) = child.try_wait().map_err(|e| e.to_string())?
+        {
+            return Err(format!("justonce serve exited on its own: {status}"));
+        }
+        Ok(())
+    }
+
+    /// Stops the server with SIGTERM, which lets the relay finish its round, once it has
+    /// had time to deliver what it accepted.
+    async fn stop(&mut self) -> Result<(), String> {
+        let Some(child) = self.running.take() else {
+            return Ok(());
+        };
+        let pid = child.id().ok_or("the server's process id")?.to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("kill -TERM {pid}: {status}"));
+        }
+        let output = tokio::time::timeout(Duration::from_secs(40), child.wait_with_output())
+            .await
+            .map_err(|_| "justonce serve did not stop on SIGTERM")?
+            .map_err(|e| e.to_string())?;
+        if !output.status.success() {
+            return Err(format!("justonce serve exited with {}", output.status));
+        }
+        Ok(())
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+}
