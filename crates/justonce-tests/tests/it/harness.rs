@@ -153,9 +153,18 @@ async fn sixty_four_consumers_on_the_same_keys_take_effect_once_per_key_on_sqlit
 }
 
 #[tokio::test]
-async fn a_commit_whose_answer_is_cut_is_resolved_by_reading_the_key_and_never_acknowledged_unknown()
- {
-    let args = ["--scenario", "commit-cut", "--backend", "postgres"];
+async fn a_commit_whose_answer_is_cut_is_resolved_by_reading_the_key_on_postgres() {
+    commit_cut_on("postgres").await
+}
+
+#[tokio::test]
+async fn a_commit_whose_answer_is_cut_is_resolved_by_reading_the_key_on_mysql() {
+    commit_cut_on("mysql").await
+}
+
+/// Every cut resolved by reading the key, and never acknowledged while unknown.
+async fn commit_cut_on(backend: &str) {
+    let args = ["--scenario", "commit-cut", "--backend", backend];
     let run = harness(&args).await;
     assert_clean(&args, &run);
     let details = &run.1["details"];

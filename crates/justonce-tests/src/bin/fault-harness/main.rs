@@ -20,7 +20,7 @@
 //!   ten deliveries close together, to four worker processes of four lanes each.
 //! - `hot-keys`: 64 consumers (four processes of 16 lanes) on 100 keys at a time, every
 //!   consumer given every key of a round; 100 rounds of 100 keys (short: 10).
-//! - `commit-cut` (PostgreSQL): one worker process of four lanes reaches the database
+//! - `commit-cut` (PostgreSQL, MariaDB): one worker process of four lanes reaches the database
 //!   through a proxy that cuts 300 connections (short: 30) at COMMIT, half after
 //!   forwarding it and half before, every sixth opening an outage of 1.5 s: every
 //!   connection broken and new ones refused, longer than the worker's three attempts take
@@ -217,13 +217,11 @@ async fn main() -> ExitCode {
 
 async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> {
     let mut rng = Rng(args.seed);
-    if ["commit-cut", "pg-immediate"].contains(&args.scenario.as_str())
-        && args.backend != "postgres"
-    {
-        return Err(format!(
-            "{} runs on PostgreSQL only: --backend postgres",
-            args.scenario
-        ));
+    if args.scenario == "pg-immediate" && args.backend != "postgres" {
+        return Err("pg-immediate runs on PostgreSQL only: --backend postgres".to_owned());
+    }
+    if args.scenario == "commit-cut" && args.backend == "sqlite" {
+        return Err("commit-cut needs a database server: --backend postgres or mysql".to_owned());
     }
     let broken_modes: &[&str] = match args.scenario.as_str() {
         "relay-kill" => &["key-per-try"],
@@ -408,7 +406,8 @@ fn hot_keys<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Sce
     }
 }
 
-/// One worker whose connections to PostgreSQL are cut at COMMIT by the harness's proxy.
+/// One worker whose connections to the database server are cut at COMMIT by the harness's
+/// proxy.
 async fn commit_cut<DB: TestBackend>(
     args: &Args,
     db: &TestDb<DB>,
@@ -424,8 +423,14 @@ async fn commit_cut<DB: TestBackend>(
         outage_every: 6,
         outage: Duration::from_millis(1500),
     };
+    let commit = if args.backend == "mysql" {
+        proxy::MYSQL_COMMIT
+    } else {
+        proxy::POSTGRES_COMMIT
+    };
     let proxy = proxy::Proxy::start(
         server.to_owned(),
+        commit,
         plan,
         Rng(rng.below(u64::MAX) | 1),
         faults,

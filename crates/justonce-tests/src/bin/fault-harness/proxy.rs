@@ -1,4 +1,5 @@
-//! A TCP proxy between the workers and PostgreSQL that cuts connections at COMMIT: after
+//! A TCP proxy between the workers and PostgreSQL or MariaDB that cuts connections at
+//! COMMIT: after
 //! forwarding it (the server commits, the client never hears so) or before (the server
 //! rolls back). Some cuts open an outage: every connection is broken and new ones are
 //! refused for a while, longer than a worker tries to resolve its commit.
@@ -11,8 +12,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-/// sqlx sends COMMIT as a simple query: `Q`, the length (4 + 7) and the text with its NUL.
-const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// sqlx sends COMMIT to PostgreSQL as a simple query: `Q`, the length (4 + 7) and the text
+/// with its NUL.
+pub const POSTGRES_COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+/// sqlx sends COMMIT to MariaDB as a text query: the payload's length (3 bytes), the
+/// sequence number 0, `COM_QUERY` and the text.
+pub const MYSQL_COMMIT: &[u8] = b"\x07\0\0\0\x03COMMIT";
 
 /// One cut: the key whose transaction it was, and whether COMMIT reached the server.
 #[derive(Clone, Copy)]
@@ -33,6 +39,8 @@ pub struct Plan {
 
 struct State {
     plan: Plan,
+    /// The bytes of a COMMIT in the server's protocol.
+    commit: &'static [u8],
     rng: Rng,
     cuts: Vec<Cut>,
     refuse_until: Option<Instant>,
@@ -45,10 +53,11 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Listens on a free port and forwards to `upstream` (`host:port`). Each outage is sent
-    /// to `faults` as (began, ended).
+    /// Listens on a free port and forwards to `upstream` (`host:port`), watching for
+    /// `commit`. Each outage is sent to `faults` as (began, ended).
     pub async fn start(
         upstream: String,
+        commit: &'static [u8],
         plan: Plan,
         rng: Rng,
         faults: mpsc::UnboundedSender<(Instant, Instant)>,
@@ -57,6 +66,7 @@ impl Proxy {
         let port = listener.local_addr()?.port();
         let state = Arc::new(Mutex::new(State {
             plan,
+            commit,
             rng,
             cuts: Vec::new(),
             refuse_until: None,
@@ -119,6 +129,7 @@ impl Connection {
                 }
             }
         };
+        let commit = self.state.lock().expect("proxy state").commit;
         let requests = async move {
             let mut buffer = vec![0; 64 * 1024];
             // The last workload key this connection sent: the key of its transaction.
@@ -130,7 +141,7 @@ impl Connection {
                 }
                 let chunk = &buffer[..read];
                 key = last_key(chunk).or(key);
-                if chunk.windows(COMMIT.len()).any(|w| w == COMMIT)
+                if chunk.windows(commit.len()).any(|w| w == commit)
                     && let Some(forward) = self.decide(key)
                 {
                     if forward {
