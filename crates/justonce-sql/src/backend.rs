@@ -33,6 +33,20 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn connect(url: &str) -> impl Future<Output = Result<sqlx::Pool<Self>, Error>> + Send;
 
+    /// Claims the key and writes its forwarding outbox row in one statement, committed on
+    /// its own: one round trip. Returns the claim id and fingerprint of the row that holds
+    /// the key afterwards, or no row when a holder committed after the statement's
+    /// snapshot. `None` where the database cannot do it in one statement.
+    #[doc(hidden)]
+    fn claim_and_forward<'a>(
+        _pool: &'a sqlx::Pool<Self>,
+        _sql: &'a Self::Statements,
+        _row: ClaimRow<'a>,
+        _outbox: NewOutboxRow<'a>,
+    ) -> Option<ClaimAndForward<'a>> {
+        None
+    }
+
     /// Inserts the key unless present, returning the row that holds it afterwards.
     #[doc(hidden)]
     fn claim<'a>(
@@ -212,6 +226,12 @@ pub trait Backend: sqlx::Database + Sealed {
     ) -> impl Future<Output = Result<(), Error>> + Send + '_;
 }
 
+/// The statement of [`Backend::claim_and_forward`], running.
+#[doc(hidden)]
+pub type ClaimAndForward<'a> = std::pin::Pin<
+    Box<dyn Future<Output = Result<Option<(i64, Vec<u8>)>, sqlx::Error>> + Send + 'a>,
+>;
+
 pub(crate) use private::Sealed;
 mod private {
     pub trait Sealed {}
@@ -222,6 +242,7 @@ mod private {
 #[derive(Debug)]
 pub struct Statements {
     pub(crate) claim: Arc<str>,
+    pub(crate) claim_and_forward: Option<Arc<str>>,
     pub(crate) find: Arc<str>,
     pub(crate) insert_many: Arc<str>,
     pub(crate) find_many: Arc<str>,
@@ -257,6 +278,8 @@ pub struct Statements {
 /// The statements whose text differs between databases beyond the clock.
 pub(crate) struct Specific {
     pub(crate) claim: String,
+    /// The claim and a forwarding outbox row in one statement, where the database can.
+    pub(crate) claim_and_forward: Option<String>,
     pub(crate) insert_many: String,
     pub(crate) find_many: String,
     pub(crate) has_unique_constraint: String,
@@ -297,6 +320,7 @@ impl Statements {
         let text = |sql: String| Arc::<str>::from(sql);
         Self {
             claim: text(specific.claim),
+            claim_and_forward: specific.claim_and_forward.map(text),
             find: text(format!(
                 "SELECT claim_id, fingerprint FROM {keys}
                  WHERE scope = $1 AND consumer = $2 AND key = $3"

@@ -3,7 +3,7 @@
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, database_error, vanished,
+    Backend, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored, database_error, vanished,
 };
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
@@ -388,43 +388,149 @@ impl<DB: Backend> Inbox<DB> {
         E: std::error::Error + Send + Sync + 'static,
     {
         let identity = self.identity(key);
-        let span = tracing::debug_span!(
-            "justonce.run",
-            scope = %identity.scope,
-            consumer = %identity.consumer,
-            key = %identity.key,
-        );
         let fingerprint = Fingerprint::of(payload);
-        if let Some(stored) = self.shared.recent.get(&identity) {
-            let _entered = span.enter();
-            let outcome = if stored == fingerprint {
-                Outcome::Duplicate
-            } else {
-                Outcome::KeyReused {
-                    stored,
-                    received: fingerprint,
-                }
-            };
-            count_claim(&outcome, "recent");
-            return Ok(outcome);
+        async {
+            if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
+                return Ok(outcome);
+            }
+            self.run_attempts(&identity, fingerprint, work, None).await
         }
-        self.run_attempts(&identity, fingerprint, work)
-            .instrument(span)
-            .await
+        .instrument(run_span(&identity))
+        .await
+    }
+
+    /// [`Inbox::run`] with [`Inbox::forward`] of `message` as the whole work: the webhook
+    /// receiver's and the pass-through consumer's run. On PostgreSQL the claim, the outbox
+    /// row and the commit are one statement, one round trip instead of four; elsewhere, and
+    /// when that statement must be tried again, it runs as `run` does, with the same retries
+    /// and the same reading back of a commit whose answer was lost.
+    ///
+    /// ```no_run
+    /// # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), justonce_sql::Error> {
+    /// use justonce_sql::{Key, Message, Outcome};
+    ///
+    /// let body = br#"{"id":"evt_1"}"#;
+    /// let key = Key::new("shop:evt_1")?;
+    /// let message = Message::new("shop", body.to_vec()).header("content-type", "application/json");
+    /// match inbox.run_forward(&key, body, message).await? {
+    ///     Outcome::Processed(()) => println!("stored; the relay sends it on with its key"),
+    ///     Outcome::Duplicate => println!("seen before: nothing written"),
+    ///     Outcome::KeyReused { .. } => println!("same key, another body: nothing written"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_forward(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        message: Message,
+    ) -> Result<Outcome<()>, Error> {
+        let identity = self.identity(key);
+        let fingerprint = Fingerprint::of(payload);
+        async {
+            if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
+                return Ok(outcome);
+            }
+            let claim_id = random_claim_id();
+            let row = ClaimRow {
+                identity: &identity,
+                fingerprint: &fingerprint,
+                claim_id,
+            };
+            let outbox = NewOutboxRow {
+                scope: self.scope.as_str(),
+                key: key.as_str(),
+                destination: &message.destination,
+                payload: &message.payload,
+                headers: message.headers_json(),
+            };
+            let mut unknown_commit = None;
+            if let Some(statement) =
+                DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox)
+            {
+                match statement.await {
+                    Ok(Some((stored_claim_id, stored_fingerprint))) => {
+                        let stored = Stored::decode(stored_claim_id, stored_fingerprint)?;
+                        let outcome = if stored.claim_id == claim_id {
+                            Outcome::Processed(())
+                        } else {
+                            skipped(&identity, stored.fingerprint, fingerprint)
+                        };
+                        self.settled(&identity, fingerprint, &outcome);
+                        return Ok(outcome);
+                    }
+                    // A holder committed after the statement's snapshot: the transaction
+                    // below reads it.
+                    Ok(None) => {}
+                    // The statement was its own commit: its answer was lost.
+                    Err(error) if DB::is_commit_unknown(&error) => {
+                        unknown_commit = Some((claim_id, ()));
+                    }
+                    Err(error) if DB::is_retryable(&error) => {}
+                    Err(error) => return Err(database_error::<DB>(error)),
+                }
+            }
+            let forwarded = self.run_attempts(
+                &identity,
+                fingerprint,
+                |tx| {
+                    let message = message.clone();
+                    Box::pin(async move { self.forward(tx, key, message).await.map(|_| ()) })
+                },
+                unknown_commit,
+            );
+            forwarded.await.map_err(|error| match error {
+                RunError::Store(error) | RunError::Work(error) => error,
+            })
+        }
+        .instrument(run_span(&identity))
+        .await
+    }
+
+    /// The outcome of a key this process saw committed recently, without asking the
+    /// database.
+    fn recently_settled<T>(
+        &self,
+        identity: &Identity,
+        fingerprint: Fingerprint,
+    ) -> Option<Outcome<T>> {
+        let stored = self.shared.recent.get(identity)?;
+        let outcome = if stored == fingerprint {
+            Outcome::Duplicate
+        } else {
+            Outcome::KeyReused {
+                stored,
+                received: fingerprint,
+            }
+        };
+        count_claim(&outcome, "recent");
+        Some(outcome)
+    }
+
+    /// Records a run's outcome that the database answered: the key is committed.
+    fn settled<T>(&self, identity: &Identity, fingerprint: Fingerprint, outcome: &Outcome<T>) {
+        let committed_with = match outcome {
+            Outcome::KeyReused { stored, .. } => *stored,
+            Outcome::Processed(_) | Outcome::Duplicate => fingerprint,
+        };
+        self.shared.recent.insert(identity, committed_with);
+        count_claim(outcome, "database");
     }
 
     /// The transactions of [`Inbox::run`], until one commits or fails for good.
+    /// `unknown_commit` holds the claim id and result of an earlier try whose commit's
+    /// answer was lost, if there was one.
     async fn run_attempts<'env, T, E, F>(
         &self,
         identity: &Identity,
         fingerprint: Fingerprint,
         mut work: F,
+        mut unknown_commit: Option<(i64, T)>,
     ) -> Result<Outcome<T>, RunError<E>>
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let mut unknown_commit = None;
         let mut attempt = 1;
         loop {
             let failed = match self
@@ -432,12 +538,7 @@ impl<DB: Backend> Inbox<DB> {
                 .await
             {
                 Ok(outcome) => {
-                    let committed_with = match &outcome {
-                        Outcome::KeyReused { stored, .. } => *stored,
-                        Outcome::Processed(_) | Outcome::Duplicate => fingerprint,
-                    };
-                    self.shared.recent.insert(identity, committed_with);
-                    count_claim(&outcome, "database");
+                    self.settled(identity, fingerprint, &outcome);
                     return Ok(outcome);
                 }
                 Err(failed) => failed,
@@ -513,16 +614,7 @@ impl<DB: Backend> Inbox<DB> {
                 tracing::debug!(key = %identity.key, "the commit whose answer was lost had happened");
                 return Ok(Outcome::Processed(value));
             }
-            return Ok(match judge(false, stored.fingerprint, fingerprint) {
-                Claim::KeyReused { stored, received } => {
-                    tracing::warn!(key = %identity.key, consumer = %identity.consumer, "same key, different payload: skipped");
-                    Outcome::KeyReused { stored, received }
-                }
-                _ => {
-                    tracing::debug!(key = %identity.key, consumer = %identity.consumer, "duplicate: skipped");
-                    Outcome::Duplicate
-                }
-            });
+            return Ok(skipped(identity, stored.fingerprint, fingerprint));
         }
         // This attempt holds the key, so no earlier commit happened.
         *unknown_commit = None;
@@ -687,6 +779,28 @@ fn judge(holds: bool, stored: Fingerprint, received: Fingerprint) -> Claim {
     } else {
         Claim::KeyReused { stored, received }
     }
+}
+
+/// The outcome of a claim that found the key held by another: a duplicate, or the key
+/// reused with another payload.
+fn skipped<T>(identity: &Identity, stored: Fingerprint, received: Fingerprint) -> Outcome<T> {
+    if stored == received {
+        tracing::debug!(key = %identity.key, consumer = %identity.consumer, "duplicate: skipped");
+        Outcome::Duplicate
+    } else {
+        tracing::warn!(key = %identity.key, consumer = %identity.consumer, "same key, different payload: skipped");
+        Outcome::KeyReused { stored, received }
+    }
+}
+
+/// The span of one run of a key.
+fn run_span(identity: &Identity) -> tracing::Span {
+    tracing::debug_span!(
+        "justonce.run",
+        scope = %identity.scope,
+        consumer = %identity.consumer,
+        key = %identity.key,
+    )
 }
 
 /// Why one attempt of [`Inbox::run`] failed.

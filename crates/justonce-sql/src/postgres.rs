@@ -3,10 +3,10 @@
 
 use crate::admin::{KeyCount, StoredOffset};
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, Clock, LeaseRow, LeaseState, Migration, NewOutboxRow,
-    OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups,
-    Which, bind_identity, bind_lease, common_queries, database_error, pending_migrations,
-    shared_queries, vanished,
+    Backend, Batch, Change, ClaimAndForward, ClaimRow, Clock, LeaseRow, LeaseState, Migration,
+    NewOutboxRow, OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Specific, Statements,
+    Stored, Wakeups, Which, bind_identity, bind_lease, common_queries, database_error,
+    pending_migrations, shared_queries, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -150,6 +150,26 @@ impl Backend for Postgres {
                     FOR UPDATE SKIP LOCKED
                  )"
             ),
+            // The claim as above, the outbox row written only when the key was inserted, and
+            // the relays woken only then: the scalar subquery makes the notification run.
+            claim_and_forward: Some(format!(
+                "WITH inserted AS (
+                    INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
+                    VALUES ($1, $2, $3, $4, $5)
+                    ON CONFLICT (scope, consumer, key) DO NOTHING
+                    RETURNING claim_id, fingerprint
+                 ), queued AS (
+                    INSERT INTO {outbox} (scope, key, destination, payload, headers)
+                    SELECT $1, $3, $6, $7, $8 FROM inserted
+                    RETURNING id
+                 ), notified AS (SELECT pg_notify('{outbox}', '') FROM queued)
+                 SELECT claim_id, fingerprint FROM inserted
+                 WHERE (SELECT count(*) FROM notified) = 1
+                 UNION ALL
+                 SELECT claim_id, fingerprint FROM {keys}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3
+                   AND NOT EXISTS (SELECT FROM inserted)"
+            )),
             // One notification per channel and transaction, whatever the number of rows:
             // PostgreSQL folds identical ones.
             enqueue: format!(
@@ -186,6 +206,29 @@ impl Backend for Postgres {
             .connect(url)
             .await
             .map_err(database_error::<Self>)
+    }
+
+    fn claim_and_forward<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        row: ClaimRow<'a>,
+        outbox: NewOutboxRow<'a>,
+    ) -> Option<ClaimAndForward<'a>> {
+        let statement = sql.claim_and_forward.clone()?;
+        Some(Box::pin(async move {
+            let id = row.identity;
+            sqlx::query_as(AssertSqlSafe(statement))
+                .bind(id.scope.as_str())
+                .bind(id.consumer.as_str())
+                .bind(id.key.as_str())
+                .bind(row.fingerprint.as_bytes().as_slice())
+                .bind(row.claim_id)
+                .bind(outbox.destination)
+                .bind(outbox.payload)
+                .bind(outbox.headers)
+                .fetch_optional(pool)
+                .await
+        }))
     }
 
     async fn insert_many<'a>(

@@ -144,6 +144,8 @@ impl Backend for Sqlite {
                  VALUES ($1, $2, $3, $4, $5)
                  RETURNING id"
             ),
+            // A WITH clause cannot insert on SQLite.
+            claim_and_forward: None,
             // The single writer already keeps two relays from taking one row.
             skip_locked: "",
         };

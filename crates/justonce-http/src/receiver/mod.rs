@@ -153,14 +153,10 @@ async fn receive<DB: Backend>(
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .unwrap_or("application/octet-stream");
-    let outcome = inbox
-        .run(&key, &body, |tx| {
-            let message = Message::new(source.name.as_str(), body.to_vec())
-                .header("content-type", content_type);
-            // Forwarding the same event: the delivery keeps the event's own key.
-            Box::pin(inbox.forward(tx, &key, message))
-        })
-        .await;
+    // Forwarding the same event: the delivery keeps the event's own key.
+    let message =
+        Message::new(source.name.as_str(), body.to_vec()).header("content-type", content_type);
+    let outcome = inbox.run_forward(&key, &body, message).await;
     let status = match outcome {
         Ok(Outcome::Processed(_)) => "accepted",
         Ok(Outcome::Duplicate) => "duplicate",

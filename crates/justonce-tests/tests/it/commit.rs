@@ -1,8 +1,9 @@
 //! A COMMIT whose answer never arrives: a proxy between the runner and PostgreSQL breaks
-//! the connection right after COMMIT, once having forwarded it and once not.
+//! the connection right after COMMIT, once having forwarded it and once not; and the same
+//! for `run_forward`'s one statement, which commits on its own.
 
 use super::key;
-use justonce_sql::{Consumer, Error, ErrorKind, Inbox, Options, Outcome, RunError};
+use justonce_sql::{Consumer, Error, ErrorKind, Inbox, Message, Options, Outcome, RunError};
 use justonce_tests::{TestBackend, TestDb, postgres_url};
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -21,10 +22,13 @@ enum Cut {
     BeforeForwarding,
 }
 
-/// Forwards connections to PostgreSQL, and breaks the first one that sends COMMIT. With
+/// sqlx's COMMIT.
+const COMMIT: &[u8] = b"COMMIT";
+
+/// Forwards connections to PostgreSQL, and breaks the first one that sends `trigger`. With
 /// `then_refuse`, every connection after that is closed at once: the database stays out of
 /// reach.
-async fn proxy(upstream: String, cut: Cut, then_refuse: bool) -> u16 {
+async fn proxy(upstream: String, trigger: &'static [u8], cut: Cut, then_refuse: bool) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let armed = Arc::new(AtomicBool::new(true));
@@ -35,13 +39,19 @@ async fn proxy(upstream: String, cut: Cut, then_refuse: bool) -> u16 {
                 continue; // dropping `client` closes it
             }
             let server = TcpStream::connect(&upstream).await.unwrap();
-            tokio::spawn(relay(client, server, cut, Arc::clone(&armed)));
+            tokio::spawn(relay(client, server, trigger, cut, Arc::clone(&armed)));
         }
     });
     port
 }
 
-async fn relay(client: TcpStream, server: TcpStream, cut: Cut, armed: Arc<AtomicBool>) {
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    trigger: &[u8],
+    cut: Cut,
+    armed: Arc<AtomicBool>,
+) {
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_server, mut to_server) = server.into_split();
     let cutting = Arc::new(AtomicBool::new(false));
@@ -63,8 +73,8 @@ async fn relay(client: TcpStream, server: TcpStream, cut: Cut, armed: Arc<Atomic
             break;
         }
         let chunk = &buffer[..read];
-        let commit = chunk.windows(6).any(|w| w == b"COMMIT");
-        if commit && armed.swap(false, Ordering::SeqCst) {
+        let triggered = chunk.windows(trigger.len()).any(|w| w == trigger);
+        if triggered && armed.swap(false, Ordering::SeqCst) {
             cutting.store(true, Ordering::SeqCst);
             match cut {
                 Cut::AfterForwarding => {
@@ -81,13 +91,16 @@ async fn relay(client: TcpStream, server: TcpStream, cut: Cut, armed: Arc<Atomic
     }
 }
 
-/// Runs one unit of work through a proxy that cuts its COMMIT; returns what `run` returned,
-/// how often the work ran, and how many effect rows exist.
-async fn run_through_proxy(cut: Cut, then_refuse: bool) -> (Result<Outcome<u32>, Error>, u32, i64) {
+/// An inbox on fresh tables whose connections go through a proxy that cuts at `trigger`.
+async fn inbox_through_proxy(
+    trigger: &'static [u8],
+    cut: Cut,
+    then_refuse: bool,
+) -> (TestDb<Postgres>, Inbox<Postgres>) {
     let db = TestDb::<Postgres>::new("commit").await;
     let direct = PgConnectOptions::from_str(&postgres_url()).unwrap();
     let upstream = format!("{}:{}", direct.get_host(), direct.get_port());
-    let port = proxy(upstream, cut, then_refuse).await;
+    let port = proxy(upstream, trigger, cut, then_refuse).await;
     let pool = PgPoolOptions::new()
         .acquire_timeout(Duration::from_secs(1))
         .connect_with(direct.clone().host("127.0.0.1").port(port))
@@ -99,6 +112,13 @@ async fn run_through_proxy(cut: Cut, then_refuse: bool) -> (Result<Outcome<u32>,
         Options::default().prefix(&db.prefix).max_attempts(2),
     )
     .unwrap();
+    (db, inbox)
+}
+
+/// Runs one unit of work through a proxy that cuts its COMMIT; returns what `run` returned,
+/// how often the work ran, and how many effect rows exist.
+async fn run_through_proxy(cut: Cut, then_refuse: bool) -> (Result<Outcome<u32>, Error>, u32, i64) {
+    let (db, inbox) = inbox_through_proxy(COMMIT, cut, then_refuse).await;
     let id = key("payment:1");
     let (key, prefix) = (&id, db.prefix.as_str());
     let mut calls = 0;
@@ -146,4 +166,41 @@ async fn a_commit_that_cannot_be_resolved_is_reported_unknown() {
     let (outcome, calls, effects) = run_through_proxy(Cut::AfterForwarding, true).await;
     assert_eq!(outcome.unwrap_err().kind(), ErrorKind::CommitUnknown);
     assert_eq!((calls, effects), (1, 1));
+}
+
+/// Forwards one event through a proxy that cuts the connection on the statement that
+/// carries its key, the claim and the row in one; returns what `run_forward` returned and
+/// the rows of the keys and outbox tables.
+async fn forward_through_proxy(
+    cut: Cut,
+    then_refuse: bool,
+) -> (Result<Outcome<()>, Error>, i64, i64) {
+    const EVENT: &str = "shop:evt_cut";
+    let (db, inbox) = inbox_through_proxy(EVENT.as_bytes(), cut, then_refuse).await;
+    let message = Message::new("sink", b"evt".to_vec());
+    let outcome = inbox.run_forward(&key(EVENT), b"evt", message).await;
+    let rows = (db.rows("keys").await, db.rows("outbox").await);
+    db.cleanup().await;
+    (outcome, rows.0, rows.1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_that_committed_is_found_and_not_written_again() {
+    let (outcome, keys, rows) = forward_through_proxy(Cut::AfterForwarding, false).await;
+    assert_eq!(outcome.unwrap(), Outcome::Processed(()));
+    assert_eq!((keys, rows), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_that_did_not_commit_is_written_by_the_next_attempt() {
+    let (outcome, keys, rows) = forward_through_proxy(Cut::BeforeForwarding, false).await;
+    assert_eq!(outcome.unwrap(), Outcome::Processed(()));
+    assert_eq!((keys, rows), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_that_cannot_be_resolved_is_reported_unknown() {
+    let (outcome, keys, rows) = forward_through_proxy(Cut::AfterForwarding, true).await;
+    assert_eq!(outcome.unwrap_err().kind(), ErrorKind::CommitUnknown);
+    assert_eq!((keys, rows), (1, 1));
 }

@@ -3,7 +3,7 @@
 
 use super::{key, on_every_database};
 use justonce_sql::{
-    Delivered, Delivery, Destination, Inbox, Message, Offset, OffsetCommit, RelayOptions,
+    Delivered, Delivery, Destination, Inbox, Message, Offset, OffsetCommit, Outcome, RelayOptions,
     RelayRound,
 };
 use justonce_tests::{RunningRelay, TestBackend, TestDb};
@@ -23,6 +23,8 @@ on_every_database!(
     offsets_never_move_backwards,
     a_killed_reader_resumes_at_its_stored_offset,
     a_row_past_its_delivery_window_is_dead_lettered,
+    run_forward_writes_one_row_with_the_key_and_skips_what_was_seen,
+    run_forward_racing_on_one_key_writes_one_row,
 );
 
 /// One delivery as the destination saw it: row id, key, payload.
@@ -530,5 +532,61 @@ async fn a_row_past_its_delivery_window_is_dead_lettered<DB: TestBackend>(test: 
     );
     assert_eq!(strict.relay_once().await.unwrap().dead, 1);
     assert!(outbox.get(id).await.unwrap().unwrap().dead);
+    db.cleanup().await;
+}
+
+/// `run_forward`: the claim and one row forwarding the message with its own key, together;
+/// the same key again writes nothing, whether its payload is the same or not.
+async fn run_forward_writes_one_row_with_the_key_and_skips_what_was_seen<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let event = key("shop:evt_1");
+    let message = || Message::new("sink", b"evt body".to_vec());
+    let first = db.inbox.run_forward(&event, b"evt body", message()).await;
+    assert_eq!(first.unwrap(), Outcome::Processed(()));
+    // Another process knows nothing of this one's recent keys: the database answers.
+    let other = TestDb::<DB>::reopen(&db.url, &db.prefix).await;
+    let again = other
+        .inbox
+        .run_forward(&event, b"evt body", message())
+        .await;
+    assert_eq!(again.unwrap(), Outcome::Duplicate);
+    let reused = other
+        .inbox
+        .run_forward(&event, b"other body", message())
+        .await;
+    assert!(matches!(reused.unwrap(), Outcome::KeyReused { .. }));
+    assert_eq!((db.rows("keys").await, db.rows("outbox").await), (1, 1));
+
+    let sink = Recorder::default();
+    let relay = db.inbox.outbox().relay().destination("sink", sink.clone());
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+    let seen: Vec<(String, Vec<u8>)> = sink.seen().into_iter().map(|(_, k, p)| (k, p)).collect();
+    assert_eq!(seen, vec![("shop:evt_1".to_owned(), b"evt body".to_vec())]);
+    db.cleanup().await;
+}
+
+/// Sixteen tasks forward the same key at once: one writes its row, the others are told
+/// it is a duplicate.
+async fn run_forward_racing_on_one_key_writes_one_row<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let runs = (0..16).map(|_| {
+        let inbox = db.inbox.clone();
+        tokio::spawn(async move {
+            let message = Message::new("sink", b"evt".to_vec());
+            inbox.run_forward(&key("shop:evt_2"), b"evt", message).await
+        })
+    });
+    let mut processed = 0;
+    for run in futures_util::future::join_all(runs).await {
+        match run.unwrap().unwrap() {
+            Outcome::Processed(()) => processed += 1,
+            Outcome::Duplicate => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(processed, 1);
+    assert_eq!((db.rows("keys").await, db.rows("outbox").await), (1, 1));
     db.cleanup().await;
 }
