@@ -838,7 +838,6 @@ fn is_retryable_work_error<DB: Backend>(error: &(dyn std::error::Error + 'static
     false
 }
 
-/// A fresh 64-bit claim id.
 /// Counts a run's outcome, and whether the database or the recent keys answered it.
 fn count_claim<T>(outcome: &Outcome<T>, answered_by: &'static str) {
     let name = match outcome {
@@ -851,6 +850,7 @@ fn count_claim<T>(outcome: &Outcome<T>, answered_by: &'static str) {
         .increment(1);
 }
 
+/// A fresh 64-bit claim id.
 fn random_claim_id() -> i64 {
     random_u64() as i64
 }
