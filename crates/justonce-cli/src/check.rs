@@ -168,15 +168,19 @@ pub async fn run(settings: Settings) -> Result<()> {
         .collect();
 
     // Effects already there would be counted as this run's: the check needs fresh events.
-    let before = effects_db.read(&settings.effects, &events).await?;
-    if let Counted::PerEvent(counts) = &before
-        && let Some((n, _)) = counts.iter().find(|(_, count)| **count > 0)
-    {
-        let key = &events[n - 1].key;
-        return Err(usage(format!(
-            "event {n} ({key}) already has effects before the check: choose keys it has not seen"
-        )));
-    }
+    // A count is taken before and after; effects per event must start at none.
+    let counted_before = match effects_db.read(&settings.effects, &events).await? {
+        Counted::Total(count) => Some(count),
+        Counted::PerEvent(counts) => {
+            if let Some((n, _)) = counts.iter().find(|(_, count)| **count > 0) {
+                let key = &events[n - 1].key;
+                return Err(usage(format!(
+                    "event {n} ({key}) already has effects before the check: choose keys it has not seen"
+                )));
+            }
+            None
+        }
+    };
 
     let first: Vec<usize> = (0..events.len()).collect();
     let answers = send(&settings, &events, &first, true).await;
@@ -194,7 +198,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     let answers = send(&settings, &events, &delayed, false).await;
     record(&mut events, answers);
 
-    let total = settle(&effects_db, &settings, &mut events, &before).await?;
+    let total = settle(&effects_db, &settings, &mut events, counted_before).await?;
     report(&settings, &events, total)
 }
 
@@ -297,12 +301,13 @@ async fn shell(command: &str, env: &[(&str, &str)]) -> Result<std::process::Exit
 }
 
 /// Waits until every event shows an effect and the counts hold still, or the wait runs
-/// out; sets each event's effects and returns the count of a `Count` query.
+/// out; sets each event's effects, and for a `Count` query, counted `before` the tries,
+/// returns the counts before and after.
 async fn settle(
     effects_db: &EffectsDb,
     settings: &Settings,
     events: &mut [Event],
-    before: &Counted,
+    before: Option<u64>,
 ) -> Result<Option<(u64, u64)>> {
     let deadline = Instant::now() + settings.wait;
     let mut last = None;
@@ -312,12 +317,11 @@ async fn settle(
         if last.as_ref() != Some(&now) {
             still_since = Instant::now();
         }
-        let complete = match (&now, before) {
-            (Counted::PerEvent(counts), _) => counts.len() == events.len(),
-            (Counted::Total(after), Counted::Total(before)) => {
-                after.saturating_sub(*before) >= events.len() as u64
+        let complete = match &now {
+            Counted::PerEvent(counts) => counts.len() == events.len(),
+            Counted::Total(after) => {
+                after.saturating_sub(before.unwrap_or(0)) >= events.len() as u64
             }
-            _ => unreachable!("one query, one shape"),
         };
         let done = (complete && still_since.elapsed() >= SETTLE) || Instant::now() >= deadline;
         last = Some(now);
@@ -326,30 +330,25 @@ async fn settle(
         }
         tokio::time::sleep(POLL).await;
     }
-    match (last.expect("read at least once"), before) {
-        (Counted::PerEvent(counts), _) => {
+    match last.expect("read at least once") {
+        Counted::PerEvent(counts) => {
             for event in events.iter_mut() {
                 event.effects = counts.get(&event.n).copied().unwrap_or(0);
             }
             Ok(None)
         }
-        (Counted::Total(after), Counted::Total(before)) => Ok(Some((*before, after))),
-        _ => unreachable!("one query, one shape"),
+        Counted::Total(after) => Ok(Some((before.unwrap_or(0), after))),
     }
 }
 
 fn report(settings: &Settings, events: &[Event], total: Option<(u64, u64)>) -> Result<()> {
-    let tries = events.iter().map(|e| e.answers.len()).sum::<usize>();
+    let answers = || events.iter().flat_map(|e| &e.answers);
+    let tries = answers().count();
+    let taken = answers().filter(|a| a.is_ok()).count();
     let refused: Vec<&Event> = events
         .iter()
         .filter(|e| e.answers.iter().any(Result::is_err))
         .collect();
-    let taken = tries
-        - events
-            .iter()
-            .flat_map(|e| &e.answers)
-            .filter(|a| a.is_err())
-            .count();
     let lost: Vec<&Event> = events.iter().filter(|e| e.effects == 0).collect();
     let doubled: Vec<&Event> = events.iter().filter(|e| e.effects > 1).collect();
     let effects_ok = match total {
