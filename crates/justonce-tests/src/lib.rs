@@ -26,6 +26,11 @@ pub fn mysql_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
+/// The NATS JetStream server the tests use; they fail if it is down.
+pub fn nats_url() -> String {
+    std::env::var("JUSTONCE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
 /// The MQTT broker the tests use; they fail if it is down.
 pub fn mqtt_url() -> String {
     std::env::var("JUSTONCE_TEST_MQTT_URL").unwrap_or_else(|_| "mqtt://127.0.0.1:1883".to_owned())

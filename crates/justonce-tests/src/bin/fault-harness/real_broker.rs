@@ -6,8 +6,13 @@
 use crate::broker::{key_index, key_name, sibling};
 use crate::report::Report;
 use crate::{Args, Rng};
+use async_nats::jetstream;
+use async_nats::jetstream::consumer::pull;
+use futures_util::StreamExt;
 use justonce_tests::{TestBackend, TestDb};
+use justonce_transport::KeyFrom;
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::nats::{NatsConsumer, NatsOptions};
 use justonce_transport::redis_streams::KEY_FIELD;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
@@ -22,7 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 /// The brokers `--broker` takes.
-pub const BROKERS: [&str; 2] = ["amqp", "redis"];
+pub const BROKERS: [&str; 3] = ["amqp", "redis", "nats"];
 
 /// What `broker-kill` asks of a queue of the run's own on a real broker.
 trait RealQueue: Sized {
@@ -37,8 +42,8 @@ trait RealQueue: Sized {
     /// One message per key, in order, with the key where `broker-worker` reads it.
     async fn publish(&self, keys: &[String]) -> Result<(), String>;
 
-    /// Messages no consumer has taken yet.
-    async fn waiting(&self) -> Result<usize, String>;
+    /// Messages no consumer has taken yet; `None` if the broker cannot tell.
+    async fn waiting(&self) -> Result<Option<usize>, String>;
 
     /// With no consumer running: messages never acknowledged.
     async fn unacknowledged(&self) -> Result<usize, String>;
@@ -129,8 +134,8 @@ impl RealQueue for AmqpQueue {
         Ok(())
     }
 
-    async fn waiting(&self) -> Result<usize, String> {
-        Ok(self.state().await?.message_count() as usize)
+    async fn waiting(&self) -> Result<Option<usize>, String> {
+        Ok(Some(self.state().await?.message_count() as usize))
     }
 
     async fn unacknowledged(&self) -> Result<usize, String> {
@@ -232,8 +237,8 @@ impl RealQueue for RedisStream {
             .map_err(|e| e.to_string())
     }
 
-    async fn waiting(&self) -> Result<usize, String> {
-        Ok(self.group().await?.lag.unwrap_or(usize::MAX))
+    async fn waiting(&self) -> Result<Option<usize>, String> {
+        Ok(Some(self.group().await?.lag.unwrap_or(usize::MAX)))
     }
 
     /// A dead consumer's entries stay pending in the group until another claims them.
@@ -273,6 +278,155 @@ impl RealQueue for RedisStream {
             .del(&[self.name, dead])
             .await
             .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// A JetStream stream with the subject and durable consumer of the same name, and its
+/// dead-letter stream, as `broker-worker` reads them.
+struct NatsStream {
+    url: String,
+    name: String,
+    jetstream: jetstream::Context,
+}
+
+/// The header `broker-worker` reads the key from. Not `Nats-Msg-Id`: the stream would drop
+/// the second copy of a key published twice as a duplicate within its window.
+const NATS_KEY_HEADER: &str = "Order-Id";
+
+/// How long the durable consumer waits for an acknowledgement before it delivers a message
+/// again: what a killed consumer held comes back after it.
+const NATS_ACK_WAIT: Duration = Duration::from_secs(2);
+
+impl NatsStream {
+    async fn consumer(&self) -> Result<jetstream::consumer::Consumer<pull::Config>, String> {
+        let stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        stream
+            .get_consumer(&self.name)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Messages of the stream the durable consumer has not had acknowledged: those not yet
+    /// delivered (`num_pending`) and those delivered and not acknowledged
+    /// (`num_ack_pending`). The ack floor alone cannot say, since acknowledgements above it
+    /// come in any order; the server's count of its pending acknowledgements can.
+    async fn unsettled(&self) -> Result<usize, String> {
+        let info = self
+            .consumer()
+            .await?
+            .get_info()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(info.num_pending as usize + info.num_ack_pending)
+    }
+}
+
+impl RealQueue for NatsStream {
+    /// Creates the streams and the durable consumer with a short ack wait; `broker-worker`
+    /// binds to the consumer as it finds it.
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
+        let url = justonce_tests::nats_url();
+        let name = format!("{}broker_kill", db.prefix);
+        let options = NatsOptions::new(&name, &name)
+            .key_from(KeyFrom::Header(NATS_KEY_HEADER.into()))
+            .ack_wait(NATS_ACK_WAIT);
+        NatsConsumer::connect(&url, db.inbox.clone(), options)
+            .await
+            .map_err(|e| format!("NATS at {url}: {e}"))?;
+        let client = async_nats::connect(&url)
+            .await
+            .map_err(|e| format!("NATS at {url}: {e}"))?;
+        Ok(Self {
+            url,
+            name,
+            jetstream: jetstream::new(client),
+        })
+    }
+
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The key is the `Order-Id` header; each publish is stored before the next chunk.
+    async fn publish(&self, keys: &[String]) -> Result<(), String> {
+        for chunk in keys.chunks(500) {
+            let mut stored = Vec::with_capacity(chunk.len());
+            for key in chunk {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(NATS_KEY_HEADER, key.as_str());
+                let ack = self
+                    .jetstream
+                    .publish_with_headers(self.name.clone(), headers, key.clone().into())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                stored.push(ack);
+            }
+            for ack in stored {
+                ack.await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Not yet acknowledged, whether delivered or not: a killed consumer's messages come
+    /// back only after the ack wait, so the consumer keeps running until they have.
+    async fn waiting(&self) -> Result<Option<usize>, String> {
+        self.unsettled().await.map(Some)
+    }
+
+    async fn unacknowledged(&self) -> Result<usize, String> {
+        self.unsettled().await
+    }
+
+    /// Takes what the durable consumer still holds through the consumer itself, each message
+    /// acknowledged once its key is read: the server delivers what was never delivered at
+    /// once, and what a dead consumer held once its ack wait has passed, until it counts
+    /// nothing unacknowledged.
+    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+        let consumer = self.consumer().await?;
+        let given_up = Instant::now() + 3 * NATS_ACK_WAIT + Duration::from_secs(5);
+        let mut keys = Vec::new();
+        while self.unsettled().await? > 0 {
+            if Instant::now() >= given_up {
+                return Err("JetStream did not deliver again what it holds".to_owned());
+            }
+            let mut batch = consumer
+                .fetch()
+                .max_messages(500)
+                .expires(Duration::from_millis(500))
+                .messages()
+                .await
+                .map_err(|e| e.to_string())?;
+            while let Some(message) = batch.next().await {
+                let message = message.map_err(|e| e.to_string())?;
+                let key = (message.headers.as_ref())
+                    .and_then(|headers| headers.get(NATS_KEY_HEADER))
+                    .map(|key| key.as_str().to_owned())
+                    .unwrap_or_default();
+                keys.push(key);
+                // Confirmed, so that the count above no longer includes it.
+                message.double_ack().await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(keys)
+    }
+
+    async fn delete(self) -> Result<(), String> {
+        for name in [format!("{}_DEAD", self.name), self.name] {
+            self.jetstream
+                .delete_stream(&name)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         Ok(())
     }
 }
@@ -338,6 +492,7 @@ pub async fn broker_kill<DB: TestBackend>(
 ) -> Result<Report, String> {
     match args.broker.as_str() {
         "redis" => kill_consumer::<DB, RedisStream>(args, db, rng, title).await,
+        "nats" => kill_consumer::<DB, NatsStream>(args, db, rng, title).await,
         _ => kill_consumer::<DB, AmqpQueue>(args, db, rng, title).await,
     }
 }
@@ -404,7 +559,7 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
-        } else if points.peek().is_none() && queue.waiting().await? == 0 {
+        } else if points.peek().is_none() && queue.waiting().await? == Some(0) {
             // Nothing is waiting: once that has held long enough for the consumer to
             // acknowledge what it took, stop it, and the broker counts what it left
             // unacknowledged. Anything left is delivered again to a new consumer.
