@@ -9,9 +9,11 @@ use crate::{Args, Rng};
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::pull;
 use futures_util::StreamExt;
+use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb};
 use justonce_transport::KeyFrom;
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::mqtt::{KEY_PROPERTY, MqttConsumer, MqttDestination};
 use justonce_transport::nats::{NatsConsumer, NatsOptions};
 use justonce_transport::redis_streams::KEY_FIELD;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
@@ -21,13 +23,16 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{
     StreamInfoGroup, StreamInfoGroupsReply, StreamPendingCountReply, StreamRangeReply,
 };
+use rumqttc::v5::mqttbytes::v5::Packet;
+use rumqttc::v5::{AsyncClient, Event};
 use std::collections::HashSet;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 /// The brokers `--broker` takes.
-pub const BROKERS: [&str; 3] = ["amqp", "redis", "nats"];
+pub const BROKERS: [&str; 4] = ["amqp", "redis", "nats", "mqtt"];
 
 /// What `broker-kill` asks of a queue of the run's own on a real broker.
 trait RealQueue: Sized {
@@ -38,6 +43,9 @@ trait RealQueue: Sized {
 
     /// The queue's name, as `broker-worker` takes it.
     fn name(&self) -> &str;
+
+    /// How many messages may be published ahead of the consumer; `None`: all at once.
+    const AHEAD: Option<usize> = None;
 
     /// One message per key, in order, with the key where `broker-worker` reads it.
     async fn publish(&self, keys: &[String]) -> Result<(), String>;
@@ -431,6 +439,153 @@ impl RealQueue for NatsStream {
     }
 }
 
+/// An MQTT topic, consumed on `broker-worker`'s persistent session (client `<topic>-c`,
+/// QoS 1).
+struct MqttTopic {
+    url: String,
+    name: String,
+    publisher: MqttDestination,
+}
+
+/// How long Mosquitto keeps the consumer's session while no client holds it, as
+/// `justonce_tests::mqtt_options` asks for it.
+const MQTT_SESSION_EXPIRY: u32 = 300;
+
+/// How long a resumed session must stay silent before the harness takes it that the broker
+/// has sent all it holds for it: it sends them as soon as the session is resumed.
+const MQTT_QUIET: Duration = Duration::from_secs(1);
+
+impl MqttTopic {
+    /// Connects as the consumer's client id, on its session (`resume`) or a clean one, which
+    /// discards it. A resumed session is sent what it holds: messages delivered and never
+    /// acknowledged, and those queued for it. Returns their keys once the broker has sent
+    /// nothing for [`MQTT_QUIET`], acknowledging each if `acknowledge`; unacknowledged, they
+    /// stay in the session.
+    async fn session(&self, resume: bool, acknowledge: bool) -> Result<Vec<String>, String> {
+        let bad_url = || format!("MQTT URL {}: expected mqtt://host[:port]", self.url);
+        let address = self.url.strip_prefix("mqtt://").ok_or_else(bad_url)?;
+        let (host, port) = address
+            .trim_end_matches('/')
+            .rsplit_once(':')
+            .unwrap_or((address, "1883"));
+        let port = port.parse().map_err(|_| bad_url())?;
+        let mut options = rumqttc::v5::MqttOptions::new(format!("{}-c", self.name), host, port);
+        options.set_clean_start(!resume).set_manual_acks(true);
+        if resume {
+            options.set_session_expiry_interval(Some(MQTT_SESSION_EXPIRY));
+        }
+        let (client, mut events) = AsyncClient::new(options, 64);
+        let mut connected = false;
+        let mut keys = Vec::new();
+        loop {
+            let wait = if connected {
+                MQTT_QUIET
+            } else {
+                Duration::from_secs(10)
+            };
+            let event = match tokio::time::timeout(wait, events.poll()).await {
+                Ok(event) => event.map_err(|e| format!("MQTT at {}: {e}", self.url))?,
+                Err(_) if connected => return Ok(keys),
+                Err(_) => return Err(format!("MQTT at {}: no CONNACK", self.url)),
+            };
+            match event {
+                Event::Incoming(Packet::ConnAck(ack)) => {
+                    if resume && !ack.session_present {
+                        return Err("Mosquitto lost the consumer's session".to_owned());
+                    }
+                    if !resume {
+                        return Ok(keys);
+                    }
+                    connected = true;
+                }
+                Event::Incoming(Packet::Publish(message)) => {
+                    let key = (message.properties.as_ref())
+                        .and_then(|p| p.user_properties.iter().find(|(n, _)| n == KEY_PROPERTY))
+                        .map(|(_, key)| key.clone())
+                        .unwrap_or_default();
+                    keys.push(key);
+                    if acknowledge {
+                        client.ack(&message).await.map_err(|e| e.to_string())?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl RealQueue for MqttTopic {
+    /// Opens the consumer's session and its subscription, so that the broker queues what is
+    /// published before the first consumer runs.
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
+        let url = justonce_tests::mqtt_url();
+        let name = format!("{}broker_kill", db.prefix);
+        MqttConsumer::connect(&url, db.inbox.clone(), justonce_tests::mqtt_options(&name))
+            .await
+            .map_err(|e| format!("MQTT at {url}: {e}"))?;
+        let publisher =
+            MqttDestination::new(&url, &name, &format!("{name}-p")).map_err(|e| e.to_string())?;
+        Ok(Self {
+            url,
+            name,
+            publisher,
+        })
+    }
+
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Mosquitto queues at most 1,000 messages per session (`max_queued_messages`) and
+    /// drops the rest: half of that, the rest is margin for the messages a batch of
+    /// second copies leaves between two keys' first ones.
+    const AHEAD: Option<usize> = Some(500);
+
+    /// The key is the `key` user property; each publish is acknowledged by the broker
+    /// before the next.
+    async fn publish(&self, keys: &[String]) -> Result<(), String> {
+        for (id, key) in keys.iter().enumerate() {
+            let delivery = Delivery {
+                id: id as i64,
+                key,
+                destination: &self.name,
+                payload: key.as_bytes(),
+                headers: &[],
+                attempt: 1,
+            };
+            match self.publisher.deliver(delivery).await {
+                Delivered::Sent => {}
+                refused => return Err(format!("MQTT at {}: {refused:?}", self.url)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Mosquitto does not say what a session has taken.
+    async fn waiting(&self) -> Result<Option<usize>, String> {
+        Ok(None)
+    }
+
+    /// What the consumer's session still holds, resumed without acknowledging it: at least
+    /// one message if it holds any (the broker sends a window of them).
+    async fn unacknowledged(&self) -> Result<usize, String> {
+        Ok(self.session(true, false).await?.len())
+    }
+
+    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+        self.session(true, true).await
+    }
+
+    /// Discards the consumer's session with a clean start.
+    async fn delete(self) -> Result<(), String> {
+        self.session(false, false).await.map(drop)
+    }
+}
+
 /// The consumer process, replaced by a new one when it is killed.
 struct Consumer<'a, DB: TestBackend, Q> {
     db: &'a TestDb<DB>,
@@ -493,6 +648,7 @@ pub async fn broker_kill<DB: TestBackend>(
     match args.broker.as_str() {
         "redis" => kill_consumer::<DB, RedisStream>(args, db, rng, title).await,
         "nats" => kill_consumer::<DB, NatsStream>(args, db, rng, title).await,
+        "mqtt" => kill_consumer::<DB, MqttTopic>(args, db, rng, title).await,
         _ => kill_consumer::<DB, AmqpQueue>(args, db, rng, title).await,
     }
 }
@@ -512,8 +668,18 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
     let mut plan: Vec<u32> = (0..keys as u32).chain(0..keys as u32 / 10).collect();
     rng.shuffle(&mut plan);
     let queue = Q::open(db).await?;
-    let published: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
-    queue.publish(&published).await?;
+    let messages: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
+    let published = AtomicUsize::new(0);
+    if Q::AHEAD.is_none() {
+        queue.publish(&messages).await?;
+        published.store(messages.len(), Ordering::Relaxed);
+    }
+    let publishing = async {
+        match Q::AHEAD {
+            Some(ahead) => publish_paced(&queue, db, &plan, ahead, &published, deadline).await,
+            None => Ok(()),
+        }
+    };
 
     // Kill points: after random numbers of effects, well inside the run so that there is
     // work left to recover to, plus a few random milliseconds so that the consumer is
@@ -533,52 +699,61 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
         },
         running: None,
     };
-    consumer.start()?;
-    let mut faults = 0;
-    let mut recovery = Vec::new();
-    let mut drained = false;
-    let mut quiet_since = None;
-    let mut points = points.into_iter().peekable();
-    while Instant::now() < deadline {
-        consumer.failed()?;
-        let committed = effects().await;
-        if points.next_if(|point| committed >= *point).is_some() {
-            tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
-            let began = Instant::now();
-            consumer.kill().await?;
-            consumer.start()?;
-            faults += 1;
-            // Recovered at the next effect committed after the kill: the new consumer's.
-            // A kill with nothing left to commit has no recovery.
-            let before = effects().await;
-            let given_up = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < given_up.min(deadline) {
-                if effects().await > before {
-                    recovery.push(began.elapsed());
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        } else if points.peek().is_none() && queue.waiting().await? == Some(0) {
-            // Nothing is waiting: once that has held long enough for the consumer to
-            // acknowledge what it took, stop it, and the broker counts what it left
-            // unacknowledged. Anything left is delivered again to a new consumer.
-            let quiet = *quiet_since.get_or_insert_with(Instant::now);
-            if quiet.elapsed() >= Duration::from_millis(300) {
+    let consuming = async {
+        consumer.start()?;
+        let mut faults = 0;
+        let mut recovery = Vec::new();
+        let mut drained = false;
+        let mut quiet_since = None;
+        let mut points = points.into_iter().peekable();
+        while Instant::now() < deadline {
+            consumer.failed()?;
+            let committed = effects().await;
+            let all_published = published.load(Ordering::Relaxed) == messages.len();
+            if points.next_if(|point| committed >= *point).is_some() {
+                tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+                let began = Instant::now();
                 consumer.kill().await?;
-                if queue.unacknowledged().await? == 0 {
-                    drained = true;
-                    break;
-                }
                 consumer.start()?;
+                faults += 1;
+                // Recovered at the next effect committed after the kill: the new consumer's.
+                // A kill with nothing left to commit has no recovery.
+                let before = effects().await;
+                let given_up = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < given_up.min(deadline) {
+                    if effects().await > before {
+                        recovery.push(began.elapsed());
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            } else if points.peek().is_none()
+                && all_published
+                // A broker that cannot tell what waits: a key without its effect does.
+                && queue.waiting().await?.unwrap_or(keys.saturating_sub(committed as usize)) == 0
+            {
+                // Nothing is waiting: once that has held long enough for the consumer to
+                // acknowledge what it took, stop it, and the broker counts what it left
+                // unacknowledged. Anything left is delivered again to a new consumer.
+                let quiet = *quiet_since.get_or_insert_with(Instant::now);
+                if quiet.elapsed() >= Duration::from_millis(300) {
+                    consumer.kill().await?;
+                    if queue.unacknowledged().await? == 0 {
+                        drained = true;
+                        break;
+                    }
+                    consumer.start()?;
+                    quiet_since = None;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            } else {
                 quiet_since = None;
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        } else {
-            quiet_since = None;
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-    }
+        Ok::<_, String>((faults, recovery, drained))
+    };
+    let ((), (faults, recovery, drained)) = tokio::try_join!(publishing, consuming)?;
     consumer.kill().await?;
     // What the broker still holds was never acknowledged.
     let mut acknowledged = vec![true; keys];
@@ -595,4 +770,53 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
     report.recovery = recovery;
     report.drained = drained;
     Ok(report)
+}
+
+/// Publishes the messages of `plan` in chunks, never more than about `ahead` past what the
+/// consumer was delivered, counting them in `published`; gives up at `deadline`.
+///
+/// The broker delivers a session's messages in the order they were published, so a key's
+/// effect means that its first message, and every message before it, was delivered. The
+/// chunk that would take the count more than `ahead` past a message waits for the effect
+/// of the latest first message at or before it; the second copies between the two are
+/// the slack. Had the broker delivered out of order and dropped what passed its limit, the
+/// dropped keys would be reported lost: a pacing error fails the run, it never passes one.
+async fn publish_paced<DB: TestBackend, Q: RealQueue>(
+    queue: &Q,
+    db: &TestDb<DB>,
+    plan: &[u32],
+    ahead: usize,
+    published: &AtomicUsize,
+    deadline: Instant,
+) -> Result<(), String> {
+    let mut seen = vec![false; plan.len()];
+    let mut latest_first = None;
+    // For each position, the latest position at or before it that holds a key's first
+    // message, and that key.
+    let latest_first: Vec<Option<u32>> = plan
+        .iter()
+        .map(|key| {
+            if !std::mem::replace(&mut seen[*key as usize], true) {
+                latest_first = Some(*key);
+            }
+            latest_first
+        })
+        .collect();
+    for start in (0..plan.len()).step_by(100) {
+        let end = (start + 100).min(plan.len());
+        let delivered = end.checked_sub(ahead + 1).and_then(|due| latest_first[due]);
+        if let Some(key) = delivered {
+            let key = Key::new(key_name(key)).map_err(|e| e.to_string())?;
+            while db.effects_of(&key).await == 0 {
+                if Instant::now() >= deadline {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let messages: Vec<String> = plan[start..end].iter().map(|key| key_name(*key)).collect();
+        queue.publish(&messages).await?;
+        published.store(end, Ordering::Relaxed);
+    }
+    Ok(())
 }
