@@ -210,10 +210,11 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     }
     if args.scenario == "broker-kill"
         && args.mode != "correct"
-        && (args.mode.as_str(), args.broker.as_str()) != ("ack-before-commit", "amqp")
+        && (args.mode != "ack-before-commit" || args.broker == "mqtt")
     {
         return Err(
-            "broker-kill's only broken consumer is --broker amqp's ack-before-commit".to_owned(),
+            "broker-kill's only broken consumer is ack-before-commit, on amqp, redis or nats"
+                .to_owned(),
         );
     }
     let cluster = if args.scenario == "pg-immediate" {
