@@ -558,16 +558,21 @@ impl<DB: TestBackend> TestDb<DB> {
 
     /// Drops this test's tables, or its database file.
     pub async fn cleanup(self) {
+        self.try_cleanup().await.expect("drop a test table");
+    }
+
+    /// Drops this test's tables, or its database file, and says if it could not.
+    pub async fn try_cleanup(self) -> Result<(), sqlx::Error> {
         for table in ["effects", "outbox", "offsets", "keys", "migrations"] {
             DB::execute(
                 self.inbox.pool(),
                 format!("DROP TABLE IF EXISTS {}{table}", self.prefix),
             )
-            .await
-            .expect("drop a test table");
+            .await?;
         }
         self.inbox.pool().close().await;
         DB::remove(&self.url);
+        Ok(())
     }
 }
 

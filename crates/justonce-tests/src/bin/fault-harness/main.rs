@@ -245,17 +245,32 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         args.seed
     );
     let started = std::time::Instant::now();
-    let mut report = if args.scenario == "broker-kill" {
-        real_broker::broker_kill(args, &db, &mut rng, title).await?
+    let result = if args.scenario == "broker-kill" {
+        real_broker::broker_kill(args, &db, &mut rng, title).await
     } else {
-        through_own_broker(args, &db, &mut rng, cluster.clone(), title).await?
+        through_own_broker(args, &db, &mut rng, cluster.clone(), title).await
     };
+    // The throwaway cluster takes its tables with it, and may be down after a failure.
+    let cleanup = if cluster.is_some() && result.is_err() {
+        Ok(())
+    } else {
+        (db.try_cleanup().await).map_err(|e| format!("cannot drop the run's tables: {e}"))
+    };
+    let mut report = cleaned_up(result, cleanup)?;
     report.details.push((
         "drained in (ms)".to_owned(),
         started.elapsed().as_millis() as u64,
     ));
-    db.cleanup().await;
     Ok(report)
+}
+
+/// `result`, unless `cleanup` after it failed: the run's own error comes first.
+fn cleaned_up<T>(result: Result<T, String>, cleanup: Result<(), String>) -> Result<T, String> {
+    match (result, cleanup) {
+        (result, Ok(())) => result,
+        (Ok(_), Err(cleanup)) => Err(cleanup),
+        (Err(error), Err(cleanup)) => Err(format!("{error}; then, cleaning up: {cleanup}")),
+    }
 }
 
 /// A scenario whose deliveries the harness's own broker makes to `harness-worker`s.

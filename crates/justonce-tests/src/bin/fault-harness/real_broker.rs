@@ -668,27 +668,6 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
     let mut plan: Vec<u32> = (0..keys as u32).chain(0..keys as u32 / 10).collect();
     rng.shuffle(&mut plan);
     let queue = Q::open(db).await?;
-    let messages: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
-    let published = AtomicUsize::new(0);
-    if Q::AHEAD.is_none() {
-        queue.publish(&messages).await?;
-        published.store(messages.len(), Ordering::Relaxed);
-    }
-    let publishing = async {
-        match Q::AHEAD {
-            Some(ahead) => publish_paced(&queue, db, &plan, ahead, &published, deadline).await,
-            None => Ok(()),
-        }
-    };
-
-    // Kill points: after random numbers of effects, well inside the run so that there is
-    // work left to recover to, plus a few random milliseconds so that the consumer is
-    // caught at any point of a delivery.
-    let mut points: Vec<i64> = (0..kills)
-        .map(|_| (keys / 20 + rng.below(keys as u64 * 17 / 20) as usize) as i64)
-        .collect();
-    points.sort_unstable();
-    let effects = async || db.rows("effects").await;
     let mut consumer = Consumer {
         db,
         queue: &queue,
@@ -699,77 +678,110 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
         },
         running: None,
     };
-    let consuming = async {
-        consumer.start()?;
-        let mut faults = 0;
-        let mut recovery = Vec::new();
-        let mut drained = false;
-        let mut quiet_since = None;
-        let mut points = points.into_iter().peekable();
-        while Instant::now() < deadline {
-            consumer.failed()?;
-            let committed = effects().await;
-            let all_published = published.load(Ordering::Relaxed) == messages.len();
-            if points.next_if(|point| committed >= *point).is_some() {
-                tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
-                let began = Instant::now();
-                consumer.kill().await?;
-                consumer.start()?;
-                faults += 1;
-                // Recovered at the next effect committed after the kill: the new consumer's.
-                // A kill with nothing left to commit has no recovery.
-                let before = effects().await;
-                let given_up = Instant::now() + Duration::from_secs(10);
-                while Instant::now() < given_up.min(deadline) {
-                    if effects().await > before {
-                        recovery.push(began.elapsed());
-                        break;
+    let checked = async {
+        let messages: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
+        let published = AtomicUsize::new(0);
+        if Q::AHEAD.is_none() {
+            queue.publish(&messages).await?;
+            published.store(messages.len(), Ordering::Relaxed);
+        }
+        let publishing = async {
+            match Q::AHEAD {
+                Some(ahead) => publish_paced(&queue, db, &plan, ahead, &published, deadline).await,
+                None => Ok(()),
+            }
+        };
+
+        // Kill points: after random numbers of effects, well inside the run so that there is
+        // work left to recover to, plus a few random milliseconds so that the consumer is
+        // caught at any point of a delivery.
+        let mut points: Vec<i64> = (0..kills)
+            .map(|_| (keys / 20 + rng.below(keys as u64 * 17 / 20) as usize) as i64)
+            .collect();
+        points.sort_unstable();
+        let effects = async || db.rows("effects").await;
+        let consuming = async {
+            consumer.start()?;
+            let mut faults = 0;
+            let mut recovery = Vec::new();
+            let mut drained = false;
+            let mut quiet_since = None;
+            let mut points = points.into_iter().peekable();
+            while Instant::now() < deadline {
+                consumer.failed()?;
+                let committed = effects().await;
+                let all_published = published.load(Ordering::Relaxed) == messages.len();
+                if points.next_if(|point| committed >= *point).is_some() {
+                    tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+                    let began = Instant::now();
+                    consumer.kill().await?;
+                    consumer.start()?;
+                    faults += 1;
+                    // Recovered at the next effect committed after the kill: the new consumer's.
+                    // A kill with nothing left to commit has no recovery.
+                    let before = effects().await;
+                    let given_up = Instant::now() + Duration::from_secs(10);
+                    while Instant::now() < given_up.min(deadline) {
+                        if effects().await > before {
+                            recovery.push(began.elapsed());
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
                     }
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            } else if points.peek().is_none()
+                } else if points.peek().is_none()
                 && all_published
                 // A broker that cannot tell what waits: a key without its effect does.
                 && queue.waiting().await?.unwrap_or(keys.saturating_sub(committed as usize)) == 0
-            {
-                // Nothing is waiting: once that has held long enough for the consumer to
-                // acknowledge what it took, stop it, and the broker counts what it left
-                // unacknowledged. Anything left is delivered again to a new consumer.
-                let quiet = *quiet_since.get_or_insert_with(Instant::now);
-                if quiet.elapsed() >= Duration::from_millis(300) {
-                    consumer.kill().await?;
-                    if queue.unacknowledged().await? == 0 {
-                        drained = true;
-                        break;
+                {
+                    // Nothing is waiting: once that has held long enough for the consumer to
+                    // acknowledge what it took, stop it, and the broker counts what it left
+                    // unacknowledged. Anything left is delivered again to a new consumer.
+                    let quiet = *quiet_since.get_or_insert_with(Instant::now);
+                    if quiet.elapsed() >= Duration::from_millis(300) {
+                        consumer.kill().await?;
+                        if queue.unacknowledged().await? == 0 {
+                            drained = true;
+                            break;
+                        }
+                        consumer.start()?;
+                        quiet_since = None;
                     }
-                    consumer.start()?;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                } else {
                     quiet_since = None;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            } else {
-                quiet_since = None;
-                tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            Ok::<_, String>((faults, recovery, drained))
+        };
+        let ((), (faults, recovery, drained)) = tokio::try_join!(publishing, consuming)?;
+        consumer.kill().await?;
+        // What the broker still holds was never acknowledged.
+        let mut acknowledged = vec![true; keys];
+        for key in queue.take_unacknowledged().await? {
+            let index = key_index(&key).ok_or_else(|| format!("the queue held key {key:?}"))?;
+            acknowledged[index as usize] = false;
         }
-        Ok::<_, String>((faults, recovery, drained))
-    };
-    let ((), (faults, recovery, drained)) = tokio::try_join!(publishing, consuming)?;
-    consumer.kill().await?;
-    // What the broker still holds was never acknowledged.
-    let mut acknowledged = vec![true; keys];
-    for key in queue.take_unacknowledged().await? {
-        let index = key_index(&key).ok_or_else(|| format!("the queue held key {key:?}"))?;
-        acknowledged[index as usize] = false;
+        let effects = DB::effect_counts(db.inbox.pool(), &db.prefix)
+            .await
+            .map_err(|e| format!("cannot read the effect rows: {e}"))?;
+        let mut report =
+            Report::compare(title, plan.len(), &vec![true; keys], &acknowledged, effects);
+        report.faults = faults;
+        report.recovery = recovery;
+        report.drained = drained;
+        Ok(report)
     }
-    queue.delete().await?;
-    let effects = DB::effect_counts(db.inbox.pool(), &db.prefix)
+    .await;
+    // Whatever happened, the queue goes, and the consumer before it: one that has just
+    // started would declare the queue again.
+    let stopped = consumer.kill().await;
+    drop(consumer);
+    let deleted = queue
+        .delete()
         .await
-        .map_err(|e| format!("cannot read the effect rows: {e}"))?;
-    let mut report = Report::compare(title, plan.len(), &vec![true; keys], &acknowledged, effects);
-    report.faults = faults;
-    report.recovery = recovery;
-    report.drained = drained;
-    Ok(report)
+        .map_err(|e| format!("cannot delete the queue: {e}"));
+    crate::cleaned_up(crate::cleaned_up(checked, stopped), deleted)
 }
 
 /// Publishes the messages of `plan` in chunks, never more than about `ahead` past what the
