@@ -2,8 +2,9 @@
 //! injects its faults, waits for every delivery to be acknowledged, and checks the
 //! database's effect rows against what was attempted and acknowledged.
 //!
-//! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite] [--broker amqp|redis]
-//! [--short] [--json] [--broken ack-before-commit|separate-claim] [--seed N]`
+//! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite]
+//! [--broker amqp|redis|nats|mqtt] [--short] [--json] [--broken ack-before-commit|separate-claim]
+//! [--seed N]`
 //!
 //! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
 //! the check catches what it is there to catch: such a run must report violations.
@@ -31,9 +32,15 @@
 //!   going.
 //! - `broker-kill`: no broker of the harness's own: 20,000 keys, a tenth of them twice
 //!   (short: 2,000), published to a queue of the run's own on the real broker of
-//!   `--broker` (`amqp`: RabbitMQ, `redis`: a Redis stream read by a consumer group),
-//!   consumed by one `broker-worker` process, the project's real consumer, SIGKILLed 100 times (short: 10) at random moments and restarted, until the
-//!   broker holds nothing unacknowledged.
+//!   `--broker` (`amqp`: RabbitMQ, `redis`: a Redis stream read by a consumer group,
+//!   `nats`: a JetStream stream read by a durable consumer, `mqtt`: a Mosquitto topic read
+//!   on a persistent session, published to gradually, as the consumer advances), consumed
+//!   by one `broker-worker` process, the project's real consumer, SIGKILLed 100 times
+//!   (short: 10) at random moments and restarted, until the broker holds nothing
+//!   unacknowledged. Its broken mode is `ack-before-commit`, on every broker but MQTT.
+//!
+//! A run drops its tables and deletes its queue whether it passes, fails its check or
+//! fails on the way.
 
 mod broker;
 mod cluster;

@@ -1,7 +1,10 @@
 //! `broker-kill`: the workload published to a queue of the run's own on a real broker and
 //! consumed by a `broker-worker` process, the project's real consumer, SIGKILLed at random
 //! moments and restarted, until the broker says that every message was
-//! acknowledged.
+//! acknowledged. RabbitMQ counts what a queue holds, a Redis group what is pending or
+//! unread, a JetStream consumer what is pending or awaits its acknowledgement; Mosquitto
+//! says nothing, so an MQTT run waits for every key's effect and then resumes the
+//! consumer's session to see what it still holds.
 
 use crate::broker::{key_index, key_name, sibling};
 use crate::report::Report;
