@@ -59,6 +59,11 @@ trait RealQueue: Sized {
     /// With no consumer running: messages never acknowledged.
     async fn unacknowledged(&self) -> Result<usize, String>;
 
+    /// Deliveries made again so far; `None` if the broker does not count them.
+    async fn redeliveries(&self) -> Result<Option<u64>, String> {
+        Ok(None)
+    }
+
     /// With no consumer running: the key of each message never acknowledged. The queue
     /// may be left without them.
     async fn take_unacknowledged(&self) -> Result<Vec<String>, String>;
@@ -396,6 +401,24 @@ impl RealQueue for NatsStream {
 
     async fn unacknowledged(&self) -> Result<usize, String> {
         self.unsettled().await
+    }
+
+    /// The consumer numbers every delivery, a redelivery too, and delivers each message of
+    /// the stream (numbered from 1, all on its subject) for the first time in order: the
+    /// deliveries past the last message delivered were made again.
+    async fn redeliveries(&self) -> Result<Option<u64>, String> {
+        let info = self
+            .consumer()
+            .await?
+            .get_info()
+            .await
+            .map_err(|e| e.to_string())?;
+        let delivered = info.delivered;
+        Ok(Some(
+            delivered
+                .consumer_sequence
+                .saturating_sub(delivered.stream_sequence),
+        ))
     }
 
     /// Takes what the durable consumer still holds through the consumer itself, each message
@@ -759,6 +782,8 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
         };
         let ((), (faults, recovery, drained)) = tokio::try_join!(publishing, consuming)?;
         consumer.kill().await?;
+        // Counted before the harness takes anything itself.
+        let redeliveries = queue.redeliveries().await?;
         // What the broker still holds was never acknowledged.
         let mut acknowledged = vec![true; keys];
         for key in queue.take_unacknowledged().await? {
@@ -770,6 +795,7 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
             .map_err(|e| format!("cannot read the effect rows: {e}"))?;
         let mut report =
             Report::compare(title, plan.len(), &vec![true; keys], &acknowledged, effects);
+        report.redeliveries = redeliveries;
         report.faults = faults;
         report.recovery = recovery;
         report.drained = drained;
