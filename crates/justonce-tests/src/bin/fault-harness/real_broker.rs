@@ -351,10 +351,11 @@ impl RealQueue for NatsStream {
         let options = NatsOptions::new(&name, &name)
             .key_from(KeyFrom::Header(NATS_KEY_HEADER.into()))
             .ack_wait(NATS_ACK_WAIT);
-        NatsConsumer::connect(&url, db.inbox.clone(), options)
+        // Connected first: an unreachable server leaves no stream behind.
+        let client = async_nats::connect(&url)
             .await
             .map_err(|e| format!("NATS at {url}: {e}"))?;
-        let client = async_nats::connect(&url)
+        NatsConsumer::connect(&url, db.inbox.clone(), options)
             .await
             .map_err(|e| format!("NATS at {url}: {e}"))?;
         Ok(Self {
