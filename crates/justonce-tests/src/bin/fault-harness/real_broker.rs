@@ -568,8 +568,8 @@ impl RealQueue for MqttTopic {
     }
 
     /// Mosquitto queues at most 1,000 messages per session (`max_queued_messages`) and
-    /// drops the rest: half of that, the rest is margin for the messages a batch of
-    /// second copies leaves between two keys' first ones.
+    /// drops the rest: half of that. The rest is margin for the second copies between two
+    /// keys' first messages, which the pacing cannot see delivered.
     const AHEAD: Option<usize> = Some(500);
 
     /// The key is the `key` user property; each publish is acknowledged by the broker
@@ -832,16 +832,15 @@ async fn publish_paced<DB: TestBackend, Q: RealQueue>(
     deadline: Instant,
 ) -> Result<(), String> {
     let mut seen = vec![false; plan.len()];
-    let mut latest_first = None;
-    // For each position, the latest position at or before it that holds a key's first
-    // message, and that key.
+    let mut latest = None;
+    // For each position, the key of the latest first message of a key at or before it.
     let latest_first: Vec<Option<u32>> = plan
         .iter()
         .map(|key| {
             if !std::mem::replace(&mut seen[*key as usize], true) {
-                latest_first = Some(*key);
+                latest = Some(*key);
             }
-            latest_first
+            latest
         })
         .collect();
     for start in (0..plan.len()).step_by(100) {
