@@ -26,6 +26,11 @@ pub fn mysql_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
+/// The NATS JetStream server the tests use; they fail if it is down.
+pub fn nats_url() -> String {
+    std::env::var("JUSTONCE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
 /// The MQTT broker the tests use; they fail if it is down.
 pub fn mqtt_url() -> String {
     std::env::var("JUSTONCE_TEST_MQTT_URL").unwrap_or_else(|_| "mqtt://127.0.0.1:1883".to_owned())
@@ -563,16 +568,21 @@ impl<DB: TestBackend> TestDb<DB> {
 
     /// Drops this test's tables, or its database file.
     pub async fn cleanup(self) {
+        self.try_cleanup().await.expect("drop a test table");
+    }
+
+    /// Drops this test's tables, or its database file, and says if it could not.
+    pub async fn try_cleanup(self) -> Result<(), sqlx::Error> {
         for table in ["effects", "outbox", "offsets", "keys", "migrations"] {
             DB::execute(
                 self.inbox.pool(),
                 format!("DROP TABLE IF EXISTS {}{table}", self.prefix),
             )
-            .await
-            .expect("drop a test table");
+            .await?;
         }
         self.inbox.pool().close().await;
         DB::remove(&self.url);
+        Ok(())
     }
 }
 

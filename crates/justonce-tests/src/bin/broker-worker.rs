@@ -14,10 +14,11 @@
 //! `test`; elsewhere a plain consumer. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed. `run-batched`: the same in batches of 20.
-//! `ack-before-commit` (RabbitMQ only): deliberately broken, for the fault harness's own
-//! test: acknowledges each delivery, then runs its work, so that a kill in between loses it.
+//! `ack-before-commit` (a consumer of RabbitMQ, Redis or NATS): deliberately broken, for the
+//! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
+//! in between loses it.
 
-use justonce_sql::{Consumer, Inbox, Options, Outcome};
+use justonce_sql::{Consumer, Inbox, Key, Options, Outcome};
 use justonce_tests::{TestBackend, consumer_work, mqtt_options, shared_mqtt_options};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::mqtt::MqttConsumer;
@@ -108,7 +109,18 @@ async fn work<DB: TestBackend>(
         let options = RedisStreamOptions::new(queue, "test")
             .consumer(format!("worker-{}", std::process::id()))
             .claim_idle(std::time::Duration::from_millis(500));
-        let consumer = RedisStreamConsumer::connect(broker, inbox, options).await?;
+        let consumer = RedisStreamConsumer::connect(broker, inbox.clone(), options).await?;
+        if mode == "ack-before-commit" {
+            let mut entries = consumer.entries();
+            let mut stats = ConsumerStats::default();
+            loop {
+                for entry in entries.next().await? {
+                    let key = entry.field(KEY_FIELD).ok_or("an entry without a key")?;
+                    consumer.settle(&entry, acknowledged(), &mut stats).await?;
+                    effect_after_ack(&inbox, prefix, &String::from_utf8_lossy(&key)).await?;
+                }
+            }
+        }
         if mode == "run-batched" {
             consumer.run_batched(forever, 20, work).await?;
             return Ok(());
@@ -139,7 +151,18 @@ async fn work<DB: TestBackend>(
         pause_after_commit(&order_id(&message), ran).await
     } else if broker.starts_with("nats:") {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
-        let consumer = NatsConsumer::connect(broker, inbox, options).await?;
+        let consumer = NatsConsumer::connect(broker, inbox.clone(), options).await?;
+        if mode == "ack-before-commit" {
+            let mut messages = consumer.messages().await?;
+            let mut stats = ConsumerStats::default();
+            while let Some(message) = messages.next().await? {
+                consumer
+                    .settle(&message, acknowledged(), &mut stats)
+                    .await?;
+                effect_after_ack(&inbox, prefix, &order_id(&message)).await?;
+            }
+            return Ok(());
+        }
         if mode == "run-batched" {
             consumer.run_batched(forever, 20, work).await?;
             return Ok(());
@@ -188,15 +211,31 @@ async fn ack_before_commit<DB: TestBackend>(
     let mut stats = ConsumerStats::default();
     while let Some(delivery) = deliveries.next().await? {
         let key = delivery.key().map_err(str::to_owned)?.clone();
-        let acknowledged = Ran::<sqlx::Error>::Outcome(Outcome::Processed(()));
-        delivery.settle(acknowledged, &mut stats).await?;
-        let _ = inbox
-            .run(&key, key.as_str().as_bytes(), |tx| {
-                let (prefix, key) = (prefix.to_owned(), key.as_str().to_owned());
-                Box::pin(async move { DB::insert_effect(tx, &prefix, "test", &key).await })
-            })
-            .await?;
+        delivery.settle(acknowledged(), &mut stats).await?;
+        effect_after_ack(inbox, prefix, key.as_str()).await?;
     }
+    Ok(())
+}
+
+/// What `ack-before-commit` settles a delivery with before its work has run.
+fn acknowledged() -> Ran<sqlx::Error> {
+    Ran::Outcome(Outcome::Processed(()))
+}
+
+/// Claims `key` and writes its effect, after its delivery was acknowledged.
+async fn effect_after_ack<DB: TestBackend>(
+    inbox: &Inbox<DB>,
+    prefix: &str,
+    key: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let key = Key::new(key)?;
+    // Processed or a duplicate: acknowledged either way, before.
+    let _ = inbox
+        .run(&key, key.as_str().as_bytes(), |tx| {
+            let (prefix, key) = (prefix.to_owned(), key.as_str().to_owned());
+            Box::pin(async move { DB::insert_effect(tx, &prefix, "test", &key).await })
+        })
+        .await?;
     Ok(())
 }
 

@@ -7,7 +7,7 @@ use super::broker::{Batching, TestBroker, consume_until, read_to_end};
 use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
-use justonce_tests::{TestBackend, TestDb, consumer_work};
+use justonce_tests::{TestBackend, TestDb, consumer_work, nats_url};
 use justonce_transport::nats::{
     MSG_ID_HEADER, NatsConsumer, NatsDestination, NatsOptions, NatsReader,
 };
@@ -19,10 +19,6 @@ on_every_database!(
     a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on,
     the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat,
 );
-
-fn nats_url() -> String {
-    std::env::var("JUSTONCE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-}
 
 /// A stream named after the test's prefix (with its subject and durable consumer of the
 /// same name), deleted at the end.

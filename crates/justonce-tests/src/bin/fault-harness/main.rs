@@ -2,8 +2,9 @@
 //! injects its faults, waits for every delivery to be acknowledged, and checks the
 //! database's effect rows against what was attempted and acknowledged.
 //!
-//! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite] [--broker amqp|redis]
-//! [--short] [--json] [--broken ack-before-commit|separate-claim|key-per-try] [--seed N]`
+//! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite]
+//! [--broker amqp|redis|nats|mqtt] [--short] [--json]
+//! [--broken ack-before-commit|separate-claim|key-per-try] [--seed N]`
 //!
 //! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
 //! the check catches what it is there to catch: such a run must report violations.
@@ -31,9 +32,12 @@
 //!   going.
 //! - `broker-kill`: no broker of the harness's own: 20,000 keys, a tenth of them twice
 //!   (short: 2,000), published to a queue of the run's own on the real broker of
-//!   `--broker` (`amqp`: RabbitMQ, `redis`: a Redis stream read by a consumer group),
-//!   consumed by one `broker-worker` process, the project's real consumer, SIGKILLed 100 times (short: 10) at random moments and restarted, until the
-//!   broker holds nothing unacknowledged.
+//!   `--broker` (`amqp`: RabbitMQ, `redis`: a Redis stream read by a consumer group,
+//!   `nats`: a JetStream stream read by a durable consumer, `mqtt`: a Mosquitto topic read
+//!   on a persistent session, published to gradually, as the consumer advances), consumed
+//!   by one `broker-worker` process, the project's real consumer, SIGKILLed 100 times
+//!   (short: 10) at random moments and restarted, until the broker holds nothing
+//!   unacknowledged. Its broken mode is `ack-before-commit`, on every broker but MQTT.
 //! - `relay-kill`: 20,000 outbox rows (short: 2,000) delivered by the project's relay, a
 //!   `relay-worker` process, to an HTTP receiver inside the harness; the relay SIGKILLed 100
 //!   times (short: 10), every fourth time at its failpoint (a row accepted, not yet marked
@@ -45,6 +49,9 @@
 //!
 //! Behind an HTTP receiver an effect is a distinct `Idempotency-Key`: a row or an event that
 //! arrives with two keys would act twice at a receiver that acts once per key.
+//!
+//! A run drops its tables and deletes its queue whether it passes, fails its check or
+//! fails on the way.
 
 mod broker;
 mod cluster;
@@ -236,10 +243,11 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     }
     if args.scenario == "broker-kill"
         && args.mode != "correct"
-        && (args.mode.as_str(), args.broker.as_str()) != ("ack-before-commit", "amqp")
+        && (args.mode != "ack-before-commit" || args.broker == "mqtt")
     {
         return Err(
-            "broker-kill's only broken consumer is --broker amqp's ack-before-commit".to_owned(),
+            "broker-kill's only broken consumer is ack-before-commit, on amqp, redis or nats"
+                .to_owned(),
         );
     }
     let cluster = if args.scenario == "pg-immediate" {
@@ -270,18 +278,33 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         args.seed
     );
     let started = std::time::Instant::now();
-    let mut report = match args.scenario.as_str() {
-        "broker-kill" => real_broker::broker_kill(args, &db, &mut rng, title).await?,
-        "relay-kill" => relay_kill::relay_kill(args, &db, &mut rng, title).await?,
-        "serve-kill" => serve_kill::serve_kill::<DB>(args, &mut rng, title).await?,
-        _ => through_own_broker(args, &db, &mut rng, cluster.clone(), title).await?,
+    let result = match args.scenario.as_str() {
+        "broker-kill" => real_broker::broker_kill(args, &db, &mut rng, title).await,
+        "relay-kill" => relay_kill::relay_kill(args, &db, &mut rng, title).await,
+        "serve-kill" => serve_kill::serve_kill::<DB>(args, &mut rng, title).await,
+        _ => through_own_broker(args, &db, &mut rng, cluster.clone(), title).await,
     };
+    // The throwaway cluster takes its tables with it, and may be down after a failure.
+    let cleanup = if cluster.is_some() && result.is_err() {
+        Ok(())
+    } else {
+        (db.try_cleanup().await).map_err(|e| format!("cannot drop the run's tables: {e}"))
+    };
+    let mut report = cleaned_up(result, cleanup)?;
     report.details.push((
         "drained in (ms)".to_owned(),
         started.elapsed().as_millis() as u64,
     ));
-    db.cleanup().await;
     Ok(report)
+}
+
+/// `result`, unless `cleanup` after it failed: the run's own error comes first.
+fn cleaned_up<T>(result: Result<T, String>, cleanup: Result<(), String>) -> Result<T, String> {
+    match (result, cleanup) {
+        (result, Ok(())) => result,
+        (Ok(_), Err(cleanup)) => Err(cleanup),
+        (Err(error), Err(cleanup)) => Err(format!("{error}; then, cleaning up: {cleanup}")),
+    }
 }
 
 /// A scenario whose deliveries the harness's own broker makes to `harness-worker`s.

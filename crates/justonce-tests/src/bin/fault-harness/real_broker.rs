@@ -1,13 +1,23 @@
 //! `broker-kill`: the workload published to a queue of the run's own on a real broker and
 //! consumed by a `broker-worker` process, the project's real consumer, SIGKILLed at random
 //! moments and restarted, until the broker says that every message was
-//! acknowledged.
+//! acknowledged. RabbitMQ counts what a queue holds, a Redis group what is pending or
+//! unread, a JetStream consumer what is pending or awaits its acknowledgement; Mosquitto
+//! says nothing, so an MQTT run waits for every key's effect and then resumes the
+//! consumer's session to see what it still holds.
 
 use crate::broker::{key_index, key_name, sibling};
 use crate::report::Report;
 use crate::{Args, Rng};
+use async_nats::jetstream;
+use async_nats::jetstream::consumer::pull;
+use futures_util::StreamExt;
+use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::{TestBackend, TestDb};
+use justonce_transport::KeyFrom;
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::mqtt::{KEY_PROPERTY, MqttConsumer, MqttDestination};
+use justonce_transport::nats::{NatsConsumer, NatsOptions};
 use justonce_transport::redis_streams::KEY_FIELD;
 use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
@@ -16,13 +26,16 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{
     StreamInfoGroup, StreamInfoGroupsReply, StreamPendingCountReply, StreamRangeReply,
 };
+use rumqttc::v5::mqttbytes::v5::Packet;
+use rumqttc::v5::{AsyncClient, Event};
 use std::collections::HashSet;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 /// The brokers `--broker` takes.
-pub const BROKERS: [&str; 2] = ["amqp", "redis"];
+pub const BROKERS: [&str; 4] = ["amqp", "redis", "nats", "mqtt"];
 
 /// What `broker-kill` asks of a queue of the run's own on a real broker.
 trait RealQueue: Sized {
@@ -34,14 +47,22 @@ trait RealQueue: Sized {
     /// The queue's name, as `broker-worker` takes it.
     fn name(&self) -> &str;
 
+    /// How many messages may be published ahead of the consumer; `None`: all at once.
+    const AHEAD: Option<usize> = None;
+
     /// One message per key, in order, with the key where `broker-worker` reads it.
     async fn publish(&self, keys: &[String]) -> Result<(), String>;
 
-    /// Messages no consumer has taken yet.
-    async fn waiting(&self) -> Result<usize, String>;
+    /// Messages no consumer has taken yet; `None` if the broker cannot tell.
+    async fn waiting(&self) -> Result<Option<usize>, String>;
 
     /// With no consumer running: messages never acknowledged.
     async fn unacknowledged(&self) -> Result<usize, String>;
+
+    /// Deliveries made again so far; `None` if the broker does not count them.
+    async fn redeliveries(&self) -> Result<Option<u64>, String> {
+        Ok(None)
+    }
 
     /// With no consumer running: the key of each message never acknowledged. The queue
     /// may be left without them.
@@ -129,8 +150,8 @@ impl RealQueue for AmqpQueue {
         Ok(())
     }
 
-    async fn waiting(&self) -> Result<usize, String> {
-        Ok(self.state().await?.message_count() as usize)
+    async fn waiting(&self) -> Result<Option<usize>, String> {
+        Ok(Some(self.state().await?.message_count() as usize))
     }
 
     async fn unacknowledged(&self) -> Result<usize, String> {
@@ -232,8 +253,8 @@ impl RealQueue for RedisStream {
             .map_err(|e| e.to_string())
     }
 
-    async fn waiting(&self) -> Result<usize, String> {
-        Ok(self.group().await?.lag.unwrap_or(usize::MAX))
+    async fn waiting(&self) -> Result<Option<usize>, String> {
+        Ok(Some(self.group().await?.lag.unwrap_or(usize::MAX)))
     }
 
     /// A dead consumer's entries stay pending in the group until another claims them.
@@ -274,6 +295,321 @@ impl RealQueue for RedisStream {
             .await
             .map_err(|e| e.to_string())?;
         Ok(())
+    }
+}
+
+/// A JetStream stream with the subject and durable consumer of the same name, and its
+/// dead-letter stream, as `broker-worker` reads them.
+struct NatsStream {
+    url: String,
+    name: String,
+    jetstream: jetstream::Context,
+}
+
+/// The header `broker-worker` reads the key from. Not `Nats-Msg-Id`: the stream would drop
+/// the second copy of a key published twice as a duplicate within its window.
+const NATS_KEY_HEADER: &str = "Order-Id";
+
+/// How long the durable consumer waits for an acknowledgement before it delivers a message
+/// again: what a killed consumer held comes back after it.
+const NATS_ACK_WAIT: Duration = Duration::from_secs(2);
+
+impl NatsStream {
+    async fn consumer(&self) -> Result<jetstream::consumer::Consumer<pull::Config>, String> {
+        let stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        stream
+            .get_consumer(&self.name)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Messages of the stream the durable consumer has not had acknowledged: those not yet
+    /// delivered (`num_pending`) and those delivered and not acknowledged
+    /// (`num_ack_pending`). The ack floor alone cannot say, since acknowledgements above it
+    /// come in any order; the server's count of its pending acknowledgements can.
+    async fn unsettled(&self) -> Result<usize, String> {
+        let info = self
+            .consumer()
+            .await?
+            .get_info()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(info.num_pending as usize + info.num_ack_pending)
+    }
+}
+
+impl RealQueue for NatsStream {
+    /// Creates the streams and the durable consumer with a short ack wait; `broker-worker`
+    /// binds to the consumer as it finds it.
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
+        let url = justonce_tests::nats_url();
+        let name = format!("{}broker_kill", db.prefix);
+        let options = NatsOptions::new(&name, &name)
+            .key_from(KeyFrom::Header(NATS_KEY_HEADER.into()))
+            .ack_wait(NATS_ACK_WAIT);
+        // Connected first: an unreachable server leaves no stream behind.
+        let client = async_nats::connect(&url)
+            .await
+            .map_err(|e| format!("NATS at {url}: {e}"))?;
+        NatsConsumer::connect(&url, db.inbox.clone(), options)
+            .await
+            .map_err(|e| format!("NATS at {url}: {e}"))?;
+        Ok(Self {
+            url,
+            name,
+            jetstream: jetstream::new(client),
+        })
+    }
+
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The key is the `Order-Id` header; each publish is stored before the next chunk.
+    async fn publish(&self, keys: &[String]) -> Result<(), String> {
+        for chunk in keys.chunks(500) {
+            let mut stored = Vec::with_capacity(chunk.len());
+            for key in chunk {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(NATS_KEY_HEADER, key.as_str());
+                let ack = self
+                    .jetstream
+                    .publish_with_headers(self.name.clone(), headers, key.clone().into())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                stored.push(ack);
+            }
+            for ack in stored {
+                ack.await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Not yet acknowledged, whether delivered or not: a killed consumer's messages come
+    /// back only after the ack wait, so the consumer keeps running until they have.
+    async fn waiting(&self) -> Result<Option<usize>, String> {
+        self.unsettled().await.map(Some)
+    }
+
+    async fn unacknowledged(&self) -> Result<usize, String> {
+        self.unsettled().await
+    }
+
+    /// The consumer numbers every delivery, a redelivery too, and delivers each message of
+    /// the stream (numbered from 1, all on its subject) for the first time in order: the
+    /// deliveries past the last message delivered were made again.
+    async fn redeliveries(&self) -> Result<Option<u64>, String> {
+        let info = self
+            .consumer()
+            .await?
+            .get_info()
+            .await
+            .map_err(|e| e.to_string())?;
+        let delivered = info.delivered;
+        Ok(Some(
+            delivered
+                .consumer_sequence
+                .saturating_sub(delivered.stream_sequence),
+        ))
+    }
+
+    /// Takes what the durable consumer still holds through the consumer itself, each message
+    /// acknowledged once its key is read: the server delivers what was never delivered at
+    /// once, and what a dead consumer held once its ack wait has passed, until it counts
+    /// nothing unacknowledged.
+    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+        let consumer = self.consumer().await?;
+        let given_up = Instant::now() + 3 * NATS_ACK_WAIT + Duration::from_secs(5);
+        let mut keys = Vec::new();
+        while self.unsettled().await? > 0 {
+            if Instant::now() >= given_up {
+                return Err("JetStream did not deliver again what it holds".to_owned());
+            }
+            let mut batch = consumer
+                .fetch()
+                .max_messages(500)
+                .expires(Duration::from_millis(500))
+                .messages()
+                .await
+                .map_err(|e| e.to_string())?;
+            while let Some(message) = batch.next().await {
+                let message = message.map_err(|e| e.to_string())?;
+                let key = (message.headers.as_ref())
+                    .and_then(|headers| headers.get(NATS_KEY_HEADER))
+                    .map(|key| key.as_str().to_owned())
+                    .unwrap_or_default();
+                keys.push(key);
+                // Confirmed, so that the count above no longer includes it.
+                message.double_ack().await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(keys)
+    }
+
+    async fn delete(self) -> Result<(), String> {
+        for name in [format!("{}_DEAD", self.name), self.name] {
+            self.jetstream
+                .delete_stream(&name)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// An MQTT topic, consumed on `broker-worker`'s persistent session (client `<topic>-c`,
+/// QoS 1).
+struct MqttTopic {
+    url: String,
+    name: String,
+    publisher: MqttDestination,
+}
+
+/// How long Mosquitto keeps the consumer's session while no client holds it, as
+/// `justonce_tests::mqtt_options` asks for it.
+const MQTT_SESSION_EXPIRY: u32 = 300;
+
+/// How long a resumed session must stay silent before the harness takes it that the broker
+/// has sent all it holds for it: it sends them as soon as the session is resumed.
+const MQTT_QUIET: Duration = Duration::from_secs(1);
+
+impl MqttTopic {
+    /// Connects as the consumer's client id, on its session (`resume`) or a clean one, which
+    /// discards it. A resumed session is sent what it holds: messages delivered and never
+    /// acknowledged, and those queued for it. Returns their keys once the broker has sent
+    /// nothing for [`MQTT_QUIET`], acknowledging each if `acknowledge`; unacknowledged, they
+    /// stay in the session.
+    async fn session(&self, resume: bool, acknowledge: bool) -> Result<Vec<String>, String> {
+        let bad_url = || format!("MQTT URL {}: expected mqtt://host[:port]", self.url);
+        let address = self.url.strip_prefix("mqtt://").ok_or_else(bad_url)?;
+        let (host, port) = address
+            .trim_end_matches('/')
+            .rsplit_once(':')
+            .unwrap_or((address, "1883"));
+        let port = port.parse().map_err(|_| bad_url())?;
+        let mut options = rumqttc::v5::MqttOptions::new(format!("{}-c", self.name), host, port);
+        options.set_clean_start(!resume).set_manual_acks(true);
+        if resume {
+            options.set_session_expiry_interval(Some(MQTT_SESSION_EXPIRY));
+        }
+        let (client, mut events) = AsyncClient::new(options, 64);
+        let mut connected = false;
+        let mut keys = Vec::new();
+        loop {
+            let wait = if connected {
+                MQTT_QUIET
+            } else {
+                Duration::from_secs(10)
+            };
+            let event = match tokio::time::timeout(wait, events.poll()).await {
+                Ok(event) => event.map_err(|e| format!("MQTT at {}: {e}", self.url))?,
+                Err(_) if connected => return Ok(keys),
+                Err(_) => return Err(format!("MQTT at {}: no CONNACK", self.url)),
+            };
+            match event {
+                Event::Incoming(Packet::ConnAck(ack)) => {
+                    if resume && !ack.session_present {
+                        return Err("Mosquitto lost the consumer's session".to_owned());
+                    }
+                    if !resume {
+                        return Ok(keys);
+                    }
+                    connected = true;
+                }
+                Event::Incoming(Packet::Publish(message)) => {
+                    let key = (message.properties.as_ref())
+                        .and_then(|p| p.user_properties.iter().find(|(n, _)| n == KEY_PROPERTY))
+                        .map(|(_, key)| key.clone())
+                        .unwrap_or_default();
+                    keys.push(key);
+                    if acknowledge {
+                        client.ack(&message).await.map_err(|e| e.to_string())?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl RealQueue for MqttTopic {
+    /// Opens the consumer's session and its subscription, so that the broker queues what is
+    /// published before the first consumer runs.
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
+        let url = justonce_tests::mqtt_url();
+        let name = format!("{}broker_kill", db.prefix);
+        MqttConsumer::connect(&url, db.inbox.clone(), justonce_tests::mqtt_options(&name))
+            .await
+            .map_err(|e| format!("MQTT at {url}: {e}"))?;
+        let publisher =
+            MqttDestination::new(&url, &name, &format!("{name}-p")).map_err(|e| e.to_string())?;
+        Ok(Self {
+            url,
+            name,
+            publisher,
+        })
+    }
+
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Mosquitto queues at most 1,000 messages per session (`max_queued_messages`) and
+    /// drops the rest: half of that. The rest is margin for the second copies between two
+    /// keys' first messages, which the pacing cannot see delivered.
+    const AHEAD: Option<usize> = Some(500);
+
+    /// The key is the `key` user property; each publish is acknowledged by the broker
+    /// before the next.
+    async fn publish(&self, keys: &[String]) -> Result<(), String> {
+        for (id, key) in keys.iter().enumerate() {
+            let delivery = Delivery {
+                id: id as i64,
+                key,
+                destination: &self.name,
+                payload: key.as_bytes(),
+                headers: &[],
+                attempt: 1,
+            };
+            match self.publisher.deliver(delivery).await {
+                Delivered::Sent => {}
+                refused => return Err(format!("MQTT at {}: {refused:?}", self.url)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Mosquitto does not say what a session has taken.
+    async fn waiting(&self) -> Result<Option<usize>, String> {
+        Ok(None)
+    }
+
+    /// What the consumer's session still holds, resumed without acknowledging it: at least
+    /// one message if it holds any (the broker sends a window of them).
+    async fn unacknowledged(&self) -> Result<usize, String> {
+        Ok(self.session(true, false).await?.len())
+    }
+
+    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+        self.session(true, true).await
+    }
+
+    /// Discards the consumer's session with a clean start.
+    async fn delete(self) -> Result<(), String> {
+        self.session(false, false).await.map(drop)
     }
 }
 
@@ -338,6 +674,8 @@ pub async fn broker_kill<DB: TestBackend>(
 ) -> Result<Report, String> {
     match args.broker.as_str() {
         "redis" => kill_consumer::<DB, RedisStream>(args, db, rng, title).await,
+        "nats" => kill_consumer::<DB, NatsStream>(args, db, rng, title).await,
+        "mqtt" => kill_consumer::<DB, MqttTopic>(args, db, rng, title).await,
         _ => kill_consumer::<DB, AmqpQueue>(args, db, rng, title).await,
     }
 }
@@ -357,17 +695,6 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
     let mut plan: Vec<u32> = (0..keys as u32).chain(0..keys as u32 / 10).collect();
     rng.shuffle(&mut plan);
     let queue = Q::open(db).await?;
-    let published: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
-    queue.publish(&published).await?;
-
-    // Kill points: after random numbers of effects, well inside the run so that there is
-    // work left to recover to, plus a few random milliseconds so that the consumer is
-    // caught at any point of a delivery.
-    let mut points: Vec<i64> = (0..kills)
-        .map(|_| (keys / 20 + rng.below(keys as u64 * 17 / 20) as usize) as i64)
-        .collect();
-    points.sort_unstable();
-    let effects = async || db.rows("effects").await;
     let mut consumer = Consumer {
         db,
         queue: &queue,
@@ -378,66 +705,159 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
         },
         running: None,
     };
-    consumer.start()?;
-    let mut faults = 0;
-    let mut recovery = Vec::new();
-    let mut drained = false;
-    let mut quiet_since = None;
-    let mut points = points.into_iter().peekable();
-    while Instant::now() < deadline {
-        consumer.failed()?;
-        let committed = effects().await;
-        if points.next_if(|point| committed >= *point).is_some() {
-            tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
-            let began = Instant::now();
-            consumer.kill().await?;
-            consumer.start()?;
-            faults += 1;
-            // Recovered at the next effect committed after the kill: the new consumer's.
-            // A kill with nothing left to commit has no recovery.
-            let before = effects().await;
-            let given_up = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < given_up.min(deadline) {
-                if effects().await > before {
-                    recovery.push(began.elapsed());
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        } else if points.peek().is_none() && queue.waiting().await? == 0 {
-            // Nothing is waiting: once that has held long enough for the consumer to
-            // acknowledge what it took, stop it, and the broker counts what it left
-            // unacknowledged. Anything left is delivered again to a new consumer.
-            let quiet = *quiet_since.get_or_insert_with(Instant::now);
-            if quiet.elapsed() >= Duration::from_millis(300) {
-                consumer.kill().await?;
-                if queue.unacknowledged().await? == 0 {
-                    drained = true;
-                    break;
-                }
-                consumer.start()?;
-                quiet_since = None;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        } else {
-            quiet_since = None;
-            tokio::time::sleep(Duration::from_millis(5)).await;
+    let checked = async {
+        let messages: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
+        let published = AtomicUsize::new(0);
+        if Q::AHEAD.is_none() {
+            queue.publish(&messages).await?;
+            published.store(messages.len(), Ordering::Relaxed);
         }
+        let publishing = async {
+            match Q::AHEAD {
+                Some(ahead) => publish_paced(&queue, db, &plan, ahead, &published, deadline).await,
+                None => Ok(()),
+            }
+        };
+
+        // Kill points: after random numbers of effects, well inside the run so that there is
+        // work left to recover to, plus a few random milliseconds so that the consumer is
+        // caught at any point of a delivery.
+        let mut points: Vec<i64> = (0..kills)
+            .map(|_| (keys / 20 + rng.below(keys as u64 * 17 / 20) as usize) as i64)
+            .collect();
+        points.sort_unstable();
+        let effects = async || db.rows("effects").await;
+        let consuming = async {
+            consumer.start()?;
+            let mut faults = 0;
+            let mut recovery = Vec::new();
+            let mut drained = false;
+            let mut quiet_since = None;
+            let mut points = points.into_iter().peekable();
+            while Instant::now() < deadline {
+                consumer.failed()?;
+                let committed = effects().await;
+                let all_published = published.load(Ordering::Relaxed) == messages.len();
+                if points.next_if(|point| committed >= *point).is_some() {
+                    tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+                    let began = Instant::now();
+                    consumer.kill().await?;
+                    consumer.start()?;
+                    faults += 1;
+                    // Recovered at the next effect committed after the kill: the new consumer's.
+                    // A kill with nothing left to commit has no recovery.
+                    let before = effects().await;
+                    let given_up = Instant::now() + Duration::from_secs(10);
+                    while Instant::now() < given_up.min(deadline) {
+                        if effects().await > before {
+                            recovery.push(began.elapsed());
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                } else if points.peek().is_none()
+                && all_published
+                // A broker that cannot tell what waits: a key without its effect does.
+                && queue.waiting().await?.unwrap_or(keys.saturating_sub(committed as usize)) == 0
+                {
+                    // Nothing is waiting: once that has held long enough for the consumer to
+                    // acknowledge what it took, stop it, and the broker counts what it left
+                    // unacknowledged. Anything left is delivered again to a new consumer.
+                    let quiet = *quiet_since.get_or_insert_with(Instant::now);
+                    if quiet.elapsed() >= Duration::from_millis(300) {
+                        consumer.kill().await?;
+                        if queue.unacknowledged().await? == 0 {
+                            drained = true;
+                            break;
+                        }
+                        consumer.start()?;
+                        quiet_since = None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                } else {
+                    quiet_since = None;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            Ok::<_, String>((faults, recovery, drained))
+        };
+        let ((), (faults, recovery, drained)) = tokio::try_join!(publishing, consuming)?;
+        consumer.kill().await?;
+        // Counted before the harness takes anything itself.
+        let redeliveries = queue.redeliveries().await?;
+        // What the broker still holds was never acknowledged.
+        let mut acknowledged = vec![true; keys];
+        for key in queue.take_unacknowledged().await? {
+            let index = key_index(&key).ok_or_else(|| format!("the queue held key {key:?}"))?;
+            acknowledged[index as usize] = false;
+        }
+        let effects = DB::effect_counts(db.inbox.pool(), &db.prefix)
+            .await
+            .map_err(|e| format!("cannot read the effect rows: {e}"))?;
+        let mut report =
+            Report::compare(title, plan.len(), &vec![true; keys], &acknowledged, effects);
+        report.redeliveries = redeliveries;
+        report.faults = faults;
+        report.recovery = recovery;
+        report.drained = drained;
+        Ok(report)
     }
-    consumer.kill().await?;
-    // What the broker still holds was never acknowledged.
-    let mut acknowledged = vec![true; keys];
-    for key in queue.take_unacknowledged().await? {
-        let index = key_index(&key).ok_or_else(|| format!("the queue held key {key:?}"))?;
-        acknowledged[index as usize] = false;
-    }
-    queue.delete().await?;
-    let effects = DB::effect_counts(db.inbox.pool(), &db.prefix)
+    .await;
+    // Whatever happened, the queue goes, and the consumer before it: one that has just
+    // started would declare the queue again.
+    let stopped = consumer.kill().await;
+    drop(consumer);
+    let deleted = queue
+        .delete()
         .await
-        .map_err(|e| format!("cannot read the effect rows: {e}"))?;
-    let mut report = Report::compare(title, plan.len(), &vec![true; keys], &acknowledged, effects);
-    report.faults = faults;
-    report.recovery = recovery;
-    report.drained = drained;
-    Ok(report)
+        .map_err(|e| format!("cannot delete the queue: {e}"));
+    crate::cleaned_up(crate::cleaned_up(checked, stopped), deleted)
+}
+
+/// Publishes the messages of `plan` in chunks, never more than about `ahead` past what the
+/// consumer was delivered, counting them in `published`; gives up at `deadline`.
+///
+/// The broker delivers a session's messages in the order they were published, so a key's
+/// effect means that its first message, and every message before it, was delivered. The
+/// chunk that would take the count more than `ahead` past a message waits for the effect
+/// of the latest first message at or before it; the second copies between the two are
+/// the slack. Had the broker delivered out of order and dropped what passed its limit, the
+/// dropped keys would be reported lost: a pacing error fails the run, it never passes one.
+async fn publish_paced<DB: TestBackend, Q: RealQueue>(
+    queue: &Q,
+    db: &TestDb<DB>,
+    plan: &[u32],
+    ahead: usize,
+    published: &AtomicUsize,
+    deadline: Instant,
+) -> Result<(), String> {
+    let mut seen = vec![false; plan.len()];
+    let mut latest = None;
+    // For each position, the key of the latest first message of a key at or before it.
+    let latest_first: Vec<Option<u32>> = plan
+        .iter()
+        .map(|key| {
+            if !std::mem::replace(&mut seen[*key as usize], true) {
+                latest = Some(*key);
+            }
+            latest
+        })
+        .collect();
+    for start in (0..plan.len()).step_by(100) {
+        let end = (start + 100).min(plan.len());
+        let delivered = end.checked_sub(ahead + 1).and_then(|due| latest_first[due]);
+        if let Some(key) = delivered {
+            let key = Key::new(key_name(key)).map_err(|e| e.to_string())?;
+            while db.effects_of(&key).await == 0 {
+                if Instant::now() >= deadline {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let messages: Vec<String> = plan[start..end].iter().map(|key| key_name(*key)).collect();
+        queue.publish(&messages).await?;
+        published.store(end, Ordering::Relaxed);
+    }
+    Ok(())
 }
