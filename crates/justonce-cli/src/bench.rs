@@ -23,6 +23,9 @@ pub struct Settings {
     /// section the first.
     pub batches: Vec<usize>,
     pub workers: usize,
+    /// How many times the throughput section runs its modes, alternating; it reports
+    /// medians.
+    pub rounds: usize,
     pub sizes: Vec<u64>,
     pub samples: usize,
     pub purge: u64,
@@ -65,17 +68,15 @@ async fn bench<DB: BenchDb>(url: &str, settings: &Settings) -> Result<()> {
     let prefix = format!("justonce_bench_{}_", std::process::id());
     // A retry horizon of an hour lets the purge section purge keys a day old.
     let retention = Retention::new(Duration::from_secs(86_400), Duration::from_secs(3_600))?;
-    let inbox = Inbox::<DB>::connect_with(
-        url,
-        Consumer::new("bench")?,
-        Options::default().prefix(&prefix).retention(retention),
-    )
-    .await
-    .context("opening the database")?;
+    let options = Options::default().prefix(&prefix).retention(retention);
+    let inbox = Inbox::<DB>::connect_with(url, Consumer::new("bench")?, options.clone())
+        .await
+        .context("opening the database")?;
     inbox.migrate().await?;
     let bench = Bench {
         tables: BenchTables::new(&prefix),
         inbox,
+        options,
         settings,
         report: Report::new(settings.json, DB::LABEL),
     };
@@ -90,6 +91,8 @@ async fn bench<DB: BenchDb>(url: &str, settings: &Settings) -> Result<()> {
 struct Bench<'s, DB: BenchDb> {
     tables: BenchTables,
     inbox: Inbox<DB>,
+    /// The inbox's options, for a fresh inbox on the same pool.
+    options: Options,
     settings: &'s Settings,
     report: Report,
 }
@@ -114,54 +117,110 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
-    /// Each mode on the same generated stream, from empty tables.
+    /// Each mode on the same generated stream, from empty tables, for the configured rounds;
+    /// reports each mode's median, and its ratio to its baseline of the same round.
     async fn throughput(&self, figures: &mut Figures) -> Result<()> {
         let (keys, distinct) = stream(self.settings.messages, self.settings.duplicates);
-        let mut progress = Progress::new();
-        let mut hand_written = None;
         let batched = self.settings.batches.iter().map(|&b| Mode::ClaimMany(b));
-        for mode in Mode::ONE_BY_ONE.into_iter().chain(batched) {
-            if mode == Mode::OneStatement && !DB::HAS_ONE_STATEMENT {
-                continue;
+        let modes: Vec<Mode> = Mode::ONE_BY_ONE
+            .into_iter()
+            .chain(batched)
+            .filter(|&mode| mode != Mode::OneStatement || DB::HAS_ONE_STATEMENT)
+            .collect();
+        let mut rates: Vec<(Mode, Vec<f64>)> = modes
+            .iter()
+            .flat_map(|&mode| match mode {
+                Mode::Run => vec![Mode::Run, Mode::RunAgain],
+                _ => vec![mode],
+            })
+            .map(|mode| (mode, Vec::with_capacity(self.settings.rounds)))
+            .collect();
+        let mut progress = Progress::new();
+        let rounds = self.settings.rounds;
+        for round in 1..=rounds {
+            // The last round's run left its keys in the inbox's memory, which would answer
+            // this round's from there.
+            let bench = self.with_fresh_inbox()?;
+            let mut order = modes.clone();
+            // Baselines run first in odd rounds and last in even ones, so that neither side
+            // of a ratio always finds the server warmer.
+            if round % 2 == 0 {
+                order.reverse();
             }
-            self.empty().await?;
-            progress.update(format!("throughput: {}", mode.name()));
-            let started = Instant::now();
-            self.run_mode(mode, &keys).await?;
-            let elapsed = started.elapsed();
-            let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
-            let doubled = DB::doubled(self.inbox.pool(), &self.tables.effects).await?;
-            ensure!(
-                effects == distinct as i64 && doubled == 0,
-                "{}: {effects} effect rows ({doubled} doubled) for {distinct} distinct keys",
-                mode.name()
-            );
-            let per_second = keys.len() as f64 / elapsed.as_secs_f64();
-            if mode == Mode::HandWritten {
-                hand_written = Some(per_second);
-            }
-            let against = hand_written.map(|baseline| per_second / baseline);
-            progress.finish();
-            figures.throughput.push((mode, per_second));
-            self.report
-                .throughput(mode, self.settings, per_second, effects, against);
-            if mode == Mode::Run {
-                // The same stream again through the same inbox: every message a duplicate.
-                let started = Instant::now();
-                self.run_all(&keys).await?;
-                let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
-                let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
-                ensure!(effects == distinct as i64, "run-again wrote effects");
-                self.report.throughput(
-                    Mode::RunAgain,
-                    self.settings,
-                    per_second,
-                    effects,
-                    hand_written.map(|baseline| per_second / baseline),
-                );
+            for mode in order {
+                progress.update(format!(
+                    "throughput, round {round} of {rounds}: {}",
+                    mode.name()
+                ));
+                for (mode, per_second) in bench.measure(mode, &keys, distinct).await? {
+                    if let Some((_, per_round)) = rates.iter_mut().find(|(m, _)| *m == mode) {
+                        per_round.push(per_second);
+                    }
+                }
             }
         }
+        progress.finish();
+        for (mode, per_round) in &rates {
+            let against = mode.baseline().and_then(|baseline| {
+                let (_, base) = rates.iter().find(|(m, _)| *m == baseline)?;
+                let ratios: Vec<f64> = per_round.iter().zip(base).map(|(r, b)| r / b).collect();
+                Some((baseline, ratios))
+            });
+            figures.throughput.push((*mode, median(per_round)));
+            self.report.throughput(
+                *mode,
+                self.settings,
+                per_round,
+                distinct,
+                against
+                    .as_ref()
+                    .map(|(baseline, ratios)| (*baseline, ratios.as_slice())),
+            );
+        }
         Ok(())
+    }
+
+    /// The same bench with an inbox that remembers no keys yet.
+    fn with_fresh_inbox(&self) -> Result<Self> {
+        let inbox = Inbox::from_pool(
+            self.inbox.pool().clone(),
+            self.inbox.consumer().clone(),
+            self.options.clone(),
+        )?;
+        Ok(Self {
+            tables: self.tables.clone(),
+            inbox,
+            options: self.options.clone(),
+            settings: self.settings,
+            report: self.report.clone(),
+        })
+    }
+
+    /// Messages per second of `mode` on `keys` from empty tables, once effect rows are
+    /// checked against the `distinct` keys; after `Mode::Run`, of `Mode::RunAgain` too.
+    async fn measure(&self, mode: Mode, keys: &[Key], distinct: usize) -> Result<Vec<(Mode, f64)>> {
+        self.empty().await?;
+        let started = Instant::now();
+        self.run_mode(mode, keys).await?;
+        let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
+        let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
+        let doubled = DB::doubled(self.inbox.pool(), &self.tables.effects).await?;
+        ensure!(
+            effects == distinct as i64 && doubled == 0,
+            "{}: {effects} effect rows ({doubled} doubled) for {distinct} distinct keys",
+            mode.name()
+        );
+        let mut measured = vec![(mode, per_second)];
+        if mode == Mode::Run {
+            // The same stream again through the same inbox: every message a duplicate.
+            let started = Instant::now();
+            self.run_all(keys).await?;
+            let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
+            let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
+            ensure!(effects == distinct as i64, "run-again wrote effects");
+            measured.push((Mode::RunAgain, per_second));
+        }
+        Ok(measured)
     }
 
     /// Runs `mode` over `keys` with the configured workers.
@@ -448,6 +507,14 @@ impl Mode {
     /// The modes that start from empty tables and take a message at a time, baseline first.
     const ONE_BY_ONE: [Mode; 3] = [Mode::HandWritten, Mode::OneStatement, Mode::Run];
 
+    /// The mode this one is compared with, in the same round.
+    fn baseline(self) -> Option<Mode> {
+        match self {
+            Mode::OneStatement | Mode::Run | Mode::RunAgain => Some(Mode::HandWritten),
+            Mode::HandWritten | Mode::ClaimMany(_) => None,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Mode::HandWritten => "hand-written",
@@ -460,6 +527,7 @@ impl Mode {
 }
 
 /// The bench's tables: justonce's, under the bench's prefix, and the effects.
+#[derive(Clone)]
 struct BenchTables {
     keys: String,
     effects: String,
@@ -482,7 +550,7 @@ impl BenchTables {
 /// What the charts show, gathered as the sections run.
 #[derive(Default)]
 struct Figures {
-    /// Messages per second of each throughput mode.
+    /// Median messages per second of each throughput mode.
     throughput: Vec<(Mode, f64)>,
     /// Claim p50 and p99 at each key table size.
     latency: Vec<(u64, Duration, Duration)>,
@@ -579,6 +647,7 @@ const BLUE: &str = "#36c";
 const RED: &str = "#c33";
 
 /// Prints results as a table, or one JSON object per result.
+#[derive(Clone)]
 struct Report {
     json: bool,
     database: &'static str,
@@ -589,19 +658,29 @@ impl Report {
         Self { json, database }
     }
 
+    /// A mode's messages per second in each round, and its ratio to `against`'s baseline
+    /// in each round.
     fn throughput(
         &self,
         mode: Mode,
         settings: &Settings,
-        per_second: f64,
-        effects: i64,
-        against_hand_written: Option<f64>,
+        per_round: &[f64],
+        effects: usize,
+        against: Option<(Mode, &[f64])>,
     ) {
         let batch = match mode {
             Mode::ClaimMany(batch) => Some(batch),
             _ => None,
         };
+        let per_second = median(per_round);
+        let ratio = against.map(|(baseline, ratios)| {
+            let (low, high) = ratios
+                .iter()
+                .fold((f64::INFINITY, 0.0_f64), |(l, h), &r| (l.min(r), h.max(r)));
+            (baseline, median(ratios), low, high)
+        });
         if self.json {
+            let hundredths = |r: f64| (r * 100.0).round() / 100.0;
             let result = serde_json::json!({
                 "bench": "throughput",
                 "database": self.database,
@@ -610,10 +689,15 @@ impl Report {
                 "batch": batch,
                 "messages": settings.messages,
                 "duplicates_percent": settings.duplicates,
+                "rounds": per_round.len(),
                 "messages_per_second": per_second.round(),
+                "messages_per_second_per_round": per_round.iter().map(|r| r.round()).collect::<Vec<_>>(),
                 "effects": effects,
                 "effects_equal_distinct_keys": true,
-                "against_hand_written": against_hand_written.map(|r| (r * 100.0).round() / 100.0),
+                "baseline": ratio.map(|(baseline, ..)| baseline.name()),
+                "against_baseline": ratio.map(|(_, median, ..)| hundredths(median)),
+                "against_baseline_min": ratio.map(|(_, _, low, _)| hundredths(low)),
+                "against_baseline_max": ratio.map(|(.., high)| hundredths(high)),
             });
             println!("{result}");
             return;
@@ -622,12 +706,16 @@ impl Report {
             Some(batch) => format!("{} ({batch})", mode.name()),
             None => mode.name().to_owned(),
         };
-        let ratio = against_hand_written
-            .map(|r| format!("{r:.2}x hand-written"))
+        let ratio = ratio
+            .map(|(baseline, median, low, high)| {
+                format!("{median:.2}x {} ({low:.2}-{high:.2})", baseline.name())
+            })
             .unwrap_or_default();
         println!(
-            "throughput  {:<9} {mode:<19} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<18} effects {effects} = distinct keys",
-            self.database, settings.workers
+            "throughput  {:<9} {mode:<19} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<30} effects {effects} = distinct keys, median of {} round(s)",
+            self.database,
+            settings.workers,
+            per_round.len(),
         );
     }
 
@@ -744,6 +832,18 @@ impl Report {
         } else {
             println!("memory      {:<9} peak RSS {rss:.1} MiB", self.database);
         }
+    }
+}
+
+/// The middle value, or the mean of the two middle ones; 0 for none.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 0 => (sorted[middle - 1] + sorted[middle]) / 2.0,
+        _ => sorted[middle],
     }
 }
 
@@ -1070,6 +1170,14 @@ mod tests {
         let unique: std::collections::HashSet<&str> = keys.iter().map(Key::as_str).collect();
         assert_eq!(unique.len(), distinct);
         assert!((7_900..=8_100).contains(&distinct), "{distinct}");
+    }
+
+    #[test]
+    fn the_median_is_the_middle_or_the_mean_of_the_two_middle_values() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[7.0]), 7.0);
+        assert_eq!(median(&[]), 0.0);
     }
 
     #[test]
