@@ -12,6 +12,7 @@ use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Claim, Consumer, Fingerprint, Inbox, Key, Options, Retention};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 /// What `justonce bench` measures, from its arguments.
@@ -77,6 +78,7 @@ async fn bench<DB: BenchDb>(url: &str, settings: &Settings) -> Result<()> {
         tables: BenchTables::new(&prefix),
         inbox,
         options,
+        hand_claim_ids: AtomicI64::new(1),
         settings,
         report: Report::new(settings.json, DB::LABEL),
     };
@@ -93,6 +95,9 @@ struct Bench<'s, DB: BenchDb> {
     inbox: Inbox<DB>,
     /// The inbox's options, for a fresh inbox on the same pool.
     options: Options,
+    /// The claim id of each hand-written batch: what tells its new keys on MySQL, which
+    /// has no RETURNING.
+    hand_claim_ids: AtomicI64,
     settings: &'s Settings,
     report: Report,
 }
@@ -121,7 +126,11 @@ impl<DB: BenchDb> Bench<'_, DB> {
     /// reports each mode's median, and its ratio to its baseline of the same round.
     async fn throughput(&self, figures: &mut Figures) -> Result<()> {
         let (keys, distinct) = stream(self.settings.messages, self.settings.duplicates);
-        let batched = self.settings.batches.iter().map(|&b| Mode::ClaimMany(b));
+        let batched = self
+            .settings
+            .batches
+            .iter()
+            .flat_map(|&b| [Mode::HandWrittenBatched(b), Mode::ClaimMany(b)]);
         let modes: Vec<Mode> = Mode::ONE_BY_ONE
             .into_iter()
             .chain(batched)
@@ -191,6 +200,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
             tables: self.tables.clone(),
             inbox,
             options: self.options.clone(),
+            hand_claim_ids: AtomicI64::new(1),
             settings: self.settings,
             report: self.report.clone(),
         })
@@ -234,6 +244,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Mode::HandWritten => self.hand_written(share).await,
                 Mode::OneStatement => self.one_statement(share).await,
                 Mode::Run | Mode::RunAgain => self.run_all(share).await,
+                Mode::HandWrittenBatched(batch) => self.hand_written_batches(share, batch).await,
                 Mode::ClaimMany(batch) => self.claim_many(share, batch).await,
             }
         });
@@ -293,12 +304,44 @@ impl<DB: BenchDb> Bench<'_, DB> {
             .collect();
         let mut tx = self.inbox.begin().await?;
         let claims = self.inbox.claim_many(&mut tx, &messages).await?;
-        for ((key, _), claim) in messages.iter().zip(claims) {
-            if claim == Claim::First {
-                DB::insert_effect(&mut tx, &self.tables.effects, key.as_str()).await?;
-            }
+        let first: Vec<&str> = messages
+            .iter()
+            .zip(claims)
+            .filter(|(_, claim)| *claim == Claim::First)
+            .map(|((key, _), _)| key.as_str())
+            .collect();
+        if !first.is_empty() {
+            DB::insert_effects(&mut tx, &self.tables.effects, &first).await?;
         }
         tx.commit().await?;
+        Ok(())
+    }
+
+    /// What [`Bench::claim_many`] does, by hand: for each batch, BEGIN, the statement
+    /// `claim_many` sends to claim the batch's keys, the same effect insert, COMMIT.
+    async fn hand_written_batches(&self, keys: &[Key], batch: usize) -> Result<()> {
+        for batch in keys.chunks(batch.max(1)) {
+            // Sorted, as claim_many inserts them, so that concurrent batches lock in order.
+            let mut distinct: Vec<&str> = batch.iter().map(Key::as_str).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let fingerprints: Vec<Fingerprint> = distinct.iter().map(Fingerprint::of).collect();
+            let claim_id = self.hand_claim_ids.fetch_add(1, Ordering::Relaxed);
+            let mut tx = self.inbox.begin().await?;
+            let first = DB::hand_claim_many(
+                &mut tx,
+                &self.tables.keys,
+                &distinct,
+                &fingerprints,
+                claim_id,
+            )
+            .await?;
+            if !first.is_empty() {
+                let first: Vec<&str> = first.iter().map(String::as_str).collect();
+                DB::insert_effects(&mut tx, &self.tables.effects, &first).await?;
+            }
+            tx.commit().await?;
+        }
         Ok(())
     }
 
@@ -499,6 +542,9 @@ pub enum Mode {
     OneStatement,
     Run,
     RunAgain,
+    /// `claim_many`'s claim statement and the effects' insert sent with plain sqlx, in
+    /// batches of this many messages, a transaction each.
+    HandWrittenBatched(usize),
     /// In batches of this many messages, a transaction each.
     ClaimMany(usize),
 }
@@ -511,7 +557,16 @@ impl Mode {
     fn baseline(self) -> Option<Mode> {
         match self {
             Mode::OneStatement | Mode::Run | Mode::RunAgain => Some(Mode::HandWritten),
-            Mode::HandWritten | Mode::ClaimMany(_) => None,
+            Mode::ClaimMany(batch) => Some(Mode::HandWrittenBatched(batch)),
+            Mode::HandWritten | Mode::HandWrittenBatched(_) => None,
+        }
+    }
+
+    /// Messages per transaction, for the batched modes.
+    fn batch(self) -> Option<usize> {
+        match self {
+            Mode::HandWrittenBatched(batch) | Mode::ClaimMany(batch) => Some(batch),
+            _ => None,
         }
     }
 
@@ -521,6 +576,7 @@ impl Mode {
             Mode::OneStatement => "one-statement",
             Mode::Run => "run",
             Mode::RunAgain => "run-again",
+            Mode::HandWrittenBatched(_) => "hand-written-batched",
             Mode::ClaimMany(_) => "claim_many",
         }
     }
@@ -561,14 +617,15 @@ impl Figures {
     fn write(&self, dir: &Path, database: &str, settings: &Settings) -> Result<Vec<PathBuf>> {
         let mut charts = Vec::new();
         if !self.throughput.is_empty() {
-            let batched = self
-                .throughput
-                .iter()
-                .filter_map(|&(mode, per_second)| match mode {
-                    Mode::ClaimMany(batch) => Some((batch as f64, per_second)),
-                    _ => None,
-                })
-                .collect();
+            let by_batch = |batched: fn(usize) -> Mode| {
+                self.throughput
+                    .iter()
+                    .filter_map(|&(mode, per_second)| {
+                        let batch = mode.batch()?;
+                        (mode == batched(batch)).then_some((batch as f64, per_second))
+                    })
+                    .collect()
+            };
             let one_by_one = [
                 (Mode::HandWritten, "hand-written, one by one", GREY),
                 (Mode::Run, "Inbox::run, one by one", BLUE),
@@ -583,16 +640,24 @@ impl Figures {
             let chart = Chart {
                 title: format!("{database}: claim_many throughput by batch size"),
                 subtitle: format!(
-                    "{} messages, {}% repeating a key, {} worker(s), one transaction per batch",
-                    settings.messages, settings.duplicates, settings.workers
+                    "{} messages, {}% repeating a key, {} worker(s), one transaction per batch, \
+                     median of {} round(s)",
+                    settings.messages, settings.duplicates, settings.workers, settings.rounds
                 ),
                 x_label: "messages per batch",
                 y_label: "messages per second",
-                series: vec![Series {
-                    name: "claim_many",
-                    color: GREEN,
-                    points: batched,
-                }],
+                series: vec![
+                    Series {
+                        name: "claim_many",
+                        color: GREEN,
+                        points: by_batch(Mode::ClaimMany),
+                    },
+                    Series {
+                        name: "hand-written batches",
+                        color: GREY,
+                        points: by_batch(Mode::HandWrittenBatched),
+                    },
+                ],
                 references,
             };
             charts.push(("throughput-by-batch.svg", chart));
@@ -668,10 +733,7 @@ impl Report {
         effects: usize,
         against: Option<(Mode, &[f64])>,
     ) {
-        let batch = match mode {
-            Mode::ClaimMany(batch) => Some(batch),
-            _ => None,
-        };
+        let batch = mode.batch();
         let per_second = median(per_round);
         let ratio = against.map(|(baseline, ratios)| {
             let (low, high) = ratios
@@ -896,6 +958,24 @@ trait BenchDb: Backend {
         fingerprint: &Fingerprint,
     ) -> Result<bool>;
 
+    /// The statement `claim_many` sends to claim these sorted, distinct keys, sent by hand
+    /// in the transaction; returns the keys it inserted.
+    async fn hand_claim_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<Vec<String>>;
+
+    /// An effect row for each key, in one multi-row INSERT as a batched consumer writes
+    /// them (more only past the database's limit on bound parameters).
+    async fn insert_effects(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<()>;
+
     /// The claim and the effect in one statement, where `HAS_ONE_STATEMENT`.
     async fn one_statement(
         _pool: &sqlx::Pool<Self>,
@@ -926,6 +1006,9 @@ trait BenchDb: Backend {
     /// Effect rows beyond the first for their key.
     async fn doubled(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64>;
 }
+
+/// The most parameters MariaDB and MySQL bind to one statement.
+const MYSQL_MAX_PARAMETERS: usize = 65_535;
 
 /// What runs the same on every database.
 macro_rules! common {
@@ -1003,6 +1086,48 @@ impl BenchDb for Postgres {
 
     dollar_parameters!();
 
+    async fn hand_claim_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<Vec<String>> {
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
+             SELECT '', 'bench', batch.key, batch.fingerprint, $3
+             FROM unnest($1::text[], $2::bytea[]) AS batch (key, fingerprint)
+             ORDER BY batch.key COLLATE \"C\"
+             ON CONFLICT (scope, consumer, key) DO NOTHING
+             RETURNING key"
+        );
+        let fingerprints: Vec<&[u8]> = fingerprints
+            .iter()
+            .map(|fingerprint| fingerprint.as_bytes().as_slice())
+            .collect();
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(keys)
+            .bind(&fingerprints)
+            .bind(claim_id)
+            .fetch_all(&mut **tx)
+            .await?)
+    }
+
+    /// The keys as one array parameter: PostgreSQL's limit of 65,535 parameters never
+    /// applies.
+    async fn insert_effects(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<()> {
+        let sql = format!("INSERT INTO {table} (effect_key) SELECT unnest($1::text[])");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(keys)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
     async fn one_statement(
         pool: &sqlx::Pool<Self>,
         tables: &BenchTables,
@@ -1053,6 +1178,48 @@ impl BenchDb for Sqlite {
     common!();
 
     dollar_parameters!();
+
+    async fn hand_claim_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<Vec<String>> {
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id, processed_at)
+             SELECT '', 'bench', value ->> 0, unhex(value ->> 1), $1,
+                    CAST(unixepoch('subsec') * 1000 AS INTEGER)
+             FROM json_each($2) WHERE true
+             ON CONFLICT (scope, consumer, key) DO NOTHING
+             RETURNING key"
+        );
+        let pairs: Vec<(&str, String)> = keys
+            .iter()
+            .zip(fingerprints)
+            .map(|(key, fingerprint)| (*key, fingerprint.to_string()))
+            .collect();
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(claim_id)
+            .bind(serde_json::to_string(&pairs)?)
+            .fetch_all(&mut **tx)
+            .await?)
+    }
+
+    /// The keys as one JSON array, as claim_many sends them: SQLite's limit of 32,766
+    /// parameters never applies.
+    async fn insert_effects(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<()> {
+        let sql = format!("INSERT INTO {table} (effect_key) SELECT value FROM json_each($1)");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(serde_json::to_string(keys)?)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
 
     async fn fill(
         pool: &sqlx::Pool<Self>,
@@ -1126,6 +1293,65 @@ impl BenchDb for MySql {
             Err(sqlx::Error::Database(error)) if error.is_unique_violation() => Ok(false),
             Err(error) => Err(error.into()),
         }
+    }
+
+    async fn hand_claim_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<Vec<String>> {
+        const PARAMETERS_PER_ROW: usize = 3;
+        let rows = MYSQL_MAX_PARAMETERS / PARAMETERS_PER_ROW;
+        for (keys, fingerprints) in keys.chunks(rows).zip(fingerprints.chunks(rows)) {
+            let values = vec!["('', 'bench', ?, ?, ?, UTC_TIMESTAMP(6))"; keys.len()].join(", ");
+            let sql = format!(
+                "INSERT INTO {table} (scope, consumer, `key`, fingerprint, claim_id, processed_at)
+                 VALUES {values} ON DUPLICATE KEY UPDATE claim_id = claim_id"
+            );
+            let mut insert = sqlx::query(AssertSqlSafe(sql));
+            for (key, fingerprint) in keys.iter().zip(fingerprints) {
+                insert = insert
+                    .bind(*key)
+                    .bind(fingerprint.as_bytes().as_slice())
+                    .bind(claim_id);
+            }
+            insert.execute(&mut **tx).await?;
+        }
+        // No RETURNING after ON DUPLICATE KEY: the new keys are those with this batch's
+        // claim id, read back as claim_many does.
+        let mut inserted = Vec::new();
+        for keys in keys.chunks(MYSQL_MAX_PARAMETERS - 1) {
+            let list = vec!["?"; keys.len()].join(", ");
+            let sql = format!(
+                "SELECT CAST(`key` AS CHAR CHARACTER SET utf8mb4) FROM {table}
+                 WHERE scope = '' AND consumer = 'bench' AND claim_id = ? AND `key` IN ({list})"
+            );
+            let mut select = sqlx::query_scalar(AssertSqlSafe(sql)).bind(claim_id);
+            for key in keys {
+                select = select.bind(*key);
+            }
+            inserted.extend(select.fetch_all(&mut **tx).await?);
+        }
+        Ok(inserted)
+    }
+
+    async fn insert_effects(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<()> {
+        for keys in keys.chunks(MYSQL_MAX_PARAMETERS) {
+            let values = vec!["(?)"; keys.len()].join(", ");
+            let sql = format!("INSERT INTO {table} (effect_key) VALUES {values}");
+            let mut insert = sqlx::query(AssertSqlSafe(sql));
+            for key in keys {
+                insert = insert.bind(*key);
+            }
+            insert.execute(&mut **tx).await?;
+        }
+        Ok(())
     }
 
     async fn fill(
