@@ -774,7 +774,7 @@ impl Report {
             })
             .unwrap_or_default();
         println!(
-            "throughput  {:<9} {mode:<19} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<30} effects {effects} = distinct keys, median of {} round(s)",
+            "throughput  {:<9} {mode:<27} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<38} effects {effects} = distinct keys, median of {} round(s)",
             self.database,
             settings.workers,
             per_round.len(),
