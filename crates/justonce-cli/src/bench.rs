@@ -12,6 +12,7 @@ use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Claim, Consumer, Fingerprint, Inbox, Key, Options, Retention};
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 /// What `justonce bench` measures, from its arguments.
@@ -23,6 +24,9 @@ pub struct Settings {
     /// section the first.
     pub batches: Vec<usize>,
     pub workers: usize,
+    /// How many times the throughput section runs its modes, alternating; it reports
+    /// medians.
+    pub rounds: usize,
     pub sizes: Vec<u64>,
     pub samples: usize,
     pub purge: u64,
@@ -65,17 +69,16 @@ async fn bench<DB: BenchDb>(url: &str, settings: &Settings) -> Result<()> {
     let prefix = format!("justonce_bench_{}_", std::process::id());
     // A retry horizon of an hour lets the purge section purge keys a day old.
     let retention = Retention::new(Duration::from_secs(86_400), Duration::from_secs(3_600))?;
-    let inbox = Inbox::<DB>::connect_with(
-        url,
-        Consumer::new("bench")?,
-        Options::default().prefix(&prefix).retention(retention),
-    )
-    .await
-    .context("opening the database")?;
+    let options = Options::default().prefix(&prefix).retention(retention);
+    let inbox = Inbox::<DB>::connect_with(url, Consumer::new("bench")?, options.clone())
+        .await
+        .context("opening the database")?;
     inbox.migrate().await?;
     let bench = Bench {
         tables: BenchTables::new(&prefix),
         inbox,
+        options,
+        hand_claim_ids: AtomicI64::new(1),
         settings,
         report: Report::new(settings.json, DB::LABEL),
     };
@@ -90,6 +93,11 @@ async fn bench<DB: BenchDb>(url: &str, settings: &Settings) -> Result<()> {
 struct Bench<'s, DB: BenchDb> {
     tables: BenchTables,
     inbox: Inbox<DB>,
+    /// The inbox's options, for a fresh inbox on the same pool.
+    options: Options,
+    /// The claim id of each hand-written batch: what tells its new keys on MySQL, which
+    /// has no RETURNING.
+    hand_claim_ids: AtomicI64,
     settings: &'s Settings,
     report: Report,
 }
@@ -114,54 +122,115 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
-    /// Each mode on the same generated stream, from empty tables.
+    /// Each mode on the same generated stream, from empty tables, for the configured rounds;
+    /// reports each mode's median, and its ratio to its baseline of the same round.
     async fn throughput(&self, figures: &mut Figures) -> Result<()> {
         let (keys, distinct) = stream(self.settings.messages, self.settings.duplicates);
+        let batched = self
+            .settings
+            .batches
+            .iter()
+            .flat_map(|&b| [Mode::HandWrittenBatched(b), Mode::ClaimMany(b)]);
+        let modes: Vec<Mode> = Mode::ONE_BY_ONE
+            .into_iter()
+            .chain(batched)
+            .filter(|&mode| mode != Mode::OneStatement || DB::HAS_ONE_STATEMENT)
+            .collect();
+        let mut rates: Vec<(Mode, Vec<f64>)> = modes
+            .iter()
+            .flat_map(|&mode| match mode {
+                Mode::Run => vec![Mode::Run, Mode::RunAgain],
+                _ => vec![mode],
+            })
+            .map(|mode| (mode, Vec::with_capacity(self.settings.rounds)))
+            .collect();
         let mut progress = Progress::new();
-        let mut hand_written = None;
-        let batched = self.settings.batches.iter().map(|&b| Mode::ClaimMany(b));
-        for mode in Mode::ONE_BY_ONE.into_iter().chain(batched) {
-            if mode == Mode::OneStatement && !DB::HAS_ONE_STATEMENT {
-                continue;
+        let rounds = self.settings.rounds;
+        for round in 1..=rounds {
+            // The last round's run left its keys in the inbox's memory, which would answer
+            // this round's from there.
+            let bench = self.with_fresh_inbox()?;
+            let mut order = modes.clone();
+            // Baselines run first in odd rounds and last in even ones, so that neither side
+            // of a ratio always finds the server warmer.
+            if round % 2 == 0 {
+                order.reverse();
             }
-            self.empty().await?;
-            progress.update(format!("throughput: {}", mode.name()));
-            let started = Instant::now();
-            self.run_mode(mode, &keys).await?;
-            let elapsed = started.elapsed();
-            let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
-            let doubled = DB::doubled(self.inbox.pool(), &self.tables.effects).await?;
-            ensure!(
-                effects == distinct as i64 && doubled == 0,
-                "{}: {effects} effect rows ({doubled} doubled) for {distinct} distinct keys",
-                mode.name()
-            );
-            let per_second = keys.len() as f64 / elapsed.as_secs_f64();
-            if mode == Mode::HandWritten {
-                hand_written = Some(per_second);
-            }
-            let against = hand_written.map(|baseline| per_second / baseline);
-            progress.finish();
-            figures.throughput.push((mode, per_second));
-            self.report
-                .throughput(mode, self.settings, per_second, effects, against);
-            if mode == Mode::Run {
-                // The same stream again through the same inbox: every message a duplicate.
-                let started = Instant::now();
-                self.run_all(&keys).await?;
-                let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
-                let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
-                ensure!(effects == distinct as i64, "run-again wrote effects");
-                self.report.throughput(
-                    Mode::RunAgain,
-                    self.settings,
-                    per_second,
-                    effects,
-                    hand_written.map(|baseline| per_second / baseline),
-                );
+            for mode in order {
+                progress.update(format!(
+                    "throughput, round {round} of {rounds}: {}",
+                    mode.name()
+                ));
+                for (mode, per_second) in bench.measure(mode, &keys, distinct).await? {
+                    if let Some((_, per_round)) = rates.iter_mut().find(|(m, _)| *m == mode) {
+                        per_round.push(per_second);
+                    }
+                }
             }
         }
+        progress.finish();
+        for (mode, per_round) in &rates {
+            let against = mode.baseline().and_then(|baseline| {
+                let (_, base) = rates.iter().find(|(m, _)| *m == baseline)?;
+                let ratios: Vec<f64> = per_round.iter().zip(base).map(|(r, b)| r / b).collect();
+                Some((baseline, ratios))
+            });
+            figures.throughput.push((*mode, median(per_round)));
+            self.report.throughput(
+                *mode,
+                self.settings,
+                per_round,
+                distinct,
+                against
+                    .as_ref()
+                    .map(|(baseline, ratios)| (*baseline, ratios.as_slice())),
+            );
+        }
         Ok(())
+    }
+
+    /// The same bench with an inbox that remembers no keys yet.
+    fn with_fresh_inbox(&self) -> Result<Self> {
+        let inbox = Inbox::from_pool(
+            self.inbox.pool().clone(),
+            self.inbox.consumer().clone(),
+            self.options.clone(),
+        )?;
+        Ok(Self {
+            tables: self.tables.clone(),
+            inbox,
+            options: self.options.clone(),
+            hand_claim_ids: AtomicI64::new(1),
+            settings: self.settings,
+            report: self.report.clone(),
+        })
+    }
+
+    /// Messages per second of `mode` on `keys` from empty tables, once effect rows are
+    /// checked against the `distinct` keys; after `Mode::Run`, of `Mode::RunAgain` too.
+    async fn measure(&self, mode: Mode, keys: &[Key], distinct: usize) -> Result<Vec<(Mode, f64)>> {
+        self.empty().await?;
+        let started = Instant::now();
+        self.run_mode(mode, keys).await?;
+        let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
+        let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
+        let doubled = DB::doubled(self.inbox.pool(), &self.tables.effects).await?;
+        ensure!(
+            effects == distinct as i64 && doubled == 0,
+            "{}: {effects} effect rows ({doubled} doubled) for {distinct} distinct keys",
+            mode.name()
+        );
+        let mut measured = vec![(mode, per_second)];
+        if mode == Mode::Run {
+            // The same stream again through the same inbox: every message a duplicate.
+            let started = Instant::now();
+            self.run_all(keys).await?;
+            let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
+            let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
+            ensure!(effects == distinct as i64, "run-again wrote effects");
+            measured.push((Mode::RunAgain, per_second));
+        }
+        Ok(measured)
     }
 
     /// Runs `mode` over `keys` with the configured workers.
@@ -175,6 +244,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Mode::HandWritten => self.hand_written(share).await,
                 Mode::OneStatement => self.one_statement(share).await,
                 Mode::Run | Mode::RunAgain => self.run_all(share).await,
+                Mode::HandWrittenBatched(batch) => self.hand_written_batches(share, batch).await,
                 Mode::ClaimMany(batch) => self.claim_many(share, batch).await,
             }
         });
@@ -234,12 +304,44 @@ impl<DB: BenchDb> Bench<'_, DB> {
             .collect();
         let mut tx = self.inbox.begin().await?;
         let claims = self.inbox.claim_many(&mut tx, &messages).await?;
-        for ((key, _), claim) in messages.iter().zip(claims) {
-            if claim == Claim::First {
-                DB::insert_effect(&mut tx, &self.tables.effects, key.as_str()).await?;
-            }
+        let first: Vec<&str> = messages
+            .iter()
+            .zip(claims)
+            .filter(|(_, claim)| *claim == Claim::First)
+            .map(|((key, _), _)| key.as_str())
+            .collect();
+        if !first.is_empty() {
+            DB::insert_effects(&mut tx, &self.tables.effects, &first).await?;
         }
         tx.commit().await?;
+        Ok(())
+    }
+
+    /// What [`Bench::claim_many`] does, by hand: for each batch, BEGIN, the statement
+    /// `claim_many` sends to claim the batch's keys, the same effect insert, COMMIT.
+    async fn hand_written_batches(&self, keys: &[Key], batch: usize) -> Result<()> {
+        for batch in keys.chunks(batch.max(1)) {
+            // Sorted, as claim_many inserts them, so that concurrent batches lock in order.
+            let mut distinct: Vec<&str> = batch.iter().map(Key::as_str).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let fingerprints: Vec<Fingerprint> = distinct.iter().map(Fingerprint::of).collect();
+            let claim_id = self.hand_claim_ids.fetch_add(1, Ordering::Relaxed);
+            let mut tx = self.inbox.begin().await?;
+            let first = DB::hand_claim_many(
+                &mut tx,
+                &self.tables.keys,
+                &distinct,
+                &fingerprints,
+                claim_id,
+            )
+            .await?;
+            if !first.is_empty() {
+                let first: Vec<&str> = first.iter().map(String::as_str).collect();
+                DB::insert_effects(&mut tx, &self.tables.effects, &first).await?;
+            }
+            tx.commit().await?;
+        }
         Ok(())
     }
 
@@ -440,6 +542,9 @@ pub enum Mode {
     OneStatement,
     Run,
     RunAgain,
+    /// `claim_many`'s claim statement and the effects' insert sent with plain sqlx, in
+    /// batches of this many messages, a transaction each.
+    HandWrittenBatched(usize),
     /// In batches of this many messages, a transaction each.
     ClaimMany(usize),
 }
@@ -448,18 +553,37 @@ impl Mode {
     /// The modes that start from empty tables and take a message at a time, baseline first.
     const ONE_BY_ONE: [Mode; 3] = [Mode::HandWritten, Mode::OneStatement, Mode::Run];
 
+    /// The mode this one is compared with, in the same round.
+    fn baseline(self) -> Option<Mode> {
+        match self {
+            Mode::OneStatement | Mode::Run | Mode::RunAgain => Some(Mode::HandWritten),
+            Mode::ClaimMany(batch) => Some(Mode::HandWrittenBatched(batch)),
+            Mode::HandWritten | Mode::HandWrittenBatched(_) => None,
+        }
+    }
+
+    /// Messages per transaction, for the batched modes.
+    fn batch(self) -> Option<usize> {
+        match self {
+            Mode::HandWrittenBatched(batch) | Mode::ClaimMany(batch) => Some(batch),
+            _ => None,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Mode::HandWritten => "hand-written",
             Mode::OneStatement => "one-statement",
             Mode::Run => "run",
             Mode::RunAgain => "run-again",
+            Mode::HandWrittenBatched(_) => "hand-written-batched",
             Mode::ClaimMany(_) => "claim_many",
         }
     }
 }
 
 /// The bench's tables: justonce's, under the bench's prefix, and the effects.
+#[derive(Clone)]
 struct BenchTables {
     keys: String,
     effects: String,
@@ -482,7 +606,7 @@ impl BenchTables {
 /// What the charts show, gathered as the sections run.
 #[derive(Default)]
 struct Figures {
-    /// Messages per second of each throughput mode.
+    /// Median messages per second of each throughput mode.
     throughput: Vec<(Mode, f64)>,
     /// Claim p50 and p99 at each key table size.
     latency: Vec<(u64, Duration, Duration)>,
@@ -493,14 +617,15 @@ impl Figures {
     fn write(&self, dir: &Path, database: &str, settings: &Settings) -> Result<Vec<PathBuf>> {
         let mut charts = Vec::new();
         if !self.throughput.is_empty() {
-            let batched = self
-                .throughput
-                .iter()
-                .filter_map(|&(mode, per_second)| match mode {
-                    Mode::ClaimMany(batch) => Some((batch as f64, per_second)),
-                    _ => None,
-                })
-                .collect();
+            let by_batch = |batched: fn(usize) -> Mode| {
+                self.throughput
+                    .iter()
+                    .filter_map(|&(mode, per_second)| {
+                        let batch = mode.batch()?;
+                        (mode == batched(batch)).then_some((batch as f64, per_second))
+                    })
+                    .collect()
+            };
             let one_by_one = [
                 (Mode::HandWritten, "hand-written, one by one", GREY),
                 (Mode::Run, "Inbox::run, one by one", BLUE),
@@ -515,16 +640,24 @@ impl Figures {
             let chart = Chart {
                 title: format!("{database}: claim_many throughput by batch size"),
                 subtitle: format!(
-                    "{} messages, {}% repeating a key, {} worker(s), one transaction per batch",
-                    settings.messages, settings.duplicates, settings.workers
+                    "{} messages, {}% repeating a key, {} worker(s), one transaction per batch, \
+                     median of {} round(s)",
+                    settings.messages, settings.duplicates, settings.workers, settings.rounds
                 ),
                 x_label: "messages per batch",
                 y_label: "messages per second",
-                series: vec![Series {
-                    name: "claim_many",
-                    color: GREEN,
-                    points: batched,
-                }],
+                series: vec![
+                    Series {
+                        name: "claim_many",
+                        color: GREEN,
+                        points: by_batch(Mode::ClaimMany),
+                    },
+                    Series {
+                        name: "hand-written batches",
+                        color: GREY,
+                        points: by_batch(Mode::HandWrittenBatched),
+                    },
+                ],
                 references,
             };
             charts.push(("throughput-by-batch.svg", chart));
@@ -579,6 +712,7 @@ const BLUE: &str = "#36c";
 const RED: &str = "#c33";
 
 /// Prints results as a table, or one JSON object per result.
+#[derive(Clone)]
 struct Report {
     json: bool,
     database: &'static str,
@@ -589,19 +723,26 @@ impl Report {
         Self { json, database }
     }
 
+    /// A mode's messages per second in each round, and its ratio to `against`'s baseline
+    /// in each round.
     fn throughput(
         &self,
         mode: Mode,
         settings: &Settings,
-        per_second: f64,
-        effects: i64,
-        against_hand_written: Option<f64>,
+        per_round: &[f64],
+        effects: usize,
+        against: Option<(Mode, &[f64])>,
     ) {
-        let batch = match mode {
-            Mode::ClaimMany(batch) => Some(batch),
-            _ => None,
-        };
+        let batch = mode.batch();
+        let per_second = median(per_round);
+        let ratio = against.map(|(baseline, ratios)| {
+            let (low, high) = ratios
+                .iter()
+                .fold((f64::INFINITY, 0.0_f64), |(l, h), &r| (l.min(r), h.max(r)));
+            (baseline, median(ratios), low, high)
+        });
         if self.json {
+            let hundredths = |r: f64| (r * 100.0).round() / 100.0;
             let result = serde_json::json!({
                 "bench": "throughput",
                 "database": self.database,
@@ -610,10 +751,15 @@ impl Report {
                 "batch": batch,
                 "messages": settings.messages,
                 "duplicates_percent": settings.duplicates,
+                "rounds": per_round.len(),
                 "messages_per_second": per_second.round(),
+                "messages_per_second_per_round": per_round.iter().map(|r| r.round()).collect::<Vec<_>>(),
                 "effects": effects,
                 "effects_equal_distinct_keys": true,
-                "against_hand_written": against_hand_written.map(|r| (r * 100.0).round() / 100.0),
+                "baseline": ratio.map(|(baseline, ..)| baseline.name()),
+                "against_baseline": ratio.map(|(_, median, ..)| hundredths(median)),
+                "against_baseline_min": ratio.map(|(_, _, low, _)| hundredths(low)),
+                "against_baseline_max": ratio.map(|(.., high)| hundredths(high)),
             });
             println!("{result}");
             return;
@@ -622,12 +768,16 @@ impl Report {
             Some(batch) => format!("{} ({batch})", mode.name()),
             None => mode.name().to_owned(),
         };
-        let ratio = against_hand_written
-            .map(|r| format!("{r:.2}x hand-written"))
+        let ratio = ratio
+            .map(|(baseline, median, low, high)| {
+                format!("{median:.2}x {} ({low:.2}-{high:.2})", baseline.name())
+            })
             .unwrap_or_default();
         println!(
-            "throughput  {:<9} {mode:<19} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<18} effects {effects} = distinct keys",
-            self.database, settings.workers
+            "throughput  {:<9} {mode:<27} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<38} effects {effects} = distinct keys, median of {} round(s)",
+            self.database,
+            settings.workers,
+            per_round.len(),
         );
     }
 
@@ -747,6 +897,18 @@ impl Report {
     }
 }
 
+/// The middle value, or the mean of the two middle ones; 0 for none.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 0 => (sorted[middle - 1] + sorted[middle]) / 2.0,
+        _ => sorted[middle],
+    }
+}
+
 /// The `p`th percentile of `samples`.
 fn percentile(samples: &[Duration], p: usize) -> Duration {
     let mut sorted = samples.to_vec();
@@ -796,6 +958,24 @@ trait BenchDb: Backend {
         fingerprint: &Fingerprint,
     ) -> Result<bool>;
 
+    /// The statement `claim_many` sends to claim these sorted, distinct keys, sent by hand
+    /// in the transaction; returns the keys it inserted.
+    async fn hand_claim_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<Vec<String>>;
+
+    /// An effect row for each key, in one multi-row INSERT as a batched consumer writes
+    /// them (more only past the database's limit on bound parameters).
+    async fn insert_effects(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<()>;
+
     /// The claim and the effect in one statement, where `HAS_ONE_STATEMENT`.
     async fn one_statement(
         _pool: &sqlx::Pool<Self>,
@@ -826,6 +1006,9 @@ trait BenchDb: Backend {
     /// Effect rows beyond the first for their key.
     async fn doubled(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64>;
 }
+
+/// The most parameters MariaDB and MySQL bind to one statement.
+const MYSQL_MAX_PARAMETERS: usize = 65_535;
 
 /// What runs the same on every database.
 macro_rules! common {
@@ -903,6 +1086,48 @@ impl BenchDb for Postgres {
 
     dollar_parameters!();
 
+    async fn hand_claim_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<Vec<String>> {
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
+             SELECT '', 'bench', batch.key, batch.fingerprint, $3
+             FROM unnest($1::text[], $2::bytea[]) AS batch (key, fingerprint)
+             ORDER BY batch.key COLLATE \"C\"
+             ON CONFLICT (scope, consumer, key) DO NOTHING
+             RETURNING key"
+        );
+        let fingerprints: Vec<&[u8]> = fingerprints
+            .iter()
+            .map(|fingerprint| fingerprint.as_bytes().as_slice())
+            .collect();
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(keys)
+            .bind(&fingerprints)
+            .bind(claim_id)
+            .fetch_all(&mut **tx)
+            .await?)
+    }
+
+    /// The keys as one array parameter: PostgreSQL's limit of 65,535 parameters never
+    /// applies.
+    async fn insert_effects(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<()> {
+        let sql = format!("INSERT INTO {table} (effect_key) SELECT unnest($1::text[])");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(keys)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
     async fn one_statement(
         pool: &sqlx::Pool<Self>,
         tables: &BenchTables,
@@ -953,6 +1178,48 @@ impl BenchDb for Sqlite {
     common!();
 
     dollar_parameters!();
+
+    async fn hand_claim_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<Vec<String>> {
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id, processed_at)
+             SELECT '', 'bench', value ->> 0, unhex(value ->> 1), $1,
+                    CAST(unixepoch('subsec') * 1000 AS INTEGER)
+             FROM json_each($2) WHERE true
+             ON CONFLICT (scope, consumer, key) DO NOTHING
+             RETURNING key"
+        );
+        let pairs: Vec<(&str, String)> = keys
+            .iter()
+            .zip(fingerprints)
+            .map(|(key, fingerprint)| (*key, fingerprint.to_string()))
+            .collect();
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(claim_id)
+            .bind(serde_json::to_string(&pairs)?)
+            .fetch_all(&mut **tx)
+            .await?)
+    }
+
+    /// The keys as one JSON array, as claim_many sends them: SQLite's limit of 32,766
+    /// parameters never applies.
+    async fn insert_effects(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<()> {
+        let sql = format!("INSERT INTO {table} (effect_key) SELECT value FROM json_each($1)");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(serde_json::to_string(keys)?)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
 
     async fn fill(
         pool: &sqlx::Pool<Self>,
@@ -1028,6 +1295,65 @@ impl BenchDb for MySql {
         }
     }
 
+    async fn hand_claim_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<Vec<String>> {
+        const PARAMETERS_PER_ROW: usize = 3;
+        let rows = MYSQL_MAX_PARAMETERS / PARAMETERS_PER_ROW;
+        for (keys, fingerprints) in keys.chunks(rows).zip(fingerprints.chunks(rows)) {
+            let values = vec!["('', 'bench', ?, ?, ?, UTC_TIMESTAMP(6))"; keys.len()].join(", ");
+            let sql = format!(
+                "INSERT INTO {table} (scope, consumer, `key`, fingerprint, claim_id, processed_at)
+                 VALUES {values} ON DUPLICATE KEY UPDATE claim_id = claim_id"
+            );
+            let mut insert = sqlx::query(AssertSqlSafe(sql));
+            for (key, fingerprint) in keys.iter().zip(fingerprints) {
+                insert = insert
+                    .bind(*key)
+                    .bind(fingerprint.as_bytes().as_slice())
+                    .bind(claim_id);
+            }
+            insert.execute(&mut **tx).await?;
+        }
+        // No RETURNING after ON DUPLICATE KEY: the new keys are those with this batch's
+        // claim id, read back as claim_many does.
+        let mut inserted = Vec::new();
+        for keys in keys.chunks(MYSQL_MAX_PARAMETERS - 1) {
+            let list = vec!["?"; keys.len()].join(", ");
+            let sql = format!(
+                "SELECT CAST(`key` AS CHAR CHARACTER SET utf8mb4) FROM {table}
+                 WHERE scope = '' AND consumer = 'bench' AND claim_id = ? AND `key` IN ({list})"
+            );
+            let mut select = sqlx::query_scalar(AssertSqlSafe(sql)).bind(claim_id);
+            for key in keys {
+                select = select.bind(*key);
+            }
+            inserted.extend(select.fetch_all(&mut **tx).await?);
+        }
+        Ok(inserted)
+    }
+
+    async fn insert_effects(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<()> {
+        for keys in keys.chunks(MYSQL_MAX_PARAMETERS) {
+            let values = vec!["(?)"; keys.len()].join(", ");
+            let sql = format!("INSERT INTO {table} (effect_key) VALUES {values}");
+            let mut insert = sqlx::query(AssertSqlSafe(sql));
+            for key in keys {
+                insert = insert.bind(*key);
+            }
+            insert.execute(&mut **tx).await?;
+        }
+        Ok(())
+    }
+
     async fn fill(
         pool: &sqlx::Pool<Self>,
         table: &str,
@@ -1070,6 +1396,14 @@ mod tests {
         let unique: std::collections::HashSet<&str> = keys.iter().map(Key::as_str).collect();
         assert_eq!(unique.len(), distinct);
         assert!((7_900..=8_100).contains(&distinct), "{distinct}");
+    }
+
+    #[test]
+    fn the_median_is_the_middle_or_the_mean_of_the_two_middle_values() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[7.0]), 7.0);
+        assert_eq!(median(&[]), 0.0);
     }
 
     #[test]

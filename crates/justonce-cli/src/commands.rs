@@ -46,6 +46,7 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
             duplicates: usize::from(args.duplicates),
             batches: args.batch.into_iter().map(count).collect::<Result<_>>()?,
             workers: count(args.workers)?,
+            rounds: count(args.rounds)?,
             sizes: args.sizes,
             samples: count(args.samples)?,
             purge: args.purge,

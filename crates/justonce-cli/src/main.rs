@@ -114,6 +114,11 @@ struct BenchArgs {
     /// Concurrent workers, each with its share of the stream.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     workers: u64,
+    /// How many times the throughput section runs its modes, alternating, each round on
+    /// fresh tables: it prints each mode's median, and the median, lowest and highest of
+    /// its ratios to its baseline in the same round. 1 runs each mode once.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    rounds: u64,
     /// Key table sizes at which to measure claim latency, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
     sizes: Vec<u64>,

@@ -48,6 +48,8 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
             "10,100",
             "--workers",
             "2",
+            "--rounds",
+            "2",
             "--sizes",
             "1000,5000",
         ])
@@ -77,7 +79,9 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
         "hand-written",
         "run",
         "run-again",
+        "hand-written-batched",
         "claim_many",
+        "hand-written-batched",
         "claim_many",
     ];
     if db.url.starts_with("postgres") {
@@ -85,12 +89,20 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
     }
     assert_eq!(modes, expected);
     let batches: Vec<&serde_json::Value> = throughput.iter().map(|r| &r["batch"]).collect();
-    assert_eq!(batches[batches.len() - 2..], [10, 100]);
+    assert_eq!(batches[batches.len() - 4..], [10, 10, 100, 100]);
     let distinct = &throughput[0]["effects"];
     for result in &throughput {
         assert_eq!(&result["effects"], distinct, "{result}");
         assert_eq!(result["effects_equal_distinct_keys"], true);
+        assert_eq!(result["rounds"], 2, "{result}");
+        let per_round = result["messages_per_second_per_round"].as_array().unwrap();
+        assert_eq!(per_round.len(), 2, "{result}");
+        assert!(
+            per_round.iter().all(|r| r.as_f64().unwrap() > 0.0),
+            "{result}"
+        );
         assert!(result["messages_per_second"].as_f64().unwrap() > 0.0);
+        assert_against_baseline(result);
     }
     // A fifth of 2,000 messages repeat a key.
     assert!(
@@ -115,13 +127,14 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
     };
     assert_eq!(purge["purged"], 5_000);
     assert!(purge["claims_during"].as_u64().unwrap() >= 50);
-    // A point per batch size; a p50 and a p99 per table size.
+    // A point per batch size for claim_many and for its hand-written batches; a p50 and a
+    // p99 per table size.
     let files: Vec<&str> = of("chart")
         .iter()
         .map(|r| r["file"].as_str().unwrap())
         .collect();
     for (name, points) in [
-        ("throughput-by-batch.svg", 2),
+        ("throughput-by-batch.svg", 4),
         ("latency-by-table-size.svg", 4),
     ] {
         let path = charts.join(name);
@@ -144,6 +157,30 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
     let left = DB::count(db.inbox.pool(), tables_named(&db.url, pid)).await;
     assert_eq!(left, 0, "the bench's tables are dropped");
     db.cleanup().await;
+}
+
+/// A mode measured against another reports the median, lowest and highest of its ratios to
+/// it; a baseline reports none.
+fn assert_against_baseline(result: &serde_json::Value) {
+    let expected = match result["mode"].as_str().unwrap() {
+        "hand-written" | "hand-written-batched" => None,
+        "claim_many" => Some("hand-written-batched"),
+        _ => Some("hand-written"),
+    };
+    assert_eq!(result["baseline"].as_str(), expected, "{result}");
+    let ratio = |field: &str| result[field].as_f64();
+    let [median, low, high] = [
+        "against_baseline",
+        "against_baseline_min",
+        "against_baseline_max",
+    ]
+    .map(ratio);
+    if expected.is_none() {
+        assert_eq!([median, low, high], [None; 3], "{result}");
+        return;
+    }
+    let [median, low, high] = [median, low, high].map(|r| r.expect("a ratio"));
+    assert!(0.0 < low && low <= median && median <= high, "{result}");
 }
 
 /// `--only sustained`, which the default sections leave out, runs for `--duration` and
@@ -205,6 +242,7 @@ async fn numbers_out_of_range_are_bad_usage() {
         (bench, "--purge-pause", "-1"),
         (bench, "--purge-pause", "NaN"),
         (bench, "--workers", "0"),
+        (bench, "--rounds", "0"),
         (bench, "--batch", "100,0"),
         (bench, "--duration", "0s"),
         (bench, "--duration", "10"),
