@@ -9,7 +9,9 @@ use crate::pacing::Pacer;
 use crate::progress::Progress;
 use anyhow::{Context, Result, bail, ensure};
 use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
-use justonce_sql::{Backend, Claim, Consumer, Fingerprint, Inbox, Key, Options, Retention};
+use justonce_sql::{
+    Backend, Claim, Consumer, Fingerprint, Inbox, Key, Message, Options, Retention,
+};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -147,9 +149,6 @@ impl<DB: BenchDb> Bench<'_, DB> {
         let mut progress = Progress::new();
         let rounds = self.settings.rounds;
         for round in 1..=rounds {
-            // The last round's run left its keys in the inbox's memory, which would answer
-            // this round's from there.
-            let bench = self.with_fresh_inbox()?;
             let mut order = modes.clone();
             // Baselines run first in odd rounds and last in even ones, so that neither side
             // of a ratio always finds the server warmer.
@@ -161,6 +160,9 @@ impl<DB: BenchDb> Bench<'_, DB> {
                     "throughput, round {round} of {rounds}: {}",
                     mode.name()
                 ));
+                // An earlier mode's run left its keys in the inbox's memory, which would
+                // answer this one's from there.
+                let bench = self.with_fresh_inbox()?;
                 for (mode, per_second) in bench.measure(mode, &keys, distinct).await? {
                     if let Some((_, per_round)) = rates.iter_mut().find(|(m, _)| *m == mode) {
                         per_round.push(per_second);
@@ -213,8 +215,14 @@ impl<DB: BenchDb> Bench<'_, DB> {
         let started = Instant::now();
         self.run_mode(mode, keys).await?;
         let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
-        let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
-        let doubled = DB::doubled(self.inbox.pool(), &self.tables.effects).await?;
+        // A forwarded message's effect is its outbox row.
+        let (table, key_column) = if mode.forwards() {
+            (&self.tables.outbox, DB::OUTBOX_KEY)
+        } else {
+            (&self.tables.effects, "effect_key")
+        };
+        let effects = DB::count(self.inbox.pool(), table).await?;
+        let doubled = DB::doubled(self.inbox.pool(), table, key_column).await?;
         ensure!(
             effects == distinct as i64 && doubled == 0,
             "{}: {effects} effect rows ({doubled} doubled) for {distinct} distinct keys",
@@ -244,12 +252,40 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Mode::HandWritten => self.hand_written(share).await,
                 Mode::OneStatement => self.one_statement(share).await,
                 Mode::Run | Mode::RunAgain => self.run_all(share).await,
+                Mode::HandWrittenForward => self.hand_written_forward(share).await,
+                Mode::RunForward => self.run_forward(share).await,
                 Mode::HandWrittenBatched(batch) => self.hand_written_batches(share, batch).await,
                 Mode::ClaimMany(batch) => self.claim_many(share, batch).await,
             }
         });
         for done in futures_util::future::join_all(runs).await {
             done?;
+        }
+        Ok(())
+    }
+
+    /// BEGIN, the claim as a plain INSERT that skips a duplicate, the row that forwards the
+    /// message (the statement `Inbox::forward` sends), COMMIT.
+    async fn hand_written_forward(&self, keys: &[Key]) -> Result<()> {
+        for key in keys {
+            let fingerprint = Fingerprint::of(key.as_str());
+            let mut tx = self.inbox.begin().await?;
+            if DB::hand_claim(&mut tx, &self.tables.keys, key.as_str(), &fingerprint).await? {
+                let message = Message::new("bench", key.as_str());
+                self.inbox.forward(&mut tx, key, message).await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    async fn run_forward(&self, keys: &[Key]) -> Result<()> {
+        for key in keys {
+            let message = Message::new("bench", key.as_str());
+            // Processed or a duplicate: the outbox rows say which, when the mode ends.
+            let _outcome = (self.inbox)
+                .run_forward(key, key.as_str().as_bytes(), message)
+                .await?;
         }
         Ok(())
     }
@@ -492,7 +528,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
     }
 
     async fn empty(&self) -> Result<()> {
-        for table in [&self.tables.keys, &self.tables.effects] {
+        for table in [&self.tables.keys, &self.tables.effects, &self.tables.outbox] {
             DB::execute(self.inbox.pool(), format!("DELETE FROM {table}")).await?;
         }
         Ok(())
@@ -542,6 +578,10 @@ pub enum Mode {
     OneStatement,
     Run,
     RunAgain,
+    /// The claim and a row forwarding the message, as `hand-written` sends them.
+    HandWrittenForward,
+    /// `Inbox::run_forward`: on PostgreSQL one statement.
+    RunForward,
     /// `claim_many`'s claim statement and the effects' insert sent with plain sqlx, in
     /// batches of this many messages, a transaction each.
     HandWrittenBatched(usize),
@@ -551,15 +591,27 @@ pub enum Mode {
 
 impl Mode {
     /// The modes that start from empty tables and take a message at a time, baseline first.
-    const ONE_BY_ONE: [Mode; 3] = [Mode::HandWritten, Mode::OneStatement, Mode::Run];
+    const ONE_BY_ONE: [Mode; 5] = [
+        Mode::HandWritten,
+        Mode::OneStatement,
+        Mode::Run,
+        Mode::HandWrittenForward,
+        Mode::RunForward,
+    ];
 
     /// The mode this one is compared with, in the same round.
     fn baseline(self) -> Option<Mode> {
         match self {
             Mode::OneStatement | Mode::Run | Mode::RunAgain => Some(Mode::HandWritten),
+            Mode::RunForward => Some(Mode::HandWrittenForward),
             Mode::ClaimMany(batch) => Some(Mode::HandWrittenBatched(batch)),
-            Mode::HandWritten | Mode::HandWrittenBatched(_) => None,
+            Mode::HandWritten | Mode::HandWrittenForward | Mode::HandWrittenBatched(_) => None,
         }
+    }
+
+    /// Whether the mode's effect is an outbox row rather than an effect row.
+    fn forwards(self) -> bool {
+        matches!(self, Mode::HandWrittenForward | Mode::RunForward)
     }
 
     /// Messages per transaction, for the batched modes.
@@ -576,6 +628,8 @@ impl Mode {
             Mode::OneStatement => "one-statement",
             Mode::Run => "run",
             Mode::RunAgain => "run-again",
+            Mode::HandWrittenForward => "hand-written-forward",
+            Mode::RunForward => "run_forward",
             Mode::HandWrittenBatched(_) => "hand-written-batched",
             Mode::ClaimMany(_) => "claim_many",
         }
@@ -587,6 +641,7 @@ impl Mode {
 struct BenchTables {
     keys: String,
     effects: String,
+    outbox: String,
     all: Vec<String>,
 }
 
@@ -598,6 +653,7 @@ impl BenchTables {
         Self {
             keys: format!("{prefix}keys"),
             effects: format!("{prefix}effects"),
+            outbox: format!("{prefix}outbox"),
             all,
         }
     }
@@ -938,6 +994,8 @@ fn status_mib(field: &str) -> Option<f64> {
 /// The statements the bench writes by hand, per database.
 trait BenchDb: Backend {
     const LABEL: &'static str;
+    /// The outbox's key column, quoted where `key` is a reserved word.
+    const OUTBOX_KEY: &'static str = "key";
     /// Whether the claim and the effect fit in one statement: [`BenchDb::one_statement`].
     const HAS_ONE_STATEMENT: bool = false;
 
@@ -1003,8 +1061,8 @@ trait BenchDb: Backend {
 
     async fn count(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64>;
 
-    /// Effect rows beyond the first for their key.
-    async fn doubled(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64>;
+    /// Rows beyond the first for their key, in `column`.
+    async fn doubled(pool: &sqlx::Pool<Self>, table: &str, column: &str) -> Result<i64>;
 }
 
 /// The most parameters MariaDB and MySQL bind to one statement.
@@ -1025,8 +1083,8 @@ macro_rules! common {
                 .await?)
         }
 
-        async fn doubled(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64> {
-            let sql = format!("SELECT COUNT(*) - COUNT(DISTINCT effect_key) FROM {table}");
+        async fn doubled(pool: &sqlx::Pool<Self>, table: &str, column: &str) -> Result<i64> {
+            let sql = format!("SELECT COUNT(*) - COUNT(DISTINCT {column}) FROM {table}");
             Ok(sqlx::query_scalar(AssertSqlSafe(sql))
                 .fetch_one(pool)
                 .await?)
@@ -1247,6 +1305,7 @@ impl BenchDb for Sqlite {
 
 impl BenchDb for MySql {
     const LABEL: &'static str = "mysql";
+    const OUTBOX_KEY: &'static str = "`key`";
 
     common!();
 

@@ -79,6 +79,8 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
         "hand-written",
         "run",
         "run-again",
+        "hand-written-forward",
+        "run_forward",
         "hand-written-batched",
         "claim_many",
         "hand-written-batched",
@@ -163,7 +165,8 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
 /// it; a baseline reports none.
 fn assert_against_baseline(result: &serde_json::Value) {
     let expected = match result["mode"].as_str().unwrap() {
-        "hand-written" | "hand-written-batched" => None,
+        "hand-written" | "hand-written-forward" | "hand-written-batched" => None,
+        "run_forward" => Some("hand-written-forward"),
         "claim_many" => Some("hand-written-batched"),
         _ => Some("hand-written"),
     };
