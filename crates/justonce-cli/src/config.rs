@@ -400,8 +400,9 @@ fn validate(
             origin.name(&["server", "relay_lease"])
         );
     }
-    // A delivery still running when its lease ends is sent again by another relay: each
-    // gives up well within the lease.
+    // A delivery still running when its lease ends may be sent again by another relay,
+    // with the same key: none starts after half the lease, and each gives up after the
+    // other half (30 s at most), so that the two rarely overlap.
     let timeout = (relay_lease / 2).min(HttpDestination::DEFAULT_TIMEOUT);
     let sources = raw
         .sources

@@ -229,8 +229,17 @@ pub trait Backend: sqlx::Database + Sealed {
 /// The statement of [`Backend::claim_and_forward`], running.
 #[doc(hidden)]
 pub type ClaimAndForward<'a> = std::pin::Pin<
-    Box<dyn Future<Output = Result<Option<(i64, Vec<u8>)>, sqlx::Error>> + Send + 'a>,
+    Box<dyn Future<Output = Result<Option<(i64, Vec<u8>)>, ForwardFailed>> + Send + 'a>,
 >;
+
+/// Why the statement of [`Backend::claim_and_forward`] gave no answer.
+#[doc(hidden)]
+pub enum ForwardFailed {
+    /// No connection was had: nothing was sent.
+    Connect(sqlx::Error),
+    /// The statement was sent, and failed or lost its answer.
+    Statement(sqlx::Error),
+}
 
 pub(crate) use private::Sealed;
 mod private {

@@ -3,7 +3,8 @@
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored, database_error, vanished,
+    Backend, Batch, Change, ClaimRow, ForwardFailed, NewOutboxRow, OffsetRow, Stored,
+    database_error, vanished,
 };
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
@@ -393,7 +394,8 @@ impl<DB: Backend> Inbox<DB> {
             if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
                 return Ok(outcome);
             }
-            self.run_attempts(&identity, fingerprint, work, None).await
+            self.run_attempts(&identity, fingerprint, work, None, 0)
+                .await
         }
         .instrument(run_span(&identity))
         .await
@@ -445,6 +447,7 @@ impl<DB: Backend> Inbox<DB> {
                 headers: message.headers_json(),
             };
             let mut unknown_commit = None;
+            let mut tries = 0;
             if let Some(statement) =
                 DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox)
             {
@@ -462,12 +465,28 @@ impl<DB: Backend> Inbox<DB> {
                     // A holder committed after the statement's snapshot: the transaction
                     // below reads it.
                     Ok(None) => {}
-                    // The statement was its own commit: its answer was lost.
-                    Err(error) if DB::is_commit_unknown(&error) => {
-                        unknown_commit = Some((claim_id, ()));
+                    // Nothing was sent: the transactions below connect as `run`'s do, and
+                    // fail as theirs would.
+                    Err(ForwardFailed::Connect(_)) => {}
+                    Err(ForwardFailed::Statement(error)) => {
+                        // The statement was its own commit: its answer may have been lost.
+                        let unknown = DB::is_commit_unknown(&error);
+                        let retryable =
+                            unknown || (DB::is_retryable(&error) && self.shared.max_attempts > 1);
+                        if !retryable {
+                            return Err(database_error::<DB>(error));
+                        }
+                        let cause = if unknown {
+                            unknown_commit = Some((claim_id, ()));
+                            "commit_unknown"
+                        } else {
+                            "transient"
+                        };
+                        tracing::debug!(attempt = 1, cause, "statement failed: retrying");
+                        metrics::counter!("justonce_retries_total", "cause" => cause).increment(1);
+                        backoff(1).await;
+                        tries = 1;
                     }
-                    Err(error) if DB::is_retryable(&error) => {}
-                    Err(error) => return Err(database_error::<DB>(error)),
                 }
             }
             let forwarded = self.run_attempts(
@@ -478,6 +497,7 @@ impl<DB: Backend> Inbox<DB> {
                     Box::pin(async move { self.forward(tx, key, message).await.map(|_| ()) })
                 },
                 unknown_commit,
+                tries,
             );
             forwarded.await.map_err(|error| match error {
                 RunError::Store(error) | RunError::Work(error) => error,
@@ -519,19 +539,20 @@ impl<DB: Backend> Inbox<DB> {
 
     /// The transactions of [`Inbox::run`], until one commits or fails for good.
     /// `unknown_commit` holds the claim id and result of an earlier try whose commit's
-    /// answer was lost, if there was one.
+    /// answer was lost, if there was one; `tries` counts the earlier tries.
     async fn run_attempts<'env, T, E, F>(
         &self,
         identity: &Identity,
         fingerprint: Fingerprint,
         mut work: F,
         mut unknown_commit: Option<(i64, T)>,
+        tries: u32,
     ) -> Result<Outcome<T>, RunError<E>>
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let mut attempt = 1;
+        let mut attempt = tries + 1;
         loop {
             let failed = match self
                 .attempt(identity, fingerprint, &mut work, &mut unknown_commit)

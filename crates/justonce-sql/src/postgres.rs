@@ -3,9 +3,9 @@
 
 use crate::admin::{KeyCount, StoredOffset};
 use crate::backend::{
-    Backend, Batch, Change, ClaimAndForward, ClaimRow, Clock, LeaseRow, LeaseState, Migration,
-    NewOutboxRow, OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Specific, Statements,
-    Stored, Wakeups, Which, bind_identity, bind_lease, common_queries, database_error,
+    Backend, Batch, Change, ClaimAndForward, ClaimRow, Clock, ForwardFailed, LeaseRow, LeaseState,
+    Migration, NewOutboxRow, OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Specific,
+    Statements, Stored, Wakeups, Which, bind_identity, bind_lease, common_queries, database_error,
     pending_migrations, shared_queries, vanished,
 };
 use crate::tables::Tables;
@@ -217,6 +217,7 @@ impl Backend for Postgres {
         let statement = sql.claim_and_forward.clone()?;
         Some(Box::pin(async move {
             let id = row.identity;
+            let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
             sqlx::query_as(AssertSqlSafe(statement))
                 .bind(id.scope.as_str())
                 .bind(id.consumer.as_str())
@@ -226,8 +227,9 @@ impl Backend for Postgres {
                 .bind(outbox.destination)
                 .bind(outbox.payload)
                 .bind(outbox.headers)
-                .fetch_optional(pool)
+                .fetch_optional(&mut *conn)
                 .await
+                .map_err(ForwardFailed::Statement)
         }))
     }
 

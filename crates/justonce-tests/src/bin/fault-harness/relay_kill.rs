@@ -55,9 +55,15 @@ pub async fn relay_kill<DB: TestBackend>(
             .await
             .map_err(|_| "relay-worker did not reach its failpoint in 60 s")?
             .map_err(|e| e.to_string())?;
-            // Fewer rows left than the pause asked for: the relay drained and exited.
-            if line.as_deref() != Some("paused after-send") {
-                continue;
+            match line.as_deref() {
+                Some("paused after-send") => {}
+                // Fewer rows left than the pause asked for: the relay drained and exited.
+                Some("drained") => continue,
+                other => {
+                    return Err(format!(
+                        "relay-worker stopped before its failpoint: {other:?}"
+                    ));
+                }
             }
             killed_at.push(kill(relay).await?);
             at_failpoint += 1;
@@ -87,8 +93,9 @@ pub async fn relay_kill<DB: TestBackend>(
     };
 
     let received = sink.received();
-    let (effects, repeated) = receiver_effects(&received);
-    let acknowledged = marked_sent(db, rows).await?;
+    let derived = derived_keys(db, rows)?;
+    let (effects, repeated) = receiver_effects(&received, |index| derived[index as usize].clone());
+    let acknowledged = marked_sent(db, &derived).await?;
     let unsent = acknowledged.iter().filter(|sent| !**sent).count() as u64;
     let mut report = Report::compare(title, rows, &vec![true; rows], &acknowledged, effects);
     report.redeliveries = Some(repeated);
@@ -163,14 +170,26 @@ async fn kill(mut relay: Child) -> Result<(Instant, Instant), String> {
     Ok((began, Instant::now()))
 }
 
-/// Whether each workload key's row is marked sent, and not dead.
-async fn marked_sent<DB: TestBackend>(db: &TestDb<DB>, rows: usize) -> Result<Vec<bool>, String> {
-    let index_of: HashMap<String, u32> = (0..rows as u32)
+/// The key each workload key's row is sent with: its derived key for the step.
+fn derived_keys<DB: TestBackend>(db: &TestDb<DB>, rows: usize) -> Result<Vec<String>, String> {
+    (0..rows as u32)
         .map(|index| {
-            let key = Key::new(key_name(index)).expect("a valid key");
-            let derived = db.inbox.identity(&key).derive(STEP);
-            (derived.as_str().to_owned(), index)
+            let key = Key::new(key_name(index)).map_err(|e| e.to_string())?;
+            Ok(db.inbox.identity(&key).derive(STEP).as_str().to_owned())
         })
+        .collect()
+}
+
+/// Whether each workload key's row, sent with its `derived` key, is marked sent, and not
+/// dead.
+async fn marked_sent<DB: TestBackend>(
+    db: &TestDb<DB>,
+    derived: &[String],
+) -> Result<Vec<bool>, String> {
+    let index_of: HashMap<&str, usize> = derived
+        .iter()
+        .enumerate()
+        .map(|(index, key)| (key.as_str(), index))
         .collect();
     let sent = DB::texts(
         db.inbox.pool(),
@@ -182,12 +201,12 @@ async fn marked_sent<DB: TestBackend>(db: &TestDb<DB>, rows: usize) -> Result<Ve
     )
     .await
     .map_err(|e| format!("cannot read the outbox: {e}"))?;
-    let mut acknowledged = vec![false; rows];
+    let mut acknowledged = vec![false; derived.len()];
     for key in sent {
         let index = index_of
-            .get(&key)
+            .get(key.as_str())
             .ok_or_else(|| format!("the outbox holds a row the workload never wrote: {key}"))?;
-        acknowledged[*index as usize] = true;
+        acknowledged[*index] = true;
     }
     Ok(acknowledged)
 }

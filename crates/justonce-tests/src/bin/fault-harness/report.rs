@@ -8,35 +8,44 @@ use std::time::Duration;
 
 /// The effects at an HTTP receiver that acts once per `Idempotency-Key`, from every request
 /// it received: each workload key with the number of distinct keys its requests carried (two
-/// would be two effects there). A request whose body names no workload key is an effect of a
-/// key the workload never had. Also returns the requests repeated beyond one per workload
-/// key.
-pub fn receiver_effects(received: &[Received]) -> (Vec<(String, i64)>, u64) {
-    let mut keys_by_index: HashMap<u32, HashSet<Option<&str>>> = HashMap::new();
-    let mut effects = Vec::new();
+/// would be two effects there; a request without a key is one of its own). A request whose
+/// body names no workload key is an effect of a key the workload never had, and so is each
+/// key other than `expected_key` of the workload key it came with. Also returns the
+/// requests repeated beyond one per workload key.
+pub fn receiver_effects(
+    received: &[Received],
+    expected_key: impl Fn(u32) -> String,
+) -> (Vec<(String, i64)>, u64) {
+    let mut keys_by_index: HashMap<u32, HashSet<String>> = HashMap::new();
+    let mut unexpected = HashSet::new();
+    let mut unknown_bodies = 0;
     for (n, request) in received.iter().enumerate() {
-        match workload_index(&request.body) {
-            Some(index) => {
-                keys_by_index
-                    .entry(index)
-                    .or_default()
-                    .insert(request.key.as_deref());
-            }
-            None => effects.push((format!("request {n} with an unknown body"), 1)),
+        let Some(index) = workload_index(&request.body) else {
+            unexpected.insert(format!("request {n} with an unknown body"));
+            unknown_bodies += 1;
+            continue;
+        };
+        let key = match &request.key {
+            Some(key) => key.clone(),
+            None => format!("request {n}, without a key"),
+        };
+        if key != expected_key(index) {
+            unexpected.insert(format!("{} keyed {key:?}", key_name(index)));
         }
+        keys_by_index.entry(index).or_default().insert(key);
     }
-    let repeated = (received.len() - effects.len() - keys_by_index.len()) as u64;
-    effects.extend(
-        keys_by_index
-            .into_iter()
-            .map(|(index, keys)| (key_name(index), keys.len() as i64)),
-    );
+    let repeated = (received.len() - unknown_bodies - keys_by_index.len()) as u64;
+    let effects = keys_by_index
+        .into_iter()
+        .map(|(index, keys)| (key_name(index), keys.len() as i64))
+        .chain(unexpected.into_iter().map(|name| (name, 1)))
+        .collect();
     (effects, repeated)
 }
 
 /// The workload key a request body carries: the key's name, alone or as the `id` of a JSON
 /// object.
-fn workload_index(body: &[u8]) -> Option<u32> {
+pub fn workload_index(body: &[u8]) -> Option<u32> {
     let body = std::str::from_utf8(body).ok()?;
     let name = match body.strip_prefix("{\"id\":\"") {
         Some(rest) => rest.split('"').next()?,

@@ -8,8 +8,8 @@
 //! for it must carry the same key, so that a receiver acting once per `Idempotency-Key`
 //! acts once.
 
-use crate::broker::{key_name, sibling};
-use crate::report::{Report, receiver_effects};
+use crate::broker::{key_index, key_name, sibling};
+use crate::report::{Report, receiver_effects, workload_index};
 use crate::{Args, Rng};
 use hmac::{Hmac, Mac};
 use justonce_tests::{Sink, TestBackend};
@@ -40,17 +40,54 @@ pub async fn serve_kill<DB: TestBackend>(
     let sink = Sink::start().await;
     let mut server = Server::configure(&database, &sink.url())?;
     let mut result = send_while_killing(events, kills, deadline, rng, &mut server).await;
-    if let Ok(sent) = &mut result {
-        sent.drained &= reached(&sink, &sent.acknowledged, deadline).await;
+    let store = sqlx::Pool::<DB>::connect(&database)
+        .await
+        .map_err(|e| format!("cannot read the server's database: {e}"));
+    let mut stored = Ok(Vec::new());
+    if let (Ok(sent), Ok(store)) = (&mut result, &store) {
+        sent.drained &= reached::<DB>(&sink, store, &sent.acknowledged, deadline).await;
+        stored = DB::texts(
+            store,
+            format!("SELECT {} FROM justonce_outbox", DB::quoted("key")),
+        )
+        .await
+        .map_err(|e| format!("cannot read the server's outbox: {e}"));
     }
     let stopped = server.stop().await;
     let received = sink.received();
     let _ = std::fs::remove_file(&server.config);
+    if let Ok(store) = store {
+        store.close().await;
+    }
     DB::drop_database(&database).await;
     let sent = result?;
     stopped?;
+    let stored = stored?;
 
-    let (effects, repeated) = receiver_effects(&received);
+    let (effects, repeated) = receiver_effects(&received, event_key);
+    // An event stored twice, or answered as new twice, acted twice whatever the receiver
+    // saw.
+    let mut rows = vec![0i64; events];
+    for index in stored
+        .iter()
+        .filter_map(|key| key_index(key.strip_prefix("demo:")?))
+    {
+        if let Some(count) = rows.get_mut(index as usize) {
+            *count += 1;
+        }
+    }
+    let effects = effects
+        .into_iter()
+        .map(|(name, count)| {
+            let index = key_index(&name).map(|index| index as usize);
+            let stored = index.and_then(|index| rows.get(index)).copied();
+            let accepted = index.and_then(|index| sent.accepted.get(index)).copied();
+            let most = count
+                .max(stored.unwrap_or(0))
+                .max(i64::from(accepted.unwrap_or(0)));
+            (name, most)
+        })
+        .collect();
     let attempted = vec![true; events];
     let mut report = Report::compare(
         title,
@@ -85,11 +122,18 @@ pub async fn serve_kill<DB: TestBackend>(
     Ok(report)
 }
 
+/// The key the server forwards event `index` with.
+fn event_key(index: u32) -> String {
+    format!("demo:{}", key_name(index))
+}
+
 /// What the senders saw.
 struct Sent {
     /// Tries of each send, in plan order.
     tries: Vec<u64>,
     acknowledged: Vec<bool>,
+    /// How often each event was answered as new.
+    accepted: Vec<u32>,
     /// Every 2xx, when it was read.
     answered: Vec<Instant>,
     /// Answers by status and, for a 2xx, the body's `status`; `no answer` when the
@@ -108,6 +152,7 @@ struct Sent {
 struct Senders {
     plan: Mutex<VecDeque<(usize, u32)>>,
     acknowledged: Mutex<Vec<bool>>,
+    accepted: Mutex<Vec<u32>>,
     tries: Mutex<Vec<u64>>,
     answered: Mutex<Vec<Instant>>,
     answers: Mutex<BTreeMap<String, u64>>,
@@ -128,6 +173,7 @@ async fn send_while_killing(
     let state = Arc::new(Senders {
         plan: Mutex::new(plan.into_iter().enumerate().collect()),
         acknowledged: Mutex::new(vec![false; events]),
+        accepted: Mutex::new(vec![0; events]),
         tries: Mutex::new(vec![0; sends]),
         ..Senders::default()
     });
@@ -162,10 +208,12 @@ async fn send_while_killing(
         all_sent &= sender.await.map_err(|e| e.to_string())?;
     }
     let acknowledged = std::mem::take(&mut *state.acknowledged.lock().unwrap());
+    let accepted = std::mem::take(&mut *state.accepted.lock().unwrap());
     let answered = std::mem::take(&mut *state.answered.lock().unwrap());
     Ok(Sent {
         tries: std::mem::take(&mut *state.tries.lock().unwrap()),
         acknowledged,
+        accepted,
         answered,
         answers: std::mem::take(&mut *state.answers.lock().unwrap()),
         again: (events / 10) as u64,
@@ -196,17 +244,21 @@ async fn send(state: &Senders, client: &reqwest::Client, url: &str, deadline: In
                 .timeout(Duration::from_secs(10))
                 .send()
                 .await;
-            let (accepted, name) = match answer {
+            let (taken, name) = match answer {
                 Ok(response) if response.status().is_success() => {
                     let status = response.status().as_u16();
                     let text = response.text().await.unwrap_or_default();
-                    (true, format!("{status} {}", answer_status(&text)))
+                    let status_field = answer_status(&text);
+                    if status_field == "accepted" {
+                        state.accepted.lock().unwrap()[index as usize] += 1;
+                    }
+                    (true, format!("{status} {status_field}"))
                 }
                 Ok(response) => (false, response.status().as_u16().to_string()),
                 Err(_) => (false, "no answer".to_owned()),
             };
             *state.answers.lock().unwrap().entry(name).or_default() += 1;
-            if accepted {
+            if taken {
                 state.acknowledged.lock().unwrap()[index as usize] = true;
                 state.answered.lock().unwrap().push(Instant::now());
                 state.acks.fetch_add(1, Ordering::Relaxed);
@@ -218,15 +270,39 @@ async fn send(state: &Senders, client: &reqwest::Client, url: &str, deadline: In
     }
 }
 
-/// Waits until every acknowledged event has reached the receiver, and no request came for
-/// a moment after that (a repeated delivery would show); false if the deadline came first.
-async fn reached(sink: &Sink, acknowledged: &[bool], deadline: Instant) -> bool {
-    let expected = acknowledged.iter().filter(|ack| **ack).count();
+/// Waits until every acknowledged event has reached the receiver and the server's outbox
+/// holds no row unsent (a row a killed server sent without marking it is sent again when
+/// its lease ends), and no request came for a moment after that; false if the deadline came
+/// first.
+async fn reached<DB: TestBackend>(
+    sink: &Sink,
+    store: &sqlx::Pool<DB>,
+    acknowledged: &[bool],
+    deadline: Instant,
+) -> bool {
+    let unsent = format!(
+        "SELECT {} FROM justonce_outbox WHERE sent_at IS NULL",
+        DB::quoted("key")
+    );
     let mut quiet = None;
     while Instant::now() < deadline {
         let requests = sink.requests();
-        let (effects, _) = receiver_effects(&sink.received());
-        if effects.len() >= expected {
+        let mut arrived = vec![false; acknowledged.len()];
+        for request in sink.received() {
+            if let Some(got) =
+                workload_index(&request.body).and_then(|index| arrived.get_mut(index as usize))
+            {
+                *got = true;
+            }
+        }
+        let all_arrived = acknowledged
+            .iter()
+            .zip(&arrived)
+            .all(|(ack, got)| !ack || *got);
+        let all_sent = DB::texts(store, unsent.clone())
+            .await
+            .is_ok_and(|keys| keys.is_empty());
+        if all_arrived && all_sent {
             let (since, seen) = *quiet.get_or_insert((Instant::now(), requests));
             if seen != requests {
                 quiet = None;
