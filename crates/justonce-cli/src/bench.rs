@@ -249,10 +249,10 @@ impl<DB: BenchDb> Bench<'_, DB> {
             .collect();
         let runs = shares.iter().map(|share| async move {
             match mode {
-                Mode::HandWritten => self.hand_written(share).await,
+                Mode::HandWritten => self.hand_written(share, false).await,
                 Mode::OneStatement => self.one_statement(share).await,
                 Mode::Run | Mode::RunAgain => self.run_all(share).await,
-                Mode::HandWrittenForward => self.hand_written_forward(share).await,
+                Mode::HandWrittenForward => self.hand_written(share, true).await,
                 Mode::RunForward => self.run_forward(share).await,
                 Mode::HandWrittenBatched(batch) => self.hand_written_batches(share, batch).await,
                 Mode::ClaimMany(batch) => self.claim_many(share, batch).await,
@@ -260,21 +260,6 @@ impl<DB: BenchDb> Bench<'_, DB> {
         });
         for done in futures_util::future::join_all(runs).await {
             done?;
-        }
-        Ok(())
-    }
-
-    /// BEGIN, the claim as a plain INSERT that skips a duplicate, the row that forwards the
-    /// message (the statement `Inbox::forward` sends), COMMIT.
-    async fn hand_written_forward(&self, keys: &[Key]) -> Result<()> {
-        for key in keys {
-            let fingerprint = Fingerprint::of(key.as_str());
-            let mut tx = self.inbox.begin().await?;
-            if DB::hand_claim(&mut tx, &self.tables.keys, key.as_str(), &fingerprint).await? {
-                let message = Message::new("bench", key.as_str());
-                self.inbox.forward(&mut tx, key, message).await?;
-            }
-            tx.commit().await?;
         }
         Ok(())
     }
@@ -290,12 +275,18 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
-    /// BEGIN, the claim as a plain INSERT that skips a duplicate, the effect, COMMIT.
-    async fn hand_written(&self, keys: &[Key]) -> Result<()> {
+    /// BEGIN, the claim as a plain INSERT that skips a duplicate, the effect (`forwarding`:
+    /// the row that forwards the message, the statement `Inbox::forward` sends), COMMIT.
+    async fn hand_written(&self, keys: &[Key], forwarding: bool) -> Result<()> {
         for key in keys {
             let fingerprint = Fingerprint::of(key.as_str());
             let mut tx = self.inbox.begin().await?;
-            if DB::hand_claim(&mut tx, &self.tables.keys, key.as_str(), &fingerprint).await? {
+            let first =
+                DB::hand_claim(&mut tx, &self.tables.keys, key.as_str(), &fingerprint).await?;
+            if first && forwarding {
+                let message = Message::new("bench", key.as_str());
+                self.inbox.forward(&mut tx, key, message).await?;
+            } else if first {
                 DB::insert_effect(&mut tx, &self.tables.effects, key.as_str()).await?;
             }
             tx.commit().await?;

@@ -471,20 +471,14 @@ impl<DB: Backend> Inbox<DB> {
                     Err(ForwardFailed::Statement(error)) => {
                         // The statement was its own commit: its answer may have been lost.
                         let unknown = DB::is_commit_unknown(&error);
-                        let retryable =
-                            unknown || (DB::is_retryable(&error) && self.shared.max_attempts > 1);
-                        if !retryable {
+                        let transient = unknown || DB::is_retryable(&error);
+                        if !transient || 1 >= self.tries_allowed(unknown) {
                             return Err(database_error::<DB>(error));
                         }
-                        let cause = if unknown {
+                        if unknown {
                             unknown_commit = Some((claim_id, ()));
-                            "commit_unknown"
-                        } else {
-                            "transient"
-                        };
-                        tracing::debug!(attempt = 1, cause, "statement failed: retrying");
-                        metrics::counter!("justonce_retries_total", "cause" => cause).increment(1);
-                        backoff(1).await;
+                        }
+                        pause_before_retry(1, unknown).await;
                         tries = 1;
                     }
                 }
@@ -568,14 +562,7 @@ impl<DB: Backend> Inbox<DB> {
                 Failed::Work(error) => is_retryable_work_error::<DB>(error),
                 Failed::Store(error) => error.is_retryable() || unknown_commit.is_some(),
             };
-            // A lost COMMIT answer gets a few attempts of its own to be resolved.
-            let budget = self.shared.max_attempts
-                + if unknown_commit.is_some() {
-                    RESOLVE_ATTEMPTS
-                } else {
-                    0
-                };
-            if !transient || attempt >= budget {
+            if !transient || attempt >= self.tries_allowed(unknown_commit.is_some()) {
                 return Err(match failed {
                     Failed::Work(error) => RunError::Work(error),
                     Failed::Store(error) if unknown_commit.is_some() => {
@@ -586,16 +573,15 @@ impl<DB: Backend> Inbox<DB> {
                     Failed::Store(error) => RunError::Store(error),
                 });
             }
-            let cause = if unknown_commit.is_some() {
-                "commit_unknown"
-            } else {
-                "transient"
-            };
-            tracing::debug!(attempt, cause, "transaction failed: retrying");
-            metrics::counter!("justonce_retries_total", "cause" => cause).increment(1);
-            backoff(attempt).await;
+            pause_before_retry(attempt, unknown_commit.is_some()).await;
             attempt += 1;
         }
+    }
+
+    /// The tries a run gets; a lost COMMIT answer (`unknown`) gets a few of its own to be
+    /// resolved.
+    fn tries_allowed(&self, unknown: bool) -> u32 {
+        self.shared.max_attempts + if unknown { RESOLVE_ATTEMPTS } else { 0 }
     }
 
     /// One transaction of [`Inbox::run`]. `unknown_commit` holds the claim id and result of
@@ -812,6 +798,18 @@ fn skipped<T>(identity: &Identity, stored: Fingerprint, received: Fingerprint) -
         tracing::warn!(key = %identity.key, consumer = %identity.consumer, "same key, different payload: skipped");
         Outcome::KeyReused { stored, received }
     }
+}
+
+/// Counts and logs the failure of try `attempt` of a run, then waits before the next.
+async fn pause_before_retry(attempt: u32, unknown: bool) {
+    let cause = if unknown {
+        "commit_unknown"
+    } else {
+        "transient"
+    };
+    tracing::debug!(attempt, cause, "try failed: retrying");
+    metrics::counter!("justonce_retries_total", "cause" => cause).increment(1);
+    backoff(attempt).await;
 }
 
 /// The span of one run of a key.

@@ -66,8 +66,9 @@ impl Destination for PausingAfterSend {
         delivery: Delivery<'a>,
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
         Box::pin(async move {
-            let key_of_this_try = format!("{}#{}", delivery.key, delivery.attempt);
+            let key_of_this_try;
             let delivery = if self.key_per_try {
+                key_of_this_try = format!("{}#{}", delivery.key, delivery.attempt);
                 Delivery {
                     key: &key_of_this_try,
                     ..delivery
