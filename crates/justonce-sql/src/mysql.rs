@@ -349,6 +349,10 @@ fn text(column: &str) -> String {
 }
 
 /// `template` with `{list}` replaced by `count` copies of `item`, comma separated.
+/// The most keys one statement carries: MariaDB and MySQL take at most 65,535 placeholders
+/// in a statement, and a batch insert binds five per key.
+const KEYS_PER_STATEMENT: usize = 10_000;
+
 fn with_list(template: &str, item: &str, count: usize) -> String {
     template.replace("{list}", &vec![item; count].join(", "))
 }
@@ -424,24 +428,32 @@ impl Backend for MySql {
         sql: &'a MySqlStatements,
         batch: &'a Batch<'a>,
     ) -> Result<Vec<(String, Stored)>, Error> {
-        let text = with_list(
-            &sql.insert_many,
-            &format!("(?, ?, ?, ?, ?, {NOW})"),
-            batch.keys.len(),
-        );
-        let mut insert = sqlx::query(AssertSqlSafe(text));
-        for (key, fingerprint) in batch.keys.iter().zip(&batch.fingerprints) {
-            insert = insert
-                .bind(batch.scope.as_str())
-                .bind(batch.consumer.as_str())
-                .bind(*key)
-                .bind(fingerprint.as_bytes().as_slice())
-                .bind(batch.claim_id);
+        // The chunks go in the batch's sorted order, so concurrent batches still take their
+        // row locks in one order and cannot deadlock.
+        for (keys, fingerprints) in batch
+            .keys
+            .chunks(KEYS_PER_STATEMENT)
+            .zip(batch.fingerprints.chunks(KEYS_PER_STATEMENT))
+        {
+            let text = with_list(
+                &sql.insert_many,
+                &format!("(?, ?, ?, ?, ?, {NOW})"),
+                keys.len(),
+            );
+            let mut insert = sqlx::query(AssertSqlSafe(text));
+            for (key, fingerprint) in keys.iter().zip(fingerprints) {
+                insert = insert
+                    .bind(batch.scope.as_str())
+                    .bind(batch.consumer.as_str())
+                    .bind(*key)
+                    .bind(fingerprint.as_bytes().as_slice())
+                    .bind(batch.claim_id);
+            }
+            insert
+                .execute(&mut *conn)
+                .await
+                .map_err(database_error::<Self>)?;
         }
-        insert
-            .execute(&mut *conn)
-            .await
-            .map_err(database_error::<Self>)?;
         // No RETURNING: every key's row is read back, the inserted ones by the batch's
         // claim id, and the caller needs no second read for the others.
         Self::find_many(conn, sql, batch.scope, batch.consumer, &batch.keys).await
@@ -454,20 +466,24 @@ impl Backend for MySql {
         consumer: &'a Consumer,
         keys: &'a [&'a str],
     ) -> Result<Vec<(String, Stored)>, Error> {
-        let text = with_list(&sql.find_many, "?", keys.len());
-        let mut query = sqlx::query_as(AssertSqlSafe(text))
-            .bind(scope.as_str())
-            .bind(consumer.as_str());
-        for key in keys {
-            query = query.bind(*key);
+        let mut found = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(KEYS_PER_STATEMENT) {
+            let text = with_list(&sql.find_many, "?", chunk.len());
+            let mut query = sqlx::query_as(AssertSqlSafe(text))
+                .bind(scope.as_str())
+                .bind(consumer.as_str());
+            for key in chunk {
+                query = query.bind(*key);
+            }
+            let rows: Vec<(String, i64, Vec<u8>)> = query
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(database_error::<Self>)?;
+            for (key, claim_id, fingerprint) in rows {
+                found.push((key, Stored::decode(claim_id, fingerprint)?));
+            }
         }
-        let rows: Vec<(String, i64, Vec<u8>)> = query
-            .fetch_all(conn)
-            .await
-            .map_err(database_error::<Self>)?;
-        rows.into_iter()
-            .map(|(key, claim_id, fingerprint)| Ok((key, Stored::decode(claim_id, fingerprint)?)))
-            .collect()
+        Ok(found)
     }
 
     async fn lease_claim<'a>(

@@ -10,6 +10,7 @@ on_every_database!(
     a_second_claim_waits_for_the_first_transaction,
     a_batch_reports_each_key_in_order,
     racing_batches_claim_each_key_once,
+    a_batch_larger_than_one_statement_claims_every_key,
 );
 
 async fn a_claim_commits_or_rolls_back_with_the_transaction<DB: TestBackend>(test: &str) {
@@ -164,5 +165,39 @@ async fn racing_batches_claim_each_key_once<DB: TestBackend>(test: &str) {
         (db.rows("effects").await, distinct),
         (KEYS as i64, KEYS as i64)
     );
+    db.cleanup().await;
+}
+
+/// More keys than MariaDB takes placeholders in one statement (65,535), in the insert and in
+/// the read back: the batch is split, and each key is still judged once.
+async fn a_batch_larger_than_one_statement_claims_every_key<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    const KEYS: usize = 70_000;
+    let claimed_before = key("k7");
+    assert_eq!(
+        process(&db, &db.inbox, &claimed_before, b"p").await,
+        Outcome::Processed(())
+    );
+    let batch: Vec<(Key, &[u8])> = (0..KEYS)
+        .map(|n| (key(&format!("k{n}")), &b"p"[..]))
+        .collect();
+
+    let mut tx = db.inbox.begin().await.unwrap();
+    let claims = db.inbox.claim_many(&mut tx, &batch).await.unwrap();
+    tx.commit().await.unwrap();
+    let first = claims.iter().filter(|c| **c == Claim::First).count();
+    assert_eq!((claims.len(), first), (KEYS, KEYS - 1));
+    assert_eq!(
+        claims[7],
+        Claim::Duplicate,
+        "k7 was claimed before the batch"
+    );
+    assert_eq!(db.rows("keys").await, KEYS as i64);
+
+    let mut tx = db.inbox.begin().await.unwrap();
+    let again = db.inbox.claim_many(&mut tx, &batch).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert!(again.iter().all(|c| *c == Claim::Duplicate));
+    assert_eq!(again.len(), KEYS);
     db.cleanup().await;
 }
