@@ -478,7 +478,11 @@ fn validate_consumer(
         Ok(())
     };
     only(!amqp && raw.queue.is_some(), "queue", "RabbitMQ")?;
-    only(!amqp && raw.prefetch.is_some(), "prefetch", "RabbitMQ")?;
+    only(
+        !(amqp || nats) && raw.prefetch.is_some(),
+        "prefetch",
+        "RabbitMQ and NATS",
+    )?;
     only(!nats && raw.subject.is_some(), "subject", "NATS")?;
     only(!nats && raw.durable.is_some(), "durable", "NATS")?;
     only(!redis && raw.group.is_some(), "group", "Redis Streams")?;
@@ -523,6 +527,9 @@ fn validate_consumer(
             .durable(raw.durable.unwrap_or_else(|| name.to_owned()));
         if let Some(attempts) = raw.max_attempts {
             options = options.max_attempts(attempts);
+        }
+        if let Some(prefetch) = raw.prefetch {
+            options = options.prefetch(usize::from(prefetch));
         }
         BrokerOptions::Nats(options)
     } else if redis {

@@ -57,14 +57,16 @@ pub struct NatsOptions {
     key_from: KeyFrom,
     max_attempts: u32,
     ack_wait: Duration,
+    prefetch: usize,
     declare: bool,
 }
 
 impl NatsOptions {
     /// Consumes `subject` of `stream` through a durable consumer named after the stream:
     /// the key is the `Nats-Msg-Id` header, failed work gets 5 attempts before it is
-    /// published to `justonce.dead.<stream>`, the ack wait is 30 s, and the stream (with
-    /// file storage) and its dead-letter stream `<stream>_DEAD` are created if missing.
+    /// published to `justonce.dead.<stream>`, the ack wait is 30 s, 64 messages are pulled
+    /// ahead, and the stream (with file storage) and its dead-letter stream `<stream>_DEAD`
+    /// are created if missing.
     pub fn new(stream: impl Into<String>, subject: impl Into<String>) -> Self {
         let stream = stream.into();
         Self {
@@ -74,6 +76,7 @@ impl NatsOptions {
             key_from: KeyFrom::MessageId,
             max_attempts: 5,
             ack_wait: Duration::from_secs(30),
+            prefetch: 64,
             declare: true,
         }
     }
@@ -100,6 +103,17 @@ impl NatsOptions {
     /// reported every half of it.
     pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
         self.ack_wait = ack_wait;
+        self
+    }
+
+    /// How many messages each pull asks for ahead of the work (at least 1); the next pull
+    /// goes out when half of them are taken. The server's ack wait runs for a message from
+    /// when it is sent, and the consumer reports progress only on the messages it is working
+    /// on, so the work of one and a half times this many messages must fit in the ack wait:
+    /// a message that waits longer is delivered again, and its second delivery is a
+    /// duplicate that costs time. With `run_batched`, at least the batch size.
+    pub fn prefetch(mut self, prefetch: usize) -> Self {
+        self.prefetch = prefetch.max(1);
         self
     }
 
@@ -253,7 +267,13 @@ impl<DB: Backend> NatsConsumer<DB> {
 
     /// The messages one at a time, for callers that run and settle them themselves.
     pub async fn messages(&self) -> Result<Messages, Error> {
-        let stream = self.consumer.messages().await.map_err(broker)?;
+        let stream = self
+            .consumer
+            .stream()
+            .max_messages_per_batch(self.options.prefetch)
+            .messages()
+            .await
+            .map_err(broker)?;
         Ok(Messages { stream })
     }
 

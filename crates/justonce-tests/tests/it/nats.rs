@@ -333,3 +333,40 @@ impl TestBroker for ReadStream {
         self.0.delete().await
     }
 }
+
+/// Slow work and a short ack wait: the server's ack wait runs from when it sends a message,
+/// so what the consumer pulled ahead must be worked within it. A prefetch sized to the work
+/// sees no message twice; the default of 64 would, by seconds.
+#[tokio::test]
+async fn a_prefetch_sized_to_the_work_sees_no_message_twice() {
+    const MESSAGES: usize = 30;
+    const WORK: Duration = Duration::from_millis(150);
+    let db = TestDb::<justonce_sql::sqlx::Postgres>::new("nats_prefetch").await;
+    let stream = Stream::new(&db).await;
+    let consumer = NatsConsumer::connect(
+        &nats_url(),
+        db.inbox.clone(),
+        options(&stream)
+            .ack_wait(Duration::from_secs(2))
+            .prefetch(2),
+    )
+    .await
+    .unwrap();
+    for n in 0..MESSAGES {
+        stream.publish(&format!("order:{n}"), b"x").await;
+    }
+    let work = consumer_work(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let mut messages = consumer.messages().await.unwrap();
+    // Past the last message, longer than the ack wait: a late redelivery would come.
+    while let Ok(next) = tokio::time::timeout(Duration::from_secs(3), messages.next()).await {
+        let message = next.unwrap().expect("the stream is open");
+        tokio::time::sleep(WORK).await;
+        let ran = consumer.run_one(&message, &work).await;
+        consumer.settle(&message, ran, &mut stats).await.unwrap();
+    }
+    assert_eq!((stats.processed, stats.duplicates), (MESSAGES as u64, 0));
+    assert_eq!(db.rows("effects").await, MESSAGES as i64);
+    stream.delete().await;
+    db.cleanup().await;
+}
