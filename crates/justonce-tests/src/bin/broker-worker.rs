@@ -14,7 +14,7 @@
 //! `test`; elsewhere a plain consumer. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed. `run-batched`: the same in batches of 20.
-//! `ack-before-commit` (a consumer of RabbitMQ, Redis or NATS): deliberately broken, for the
+//! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it.
 
@@ -72,7 +72,17 @@ async fn work<DB: TestBackend>(
             Some(member) => shared_mqtt_options(queue, member),
             None => mqtt_options(queue),
         };
-        let consumer = MqttConsumer::connect(broker, inbox, options).await?;
+        let consumer = MqttConsumer::connect(broker, inbox.clone(), options).await?;
+        if mode == "ack-before-commit" {
+            let mut stats = ConsumerStats::default();
+            loop {
+                let message = consumer.next().await?;
+                consumer
+                    .settle(&message, acknowledged(), &mut stats)
+                    .await?;
+                effect_after_ack(&inbox, prefix, &mqtt_key(&message)).await?;
+            }
+        }
         if mode == "run-batched" {
             consumer.run_batched(forever, 20, work).await?;
             return Ok(());
@@ -83,11 +93,7 @@ async fn work<DB: TestBackend>(
         }
         let message = consumer.next().await?;
         let ran = consumer.run_one(&message, &work).await;
-        let key = (message.properties.as_ref())
-            .and_then(|p| p.user_properties.iter().find(|(name, _)| name == "key"))
-            .map(|(_, key)| key.clone())
-            .unwrap_or_default();
-        pause_after_commit(&key, ran).await
+        pause_after_commit(&mqtt_key(&message), ran).await
     } else if broker.starts_with("redis:") && reader {
         let reader =
             RedisStreamReader::connect(broker, inbox, RedisStreamOptions::new(queue, "test"))
@@ -244,6 +250,14 @@ fn order_id(message: &justonce_transport::nats::Message) -> String {
     (message.headers.as_ref())
         .and_then(|headers| headers.get("Order-Id"))
         .map(|id| id.as_str().to_owned())
+        .unwrap_or_default()
+}
+
+/// The key of the MQTT tests' messages.
+fn mqtt_key(message: &justonce_transport::mqtt::Message) -> String {
+    (message.properties.as_ref())
+        .and_then(|p| p.user_properties.iter().find(|(name, _)| name == "key"))
+        .map(|(_, key)| key.clone())
         .unwrap_or_default()
 }
 

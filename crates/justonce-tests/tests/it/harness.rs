@@ -138,6 +138,11 @@ async fn the_check_reports_losses_when_a_nats_jetstream_consumer_acknowledges_be
 }
 
 #[tokio::test]
+async fn the_check_reports_losses_when_an_mqtt_consumer_acknowledges_before_commit() {
+    losses_when_a_consumer_acknowledges_before_commit_on("mqtt").await
+}
+
+#[tokio::test]
 async fn the_check_reports_doubles_when_claiming_in_a_separate_transaction() {
     let (code, figures) = harness(&["--scenario", "kill", "--broken", "separate-claim"]).await;
     assert!(figures["duplicated"].as_u64().unwrap() > 0, "{figures}");
@@ -311,4 +316,17 @@ async fn a_server_killed_ten_times_acts_once_on_every_acknowledged_webhook_on_my
 #[tokio::test]
 async fn a_server_killed_ten_times_acts_once_on_every_acknowledged_webhook_on_sqlite() {
     killed_server_on("sqlite").await
+}
+
+#[tokio::test]
+async fn the_check_reports_losses_when_the_server_answers_before_it_stores() {
+    let (code, figures) = harness(&[
+        "--scenario",
+        "serve-kill",
+        "--broken",
+        "answer-before-store",
+    ])
+    .await;
+    assert!(figures["lost"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(code, 1, "{figures}");
 }

@@ -27,6 +27,9 @@ const SECRET: &str = "harness-secret";
 /// Senders posting at once.
 const SENDERS: usize = 8;
 
+/// Five relay leases: a row a killed server took is sent again well within it.
+const STALLED: Duration = Duration::from_secs(10);
+
 pub async fn serve_kill<DB: TestBackend>(
     args: &Args,
     rng: &mut Rng,
@@ -38,7 +41,7 @@ pub async fn serve_kill<DB: TestBackend>(
     // The server uses its default table names: it gets a database of its own.
     let database = DB::create_database(&format!("harness_serve_{}", std::process::id())).await;
     let sink = Sink::start().await;
-    let mut server = Server::configure(&database, &sink.url())?;
+    let mut server = Server::configure(&database, &sink.url(), args.mode == "answer-before-store")?;
     let mut result = send_while_killing(events, kills, deadline, rng, &mut server).await;
     let store = sqlx::Pool::<DB>::connect(&database)
         .await
@@ -272,8 +275,9 @@ async fn send(state: &Senders, client: &reqwest::Client, url: &str, deadline: In
 
 /// Waits until every acknowledged event has reached the receiver and the server's outbox
 /// holds no row unsent (a row a killed server sent without marking it is sent again when
-/// its lease ends), and no request came for a moment after that; false if the deadline came
-/// first.
+/// its lease ends), and no request came for a moment after that. False if the deadline came
+/// first, or if the outbox has nothing left to send and no request has come for
+/// [`STALLED`] while acknowledged events are still missing: the server never stored them.
 async fn reached<DB: TestBackend>(
     sink: &Sink,
     store: &sqlx::Pool<DB>,
@@ -285,8 +289,12 @@ async fn reached<DB: TestBackend>(
         DB::quoted("key")
     );
     let mut quiet = None;
+    let mut last_request = (Instant::now(), sink.requests());
     while Instant::now() < deadline {
         let requests = sink.requests();
+        if requests != last_request.1 {
+            last_request = (Instant::now(), requests);
+        }
         let mut arrived = vec![false; acknowledged.len()];
         for request in sink.received() {
             if let Some(got) =
@@ -302,6 +310,9 @@ async fn reached<DB: TestBackend>(
         let all_sent = DB::texts(store, unsent.clone())
             .await
             .is_ok_and(|keys| keys.is_empty());
+        if all_sent && !all_arrived && last_request.0.elapsed() >= STALLED {
+            return false;
+        }
         if all_arrived && all_sent {
             let (since, seen) = *quiet.get_or_insert((Instant::now(), requests));
             if seen != requests {
@@ -336,15 +347,18 @@ fn signature(body: &[u8]) -> String {
     format!("sha256={hex}")
 }
 
-/// `justonce serve` with one source forwarding to the receiver.
+/// `justonce serve` with one source forwarding to the receiver, or the deliberately broken
+/// `answer-first-server` with the same source.
 struct Server {
     config: PathBuf,
     public: String,
+    /// `answer-first-server`'s arguments, when it runs instead of `justonce serve`.
+    answer_first: Option<[String; 3]>,
     running: Option<Child>,
 }
 
 impl Server {
-    fn configure(database: &str, target: &str) -> Result<Self, String> {
+    fn configure(database: &str, target: &str, answer_first: bool) -> Result<Self, String> {
         let (public, admin) = (free_port()?, free_port()?);
         let config = std::env::temp_dir().join(format!("justonce-harness-{public}.toml"));
         std::fs::write(
@@ -366,9 +380,17 @@ target = "{target}"
             ),
         )
         .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+        let answer_first = answer_first.then(|| {
+            [
+                database.to_owned(),
+                format!("127.0.0.1:{public}"),
+                target.to_owned(),
+            ]
+        });
         Ok(Self {
             config,
             public: format!("http://127.0.0.1:{public}"),
+            answer_first,
             running: None,
         })
     }
@@ -378,10 +400,19 @@ target = "{target}"
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let child = Command::new(sibling("justonce"))
-            .arg("--config")
-            .arg(&self.config)
-            .arg("serve")
+        let mut command = match &self.answer_first {
+            Some(args) => {
+                let mut command = Command::new(sibling("answer-first-server"));
+                command.args(args);
+                command
+            }
+            None => {
+                let mut command = Command::new(sibling("justonce"));
+                command.arg("--config").arg(&self.config).arg("serve");
+                command
+            }
+        };
+        let child = command
             .env("HARNESS_SECRET", SECRET)
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
