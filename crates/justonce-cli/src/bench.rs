@@ -1,5 +1,6 @@
 //! `justonce bench`: how fast claims are on this database, beside what the same work costs
-//! without justonce, as the key table grows, and while a purge runs.
+//! without justonce, as the key table grows, while a purge runs, and behind the webhook
+//! receiver.
 //!
 //! Everything runs in tables of its own (`justonce_bench_<pid>_*`), dropped at the end. Each
 //! throughput result checks, and prints, that effect rows equal distinct keys.
@@ -16,6 +17,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
+
+mod receiver;
 
 /// What `justonce bench` measures, from its arguments.
 #[derive(Debug, Clone)]
@@ -36,6 +39,12 @@ pub struct Settings {
     pub purge_pause: f64,
     /// How long the sustained section runs.
     pub duration: Duration,
+    /// Events the receiver section posts under each load.
+    pub requests: usize,
+    /// The receiver section's connections posting back to back.
+    pub clients: usize,
+    /// The receiver section's events started per second.
+    pub rate: usize,
     pub sections: Vec<Section>,
     pub json: bool,
     /// Where to write the charts, if anywhere.
@@ -51,6 +60,9 @@ pub enum Section {
     Latency,
     /// Keys purged per second, and claim latency while the purge runs.
     Purge,
+    /// Webhooks accepted per second and the time to 2xx, for the receiver `justonce serve`
+    /// runs, with a load generator on loopback.
+    Receiver,
     /// Resident memory over a long run (--duration): `Inbox::run` on an endless stream, the
     /// peak RSS of each tenth of the run. Only when asked for.
     Sustained,
@@ -84,7 +96,12 @@ async fn bench<DB: BenchDb>(url: &str, settings: &Settings) -> Result<()> {
         settings,
         report: Report::new(settings.json, DB::LABEL),
     };
-    let result = bench.sections().await;
+    // Interrupted, the bench still drops its tables: a stopped section is not worth a
+    // million rows left behind.
+    let result = tokio::select! {
+        result = bench.sections() => result,
+        () = crate::serve::shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
+    };
     let dropped = bench.drop_tables().await;
     result?;
     dropped?;
@@ -113,6 +130,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Section::Throughput => self.throughput(&mut figures).await?,
                 Section::Latency => self.latency(&mut figures).await?,
                 Section::Purge => self.purge().await?,
+                Section::Receiver => self.receiver().await?,
                 Section::Sustained => self.sustained().await?,
             }
         }
@@ -881,6 +899,38 @@ impl Report {
             self.database,
             millis(quiet),
             millis(busy),
+        );
+    }
+
+    fn receiver(
+        &self,
+        load: receiver::Load,
+        requests: usize,
+        per_second: f64,
+        latencies: &[Duration],
+    ) {
+        let (p50, p99) = (percentile(latencies, 50), percentile(latencies, 99));
+        if self.json {
+            let (load_name, load_value) = load.json_field();
+            let result = serde_json::json!({
+                "bench": "receiver",
+                "database": self.database,
+                "requests": requests,
+                load_name: load_value,
+                "accepted_per_second": per_second.round(),
+                "p50_ms": millis(p50),
+                "p99_ms": millis(p99),
+                "keys_equal_events": true,
+            });
+            println!("{result}");
+            return;
+        }
+        println!(
+            "receiver    {:<9} {requests} events {:<17} {per_second:>9.0} accepted/s  to 2xx p50 {:.2} ms  p99 {:.2} ms  keys {requests} = events",
+            self.database,
+            load.described(),
+            millis(p50),
+            millis(p99),
         );
     }
 

@@ -36,6 +36,7 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
                 bench::Section::Throughput,
                 bench::Section::Latency,
                 bench::Section::Purge,
+                bench::Section::Receiver,
             ]
         } else {
             args.only
@@ -53,6 +54,9 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
             purge_batch: args.purge_batch,
             purge_pause: args.purge_pause,
             duration: args.duration,
+            requests: count(args.requests)?,
+            clients: count(args.clients)?,
+            rate: count(args.rate)?,
             sections,
             json: args.json,
             chart: args.chart,

@@ -87,7 +87,7 @@ enum Command {
         command: KeysCommand,
     },
     /// Measure claims on the database: throughput beside a hand-written client, latency as
-    /// the key table grows, and a purge under load.
+    /// the key table grows, a purge under load, and the webhook receiver under load.
     ///
     /// Runs in tables of its own, dropped at the end; prints a table, or one JSON object
     /// per result. Each throughput result checks that effect rows equal distinct keys.
@@ -139,6 +139,16 @@ struct BenchArgs {
     /// How long the sustained section runs, such as 90s or 10m.
     #[arg(long, default_value = "1m", value_parser = run_length)]
     duration: std::time::Duration,
+    /// Events the receiver section posts under each of its two loads.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    requests: u64,
+    /// Connections of the receiver section's closed loop, each posting its next event when
+    /// the last is answered.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    clients: u64,
+    /// Events per second the receiver section's open loop starts, whatever the answers do.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    rate: u64,
     /// Only these sections, comma-separated; all but sustained by default.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<bench::Section>,

@@ -56,10 +56,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         let inbox = inbox.with_consumer(Consumer::new(name.as_str())?);
         consumers.push((name, from, options, inbox));
     }
-    // A slow client may hold a request open for this long, no longer.
-    let public = receiver::router(&inbox, sources, settings.body_limit).layer(
-        TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT),
-    );
+    let public = public_router(&inbox, sources, settings.body_limit);
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
@@ -146,6 +143,19 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             Ok(())
         }
     }
+}
+
+/// The public listener's routes: the webhook receiver of each source.
+pub fn public_router<DB: Backend>(
+    inbox: &Inbox<DB>,
+    sources: Vec<receiver::Source>,
+    body_limit: usize,
+) -> axum::Router {
+    // A slow client may hold a request open for this long, no longer.
+    receiver::router(inbox, sources, body_limit).layer(TimeoutLayer::with_status_code(
+        StatusCode::REQUEST_TIMEOUT,
+        REQUEST_TIMEOUT,
+    ))
 }
 
 /// Consumes one queue until `stopped` resolves: each message is claimed under the consumer
@@ -359,7 +369,8 @@ fn escape(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
-async fn shutdown_signal() {
+/// SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut signal) => {

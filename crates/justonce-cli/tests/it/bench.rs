@@ -4,6 +4,7 @@
 
 use justonce_tests::{TestBackend, TestDb};
 use std::process::Stdio;
+use std::time::Duration;
 
 macro_rules! on_every_database {
     ($($test:ident),* $(,)?) => {
@@ -29,6 +30,7 @@ macro_rules! on_every_database {
 on_every_database!(
     every_section_reports_and_leaves_no_table_behind,
     the_sustained_run_reports_a_peak_per_tenth,
+    an_interrupted_bench_drops_its_tables,
 );
 
 async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test: &str) {
@@ -54,6 +56,7 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
             "1000,5000",
         ])
         .args(["--samples", "50", "--purge", "5000"])
+        .args(["--requests", "300", "--clients", "4", "--rate", "200"])
         .arg("--chart")
         .arg(&charts)
         .env("RUST_LOG", "warn")
@@ -151,6 +154,24 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
     }
     std::fs::remove_dir_all(&charts).unwrap();
 
+    let receiver = of("receiver");
+    let loads: Vec<(u64, Option<u64>, Option<u64>)> = receiver
+        .iter()
+        .map(|r| {
+            (
+                r["requests"].as_u64().unwrap(),
+                r["clients"].as_u64(),
+                r["rate"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(loads, [(300, Some(4), None), (300, None, Some(200))]);
+    for result in receiver {
+        assert_eq!(result["keys_equal_events"], true);
+        assert!(result["accepted_per_second"].as_f64().unwrap() > 0.0);
+        assert!(result["p50_ms"].as_f64().unwrap() <= result["p99_ms"].as_f64().unwrap());
+    }
+
     let [memory] = of("memory")[..] else {
         panic!("one memory result: {stdout}");
     };
@@ -222,6 +243,48 @@ async fn the_sustained_run_reports_a_peak_per_tenth<DB: TestBackend>(test: &str)
     db.cleanup().await;
 }
 
+/// Ctrl-C in the middle of filling the key table: the bench stops, says so, and drops its
+/// tables on the way out.
+async fn an_interrupted_bench_drops_its_tables<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["bench", "--database", &db.url, "--only", "latency"])
+        .args(["--sizes", "100000000"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start justonce bench");
+    let pid = child.id().expect("a running bench");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while DB::count(db.inbox.pool(), tables_named(&db.url, pid)).await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the bench made no tables"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Into the filling, which alone would take many minutes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let signalled = tokio::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .await
+        .unwrap();
+    assert!(signalled.success());
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the bench stops within a minute of Ctrl-C")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let left = DB::count(db.inbox.pool(), tables_named(&db.url, pid)).await;
+    assert_eq!(left, 0, "the bench's tables are dropped");
+    db.cleanup().await;
+}
+
 /// A query counting the tables of the bench process `pid`.
 fn tables_named(url: &str, pid: u32) -> String {
     let like = format!("'justonce_bench_{pid}_%'");
@@ -246,6 +309,9 @@ async fn numbers_out_of_range_are_bad_usage() {
         (bench, "--purge-pause", "NaN"),
         (bench, "--workers", "0"),
         (bench, "--rounds", "0"),
+        (bench, "--requests", "0"),
+        (bench, "--clients", "0"),
+        (bench, "--rate", "0"),
         (bench, "--batch", "100,0"),
         (bench, "--duration", "0s"),
         (bench, "--duration", "10"),
