@@ -4,7 +4,7 @@ use crate::config::Settings;
 use crate::pacing::Pacer;
 use crate::progress::Progress;
 use crate::{CheckArgs, Command, DlqCommand, KeyArgs, KeysCommand};
-use crate::{bench, check};
+use crate::{bench, check, purge};
 use anyhow::{Context, Result};
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Options, Row, Scope, StoredKey};
@@ -133,43 +133,16 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
             );
         }
         Command::Purge { batch_size, pause } => {
-            let mut progress = Progress::new();
             // One pacer for the whole purge: every statement loads the same database.
             let mut pacer = Pacer::new(pause);
-            let full = u64::from(batch_size.max(1));
-            let mut keys = 0;
-            let sources = settings.sources.iter().map(|s| (&s.name, s.retention));
-            let consumers = settings.consumers.iter().map(|c| (&c.name, c.retention));
-            for (name, retention) in sources.chain(consumers) {
-                let consumer = inbox.with_consumer(Consumer::new(name.as_str())?);
-                let mut purged = 0;
-                loop {
-                    let batch = pacer
-                        .run(consumer.purge_batch(retention.keep(), batch_size))
-                        .await?;
-                    purged += batch;
-                    progress.update(format!("keys of {name}: {purged} purged"));
-                    if batch < full {
-                        break;
-                    }
-                }
-                progress.finish();
-                keys += purged;
-            }
-            let keep_sent = settings.store_retention()?.keep();
-            let mut sent = 0;
-            loop {
-                let batch = pacer
-                    .run(outbox.purge_sent_batch(keep_sent, batch_size))
-                    .await?;
-                sent += batch;
-                progress.update(format!("sent deliveries: {sent} purged"));
-                if batch < full {
-                    break;
-                }
-            }
-            progress.finish();
-            println!("purged {keys} keys and {sent} sent deliveries");
+            let mut progress = Progress::new();
+            let purged = purge::Plan::of(&settings)?
+                .run(&inbox, batch_size, &mut pacer, Some(&mut progress))
+                .await?;
+            println!(
+                "purged {} keys and {} sent deliveries",
+                purged.keys, purged.sent
+            );
         }
         Command::Stats { json } => stats(&inbox, json).await?,
         Command::Dlq { command } => dlq(&outbox, command).await?,

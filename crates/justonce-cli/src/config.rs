@@ -27,6 +27,8 @@ pub struct Settings {
     pub body_limit: usize,
     /// How long a delivery the relay took stays hidden from other relays.
     pub relay_lease: Duration,
+    /// How often the service purges what is past its retention; `None`: never.
+    pub purge_every: Option<Duration>,
     pub sources: Vec<SourceSettings>,
     pub consumers: Vec<ConsumerSettings>,
 }
@@ -120,6 +122,7 @@ struct RawServer {
     database: Option<String>,
     body_limit: Option<String>,
     relay_lease: Option<String>,
+    purge_every: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -155,12 +158,13 @@ const CONSUMER_KEYS: [&str; 14] = [
     "deliver_for",
     "target_secret",
 ];
-const SERVER_KEYS: [&str; 5] = [
+const SERVER_KEYS: [&str; 6] = [
     "listen",
     "admin_listen",
     "database",
     "body_limit",
     "relay_lease",
+    "purge_every",
 ];
 const SOURCE_KEYS: [&str; 10] = [
     "scheme",
@@ -400,6 +404,20 @@ fn validate(
             origin.name(&["server", "relay_lease"])
         );
     }
+    let purge_every = match server.purge_every.as_deref().unwrap_or("1h") {
+        "off" => None,
+        every => {
+            let every =
+                parse_duration(every).with_context(|| origin.name(&["server", "purge_every"]))?;
+            if every.is_zero() {
+                bail!(
+                    "{}: must be more than zero, or \"off\"",
+                    origin.name(&["server", "purge_every"])
+                );
+            }
+            Some(every)
+        }
+    };
     // A delivery still running when its lease ends may be sent again by another relay,
     // with the same key: none starts after half the lease, and each gives up after the
     // other half (30 s at most), so that the two rarely overlap.
@@ -431,6 +449,7 @@ fn validate(
         database,
         body_limit,
         relay_lease,
+        purge_every,
         sources,
         consumers,
     })
@@ -834,10 +853,39 @@ target = "http://127.0.0.1:9000/hooks/shop"
         assert_eq!(settings.database, "sqlite://justonce.db");
         assert_eq!(settings.body_limit, 64 * 1024);
         assert_eq!(settings.relay_lease, Duration::from_secs(5));
+        assert_eq!(settings.purge_every, Some(Duration::from_secs(3_600)));
         let shop = &settings.sources[0];
         assert_eq!(shop.source.name(), "shop");
         assert_eq!(shop.retention.keep(), Duration::from_secs(10 * 86_400));
         assert_eq!(shop.deliver_for, Duration::from_secs(3 * 86_400));
+    }
+
+    /// The example users start from is a configuration the service takes, with the
+    /// settings it says.
+    #[test]
+    fn the_example_configuration_loads() {
+        let env = env_of(&[
+            ("DEMO_WEBHOOK_SECRET", "demo secret"),
+            ("SHOP_WEBHOOK_SECRET", "whsec_c2VjcmV0"),
+        ]);
+        let example = include_str!("../../../examples/justonce.toml");
+        let settings = load_text(example, &env).unwrap();
+        let sources: Vec<&str> = settings.sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(sources, ["demo", "shop"]);
+        assert_eq!(settings.relay_lease, Duration::from_secs(60));
+        assert_eq!(settings.purge_every, Some(Duration::from_secs(3_600)));
+    }
+
+    #[test]
+    fn the_service_purge_can_be_turned_off() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_PURGE_EVERY", "off"),
+        ]);
+        assert_eq!(load_text(SHOP, &env).unwrap().purge_every, None);
+        let every = SHOP.replace("body_limit", "purge_every = \"10m\"\nbody_limit");
+        let settings = load_text(&every, &env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")])).unwrap();
+        assert_eq!(settings.purge_every, Some(Duration::from_secs(600)));
     }
 
     /// `SHOP` and `ORDERS` together, the lines the cases below name:
@@ -984,6 +1032,16 @@ target = "http://127.0.0.1:9000/hooks/shop"
                 edit("\"64KiB\"", "\"0\""),
                 "server.body_limit (line 4)",
                 "more than zero",
+            ),
+            (
+                edit("body_limit = \"64KiB\"", "purge_every = \"0s\""),
+                "server.purge_every (line 4)",
+                "more than zero, or \"off\"",
+            ),
+            (
+                edit("body_limit = \"64KiB\"", "purge_every = \"never\""),
+                "server.purge_every (line 4)",
+                "not a duration",
             ),
             (
                 edit("body_limit = \"64KiB\"", "relay_lease = \"1500ms\""),

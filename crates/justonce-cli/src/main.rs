@@ -11,6 +11,7 @@ mod commands;
 mod config;
 mod pacing;
 mod progress;
+mod purge;
 mod serve;
 
 use clap::{Args, Parser, Subcommand};

@@ -2,6 +2,8 @@
 
 use crate::activity::{self, Activity};
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
+use crate::pacing::{self, Pacer};
+use crate::purge;
 use anyhow::{Context, Result};
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
@@ -21,6 +23,7 @@ use tokio::sync::watch;
 use tower_http::timeout::TimeoutLayer;
 
 pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
+    let purge_plan = purge::Plan::of(&settings)?;
     let mut sources = Vec::new();
     let source_names: Vec<String> = settings.sources.iter().map(|s| s.name.clone()).collect();
     let consumer_names: Vec<String> = settings.consumers.iter().map(|c| c.name.clone()).collect();
@@ -114,6 +117,14 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let public = axum::serve(public_listener, public).with_graceful_shutdown(stopped());
     let admin = axum::serve(admin_listener, admin).with_graceful_shutdown(stopped());
     let relaying = relay.run(stopped());
+    let purging = async {
+        if let Some(every) = settings.purge_every {
+            tokio::select! {
+                () = purge_on_schedule(&purge_plan, &inbox, every) => {}
+                () = stopped() => {}
+            }
+        }
+    };
     let consuming = futures_util::future::join_all(consumers.into_iter().map(
         |(name, from, options, inbox)| {
             consume(name, from, options, inbox, consumers_stopping.clone())
@@ -125,8 +136,8 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         let _ = stop.send(true);
     };
     let running = async {
-        let (public, admin, relayed, _, ()) =
-            tokio::join!(public, admin, relaying, consuming, signal);
+        let (public, admin, relayed, _, (), ()) =
+            tokio::join!(public, admin, relaying, consuming, signal, purging);
         public.context("public listener")?;
         admin.context("admin listener")?;
         relayed.context("relay")
@@ -141,6 +152,30 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         () = deadline => {
             tracing::warn!("requests still in flight after the drain time: stopping anyway");
             Ok(())
+        }
+    }
+}
+
+/// Purges what is past its retention at start and then every `every`, paced as `justonce
+/// purge` is by default so that claims keep their latency meanwhile. A failed purge is
+/// logged and tried again at the next.
+async fn purge_on_schedule<DB: Backend>(plan: &purge::Plan, inbox: &Inbox<DB>, every: Duration) {
+    let mut schedule = tokio::time::interval(every);
+    schedule.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        schedule.tick().await;
+        let mut pacer = Pacer::new(pacing::DEFAULT_RATIO);
+        match plan
+            .run(inbox, purge::SERVICE_BATCH, &mut pacer, None)
+            .await
+        {
+            Ok(purged) if purged.keys + purged.sent > 0 => tracing::info!(
+                keys = purged.keys,
+                sent_deliveries = purged.sent,
+                "purged what is past its retention"
+            ),
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "purge failed: trying again at the next"),
         }
     }
 }

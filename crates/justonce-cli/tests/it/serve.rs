@@ -46,6 +46,7 @@ on_every_database!(
     an_mqtt_topic_consumed_by_the_service_reaches_its_target_once_per_key,
     the_printed_migrations_make_a_schema_the_service_accepts,
     purge_deletes_only_keys_past_retention_and_reports_its_progress,
+    serve_purges_keys_past_retention_on_its_schedule,
     a_server_killed_twenty_times_loses_no_acknowledged_event,
     keys_release_lets_the_next_claim_take_a_stuck_lease_at_once,
     keys_complete_marks_a_stuck_lease_done_and_refuses_its_holder,
@@ -76,6 +77,11 @@ impl Server {
 
     /// A server whose configuration ends with `more`, such as a consumer.
     fn configure_with(database: &str, target: &str, more: &str) -> Self {
+        Self::configure_all(database, target, "", more)
+    }
+
+    /// A server with `server` among its `[server]` settings and `more` at the end.
+    fn configure_all(database: &str, target: &str, server: &str, more: &str) -> Self {
         let (public, admin) = (free_port(), free_port());
         let config = std::env::temp_dir().join(format!("justonce-{public}.toml"));
         std::fs::write(
@@ -87,6 +93,7 @@ listen = "127.0.0.1:{public}"
 admin_listen = "127.0.0.1:{admin}"
 database = "{database}"
 body_limit = "64KiB"
+{server}
 
 [sources.demo]
 scheme = "hmac-sha256"
@@ -1004,6 +1011,51 @@ async fn purge_deletes_only_keys_past_retention_and_reports_its_progress<DB: Tes
     );
     let left = DB::count(demo.pool(), "SELECT count(*) FROM justonce_keys".to_owned()).await;
     assert_eq!(left, 2);
+    demo.pool().close().await;
+    drop_database(db, &url).await;
+}
+
+/// `justonce serve` purges on its own, at start and every `server.purge_every`: keys past
+/// their retention go, and the others stay.
+async fn serve_purges_keys_past_retention_on_its_schedule<DB: TestBackend>(test: &str) {
+    let (db, url) = database::<DB>(test).await;
+    let mut server = Server::configure_all(
+        &url,
+        "http://127.0.0.1:1/unused",
+        r#"purge_every = "1s""#,
+        "",
+    );
+    assert_eq!(server.run(&["migrate"]).await.0, 0);
+    let demo =
+        justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("demo").unwrap())
+            .await
+            .unwrap();
+    let keys = || DB::count(demo.pool(), "SELECT count(*) FROM justonce_keys".to_owned());
+    server.start().await;
+    for n in 0..4 {
+        let key = justonce_sql::Key::new(format!("demo:evt_{n}")).unwrap();
+        let outcome = demo
+            .run(&key, b"{}", |_tx| {
+                Box::pin(async { Ok::<_, justonce_sql::sqlx::Error>(()) })
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome, justonce_sql::Outcome::Processed(()));
+    }
+    // Three of them eight days old, while the server runs: past the retention of seven.
+    for n in 0..3 {
+        let key = format!("demo:evt_{n}");
+        DB::age_key(demo.pool(), "justonce_", &key, 8 * 86_400_000).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while keys().await != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server did not purge within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.stop().await;
     demo.pool().close().await;
     drop_database(db, &url).await;
 }

@@ -1,0 +1,91 @@
+//! Deleting what is past its retention: each source's and consumer's keys, then the sent
+//! deliveries. `justonce purge` runs it once; `justonce serve` every `server.purge_every`.
+
+use crate::config::Settings;
+use crate::pacing::Pacer;
+use crate::progress::Progress;
+use anyhow::Result;
+use justonce_sql::{Backend, Consumer, Inbox, Retention};
+
+/// Keys deleted per statement by the service's own purge, as `justonce purge` by default.
+pub const SERVICE_BATCH: u32 = 1_000;
+
+/// What to purge, taken from the settings before the service consumes them.
+#[derive(Clone)]
+pub struct Plan {
+    /// Each source's and consumer's name and retention.
+    kept: Vec<(String, Retention)>,
+    /// The store's retention, which sent deliveries follow.
+    store: Retention,
+}
+
+/// How many rows a purge deleted.
+pub struct Purged {
+    pub keys: u64,
+    pub sent: u64,
+}
+
+impl Plan {
+    pub fn of(settings: &Settings) -> Result<Self> {
+        let sources = settings
+            .sources
+            .iter()
+            .map(|s| (s.name.clone(), s.retention));
+        let consumers = (settings.consumers.iter()).map(|c| (c.name.clone(), c.retention));
+        Ok(Self {
+            kept: sources.chain(consumers).collect(),
+            store: settings.store_retention()?,
+        })
+    }
+
+    /// Deletes in statements of `batch_size` rows, each paced by `pacer`, and reports each
+    /// statement's progress to `progress` if given.
+    pub async fn run<DB: Backend>(
+        &self,
+        inbox: &Inbox<DB>,
+        batch_size: u32,
+        pacer: &mut Pacer,
+        mut progress: Option<&mut Progress>,
+    ) -> Result<Purged> {
+        let full = u64::from(batch_size.max(1));
+        let mut keys = 0;
+        for (name, retention) in &self.kept {
+            let consumer = inbox.with_consumer(Consumer::new(name.as_str())?);
+            let mut purged = 0;
+            loop {
+                let batch = pacer
+                    .run(consumer.purge_batch(retention.keep(), batch_size))
+                    .await?;
+                purged += batch;
+                if let Some(progress) = progress.as_deref_mut() {
+                    progress.update(format!("keys of {name}: {purged} purged"));
+                }
+                if batch < full {
+                    break;
+                }
+            }
+            if let Some(progress) = progress.as_deref_mut() {
+                progress.finish();
+            }
+            keys += purged;
+        }
+        let outbox = inbox.outbox();
+        let mut sent = 0;
+        loop {
+            let batch = pacer
+                .run(outbox.purge_sent_batch(self.store.keep(), batch_size))
+                .await?;
+            sent += batch;
+            if let Some(progress) = progress.as_deref_mut() {
+                progress.update(format!("sent deliveries: {sent} purged"));
+            }
+            if batch < full {
+                break;
+            }
+        }
+        if let Some(progress) = progress {
+            progress.finish();
+        }
+        Ok(Purged { keys, sent })
+    }
+}
