@@ -102,7 +102,13 @@ async fn bench<DB: BenchDb>(url: &str, settings: &Settings) -> Result<()> {
         result = bench.sections() => result,
         () = crate::serve::shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
     };
-    let dropped = bench.drop_tables().await;
+    // A second signal while dropping stops at once, and says what it leaves.
+    let dropped = tokio::select! {
+        dropped = bench.drop_tables() => dropped,
+        () = crate::serve::shutdown_signal() => Err(anyhow::anyhow!(
+            "interrupted again: the tables {prefix}* are left"
+        )),
+    };
     result?;
     dropped?;
     bench.report.memory();

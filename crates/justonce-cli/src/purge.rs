@@ -6,6 +6,7 @@ use crate::pacing::Pacer;
 use crate::progress::Progress;
 use anyhow::Result;
 use justonce_sql::{Backend, Consumer, Inbox, Retention};
+use std::future::Future;
 
 /// Keys deleted per statement by the service's own purge, as `justonce purge` by default.
 pub const SERVICE_BATCH: u32 = 1_000;
@@ -51,41 +52,46 @@ impl Plan {
         let mut keys = 0;
         for (name, retention) in &self.kept {
             let consumer = inbox.with_consumer(Consumer::new(name.as_str())?);
-            let mut purged = 0;
-            loop {
-                let batch = pacer
-                    .run(consumer.purge_batch(retention.keep(), batch_size))
-                    .await?;
-                purged += batch;
-                if let Some(progress) = progress.as_deref_mut() {
-                    progress.update(format!("keys of {name}: {purged} purged"));
-                }
-                if batch < full {
-                    break;
-                }
-            }
-            if let Some(progress) = progress.as_deref_mut() {
-                progress.finish();
-            }
-            keys += purged;
+            let what = format!("keys of {name}");
+            keys += until_short(full, pacer, &mut progress, &what, || {
+                consumer.purge_batch(retention.keep(), batch_size)
+            })
+            .await?;
         }
         let outbox = inbox.outbox();
-        let mut sent = 0;
-        loop {
-            let batch = pacer
-                .run(outbox.purge_sent_batch(self.store.keep(), batch_size))
-                .await?;
-            sent += batch;
-            if let Some(progress) = progress.as_deref_mut() {
-                progress.update(format!("sent deliveries: {sent} purged"));
-            }
-            if batch < full {
-                break;
-            }
-        }
-        if let Some(progress) = progress {
-            progress.finish();
-        }
+        let sent = until_short(full, pacer, &mut progress, "sent deliveries", || {
+            outbox.purge_sent_batch(self.store.keep(), batch_size)
+        })
+        .await?;
         Ok(Purged { keys, sent })
     }
+}
+
+/// Runs `statement` until it deletes fewer than `full` rows; the rows it deleted in all.
+async fn until_short<F, Deleting>(
+    full: u64,
+    pacer: &mut Pacer,
+    progress: &mut Option<&mut Progress>,
+    what: &str,
+    mut statement: F,
+) -> Result<u64>
+where
+    F: FnMut() -> Deleting,
+    Deleting: Future<Output = Result<u64, justonce_sql::Error>>,
+{
+    let mut purged = 0;
+    loop {
+        let batch = pacer.run(statement()).await?;
+        purged += batch;
+        if let Some(progress) = progress.as_deref_mut() {
+            progress.update(format!("{what}: {purged} purged"));
+        }
+        if batch < full {
+            break;
+        }
+    }
+    if let Some(progress) = progress.as_deref_mut() {
+        progress.finish();
+    }
+    Ok(purged)
 }

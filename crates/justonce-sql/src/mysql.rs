@@ -348,11 +348,11 @@ fn text(column: &str) -> String {
     format!("CAST({column} AS CHAR CHARACTER SET utf8mb4)")
 }
 
-/// `template` with `{list}` replaced by `count` copies of `item`, comma separated.
 /// The most keys one statement carries: MariaDB and MySQL take at most 65,535 placeholders
 /// in a statement, and a batch insert binds five per key.
 const KEYS_PER_STATEMENT: usize = 10_000;
 
+/// `template` with `{list}` replaced by `count` copies of `item`, comma separated.
 fn with_list(template: &str, item: &str, count: usize) -> String {
     template.replace("{list}", &vec![item; count].join(", "))
 }

@@ -267,10 +267,19 @@ impl<DB: Backend> NatsConsumer<DB> {
 
     /// The messages one at a time, for callers that run and settle them themselves.
     pub async fn messages(&self) -> Result<Messages, Error> {
+        // A consumer made elsewhere may cap its pulls lower; the server refuses a larger one.
+        let max_batch = usize::try_from(self.consumer.cached_info().config.max_batch)
+            .ok()
+            .filter(|&max| max > 0);
+        let prefetch =
+            max_batch.map_or(self.options.prefetch, |max| self.options.prefetch.min(max));
         let stream = self
             .consumer
             .stream()
-            .max_messages_per_batch(self.options.prefetch)
+            .max_messages_per_batch(prefetch)
+            // The client's default, which a stream built by hand leaves off: a pull the
+            // server lost is noticed in seconds, not at its expiry.
+            .heartbeat(Duration::from_secs(15))
             .messages()
             .await
             .map_err(broker)?;

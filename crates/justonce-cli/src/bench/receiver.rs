@@ -59,6 +59,8 @@ impl Load {
 impl<DB: BenchDb> Bench<'_, DB> {
     /// Accepted events per second and the time to 2xx, under each load.
     pub(super) async fn receiver(&self) -> Result<()> {
+        // The relay's reqwest is built without a TLS provider of its own (the workspace
+        // picks ring), and a client panics without one, even for plain HTTP.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let requests = self.settings.requests;
         for load in [
@@ -93,15 +95,16 @@ impl<DB: BenchDb> Bench<'_, DB> {
             .await
             .context("listening on loopback")?;
         let url = format!("http://{}/webhooks/{SOURCE}", listener.local_addr()?);
-        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        // Stopped when this returns, or when an interrupted bench drops it before its tables.
+        let _server = AbortOnDrop(tokio::spawn(
+            async move { axum::serve(listener, app).await },
+        ));
         let sender = Sender {
             client: reqwest::Client::new(),
             url,
             prefix: load.name(),
         };
-        let sent = self.send(&sender, load).await;
-        server.abort();
-        sent
+        self.send(&sender, load).await
     }
 
     async fn send(&self, sender: &Sender, load: Load) -> Result<(f64, Vec<Duration>)> {
@@ -137,6 +140,10 @@ impl<DB: BenchDb> Bench<'_, DB> {
                         drop(permit);
                         Ok::<_, anyhow::Error>(due.elapsed())
                     });
+                    // A refused event stops the run now, not after the whole schedule.
+                    while let Some(latency) = posts.try_join_next() {
+                        latencies.push(latency??);
+                    }
                 }
                 while let Some(latency) = posts.join_next().await {
                     latencies.push(latency??);
@@ -145,6 +152,15 @@ impl<DB: BenchDb> Bench<'_, DB> {
         }
         let per_second = requests as f64 / started.elapsed().as_secs_f64();
         Ok((per_second, latencies))
+    }
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

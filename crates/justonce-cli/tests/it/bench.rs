@@ -167,7 +167,6 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
         .collect();
     assert_eq!(loads, [(300, Some(4), None), (300, None, Some(200))]);
     for result in receiver {
-        assert_eq!(result["keys_equal_events"], true);
         assert!(result["accepted_per_second"].as_f64().unwrap() > 0.0);
         assert!(result["p50_ms"].as_f64().unwrap() <= result["p99_ms"].as_f64().unwrap());
     }

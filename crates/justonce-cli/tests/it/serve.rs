@@ -971,16 +971,7 @@ async fn purge_deletes_only_keys_past_retention_and_reports_its_progress<DB: Tes
         justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("demo").unwrap())
             .await
             .unwrap();
-    for n in 0..7 {
-        let key = justonce_sql::Key::new(format!("demo:evt_{n}")).unwrap();
-        let outcome = demo
-            .run(&key, b"{}", |_tx| {
-                Box::pin(async { Ok::<_, justonce_sql::sqlx::Error>(()) })
-            })
-            .await
-            .unwrap();
-        assert_eq!(outcome, justonce_sql::Outcome::Processed(()));
-    }
+    process_demo_events(&demo, 7).await;
     // Five of them eight days old: past the default retention of seven.
     for n in 0..5 {
         DB::age_key(
@@ -1015,6 +1006,21 @@ async fn purge_deletes_only_keys_past_retention_and_reports_its_progress<DB: Tes
     drop_database(db, &url).await;
 }
 
+/// Processes events `demo:evt_0` up to `demo:evt_<count - 1>` through `demo`, each for the
+/// first time.
+async fn process_demo_events<DB: TestBackend>(demo: &justonce_sql::Inbox<DB>, count: usize) {
+    for n in 0..count {
+        let key = justonce_sql::Key::new(format!("demo:evt_{n}")).unwrap();
+        let outcome = demo
+            .run(&key, b"{}", |_tx| {
+                Box::pin(async { Ok::<_, justonce_sql::sqlx::Error>(()) })
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome, justonce_sql::Outcome::Processed(()));
+    }
+}
+
 /// `justonce serve` purges on its own, at start and every `server.purge_every`: keys past
 /// their retention go, and the others stay.
 async fn serve_purges_keys_past_retention_on_its_schedule<DB: TestBackend>(test: &str) {
@@ -1030,31 +1036,34 @@ async fn serve_purges_keys_past_retention_on_its_schedule<DB: TestBackend>(test:
         justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("demo").unwrap())
             .await
             .unwrap();
-    let keys = || DB::count(demo.pool(), "SELECT count(*) FROM justonce_keys".to_owned());
+    let keys = |filter: &str| {
+        DB::count(
+            demo.pool(),
+            format!("SELECT count(*) FROM justonce_keys{filter}"),
+        )
+    };
     server.start().await;
-    for n in 0..4 {
-        let key = justonce_sql::Key::new(format!("demo:evt_{n}")).unwrap();
-        let outcome = demo
-            .run(&key, b"{}", |_tx| {
-                Box::pin(async { Ok::<_, justonce_sql::sqlx::Error>(()) })
-            })
-            .await
-            .unwrap();
-        assert_eq!(outcome, justonce_sql::Outcome::Processed(()));
-    }
+    process_demo_events(&demo, 4).await;
     // Three of them eight days old, while the server runs: past the retention of seven.
     for n in 0..3 {
         let key = format!("demo:evt_{n}");
         DB::age_key(demo.pool(), "justonce_", &key, 8 * 86_400_000).await;
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while keys().await != 1 {
+    loop {
+        let left = keys("").await;
+        assert!(left >= 1, "the purge deleted a key inside its retention");
+        if left == 1 {
+            break;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
             "the server did not purge within 30 s"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let fresh = format!(" WHERE {} = 'demo:evt_3'", DB::quoted("key"));
+    assert_eq!(keys(&fresh).await, 1, "the key inside its retention stays");
     server.stop().await;
     demo.pool().close().await;
     drop_database(db, &url).await;

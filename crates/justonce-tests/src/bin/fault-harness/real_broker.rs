@@ -881,8 +881,8 @@ async fn publish_paced<DB: TestBackend, Q: RealQueue>(
             let mut polls = 0_u32;
             while db.effects_of(&key).await == 0 {
                 polls += 1;
-                // Once a second, the costlier look at every key.
-                if polls % 200 == 0
+                // Every 200th poll, a second or more apart, the costlier look at every key.
+                if polls.is_multiple_of(200)
                     && furthest_effect(db, &first_at).await? >= first_at[index as usize]
                 {
                     break;

@@ -291,6 +291,11 @@ async fn reached<DB: TestBackend>(
     let mut quiet = None;
     let mut last_request = (Instant::now(), sink.requests());
     while Instant::now() < deadline {
+        // The outbox first: a row is marked sent only after the receiver has it, so what is
+        // read from the receiver after includes every row found sent.
+        let all_sent = DB::texts(store, unsent.clone())
+            .await
+            .is_ok_and(|keys| keys.is_empty());
         let requests = sink.requests();
         if requests != last_request.1 {
             last_request = (Instant::now(), requests);
@@ -307,9 +312,6 @@ async fn reached<DB: TestBackend>(
             .iter()
             .zip(&arrived)
             .all(|(ack, got)| !ack || *got);
-        let all_sent = DB::texts(store, unsent.clone())
-            .await
-            .is_ok_and(|keys| keys.is_empty());
         if all_sent && !all_arrived && last_request.0.elapsed() >= STALLED {
             return false;
         }
@@ -399,6 +401,21 @@ target = "{target}"
         format!("{}/webhooks/demo", self.public)
     }
 
+    /// The server's name in messages.
+    fn name(&self) -> &'static str {
+        match self.answer_first {
+            Some(_) => "answer-first-server",
+            None => "justonce serve",
+        }
+    }
+
+    fn built_by(&self) -> &'static str {
+        match self.answer_first {
+            Some(_) => "cargo build -p justonce-tests",
+            None => "cargo build -p justonce-cli",
+        }
+    }
+
     fn spawn(&mut self) -> Result<(), String> {
         let mut command = match &self.answer_first {
             Some(args) => {
@@ -419,7 +436,11 @@ target = "{target}"
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| {
-                format!("cannot start justonce serve (built by cargo build -p justonce-cli): {e}")
+                format!(
+                    "cannot start {} (built by {}): {e}",
+                    self.name(),
+                    self.built_by()
+                )
             })?;
         self.running = Some(child);
         Ok(())
@@ -442,7 +463,7 @@ target = "{target}"
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        Err("justonce serve did not answer in 10 s".to_owned())
+        Err(format!("{} did not answer in 10 s", self.name()))
     }
 
     /// SIGKILLs the server; when the kill was sent, and when the process was gone.
@@ -462,7 +483,7 @@ target = "{target}"
         if let Some(child) = &mut self.running
             && let Some(status) = child.try_wait().map_err(|e| e.to_string())?
         {
-            return Err(format!("justonce serve exited on its own: {status}"));
+            return Err(format!("{} exited on its own: {status}", self.name()));
         }
         Ok(())
     }
@@ -483,10 +504,10 @@ target = "{target}"
         }
         let output = tokio::time::timeout(Duration::from_secs(40), child.wait_with_output())
             .await
-            .map_err(|_| "justonce serve did not stop on SIGTERM")?
+            .map_err(|_| format!("{} did not stop on SIGTERM", self.name()))?
             .map_err(|e| e.to_string())?;
         if !output.status.success() {
-            return Err(format!("justonce serve exited with {}", output.status));
+            return Err(format!("{} exited with {}", self.name(), output.status));
         }
         Ok(())
     }
