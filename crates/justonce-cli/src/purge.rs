@@ -39,6 +39,13 @@ impl Plan {
         })
     }
 
+    /// Each source's and consumer's name and retention.
+    pub fn kept(&self) -> impl Iterator<Item = (&str, Retention)> {
+        self.kept
+            .iter()
+            .map(|(name, retention)| (name.as_str(), *retention))
+    }
+
     /// Deletes in statements of `batch_size` rows, each paced by `pacer`, and reports each
     /// statement's progress to `progress` if given.
     pub async fn run<DB: Backend>(

@@ -32,15 +32,13 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         .relay()
         .options(RelayOptions::default().lease(settings.relay_lease));
     // Each source's and consumer's keys, with how long they are kept: for the purge lag.
-    let mut kept = Vec::new();
-    for source in &settings.sources {
-        let keys = inbox.with_consumer(Consumer::new(source.name.as_str())?);
-        kept.push((source.name.clone(), source.retention.keep(), keys));
-    }
-    for consumer in &settings.consumers {
-        let keys = inbox.with_consumer(Consumer::new(consumer.name.as_str())?);
-        kept.push((consumer.name.clone(), consumer.retention.keep(), keys));
-    }
+    let kept = purge_plan
+        .kept()
+        .map(|(name, retention)| {
+            let keys = inbox.with_consumer(Consumer::new(name)?);
+            Ok((name.to_owned(), retention.keep(), keys))
+        })
+        .collect::<Result<Vec<_>>>()?;
     for source in settings.sources {
         sources.push(source.source);
         relay = relay.destination_for(source.name, source.destination, source.deliver_for);
