@@ -152,7 +152,9 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// Uses a pool the application already has. For SQLite, set WAL and a busy timeout on
-    /// it, as [`Inbox::connect`] does.
+    /// it, as [`Inbox::connect`] does. Processes that open one new file at once can still
+    /// get SQLITE_BUSY while it turns to WAL, whatever the busy timeout; `connect` tries
+    /// again for as long as the timeout.
     pub fn from_pool(
         pool: sqlx::Pool<DB>,
         consumer: Consumer,

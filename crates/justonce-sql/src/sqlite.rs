@@ -13,7 +13,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{AssertSqlSafe, Sqlite};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 impl Sealed for Sqlite {}
 
@@ -166,10 +166,18 @@ impl Backend for Sqlite {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT);
-        SqlitePoolOptions::new()
-            .connect_with(options)
-            .await
-            .map_err(database_error::<Self>)
+        // Turning a new file to WAL takes an exclusive lock without calling the busy
+        // handler, so processes opening one new file at once can get SQLITE_BUSY here.
+        // Try again for as long as the busy timeout would have waited.
+        let started = Instant::now();
+        loop {
+            match SqlitePoolOptions::new().connect_with(options.clone()).await {
+                Err(error) if Self::is_retryable(&error) && started.elapsed() < BUSY_TIMEOUT => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                connected => return connected.map_err(database_error::<Self>),
+            }
+        }
     }
 
     async fn insert_many<'a>(
