@@ -6,6 +6,7 @@
 //! | `destination` | [`HttpDestination`]: the outbox relay POSTs each row with its key as `Idempotency-Key` |
 //! | `receiver`    | [`receiver::router`]: `POST /webhooks/{source}` verifies, stores and answers 2xx, and the relay delivers |
 //! | `server`      | [`server::IdempotencyLayer`]: a tower layer for axum routes that stores each keyed response and replays it on retries |
+//! | `failpoints`  | for fault tests only: `JUSTONCE_FAILPOINT=stored-not-answered` stops the receiver's first stored event before its answer |
 //!
 //! The destination carries the row's key on every attempt, so that a receiver which
 //! deduplicates on it acts once however often the relay retries:
@@ -28,6 +29,8 @@ mod answer;
 pub mod client;
 #[cfg(feature = "destination")]
 mod destination;
+#[cfg(all(feature = "failpoints", feature = "receiver"))]
+mod failpoint;
 #[cfg(feature = "receiver")]
 pub mod receiver;
 #[cfg(any(feature = "client", feature = "destination"))]

@@ -100,6 +100,14 @@ impl Backend for Postgres {
 
     fn statements(tables: &Tables) -> Statements {
         let Tables { keys, outbox, .. } = tables;
+        // One index lookup per key of a batch, whatever the planner knows of the table: its
+        // generic plan for `key = ANY($3)` can instead test every row of the consumer
+        // against every key (40 times slower with 16,000 keys stored, and growing).
+        let find_one = format!(
+            "SELECT key, claim_id, fingerprint FROM {keys}
+             WHERE scope = $1 AND consumer = $2 AND key = batch.key
+             LIMIT 1"
+        );
         let specific = Specific {
             // The second SELECT reads the holder of a key that was committed before this
             // statement began. A holder that commits while the INSERT waits for it is not
@@ -119,18 +127,30 @@ impl Backend for Postgres {
                    AND NOT EXISTS (SELECT FROM inserted)"
             ),
             // Rows are inserted, and so locked, in key order: two batches that share keys
-            // wait for each other instead of deadlocking.
+            // wait for each other instead of deadlocking. The same statement reads the keys
+            // that were not inserted, as held before it began (its snapshot does not see
+            // its own inserts); a key committed by another transaction while it ran is in
+            // neither half, and is read with find_many.
             insert_many: format!(
-                "INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
-                 SELECT $1, $2, batch.key, batch.fingerprint, $5
-                 FROM unnest($3::text[], $4::bytea[]) AS batch (key, fingerprint)
-                 ORDER BY batch.key COLLATE \"C\"
-                 ON CONFLICT (scope, consumer, key) DO NOTHING
-                 RETURNING key"
+                "WITH inserted AS (
+                    INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
+                    SELECT $1, $2, batch.key, batch.fingerprint, $5
+                    FROM unnest($3::text[], $4::bytea[]) AS batch (key, fingerprint)
+                    ORDER BY batch.key COLLATE \"C\"
+                    ON CONFLICT (scope, consumer, key) DO NOTHING
+                    RETURNING key
+                 )
+                 SELECT key, NULL::bigint, NULL::bytea FROM inserted
+                 UNION ALL
+                 SELECT held.key, held.claim_id, held.fingerprint
+                 FROM unnest($3::text[]) AS batch (key)
+                 CROSS JOIN LATERAL ({find_one}) AS held
+                 WHERE batch.key NOT IN (SELECT key FROM inserted)"
             ),
             find_many: format!(
-                "SELECT key, claim_id, fingerprint FROM {keys}
-                 WHERE scope = $1 AND consumer = $2 AND key = ANY($3)"
+                "SELECT held.key, held.claim_id, held.fingerprint
+                 FROM unnest($3::text[]) AS batch (key)
+                 CROSS JOIN LATERAL ({find_one}) AS held"
             ),
             has_unique_constraint: format!(
                 "SELECT count(*) FROM pg_index AS i
@@ -243,16 +263,29 @@ impl Backend for Postgres {
             .iter()
             .map(|fingerprint| fingerprint.as_bytes().as_slice())
             .collect();
-        let inserted: Vec<(String,)> = sqlx::query_as(AssertSqlSafe(sql.insert_many.clone()))
-            .bind(batch.scope.as_str())
-            .bind(batch.consumer.as_str())
-            .bind(&batch.keys)
-            .bind(&fingerprints)
-            .bind(batch.claim_id)
-            .fetch_all(conn)
-            .await
-            .map_err(database_error::<Self>)?;
-        Ok(batch.inserted(inserted.into_iter().map(|(key,)| key).collect()))
+        // An inserted key comes back without its row: the batch knows it.
+        let rows: Vec<(String, Option<i64>, Option<Vec<u8>>)> =
+            sqlx::query_as(AssertSqlSafe(sql.insert_many.clone()))
+                .bind(batch.scope.as_str())
+                .bind(batch.consumer.as_str())
+                .bind(&batch.keys)
+                .bind(&fingerprints)
+                .bind(batch.claim_id)
+                .fetch_all(conn)
+                .await
+                .map_err(database_error::<Self>)?;
+        let mut inserted = Vec::new();
+        let mut known = Vec::with_capacity(rows.len());
+        for (key, claim_id, fingerprint) in rows {
+            match (claim_id, fingerprint) {
+                (Some(claim_id), Some(fingerprint)) => {
+                    known.push((key, Stored::decode(claim_id, fingerprint)?));
+                }
+                _ => inserted.push(key),
+            }
+        }
+        known.extend(batch.inserted(inserted));
+        Ok(known)
     }
 
     async fn find_many<'a>(

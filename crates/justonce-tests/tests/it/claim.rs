@@ -10,6 +10,7 @@ on_every_database!(
     a_second_claim_waits_for_the_first_transaction,
     a_batch_reports_each_key_in_order,
     racing_batches_claim_each_key_once,
+    a_batch_sees_keys_committed_while_it_waited,
     a_batch_larger_than_one_statement_claims_every_key,
 );
 
@@ -121,6 +122,53 @@ async fn a_batch_reports_each_key_in_order<DB: TestBackend>(test: &str) {
     let again = db.inbox.claim_many(&mut tx, &batch[..3]).await.unwrap();
     tx.rollback().await.unwrap();
     assert_eq!(again, vec![Claim::Duplicate; 3]);
+    db.cleanup().await;
+}
+
+/// A batch held up by another transaction's key sees that key as held once it commits, with
+/// the payload it was committed with, beside a key held before and a new one.
+async fn a_batch_sees_keys_committed_while_it_waited<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    assert_eq!(
+        process(&db, &db.inbox, &key("before"), b"p").await,
+        Outcome::Processed(())
+    );
+    let mut other = db.inbox.begin().await.unwrap();
+    assert_eq!(
+        db.inbox
+            .claim(&mut other, &key("meanwhile"), b"p")
+            .await
+            .unwrap(),
+        Claim::First
+    );
+
+    let inbox = db.inbox.clone();
+    let batch = tokio::spawn(async move {
+        let messages: Vec<(Key, &[u8])> = vec![
+            (key("new"), b"p"),
+            (key("meanwhile"), b"q"),
+            (key("before"), b"p"),
+        ];
+        let mut tx = inbox.begin().await.unwrap();
+        let claims = inbox.claim_many(&mut tx, &messages).await.unwrap();
+        tx.commit().await.unwrap();
+        claims
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!batch.is_finished(), "the batch did not wait");
+    other.commit().await.unwrap();
+    assert_eq!(
+        batch.await.unwrap(),
+        vec![
+            Claim::First,
+            Claim::KeyReused {
+                stored: Fingerprint::of(b"p"),
+                received: Fingerprint::of(b"q"),
+            },
+            Claim::Duplicate,
+        ]
+    );
+    assert_eq!(db.rows("keys").await, 3);
     db.cleanup().await;
 }
 

@@ -287,6 +287,10 @@ async fn killed_server_on(backend: &str) {
     assert_clean(&args, &run);
     let figures = &run.1;
     assert_eq!(figures["faults"], 10, "{figures}");
+    assert_eq!(
+        figures["details"]["kills at the failpoint (stored-not-answered)"], 2,
+        "{figures}"
+    );
     let answers = |status: &str| {
         figures["details"][format!("answered 200 {status}")]
             .as_u64()

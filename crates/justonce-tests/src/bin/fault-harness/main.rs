@@ -44,8 +44,10 @@
 //!   sent), and started again, until every row is marked sent.
 //! - `serve-kill`: 10,000 signed webhooks (short: 1,000), a tenth sent again after their
 //!   2xx, posted to `justonce serve` by eight senders that retry until 2xx; the server
-//!   SIGKILLed 100 times (short: 10) and started again at once; it forwards each event to
-//!   an HTTP receiver inside the harness. Its broken mode is `answer-before-store`: an
+//!   SIGKILLed 100 times (short: 10) and started again at once, every fourth time at its
+//!   failpoint (an event stored, its answer not yet sent; `justonce` built with
+//!   `--features failpoints`); it forwards each event to an HTTP receiver inside the
+//!   harness. Its broken mode is `answer-before-store`: an
 //!   `answer-first-server` instead, which answers 2xx before it stores the event.
 //!
 //! Behind an HTTP receiver an effect is a distinct `Idempotency-Key`: a row or an event that

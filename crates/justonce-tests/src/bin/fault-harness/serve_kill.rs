@@ -1,7 +1,8 @@
 //! `serve-kill`: signed webhooks posted to `justonce serve`, the shipped binary, by senders
 //! that retry each event until it is answered 2xx, as webhook senders do, while the server
-//! is SIGKILLed at random moments and started again. A tenth of the events are sent a
-//! second time after their 2xx, as senders do. The server forwards each event to a receiver
+//! is SIGKILLed at random moments and started again; every fourth time it is killed at its
+//! failpoint instead, with an event stored and not yet answered. A tenth of the events are
+//! sent a second time after their 2xx, as senders do. The server forwards each event to a receiver
 //! inside the harness with the event's key.
 //!
 //! An event answered 2xx is acknowledged: it must reach the receiver, and every request
@@ -19,7 +20,8 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
 
 /// The source's signing secret.
 const SECRET: &str = "harness-secret";
@@ -29,6 +31,9 @@ const SENDERS: usize = 8;
 
 /// Five relay leases: a row a killed server took is sent again well within it.
 const STALLED: Duration = Duration::from_secs(10);
+
+/// The shipped server's failpoint: an event stored, its answer not yet sent.
+const FAILPOINT: &str = "stored-not-answered";
 
 pub async fn serve_kill<DB: TestBackend>(
     args: &Args,
@@ -111,6 +116,10 @@ pub async fn serve_kill<DB: TestBackend>(
         .collect();
     report.drained = sent.drained;
     report.details = [
+        (
+            format!("kills at the failpoint ({FAILPOINT})"),
+            sent.at_failpoint,
+        ),
         ("sent again after a 2xx, on purpose".to_owned(), sent.again),
         ("requests at the receiver".to_owned(), received.len() as u64),
         ("requests repeated at the receiver".to_owned(), repeated),
@@ -145,6 +154,8 @@ struct Sent {
     again: u64,
     /// When each kill was sent, and when the process was gone.
     killed_at: Vec<(Instant, Instant)>,
+    /// How many of the kills were at the failpoint.
+    at_failpoint: u64,
     /// Whether every send was answered 2xx and the receiver got every event before the
     /// deadline.
     drained: bool,
@@ -193,7 +204,8 @@ async fn send_while_killing(
         .collect();
     points.sort_unstable();
     let mut killed_at = Vec::new();
-    for point in points {
+    let mut at_failpoint = 0;
+    for (n, point) in points.into_iter().enumerate() {
         while state.acks.load(Ordering::Relaxed) < point && Instant::now() < deadline {
             server.failed()?;
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -201,10 +213,16 @@ async fn send_while_killing(
         if Instant::now() >= deadline {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+        if server.armed() {
+            server.reach_failpoint().await?;
+            at_failpoint += 1;
+        } else {
+            tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+        }
         killed_at.push(server.kill().await?);
-        // Started again at once, not waited for: the senders retry until it answers.
-        server.spawn()?;
+        // Started again at once, not waited for: the senders retry until it answers. The
+        // server before every fourth kill is armed to stop at its failpoint.
+        server.spawn(n % 4 == 2)?;
     }
     let mut all_sent = true;
     for sender in senders {
@@ -221,6 +239,7 @@ async fn send_while_killing(
         answers: std::mem::take(&mut *state.answers.lock().unwrap()),
         again: (events / 10) as u64,
         killed_at,
+        at_failpoint,
         drained: all_sent,
     })
 }
@@ -357,6 +376,8 @@ struct Server {
     /// `answer-first-server`'s arguments, when it runs instead of `justonce serve`.
     answer_first: Option<[String; 3]>,
     running: Option<Child>,
+    /// The armed server's output, where it says it reached the failpoint.
+    paused: Option<Lines<BufReader<ChildStdout>>>,
 }
 
 impl Server {
@@ -394,6 +415,7 @@ target = "{target}"
             public: format!("http://127.0.0.1:{public}"),
             answer_first,
             running: None,
+            paused: None,
         })
     }
 
@@ -412,11 +434,14 @@ target = "{target}"
     fn built_by(&self) -> &'static str {
         match self.answer_first {
             Some(_) => "cargo build -p justonce-tests",
-            None => "cargo build -p justonce-cli",
+            None => "cargo build -p justonce-cli --features failpoints",
         }
     }
 
-    fn spawn(&mut self) -> Result<(), String> {
+    /// Starts the server; `armed`, it stops at its failpoint. The deliberately broken server
+    /// has none: it is never armed.
+    fn spawn(&mut self, armed: bool) -> Result<(), String> {
+        let armed = armed && self.answer_first.is_none();
         let mut command = match &self.answer_first {
             Some(args) => {
                 let mut command = Command::new(sibling("answer-first-server"));
@@ -426,13 +451,16 @@ target = "{target}"
             None => {
                 let mut command = Command::new(sibling("justonce"));
                 command.arg("--config").arg(&self.config).arg("serve");
+                if armed {
+                    command.env("JUSTONCE_FAILPOINT", FAILPOINT);
+                }
                 command
             }
         };
-        let child = command
+        let mut child = command
             .env("HARNESS_SECRET", SECRET)
             .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
+            .stdout(if armed { Stdio::piped() } else { Stdio::null() })
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| {
@@ -442,13 +470,43 @@ target = "{target}"
                     self.built_by()
                 )
             })?;
+        self.paused = child
+            .stdout
+            .take()
+            .map(|stdout| BufReader::new(stdout).lines());
         self.running = Some(child);
         Ok(())
     }
 
+    fn armed(&self) -> bool {
+        self.paused.is_some()
+    }
+
+    /// Waits until the armed server says it stopped at its failpoint.
+    async fn reach_failpoint(&mut self) -> Result<(), String> {
+        let (name, built_by) = (self.name(), self.built_by());
+        let lines = self.paused.as_mut().ok_or("the server is not armed")?;
+        let wanted = format!("paused {FAILPOINT}");
+        let reached = async {
+            while let Some(line) = lines.next_line().await.map_err(|e| e.to_string())? {
+                if line == wanted {
+                    return Ok(());
+                }
+            }
+            Err(format!("{name} exited before its failpoint"))
+        };
+        tokio::time::timeout(Duration::from_secs(60), reached)
+            .await
+            .map_err(|_| {
+                format!(
+                    "{name} did not reach its failpoint {FAILPOINT} in 60 s (built by {built_by}?)"
+                )
+            })?
+    }
+
     /// Starts the server and waits until it answers.
     async fn start(&mut self) -> Result<(), String> {
-        self.spawn()?;
+        self.spawn(false)?;
         let client = reqwest::Client::new();
         let health = format!("{}/healthz", self.public);
         for _ in 0..400 {
@@ -469,6 +527,7 @@ target = "{target}"
     /// SIGKILLs the server; when the kill was sent, and when the process was gone.
     async fn kill(&mut self) -> Result<(Instant, Instant), String> {
         let began = Instant::now();
+        self.paused = None;
         if let Some(mut child) = self.running.take() {
             child
                 .kill()
