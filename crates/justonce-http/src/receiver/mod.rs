@@ -180,7 +180,9 @@ async fn receive<DB: Backend>(
     };
     // A kill here leaves an event stored whose sender never heard so: it sends again.
     #[cfg(feature = "failpoints")]
-    crate::failpoint::pause("stored-not-answered").await;
+    if status == "accepted" {
+        crate::failpoint::pause("stored-not-answered").await;
+    }
     count(&source.name, status);
     let body = serde_json::json!({ "status": status, "key": key.as_str() });
     ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()

@@ -206,17 +206,18 @@ async fn send_while_killing(
     let mut killed_at = Vec::new();
     let mut at_failpoint = 0;
     for (n, point) in points.into_iter().enumerate() {
-        while state.acks.load(Ordering::Relaxed) < point && Instant::now() < deadline {
-            server.failed()?;
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        if Instant::now() >= deadline {
-            break;
-        }
         if server.armed() {
+            // Killed as soon as it stops: its sender is still waiting for the answer.
             server.reach_failpoint().await?;
             at_failpoint += 1;
         } else {
+            while state.acks.load(Ordering::Relaxed) < point && Instant::now() < deadline {
+                server.failed()?;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
         }
         killed_at.push(server.kill().await?);
@@ -550,6 +551,10 @@ target = "{target}"
     /// Stops the server with SIGTERM, which lets the relay finish its round, once it has
     /// had time to deliver what it accepted.
     async fn stop(&mut self) -> Result<(), String> {
+        if self.armed() {
+            // Its stopped request would hold up a graceful shutdown for good.
+            return self.kill().await.map(|_| ());
+        }
         let Some(child) = self.running.take() else {
             return Ok(());
         };
