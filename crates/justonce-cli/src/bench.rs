@@ -368,8 +368,9 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
-    /// What [`Bench::claim_many`] does, by hand: for each batch, BEGIN, the statement
-    /// `claim_many` sends to claim the batch's keys, the same effect insert, COMMIT.
+    /// What [`Bench::claim_many`] does, by hand: for each batch, BEGIN, the insert of the
+    /// batch's keys (without the read of keys already held that `claim_many` folds into it
+    /// on PostgreSQL), the same effect insert, COMMIT.
     async fn hand_written_batches(&self, keys: &[Key], batch: usize) -> Result<()> {
         for batch in keys.chunks(batch.max(1)) {
             // Sorted, as claim_many inserts them, so that concurrent batches lock in order.

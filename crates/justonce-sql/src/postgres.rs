@@ -277,11 +277,11 @@ impl Backend for Postgres {
         let mut inserted = Vec::new();
         let mut known = Vec::with_capacity(rows.len());
         for (key, claim_id, fingerprint) in rows {
-            match (claim_id, fingerprint) {
-                (Some(claim_id), Some(fingerprint)) => {
+            match claim_id.zip(fingerprint) {
+                Some((claim_id, fingerprint)) => {
                     known.push((key, Stored::decode(claim_id, fingerprint)?));
                 }
-                _ => inserted.push(key),
+                None => inserted.push(key),
             }
         }
         known.extend(batch.inserted(inserted));

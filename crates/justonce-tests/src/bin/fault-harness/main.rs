@@ -47,8 +47,8 @@
 //!   SIGKILLed 100 times (short: 10) and started again at once, every fourth time at its
 //!   failpoint (an event stored, its answer not yet sent; `justonce` built with
 //!   `--features failpoints`); it forwards each event to an HTTP receiver inside the
-//!   harness. Its broken mode is `answer-before-store`: an
-//!   `answer-first-server` instead, which answers 2xx before it stores the event.
+//!   harness. Its broken mode is `answer-before-store`: an `answer-first-server` instead,
+//!   which answers 2xx before it stores the event.
 //!
 //! Behind an HTTP receiver an effect is a distinct `Idempotency-Key`: a row or an event that
 //! arrives with two keys would act twice at a receiver that acts once per key.

@@ -2,8 +2,8 @@
 //! that retry each event until it is answered 2xx, as webhook senders do, while the server
 //! is SIGKILLed at random moments and started again; every fourth time it is killed at its
 //! failpoint instead, with an event stored and not yet answered. A tenth of the events are
-//! sent a second time after their 2xx, as senders do. The server forwards each event to a receiver
-//! inside the harness with the event's key.
+//! sent a second time after their 2xx, as senders do. The server forwards each event to a
+//! receiver inside the harness with the event's key.
 //!
 //! An event answered 2xx is acknowledged: it must reach the receiver, and every request
 //! for it must carry the same key, so that a receiver acting once per `Idempotency-Key`
