@@ -11,11 +11,16 @@
 //! the harness must catch: `ack-before-commit` (acknowledges, then runs the transaction) and
 //! `separate-claim` (checks the key, commits the effect, then claims the key in a second
 //! transaction).
+//!
+//! With `JUSTONCE_FAILPOINT=committed-not-acknowledged` in its environment, a `correct` worker
+//! stops at its failpoint: the first key it processes is committed and never acknowledged; it
+//! prints `paused committed-not-acknowledged` and waits to be killed. The other lanes go on.
 
 use justonce_sql::{Consumer, ErrorKind, Inbox, Key, Options, Outcome, RunError};
 use justonce_tests::TestBackend;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 use tokio::sync::Mutex;
@@ -74,6 +79,9 @@ impl Mode {
 
 type Keys = Arc<Mutex<Lines<BufReader<Stdin>>>>;
 
+/// The failpoint's name, as `JUSTONCE_FAILPOINT` arms it and the pause announces it.
+const FAILPOINT: &str = "committed-not-acknowledged";
+
 async fn work<DB: TestBackend>(
     url: &str,
     options: Options,
@@ -84,10 +92,13 @@ async fn work<DB: TestBackend>(
     let inbox = connect::<DB>(url, options).await?;
     say("ready".to_owned());
     let keys: Keys = Arc::new(Mutex::new(BufReader::new(tokio::io::stdin()).lines()));
+    let armed = std::env::var("JUSTONCE_FAILPOINT").is_ok_and(|name| name == FAILPOINT);
+    let armed = Arc::new(AtomicBool::new(armed));
     let mut running = tokio::task::JoinSet::new();
     for _ in 0..lanes.max(1) {
         let (inbox, keys, prefix) = (inbox.clone(), Arc::clone(&keys), prefix.to_owned());
-        running.spawn(async move { lane(inbox, keys, prefix, mode).await });
+        let armed = Arc::clone(&armed);
+        running.spawn(async move { lane(inbox, keys, prefix, mode, &armed).await });
     }
     while let Some(done) = running.join_next().await {
         done??;
@@ -114,12 +125,14 @@ async fn connect<DB: TestBackend>(
     }
 }
 
-/// Takes keys until standard input ends, one at a time.
+/// Takes keys until standard input ends, one at a time; the first lane to process a key while
+/// `armed` stops there for good.
 async fn lane<DB: TestBackend>(
     inbox: Inbox<DB>,
     keys: Keys,
     prefix: String,
     mode: Mode,
+    armed: &AtomicBool,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     loop {
         let Some(line) = keys.lock().await.next_line().await? else {
@@ -138,6 +151,10 @@ async fn lane<DB: TestBackend>(
                 .await
                 .unwrap_or_else(|_| format!("nack {key} error")),
         };
+        if answer.starts_with("ack processed") && armed.swap(false, Ordering::Relaxed) {
+            say(format!("paused {FAILPOINT}"));
+            std::future::pending::<()>().await;
+        }
         let refused = answer.starts_with("nack");
         say(answer);
         if refused {

@@ -46,7 +46,21 @@ async fn killed_worker_on(backend: &str) {
     let run = harness(&args).await;
     assert_clean(&args, &run);
     assert_eq!(run.1["faults"], 20, "{}", run.1);
+    // Every fourth kill finds a key committed and not yet acknowledged: it comes again.
+    assert_eq!(
+        run.1["details"]["kills at the failpoint (committed-not-acknowledged)"], 5,
+        "{}",
+        run.1
+    );
     assert!(run.1["redeliveries"].as_u64().unwrap() > 0, "{}", run.1);
+    assert!(
+        run.1["details"]["acknowledged as duplicates"]
+            .as_u64()
+            .unwrap()
+            >= 5,
+        "each key paused at the failpoint is acknowledged as a duplicate when it comes again: {}",
+        run.1
+    );
 }
 
 #[tokio::test]
@@ -70,6 +84,10 @@ async fn killed_consumer_on(broker: &str) {
     assert_clean(&args, &run);
     let figures = &run.1;
     assert_eq!(figures["faults"], 10, "{figures}");
+    assert_eq!(
+        figures["details"]["kills at the failpoint (committed-not-acknowledged)"], 2,
+        "{figures}"
+    );
     // Each kill is followed by an effect of the new consumer's.
     assert!(figures["recovery_max_ms"].as_u64().is_some(), "{figures}");
     if broker == "nats" {

@@ -40,10 +40,14 @@ pub struct Workers {
     pub max_attempts: u32,
 }
 
+/// `harness-worker`'s failpoint: a key committed, its acknowledgement not yet sent.
+pub const FAILPOINT: &str = "committed-not-acknowledged";
+
 /// The faults the broker itself injects, or hears of.
 pub enum Faults {
     None,
-    /// SIGKILL a worker this many times, at random points of the run, and start another.
+    /// SIGKILL a worker this many times and start another: every fourth time at its
+    /// failpoint (a correct worker's only), otherwise at a random point of the run.
     Kills(usize),
     /// Faults injected elsewhere (a proxy, a database restart): when each began and when it
     /// ended; recovery counts from its beginning to the first commit read after its end.
@@ -76,6 +80,8 @@ pub struct Record {
     pub redeliveries: u64,
     /// Faults injected or heard of.
     pub faults: usize,
+    /// Of the kills, those at the worker's failpoint.
+    pub at_failpoint: u64,
     /// From each fault to the next commit acknowledged after it.
     pub recovery: Vec<Duration>,
     /// Acknowledgements as processed, and as duplicates.
@@ -105,6 +111,8 @@ struct Process {
     in_flight: HashMap<u32, u32>,
     held: usize,
     killed: bool,
+    /// Started with its failpoint armed, and not yet past it.
+    armed: bool,
 }
 
 /// A fault whose recovery is being waited for.
@@ -134,6 +142,8 @@ struct Broker<'a> {
     acks: usize,
     awaiting: Vec<Awaiting>,
     crashes: usize,
+    /// The process that has just said it stopped at its failpoint.
+    paused: Option<u64>,
 }
 
 /// Delivers `plan` (workload key indices, in order) to the workers until every delivery is
@@ -161,6 +171,7 @@ pub async fn deliver(
             unknown: vec![false; keys],
             redeliveries: 0,
             faults: 0,
+            at_failpoint: 0,
             recovery: Vec::new(),
             processed: 0,
             duplicates: 0,
@@ -170,13 +181,23 @@ pub async fn deliver(
         acks: 0,
         awaiting: Vec::new(),
         crashes: 0,
+        paused: None,
     };
     for _ in 0..workers.processes {
-        let id = broker.spawn()?;
+        let id = broker.spawn(false)?;
         broker.slots.push(id);
     }
     // Kill points: after random numbers of acknowledgements, plus a few random milliseconds
-    // so that the other lanes are caught at any point of their transactions.
+    // so that the other lanes are caught at any point of their transactions. A kill at the
+    // failpoint takes the next point's place.
+    let kills = match &faults {
+        Faults::Kills(count) => *count,
+        Faults::None | Faults::External { .. } => 0,
+    };
+    // Whether the `done`th kill's replacement is armed, so that the next kill is at its
+    // failpoint: every fourth kill is, as long as the worker is the correct one.
+    let arm_after =
+        |done: usize| workers.mode == "correct" && (done + 1).is_multiple_of(4) && done < kills;
     let mut kill_points: VecDeque<usize> = match &faults {
         Faults::Kills(count) => {
             let mut points: Vec<usize> = (0..*count)
@@ -194,7 +215,20 @@ pub async fn deliver(
     let deadline = tokio::time::Instant::now() + deadline;
     loop {
         broker.dispatch().await;
-        if kill_at.is_none() && kill_points.front().is_some_and(|at| broker.acks >= *at) {
+        if let Some(process) = broker.paused.take() {
+            kill_points.pop_front();
+            let slot = broker.slot_of(process).expect("a live armed process");
+            broker
+                .kill(slot, arm_after(broker.record.faults + 1))
+                .await?;
+            broker.record.at_failpoint += 1;
+        }
+        // An armed worker is left to reach its failpoint, unless nothing is left to give it.
+        let armed_pending = broker.armed() && !broker.drained();
+        if kill_at.is_none()
+            && !armed_pending
+            && kill_points.front().is_some_and(|at| broker.acks >= *at)
+        {
             kill_points.pop_front();
             kill_at = Some(tokio::time::Instant::now() + Duration::from_millis(rng.below(10)));
         }
@@ -226,7 +260,7 @@ pub async fn deliver(
             () = async { tokio::time::sleep_until(kill_at.expect("armed")).await }, if kill_at.is_some() => {
                 kill_at = None;
                 let slot = rng.below(broker.slots.len() as u64) as usize;
-                broker.kill(slot).await?;
+                broker.kill(slot, arm_after(broker.record.faults + 1)).await?;
             }
             () = tokio::time::sleep_until(deadline) => break,
         }
@@ -236,10 +270,15 @@ pub async fn deliver(
 }
 
 impl Broker<'_> {
-    fn spawn(&mut self) -> Result<u64, String> {
+    /// Starts a worker process; `armed`, it stops at its failpoint.
+    fn spawn(&mut self, armed: bool) -> Result<u64, String> {
         let workers = self.workers;
         let (lanes, attempts) = (workers.lanes.to_string(), workers.max_attempts.to_string());
-        let mut child = Command::new(sibling("harness-worker"))
+        let mut command = Command::new(sibling("harness-worker"));
+        if armed {
+            command.env("JUSTONCE_FAILPOINT", FAILPOINT);
+        }
+        let mut child = command
             .args([
                 &workers.url,
                 &workers.prefix,
@@ -277,14 +316,25 @@ impl Broker<'_> {
                 in_flight: HashMap::new(),
                 held: 0,
                 killed: false,
+                armed,
             },
         );
         Ok(id)
     }
 
-    /// SIGKILLs the process in `slot` and starts its replacement at once. What it held is
-    /// delivered again once its last words are read (see [`Event::Exited`]).
-    async fn kill(&mut self, slot: usize) -> Result<(), String> {
+    fn slot_of(&self, process: u64) -> Option<usize> {
+        self.slots.iter().position(|id| *id == process)
+    }
+
+    /// Whether a live process is armed and has not yet reached its failpoint.
+    fn armed(&self) -> bool {
+        self.slots.iter().any(|id| self.processes[id].armed)
+    }
+
+    /// SIGKILLs the process in `slot` and starts its replacement at once, `armed` or not.
+    /// What it held is delivered again once its last words are read (see
+    /// [`Event::Exited`]).
+    async fn kill(&mut self, slot: usize, armed: bool) -> Result<(), String> {
         let id = self.slots[slot];
         let process = self.processes.get_mut(&id).expect("a live slot");
         process.killed = true;
@@ -294,7 +344,7 @@ impl Broker<'_> {
             .child
             .start_kill()
             .map_err(|e| format!("cannot kill a worker: {e}"))?;
-        let replacement = self.spawn()?;
+        let replacement = self.spawn(armed)?;
         self.slots[slot] = replacement;
         self.record.faults += 1;
         self.awaiting.push(Awaiting {
@@ -347,8 +397,8 @@ impl Broker<'_> {
                     if self.crashes > 20 {
                         return Err("workers keep failing".to_owned());
                     }
-                    let slot = self.slots.iter().position(|id| *id == process);
-                    let replacement = self.spawn()?;
+                    let slot = self.slot_of(process);
+                    let replacement = self.spawn(false)?;
                     if let Some(slot) = slot {
                         self.slots[slot] = replacement;
                     }
@@ -363,6 +413,14 @@ impl Broker<'_> {
         let words: Vec<&str> = line.split(' ').collect();
         let (key, ack) = match words.as_slice() {
             ["ready"] => return Ok(()),
+            ["paused", name] if *name == FAILPOINT => {
+                let holder = self.processes.get_mut(&process).expect("a known process");
+                if holder.armed && !holder.killed {
+                    holder.armed = false;
+                    self.paused = Some(process);
+                }
+                return Ok(());
+            }
             ["ack", "processed", key, runs] => {
                 (*key, Some(Ack::Processed(runs.parse().unwrap_or(0))))
             }

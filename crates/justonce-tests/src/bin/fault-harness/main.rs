@@ -15,7 +15,8 @@
 //! unexpected is not 0, 2 on bad usage.
 //!
 //! Scenarios:
-//! - `kill`: one worker process, four keys at a time, SIGKILLed at random points and
+//! - `kill`: one worker process, four keys at a time, SIGKILLed at random points and,
+//!   every fourth time, at its failpoint (a key committed, not yet acknowledged), and
 //!   restarted until the workload is drained.
 //! - `storm`: 1,000,000 deliveries of 100,000 keys (short: 100,000 of 10,000), each key's
 //!   ten deliveries close together, to four worker processes of four lanes each.
@@ -36,8 +37,9 @@
 //!   `nats`: a JetStream stream read by a durable consumer, `mqtt`: a Mosquitto topic read
 //!   on a persistent session, published to gradually, as the consumer advances), consumed
 //!   by one `broker-worker` process, the project's real consumer, SIGKILLed 100 times
-//!   (short: 10) at random moments and restarted, until the broker holds nothing
-//!   unacknowledged. Its broken mode is `ack-before-commit`.
+//!   (short: 10) at random moments and, every fourth time, at its failpoint (a message's
+//!   work committed, the message not yet acknowledged), and restarted, until the broker
+//!   holds nothing unacknowledged. Its broken mode is `ack-before-commit`.
 //! - `relay-kill`: 20,000 outbox rows (short: 2,000) delivered by the project's relay, a
 //!   `relay-worker` process, to an HTTP receiver inside the harness; the relay SIGKILLed 100
 //!   times (short: 10), every fourth time at its failpoint (a row accepted, not yet marked
@@ -343,6 +345,12 @@ async fn through_own_broker<DB: TestBackend>(
         .await
         .map_err(|e| format!("cannot read the effect rows: {e}"))?;
     let mut report = Report::check(title, deliveries, &record, effects);
+    if args.scenario == "kill" {
+        report.details.push((
+            format!("kills at the failpoint ({})", broker::FAILPOINT),
+            record.at_failpoint,
+        ));
+    }
     if let Some(proxy) = &scenario.proxy {
         report.details.extend(cut_details(&proxy.cuts(), &record));
     }
@@ -368,7 +376,8 @@ fn workers<DB: TestBackend>(
     }
 }
 
-/// One worker process killed at random points and restarted, until drained.
+/// One worker process killed at random points and at its failpoint, and restarted, until
+/// drained.
 fn kill<DB: TestBackend>(args: &Args, db: &TestDb<DB>, rng: &mut Rng) -> Scenario {
     let keys = args.size(5_000, 50_000);
     let mut plan: Vec<u32> = (0..keys as u32).collect();

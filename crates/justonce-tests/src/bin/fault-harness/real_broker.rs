@@ -1,7 +1,8 @@
 //! `broker-kill`: the workload published to a queue of the run's own on a real broker and
 //! consumed by a `broker-worker` process, the project's real consumer, SIGKILLed at random
-//! moments and restarted, until the broker says that every message was
-//! acknowledged. RabbitMQ counts what a queue holds, a Redis group what is pending or
+//! moments and, every fourth time, at its failpoint (a message's work committed, the
+//! message not yet acknowledged), and restarted, until the broker says that every message
+//! was acknowledged. RabbitMQ counts what a queue holds, a Redis group what is pending or
 //! unread, a JetStream consumer what is pending or awaits its acknowledgement; Mosquitto
 //! says nothing, so an MQTT run waits for every key's effect and then resumes the
 //! consumer's session to see what it still holds.
@@ -32,6 +33,7 @@ use std::collections::HashSet;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// The brokers `--broker` takes.
@@ -624,22 +626,46 @@ struct Consumer<'a, DB: TestBackend, Q> {
 
 impl<DB: TestBackend, Q: RealQueue> Consumer<'_, DB, Q> {
     fn start(&mut self) -> Result<(), String> {
+        self.running = Some(self.spawn(self.mode, Stdio::null())?);
+        Ok(())
+    }
+
+    /// Starts a consumer armed to stop at its failpoint, and returns once it has: it took
+    /// one message, committed its work, and will never acknowledge it.
+    async fn start_to_failpoint(&mut self) -> Result<(), String> {
+        let mut child = self.spawn("pause-after-commit", Stdio::piped())?;
+        let stdout = child.stdout.take().ok_or("broker-worker's output")?;
+        self.running = Some(child);
+        let line = tokio::time::timeout(
+            Duration::from_secs(60),
+            BufReader::new(stdout).lines().next_line(),
+        )
+        .await
+        .map_err(|_| "broker-worker did not reach its failpoint in 60 s")?
+        .map_err(|e| e.to_string())?;
+        match line {
+            Some(line) if line.starts_with("committed ") => Ok(()),
+            other => Err(format!(
+                "broker-worker stopped before its failpoint: {other:?}"
+            )),
+        }
+    }
+
+    fn spawn(&self, mode: &str, stdout: Stdio) -> Result<Child, String> {
         let queue = self.queue;
-        let child = Command::new(sibling("broker-worker"))
+        Command::new(sibling("broker-worker"))
             .args([
                 &self.db.url,
                 &self.db.prefix,
                 queue.url(),
                 queue.name(),
                 "consumer",
-                self.mode,
+                mode,
             ])
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot start broker-worker: {e}"))?;
-        self.running = Some(child);
-        Ok(())
+            .map_err(|e| format!("cannot start broker-worker: {e}"))
     }
 
     /// SIGKILLs the consumer and waits until it is gone: what it held goes back to the
@@ -681,8 +707,8 @@ pub async fn broker_kill<DB: TestBackend>(
 }
 
 /// Publishes `keys` distinct keys, a tenth of them twice, shuffled; runs the consumer,
-/// killing it at random moments, until the queue is settled; and compares the broker's
-/// account with the effect rows.
+/// killing it at random moments and at its failpoint, until the queue is settled; and
+/// compares the broker's account with the effect rows.
 async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
     args: &Args,
     db: &TestDb<DB>,
@@ -721,15 +747,18 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
 
         // Kill points: after random numbers of effects, well inside the run so that there is
         // work left to recover to, plus a few random milliseconds so that the consumer is
-        // caught at any point of a delivery.
+        // caught at any point of a delivery. Every fourth kill is at the failpoint instead,
+        // of a consumer started in its place, and takes the next point's place.
         let mut points: Vec<i64> = (0..kills)
             .map(|_| (keys / 20 + rng.below(keys as u64 * 17 / 20) as usize) as i64)
             .collect();
         points.sort_unstable();
         let effects = async || db.rows("effects").await;
+        let armed = args.mode == "correct";
         let consuming = async {
             consumer.start()?;
             let mut faults = 0;
+            let mut at_failpoint = 0;
             let mut recovery = Vec::new();
             let mut drained = false;
             let mut quiet_since = None;
@@ -744,10 +773,23 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
                 let all_published = published.load(Ordering::Relaxed) == messages.len();
                 if points.next_if(|point| committed >= *point).is_some() {
                     tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
-                    let began = Instant::now();
+                    let mut began = Instant::now();
                     consumer.kill().await?;
-                    consumer.start()?;
                     faults += 1;
+                    if armed && faults % 4 == 3 && points.next().is_some() {
+                        let before = effects().await;
+                        consumer.start_to_failpoint().await?;
+                        // The consumer started at the failpoint recovered if its commit
+                        // was an effect; not if it was a duplicate's.
+                        if effects().await > before {
+                            recovery.push(began.elapsed());
+                        }
+                        began = Instant::now();
+                        consumer.kill().await?;
+                        faults += 1;
+                        at_failpoint += 1;
+                    }
+                    consumer.start()?;
                     // Recovered at the next effect committed after the kill: the new consumer's.
                     // A kill with nothing left to commit has no recovery.
                     let before = effects().await;
@@ -787,9 +829,10 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             }
-            Ok::<_, String>((faults, recovery, drained))
+            Ok::<_, String>((faults, at_failpoint, recovery, drained))
         };
-        let ((), (faults, recovery, drained)) = tokio::try_join!(publishing, consuming)?;
+        let ((), (faults, at_failpoint, recovery, drained)) =
+            tokio::try_join!(publishing, consuming)?;
         consumer.kill().await?;
         // Counted before the harness takes anything itself.
         let redeliveries = queue.redeliveries().await?;
@@ -808,6 +851,10 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
         report.faults = faults;
         report.recovery = recovery;
         report.drained = drained;
+        report.details = vec![(
+            "kills at the failpoint (committed-not-acknowledged)".to_owned(),
+            at_failpoint,
+        )];
         Ok(report)
     }
     .await;
