@@ -120,6 +120,16 @@ async fn an_mqtt_consumer_killed_ten_times_loses_and_doubles_nothing() {
 }
 
 #[tokio::test]
+async fn a_redis_streams_reader_killed_ten_times_loses_and_doubles_nothing() {
+    killed_consumer_on("redis-reader").await
+}
+
+#[tokio::test]
+async fn a_nats_jetstream_reader_killed_ten_times_loses_and_doubles_nothing() {
+    killed_consumer_on("nats-reader").await
+}
+
+#[tokio::test]
 async fn the_check_reports_losses_when_acknowledging_before_commit() {
     let (code, figures) = harness(&["--scenario", "kill", "--broken", "ack-before-commit"]).await;
     assert!(figures["lost"].as_u64().unwrap() > 0, "{figures}");

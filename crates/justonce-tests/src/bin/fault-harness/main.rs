@@ -3,7 +3,7 @@
 //! database's effect rows against what was attempted and acknowledged.
 //!
 //! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite]
-//! [--broker amqp|redis|nats|mqtt] [--short] [--json]
+//! [--broker amqp|redis|nats|mqtt|redis-reader|nats-reader] [--short] [--json]
 //! [--broken ack-before-commit|separate-claim|key-per-try|answer-before-store] [--seed N]`
 //!
 //! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
@@ -35,7 +35,9 @@
 //!   (short: 2,000), published to a queue of the run's own on the real broker of
 //!   `--broker` (`amqp`: RabbitMQ, `redis`: a Redis stream read by a consumer group,
 //!   `nats`: a JetStream stream read by a durable consumer, `mqtt`: a Mosquitto topic read
-//!   on a persistent session, published to gradually, as the consumer advances), consumed
+//!   on a persistent session, published to gradually, as the consumer advances;
+//!   `redis-reader` and `nats-reader`: the same streams read by the single reader, which
+//!   keeps its position in the database and acknowledges nothing to the broker), consumed
 //!   by one `broker-worker` process, the project's real consumer, SIGKILLed 100 times
 //!   (short: 10) at random moments and, every fourth time, at its failpoint (a message's
 //!   work committed, the message not yet acknowledged), and restarted, until the broker
@@ -255,6 +257,10 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         && !["correct", "ack-before-commit"].contains(&args.mode.as_str())
     {
         return Err("broker-kill's only broken consumer is ack-before-commit".to_owned());
+    }
+    if args.scenario == "broker-kill" && args.broker.ends_with("-reader") && args.mode != "correct"
+    {
+        return Err(format!("{} has no deliberately broken mode", args.broker));
     }
     let cluster = if args.scenario == "pg-immediate" {
         let started = tokio::task::spawn_blocking(cluster::Cluster::start).await;

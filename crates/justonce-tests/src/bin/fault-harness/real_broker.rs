@@ -13,7 +13,7 @@ use crate::{Args, Rng};
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::pull;
 use futures_util::StreamExt;
-use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Delivered, Delivery, Destination, Key, Offset};
 use justonce_tests::{TestBackend, TestDb};
 use justonce_transport::KeyFrom;
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
@@ -36,8 +36,16 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// The brokers `--broker` takes.
-pub const BROKERS: [&str; 4] = ["amqp", "redis", "nats", "mqtt"];
+/// The brokers `--broker` takes: a `-reader` is the broker's single reader, which keeps its
+/// position in the database, instead of its consumer.
+pub const BROKERS: [&str; 6] = [
+    "amqp",
+    "redis",
+    "nats",
+    "mqtt",
+    "redis-reader",
+    "nats-reader",
+];
 
 /// What `broker-kill` asks of a queue of the run's own on a real broker.
 trait RealQueue: Sized {
@@ -56,10 +64,10 @@ trait RealQueue: Sized {
     async fn publish(&self, keys: &[String]) -> Result<(), String>;
 
     /// Messages no consumer has taken yet; `None` if the broker cannot tell.
-    async fn waiting(&self) -> Result<Option<usize>, String>;
+    async fn waiting<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<Option<usize>, String>;
 
     /// With no consumer running: messages never acknowledged.
-    async fn unacknowledged(&self) -> Result<usize, String>;
+    async fn unacknowledged<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<usize, String>;
 
     /// Deliveries made again so far; `None` if the broker does not count them.
     async fn redeliveries(&self) -> Result<Option<u64>, String> {
@@ -68,7 +76,14 @@ trait RealQueue: Sized {
 
     /// With no consumer running: the key of each message never acknowledged. The queue
     /// may be left without them.
-    async fn take_unacknowledged(&self) -> Result<Vec<String>, String>;
+    async fn take_unacknowledged<DB: TestBackend>(
+        &self,
+        db: &TestDb<DB>,
+    ) -> Result<Vec<String>, String>;
+
+    /// `broker-worker`'s kind: `consumer`, or `reader` for a single reader that keeps its
+    /// position in the database.
+    const KIND: &str = "consumer";
 
     async fn delete(self) -> Result<(), String>;
 }
@@ -152,15 +167,18 @@ impl RealQueue for AmqpQueue {
         Ok(())
     }
 
-    async fn waiting(&self) -> Result<Option<usize>, String> {
+    async fn waiting<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<Option<usize>, String> {
         Ok(Some(self.state().await?.message_count() as usize))
     }
 
-    async fn unacknowledged(&self) -> Result<usize, String> {
+    async fn unacknowledged<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<usize, String> {
         self.ready_without_consumers().await
     }
 
-    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+    async fn take_unacknowledged<DB: TestBackend>(
+        &self,
+        _: &TestDb<DB>,
+    ) -> Result<Vec<String>, String> {
         self.ready_without_consumers().await?;
         let channel = self.channel().await?;
         let mut keys = Vec::new();
@@ -255,19 +273,22 @@ impl RealQueue for RedisStream {
             .map_err(|e| e.to_string())
     }
 
-    async fn waiting(&self) -> Result<Option<usize>, String> {
+    async fn waiting<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<Option<usize>, String> {
         Ok(Some(self.group().await?.lag.unwrap_or(usize::MAX)))
     }
 
     /// A dead consumer's entries stay pending in the group until another claims them.
-    async fn unacknowledged(&self) -> Result<usize, String> {
+    async fn unacknowledged<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<usize, String> {
         let group = self.group().await?;
         Ok(group
             .pending
             .saturating_add(group.lag.unwrap_or(usize::MAX)))
     }
 
-    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+    async fn take_unacknowledged<DB: TestBackend>(
+        &self,
+        _: &TestDb<DB>,
+    ) -> Result<Vec<String>, String> {
         let mut redis = self.redis.clone();
         let group = self.group().await?;
         let read = entry_id(&group.last_delivered_id);
@@ -297,6 +318,35 @@ impl RealQueue for RedisStream {
             .await
             .map_err(|e| e.to_string())?;
         Ok(())
+    }
+}
+
+impl Ordered for RedisStream {
+    /// The stream's name, as `RedisStreamReader` stores it.
+    fn offset_stream(&self) -> String {
+        self.name.clone()
+    }
+
+    async fn count_after(&self, after: Option<Offset>) -> Result<usize, String> {
+        self.keys_after(after).await.map(|keys| keys.len())
+    }
+
+    /// The entries after the entry id `<position>-<sequence>`.
+    async fn keys_after(&self, after: Option<Offset>) -> Result<Vec<String>, String> {
+        let start = after.map_or("-".to_owned(), |offset| {
+            format!("({}-{}", offset.position, offset.sequence)
+        });
+        let entries: StreamRangeReply = self
+            .redis
+            .clone()
+            .xrange(&self.name, start, "+")
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(entries
+            .ids
+            .into_iter()
+            .map(|entry| entry.get::<String>(KEY_FIELD).unwrap_or_default())
+            .collect())
     }
 }
 
@@ -398,11 +448,11 @@ impl RealQueue for NatsStream {
 
     /// Not yet acknowledged, whether delivered or not: a killed consumer's messages come
     /// back only after the ack wait, so the consumer keeps running until they have.
-    async fn waiting(&self) -> Result<Option<usize>, String> {
+    async fn waiting<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<Option<usize>, String> {
         self.unsettled().await.map(Some)
     }
 
-    async fn unacknowledged(&self) -> Result<usize, String> {
+    async fn unacknowledged<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<usize, String> {
         self.unsettled().await
     }
 
@@ -428,7 +478,10 @@ impl RealQueue for NatsStream {
     /// acknowledged once its key is read: the server delivers what was never delivered at
     /// once, and what a dead consumer held once its ack wait has passed, until it counts
     /// nothing unacknowledged.
-    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+    async fn take_unacknowledged<DB: TestBackend>(
+        &self,
+        _: &TestDb<DB>,
+    ) -> Result<Vec<String>, String> {
         let consumer = self.consumer().await?;
         let given_up = Instant::now() + 3 * NATS_ACK_WAIT + Duration::from_secs(5);
         let mut keys = Vec::new();
@@ -465,6 +518,54 @@ impl RealQueue for NatsStream {
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+}
+
+impl Ordered for NatsStream {
+    /// `<stream>:<subject>`, as `NatsReader` stores it.
+    fn offset_stream(&self) -> String {
+        format!("{0}:{0}", self.name)
+    }
+
+    /// The stream holds its subject's messages only, numbered from 1: those after the
+    /// stored sequence number are the last one's number less it.
+    async fn count_after(&self, after: Option<Offset>) -> Result<usize, String> {
+        let last = self.last_sequence().await?;
+        let read = after.map_or(0, |offset| offset.position.max(0) as u64);
+        Ok(last.saturating_sub(read) as usize)
+    }
+
+    async fn keys_after(&self, after: Option<Offset>) -> Result<Vec<String>, String> {
+        let stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let read = after.map_or(0, |offset| offset.position.max(0) as u64);
+        let mut keys = Vec::new();
+        for sequence in read + 1..=self.last_sequence().await? {
+            let message = stream
+                .get_raw_message(sequence)
+                .await
+                .map_err(|e| e.to_string())?;
+            let key = (message.headers.get(NATS_KEY_HEADER))
+                .map(|key| key.as_str().to_owned())
+                .unwrap_or_default();
+            keys.push(key);
+        }
+        Ok(keys)
+    }
+}
+
+impl NatsStream {
+    async fn last_sequence(&self) -> Result<u64, String> {
+        let mut stream = self
+            .jetstream
+            .get_stream(&self.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let info = stream.info().await.map_err(|e| e.to_string())?;
+        Ok(info.state.last_sequence)
     }
 }
 
@@ -595,23 +696,93 @@ impl RealQueue for MqttTopic {
     }
 
     /// Mosquitto does not say what a session has taken.
-    async fn waiting(&self) -> Result<Option<usize>, String> {
+    async fn waiting<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<Option<usize>, String> {
         Ok(None)
     }
 
     /// What the consumer's session still holds, resumed without acknowledging it: at least
     /// one message if it holds any (the broker sends a window of them).
-    async fn unacknowledged(&self) -> Result<usize, String> {
+    async fn unacknowledged<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<usize, String> {
         Ok(self.session(true, false).await?.len())
     }
 
-    async fn take_unacknowledged(&self) -> Result<Vec<String>, String> {
+    async fn take_unacknowledged<DB: TestBackend>(
+        &self,
+        _: &TestDb<DB>,
+    ) -> Result<Vec<String>, String> {
         self.session(true, true).await
     }
 
     /// Discards the consumer's session with a clean start.
     async fn delete(self) -> Result<(), String> {
         self.session(false, false).await.map(drop)
+    }
+}
+
+/// A stream read in order, each message at an offset, as a single reader reads it.
+trait Ordered: RealQueue {
+    /// The name the reader stores its position under.
+    fn offset_stream(&self) -> String;
+
+    /// How many messages come after `after` (all of them after `None`).
+    async fn count_after(&self, after: Option<Offset>) -> Result<usize, String>;
+
+    /// The keys of the messages after `after`.
+    async fn keys_after(&self, after: Option<Offset>) -> Result<Vec<String>, String>;
+}
+
+/// The stream of `Q` read by a single `broker-worker` reader, which stores its position in
+/// the transaction of each message's work and acknowledges nothing to the broker: what
+/// waits, and what was never acknowledged, is what comes after the stored position.
+struct Read<Q>(Q);
+
+impl<Q: Ordered> Read<Q> {
+    async fn stored<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<Option<Offset>, String> {
+        let offsets = db
+            .inbox
+            .load_offsets(&self.0.offset_stream())
+            .await
+            .map_err(|e| format!("cannot read the reader's position: {e}"))?;
+        Ok(offsets.into_iter().map(|(_, offset)| offset).max())
+    }
+}
+
+impl<Q: Ordered> RealQueue for Read<Q> {
+    const KIND: &str = "reader";
+
+    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
+        Q::open(db).await.map(Self)
+    }
+
+    fn url(&self) -> &str {
+        self.0.url()
+    }
+
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    async fn publish(&self, keys: &[String]) -> Result<(), String> {
+        self.0.publish(keys).await
+    }
+
+    async fn waiting<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<Option<usize>, String> {
+        self.unacknowledged(db).await.map(Some)
+    }
+
+    async fn unacknowledged<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<usize, String> {
+        self.0.count_after(self.stored(db).await?).await
+    }
+
+    async fn take_unacknowledged<DB: TestBackend>(
+        &self,
+        db: &TestDb<DB>,
+    ) -> Result<Vec<String>, String> {
+        self.0.keys_after(self.stored(db).await?).await
+    }
+
+    async fn delete(self) -> Result<(), String> {
+        self.0.delete().await
     }
 }
 
@@ -659,7 +830,7 @@ impl<DB: TestBackend, Q: RealQueue> Consumer<'_, DB, Q> {
                 &self.db.prefix,
                 queue.url(),
                 queue.name(),
-                "consumer",
+                Q::KIND,
                 mode,
             ])
             .stdout(stdout)
@@ -702,6 +873,8 @@ pub async fn broker_kill<DB: TestBackend>(
         "redis" => kill_consumer::<DB, RedisStream>(args, db, rng, title).await,
         "nats" => kill_consumer::<DB, NatsStream>(args, db, rng, title).await,
         "mqtt" => kill_consumer::<DB, MqttTopic>(args, db, rng, title).await,
+        "redis-reader" => kill_consumer::<DB, Read<RedisStream>>(args, db, rng, title).await,
+        "nats-reader" => kill_consumer::<DB, Read<NatsStream>>(args, db, rng, title).await,
         _ => kill_consumer::<DB, AmqpQueue>(args, db, rng, title).await,
     }
 }
@@ -803,7 +976,7 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
                     }
                 } else if points.peek().is_none()
                     && all_published
-                    && match queue.waiting().await? {
+                    && match queue.waiting(db).await? {
                         Some(waiting) => waiting == 0,
                         // A broker that cannot tell what waits: a key without its effect may,
                         // unless no effect has come for a while (a broken consumer's lost key).
@@ -816,7 +989,7 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
                     let quiet = *quiet_since.get_or_insert_with(Instant::now);
                     if quiet.elapsed() >= Duration::from_millis(300) {
                         consumer.kill().await?;
-                        if queue.unacknowledged().await? == 0 {
+                        if queue.unacknowledged(db).await? == 0 {
                             drained = true;
                             break;
                         }
@@ -838,7 +1011,7 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
         let redeliveries = queue.redeliveries().await?;
         // What the broker still holds was never acknowledged.
         let mut acknowledged = vec![true; keys];
-        for key in queue.take_unacknowledged().await? {
+        for key in queue.take_unacknowledged(db).await? {
             let index = key_index(&key).ok_or_else(|| format!("the queue held key {key:?}"))?;
             acknowledged[index as usize] = false;
         }
