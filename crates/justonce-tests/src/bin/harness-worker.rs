@@ -92,7 +92,8 @@ async fn work<DB: TestBackend>(
     let inbox = connect::<DB>(url, options).await?;
     say("ready".to_owned());
     let keys: Keys = Arc::new(Mutex::new(BufReader::new(tokio::io::stdin()).lines()));
-    let armed = std::env::var("JUSTONCE_FAILPOINT").is_ok_and(|name| name == FAILPOINT);
+    let armed = matches!(mode, Mode::Correct)
+        && std::env::var("JUSTONCE_FAILPOINT").is_ok_and(|name| name == FAILPOINT);
     let armed = Arc::new(AtomicBool::new(armed));
     let mut running = tokio::task::JoinSet::new();
     for _ in 0..lanes.max(1) {

@@ -398,7 +398,8 @@ impl Broker<'_> {
                         return Err("workers keep failing".to_owned());
                     }
                     let slot = self.slot_of(process);
-                    let replacement = self.spawn(false)?;
+                    // Armed if it was: its failpoint kill is still to come.
+                    let replacement = self.spawn(gone.armed)?;
                     if let Some(slot) = slot {
                         self.slots[slot] = replacement;
                     }
@@ -418,6 +419,8 @@ impl Broker<'_> {
                 if holder.armed && !holder.killed {
                     holder.armed = false;
                     self.paused = Some(process);
+                    // Its key committed: a commit that recovers from the faults before it.
+                    self.recovered(process, at);
                 }
                 return Ok(());
             }
@@ -456,14 +459,7 @@ impl Broker<'_> {
                     self.record.duplicates += 1;
                 } else {
                     self.record.processed += 1;
-                    let recovery = &mut self.record.recovery;
-                    self.awaiting.retain(|fault| {
-                        let recovered = at >= fault.after && process >= fault.from_process;
-                        if recovered {
-                            recovery.push(at - fault.began);
-                        }
-                        !recovered
-                    });
+                    self.recovered(process, at);
                 }
             }
             None => {
@@ -474,6 +470,18 @@ impl Broker<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Counts a commit by `process` at `at` as the recovery from each fault it follows.
+    fn recovered(&mut self, process: u64, at: Instant) {
+        let recovery = &mut self.record.recovery;
+        self.awaiting.retain(|fault| {
+            let recovered = at >= fault.after && process >= fault.from_process;
+            if recovered {
+                recovery.push(at - fault.began);
+            }
+            !recovered
+        });
     }
 
     /// Ends the workers: standard input closed, so that each finishes its keys in flight,

@@ -5,7 +5,9 @@
 //! was acknowledged. RabbitMQ counts what a queue holds, a Redis group what is pending or
 //! unread, a JetStream consumer what is pending or awaits its acknowledgement; Mosquitto
 //! says nothing, so an MQTT run waits for every key's effect and then resumes the
-//! consumer's session to see what it still holds.
+//! consumer's session to see what it still holds. A single reader acknowledges nothing to
+//! the broker: what it has not done is what comes after the position it stored in the
+//! database.
 
 use crate::broker::{key_index, key_name, sibling};
 use crate::report::Report;
@@ -63,11 +65,14 @@ trait RealQueue: Sized {
     /// One message per key, in order, with the key where `broker-worker` reads it.
     async fn publish(&self, keys: &[String]) -> Result<(), String>;
 
-    /// Messages no consumer has taken yet; `None` if the broker cannot tell.
-    async fn waiting<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<Option<usize>, String>;
+    /// Whether no message waits for a consumer to take it; `None` if the broker cannot tell.
+    async fn nothing_waiting<DB: TestBackend>(
+        &self,
+        db: &TestDb<DB>,
+    ) -> Result<Option<bool>, String>;
 
-    /// With no consumer running: messages never acknowledged.
-    async fn unacknowledged<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<usize, String>;
+    /// With no consumer running: whether every message was acknowledged.
+    async fn settled<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<bool, String>;
 
     /// Deliveries made again so far; `None` if the broker does not count them.
     async fn redeliveries(&self) -> Result<Option<u64>, String> {
@@ -167,12 +172,15 @@ impl RealQueue for AmqpQueue {
         Ok(())
     }
 
-    async fn waiting<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<Option<usize>, String> {
-        Ok(Some(self.state().await?.message_count() as usize))
+    async fn nothing_waiting<DB: TestBackend>(
+        &self,
+        _: &TestDb<DB>,
+    ) -> Result<Option<bool>, String> {
+        Ok(Some(self.state().await?.message_count() == 0))
     }
 
-    async fn unacknowledged<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<usize, String> {
-        self.ready_without_consumers().await
+    async fn settled<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<bool, String> {
+        Ok(self.ready_without_consumers().await? == 0)
     }
 
     async fn take_unacknowledged<DB: TestBackend>(
@@ -273,16 +281,18 @@ impl RealQueue for RedisStream {
             .map_err(|e| e.to_string())
     }
 
-    async fn waiting<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<Option<usize>, String> {
-        Ok(Some(self.group().await?.lag.unwrap_or(usize::MAX)))
+    /// The group's lag; Redis may not know it, and then something may wait.
+    async fn nothing_waiting<DB: TestBackend>(
+        &self,
+        _: &TestDb<DB>,
+    ) -> Result<Option<bool>, String> {
+        Ok(Some(self.group().await?.lag == Some(0)))
     }
 
     /// A dead consumer's entries stay pending in the group until another claims them.
-    async fn unacknowledged<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<usize, String> {
+    async fn settled<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<bool, String> {
         let group = self.group().await?;
-        Ok(group
-            .pending
-            .saturating_add(group.lag.unwrap_or(usize::MAX)))
+        Ok(group.pending == 0 && group.lag == Some(0))
     }
 
     async fn take_unacknowledged<DB: TestBackend>(
@@ -327,19 +337,21 @@ impl Ordered for RedisStream {
         self.name.clone()
     }
 
-    async fn count_after(&self, after: Option<Offset>) -> Result<usize, String> {
-        self.keys_after(after).await.map(|keys| keys.len())
+    async fn any_after(&self, after: Option<Offset>) -> Result<bool, String> {
+        let next: StreamRangeReply = self
+            .redis
+            .clone()
+            .xrange_count(&self.name, range_after(after), "+", 1)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(!next.ids.is_empty())
     }
 
-    /// The entries after the entry id `<position>-<sequence>`.
     async fn keys_after(&self, after: Option<Offset>) -> Result<Vec<String>, String> {
-        let start = after.map_or("-".to_owned(), |offset| {
-            format!("({}-{}", offset.position, offset.sequence)
-        });
         let entries: StreamRangeReply = self
             .redis
             .clone()
-            .xrange(&self.name, start, "+")
+            .xrange(&self.name, range_after(after), "+")
             .await
             .map_err(|e| e.to_string())?;
         Ok(entries
@@ -348,6 +360,14 @@ impl Ordered for RedisStream {
             .map(|entry| entry.get::<String>(KEY_FIELD).unwrap_or_default())
             .collect())
     }
+}
+
+/// The start of an `XRANGE` of the entries after the entry id `<position>-<sequence>`
+/// (exclusive, Redis 6.2 and later); from the first entry after `None`.
+fn range_after(after: Option<Offset>) -> String {
+    after.map_or("-".to_owned(), |offset| {
+        format!("({}-{}", offset.position, offset.sequence)
+    })
 }
 
 /// A JetStream stream with the subject and durable consumer of the same name, and its
@@ -448,12 +468,15 @@ impl RealQueue for NatsStream {
 
     /// Not yet acknowledged, whether delivered or not: a killed consumer's messages come
     /// back only after the ack wait, so the consumer keeps running until they have.
-    async fn waiting<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<Option<usize>, String> {
-        self.unsettled().await.map(Some)
+    async fn nothing_waiting<DB: TestBackend>(
+        &self,
+        _: &TestDb<DB>,
+    ) -> Result<Option<bool>, String> {
+        Ok(Some(self.unsettled().await? == 0))
     }
 
-    async fn unacknowledged<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<usize, String> {
-        self.unsettled().await
+    async fn settled<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<bool, String> {
+        Ok(self.unsettled().await? == 0)
     }
 
     /// The consumer numbers every delivery, a redelivery too, and delivers each message of
@@ -527,12 +550,9 @@ impl Ordered for NatsStream {
         format!("{0}:{0}", self.name)
     }
 
-    /// The stream holds its subject's messages only, numbered from 1: those after the
-    /// stored sequence number are the last one's number less it.
-    async fn count_after(&self, after: Option<Offset>) -> Result<usize, String> {
-        let last = self.last_sequence().await?;
-        let read = after.map_or(0, |offset| offset.position.max(0) as u64);
-        Ok(last.saturating_sub(read) as usize)
+    /// The stream holds its subject's messages only, numbered from 1.
+    async fn any_after(&self, after: Option<Offset>) -> Result<bool, String> {
+        Ok(self.last_sequence().await? > read_sequence(after))
     }
 
     async fn keys_after(&self, after: Option<Offset>) -> Result<Vec<String>, String> {
@@ -541,9 +561,8 @@ impl Ordered for NatsStream {
             .get_stream(&self.name)
             .await
             .map_err(|e| e.to_string())?;
-        let read = after.map_or(0, |offset| offset.position.max(0) as u64);
         let mut keys = Vec::new();
-        for sequence in read + 1..=self.last_sequence().await? {
+        for sequence in read_sequence(after) + 1..=self.last_sequence().await? {
             let message = stream
                 .get_raw_message(sequence)
                 .await
@@ -555,6 +574,11 @@ impl Ordered for NatsStream {
         }
         Ok(keys)
     }
+}
+
+/// The stream sequence number a `NatsReader` stored as its position; 0 before any.
+fn read_sequence(after: Option<Offset>) -> u64 {
+    after.map_or(0, |offset| offset.position.max(0) as u64)
 }
 
 impl NatsStream {
@@ -696,14 +720,17 @@ impl RealQueue for MqttTopic {
     }
 
     /// Mosquitto does not say what a session has taken.
-    async fn waiting<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<Option<usize>, String> {
+    async fn nothing_waiting<DB: TestBackend>(
+        &self,
+        _: &TestDb<DB>,
+    ) -> Result<Option<bool>, String> {
         Ok(None)
     }
 
-    /// What the consumer's session still holds, resumed without acknowledging it: at least
-    /// one message if it holds any (the broker sends a window of them).
-    async fn unacknowledged<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<usize, String> {
-        Ok(self.session(true, false).await?.len())
+    /// Whether the consumer's session, resumed without acknowledging anything, still holds
+    /// a message: the broker sends a window of them at once if it holds any.
+    async fn settled<DB: TestBackend>(&self, _: &TestDb<DB>) -> Result<bool, String> {
+        Ok(self.session(true, false).await?.is_empty())
     }
 
     async fn take_unacknowledged<DB: TestBackend>(
@@ -724,8 +751,8 @@ trait Ordered: RealQueue {
     /// The name the reader stores its position under.
     fn offset_stream(&self) -> String;
 
-    /// How many messages come after `after` (all of them after `None`).
-    async fn count_after(&self, after: Option<Offset>) -> Result<usize, String>;
+    /// Whether any message comes after `after` (any at all after `None`).
+    async fn any_after(&self, after: Option<Offset>) -> Result<bool, String>;
 
     /// The keys of the messages after `after`.
     async fn keys_after(&self, after: Option<Offset>) -> Result<Vec<String>, String>;
@@ -766,12 +793,15 @@ impl<Q: Ordered> RealQueue for Read<Q> {
         self.0.publish(keys).await
     }
 
-    async fn waiting<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<Option<usize>, String> {
-        self.unacknowledged(db).await.map(Some)
+    async fn nothing_waiting<DB: TestBackend>(
+        &self,
+        db: &TestDb<DB>,
+    ) -> Result<Option<bool>, String> {
+        self.settled(db).await.map(Some)
     }
 
-    async fn unacknowledged<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<usize, String> {
-        self.0.count_after(self.stored(db).await?).await
+    async fn settled<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<bool, String> {
+        Ok(!self.0.any_after(self.stored(db).await?).await?)
     }
 
     async fn take_unacknowledged<DB: TestBackend>(
@@ -946,7 +976,8 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
                 let all_published = published.load(Ordering::Relaxed) == messages.len();
                 if points.next_if(|point| committed >= *point).is_some() {
                     tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
-                    let mut began = Instant::now();
+                    // When each kill not yet recovered from began.
+                    let mut unrecovered = vec![Instant::now()];
                     consumer.kill().await?;
                     faults += 1;
                     if armed && faults % 4 == 3 && points.next().is_some() {
@@ -955,9 +986,9 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
                         // The consumer started at the failpoint recovered if its commit
                         // was an effect; not if it was a duplicate's.
                         if effects().await > before {
-                            recovery.push(began.elapsed());
+                            recovery.extend(unrecovered.drain(..).map(|began| began.elapsed()));
                         }
-                        began = Instant::now();
+                        unrecovered.push(Instant::now());
                         consumer.kill().await?;
                         faults += 1;
                         at_failpoint += 1;
@@ -969,15 +1000,15 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
                     let given_up = Instant::now() + Duration::from_secs(10);
                     while Instant::now() < given_up.min(deadline) {
                         if effects().await > before {
-                            recovery.push(began.elapsed());
+                            recovery.extend(unrecovered.iter().map(|began| began.elapsed()));
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
                 } else if points.peek().is_none()
                     && all_published
-                    && match queue.waiting(db).await? {
-                        Some(waiting) => waiting == 0,
+                    && match queue.nothing_waiting(db).await? {
+                        Some(nothing) => nothing,
                         // A broker that cannot tell what waits: a key without its effect may,
                         // unless no effect has come for a while (a broken consumer's lost key).
                         None => committed as usize >= keys || last_effect.1.elapsed() >= STALLED,
@@ -989,7 +1020,7 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
                     let quiet = *quiet_since.get_or_insert_with(Instant::now);
                     if quiet.elapsed() >= Duration::from_millis(300) {
                         consumer.kill().await?;
-                        if queue.unacknowledged(db).await? == 0 {
+                        if queue.settled(db).await? {
                             drained = true;
                             break;
                         }
@@ -1025,7 +1056,7 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
         report.recovery = recovery;
         report.drained = drained;
         report.details = vec![(
-            "kills at the failpoint (committed-not-acknowledged)".to_owned(),
+            format!("kills at the failpoint ({})", crate::broker::FAILPOINT),
             at_failpoint,
         )];
         Ok(report)
