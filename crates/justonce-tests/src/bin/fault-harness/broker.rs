@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::mpsc;
 
 /// The name of workload key `index`; fixed width, so that the index reads back from it.
@@ -121,6 +121,18 @@ struct Awaiting {
     /// A commit counts if read after this, from a process at least this new.
     after: Instant,
     from_process: u64,
+}
+
+/// The first line a process armed to stop at its failpoint prints; `name` says whose it is
+/// if none comes within a minute.
+pub async fn first_line(stdout: ChildStdout, name: &str) -> Result<Option<String>, String> {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .map_err(|_| format!("{name} did not reach its failpoint in 60 s"))?
+    .map_err(|e| e.to_string())
 }
 
 /// Where the sibling binaries of this one are.

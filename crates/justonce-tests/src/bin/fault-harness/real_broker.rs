@@ -9,7 +9,7 @@
 //! the broker: what it has not done is what comes after the position it stored in the
 //! database.
 
-use crate::broker::{key_index, key_name, sibling};
+use crate::broker::{first_line, key_index, key_name, sibling};
 use crate::report::Report;
 use crate::{Args, Rng};
 use async_nats::jetstream;
@@ -35,7 +35,6 @@ use std::collections::HashSet;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// The brokers `--broker` takes: a `-reader` is the broker's single reader, which keeps its
@@ -837,14 +836,7 @@ impl<DB: TestBackend, Q: RealQueue> Consumer<'_, DB, Q> {
         let mut child = self.spawn("pause-after-commit", Stdio::piped())?;
         let stdout = child.stdout.take().ok_or("broker-worker's output")?;
         self.running = Some(child);
-        let line = tokio::time::timeout(
-            Duration::from_secs(60),
-            BufReader::new(stdout).lines().next_line(),
-        )
-        .await
-        .map_err(|_| "broker-worker did not reach its failpoint in 60 s")?
-        .map_err(|e| e.to_string())?;
-        match line {
+        match first_line(stdout, "broker-worker").await? {
             Some(line) if line.starts_with("committed ") => Ok(()),
             other => Err(format!(
                 "broker-worker stopped before its failpoint: {other:?}"

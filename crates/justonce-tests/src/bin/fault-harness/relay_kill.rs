@@ -7,7 +7,7 @@
 //! every request for a row carries the same key, so that a receiver acting once per
 //! `Idempotency-Key` acts once.
 
-use crate::broker::{key_name, sibling};
+use crate::broker::{first_line, key_name, sibling};
 use crate::report::{Report, receiver_effects};
 use crate::{Args, Rng};
 use justonce_sql::{Key, Message};
@@ -15,7 +15,6 @@ use justonce_tests::{Sink, TestBackend, TestDb};
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// The step the rows are written for: their key is the workload key's derived key for it.
@@ -48,14 +47,7 @@ pub async fn relay_kill<DB: TestBackend>(
         if n % 4 == 3 {
             let mut relay = start(db, &sink, 1 + rng.below(40), &args.mode)?;
             let stdout = relay.stdout.take().ok_or("relay-worker's output")?;
-            let line = tokio::time::timeout(
-                Duration::from_secs(60),
-                BufReader::new(stdout).lines().next_line(),
-            )
-            .await
-            .map_err(|_| "relay-worker did not reach its failpoint in 60 s")?
-            .map_err(|e| e.to_string())?;
-            match line.as_deref() {
+            match first_line(stdout, "relay-worker").await?.as_deref() {
                 Some("paused after-send") => {}
                 // Fewer rows left than the pause asked for: the relay drained and exited.
                 Some("drained") => continue,
