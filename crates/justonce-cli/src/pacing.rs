@@ -6,11 +6,12 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-/// The pause ratio of `justonce purge` and of the bench's purge unless told otherwise. On a
-/// quiet machine, claim p99 while purging was 10x its value without at 0, 5x at 1 and up to
-/// 3.5x at 3, the excess falling as 1 / (1 + ratio): 10 brings it within the target of 2x,
-/// at about a tenth of the purge's flat-out speed (BENCHMARKS.md).
-pub const DEFAULT_RATIO: f64 = 10.0;
+/// The pause ratio of `justonce purge`, of the scheduled purge of `justonce serve` and of the
+/// bench's purge unless told otherwise. On the idle machine claim p99 while purging was a
+/// median 4.9x its value without at 0, 2.2x at 10 (up to 3.7x) and 1.3x at 20 (at most
+/// 1.65x in ten runs): 20 keeps it within the target of 2x, at about a twentieth of the
+/// purge's flat-out speed, still more than 6,000 keys a second (BENCHMARKS.md).
+pub const DEFAULT_RATIO: f64 = 20.0;
 
 /// Runs statements one after the other, each after a pause of `ratio` times as long as the
 /// one before it took: the statements get at most `1 / (1 + ratio)` of the time.
