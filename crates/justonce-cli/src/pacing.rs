@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// The pause ratio of `justonce purge`, of the scheduled purge of `justonce serve` and of the
 /// bench's purge unless told otherwise. On the idle machine claim p99 while purging was a
 /// median 4.9x its value without at 0, 2.2x at 10 (up to 3.7x) and 1.3x at 20 (at most
-/// 1.65x in ten runs): 20 keeps it within the target of 2x, at about a twentieth of the
+/// 1.65x in ten runs): 20 keeps it within the target of 2x, at about a twenty-fifth of the
 /// purge's flat-out speed, still more than 6,000 keys a second (BENCHMARKS.md).
 pub const DEFAULT_RATIO: f64 = 20.0;
 

@@ -123,9 +123,9 @@ struct Awaiting {
     from_process: u64,
 }
 
-/// The first line a process armed to stop at its failpoint prints; `name` says whose it is
-/// if none comes within a minute.
-pub async fn first_line(stdout: ChildStdout, name: &str) -> Result<Option<String>, String> {
+/// The first line a process armed to stop at its failpoint prints, `None` if it closes its
+/// output first; `name` says whose it is if none comes within a minute.
+pub async fn failpoint_line(stdout: ChildStdout, name: &str) -> Result<Option<String>, String> {
     tokio::time::timeout(
         Duration::from_secs(60),
         BufReader::new(stdout).lines().next_line(),

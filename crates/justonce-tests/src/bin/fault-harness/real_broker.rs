@@ -9,7 +9,7 @@
 //! the broker: what it has not done is what comes after the position it stored in the
 //! database.
 
-use crate::broker::{first_line, key_index, key_name, sibling};
+use crate::broker::{failpoint_line, key_index, key_name, sibling};
 use crate::report::Report;
 use crate::{Args, Rng};
 use async_nats::jetstream;
@@ -836,7 +836,7 @@ impl<DB: TestBackend, Q: RealQueue> Consumer<'_, DB, Q> {
         let mut child = self.spawn("pause-after-commit", Stdio::piped())?;
         let stdout = child.stdout.take().ok_or("broker-worker's output")?;
         self.running = Some(child);
-        match first_line(stdout, "broker-worker").await? {
+        match failpoint_line(stdout, "broker-worker").await? {
             Some(line) if line.starts_with("committed ") => Ok(()),
             other => Err(format!(
                 "broker-worker stopped before its failpoint: {other:?}"

@@ -7,7 +7,7 @@
 //! every request for a row carries the same key, so that a receiver acting once per
 //! `Idempotency-Key` acts once.
 
-use crate::broker::{first_line, key_name, sibling};
+use crate::broker::{failpoint_line, key_name, sibling};
 use crate::report::{Report, receiver_effects};
 use crate::{Args, Rng};
 use justonce_sql::{Key, Message};
@@ -47,7 +47,7 @@ pub async fn relay_kill<DB: TestBackend>(
         if n % 4 == 3 {
             let mut relay = start(db, &sink, 1 + rng.below(40), &args.mode)?;
             let stdout = relay.stdout.take().ok_or("relay-worker's output")?;
-            match first_line(stdout, "relay-worker").await?.as_deref() {
+            match failpoint_line(stdout, "relay-worker").await?.as_deref() {
                 Some("paused after-send") => {}
                 // Fewer rows left than the pause asked for: the relay drained and exited.
                 Some("drained") => continue,
