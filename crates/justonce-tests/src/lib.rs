@@ -116,6 +116,10 @@ pub fn consumer_work<DB: TestBackend>(
 /// The databases a benchmark's `--backend` names.
 pub const BACKENDS: [&str; 3] = ["postgres", "mysql", "sqlite"];
 
+/// `harness-worker`'s failpoint, as `JUSTONCE_FAILPOINT` arms it and its pause announces
+/// it: a key committed, its acknowledgement not yet sent.
+pub const WORKER_FAILPOINT: &str = "committed-not-acknowledged";
+
 /// The flags of the throughput benchmarks: `[--backend postgres|mysql|sqlite] [--messages N]
 /// [--duplicates PERCENT] [--batch N] [--json]`, and `--broker NAME` where the benchmark
 /// has brokers.

@@ -17,7 +17,7 @@
 //! prints `paused committed-not-acknowledged` and waits to be killed. The other lanes go on.
 
 use justonce_sql::{Consumer, ErrorKind, Inbox, Key, Options, Outcome, RunError};
-use justonce_tests::TestBackend;
+use justonce_tests::{TestBackend, WORKER_FAILPOINT};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,9 +79,6 @@ impl Mode {
 
 type Keys = Arc<Mutex<Lines<BufReader<Stdin>>>>;
 
-/// The failpoint's name, as `JUSTONCE_FAILPOINT` arms it and the pause announces it.
-const FAILPOINT: &str = "committed-not-acknowledged";
-
 async fn work<DB: TestBackend>(
     url: &str,
     options: Options,
@@ -93,7 +90,7 @@ async fn work<DB: TestBackend>(
     say("ready".to_owned());
     let keys: Keys = Arc::new(Mutex::new(BufReader::new(tokio::io::stdin()).lines()));
     let armed = matches!(mode, Mode::Correct)
-        && std::env::var("JUSTONCE_FAILPOINT").is_ok_and(|name| name == FAILPOINT);
+        && std::env::var("JUSTONCE_FAILPOINT").is_ok_and(|name| name == WORKER_FAILPOINT);
     let armed = Arc::new(AtomicBool::new(armed));
     let mut running = tokio::task::JoinSet::new();
     for _ in 0..lanes.max(1) {
@@ -153,7 +150,7 @@ async fn lane<DB: TestBackend>(
                 .unwrap_or_else(|_| format!("nack {key} error")),
         };
         if answer.starts_with("ack processed") && armed.swap(false, Ordering::Relaxed) {
-            say(format!("paused {FAILPOINT}"));
+            say(format!("paused {WORKER_FAILPOINT}"));
             std::future::pending::<()>().await;
         }
         let refused = answer.starts_with("nack");

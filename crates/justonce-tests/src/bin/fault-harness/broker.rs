@@ -3,6 +3,7 @@
 //! left unacknowledged, and kills workers when the scenario says so.
 
 use crate::Rng;
+use justonce_tests::WORKER_FAILPOINT;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -39,9 +40,6 @@ pub struct Workers {
     /// Transactions `Inbox::run` tries per key (`Options::max_attempts`).
     pub max_attempts: u32,
 }
-
-/// `harness-worker`'s failpoint: a key committed, its acknowledgement not yet sent.
-pub const FAILPOINT: &str = "committed-not-acknowledged";
 
 /// The faults the broker itself injects, or hears of.
 pub enum Faults {
@@ -288,7 +286,7 @@ impl Broker<'_> {
         let (lanes, attempts) = (workers.lanes.to_string(), workers.max_attempts.to_string());
         let mut command = Command::new(sibling("harness-worker"));
         if armed {
-            command.env("JUSTONCE_FAILPOINT", FAILPOINT);
+            command.env("JUSTONCE_FAILPOINT", WORKER_FAILPOINT);
         }
         let mut child = command
             .args([
@@ -426,7 +424,7 @@ impl Broker<'_> {
         let words: Vec<&str> = line.split(' ').collect();
         let (key, ack) = match words.as_slice() {
             ["ready"] => return Ok(()),
-            ["paused", name] if *name == FAILPOINT => {
+            ["paused", name] if *name == WORKER_FAILPOINT => {
                 let holder = self.processes.get_mut(&process).expect("a known process");
                 if holder.armed && !holder.killed {
                     holder.armed = false;

@@ -353,7 +353,10 @@ async fn through_own_broker<DB: TestBackend>(
     let mut report = Report::check(title, deliveries, &record, effects);
     if args.scenario == "kill" {
         report.details.push((
-            format!("kills at the failpoint ({})", broker::FAILPOINT),
+            format!(
+                "kills at the failpoint ({})",
+                justonce_tests::WORKER_FAILPOINT
+            ),
             record.at_failpoint,
         ));
     }

@@ -386,13 +386,16 @@ const NATS_KEY_HEADER: &str = "Order-Id";
 const NATS_ACK_WAIT: Duration = Duration::from_secs(2);
 
 impl NatsStream {
-    async fn consumer(&self) -> Result<jetstream::consumer::Consumer<pull::Config>, String> {
-        let stream = self
-            .jetstream
+    async fn stream(&self) -> Result<jetstream::stream::Stream, String> {
+        self.jetstream
             .get_stream(&self.name)
             .await
-            .map_err(|e| e.to_string())?;
-        stream
+            .map_err(|e| e.to_string())
+    }
+
+    async fn consumer(&self) -> Result<jetstream::consumer::Consumer<pull::Config>, String> {
+        self.stream()
+            .await?
             .get_consumer(&self.name)
             .await
             .map_err(|e| e.to_string())
@@ -551,17 +554,13 @@ impl Ordered for NatsStream {
 
     /// The stream holds its subject's messages only, numbered from 1.
     async fn any_after(&self, after: Option<Offset>) -> Result<bool, String> {
-        Ok(self.last_sequence().await? > read_sequence(after))
+        Ok(last_sequence(&mut self.stream().await?).await? > read_sequence(after))
     }
 
     async fn keys_after(&self, after: Option<Offset>) -> Result<Vec<String>, String> {
-        let stream = self
-            .jetstream
-            .get_stream(&self.name)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut stream = self.stream().await?;
         let mut keys = Vec::new();
-        for sequence in read_sequence(after) + 1..=self.last_sequence().await? {
+        for sequence in read_sequence(after) + 1..=last_sequence(&mut stream).await? {
             let message = stream
                 .get_raw_message(sequence)
                 .await
@@ -580,16 +579,10 @@ fn read_sequence(after: Option<Offset>) -> u64 {
     after.map_or(0, |offset| offset.position.max(0) as u64)
 }
 
-impl NatsStream {
-    async fn last_sequence(&self) -> Result<u64, String> {
-        let mut stream = self
-            .jetstream
-            .get_stream(&self.name)
-            .await
-            .map_err(|e| e.to_string())?;
-        let info = stream.info().await.map_err(|e| e.to_string())?;
-        Ok(info.state.last_sequence)
-    }
+/// The sequence number of the stream's last message.
+async fn last_sequence(stream: &mut jetstream::stream::Stream) -> Result<u64, String> {
+    let info = stream.info().await.map_err(|e| e.to_string())?;
+    Ok(info.state.last_sequence)
 }
 
 /// An MQTT topic, consumed on `broker-worker`'s persistent session (client `<topic>-c`,
@@ -1048,7 +1041,10 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
         report.recovery = recovery;
         report.drained = drained;
         report.details = vec![(
-            format!("kills at the failpoint ({})", crate::broker::FAILPOINT),
+            format!(
+                "kills at the failpoint ({})",
+                justonce_tests::WORKER_FAILPOINT
+            ),
             at_failpoint,
         )];
         Ok(report)
