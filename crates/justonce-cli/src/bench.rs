@@ -29,6 +29,8 @@ pub struct Settings {
     /// section the first.
     pub batches: Vec<usize>,
     pub workers: usize,
+    /// The throughput section skips the modes that take a message at a time.
+    pub batched_only: bool,
     /// How many times the throughput section runs its modes, alternating; it reports
     /// medians.
     pub rounds: usize,
@@ -152,13 +154,21 @@ impl<DB: BenchDb> Bench<'_, DB> {
     /// reports each mode's median, and its ratio to its baseline of the same round.
     async fn throughput(&self, figures: &mut Figures) -> Result<()> {
         let (keys, distinct) = stream(self.settings.messages, self.settings.duplicates);
-        let batched = self
-            .settings
-            .batches
+        let batched = self.settings.batches.iter().flat_map(|&b| {
+            [
+                Mode::HandWrittenBatched(b),
+                Mode::HandWrittenClaimMany(b),
+                Mode::ClaimMany(b),
+            ]
+        });
+        let one_by_one = if self.settings.batched_only {
+            &[][..]
+        } else {
+            &Mode::ONE_BY_ONE[..]
+        };
+        let modes: Vec<Mode> = one_by_one
             .iter()
-            .flat_map(|&b| [Mode::HandWrittenBatched(b), Mode::ClaimMany(b)]);
-        let modes: Vec<Mode> = Mode::ONE_BY_ONE
-            .into_iter()
+            .copied()
             .chain(batched)
             .filter(|&mode| mode != Mode::OneStatement || DB::HAS_ONE_STATEMENT)
             .collect();
@@ -278,7 +288,12 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Mode::Run | Mode::RunAgain => self.run_all(share).await,
                 Mode::HandWrittenForward => self.hand_written(share, true).await,
                 Mode::RunForward => self.run_forward(share).await,
-                Mode::HandWrittenBatched(batch) => self.hand_written_batches(share, batch).await,
+                Mode::HandWrittenBatched(batch) => {
+                    self.hand_written_batches(share, batch, false).await
+                }
+                Mode::HandWrittenClaimMany(batch) => {
+                    self.hand_written_batches(share, batch, true).await
+                }
                 Mode::ClaimMany(batch) => self.claim_many(share, batch).await,
             }
         });
@@ -369,9 +384,15 @@ impl<DB: BenchDb> Bench<'_, DB> {
     }
 
     /// What [`Bench::claim_many`] does, by hand: for each batch, BEGIN, the insert of the
-    /// batch's keys (without the read of keys already held that `claim_many` folds into it
-    /// on PostgreSQL), the same effect insert, COMMIT.
-    async fn hand_written_batches(&self, keys: &[Key], batch: usize) -> Result<()> {
+    /// batch's keys, the same effect insert, COMMIT. With `read_held`, the insert is
+    /// `claim_many`'s own statements, which also read the fingerprint of each key already
+    /// held, and those fingerprints are checked as `claim_many` checks them.
+    async fn hand_written_batches(
+        &self,
+        keys: &[Key],
+        batch: usize,
+        read_held: bool,
+    ) -> Result<()> {
         for batch in keys.chunks(batch.max(1)) {
             // Sorted, as claim_many inserts them, so that concurrent batches lock in order.
             let mut distinct: Vec<&str> = batch.iter().map(Key::as_str).collect();
@@ -380,14 +401,29 @@ impl<DB: BenchDb> Bench<'_, DB> {
             let fingerprints: Vec<Fingerprint> = distinct.iter().map(Fingerprint::of).collect();
             let claim_id = self.hand_claim_ids.fetch_add(1, Ordering::Relaxed);
             let mut tx = self.inbox.begin().await?;
-            let first = DB::hand_claim_many(
-                &mut tx,
-                &self.tables.keys,
-                &distinct,
-                &fingerprints,
-                claim_id,
-            )
-            .await?;
+            let (keys, table) = (&distinct[..], &self.tables.keys);
+            let first = if read_held {
+                let (first, held) =
+                    DB::hand_claim_many_reading(&mut tx, table, keys, &fingerprints, claim_id)
+                        .await?;
+                ensure!(
+                    first.len() + held.len() == keys.len(),
+                    "{} keys claimed and {} read back of {}",
+                    first.len(),
+                    held.len(),
+                    keys.len()
+                );
+                for (key, _claim_id, stored) in &held {
+                    // A held key with another payload's fingerprint is a reused key.
+                    let sent = keys
+                        .binary_search(&key.as_str())
+                        .map(|index| fingerprints[index].as_bytes().as_slice());
+                    ensure!(sent == Ok(stored.as_slice()), "{key} reused");
+                }
+                first
+            } else {
+                DB::hand_claim_many(&mut tx, table, keys, &fingerprints, claim_id).await?
+            };
             if !first.is_empty() {
                 let first: Vec<&str> = first.iter().map(String::as_str).collect();
                 DB::insert_effects(&mut tx, &self.tables.effects, &first).await?;
@@ -545,7 +581,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
 
     async fn empty(&self) -> Result<()> {
         for table in [&self.tables.keys, &self.tables.effects, &self.tables.outbox] {
-            DB::execute(self.inbox.pool(), format!("DELETE FROM {table}")).await?;
+            DB::execute(self.inbox.pool(), format!("{} {table}", DB::EMPTY)).await?;
         }
         Ok(())
     }
@@ -598,9 +634,12 @@ pub enum Mode {
     HandWrittenForward,
     /// `Inbox::run_forward`: on PostgreSQL one statement.
     RunForward,
-    /// `claim_many`'s claim statement and the effects' insert sent with plain sqlx, in
-    /// batches of this many messages, a transaction each.
+    /// A batch insert of the keys and the effects' insert sent with plain sqlx, in batches
+    /// of this many messages, a transaction each.
     HandWrittenBatched(usize),
+    /// As `HandWrittenBatched`, with the statements `claim_many` sends to claim the keys and
+    /// read the fingerprints of those already held.
+    HandWrittenClaimMany(usize),
     /// In batches of this many messages, a transaction each.
     ClaimMany(usize),
 }
@@ -620,7 +659,8 @@ impl Mode {
         match self {
             Mode::OneStatement | Mode::Run | Mode::RunAgain => Some(Mode::HandWritten),
             Mode::RunForward => Some(Mode::HandWrittenForward),
-            Mode::ClaimMany(batch) => Some(Mode::HandWrittenBatched(batch)),
+            Mode::HandWrittenClaimMany(batch) => Some(Mode::HandWrittenBatched(batch)),
+            Mode::ClaimMany(batch) => Some(Mode::HandWrittenClaimMany(batch)),
             Mode::HandWritten | Mode::HandWrittenForward | Mode::HandWrittenBatched(_) => None,
         }
     }
@@ -633,7 +673,9 @@ impl Mode {
     /// Messages per transaction, for the batched modes.
     fn batch(self) -> Option<usize> {
         match self {
-            Mode::HandWrittenBatched(batch) | Mode::ClaimMany(batch) => Some(batch),
+            Mode::HandWrittenBatched(batch)
+            | Mode::HandWrittenClaimMany(batch)
+            | Mode::ClaimMany(batch) => Some(batch),
             _ => None,
         }
     }
@@ -647,6 +689,7 @@ impl Mode {
             Mode::HandWrittenForward => "hand-written-forward",
             Mode::RunForward => "run_forward",
             Mode::HandWrittenBatched(_) => "hand-written-batched",
+            Mode::HandWrittenClaimMany(_) => "hand-written-claim_many",
             Mode::ClaimMany(_) => "claim_many",
         }
     }
@@ -725,7 +768,12 @@ impl Figures {
                         points: by_batch(Mode::ClaimMany),
                     },
                     Series {
-                        name: "hand-written batches",
+                        name: "claim_many's statements by hand",
+                        color: BLUE,
+                        points: by_batch(Mode::HandWrittenClaimMany),
+                    },
+                    Series {
+                        name: "hand-written batch insert",
                         color: GREY,
                         points: by_batch(Mode::HandWrittenBatched),
                     },
@@ -846,7 +894,7 @@ impl Report {
             })
             .unwrap_or_default();
         println!(
-            "throughput  {:<9} {mode:<27} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<38} effects {effects} = distinct keys, median of {} round(s)",
+            "throughput  {:<9} {mode:<30} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<38} effects {effects} = distinct keys, median of {} round(s)",
             self.database,
             settings.workers,
             per_round.len(),
@@ -1046,6 +1094,10 @@ trait BenchDb: Backend {
     const OUTBOX_KEY: &'static str = "key";
     /// Whether the claim and the effect fit in one statement: [`BenchDb::one_statement`].
     const HAS_ONE_STATEMENT: bool = false;
+    /// The statement that empties a table, followed by its name. A DELETE would leave the
+    /// rows dead but in the table and its indexes until vacuumed (PostgreSQL) or purged
+    /// (InnoDB), where the next mode's inserts of the same keys step over them.
+    const EMPTY: &'static str = "TRUNCATE TABLE";
 
     async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()>;
 
@@ -1073,6 +1125,30 @@ trait BenchDb: Backend {
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<Vec<String>>;
+
+    /// The statements `claim_many` sends to claim these sorted, distinct keys and to read
+    /// the keys already held, sent by hand in the transaction; returns the keys inserted,
+    /// and each held key's claim id and fingerprint.
+    async fn hand_claim_many_reading(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<(Vec<String>, Vec<Held>)> {
+        let inserted = Self::hand_claim_many(tx, table, keys, fingerprints, claim_id).await?;
+        let rest = not_among(keys, &inserted);
+        let held = Self::hand_find_many(tx, table, &rest).await?;
+        Ok((inserted, held))
+    }
+
+    /// The claim id and fingerprint of each of these keys that is held, read as
+    /// `claim_many` reads them.
+    async fn hand_find_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Held>>;
 
     /// An effect row for each key, in one multi-row INSERT as a batched consumer writes
     /// them (more only past the database's limit on bound parameters).
@@ -1113,8 +1189,49 @@ trait BenchDb: Backend {
     async fn doubled(pool: &sqlx::Pool<Self>, table: &str, column: &str) -> Result<i64>;
 }
 
+/// A held key, its claim id and its stored fingerprint.
+type Held = (String, i64, Vec<u8>);
+
+/// The keys of `all` that are not in `some`.
+fn not_among<'a>(all: &[&'a str], some: &[String]) -> Vec<&'a str> {
+    let some: std::collections::HashSet<&str> = some.iter().map(String::as_str).collect();
+    all.iter()
+        .copied()
+        .filter(|key| !some.contains(key))
+        .collect()
+}
+
 /// The most parameters MariaDB and MySQL bind to one statement.
 const MYSQL_MAX_PARAMETERS: usize = 65_535;
+
+/// The batch insert of keys that `claim_many` sends to MariaDB and MySQL, by hand: a
+/// VALUES list, ON DUPLICATE KEY UPDATE for the keys already held.
+async fn mysql_insert_keys(
+    tx: &mut sqlx::Transaction<'_, MySql>,
+    table: &str,
+    keys: &[&str],
+    fingerprints: &[Fingerprint],
+    claim_id: i64,
+) -> Result<()> {
+    const PARAMETERS_PER_ROW: usize = 3;
+    let rows = MYSQL_MAX_PARAMETERS / PARAMETERS_PER_ROW;
+    for (keys, fingerprints) in keys.chunks(rows).zip(fingerprints.chunks(rows)) {
+        let values = vec!["('', 'bench', ?, ?, ?, UTC_TIMESTAMP(6))"; keys.len()].join(", ");
+        let sql = format!(
+            "INSERT INTO {table} (scope, consumer, `key`, fingerprint, claim_id, processed_at)
+             VALUES {values} ON DUPLICATE KEY UPDATE claim_id = claim_id"
+        );
+        let mut insert = sqlx::query(AssertSqlSafe(sql));
+        for (key, fingerprint) in keys.iter().zip(fingerprints) {
+            insert = insert
+                .bind(*key)
+                .bind(fingerprint.as_bytes().as_slice())
+                .bind(claim_id);
+        }
+        insert.execute(&mut **tx).await?;
+    }
+    Ok(())
+}
 
 /// What runs the same on every database.
 macro_rules! common {
@@ -1219,6 +1336,85 @@ impl BenchDb for Postgres {
             .await?)
     }
 
+    /// One statement, as `claim_many` sends it: the insert, and an index lookup for each key
+    /// it did not insert. A key committed by another transaction while the insert waited
+    /// is in neither half, and is read after.
+    async fn hand_claim_many_reading(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<(Vec<String>, Vec<Held>)> {
+        let sql = format!(
+            "WITH inserted AS (
+                INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
+                SELECT '', 'bench', batch.key, batch.fingerprint, $3
+                FROM unnest($1::text[], $2::bytea[]) AS batch (key, fingerprint)
+                ORDER BY batch.key COLLATE \"C\"
+                ON CONFLICT (scope, consumer, key) DO NOTHING
+                RETURNING key
+             )
+             SELECT key, NULL::bigint, NULL::bytea FROM inserted
+             UNION ALL
+             SELECT held.key, held.claim_id, held.fingerprint
+             FROM unnest($1::text[]) AS batch (key)
+             CROSS JOIN LATERAL (
+                SELECT key, claim_id, fingerprint FROM {table}
+                WHERE scope = '' AND consumer = 'bench' AND key = batch.key
+                LIMIT 1
+             ) AS held
+             WHERE batch.key NOT IN (SELECT key FROM inserted)"
+        );
+        let fingerprints: Vec<&[u8]> = fingerprints
+            .iter()
+            .map(|fingerprint| fingerprint.as_bytes().as_slice())
+            .collect();
+        let rows: Vec<(String, Option<i64>, Option<Vec<u8>>)> = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(keys)
+            .bind(&fingerprints)
+            .bind(claim_id)
+            .fetch_all(&mut **tx)
+            .await?;
+        let (mut inserted, mut held) = (Vec::new(), Vec::new());
+        for (key, claim_id, fingerprint) in rows {
+            match claim_id.zip(fingerprint) {
+                Some((claim_id, fingerprint)) => held.push((key, claim_id, fingerprint)),
+                None => inserted.push(key),
+            }
+        }
+        if inserted.len() + held.len() < keys.len() {
+            let read: Vec<String> = inserted
+                .iter()
+                .chain(held.iter().map(|h| &h.0))
+                .cloned()
+                .collect();
+            let rest = not_among(keys, &read);
+            held.extend(Self::hand_find_many(tx, table, &rest).await?);
+        }
+        Ok((inserted, held))
+    }
+
+    async fn hand_find_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Held>> {
+        let sql = format!(
+            "SELECT held.key, held.claim_id, held.fingerprint
+             FROM unnest($1::text[]) AS batch (key)
+             CROSS JOIN LATERAL (
+                SELECT key, claim_id, fingerprint FROM {table}
+                WHERE scope = '' AND consumer = 'bench' AND key = batch.key
+                LIMIT 1
+             ) AS held"
+        );
+        Ok(sqlx::query_as(AssertSqlSafe(sql))
+            .bind(keys)
+            .fetch_all(&mut **tx)
+            .await?)
+    }
+
     /// The keys as one array parameter: PostgreSQL's limit of 65,535 parameters never
     /// applies.
     async fn insert_effects(
@@ -1280,6 +1476,9 @@ impl BenchDb for Postgres {
 
 impl BenchDb for Sqlite {
     const LABEL: &'static str = "sqlite";
+    /// SQLite has no TRUNCATE: a DELETE without WHERE is its truncate, which drops the
+    /// table's pages instead of rows one by one.
+    const EMPTY: &'static str = "DELETE FROM";
 
     common!();
 
@@ -1308,6 +1507,22 @@ impl BenchDb for Sqlite {
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(claim_id)
             .bind(serde_json::to_string(&pairs)?)
+            .fetch_all(&mut **tx)
+            .await?)
+    }
+
+    async fn hand_find_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Held>> {
+        let sql = format!(
+            "SELECT key, claim_id, fingerprint FROM {table}
+             WHERE scope = '' AND consumer = 'bench'
+               AND key IN (SELECT value FROM json_each($1))"
+        );
+        Ok(sqlx::query_as(AssertSqlSafe(sql))
+            .bind(serde_json::to_string(keys)?)
             .fetch_all(&mut **tx)
             .await?)
     }
@@ -1409,23 +1624,7 @@ impl BenchDb for MySql {
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<Vec<String>> {
-        const PARAMETERS_PER_ROW: usize = 3;
-        let rows = MYSQL_MAX_PARAMETERS / PARAMETERS_PER_ROW;
-        for (keys, fingerprints) in keys.chunks(rows).zip(fingerprints.chunks(rows)) {
-            let values = vec!["('', 'bench', ?, ?, ?, UTC_TIMESTAMP(6))"; keys.len()].join(", ");
-            let sql = format!(
-                "INSERT INTO {table} (scope, consumer, `key`, fingerprint, claim_id, processed_at)
-                 VALUES {values} ON DUPLICATE KEY UPDATE claim_id = claim_id"
-            );
-            let mut insert = sqlx::query(AssertSqlSafe(sql));
-            for (key, fingerprint) in keys.iter().zip(fingerprints) {
-                insert = insert
-                    .bind(*key)
-                    .bind(fingerprint.as_bytes().as_slice())
-                    .bind(claim_id);
-            }
-            insert.execute(&mut **tx).await?;
-        }
+        mysql_insert_keys(tx, table, keys, fingerprints, claim_id).await?;
         // No RETURNING after ON DUPLICATE KEY: the new keys are those with this batch's
         // claim id, read back as claim_many does.
         let mut inserted = Vec::new();
@@ -1442,6 +1641,45 @@ impl BenchDb for MySql {
             inserted.extend(select.fetch_all(&mut **tx).await?);
         }
         Ok(inserted)
+    }
+
+    /// As `claim_many` does: the insert, then every key's row read back, the inserted ones
+    /// told by the batch's claim id.
+    async fn hand_claim_many_reading(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+    ) -> Result<(Vec<String>, Vec<Held>)> {
+        mysql_insert_keys(tx, table, keys, fingerprints, claim_id).await?;
+        let (inserted, held): (Vec<Held>, Vec<Held>) = Self::hand_find_many(tx, table, keys)
+            .await?
+            .into_iter()
+            .partition(|(_, claimed_by, _)| *claimed_by == claim_id);
+        Ok((inserted.into_iter().map(|(key, ..)| key).collect(), held))
+    }
+
+    async fn hand_find_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Held>> {
+        let mut found = Vec::with_capacity(keys.len());
+        for keys in keys.chunks(MYSQL_MAX_PARAMETERS) {
+            let list = vec!["?"; keys.len()].join(", ");
+            let sql = format!(
+                "SELECT CAST(`key` AS CHAR CHARACTER SET utf8mb4), claim_id, fingerprint
+                 FROM {table} WHERE scope = '' AND consumer = 'bench' AND `key` IN ({list})
+                 LOCK IN SHARE MODE"
+            );
+            let mut select = sqlx::query_as(AssertSqlSafe(sql));
+            for key in keys {
+                select = select.bind(*key);
+            }
+            found.extend(select.fetch_all(&mut **tx).await?);
+        }
+        Ok(found)
     }
 
     async fn insert_effects(

@@ -47,6 +47,7 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
             duplicates: usize::from(args.duplicates),
             batches: args.batch.into_iter().map(count).collect::<Result<_>>()?,
             workers: count(args.workers)?,
+            batched_only: args.batched_only,
             rounds: count(args.rounds)?,
             sizes: args.sizes,
             samples: count(args.samples)?,

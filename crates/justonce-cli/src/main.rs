@@ -115,6 +115,11 @@ struct BenchArgs {
     /// Concurrent workers, each with its share of the stream.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     workers: u64,
+    /// The throughput section measures only the batched modes (hand-written-batched,
+    /// hand-written-claim_many and claim_many), so that a stream long enough to time them
+    /// well does not also go through the one-by-one modes, a hundred times slower.
+    #[arg(long)]
+    batched_only: bool,
     /// How many times the throughput section runs its modes, alternating, each round on
     /// fresh tables: it prints each mode's median, and the median, lowest and highest of
     /// its ratios to its baseline in the same round. 1 runs each mode once.

@@ -30,6 +30,7 @@ macro_rules! on_every_database {
 on_every_database!(
     every_section_reports_and_leaves_no_table_behind,
     the_sustained_run_reports_a_peak_per_tenth,
+    batched_only_measures_the_batched_modes_alone,
     an_interrupted_bench_drops_its_tables,
 );
 
@@ -85,8 +86,10 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
         "hand-written-forward",
         "run_forward",
         "hand-written-batched",
+        "hand-written-claim_many",
         "claim_many",
         "hand-written-batched",
+        "hand-written-claim_many",
         "claim_many",
     ];
     if db.url.starts_with("postgres") {
@@ -94,7 +97,7 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
     }
     assert_eq!(modes, expected);
     let batches: Vec<&serde_json::Value> = throughput.iter().map(|r| &r["batch"]).collect();
-    assert_eq!(batches[batches.len() - 4..], [10, 10, 100, 100]);
+    assert_eq!(batches[batches.len() - 6..], [10, 10, 10, 100, 100, 100]);
     let distinct = &throughput[0]["effects"];
     for result in &throughput {
         assert_eq!(&result["effects"], distinct, "{result}");
@@ -132,14 +135,14 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
     };
     assert_eq!(purge["purged"], 5_000);
     assert!(purge["claims_during"].as_u64().unwrap() >= 50);
-    // A point per batch size for claim_many and for its hand-written batches; a p50 and a
-    // p99 per table size.
+    // A point per batch size for claim_many, for its statements by hand and for the plain
+    // batch insert; a p50 and a p99 per table size.
     let files: Vec<&str> = of("chart")
         .iter()
         .map(|r| r["file"].as_str().unwrap())
         .collect();
     for (name, points) in [
-        ("throughput-by-batch.svg", 4),
+        ("throughput-by-batch.svg", 6),
         ("latency-by-table-size.svg", 4),
     ] {
         let path = charts.join(name);
@@ -187,7 +190,8 @@ fn assert_against_baseline(result: &serde_json::Value) {
     let expected = match result["mode"].as_str().unwrap() {
         "hand-written" | "hand-written-forward" | "hand-written-batched" => None,
         "run_forward" => Some("hand-written-forward"),
-        "claim_many" => Some("hand-written-batched"),
+        "hand-written-claim_many" => Some("hand-written-batched"),
+        "claim_many" => Some("hand-written-claim_many"),
         _ => Some("hand-written"),
     };
     assert_eq!(result["baseline"].as_str(), expected, "{result}");
@@ -239,6 +243,45 @@ async fn the_sustained_run_reports_a_peak_per_tenth<DB: TestBackend>(test: &str)
         peaks.iter().all(|p| p.as_f64().unwrap() > 0.0),
         "{sustained}"
     );
+    db.cleanup().await;
+}
+
+/// `--batched-only` leaves out the one-by-one modes: the three batched ones, each checked
+/// against its baseline, on a stream whose later batches repeat keys the earlier ones hold.
+async fn batched_only_measures_the_batched_modes_alone<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["bench", "--database", &db.url, "--json"])
+        .args(["--only", "throughput", "--batched-only"])
+        .args(["--messages", "3000", "--batch", "500", "--rounds", "2"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let results = json_lines(&stdout);
+    let throughput: Vec<&serde_json::Value> = results
+        .iter()
+        .filter(|r| r["bench"] == "throughput")
+        .collect();
+    let modes: Vec<&str> = throughput
+        .iter()
+        .map(|r| r["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            "hand-written-batched",
+            "hand-written-claim_many",
+            "claim_many"
+        ]
+    );
+    for result in throughput {
+        assert_eq!(result["batch"], 500, "{result}");
+        assert_eq!(result["effects_equal_distinct_keys"], true);
+        assert_against_baseline(result);
+    }
     db.cleanup().await;
 }
 
