@@ -14,7 +14,6 @@ use justonce_core::{
     Scope,
 };
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
@@ -301,66 +300,57 @@ impl<DB: Backend> Inbox<DB> {
             .iter()
             .map(|(_, payload)| Fingerprint::of(payload))
             .collect();
-        let mut first_of: HashMap<&str, usize> = HashMap::with_capacity(messages.len());
-        for (index, (key, _)) in messages.iter().enumerate() {
-            first_of.entry(key.as_str()).or_insert(index);
+        let key_of = |index: usize| messages[index].0.as_str();
+        // Sorted vectors and binary searches rather than hash maps: this runs for every
+        // message of every batch, and hashing each key several times cost more than the
+        // sort that the batch needs anyway.
+        let mut in_key_order: Vec<usize> = (0..messages.len()).collect();
+        in_key_order.sort_unstable_by_key(|&index| (key_of(index), index));
+        // The first message of each distinct key, in key order, and for each message the
+        // place of its key among them.
+        let mut firsts: Vec<usize> = Vec::with_capacity(messages.len());
+        let mut distinct_of = vec![0; messages.len()];
+        for &index in &in_key_order {
+            if firsts
+                .last()
+                .is_none_or(|&first| key_of(first) != key_of(index))
+            {
+                firsts.push(index);
+            }
+            distinct_of[index] = firsts.len() - 1;
         }
-        let mut unique: Vec<usize> = first_of.values().copied().collect();
-        unique.sort_unstable_by_key(|&index| messages[index].0.as_str());
         let batch = Batch {
             scope: &self.scope,
             consumer: &self.consumer,
-            keys: unique
-                .iter()
-                .map(|&index| messages[index].0.as_str())
-                .collect(),
-            fingerprints: unique.iter().map(|&index| &fingerprints[index]).collect(),
+            keys: firsts.iter().map(|&index| key_of(index)).collect(),
+            fingerprints: firsts.iter().map(|&index| &fingerprints[index]).collect(),
             claim_id: random_claim_id(),
         };
-        let known = DB::insert_many(tx, &self.shared.sql, &batch).await?;
-        let first_claims: HashSet<&str> = known
-            .iter()
-            .filter(|(_, stored)| stored.claim_id == batch.claim_id)
-            .map(|(key, _)| key.as_str())
-            .collect();
-        let mut holders: HashMap<String, Fingerprint> = known
-            .iter()
-            .filter(|(key, _)| !first_claims.contains(key.as_str()))
-            .map(|(key, stored)| (key.clone(), stored.fingerprint))
-            .collect();
-        let already_held: Vec<&str> = batch
+        // The row holding each distinct key, in the batch's order.
+        let mut holders: Vec<Option<Stored>> = vec![None; batch.keys.len()];
+        let rows = DB::insert_many(tx, &self.shared.sql, &batch).await?;
+        put_in_place(&batch.keys, rows, &mut holders);
+        let unread: Vec<&str> = batch
             .keys
             .iter()
-            .copied()
-            .filter(|key| !first_claims.contains(key) && !holders.contains_key(*key))
+            .zip(&holders)
+            .filter(|(_, holder)| holder.is_none())
+            .map(|(key, _)| *key)
             .collect();
-        if !already_held.is_empty() {
-            for (key, stored) in DB::find_many(
-                tx,
-                &self.shared.sql,
-                &self.scope,
-                &self.consumer,
-                &already_held,
-            )
-            .await?
-            {
-                holders.insert(key, stored.fingerprint);
-            }
+        if !unread.is_empty() {
+            let rows =
+                DB::find_many(tx, &self.shared.sql, &self.scope, &self.consumer, &unread).await?;
+            put_in_place(&batch.keys, rows, &mut holders);
         }
         messages
             .iter()
             .enumerate()
             .map(|(index, (key, _))| {
-                let first = first_of[key.as_str()];
-                let received = fingerprints[index];
-                if first_claims.contains(key.as_str()) {
-                    return Ok(judge(index == first, fingerprints[first], received));
-                }
-                let stored = holders
-                    .get(key.as_str())
-                    .copied()
-                    .ok_or_else(|| vanished(&self.identity(key)))?;
-                Ok(judge(false, stored, received))
+                let place = distinct_of[index];
+                let stored = holders[place].ok_or_else(|| vanished(&self.identity(key)))?;
+                // Only the first message of a key this batch inserted holds the claim.
+                let holds = stored.claim_id == batch.claim_id && firsts[place] == index;
+                Ok(judge(holds, stored.fingerprint, fingerprints[index]))
             })
             .collect()
     }
@@ -779,6 +769,15 @@ impl<DB: Backend> Inbox<DB> {
 /// Attempts beyond `max_attempts` that a run may spend finding out whether a COMMIT whose
 /// answer was lost happened.
 const RESOLVE_ATTEMPTS: u32 = 3;
+
+/// Puts each row read back at its key's place among a batch's sorted `keys`.
+fn put_in_place(keys: &[&str], rows: Vec<(String, Stored)>, holders: &mut [Option<Stored>]) {
+    for (key, stored) in rows {
+        if let Ok(place) = keys.binary_search(&key.as_str()) {
+            holders[place] = Some(stored);
+        }
+    }
+}
 
 /// What a claim found, given whether this attempt's row holds the key.
 fn judge(holds: bool, stored: Fingerprint, received: Fingerprint) -> Claim {
