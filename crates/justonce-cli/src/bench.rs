@@ -894,7 +894,7 @@ impl Report {
             })
             .unwrap_or_default();
         println!(
-            "throughput  {:<9} {mode:<30} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<38} effects {effects} = distinct keys, median of {} round(s)",
+            "throughput  {:<9} {mode:<31} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<38} effects {effects} = distinct keys, median of {} round(s)",
             self.database,
             settings.workers,
             per_round.len(),
@@ -1386,7 +1386,7 @@ impl BenchDb for Postgres {
         if inserted.len() + held.len() < keys.len() {
             let read: Vec<String> = inserted
                 .iter()
-                .chain(held.iter().map(|h| &h.0))
+                .chain(held.iter().map(|(key, ..)| key))
                 .cloned()
                 .collect();
             let rest = not_among(keys, &read);
