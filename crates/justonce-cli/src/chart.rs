@@ -32,8 +32,10 @@ const WIDTH: f64 = 640.0;
 const HEIGHT: f64 = 360.0;
 const LEFT: f64 = 72.0;
 const RIGHT: f64 = 36.0;
-/// Room for the title, the subtitle and the legend above the plot.
+/// Room for the title, the subtitle and one row of the legend above the plot.
 const TOP: f64 = 64.0;
+/// The height of each further row of the legend.
+const LEGEND_ROW: f64 = 18.0;
 /// Space between the axis and the first or last point.
 const INSET: f64 = 20.0;
 const BOTTOM: f64 = 52.0;
@@ -51,7 +53,10 @@ impl Chart<'_> {
             .fold(0.0, f64::max);
         let step = nice_step(highest / Y_TICKS);
         let top = (highest / step).ceil().max(1.0) * step;
-        let (plot_width, plot_height) = (WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM);
+        let legend = self.legend();
+        let rows = legend.last().map_or(1, |entry| entry.row + 1);
+        let plot_top = TOP + LEGEND_ROW * (rows - 1) as f64;
+        let (plot_width, plot_height) = (WIDTH - LEFT - RIGHT, HEIGHT - plot_top - BOTTOM);
         let log = |x: f64| x.max(1.0).log10();
         let (low, high) = xs
             .iter()
@@ -67,7 +72,7 @@ impl Chart<'_> {
                 LEFT + plot_width / 2.0
             }
         };
-        let py = |y: f64| TOP + plot_height - y / top * plot_height;
+        let py = |y: f64| plot_top + plot_height - y / top * plot_height;
 
         let mut svg = format!(
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
@@ -100,23 +105,24 @@ impl Chart<'_> {
                 svg,
                 "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
                 px(x),
-                TOP + plot_height + 18.0,
+                plot_top + plot_height + 18.0,
                 number(x, x)
             );
         }
         let _ = writeln!(
             svg,
             "<line x1=\"{LEFT}\" y1=\"{0:.1}\" x2=\"{1:.1}\" y2=\"{0:.1}\" stroke=\"#333\"/>\
-             <line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{0:.1}\" stroke=\"#333\"/>\n\
+             <line x1=\"{LEFT}\" y1=\"{7:.1}\" x2=\"{LEFT}\" y2=\"{0:.1}\" stroke=\"#333\"/>\n\
              <text x=\"{2:.1}\" y=\"{3:.1}\" text-anchor=\"middle\">{4}</text>\n\
              <text transform=\"translate(16 {5:.1}) rotate(-90)\" text-anchor=\"middle\">{6}</text>",
-            TOP + plot_height,
+            plot_top + plot_height,
             WIDTH - RIGHT,
             LEFT + plot_width / 2.0,
             HEIGHT - 12.0,
             escape(self.x_label),
-            TOP + plot_height / 2.0,
+            plot_top + plot_height / 2.0,
             escape(self.y_label),
+            plot_top,
         );
         for reference in &self.references {
             let y = py(reference.y);
@@ -155,14 +161,16 @@ impl Chart<'_> {
                 );
             }
         }
-        // The legend, in a row between the subtitle and the plot, where no point can hide it.
-        let names = self.series.iter().map(|s| (s.name, s.color, "")).chain(
-            self.references
-                .iter()
-                .map(|r| (r.name, r.color, " stroke-dasharray=\"6 4\"")),
-        );
-        let (mut x, y) = (LEFT, TOP - 10.0);
-        for (name, color, dash) in names {
+        // The legend, between the subtitle and the plot, where no point can hide it.
+        for LegendEntry {
+            name,
+            color,
+            dash,
+            x,
+            row,
+        } in legend
+        {
+            let y = TOP - 10.0 + LEGEND_ROW * row as f64;
             let _ = writeln!(
                 svg,
                 "<line x1=\"{x}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{color}\" \
@@ -173,12 +181,48 @@ impl Chart<'_> {
                 x + 30.0,
                 escape(name)
             );
-            // About 7 pixels a character at this size, and a gap before the next.
-            x += 30.0 + 7.0 * name.chars().count() as f64 + 24.0;
         }
         svg.push_str("</svg>\n");
         svg
     }
+
+    /// The legend's entries, series then references, in rows that wrap before the right
+    /// edge.
+    fn legend(&self) -> Vec<LegendEntry<'_>> {
+        let names = self.series.iter().map(|s| (s.name, s.color, "")).chain(
+            self.references
+                .iter()
+                .map(|r| (r.name, r.color, " stroke-dasharray=\"6 4\"")),
+        );
+        let (mut x, mut row) = (LEFT, 0);
+        let mut entries = Vec::new();
+        for (name, color, dash) in names {
+            // A 24-pixel line, a gap, and about 7 pixels a character at this size.
+            let width = 30.0 + 7.0 * name.chars().count() as f64;
+            if x > LEFT && x + width > WIDTH - RIGHT {
+                (x, row) = (LEFT, row + 1);
+            }
+            entries.push(LegendEntry {
+                name,
+                color,
+                dash,
+                x,
+                row,
+            });
+            x += width + 24.0;
+        }
+        entries
+    }
+}
+
+/// A line and a name in the legend, at `x` in its `row`.
+struct LegendEntry<'a> {
+    name: &'a str,
+    color: &'a str,
+    /// The line's dash attribute: empty for a series, dashed for a reference.
+    dash: &'static str,
+    x: f64,
+    row: usize,
 }
 
 /// 1, 2 or 5 times a power of ten, at least `rough`.
@@ -269,5 +313,46 @@ mod tests {
         assert!(svg.contains(" 338.0,") && svg.contains(" 584.0,"), "{svg}");
         let line = svg.split("points=\"").nth(1).unwrap();
         assert!(line.find(" 338.0,") < line.find(" 584.0,"), "{line}");
+    }
+
+    #[test]
+    fn a_long_legend_wraps_inside_the_chart_and_moves_the_plot_down() {
+        let series = |name| Series {
+            name,
+            color: "#2a7",
+            points: vec![(1.0, 1.0)],
+        };
+        let chart = Chart {
+            title: String::new(),
+            subtitle: String::new(),
+            x_label: "x",
+            y_label: "y",
+            series: vec![
+                series("claim_many"),
+                series("claim_many's statements by hand"),
+                series("hand-written batch insert"),
+            ],
+            references: vec![Reference {
+                name: "hand-written, one by one",
+                color: "#999",
+                y: 1.0,
+            }],
+        };
+        let legend = chart.legend();
+        assert_eq!(
+            legend.iter().map(|entry| entry.row).collect::<Vec<_>>(),
+            [0, 0, 1, 1]
+        );
+        for entry in &legend {
+            let end = entry.x + 30.0 + 7.0 * entry.name.chars().count() as f64;
+            assert!(end <= WIDTH - RIGHT, "{} ends at {end}", entry.name);
+        }
+        // The y axis starts below the second row.
+        let svg = chart.svg();
+        let axis_top = TOP + LEGEND_ROW;
+        assert!(
+            svg.contains(&format!("y1=\"{axis_top:.1}\" x2=\"{LEFT}\"")),
+            "{svg}"
+        );
     }
 }

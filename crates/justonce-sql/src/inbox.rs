@@ -296,14 +296,16 @@ impl<DB: Backend> Inbox<DB> {
         tx: &mut sqlx::Transaction<'_, DB>,
         messages: &[(Key, P)],
     ) -> Result<Vec<Claim>, Error> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
         let fingerprints: Vec<Fingerprint> = messages
             .iter()
             .map(|(_, payload)| Fingerprint::of(payload))
             .collect();
         let key_of = |index: usize| messages[index].0.as_str();
-        // Sorted vectors and binary searches rather than hash maps: this runs for every
-        // message of every batch, and hashing each key several times cost more than the
-        // sort that the batch needs anyway.
+        // Sorted vectors and binary searches rather than hash maps: the batch is sorted
+        // anyway, and this runs for every message of every batch.
         let mut in_key_order: Vec<usize> = (0..messages.len()).collect();
         in_key_order.sort_unstable_by_key(|&index| (key_of(index), index));
         // The first message of each distinct key, in key order, and for each message the

@@ -122,6 +122,13 @@ async fn a_batch_reports_each_key_in_order<DB: TestBackend>(test: &str) {
     let again = db.inbox.claim_many(&mut tx, &batch[..3]).await.unwrap();
     tx.rollback().await.unwrap();
     assert_eq!(again, vec![Claim::Duplicate; 3]);
+
+    // An empty batch claims nothing and leaves the transaction usable.
+    let mut tx = db.inbox.begin().await.unwrap();
+    let none = db.inbox.claim_many(&mut tx, &batch[..0]).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(none.is_empty());
+    assert_eq!(db.rows("keys").await, 4);
     db.cleanup().await;
 }
 
