@@ -118,6 +118,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
     let outbox = inbox.outbox();
     match command {
         Command::Serve => {
+            crate::serve::check_failpoint()?;
             inbox.migrate().await?;
             crate::serve::serve(settings, inbox).await?
         }

@@ -4,7 +4,7 @@ use crate::activity::{self, Activity};
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
 use crate::pacing::{self, Pacer};
 use crate::purge;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
@@ -21,6 +21,25 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tower_http::timeout::TimeoutLayer;
+
+/// A failpoint asked for that this build cannot reach would leave a fault test waiting for
+/// a pause that never comes: `serve` refuses to start instead.
+pub fn check_failpoint() -> Result<()> {
+    let Ok(name) = std::env::var("JUSTONCE_FAILPOINT") else {
+        return Ok(());
+    };
+    ensure!(
+        cfg!(feature = "failpoints"),
+        "JUSTONCE_FAILPOINT={name} is set, but this build has no failpoints: \
+         build it with `--features failpoints`"
+    );
+    ensure!(
+        name == receiver::FAILPOINT,
+        "JUSTONCE_FAILPOINT={name}: serve has no such failpoint; it has {}",
+        receiver::FAILPOINT
+    );
+    Ok(())
+}
 
 pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
     let purge_plan = purge::Plan::of(&settings)?;

@@ -214,16 +214,7 @@ fn assert_against_baseline(result: &serde_json::Value) {
 /// reports the peak RSS of each tenth of it.
 async fn the_sustained_run_reports_a_peak_per_tenth<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
-        .args(["bench", "--database", &db.url, "--json"])
-        .args(["--only", "sustained", "--duration", "2s"])
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
-    let results = json_lines(&stdout);
+    let results = bench_json(&db.url, &["--only", "sustained", "--duration", "2s"]).await;
     let benches: Vec<&str> = results
         .iter()
         .map(|r| r["bench"].as_str().unwrap())
@@ -250,17 +241,21 @@ async fn the_sustained_run_reports_a_peak_per_tenth<DB: TestBackend>(test: &str)
 /// against its baseline, on a stream whose later batches repeat keys the earlier ones hold.
 async fn batched_only_measures_the_batched_modes_alone<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
-        .args(["bench", "--database", &db.url, "--json"])
-        .args(["--only", "throughput", "--batched-only"])
-        .args(["--messages", "3000", "--batch", "500", "--rounds", "2"])
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
-    let results = json_lines(&stdout);
+    let results = bench_json(
+        &db.url,
+        &[
+            "--only",
+            "throughput",
+            "--batched-only",
+            "--messages",
+            "3000",
+            "--batch",
+            "500",
+            "--rounds",
+            "2",
+        ],
+    )
+    .await;
     let throughput: Vec<&serde_json::Value> = results
         .iter()
         .filter(|r| r["bench"] == "throughput")
@@ -379,6 +374,20 @@ async fn numbers_out_of_range_are_bad_usage() {
 }
 
 /// The bench's `--json` output: one object per line.
+/// The results of `justonce bench --json` on `url` with `args`, once it has succeeded.
+async fn bench_json(url: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["bench", "--database", url, "--json"])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    json_lines(&stdout)
+}
+
 fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
     stdout
         .lines()

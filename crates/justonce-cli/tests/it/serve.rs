@@ -483,6 +483,30 @@ async fn bad_configuration_exits_2_and_names_the_problem() {
     assert_eq!(output.status.code(), Some(2), "usage errors exit 2");
 }
 
+/// A fault test that names a failpoint `serve` does not have would wait for a pause that
+/// never comes: `serve` refuses to start and names the one it has.
+#[tokio::test]
+async fn an_unknown_failpoint_stops_serve_at_start() {
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("unknown-failpoint").await;
+    let server = Server::configure(&url, "http://127.0.0.1:1/x");
+    let output = server
+        .command(&["serve"])
+        .env("JUSTONCE_FAILPOINT", "stored-not-answerd")
+        .stderr(Stdio::piped())
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(30), output)
+        .await
+        .expect("serve refuses to start")
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("serve has no such failpoint; it has stored-not-answered"),
+        "{stderr}"
+    );
+    drop_database(db, &url).await;
+}
+
 /// Two `serve` processes on one PostgreSQL database: an event posted to one and again to
 /// the other is stored once, and every event is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

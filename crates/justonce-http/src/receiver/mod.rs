@@ -19,6 +19,10 @@ use std::sync::Arc;
 
 use crate::answer::{problem, read_limited};
 
+/// The receiver's failpoint, as `JUSTONCE_FAILPOINT` names it in a build with the
+/// `failpoints` feature: the first event stored stops there, before its answer.
+pub const FAILPOINT: &str = "stored-not-answered";
+
 /// Where a source puts the event id that becomes the key `<source>:<id>`.
 #[derive(Debug, Clone)]
 pub enum IdLocation {
@@ -181,7 +185,7 @@ async fn receive<DB: Backend>(
     // A kill here leaves an event stored whose sender never heard so: it sends again.
     #[cfg(feature = "failpoints")]
     if status == "accepted" {
-        crate::failpoint::pause("stored-not-answered").await;
+        crate::failpoint::pause(FAILPOINT).await;
     }
     count(&source.name, status);
     let body = serde_json::json!({ "status": status, "key": key.as_str() });

@@ -33,7 +33,7 @@ const SENDERS: usize = 8;
 const STALLED: Duration = Duration::from_secs(10);
 
 /// The shipped server's failpoint: an event stored, its answer not yet sent.
-const FAILPOINT: &str = "stored-not-answered";
+const FAILPOINT: &str = justonce_http::receiver::FAILPOINT;
 
 pub async fn serve_kill<DB: TestBackend>(
     args: &Args,
