@@ -16,7 +16,9 @@
 //! consumes until it is killed. `run-batched`: the same in batches of 20.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
-//! in between loses it.
+//! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
+//! commits each entry's effect, then claims its key and stores its position in a second
+//! transaction, so that a kill in between doubles the effect.
 
 use justonce_sql::{Consumer, Inbox, Key, Options, Outcome};
 use justonce_tests::{TestBackend, consumer_work, mqtt_options, shared_mqtt_options};
@@ -95,9 +97,22 @@ async fn work<DB: TestBackend>(
         let ran = consumer.run_one(&message, &work).await;
         pause_after_commit(&mqtt_key(&message), ran).await
     } else if broker.starts_with("redis:") && reader {
-        let reader =
-            RedisStreamReader::connect(broker, inbox, RedisStreamOptions::new(queue, "test"))
-                .await?;
+        let reader = RedisStreamReader::connect(
+            broker,
+            inbox.clone(),
+            RedisStreamOptions::new(queue, "test"),
+        )
+        .await?;
+        if mode == "separate-claim" {
+            let mut entries = reader.entries().await?;
+            loop {
+                for entry in entries.next().await? {
+                    let key = entry.field(KEY_FIELD).ok_or("an entry without a key")?;
+                    effect_apart(&inbox, prefix, &String::from_utf8_lossy(&key)).await?;
+                    settled(reader.run_one(&entry, &nothing::<DB>).await)?;
+                }
+            }
+        }
         if !pause {
             reader.run(forever, work).await?;
             return Ok(());
@@ -146,7 +161,15 @@ async fn work<DB: TestBackend>(
         pause_after_commit(&String::from_utf8_lossy(&key), ran).await
     } else if broker.starts_with("nats:") && reader {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
-        let reader = NatsReader::connect(broker, inbox, options).await?;
+        let reader = NatsReader::connect(broker, inbox.clone(), options).await?;
+        if mode == "separate-claim" {
+            let mut messages = reader.messages().await?;
+            while let Some(message) = messages.next().await? {
+                effect_apart(&inbox, prefix, &order_id(&message)).await?;
+                settled(reader.run_one(&message, &nothing::<DB>).await)?;
+            }
+            return Ok(());
+        }
         if !pause {
             reader.run(forever, work).await?;
             return Ok(());
@@ -243,6 +266,48 @@ async fn effect_after_ack<DB: TestBackend>(
         })
         .await?;
     Ok(())
+}
+
+/// Unless `key` is claimed already, commits its effect in a transaction of its own: the
+/// broken order of `separate-claim`, whose claim and position follow in a second
+/// transaction. A copy of a claimed key is skipped, as a consumer that looks its keys up
+/// does, so that only a kill between the two transactions doubles an effect.
+async fn effect_apart<DB: TestBackend>(
+    inbox: &Inbox<DB>,
+    prefix: &str,
+    key: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let claimed = DB::count(
+        inbox.pool(),
+        format!(
+            "SELECT count(*) FROM {prefix}keys WHERE scope = '' AND consumer = 'test' AND {} = '{key}'",
+            DB::quoted("key")
+        ),
+    )
+    .await;
+    if claimed > 0 {
+        return Ok(());
+    }
+    let mut tx = inbox.begin().await?;
+    DB::insert_effect(&mut tx, prefix, "test", key).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The work of `separate-claim`'s second transaction: none, its effect already committed.
+fn nothing<'t, DB: TestBackend>(
+    _tx: &'t mut justonce_sql::sqlx::Transaction<'_, DB>,
+    _message: &'t justonce_transport::Incoming,
+) -> justonce_sql::WorkFuture<'t, (), justonce_sql::sqlx::Error> {
+    Box::pin(async { Ok(()) })
+}
+
+/// Fails on a run that neither committed nor found the key held.
+fn settled(ran: Ran<justonce_sql::sqlx::Error>) -> Result<(), Box<dyn std::error::Error>> {
+    match ran {
+        Ran::Outcome(_) => Ok(()),
+        other => Err(format!("{other:?}").into()),
+    }
 }
 
 /// The key of the NATS tests' messages.

@@ -171,6 +171,30 @@ async fn the_check_reports_losses_when_an_mqtt_consumer_acknowledges_before_comm
     losses_when_a_consumer_acknowledges_before_commit_on("mqtt").await
 }
 
+async fn doubles_when_a_reader_claims_apart_from_its_effect_on(broker: &str) {
+    let (code, figures) = harness(&[
+        "--scenario",
+        "broker-kill",
+        "--broker",
+        broker,
+        "--broken",
+        "separate-claim",
+    ])
+    .await;
+    assert!(figures["duplicated"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(code, 1, "{figures}");
+}
+
+#[tokio::test]
+async fn the_check_reports_doubles_when_a_redis_streams_reader_claims_apart_from_its_effect() {
+    doubles_when_a_reader_claims_apart_from_its_effect_on("redis-reader").await
+}
+
+#[tokio::test]
+async fn the_check_reports_doubles_when_a_nats_jetstream_reader_claims_apart_from_its_effect() {
+    doubles_when_a_reader_claims_apart_from_its_effect_on("nats-reader").await
+}
+
 #[tokio::test]
 async fn the_check_reports_doubles_when_claiming_in_a_separate_transaction() {
     let (code, figures) = harness(&["--scenario", "kill", "--broken", "separate-claim"]).await;
