@@ -75,6 +75,16 @@ pub fn peak_rss_mib(pid: Option<u32>) -> f64 {
     kib / 1024.0
 }
 
+/// Whether consumer `test` holds `key` in the tables under `prefix`: the lookup that the
+/// deliberately broken `separate-claim` workers make before their unclaimed effect.
+pub async fn claimed<DB: TestBackend>(pool: &sqlx::Pool<DB>, prefix: &str, key: &str) -> bool {
+    let sql = format!(
+        "SELECT count(*) FROM {prefix}keys WHERE scope = '' AND consumer = 'test' AND {} = '{key}'",
+        DB::quoted("key")
+    );
+    DB::count(pool, sql).await > 0
+}
+
 /// The broker tests' work: one effect row for the message's key, failing for keys that start
 /// with `fail` on attempts up to the digit after it (`fail2:` fails twice), and always
 /// for keys that start with `bad`. A key that starts with `hang`, on its first delivery,

@@ -277,15 +277,7 @@ async fn effect_apart<DB: TestBackend>(
     prefix: &str,
     key: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let claimed = DB::count(
-        inbox.pool(),
-        format!(
-            "SELECT count(*) FROM {prefix}keys WHERE scope = '' AND consumer = 'test' AND {} = '{key}'",
-            DB::quoted("key")
-        ),
-    )
-    .await;
-    if claimed > 0 {
+    if justonce_tests::claimed(inbox.pool(), prefix, key).await {
         return Ok(());
     }
     let mut tx = inbox.begin().await?;

@@ -189,15 +189,7 @@ async fn broken_separate_claim<DB: TestBackend>(
     prefix: &str,
     key: &Key,
 ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
-    let claimed = DB::count(
-        inbox.pool(),
-        format!(
-            "SELECT count(*) FROM {prefix}keys WHERE scope = '' AND consumer = 'test' AND {} = '{key}'",
-            DB::quoted("key")
-        ),
-    )
-    .await;
-    if claimed > 0 {
+    if justonce_tests::claimed(inbox.pool(), prefix, key.as_str()).await {
         return Ok(format!("ack duplicate {key}"));
     }
     let mut tx = inbox.begin().await?;

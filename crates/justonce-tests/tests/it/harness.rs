@@ -137,18 +137,24 @@ async fn the_check_reports_losses_when_acknowledging_before_commit() {
     assert_eq!(code, 1, "{figures}");
 }
 
-async fn losses_when_a_consumer_acknowledges_before_commit_on(broker: &str) {
-    let (code, figures) = harness(&[
+/// broker-kill through `broker` with the broken consumer `mode`: the harness must count
+/// some keys under `violation` and exit 1.
+async fn broken_consumer_caught(broker: &str, mode: &str, violation: &str) {
+    let args = [
         "--scenario",
         "broker-kill",
         "--broker",
         broker,
         "--broken",
-        "ack-before-commit",
-    ])
-    .await;
-    assert!(figures["lost"].as_u64().unwrap() > 0, "{figures}");
+        mode,
+    ];
+    let (code, figures) = harness(&args).await;
+    assert!(figures[violation].as_u64().unwrap() > 0, "{figures}");
     assert_eq!(code, 1, "{figures}");
+}
+
+async fn losses_when_a_consumer_acknowledges_before_commit_on(broker: &str) {
+    broken_consumer_caught(broker, "ack-before-commit", "lost").await
 }
 
 #[tokio::test]
@@ -172,17 +178,7 @@ async fn the_check_reports_losses_when_an_mqtt_consumer_acknowledges_before_comm
 }
 
 async fn doubles_when_a_reader_claims_apart_from_its_effect_on(broker: &str) {
-    let (code, figures) = harness(&[
-        "--scenario",
-        "broker-kill",
-        "--broker",
-        broker,
-        "--broken",
-        "separate-claim",
-    ])
-    .await;
-    assert!(figures["duplicated"].as_u64().unwrap() > 0, "{figures}");
-    assert_eq!(code, 1, "{figures}");
+    broken_consumer_caught(broker, "separate-claim", "duplicated").await
 }
 
 #[tokio::test]
