@@ -401,31 +401,15 @@ impl<DB: BenchDb> Bench<'_, DB> {
             let fingerprints: Vec<Fingerprint> = distinct.iter().map(Fingerprint::of).collect();
             let claim_id = self.hand_claim_ids.fetch_add(1, Ordering::Relaxed);
             let mut tx = self.inbox.begin().await?;
-            let (keys, table) = (&distinct[..], &self.tables.keys);
+            let table = &self.tables.keys;
             let first = if read_held {
                 let (first, held) =
-                    DB::hand_claim_many_reading(&mut tx, table, keys, &fingerprints, claim_id)
+                    DB::hand_claim_many_reading(&mut tx, table, &distinct, &fingerprints, claim_id)
                         .await?;
-                ensure!(
-                    first.len() + held.len() == keys.len(),
-                    "{} keys claimed and {} read back of {}",
-                    first.len(),
-                    held.len(),
-                    keys.len()
-                );
-                for (key, _claim_id, stored) in &held {
-                    let Ok(index) = keys.binary_search(&key.as_str()) else {
-                        bail!("{key} was read back but is not in the batch");
-                    };
-                    // A held key with another payload's fingerprint is a reused key.
-                    ensure!(
-                        fingerprints[index].as_bytes().as_slice() == stored.as_slice(),
-                        "{key} reused"
-                    );
-                }
+                check_held(&distinct, &fingerprints, first.len(), &held)?;
                 first
             } else {
-                DB::hand_claim_many(&mut tx, table, keys, &fingerprints, claim_id).await?
+                DB::hand_claim_many(&mut tx, table, &distinct, &fingerprints, claim_id).await?
             };
             if !first.is_empty() {
                 let first: Vec<&str> = first.iter().map(String::as_str).collect();
@@ -1141,7 +1125,7 @@ trait BenchDb: Backend {
         claim_id: i64,
     ) -> Result<(Vec<String>, Vec<Held>)> {
         let inserted = Self::hand_claim_many(tx, table, keys, fingerprints, claim_id).await?;
-        let rest = not_among(keys, &inserted);
+        let rest = not_among(keys, inserted.iter().map(String::as_str));
         // As claim_many, no read when every key was inserted.
         let held = if rest.is_empty() {
             Vec::new()
@@ -1201,13 +1185,50 @@ trait BenchDb: Backend {
 /// A held key, its claim id and its stored fingerprint.
 type Held = (String, i64, Vec<u8>);
 
-/// The keys of `all` that are not in `some`.
-fn not_among<'a>(all: &[&'a str], some: &[String]) -> Vec<&'a str> {
-    let some: std::collections::HashSet<&str> = some.iter().map(String::as_str).collect();
+/// What `claim_many` checks of a batch's sorted, distinct `keys` after its statements:
+/// each was either claimed (`claimed` of them) or read back as held, and each held key has
+/// the fingerprint this batch sent for it; another one is a reused key.
+fn check_held(
+    keys: &[&str],
+    fingerprints: &[Fingerprint],
+    claimed: usize,
+    held: &[Held],
+) -> Result<()> {
+    ensure!(
+        claimed + held.len() == keys.len(),
+        "{claimed} keys claimed and {} read back of {}",
+        held.len(),
+        keys.len()
+    );
+    for (key, _claim_id, stored) in held {
+        let Ok(index) = keys.binary_search(&key.as_str()) else {
+            bail!("{key} was read back but is not in the batch");
+        };
+        ensure!(
+            fingerprints[index].as_bytes().as_slice() == stored.as_slice(),
+            "{key} reused"
+        );
+    }
+    Ok(())
+}
+
+/// The keys of `all` that are not among `some`.
+fn not_among<'a, 'b>(all: &[&'a str], some: impl IntoIterator<Item = &'b str>) -> Vec<&'a str> {
+    let some: std::collections::HashSet<&str> = some.into_iter().collect();
     all.iter()
         .copied()
         .filter(|key| !some.contains(key))
         .collect()
+}
+
+/// PostgreSQL's lookup of one key of a batch (`batch.key`), as `claim_many` writes it: one
+/// index lookup per key, whatever the plan.
+fn postgres_find_one(table: &str) -> String {
+    format!(
+        "SELECT key, claim_id, fingerprint FROM {table}
+         WHERE scope = '' AND consumer = 'bench' AND key = batch.key
+         LIMIT 1"
+    )
 }
 
 /// The most parameters MariaDB and MySQL bind to one statement.
@@ -1357,6 +1378,7 @@ impl BenchDb for Postgres {
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<(Vec<String>, Vec<Held>)> {
+        let find_one = postgres_find_one(table);
         let sql = format!(
             "WITH inserted AS (
                 INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
@@ -1370,11 +1392,7 @@ impl BenchDb for Postgres {
              UNION ALL
              SELECT held.key, held.claim_id, held.fingerprint
              FROM unnest($1::text[]) AS batch (key)
-             CROSS JOIN LATERAL (
-                SELECT key, claim_id, fingerprint FROM {table}
-                WHERE scope = '' AND consumer = 'bench' AND key = batch.key
-                LIMIT 1
-             ) AS held
+             CROSS JOIN LATERAL ({find_one}) AS held
              WHERE batch.key NOT IN (SELECT key FROM inserted)"
         );
         let fingerprints: Vec<&[u8]> = fingerprints
@@ -1395,12 +1413,8 @@ impl BenchDb for Postgres {
             }
         }
         if inserted.len() + held.len() < keys.len() {
-            let read: Vec<String> = inserted
-                .iter()
-                .chain(held.iter().map(|(key, ..)| key))
-                .cloned()
-                .collect();
-            let rest = not_among(keys, &read);
+            let read = inserted.iter().chain(held.iter().map(|(key, ..)| key));
+            let rest = not_among(keys, read.map(String::as_str));
             held.extend(Self::hand_find_many(tx, table, &rest).await?);
         }
         Ok((inserted, held))
@@ -1414,11 +1428,8 @@ impl BenchDb for Postgres {
         let sql = format!(
             "SELECT held.key, held.claim_id, held.fingerprint
              FROM unnest($1::text[]) AS batch (key)
-             CROSS JOIN LATERAL (
-                SELECT key, claim_id, fingerprint FROM {table}
-                WHERE scope = '' AND consumer = 'bench' AND key = batch.key
-                LIMIT 1
-             ) AS held"
+             CROSS JOIN LATERAL ({}) AS held",
+            postgres_find_one(table)
         );
         Ok(sqlx::query_as(AssertSqlSafe(sql))
             .bind(keys)

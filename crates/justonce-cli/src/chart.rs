@@ -197,8 +197,7 @@ impl Chart<'_> {
         let (mut x, mut row) = (LEFT, 0);
         let mut entries = Vec::new();
         for (name, color, dash) in names {
-            // A 24-pixel line, a gap, and about 7 pixels a character at this size.
-            let width = 30.0 + 7.0 * name.chars().count() as f64;
+            let width = legend_width(name);
             if x > LEFT && x + width > WIDTH - RIGHT {
                 (x, row) = (LEFT, row + 1);
             }
@@ -213,6 +212,12 @@ impl Chart<'_> {
         }
         entries
     }
+}
+
+/// How wide a legend entry named `name` is: a 24-pixel line, a gap, and about 7 pixels a
+/// character at this size.
+fn legend_width(name: &str) -> f64 {
+    30.0 + 7.0 * name.chars().count() as f64
 }
 
 /// A line and a name in the legend, at `x` in its `row`.
@@ -344,7 +349,7 @@ mod tests {
             [0, 0, 1, 1]
         );
         for entry in &legend {
-            let end = entry.x + 30.0 + 7.0 * entry.name.chars().count() as f64;
+            let end = entry.x + legend_width(entry.name);
             assert!(end <= WIDTH - RIGHT, "{} ends at {end}", entry.name);
         }
         // The y axis starts below the second row.

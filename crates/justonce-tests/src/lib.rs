@@ -75,14 +75,26 @@ pub fn peak_rss_mib(pid: Option<u32>) -> f64 {
     kib / 1024.0
 }
 
-/// Whether consumer `test` holds `key` in the tables under `prefix`: the lookup that the
-/// deliberately broken `separate-claim` workers make before their unclaimed effect.
-pub async fn claimed<DB: TestBackend>(pool: &sqlx::Pool<DB>, prefix: &str, key: &str) -> bool {
-    let sql = format!(
+/// The first transaction of the deliberately broken `separate-claim` workers: unless
+/// consumer `test` already holds `key` in the tables under `prefix`, commits its effect on
+/// its own, unclaimed. Returns whether it did; the claim follows in a second transaction,
+/// so that only a kill in between doubles the effect.
+pub async fn effect_unless_claimed<DB: TestBackend>(
+    inbox: &Inbox<DB>,
+    prefix: &str,
+    key: &str,
+) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
+    let claimed = format!(
         "SELECT count(*) FROM {prefix}keys WHERE scope = '' AND consumer = 'test' AND {} = '{key}'",
         DB::quoted("key")
     );
-    DB::count(pool, sql).await > 0
+    if DB::count(inbox.pool(), claimed).await > 0 {
+        return Ok(false);
+    }
+    let mut tx = inbox.begin().await?;
+    DB::insert_effect(&mut tx, prefix, "test", key).await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// The broker tests' work: one effect row for the message's key, failing for keys that start

@@ -17,11 +17,13 @@
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
-//! commits each entry's effect, then claims its key and stores its position in a second
-//! transaction, so that a kill in between doubles the effect.
+//! commits each entry's effect unless its key is claimed, then claims the key and stores
+//! the position in a second transaction, so that a kill in between doubles the effect.
 
 use justonce_sql::{Consumer, Inbox, Key, Options, Outcome};
-use justonce_tests::{TestBackend, consumer_work, mqtt_options, shared_mqtt_options};
+use justonce_tests::{
+    TestBackend, consumer_work, effect_unless_claimed, mqtt_options, shared_mqtt_options,
+};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
@@ -58,7 +60,7 @@ async fn work<DB: TestBackend>(
     queue: &str,
     kind: &str,
     mode: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let reader = kind == "reader";
     let inbox = Inbox::<DB>::connect_with(
         url,
@@ -108,7 +110,8 @@ async fn work<DB: TestBackend>(
             loop {
                 for entry in entries.next().await? {
                     let key = entry.field(KEY_FIELD).ok_or("an entry without a key")?;
-                    effect_apart(&inbox, prefix, &String::from_utf8_lossy(&key)).await?;
+                    let key = String::from_utf8_lossy(&key);
+                    effect_unless_claimed(&inbox, prefix, &key).await?;
                     settled(reader.run_one(&entry, &nothing::<DB>).await)?;
                 }
             }
@@ -165,7 +168,7 @@ async fn work<DB: TestBackend>(
         if mode == "separate-claim" {
             let mut messages = reader.messages().await?;
             while let Some(message) = messages.next().await? {
-                effect_apart(&inbox, prefix, &order_id(&message)).await?;
+                effect_unless_claimed(&inbox, prefix, &order_id(&message)).await?;
                 settled(reader.run_one(&message, &nothing::<DB>).await)?;
             }
             return Ok(());
@@ -235,7 +238,7 @@ async fn ack_before_commit<DB: TestBackend>(
     consumer: &AmqpConsumer<DB>,
     inbox: &Inbox<DB>,
     prefix: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut deliveries = consumer.deliveries().await?;
     let mut stats = ConsumerStats::default();
     while let Some(delivery) = deliveries.next().await? {
@@ -256,7 +259,7 @@ async fn effect_after_ack<DB: TestBackend>(
     inbox: &Inbox<DB>,
     prefix: &str,
     key: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let key = Key::new(key)?;
     // Processed or a duplicate: acknowledged either way, before.
     let _ = inbox
@@ -265,24 +268,6 @@ async fn effect_after_ack<DB: TestBackend>(
             Box::pin(async move { DB::insert_effect(tx, &prefix, "test", &key).await })
         })
         .await?;
-    Ok(())
-}
-
-/// Unless `key` is claimed already, commits its effect in a transaction of its own: the
-/// broken order of `separate-claim`, whose claim and position follow in a second
-/// transaction. A copy of a claimed key is skipped, as a consumer that looks its keys up
-/// does, so that only a kill between the two transactions doubles an effect.
-async fn effect_apart<DB: TestBackend>(
-    inbox: &Inbox<DB>,
-    prefix: &str,
-    key: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
-    if justonce_tests::claimed(inbox.pool(), prefix, key).await {
-        return Ok(());
-    }
-    let mut tx = inbox.begin().await?;
-    DB::insert_effect(&mut tx, prefix, "test", key).await?;
-    tx.commit().await?;
     Ok(())
 }
 
@@ -295,7 +280,9 @@ fn nothing<'t, DB: TestBackend>(
 }
 
 /// Fails on a run that neither committed nor found the key held.
-fn settled(ran: Ran<justonce_sql::sqlx::Error>) -> Result<(), Box<dyn std::error::Error>> {
+fn settled(
+    ran: Ran<justonce_sql::sqlx::Error>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     match ran {
         Ran::Outcome(_) => Ok(()),
         other => Err(format!("{other:?}").into()),
@@ -323,7 +310,7 @@ fn mqtt_key(message: &justonce_transport::mqtt::Message) -> String {
 async fn pause_after_commit<E: std::fmt::Debug>(
     key: &str,
     ran: Ran<E>,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let Ran::Outcome(outcome) = ran else {
         return Err(format!("the work did not commit: {ran:?}").into());
     };

@@ -42,8 +42,8 @@
 //!   (short: 10) at random moments and, every fourth time, at its failpoint (a message's
 //!   work committed, the message not yet acknowledged), and restarted, until the broker
 //!   holds nothing unacknowledged. Its broken mode is `ack-before-commit`, and for the
-//!   single readers `separate-claim` (each entry's effect committed, then its key claimed
-//!   and its position stored in a second transaction).
+//!   single readers `separate-claim` (each entry's effect committed unless its key is
+//!   claimed, then the key claimed and the position stored in a second transaction).
 //! - `relay-kill`: 20,000 outbox rows (short: 2,000) delivered by the project's relay, a
 //!   `relay-worker` process, to an HTTP receiver inside the harness; the relay SIGKILLed 100
 //!   times (short: 10), every fourth time at its failpoint (a row accepted, not yet marked

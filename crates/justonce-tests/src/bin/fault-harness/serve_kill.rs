@@ -13,6 +13,7 @@ use crate::broker::{key_index, key_name, sibling};
 use crate::report::{Report, receiver_effects, workload_index};
 use crate::{Args, Rng};
 use hmac::{Hmac, Mac};
+use justonce_http::receiver::FAILPOINT;
 use justonce_tests::{Sink, TestBackend};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -31,9 +32,6 @@ const SENDERS: usize = 8;
 
 /// Five relay leases: a row a killed server took is sent again well within it.
 const STALLED: Duration = Duration::from_secs(10);
-
-/// The shipped server's failpoint: an event stored, its answer not yet sent.
-const FAILPOINT: &str = justonce_http::receiver::FAILPOINT;
 
 pub async fn serve_kill<DB: TestBackend>(
     args: &Args,
