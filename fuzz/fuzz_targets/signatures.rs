@@ -39,7 +39,7 @@ enum Input {
     Hostile {
         kind: Kind,
         secrets: Vec<Vec<u8>>,
-        /// For Standard Webhooks, secrets as configured (`whsec_` and base64).
+        /// For Standard Webhooks, secrets as configured (`whsec_` or `whpk_`, and base64).
         written_secrets: Vec<String>,
         tolerance: u64,
         /// The header HmacSha256 reads: any text, as the enum's field allows.
@@ -219,6 +219,7 @@ fn scheme(kind: Kind, secrets: Vec<Vec<u8>>, tolerance: Duration) -> Scheme {
     match kind {
         Kind::StandardWebhooks => Scheme::StandardWebhooks {
             keys: secrets,
+            public_keys: Vec::new(),
             tolerance,
         },
         Kind::Stripe => Scheme::Stripe { secrets, tolerance },

@@ -7,12 +7,21 @@ use hmac::{Hmac, Mac};
 use justonce_core::Error;
 use sha2::Sha256;
 
-/// The key of a secret written `whsec_` and the base64 of the key bytes.
+/// The key of a secret written `whsec_` and the base64 of the key bytes. The error says
+/// what is wrong without repeating the secret.
 pub(crate) fn decode_secret(secret: &str) -> Result<Vec<u8>, Error> {
     let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
-    STANDARD.decode(encoded).map_err(|_| {
+    let key = STANDARD.decode(encoded).map_err(|_| {
         Error::Config("a Standard Webhooks secret must be whsec_ followed by base64".to_owned())
-    })
+    })?;
+    // An empty key makes an HMAC anyone can compute.
+    if key.is_empty() {
+        return Err(Error::Config(
+            "a Standard Webhooks secret is empty: whsec_ must be followed by the key's base64"
+                .to_owned(),
+        ));
+    }
+    Ok(key)
 }
 
 /// The `webhook-signature` value Standard Webhooks expects for this message: `v1,` and the

@@ -1,5 +1,9 @@
 //! The webhook receiver: verifies, stores and answers within one transaction, and leaves
 //! the delivery to the outbox relay.
+//!
+//! Each [`Source`] verifies with its [`Scheme`]. Standard Webhooks sources take `whsec_`
+//! secrets for `v1` (HMAC-SHA256) signatures and `whpk_` public keys for `v1a` (ed25519)
+//! ones, mixed in one list.
 
 mod signature;
 

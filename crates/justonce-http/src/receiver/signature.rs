@@ -1,10 +1,12 @@
-//! Webhook signature schemes. Every check compares in constant time over the raw bytes, and
-//! every failure is the same [`Rejected`]: the sender is not told which check failed.
+//! Webhook signature schemes. Every HMAC check compares in constant time over the raw bytes
+//! (an ed25519 check compares only public values), and every failure is the same
+//! [`Rejected`]: the sender is not told which check failed.
 
 use crate::standard_webhooks::{decode_secret, hmac_sha256};
 use axum::http::HeaderMap;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use ed25519_dalek::{PUBLIC_KEY_LENGTH, Signature, VerifyingKey};
 use hmac::Mac;
 use justonce_core::Error;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -18,11 +20,15 @@ pub struct Rejected;
 #[derive(Clone)]
 pub enum Scheme {
     /// [Standard Webhooks](https://www.standardwebhooks.com/): `webhook-id`,
-    /// `webhook-timestamp` and `webhook-signature: v1,<base64>` over `id.timestamp.body`;
-    /// secrets are `whsec_` and the base64 of the key.
+    /// `webhook-timestamp` and `webhook-signature` over `id.timestamp.body`. The signature
+    /// header holds space-separated entries, and one that verifies is enough: `v1,<base64>`
+    /// is an HMAC-SHA256 checked with the `whsec_` secrets, `v1a,<base64>` an ed25519
+    /// signature checked with the `whpk_` public keys.
     StandardWebhooks {
-        /// The decoded keys.
+        /// The decoded `whsec_` keys, for `v1` entries.
         keys: Vec<Vec<u8>>,
+        /// The decoded `whpk_` public keys, for `v1a` entries.
+        public_keys: Vec<VerifyingKey>,
         /// How far the signed timestamp may be from now, either way.
         tolerance: Duration,
     },
@@ -65,13 +71,36 @@ impl std::fmt::Debug for Scheme {
 }
 
 impl Scheme {
-    /// The Standard Webhooks scheme for secrets written `whsec_<base64>`.
+    /// The Standard Webhooks scheme for secrets written `whsec_<base64>` and public keys
+    /// written `whpk_<base64>`, in any mix. An unusable entry is an [`Error::Config`] that
+    /// names its position and the problem, never its value.
     pub fn standard_webhooks(secrets: &[String], tolerance: Duration) -> Result<Self, Error> {
-        let keys = secrets
-            .iter()
-            .map(|secret| decode_secret(secret))
-            .collect::<Result<_, _>>()?;
-        Ok(Scheme::StandardWebhooks { keys, tolerance })
+        let mut keys = Vec::new();
+        let mut public_keys = Vec::new();
+        for (n, secret) in secrets.iter().enumerate() {
+            let numbered = |error| match error {
+                Error::Config(problem) => {
+                    Error::Config(format!("secret {} of {}: {problem}", n + 1, secrets.len()))
+                }
+                other => other,
+            };
+            if let Some(encoded) = secret.strip_prefix("whpk_") {
+                public_keys.push(decode_public_key(encoded).map_err(numbered)?);
+            } else if secret.starts_with("whsk_") {
+                // The signer's secret key does not belong on the receiving side.
+                return Err(numbered(Error::Config(
+                    "a whsk_ key is the sender's secret: give its whpk_ public key instead"
+                        .to_owned(),
+                )));
+            } else {
+                keys.push(decode_secret(secret).map_err(numbered)?);
+            }
+        }
+        Ok(Scheme::StandardWebhooks {
+            keys,
+            public_keys,
+            tolerance,
+        })
     }
 
     /// Checks `body` and `headers` as received.
@@ -81,17 +110,38 @@ impl Scheme {
 
     fn verify_at(&self, headers: &HeaderMap, body: &[u8], now: SystemTime) -> Result<(), Rejected> {
         match self {
-            Scheme::StandardWebhooks { keys, tolerance } => {
+            Scheme::StandardWebhooks {
+                keys,
+                public_keys,
+                tolerance,
+            } => {
                 let id = header(headers, "webhook-id")?;
                 let timestamp = header(headers, "webhook-timestamp")?;
                 check_timestamp(timestamp, *tolerance, now)?;
                 let signed = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
-                let signatures: Vec<Vec<u8>> = header(headers, "webhook-signature")?
-                    .split(' ')
-                    .filter_map(|part| part.strip_prefix("v1,"))
-                    .filter_map(|encoded| STANDARD.decode(encoded).ok())
-                    .collect();
-                any_verifies(keys, &signed, &signatures)
+                let mut macs = Vec::new();
+                let mut signatures = Vec::new();
+                for entry in header(headers, "webhook-signature")?.split(' ') {
+                    // Entries that do not decode are skipped: another may still verify.
+                    match entry.split_once(',') {
+                        Some(("v1", encoded)) => macs.extend(STANDARD.decode(encoded).ok()),
+                        Some(("v1a", encoded)) => signatures.extend(
+                            STANDARD
+                                .decode(encoded)
+                                .ok()
+                                .and_then(|bytes| Signature::from_slice(&bytes).ok()),
+                        ),
+                        _ => {}
+                    }
+                }
+                // `|`, not `||`: both kinds are always checked, as is every pair within each.
+                let hmac = any_verifies(keys, &signed, &macs).is_ok();
+                let ed25519 = any_key_signed(public_keys, &signed, &signatures);
+                if hmac | ed25519 {
+                    Ok(())
+                } else {
+                    Err(Rejected)
+                }
             }
             Scheme::Stripe { secrets, tolerance } => {
                 let value = header(headers, "stripe-signature")?;
@@ -163,6 +213,45 @@ fn any_verifies(keys: &[Vec<u8>], parts: &[&[u8]], signatures: &[Vec<u8>]) -> Re
     if verified { Ok(()) } else { Err(Rejected) }
 }
 
+/// Whether any public key signed the concatenated `parts` with any of `signatures`. Every
+/// pair is tried, as in [`any_verifies`].
+fn any_key_signed(keys: &[VerifyingKey], parts: &[&[u8]], signatures: &[Signature]) -> bool {
+    if keys.is_empty() || signatures.is_empty() {
+        return false;
+    }
+    let message = parts.concat();
+    let mut verified = false;
+    for key in keys {
+        for signature in signatures {
+            // Strict: small-order points, where ed25519 verifiers disagree, are refused.
+            verified |= key.verify_strict(&message, signature).is_ok();
+        }
+    }
+    verified
+}
+
+/// The ed25519 public key written after `whpk_`.
+fn decode_public_key(encoded: &str) -> Result<VerifyingKey, Error> {
+    let problem = |what: &str| Error::Config(format!("a Standard Webhooks public key {what}"));
+    let bytes = STANDARD
+        .decode(encoded)
+        .map_err(|_| problem("must be whpk_ followed by base64"))?;
+    let bytes: [u8; PUBLIC_KEY_LENGTH] = bytes.as_slice().try_into().map_err(|_| {
+        problem(&format!(
+            "must hold {PUBLIC_KEY_LENGTH} bytes, not {}",
+            bytes.len()
+        ))
+    })?;
+    let key =
+        VerifyingKey::from_bytes(&bytes).map_err(|_| problem("is not an ed25519 curve point"))?;
+    // A small-order key verifies forgeries under a lax check and nothing under the strict
+    // one: refused here, not by rejecting every event.
+    if key.is_weak() {
+        return Err(problem("is a weak (small-order) ed25519 key"));
+    }
+    Ok(key)
+}
+
 /// Hex digits only, either case: `from_str_radix` alone also takes a sign, and would read
 /// `+5` as `05`, a second spelling of the same signature.
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
@@ -178,6 +267,7 @@ fn decode_hex(hex: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ed25519_dalek::{Signer, SigningKey};
 
     fn hmac_bytes(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
         hmac_sha256(key, parts).finalize().into_bytes().to_vec()
@@ -260,6 +350,218 @@ mod tests {
         garbled.insert("webhook-timestamp", HeaderValue::from_static("yesterday"));
         assert_eq!(scheme.verify_at(&garbled, body, at(NOW)), Err(Rejected));
         assert!(Scheme::standard_webhooks(&["whsec_!!".to_owned()], MINUTES_5).is_err());
+    }
+
+    /// A `v1a` key pair from a fixed seed: the tests need no random numbers.
+    fn key_pair(seed: u8) -> (SigningKey, String) {
+        let key = SigningKey::from_bytes(&[seed; 32]);
+        let public = format!("whpk_{}", STANDARD.encode(key.verifying_key().as_bytes()));
+        (key, public)
+    }
+
+    fn v1a(key: &SigningKey, id: &str, ts: u64, body: &[u8]) -> String {
+        let signature =
+            key.sign(&[id.as_bytes(), b".", ts.to_string().as_bytes(), b".", body].concat());
+        format!("v1a,{}", STANDARD.encode(signature.to_bytes()))
+    }
+
+    fn webhook(id: &str, ts: u64, signature: &str) -> HeaderMap {
+        headers(&[
+            ("webhook-id", id.to_owned()),
+            ("webhook-timestamp", ts.to_string()),
+            ("webhook-signature", signature.to_owned()),
+        ])
+    }
+
+    /// The signing test of the Standard Webhooks Go library, `TestAsymmetricWebhookSign` in
+    /// `libraries/go/webhook_asymmetric_test.go` of
+    /// github.com/standard-webhooks/standard-webhooks: its `whsk_` seed, its message and the
+    /// signature it expects.
+    #[test]
+    fn standard_webhooks_v1a_known_vector() {
+        let key = SigningKey::from_bytes(b"TESTSIGNINGKEYDONOTUSETHISFORANY");
+        let public = format!("whpk_{}", STANDARD.encode(key.verifying_key().as_bytes()));
+        let scheme = Scheme::standard_webhooks(&[public], MINUTES_5).unwrap();
+        let (id, ts, body) = (
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1_614_265_330,
+            br#"{"test": 2432232314}"#,
+        );
+        let expected = "v1a,tQ9V2XOqn7jL/DQenEFpqIugdBVtiMmER5mhSkXBNwM0mkATuDe6KYYUuxqtaiHeYGb7KaaBRdM5WqyeFiL8Ag==";
+        assert_eq!(v1a(&key, id, ts, body), expected);
+        assert_eq!(
+            scheme.verify_at(&webhook(id, ts, expected), body, at(ts)),
+            Ok(())
+        );
+        assert_eq!(
+            scheme.verify_at(&webhook(id, ts, expected), body, at(NOW)),
+            Err(Rejected)
+        );
+    }
+
+    #[test]
+    fn standard_webhooks_v1a() {
+        let (old, old_public) = key_pair(1);
+        let (new, new_public) = key_pair(2);
+        let (stranger, _) = key_pair(3);
+        let scheme = Scheme::standard_webhooks(&[old_public, new_public], MINUTES_5).unwrap();
+        let body = br#"{"type":"order.paid"}"#;
+        let check = |ts: u64, signature: &str, body: &[u8]| {
+            scheme.verify_at(&webhook("msg_1", ts, signature), body, at(NOW))
+        };
+        let signed = v1a(&new, "msg_1", NOW, body);
+        assert_eq!(check(NOW, &signed, body), Ok(()));
+        assert_eq!(check(NOW, &v1a(&old, "msg_1", NOW, body), body), Ok(()));
+        assert_eq!(
+            check(NOW, &v1a(&stranger, "msg_1", NOW, body), body),
+            Err(Rejected)
+        );
+        assert_eq!(
+            check(NOW, &signed, br#"{"type":"order.paiD"}"#),
+            Err(Rejected)
+        );
+        assert_eq!(
+            scheme.verify_at(&webhook("msg_2", NOW, &signed), body, at(NOW)),
+            Err(Rejected)
+        );
+        for ts in [NOW - 301, NOW + 301] {
+            assert_eq!(
+                check(ts, &v1a(&new, "msg_1", ts, body), body),
+                Err(Rejected),
+                "{ts}"
+            );
+        }
+        assert_eq!(
+            check(NOW - 300, &v1a(&new, "msg_1", NOW - 300, body), body),
+            Ok(())
+        );
+
+        // Any one byte of the signature changed, in any bit.
+        let bytes = STANDARD.decode(&signed["v1a,".len()..]).unwrap();
+        for at_byte in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut edited = bytes.clone();
+                edited[at_byte] ^= 1 << bit;
+                let edited = format!("v1a,{}", STANDARD.encode(&edited));
+                assert_eq!(
+                    check(NOW, &edited, body),
+                    Err(Rejected),
+                    "byte {at_byte} bit {bit}"
+                );
+            }
+        }
+
+        // Malformed entries are skipped, never a panic; one good entry beside them verifies.
+        let short = format!("v1a,{}", STANDARD.encode(&bytes[..63]));
+        let long = format!("v1a,{}", STANDARD.encode([bytes.as_slice(), &[0]].concat()));
+        let unpadded = signed.trim_end_matches('=');
+        let malformed = [
+            "v1a,",
+            "v1a",
+            "v1a,!!!!",
+            "v1a,bm9wZQ==",
+            &short,
+            &long,
+            unpadded,
+            &format!("{signed},"),
+            &signed.replacen("v1a", "V1A", 1),
+            &signed.replacen("v1a", "v1", 1),
+            &signed.replacen("v1a,", "v1a ", 1),
+        ];
+        for entry in malformed {
+            assert_eq!(check(NOW, entry, body), Err(Rejected), "{entry:?}");
+        }
+        assert_eq!(
+            check(NOW, &format!("{} {signed}", malformed.join(" ")), body),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn standard_webhooks_mixes_v1_and_v1a() {
+        let hmac_key = b"a secret key of some length";
+        let whsec = format!("whsec_{}", STANDARD.encode(hmac_key));
+        let (key, whpk) = key_pair(7);
+        let body = b"{}";
+        let v1 = |key: &[u8]| {
+            let mac = hmac_bytes(key, &[b"msg_1.", NOW.to_string().as_bytes(), b".", body]);
+            format!("v1,{}", STANDARD.encode(mac))
+        };
+        let (good_v1, bad_v1) = (v1(hmac_key), v1(b"wrong"));
+        let good_v1a = v1a(&key, "msg_1", NOW, body);
+        let bad_v1a = v1a(&key_pair(8).0, "msg_1", NOW, body);
+        let mixed = Scheme::standard_webhooks(&[whpk.clone(), whsec.clone()], MINUTES_5).unwrap();
+        let only_hmac = Scheme::standard_webhooks(&[whsec], MINUTES_5).unwrap();
+        let only_public = Scheme::standard_webhooks(&[whpk], MINUTES_5).unwrap();
+        let cases = [
+            (&mixed, format!("{bad_v1a} {good_v1}"), Ok(())),
+            (&mixed, format!("{good_v1a} {bad_v1}"), Ok(())),
+            (&mixed, format!("{bad_v1} {good_v1a} {good_v1}"), Ok(())),
+            (&mixed, format!("{bad_v1} {bad_v1a}"), Err(Rejected)),
+            (&only_hmac, good_v1a.clone(), Err(Rejected)),
+            (&only_hmac, format!("{good_v1a} {good_v1}"), Ok(())),
+            (&only_public, good_v1.clone(), Err(Rejected)),
+            (&only_public, format!("{good_v1} {good_v1a}"), Ok(())),
+        ];
+        for (n, (scheme, signature, expected)) in cases.into_iter().enumerate() {
+            let request = webhook("msg_1", NOW, &signature);
+            assert_eq!(
+                scheme.verify_at(&request, body, at(NOW)),
+                expected,
+                "case {n}"
+            );
+        }
+    }
+
+    #[test]
+    fn unusable_standard_webhooks_keys_are_refused_without_their_value() {
+        let (_, good) = key_pair(1);
+        let public = |bytes: &[u8]| format!("whpk_{}", STANDARD.encode(bytes));
+        // Half of all y coordinates have no point on the curve.
+        let off_curve = (2..=u8::MAX)
+            .map(|y| {
+                let mut bytes = [0; 32];
+                bytes[0] = y;
+                bytes
+            })
+            .find(|bytes| VerifyingKey::from_bytes(bytes).is_err())
+            .unwrap();
+        // y = 1: the identity, of order one.
+        let mut identity = [0; 32];
+        identity[0] = 1;
+        let cases = [
+            (
+                "whpk_not base64!".to_owned(),
+                "must be whpk_ followed by base64",
+            ),
+            (public(&[9; 31]), "must hold 32 bytes, not 31"),
+            (public(&[9; 33]), "must hold 32 bytes, not 33"),
+            (public(&off_curve), "is not an ed25519 curve point"),
+            (public(&identity), "is a weak (small-order) ed25519 key"),
+            (
+                format!("whsk_{}", STANDARD.encode([9; 32])),
+                "give its whpk_ public key",
+            ),
+            ("whsec_".to_owned(), "secret is empty"),
+            (String::new(), "secret is empty"),
+            (
+                "whsec_not base64!".to_owned(),
+                "must be whsec_ followed by base64",
+            ),
+        ];
+        for (bad, why) in cases {
+            let Err(Error::Config(message)) =
+                Scheme::standard_webhooks(&[good.clone(), bad.clone()], MINUTES_5)
+            else {
+                panic!("{bad:?} was accepted");
+            };
+            assert!(message.starts_with("secret 2 of 2: "), "{message}");
+            assert!(message.contains(why), "{why:?} not in {message:?}");
+            let value = bad.split_once('_').map_or("", |(_, value)| value);
+            assert!(value.is_empty() || !message.contains(value), "{message}");
+        }
+        let scheme = Scheme::standard_webhooks(&[good], MINUTES_5).unwrap();
+        assert_eq!(format!("{scheme:?}"), "StandardWebhooks");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use super::{on_every_database, respond};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use ed25519_dalek::{Signer, SigningKey};
 use justonce_http::HttpDestination;
 use justonce_http::receiver::{IdLocation, Scheme, Source, router, standard_webhooks_signature};
 use justonce_tests::{Sink, TestBackend, TestDb};
@@ -15,6 +16,7 @@ on_every_database!(
     rejected_requests_store_nothing,
     an_unreachable_database_answers_503,
     hostile_event_ids_get_400_problems_or_are_stored_once_as_given,
+    a_v1a_signed_event_is_stored_once_and_a_wrongly_signed_one_stores_nothing,
 );
 
 const KEY: &[u8] = b"the shop's signing key";
@@ -29,6 +31,38 @@ fn shop() -> Source {
         IdLocation::Header("webhook-id".parse().unwrap()),
     )
     .unwrap()
+}
+
+/// The seed of the key the `partner` source signs with: `v1a` (ed25519) only.
+const PARTNER_SEED: [u8; 32] = [7; 32];
+
+fn partner() -> Source {
+    let public = SigningKey::from_bytes(&PARTNER_SEED).verifying_key();
+    let whpk = format!("whpk_{}", base64_of(public.as_bytes()));
+    let scheme = Scheme::standard_webhooks(&[whpk], Duration::from_secs(300)).unwrap();
+    Source::new(
+        "partner",
+        scheme,
+        IdLocation::Header("webhook-id".parse().unwrap()),
+    )
+    .unwrap()
+}
+
+/// A request to the `partner` source signed `v1a` with the key of `seed`.
+fn v1a_signed(seed: &[u8; 32], id: &str, body: &str) -> Request<Body> {
+    let timestamp = now();
+    let signature =
+        SigningKey::from_bytes(seed).sign(format!("{id}.{timestamp}.{body}").as_bytes());
+    Request::post("/webhooks/partner")
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header(
+            "webhook-signature",
+            format!("v1a,{}", base64_of(&signature.to_bytes())),
+        )
+        .body(Body::from(body.to_owned()))
+        .unwrap()
 }
 
 fn stripe() -> Source {
@@ -329,5 +363,34 @@ async fn hostile_event_ids_get_400_problems_or_are_stored_once_as_given<DB: Test
         (stored, stored)
     );
     db.inbox.check().await.expect("the tables are intact");
+    db.cleanup().await;
+}
+
+async fn a_v1a_signed_event_is_stored_once_and_a_wrongly_signed_one_stores_nothing<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let app = router(&db.inbox, vec![shop(), partner()], LIMIT);
+    let body = r#"{"type":"order.paid","order":2}"#;
+    // Another ed25519 key, and the shop's HMAC key, which the partner source does not hold.
+    let mut hmac_signed = signed("evt_1", body);
+    *hmac_signed.uri_mut() = "/webhooks/partner".parse().unwrap();
+    for request in [v1a_signed(&[8; 32], "evt_1", body), hmac_signed] {
+        let (status, content_type, _) = answer(&app, request).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(content_type, "application/problem+json");
+    }
+    assert_eq!((db.rows("keys").await, db.rows("outbox").await), (0, 0));
+    for expected in ["accepted", "duplicate"] {
+        let (status, _, answer_body) = answer(&app, v1a_signed(&PARTNER_SEED, "evt_1", body)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            answer_body,
+            format!(r#"{{"key":"partner:evt_1","status":"{expected}"}}"#)
+        );
+    }
+    assert_eq!((db.rows("keys").await, db.rows("outbox").await), (1, 1));
     db.cleanup().await;
 }
