@@ -1196,6 +1196,38 @@ target = "http://127.0.0.1:9000/hooks/shop"
         assert!(error.contains("takes no secrets"), "{error}");
     }
 
+    /// Standard Webhooks secrets and public keys mix in one list; an unusable one is named
+    /// by its setting and position, never printed.
+    #[test]
+    fn standard_webhooks_takes_whsec_and_whpk_entries() {
+        let both = SHOP.replace(
+            "\"env:SHOP_SECRET\"",
+            "\"env:SHOP_SECRET\", \"env:SHOP_KEY\"",
+        );
+        // The public key of RFC 8032's first test vector.
+        let whpk = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=";
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0"), ("SHOP_KEY", whpk)]);
+        load_text(&both, &env).unwrap();
+        for (secret, key, expected) in [
+            (
+                "whsec_",
+                "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=",
+                "secret 1 of 2: a Standard Webhooks secret is empty",
+            ),
+            (
+                "whsec_c2VjcmV0",
+                "whpk_c2VjcmV0",
+                "secret 2 of 2: a Standard Webhooks public key must hold 32 bytes",
+            ),
+        ] {
+            let env = env_of(&[("SHOP_SECRET", secret), ("SHOP_KEY", key)]);
+            let error = error_of(&both, &env);
+            assert!(error.contains("sources.shop.secrets (line 8)"), "{error}");
+            assert!(error.contains(expected), "{expected:?} not in {error:?}");
+            assert!(!error.contains("c2VjcmV0"), "a secret was printed: {error}");
+        }
+    }
+
     const ORDERS: &str = r#"
 [consumers.orders]
 from = "env:ORDERS_BROKER"
