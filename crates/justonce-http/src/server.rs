@@ -1,24 +1,42 @@
 //! The Idempotency-Key layer for axum: the first request with a key runs the handler and
-//! its response is stored; a retry with the same key and body gets that response again,
-//! byte for byte, and the handler does not run.
+//! its response is stored; a retry of the same request with the same key gets that
+//! response again, byte for byte, and the handler does not run.
 //!
 //! It follows the IETF draft "The Idempotency-Key HTTP Header Field". A key is scoped by
 //! the principal the application names (tenant or user), the method and the route
 //! template, never by the key alone: tenant A's key never returns tenant B's response.
+//! Within that scope a key stands for one request: its fingerprint covers the method, the
+//! path as sent (path parameters included), the query string, the `Content-Type` and the
+//! body. The same key on `/orders/1/refunds` and then on `/orders/2/refunds` is therefore
+//! a key reuse, never a replay of the other order's refund. The path and query are
+//! checked rather than made part of the scope so that one route's keys stay under one
+//! consumer name, to inspect and purge.
 //!
 //! | request | answer |
 //! |---|---|
 //! | first with this key | the handler's; stored unless it is a 5xx |
-//! | same key and body, after the first completed | the stored response, with `Idempotent-Replayed: true` |
+//! | same key and request, after the first completed | the stored response, with `Idempotent-Replayed: true` |
 //! | same key while the first still runs | `409`, with `Retry-After` |
-//! | same key, another body | `422` |
+//! | same key, another path, query string, `Content-Type` or body | `422` |
 //! | no key, where one is required | `400` |
 //! | a key that is empty or blank, over 255 bytes, not visible ASCII or has control characters | `400` |
 //! | the store cannot be reached | `503`, with `Retry-After` |
 //!
 //! Rejections are `application/problem+json`. A 5xx releases the key, so that the retry
-//! runs the handler again. A handler that crashes or runs past its lease holds the key
-//! until the lease runs out; the next retry then runs it.
+//! runs the handler again. A keyed request's handler runs as a task of its own: a client
+//! that disconnects does not stop it, and its response is stored for the retry. A handler
+//! that crashes or runs past its lease holds the key until the lease runs out; the next
+//! retry then runs it.
+//!
+//! A replay carries the stored status and body, and only the response headers in
+//! [`IdempotencyLayer::DEFAULT_STORED_HEADERS`] (or those given to
+//! [`IdempotencyLayer::stored_headers`]): representation headers such as `Content-Type`,
+//! `Location` and `ETag`. Headers meant for one caller, such as `Set-Cookie`, are never
+//! stored, so a retry never receives another request's session.
+//!
+//! A layer says whose keys are whose before it is one: [`IdempotencyLayer::principal`]
+//! scopes keys by tenant or user, [`IdempotencyLayer::shared`] gives every caller one key
+//! space.
 //!
 //! ```no_run
 //! # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) {
@@ -45,10 +63,14 @@
 //! purges them like any other consumer's keys.
 
 use crate::answer::{problem, read_limited};
-use axum::body::Body;
-use axum::extract::{MatchedPath, Request};
+use axum::body::{Body, Bytes};
+use axum::extract::{MatchedPath, OriginalUri, Request};
 use axum::http::Extensions;
-use axum::http::header::{CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use axum::http::header::{
+    CACHE_CONTROL, CONNECTION, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_LENGTH,
+    CONTENT_LOCATION, CONTENT_TYPE, ETAG, EXPIRES, LAST_MODIFIED, LOCATION, RETRY_AFTER,
+    SET_COOKIE, TRAILER, TRANSFER_ENCODING, UPGRADE, VARY,
+};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::Response;
@@ -59,6 +81,7 @@ use justonce_sql::{Backend, Inbox, StoredKey, sqlx};
 use sha2::{Digest, Sha256};
 use std::convert::Infallible;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -71,14 +94,67 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// The header a replayed response carries.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// Headers never stored, whatever [`IdempotencyLayer::stored_headers`] names: those meant
+/// for one caller, and the framing of one connection, which the replay sets afresh.
+const NEVER_STORED: [HeaderName; 9] = [
+    SET_COOKIE,
+    HeaderName::from_static("authentication-info"),
+    HeaderName::from_static("proxy-authentication-info"),
+    CONTENT_LENGTH,
+    TRANSFER_ENCODING,
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    UPGRADE,
+    TRAILER,
+];
+
 type Principal = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
 /// A tower [`Layer`](tower_layer::Layer) that makes the routes it wraps idempotent by key.
 /// Apply it with axum's `route_layer`, so that it sees the route template.
+///
+/// [`IdempotencyLayer::new`] and [`IdempotencyLayer::transactional`] give an
+/// `IdempotencyLayer<Unscoped>`, which is not a layer yet: [`IdempotencyLayer::principal`]
+/// or [`IdempotencyLayer::shared`] makes it one, so that no route shares one key space
+/// between tenants by accident.
+///
+/// ```no_run
+/// # fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Sqlite>) {
+/// use axum::{Router, routing::post};
+/// use justonce_http::server::IdempotencyLayer;
+///
+/// let app: Router = Router::new()
+///     .route("/payments", post(|| async { "paid" }))
+///     .route_layer(IdempotencyLayer::new(inbox).shared());
+/// # }
+/// ```
+///
+/// Without either, it does not build:
+///
+/// ```compile_fail
+/// # fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Sqlite>) {
+/// use axum::{Router, routing::post};
+/// use justonce_http::server::IdempotencyLayer;
+///
+/// let app: Router = Router::new()
+///     .route("/payments", post(|| async { "paid" }))
+///     .route_layer(IdempotencyLayer::new(inbox));
+/// # }
+/// ```
 #[derive(Clone)]
-pub struct IdempotencyLayer {
+pub struct IdempotencyLayer<K = Scoped> {
     settings: Arc<Settings>,
+    key_space: PhantomData<K>,
 }
+
+/// The state of an [`IdempotencyLayer`] that does not say yet whose keys are whose.
+#[derive(Debug, Clone, Copy)]
+pub struct Unscoped;
+
+/// The state of an [`IdempotencyLayer`] that scopes keys by principal, or shares them on
+/// purpose: a layer.
+#[derive(Debug, Clone, Copy)]
+pub struct Scoped;
 
 #[derive(Clone)]
 struct Settings {
@@ -92,10 +168,11 @@ struct Settings {
     stored_headers: Vec<HeaderName>,
 }
 
-impl std::fmt::Debug for IdempotencyLayer {
+impl<K> std::fmt::Debug for IdempotencyLayer<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = &self.settings;
         f.debug_struct("IdempotencyLayer")
+            .field("principal", &s.principal.is_some())
             .field("methods", &s.methods)
             .field("required", &s.required)
             .field("lease_for", &s.lease_for)
@@ -106,17 +183,31 @@ impl std::fmt::Debug for IdempotencyLayer {
     }
 }
 
-impl IdempotencyLayer {
+impl IdempotencyLayer<Unscoped> {
     /// How long a request holds its key before a retry may run the handler again.
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
     /// The largest request body read, and the largest response body stored.
     pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
+    /// The response headers stored and replayed by default: those describing the stored
+    /// representation, the same for every caller.
+    pub const DEFAULT_STORED_HEADERS: [HeaderName; 10] = [
+        CONTENT_TYPE,
+        CONTENT_ENCODING,
+        CONTENT_LANGUAGE,
+        CONTENT_LOCATION,
+        LOCATION,
+        ETAG,
+        LAST_MODIFIED,
+        CACHE_CONTROL,
+        EXPIRES,
+        VARY,
+    ];
 
-    /// A layer keeping keys in `store`. By default it applies to POST and PATCH, requires a
+    /// A layer keeping keys in `store`, once given a [`principal`](Self::principal) or
+    /// made [`shared`](Self::shared). By default it applies to POST and PATCH, requires a
     /// key on them, holds a key for 60 s while the handler runs, reads request bodies of up
-    /// to 1 MiB, and stores response bodies of up to 1 MiB with their `Content-Type` and
-    /// `Location` headers. Without [`IdempotencyLayer::principal`], keys are scoped by
-    /// method and route only.
+    /// to 1 MiB, and stores response bodies of up to 1 MiB with the
+    /// [`DEFAULT_STORED_HEADERS`](Self::DEFAULT_STORED_HEADERS).
     pub fn new(store: impl Leases + 'static) -> Self {
         Self::with_store(Store::Leases(Arc::new(store)))
     }
@@ -141,8 +232,9 @@ impl IdempotencyLayer {
                 lease_for: Self::DEFAULT_LEASE,
                 body_limit: Self::DEFAULT_BODY_LIMIT,
                 stored_body_limit: Self::DEFAULT_BODY_LIMIT,
-                stored_headers: vec![CONTENT_TYPE, LOCATION],
+                stored_headers: Self::DEFAULT_STORED_HEADERS.to_vec(),
             }),
+            key_space: PhantomData,
         }
     }
 
@@ -152,11 +244,26 @@ impl IdempotencyLayer {
     pub fn principal(
         mut self,
         principal: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
+    ) -> IdempotencyLayer {
         self.settings_mut().principal = Some(Arc::new(principal));
-        self
+        self.scoped()
     }
 
+    /// One key space for every caller: the same key from two callers is one request. Only
+    /// for routes whose callers are one party, or whose keys cannot collide.
+    pub fn shared(self) -> IdempotencyLayer {
+        self.scoped()
+    }
+
+    fn scoped(self) -> IdempotencyLayer {
+        IdempotencyLayer {
+            settings: self.settings,
+            key_space: PhantomData,
+        }
+    }
+}
+
+impl<K> IdempotencyLayer<K> {
     /// The methods the layer applies to; others pass straight through.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.settings_mut().methods = methods.into_iter().collect();
@@ -190,12 +297,27 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The response headers stored and replayed besides the status and the body.
+    /// The response headers stored and replayed besides the status and the body, instead
+    /// of the [`DEFAULT_STORED_HEADERS`](IdempotencyLayer::DEFAULT_STORED_HEADERS).
+    /// `Set-Cookie`, `Authentication-Info` and `Proxy-Authentication-Info`, meant for one
+    /// caller, and the connection's framing headers are never stored, even when named.
     pub fn stored_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.settings_mut().stored_headers = headers.into_iter().collect();
+        let mut stored = Vec::new();
+        for name in headers {
+            if !NEVER_STORED.contains(&name) && !stored.contains(&name) {
+                stored.push(name);
+            }
+        }
+        self.settings_mut().stored_headers = stored;
         self
     }
 
+    fn settings_mut(&mut self) -> &mut Settings {
+        Arc::make_mut(&mut self.settings)
+    }
+}
+
+impl IdempotencyLayer {
     /// The consumer name under which keys of `method` on `route` are stored, for
     /// inspecting and purging them: `"POST /payments"`. A name longer than a consumer name
     /// may be uses a hash of the route instead.
@@ -211,10 +333,6 @@ impl IdempotencyLayer {
         Consumer::new(name).unwrap_or_else(|_| {
             Consumer::new(format!("{method} #invalid")).expect("a valid consumer name")
         })
-    }
-
-    fn settings_mut(&mut self) -> &mut Settings {
-        Arc::make_mut(&mut self.settings)
     }
 }
 
@@ -264,13 +382,14 @@ where
             consumer = tracing::field::Empty,
             key = tracing::field::Empty,
         );
-        Box::pin(async move { Ok(handle(&settings, inner, request).instrument(span).await) })
+        Box::pin(async move { Ok(handle(settings, inner, request).instrument(span).await) })
     }
 }
 
-async fn handle<S>(settings: &Settings, mut inner: S, request: Request) -> Response
+async fn handle<S>(settings: Arc<Settings>, mut inner: S, request: Request) -> Response
 where
-    S: tower_service::Service<Request, Response = Response, Error = Infallible>,
+    S: tower_service::Service<Request, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send,
 {
     if !settings.methods.contains(request.method()) {
         return run(&mut inner, request).await;
@@ -285,7 +404,7 @@ where
                     match store.begin(None, &mut parts.extensions).await {
                         Ok(Begun::Open(open)) => {
                             let response = run(&mut inner, Request::from_parts(parts, body)).await;
-                            commit(settings, open, None, response).await
+                            commit(&settings, open, None, response).await
                         }
                         Ok(Begun::Taken) => unreachable_without_a_key(),
                         Err(error) => store_unavailable(&error),
@@ -310,7 +429,7 @@ where
             return problem(StatusCode::BAD_REQUEST, "invalid Idempotency-Key", detail);
         }
     };
-    let scope = match principal(settings, &parts) {
+    let scope = match principal(&settings, &parts) {
         Ok(scope) => scope,
         Err(detail) => {
             count("invalid_principal");
@@ -327,7 +446,23 @@ where
     span.record("scope", identity.scope.as_str());
     span.record("consumer", identity.consumer.as_str());
     span.record("key", identity.key.as_str());
-    let fingerprint = Fingerprint::of(&body);
+    to_the_end(claim_and_run(settings, inner, parts, body, identity)).await
+}
+
+/// Claims the request's key, then runs the handler and stores its answer, or answers as
+/// the key's holder left it.
+async fn claim_and_run<S>(
+    settings: Arc<Settings>,
+    mut inner: S,
+    mut parts: Parts,
+    body: Bytes,
+    identity: Identity,
+) -> Response
+where
+    S: tower_service::Service<Request, Response = Response, Error = Infallible>,
+{
+    let described = describe(&parts, &body);
+    let fingerprint = Fingerprint::of(&described);
     let taken = match &settings.store {
         Store::Leases(store) => {
             match store
@@ -335,9 +470,9 @@ where
                 .await
             {
                 Ok(LeaseClaim::Acquired(lease)) => {
-                    let request = Request::from_parts(parts, Body::from(body));
-                    let response = run(&mut inner, request).await;
-                    return complete(settings, store.as_ref(), &lease, response).await;
+                    let response =
+                        run(&mut inner, Request::from_parts(parts, Body::from(body))).await;
+                    return complete(&settings, store.as_ref(), &lease, response).await;
                 }
                 Ok(taken) => taken,
                 Err(error) => return store_unavailable(&error),
@@ -345,13 +480,13 @@ where
         }
         Store::Transactional(store) => {
             match store
-                .begin(Some((&identity, &body)), &mut parts.extensions)
+                .begin(Some((&identity, &described)), &mut parts.extensions)
                 .await
             {
                 Ok(Begun::Open(open)) => {
-                    let request = Request::from_parts(parts, Body::from(body));
-                    let response = run(&mut inner, request).await;
-                    return commit(settings, open, Some(&identity), response).await;
+                    let response =
+                        run(&mut inner, Request::from_parts(parts, Body::from(body))).await;
+                    return commit(&settings, open, Some(&identity), response).await;
                 }
                 Ok(Begun::Taken) => match store.lookup(&identity).await {
                     Ok(stored) => as_taken(stored, fingerprint),
@@ -361,18 +496,18 @@ where
             }
         }
     };
-    answer_taken(&identity, taken)
+    answer_taken(&settings, &identity, taken)
 }
 
 /// The answer to a request whose key another request holds or completed.
-fn answer_taken(identity: &Identity, taken: LeaseClaim) -> Response {
+fn answer_taken(settings: &Settings, identity: &Identity, taken: LeaseClaim) -> Response {
     match taken {
         LeaseClaim::Done {
             result: Some(stored),
         } => match StoredResponse::decode(&stored) {
             Some(stored) => {
                 count("replayed");
-                stored.replay()
+                stored.replay(&settings.stored_headers)
             }
             None => {
                 tracing::error!(key = %identity.key, "a stored response could not be read");
@@ -408,7 +543,7 @@ fn answer_taken(identity: &Identity, taken: LeaseClaim) -> Response {
             problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "Idempotency-Key reused",
-                "this key was used for a request with another body",
+                "this key was used for another request: another path, query string, content type or body",
             )
         }
         LeaseClaim::Acquired(_) => unreachable_without_a_key(),
@@ -468,6 +603,59 @@ where
         Ok(response) => response,
         Err(never) => match never {},
     }
+}
+
+/// Runs a keyed request from its claim to its stored answer as a task of its own: a client
+/// that disconnects drops this future but not the task, so the work runs to the end and the
+/// retry finds its stored response, instead of a key held until its lease runs out.
+async fn to_the_end(work: impl Future<Output = Response> + Send + 'static) -> Response {
+    match tokio::spawn(work.in_current_span()).await {
+        Ok(response) => response,
+        // As if the handler had panicked inline: whatever catches panics around this layer
+        // sees it, and the key stays held until its lease runs out.
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => {
+            let mut response = problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting down",
+                "the server stopped while the request ran; retry later",
+            );
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
+    }
+}
+
+/// What a key's fingerprint covers: the method, the path as sent (before any nesting
+/// stripped a prefix) and the query string, the `Content-Type`, and the SHA-256 of the
+/// body. Each field is length-prefixed, so that no two requests read alike.
+fn describe(parts: &Parts, body: &[u8]) -> Vec<u8> {
+    let uri = parts
+        .extensions
+        .get::<OriginalUri>()
+        .map_or(&parts.uri, |original| &original.0);
+    let content_type: Vec<&[u8]> = parts
+        .headers
+        .get_all(CONTENT_TYPE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    let content_type = content_type.join(&b", "[..]);
+    let fields: [&[u8]; 4] = [
+        parts.method.as_str().as_bytes(),
+        uri.path().as_bytes(),
+        uri.query().unwrap_or_default().as_bytes(),
+        &content_type,
+    ];
+    let mut described = Vec::with_capacity(128);
+    for field in fields {
+        described.extend_from_slice(&(field.len() as u64).to_be_bytes());
+        described.extend_from_slice(field);
+    }
+    described.extend_from_slice(&Sha256::digest(body));
+    described
 }
 
 /// Reads the response's body when it fits the stored limit, and returns what to store
@@ -578,9 +766,10 @@ enum Store {
 
 /// A store that claims keys inside the transaction the handler writes in.
 trait Transactional: Send + Sync {
-    /// Begins a transaction and claims the key in it, if there is one. When the key is
-    /// this transaction's (or there is none), the transaction goes into `extensions` for
-    /// the handler's [`Tx`]; when it is taken, the transaction is rolled back.
+    /// Begins a transaction and claims the key in it, if there is one, with the request's
+    /// description as the payload it fingerprints. When the key is this transaction's (or
+    /// there is none), the transaction goes into `extensions` for the handler's [`Tx`];
+    /// when it is taken, the transaction is rolled back.
     fn begin<'a>(
         &'a self,
         key: Option<(&'a Identity, &'a [u8])>,
@@ -893,7 +1082,9 @@ impl StoredResponse {
         })
     }
 
-    fn replay(self) -> Response {
+    /// The stored response again, with those of its headers still in `allowed`: a row
+    /// stored under an older list replays no header the layer no longer stores.
+    fn replay(self, allowed: &[HeaderName]) -> Response {
         let mut response = Response::new(Body::from(self.body.unwrap_or_default()));
         *response.status_mut() = StatusCode::from_u16(self.status).unwrap_or(StatusCode::OK);
         let headers = response.headers_mut();
@@ -901,7 +1092,8 @@ impl StoredResponse {
             if let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(name.as_bytes()),
                 HeaderValue::from_bytes(&value),
-            ) {
+            ) && allowed.contains(&name)
+            {
                 headers.append(name, value);
             }
         }

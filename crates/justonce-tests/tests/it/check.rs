@@ -186,7 +186,11 @@ async fn a_try_answered_409_while_the_first_runs_is_sent_again<DB: TestBackend>(
                 StatusCode::CREATED
             }),
         )
-        .route_layer(IdempotencyLayer::new(db.inbox.clone()).lease_for(Duration::from_secs(2)));
+        .route_layer(
+            IdempotencyLayer::new(db.inbox.clone())
+                .shared()
+                .lease_for(Duration::from_secs(2)),
+        );
     let url = format!("{}/orders", serve(app).await);
 
     let effects = format!("SELECT msg_key FROM {}effects", db.prefix);

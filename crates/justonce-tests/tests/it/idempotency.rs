@@ -5,7 +5,9 @@ use super::{LeaseStore, on_every_database, on_every_lease_store, respond};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Path;
-use axum::http::{Request, StatusCode};
+use axum::http::header::{ETAG, SET_COOKIE};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, Request, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use justonce_http::server::{IdempotencyLayer, Tx};
@@ -14,6 +16,7 @@ use justonce_tests::{TestBackend, TestDb};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tower::ServiceExt;
 
 on_every_lease_store!(
     a_retry_gets_the_first_response_byte_for_byte,
@@ -22,7 +25,11 @@ on_every_lease_store!(
     keys_are_required_and_checked,
     a_5xx_is_not_stored_and_the_retry_runs,
     tenants_never_share_a_response,
-    the_route_template_scopes_the_key,
+    another_path_under_the_same_route_is_a_key_reuse,
+    another_query_string_or_content_type_is_a_key_reuse,
+    another_method_is_another_request,
+    a_client_that_disconnects_does_not_stop_the_handler,
+    set_cookie_is_never_replayed,
     a_handler_past_its_lease_lets_the_retry_run,
     fifty_concurrent_identical_requests_run_the_handler_once,
 );
@@ -33,6 +40,7 @@ on_every_database!(
     a_transactional_5xx_rolls_the_writes_back,
     a_transactional_retry_waits_for_the_first_and_replays_it,
     a_transactional_request_without_a_key_still_gets_a_transaction,
+    a_transactional_request_whose_client_disconnects_still_commits,
     hostile_keys_get_400_problems_or_are_used_as_given,
 );
 
@@ -66,7 +74,9 @@ impl Handler {
             [
                 ("content-type", "application/json"),
                 ("location", &format!("/payments/{call}")),
+                ("etag", &format!("\"{call}\"")),
                 ("x-not-stored", "per call"),
+                ("set-cookie", &format!("session=caller-{call}")),
             ],
             payment,
         )
@@ -74,18 +84,25 @@ impl Handler {
     }
 }
 
+/// The tenant a request names, as the principal that scopes its keys.
+fn tenant(request: &Parts) -> Option<String> {
+    Some(request.headers.get("x-tenant")?.to_str().ok()?.to_owned())
+}
+
 fn app(leases: Arc<dyn Leases>, handler: &Handler, lease_for: Duration) -> Router {
     let layer = IdempotencyLayer::new(leases)
         .lease_for(lease_for)
-        .principal(|request| {
-            let tenant = request.headers.get("x-tenant")?.to_str().ok()?;
-            Some(tenant.to_owned())
-        });
-    let (direct, nested) = (handler.clone(), handler.clone());
+        .principal(tenant);
+    app_with(layer, handler)
+}
+
+fn app_with(layer: IdempotencyLayer, handler: &Handler) -> Router {
+    let (direct, patched, nested) = (handler.clone(), handler.clone(), handler.clone());
     Router::new()
         .route(
             "/payments",
             post(move |body: Bytes| direct.clone().create(None, body))
+                .patch(move |body: Bytes| patched.clone().create(None, body))
                 .get(|| async { "a GET needs no key" }),
         )
         .route(
@@ -100,7 +117,19 @@ fn app(leases: Arc<dyn Leases>, handler: &Handler, lease_for: Duration) -> Route
 const LEASE: Duration = Duration::from_secs(60);
 
 fn request(uri: &str, tenant: &str, key: Option<&str>, body: &str) -> Request<Body> {
-    let mut builder = Request::post(uri)
+    request_with(Method::POST, uri, tenant, key, body)
+}
+
+fn request_with(
+    method: Method,
+    uri: &str,
+    tenant: &str,
+    key: Option<&str>,
+    body: &str,
+) -> Request<Body> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(uri)
         .header("content-type", "application/json")
         .header("x-tenant", tenant);
     if let Some(key) = key {
@@ -109,7 +138,7 @@ fn request(uri: &str, tenant: &str, key: Option<&str>, body: &str) -> Request<Bo
     builder.body(Body::from(body.to_owned())).unwrap()
 }
 
-fn assert_problem(answer: &(StatusCode, axum::http::HeaderMap, Bytes), status: StatusCode) {
+fn assert_problem(answer: &(StatusCode, HeaderMap, Bytes), status: StatusCode) {
     assert_eq!(answer.0, status, "{:?}", answer.2);
     assert_eq!(answer.1["content-type"], "application/problem+json");
     let body = String::from_utf8_lossy(&answer.2);
@@ -117,6 +146,12 @@ fn assert_problem(answer: &(StatusCode, axum::http::HeaderMap, Bytes), status: S
         body.contains(&format!("\"status\":{}", status.as_u16())),
         "{body}"
     );
+}
+
+/// `answer` is `first` replayed: its status and bytes, marked as a replay.
+fn assert_replay(answer: &(StatusCode, HeaderMap, Bytes), first: &(StatusCode, HeaderMap, Bytes)) {
+    assert_eq!((answer.0, &answer.2), (first.0, &first.2));
+    assert_eq!(answer.1["idempotent-replayed"], "true");
 }
 
 async fn a_retry_gets_the_first_response_byte_for_byte<S: LeaseStore>(test: &str) {
@@ -133,8 +168,10 @@ async fn a_retry_gets_the_first_response_byte_for_byte<S: LeaseStore>(test: &str
         assert_eq!(retry.2, first.2, "the same bytes");
         assert_eq!(retry.1["content-type"], "application/json");
         assert_eq!(retry.1["location"], "/payments/1");
+        assert_eq!(retry.1["etag"], "\"1\"");
         assert_eq!(retry.1["idempotent-replayed"], "true");
         assert!(!retry.1.contains_key("x-not-stored"));
+        assert!(!retry.1.contains_key("set-cookie"));
     }
     assert_eq!(handler.calls(), 1, "the handler ran once");
     let get = respond(&app, Request::get("/payments").body(Body::empty()).unwrap()).await;
@@ -247,6 +284,7 @@ async fn tenants_never_share_a_response<S: LeaseStore>(test: &str) {
     let a = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     let b = respond(&app, request("/payments", "b", Some("k1"), "{}")).await;
     assert_eq!((a.0, b.0), (StatusCode::CREATED, StatusCode::CREATED));
+    assert!(!b.1.contains_key("idempotent-replayed"));
     assert_ne!(a.2, b.2, "tenant B got its own payment");
     assert_eq!(handler.calls(), 2);
     let a_again = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
@@ -259,20 +297,162 @@ async fn tenants_never_share_a_response<S: LeaseStore>(test: &str) {
     store.close().await;
 }
 
-async fn the_route_template_scopes_the_key<S: LeaseStore>(test: &str) {
+async fn another_path_under_the_same_route_is_a_key_reuse<S: LeaseStore>(test: &str) {
     let store = S::open(test).await;
     let handler = Handler::default();
     let app = app(store.leases(), &handler, LEASE);
     let first = respond(&app, request("/orders/1/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(first.0, StatusCode::CREATED);
-    // The same template with another order is the same route: the key is already used.
-    let same_template = respond(&app, request("/orders/2/payments", "a", Some("k1"), "{}")).await;
-    assert_eq!(same_template.2, first.2);
-    assert_eq!(same_template.1["idempotent-replayed"], "true");
+    // The same template for another order: the key stands for order 1's payment.
+    let other_order = respond(&app, request("/orders/2/payments", "a", Some("k1"), "{}")).await;
+    assert_problem(&other_order, StatusCode::UNPROCESSABLE_ENTITY);
+    let retry = respond(&app, request("/orders/1/payments", "a", Some("k1"), "{}")).await;
+    assert_replay(&retry, &first);
     // Another route is another scope.
     let other_route = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(other_route.0, StatusCode::CREATED);
     assert!(!other_route.1.contains_key("idempotent-replayed"));
+    assert_eq!(handler.calls(), 2);
+
+    // Nesting strips the prefix before the layer sees the path; its parameter still counts.
+    let nested = Router::new().nest("/shops/{shop}", app.clone());
+    let shop_1 = respond(&nested, request("/shops/1/payments", "a", Some("k2"), "{}")).await;
+    assert_eq!(shop_1.0, StatusCode::CREATED);
+    let shop_2 = respond(&nested, request("/shops/2/payments", "a", Some("k2"), "{}")).await;
+    assert_problem(&shop_2, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(handler.calls(), 3);
+    store.close().await;
+}
+
+async fn another_query_string_or_content_type_is_a_key_reuse<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let handler = Handler::default();
+    let app = app(store.leases(), &handler, LEASE);
+    let first = respond(
+        &app,
+        request("/payments?currency=EUR", "a", Some("k1"), "{}"),
+    )
+    .await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    for uri in ["/payments?currency=SEK", "/payments"] {
+        let other = respond(&app, request(uri, "a", Some("k1"), "{}")).await;
+        assert_problem(&other, StatusCode::UNPROCESSABLE_ENTITY);
+    }
+    let mut as_text = request("/payments?currency=EUR", "a", Some("k1"), "{}");
+    as_text
+        .headers_mut()
+        .insert("content-type", "text/plain".parse().unwrap());
+    assert_problem(
+        &respond(&app, as_text).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+    );
+    let retry = respond(
+        &app,
+        request("/payments?currency=EUR", "a", Some("k1"), "{}"),
+    )
+    .await;
+    assert_replay(&retry, &first);
+    assert_eq!(handler.calls(), 1);
+    store.close().await;
+}
+
+async fn another_method_is_another_request<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let handler = Handler::default();
+    let app = app(store.leases(), &handler, LEASE);
+    let send = |method: Method| request_with(method, "/payments", "a", Some("k1"), "{}");
+    let post = respond(&app, send(Method::POST)).await;
+    let patch = respond(&app, send(Method::PATCH)).await;
+    assert_eq!(
+        (post.0, patch.0),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(
+        !patch.1.contains_key("idempotent-replayed"),
+        "not the POST's"
+    );
+    assert_ne!(patch.2, post.2);
+    assert_eq!(handler.calls(), 2);
+    for (method, first) in [(Method::POST, &post), (Method::PATCH, &patch)] {
+        let retry = respond(&app, send(method)).await;
+        assert_replay(&retry, first);
+    }
+    assert_eq!(handler.calls(), 2);
+    store.close().await;
+}
+
+/// Sends `request` until it is no longer answered 409 (its first request still running),
+/// for at most ten seconds.
+async fn once_not_running(
+    app: &Router,
+    request: impl Fn() -> Request<Body>,
+) -> (StatusCode, HeaderMap, Bytes) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = respond(app, request()).await;
+        if answer.0 != StatusCode::CONFLICT || tokio::time::Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sends `request` and leaves 100 ms after the handler has started, as a client that
+/// disconnects: the response future is dropped.
+async fn disconnect_after_100_ms(app: &Router, handler: &Handler, request: Request<Body>) {
+    let mut answer = Box::pin(app.clone().oneshot(request));
+    let started_and_100_ms = async {
+        while handler.calls() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::select! {
+        answered = &mut answer => panic!("answered before the client left: {answered:?}"),
+        () = started_and_100_ms => drop(answer),
+    }
+}
+
+/// The bytes the handler answers on its first call for `{}` on `/payments`.
+const FIRST_PAYMENT: &str = r#"{"payment":1,"order":None,"bytes":2}"#;
+
+async fn a_client_that_disconnects_does_not_stop_the_handler<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let handler = Handler {
+        delay: Duration::from_secs(1),
+        ..Handler::default()
+    };
+    let app = app(store.leases(), &handler, LEASE);
+    let send = || request("/payments", "a", Some("k1"), "{}");
+    disconnect_after_100_ms(&app, &handler, send()).await;
+    let retry = once_not_running(&app, send).await;
+    assert_eq!(retry.0, StatusCode::CREATED, "{:?}", retry.2);
+    assert_eq!(retry.1["idempotent-replayed"], "true");
+    assert_eq!(retry.2, FIRST_PAYMENT, "the handler's own bytes");
+    assert_eq!(handler.calls(), 1, "the handler ran once");
+    store.close().await;
+}
+
+async fn set_cookie_is_never_replayed<S: LeaseStore>(test: &str) {
+    let store = S::open(test).await;
+    let handler = Handler::default();
+    let by_default = app(store.leases(), &handler, LEASE);
+    // A layer told to store `Set-Cookie` still does not.
+    let asked = IdempotencyLayer::new(store.leases())
+        .principal(tenant)
+        .stored_headers([SET_COOKIE, ETAG]);
+    let asked = app_with(asked, &handler);
+    for (app, key) in [(&by_default, "k1"), (&asked, "k2")] {
+        let first = respond(app, request("/payments", "a", Some(key), "{}")).await;
+        assert!(
+            first.1.contains_key("set-cookie"),
+            "the caller gets its own"
+        );
+        let retry = respond(app, request("/payments", "a", Some(key), "{}")).await;
+        assert_eq!(retry.1["idempotent-replayed"], "true");
+        assert_eq!(retry.1["etag"], first.1["etag"]);
+        assert!(!retry.1.contains_key("set-cookie"), "{:?}", retry.1);
+    }
     assert_eq!(handler.calls(), 2);
     store.close().await;
 }
@@ -344,7 +524,7 @@ fn transactional_app<DB: TestBackend>(
             handler.create(None, body).await
         }
     };
-    let layer = layer(IdempotencyLayer::transactional(db.inbox.clone()));
+    let layer = layer(IdempotencyLayer::transactional(db.inbox.clone()).shared());
     Router::new()
         .route("/payments", post(pay))
         .route_layer(layer)
@@ -359,8 +539,10 @@ async fn transactional_writes_commit_with_the_key_and_the_response<DB: TestBacke
     let retry = respond(&app, request("/payments", "a", Some("k1"), "{}")).await;
     assert_eq!(retry.2, first.2);
     assert_eq!(retry.1["idempotent-replayed"], "true");
-    let reused = respond(&app, request("/payments", "a", Some("k1"), "{\"other\":1}")).await;
-    assert_problem(&reused, StatusCode::UNPROCESSABLE_ENTITY);
+    for (uri, body) in [("/payments", "{\"other\":1}"), ("/payments?other=1", "{}")] {
+        let reused = respond(&app, request(uri, "a", Some("k1"), body)).await;
+        assert_problem(&reused, StatusCode::UNPROCESSABLE_ENTITY);
+    }
     assert_eq!(handler.calls(), 1);
     assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 1));
     db.cleanup().await;
@@ -421,6 +603,26 @@ async fn a_transactional_request_without_a_key_still_gets_a_transaction<DB: Test
     let keyless = respond(&app, request("/payments", "a", None, "{}")).await;
     assert_eq!(keyless.0, StatusCode::CREATED);
     assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 0));
+    db.cleanup().await;
+}
+
+async fn a_transactional_request_whose_client_disconnects_still_commits<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let handler = Handler {
+        delay: Duration::from_secs(1),
+        ..Handler::default()
+    };
+    let app = transactional_app(&db, &handler, |layer| layer);
+    let send = || request("/payments", "a", Some("k1"), "{}");
+    disconnect_after_100_ms(&app, &handler, send()).await;
+    let retry = once_not_running(&app, send).await;
+    assert_eq!(retry.0, StatusCode::CREATED, "{:?}", retry.2);
+    assert_eq!(retry.1["idempotent-replayed"], "true");
+    assert_eq!(retry.2, FIRST_PAYMENT, "the handler's own bytes");
+    assert_eq!(handler.calls(), 1, "the handler ran once");
+    assert_eq!((db.rows("effects").await, db.rows("keys").await), (1, 1));
     db.cleanup().await;
 }
 

@@ -118,7 +118,7 @@ async fn runs_leases_and_requests_are_spans_with_scope_consumer_and_key<DB: Test
 
     let app = Router::new()
         .route("/payments", post(|| async { StatusCode::CREATED }))
-        .route_layer(IdempotencyLayer::new(db.inbox.clone()));
+        .route_layer(IdempotencyLayer::new(db.inbox.clone()).shared());
     let request = Request::post("/payments")
         .header("idempotency-key", "pay-1")
         .body(Body::from("{}"))
