@@ -111,7 +111,10 @@ impl Database {
 }
 
 async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()> {
-    let options = Options::default().retention(settings.store_retention()?);
+    let options = Options::default()
+        .retention(settings.store_retention()?)
+        .pool_size(settings.pool_size)
+        .acquire_timeout(settings.acquire_timeout);
     let inbox = Inbox::<DB>::connect_with(&settings.database, Consumer::new("justonce")?, options)
         .await
         .context("opening the database")?;

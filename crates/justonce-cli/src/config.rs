@@ -29,8 +29,39 @@ pub struct Settings {
     pub relay_lease: Duration,
     /// How often the service purges what is past its retention; `None`: never.
     pub purge_every: Option<Duration>,
+    /// What each listener holds: timeouts and caps.
+    pub limits: Limits,
+    /// The most database connections the service opens.
+    pub pool_size: u32,
+    /// How long work waits for a database connection before it is refused.
+    pub acquire_timeout: Duration,
     pub sources: Vec<SourceSettings>,
     pub consumers: Vec<ConsumerSettings>,
+}
+
+/// What a listener holds before it closes or refuses a connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How long a connection may take to send a request's headers, counted from when it
+    /// opened or its last answer was sent: it also closes idle keep-alive connections.
+    pub header_timeout: Duration,
+    /// How long one request may take, body included, before it is answered 408.
+    pub request_timeout: Duration,
+    /// Connections open at once; one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// Requests in flight at once; one more is answered 503.
+    pub max_requests: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            max_connections: 4_096,
+            max_requests: 1_024,
+        }
+    }
 }
 
 /// One webhook sender and where its events go, built and checked.
@@ -108,6 +139,7 @@ struct RawConsumer {
     retry_horizon: Option<String>,
     retention: Option<String>,
     target: String,
+    timeout: Option<String>,
     deliver_for: Option<String>,
     target_secret: Option<String>,
     max_attempts: Option<u32>,
@@ -123,6 +155,43 @@ struct RawServer {
     body_limit: Option<String>,
     relay_lease: Option<String>,
     purge_every: Option<String>,
+    header_timeout: Option<String>,
+    request_timeout: Option<String>,
+    max_connections: Option<Count>,
+    max_requests: Option<Count>,
+    pool_size: Option<Count>,
+    acquire_timeout: Option<String>,
+}
+
+/// A whole number written as a TOML integer or, from a variable, as text.
+struct Count(u64);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a whole number")
+            }
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<Count, E> {
+                Ok(Count(value))
+            }
+            fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<Count, E> {
+                u64::try_from(value)
+                    .map(Count)
+                    .map_err(|_| E::custom("must not be negative"))
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<Count, E> {
+                value
+                    .trim()
+                    .parse()
+                    .map(Count)
+                    .map_err(|_| E::custom(format!("{value:?} is not a whole number")))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 #[derive(Deserialize)]
@@ -135,6 +204,7 @@ struct RawSource {
     retry_horizon: Option<String>,
     retention: Option<String>,
     target: String,
+    timeout: Option<String>,
     deliver_for: Option<String>,
     target_secret: Option<String>,
     id: Option<String>,
@@ -142,7 +212,7 @@ struct RawSource {
 }
 
 /// The consumer keys that `JUSTONCE_CONSUMERS_<NAME>_<KEY>` overrides: the text ones.
-const CONSUMER_KEYS: [&str; 14] = [
+const CONSUMER_KEYS: [&str; 15] = [
     "from",
     "queue",
     "stream",
@@ -155,24 +225,32 @@ const CONSUMER_KEYS: [&str; 14] = [
     "retry_horizon",
     "retention",
     "target",
+    "timeout",
     "deliver_for",
     "target_secret",
 ];
-const SERVER_KEYS: [&str; 6] = [
+const SERVER_KEYS: [&str; 12] = [
     "listen",
     "admin_listen",
     "database",
     "body_limit",
     "relay_lease",
     "purge_every",
+    "header_timeout",
+    "request_timeout",
+    "max_connections",
+    "max_requests",
+    "pool_size",
+    "acquire_timeout",
 ];
-const SOURCE_KEYS: [&str; 10] = [
+const SOURCE_KEYS: [&str; 11] = [
     "scheme",
     "secrets",
     "tolerance",
     "retry_horizon",
     "retention",
     "target",
+    "timeout",
     "deliver_for",
     "target_secret",
     "id",
@@ -418,19 +496,72 @@ fn validate(
             Some(every)
         }
     };
+    let positive = |value: Option<&str>, default: Duration, key: &str| -> Result<Duration> {
+        let Some(value) = value else {
+            return Ok(default);
+        };
+        let duration = parse_duration(value).with_context(|| origin.name(&["server", key]))?;
+        if duration.is_zero() {
+            bail!("{}: must be more than zero", origin.name(&["server", key]));
+        }
+        Ok(duration)
+    };
+    let count = |value: Option<Count>, default: usize, range: (u64, u64), key: &str| {
+        let value = value.map_or(default as u64, |count| count.0);
+        if value < range.0 || value > range.1 {
+            bail!(
+                "{}: must be from {} to {}",
+                origin.name(&["server", key]),
+                range.0,
+                range.1
+            );
+        }
+        Ok(value)
+    };
+    let default = Limits::default();
+    let limits = Limits {
+        header_timeout: positive(
+            server.header_timeout.as_deref(),
+            default.header_timeout,
+            "header_timeout",
+        )?,
+        request_timeout: positive(
+            server.request_timeout.as_deref(),
+            default.request_timeout,
+            "request_timeout",
+        )?,
+        max_connections: count(
+            server.max_connections,
+            default.max_connections,
+            (1, 1_000_000),
+            "max_connections",
+        )? as usize,
+        max_requests: count(
+            server.max_requests,
+            default.max_requests,
+            (1, 1_000_000),
+            "max_requests",
+        )? as usize,
+    };
+    let pool_size = count(server.pool_size, 10, (1, 10_000), "pool_size")? as u32;
+    let acquire_timeout = positive(
+        server.acquire_timeout.as_deref(),
+        Duration::from_secs(2),
+        "acquire_timeout",
+    )?;
     // A delivery still running when its lease ends may be sent again by another relay,
-    // with the same key: none starts after half the lease, and each gives up after the
-    // other half (30 s at most), so that the two rarely overlap.
-    let timeout = (relay_lease / 2).min(HttpDestination::DEFAULT_TIMEOUT);
+    // with the same key: none starts after half the lease, and each gives up within the
+    // other half, so that the two rarely overlap.
+    let longest_timeout = relay_lease / 2;
     let sources = raw
         .sources
         .into_iter()
-        .map(|(name, source)| validate_source(&name, source, timeout, env, origin))
+        .map(|(name, source)| validate_source(&name, source, longest_timeout, env, origin))
         .collect::<Result<Vec<_>>>()?;
     let consumers = raw
         .consumers
         .into_iter()
-        .map(|(name, consumer)| validate_consumer(&name, consumer, timeout, env, origin))
+        .map(|(name, consumer)| validate_consumer(&name, consumer, longest_timeout, env, origin))
         .collect::<Result<Vec<_>>>()?;
     // Sources and consumers share the store's consumer names and the relay's destinations.
     if let Some(both) = consumers
@@ -450,10 +581,19 @@ fn validate(
         body_limit,
         relay_lease,
         purge_every,
+        limits,
+        pool_size,
+        acquire_timeout,
         sources,
         consumers,
     })
 }
+
+/// How long a delivery waits for its target's answer unless the target says otherwise.
+const DEFAULT_TARGET_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The shortest signing secret a source takes.
+const MIN_SECRET_BYTES: usize = 16;
 
 /// The shortest `server.relay_lease`.
 const MIN_RELAY_LEASE: Duration = Duration::from_secs(2);
@@ -461,7 +601,7 @@ const MIN_RELAY_LEASE: Duration = Duration::from_secs(2);
 fn validate_consumer(
     name: &str,
     raw: RawConsumer,
-    timeout: Duration,
+    longest_timeout: Duration,
     env: &dyn Fn(&str) -> Option<String>,
     origin: &Origin<'_>,
 ) -> Result<ConsumerSettings> {
@@ -592,23 +732,52 @@ fn validate_consumer(
         from,
         options,
         retention,
-        destination: destination(&raw.target, raw.target_secret.as_deref(), timeout, env, &at)?,
+        destination: destination(
+            &Target {
+                url: &raw.target,
+                secret: raw.target_secret.as_deref(),
+                timeout: raw.timeout.as_deref(),
+                longest_timeout,
+            },
+            env,
+            &at,
+        )?,
         deliver_for,
     })
 }
 
+/// The target settings of a source or consumer, as written.
+struct Target<'a> {
+    url: &'a str,
+    secret: Option<&'a str>,
+    timeout: Option<&'a str>,
+    /// Half the relay's lease: a delivery must end within it.
+    longest_timeout: Duration,
+}
+
 /// The HTTP target of a source or consumer, signed when it has a secret, giving up on a
-/// delivery after `timeout`. `at` names a key of the source or consumer.
+/// delivery after its `timeout` (10 s by default, or half the lease if shorter, so that a
+/// target that never answers holds a delivery slot briefly). `at` names a key of the
+/// source or consumer.
 fn destination(
-    target: &str,
-    secret: Option<&str>,
-    timeout: Duration,
+    target: &Target<'_>,
     env: &dyn Fn(&str) -> Option<String>,
     at: &dyn Fn(&str) -> String,
 ) -> Result<HttpDestination> {
-    let mut destination = HttpDestination::with_timeout(target, timeout)
+    let timeout = match target.timeout {
+        Some(timeout) => parse_duration(timeout).with_context(|| at("timeout"))?,
+        None => DEFAULT_TARGET_TIMEOUT.min(target.longest_timeout),
+    };
+    if timeout.is_zero() || timeout > target.longest_timeout {
+        bail!(
+            "{}: must be more than zero and at most half of server.relay_lease ({} ms)",
+            at("timeout"),
+            target.longest_timeout.as_millis()
+        );
+    }
+    let mut destination = HttpDestination::with_timeout(target.url, timeout)
         .with_context(|| format!("{}: must be an http:// or https:// URL", at("target")))?;
-    if let Some(reference) = secret {
+    if let Some(reference) = target.secret {
         destination = resolve_secret(reference, env)
             .and_then(|secret| Ok(destination.signed_with(&secret)?))
             .with_context(|| at("target_secret"))?;
@@ -619,7 +788,7 @@ fn destination(
 fn validate_source(
     name: &str,
     raw: RawSource,
-    timeout: Duration,
+    longest_timeout: Duration,
     env: &dyn Fn(&str) -> Option<String>,
     origin: &Origin<'_>,
 ) -> Result<SourceSettings> {
@@ -644,6 +813,16 @@ fn validate_source(
     let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
     let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
     let retention = Retention::new(keep, retry_horizon).with_context(|| at("retention"))?;
+    // A signed event sent again after its key was purged, still within the tolerance,
+    // would be taken as new and act twice.
+    if signs_a_timestamp && tolerance >= retention.keep() {
+        bail!(
+            "{}: must be shorter than retention ({}), or an event replayed after its key \
+             was purged would act twice",
+            at("tolerance"),
+            raw.retention.as_deref().unwrap_or("7d")
+        );
+    }
     let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
     let secrets = raw
         .secrets
@@ -658,7 +837,18 @@ fn validate_source(
             "{}: scheme {scheme} needs at least one secret",
             at("secrets")
         ),
-        _ => {}
+        // A Standard Webhooks secret is checked once decoded, by its scheme.
+        ("standard-webhooks", false) => {}
+        _ => {
+            if let Some(short) = secrets.iter().position(|s| s.len() < MIN_SECRET_BYTES) {
+                bail!(
+                    "{}: secret {} of the list is shorter than {MIN_SECRET_BYTES} bytes: \
+                     a short secret can be guessed from one signed request",
+                    at("secrets"),
+                    short + 1
+                );
+            }
+        }
     }
     let as_bytes = || {
         secrets
@@ -727,7 +917,16 @@ fn validate_source(
         name: name.to_owned(),
         source: Source::new(name, scheme, id).with_context(|| origin.name(&["sources", name]))?,
         retention,
-        destination: destination(&raw.target, raw.target_secret.as_deref(), timeout, env, &at)?,
+        destination: destination(
+            &Target {
+                url: &raw.target,
+                secret: raw.target_secret.as_deref(),
+                timeout: raw.timeout.as_deref(),
+                longest_timeout,
+            },
+            env,
+            &at,
+        )?,
         deliver_for,
     })
 }
@@ -755,16 +954,26 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
     let number: u64 = number
         .parse()
         .map_err(|_| anyhow!("{text:?} is not a duration such as 5m or 3d"))?;
-    let seconds = match unit {
-        "ms" => return Ok(Duration::from_millis(number)),
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
         _ => bail!("{text:?} has an unknown unit: use ms, s, m, h or d"),
     };
-    Ok(Duration::from_secs(number.saturating_mul(seconds)))
+    // Durations are added to clocks and stored as milliseconds: a century is plenty, and
+    // far from where either overflows.
+    match number.checked_mul(millis_per_unit) {
+        Some(millis) if millis <= MAX_DURATION.as_millis() as u64 => {
+            Ok(Duration::from_millis(millis))
+        }
+        _ => bail!("{text:?} is too long: at most 36500d"),
+    }
 }
+
+/// The longest duration any setting takes.
+const MAX_DURATION: Duration = Duration::from_secs(36_500 * 86_400);
 
 /// `1048576`, `512KiB`, `1MiB`, `2MB`.
 pub fn parse_size(text: &str) -> Result<usize> {
@@ -865,7 +1074,7 @@ target = "http://127.0.0.1:9000/hooks/shop"
     #[test]
     fn the_example_configuration_loads() {
         let env = env_of(&[
-            ("DEMO_WEBHOOK_SECRET", "demo secret"),
+            ("DEMO_WEBHOOK_SECRET", "the demo signing secret"),
             ("SHOP_WEBHOOK_SECRET", "whsec_c2VjcmV0"),
         ]);
         let example = include_str!("../../../examples/justonce.toml");
@@ -913,8 +1122,9 @@ target = "http://127.0.0.1:9000/hooks/shop"
 
     #[test]
     fn every_mistake_names_the_file_the_key_and_what_was_expected() {
+        // Long enough as a raw secret too, for the cases that change the scheme.
         let env = env_of(&[
-            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("SHOP_SECRET", "whsec_c2VjcmV0c2VjcmV0"),
             ("ORDERS_BROKER", "amqp://guest:hunter2@127.0.0.1:5672/%2f"),
         ]);
         let both = shop_and_orders();
@@ -1140,6 +1350,87 @@ target = "http://127.0.0.1:9000/hooks/shop"
         }
     }
 
+    /// Values that would let an event act twice, or that no clock can schedule, are refused
+    /// at start with the setting named.
+    #[test]
+    fn unsafe_values_are_refused_naming_the_setting() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("DEMO_SECRET", "hunter2"),
+        ]);
+        let demo = "\n[sources.demo]\nscheme = \"hmac-sha256\"\nsecrets = [\"env:DEMO_SECRET\"]\n\
+                    id = \"json:/id\"\ntarget = \"http://127.0.0.1:9000/demo\"\n";
+        let edit = |from: &str, to: &str| {
+            assert!(SHOP.contains(from), "{from:?}");
+            SHOP.replacen(from, to, 1)
+        };
+        let cases = [
+            (
+                format!("{SHOP}{demo}"),
+                "sources.demo.secrets",
+                "shorter than 16 bytes",
+            ),
+            (
+                edit(
+                    "scheme = \"standard-webhooks\"",
+                    "scheme = \"standard-webhooks\"\ntolerance = \"10m\"\nretry_horizon = \"1m\"\nretention = \"5m\"",
+                ),
+                "sources.shop.tolerance (line 8)",
+                "must be shorter than retention (5m)",
+            ),
+            (
+                edit("body_limit", "purge_every = \"1000000000d\"\nbody_limit"),
+                "server.purge_every (line 4)",
+                "too long: at most 36500d",
+            ),
+            (
+                edit("target =", "timeout = \"31s\"\ntarget ="),
+                "sources.shop.timeout (line 9)",
+                "at most half of server.relay_lease",
+            ),
+            (
+                edit("body_limit", "max_connections = 0\nbody_limit"),
+                "server.max_connections (line 4)",
+                "must be from 1 to 1000000",
+            ),
+            (
+                edit("body_limit", "header_timeout = \"0s\"\nbody_limit"),
+                "server.header_timeout (line 4)",
+                "must be more than zero",
+            ),
+        ];
+        for (text, key, expected) in cases {
+            assert_named(&text, &env, key, expected);
+        }
+    }
+
+    #[test]
+    fn listener_limits_and_the_pool_come_from_the_file_or_variables() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_MAX_CONNECTIONS", "300"),
+            ("JUSTONCE_SERVER_ACQUIRE_TIMEOUT", "500ms"),
+            ("JUSTONCE_SOURCES_SHOP_TIMEOUT", "3s"),
+        ]);
+        let text = SHOP.replace("body_limit", "max_requests = 20\nbody_limit");
+        let settings = load_text(&text, &env).unwrap();
+        assert_eq!(settings.limits.max_connections, 300);
+        assert_eq!(settings.limits.max_requests, 20);
+        assert_eq!(settings.limits.header_timeout, Duration::from_secs(10));
+        assert_eq!(settings.acquire_timeout, Duration::from_millis(500));
+        assert_eq!(settings.pool_size, 10);
+        let bad = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_POOL_SIZE", "ten"),
+        ]);
+        assert_named(
+            SHOP,
+            &bad,
+            "server.pool_size (from JUSTONCE_SERVER_POOL_SIZE)",
+            "is not a whole number",
+        );
+    }
+
     #[test]
     fn a_bad_override_names_its_variable() {
         for (variable, value, key, expected) in [
@@ -1296,6 +1587,12 @@ target = "http://127.0.0.1:9000/orders"
         assert_eq!(parse_duration("3d").unwrap(), Duration::from_secs(259_200));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert!(parse_duration("3 weeks").is_err());
+        assert_eq!(
+            parse_duration("36500d").unwrap(),
+            Duration::from_secs(36_500 * 86_400)
+        );
+        assert!(parse_duration("36501d").is_err());
+        assert!(parse_duration("18446744073709551615ms").is_err());
         assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
         assert_eq!(parse_size("1000").unwrap(), 1000);
         assert!(parse_size("-1").is_err());

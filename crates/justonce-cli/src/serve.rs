@@ -2,10 +2,11 @@
 
 use crate::activity::{self, Activity};
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
+use crate::listener;
 use crate::pacing::{self, Pacer};
+use crate::probes::{self, Connection, Consumers};
 use crate::purge;
 use anyhow::{Context, Result, ensure};
-use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -17,10 +18,9 @@ use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::NatsConsumer;
 use justonce_transport::redis_streams::RedisStreamConsumer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tower_http::timeout::TimeoutLayer;
 
 /// A failpoint asked for that this build cannot reach would leave a fault test waiting for
 /// a pause that never comes: `serve` refuses to start instead.
@@ -76,7 +76,9 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         let inbox = inbox.with_consumer(Consumer::new(name.as_str())?);
         consumers.push((name, from, options, inbox));
     }
-    let public = public_router(&inbox, sources, settings.body_limit);
+    let consumer_states = Arc::new(Consumers::new(consumer_names.iter().map(String::as_str)));
+    let probes = probes::router(&inbox, &consumer_states);
+    let public = receiver::router(&inbox, sources, settings.body_limit).merge(probes.clone());
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
@@ -94,10 +96,14 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     });
     let outbox = inbox.outbox();
     let status_outbox = outbox.clone();
+    let gauges = Arc::new(StoreGauges::default());
+    tokio::spawn(refresh_store_gauges(outbox, kept, Arc::clone(&gauges)));
+    let status_consumers = Arc::clone(&consumer_states);
     let admin = receiver::health_router(&inbox)
+        .merge(probes)
         .route(
             "/metrics",
-            get(move || metrics_page(prometheus.clone(), outbox.clone(), kept.clone())),
+            get(move || metrics_page(prometheus.clone(), Arc::clone(&gauges))),
         )
         .route(
             "/",
@@ -106,7 +112,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
                     status_outbox.clone(),
                     Arc::clone(&activity),
                     source_names.clone(),
-                    consumer_names.clone(),
+                    Arc::clone(&status_consumers),
                 )
             }),
         );
@@ -131,8 +137,16 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         admin = %settings.admin_listen,
         "serving"
     );
-    let public = axum::serve(public_listener, public).with_graceful_shutdown(stopped());
-    let admin = axum::serve(admin_listener, admin).with_graceful_shutdown(stopped());
+    let limits = settings.limits;
+    let (public_connections, admin_connections) = listener::fit_open_files(&limits);
+    let public = listener::serve(
+        public_listener,
+        public,
+        limits,
+        public_connections,
+        stopped(),
+    );
+    let admin = listener::serve(admin_listener, admin, limits, admin_connections, stopped());
     let relaying = relay.run(stopped());
     let purging = async {
         if let Some(every) = settings.purge_every {
@@ -144,7 +158,15 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     };
     let consuming = futures_util::future::join_all(consumers.into_iter().map(
         |(name, from, options, inbox)| {
-            consume(name, from, options, inbox, consumers_stopping.clone())
+            let states = Arc::clone(&consumer_states);
+            consume(
+                name,
+                from,
+                options,
+                inbox,
+                states,
+                consumers_stopping.clone(),
+            )
         },
     ));
     let signal = async move {
@@ -153,16 +175,14 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         let _ = stop.send(true);
     };
     let running = async {
-        let (public, admin, relayed, _, (), ()) =
+        let ((), (), relayed, _, (), ()) =
             tokio::join!(public, admin, relaying, consuming, signal, purging);
-        public.context("public listener")?;
-        admin.context("admin listener")?;
         relayed.context("relay")
     };
     // Requests in flight get a bounded time to finish once stopping starts.
     let deadline = async {
         let _ = stopped_for_deadline.wait_for(|stop| *stop).await;
-        tokio::time::sleep(REQUEST_TIMEOUT + Duration::from_secs(5)).await;
+        tokio::time::sleep(limits.request_timeout + Duration::from_secs(5)).await;
     };
     tokio::select! {
         result = running => result,
@@ -197,19 +217,6 @@ async fn purge_on_schedule<DB: Backend>(plan: &purge::Plan, inbox: &Inbox<DB>, e
     }
 }
 
-/// The public listener's routes: the webhook receiver of each source.
-pub fn public_router<DB: Backend>(
-    inbox: &Inbox<DB>,
-    sources: Vec<receiver::Source>,
-    body_limit: usize,
-) -> axum::Router {
-    // A slow client may hold a request open for this long, no longer.
-    receiver::router(inbox, sources, body_limit).layer(TimeoutLayer::with_status_code(
-        StatusCode::REQUEST_TIMEOUT,
-        REQUEST_TIMEOUT,
-    ))
-}
-
 /// Consumes one queue until `stopped` resolves: each message is claimed under the consumer
 /// and written to the outbox for the consumer's target with the key `<consumer>:<id>`, in
 /// one transaction, and acknowledged after the commit. A broker that cannot be reached is
@@ -219,6 +226,7 @@ async fn consume<DB: Backend>(
     from: String,
     options: BrokerOptions,
     inbox: Inbox<DB>,
+    states: Arc<Consumers>,
     mut stopping: watch::Receiver<bool>,
 ) {
     loop {
@@ -230,13 +238,30 @@ async fn consume<DB: Backend>(
         };
         // A stop during a connection attempt is seen once it ends; the drain deadline
         // bounds it.
-        match consume_once(&name, &from, &options, inbox.clone(), stopped, work).await {
+        let connected = || states.connected(&name);
+        match consume_once(
+            &name,
+            &from,
+            &options,
+            inbox.clone(),
+            connected,
+            stopped,
+            work,
+        )
+        .await
+        {
             Ok(stats) if *stopping.borrow() => {
                 tracing::info!(consumer = %name, ?stats, "stopped consuming");
                 return;
             }
-            Ok(_) => tracing::warn!(consumer = %name, "the broker ended the consumer"),
-            Err(error) => tracing::warn!(consumer = %name, %error, "broker unreachable or failed"),
+            Ok(_) => {
+                tracing::warn!(consumer = %name, "the broker ended the consumer");
+                states.failed(&name, "the broker ended the consumer".to_owned());
+            }
+            Err(error) => {
+                tracing::warn!(consumer = %name, %error, "broker unreachable or failed");
+                states.failed(&name, error.to_string());
+            }
         }
         tokio::select! {
             _ = stopping.wait_for(|stop| *stop) => return,
@@ -245,12 +270,14 @@ async fn consume<DB: Backend>(
     }
 }
 
-/// Connects once and consumes until `stopped` resolves or the broker fails.
+/// Connects once, says so through `connected`, and consumes until `stopped` resolves or the
+/// broker fails.
 async fn consume_once<DB: Backend, E>(
     name: &str,
     from: &str,
     options: &BrokerOptions,
     inbox: Inbox<DB>,
+    connected: impl FnOnce(),
     stopped: impl std::future::Future,
     work: impl for<'e, 't> Fn(
         &'t mut justonce_sql::sqlx::Transaction<'e, DB>,
@@ -264,6 +291,7 @@ where
         BrokerOptions::Amqp(options) => {
             let consumer = AmqpConsumer::connect(from, inbox, options.clone()).await?;
             tracing::info!(consumer = %name, "consuming");
+            connected();
             let ran = consumer.run(stopped, work).await;
             let _ = consumer.close().await;
             ran
@@ -271,16 +299,19 @@ where
         BrokerOptions::Nats(options) => {
             let consumer = NatsConsumer::connect(from, inbox, options.clone()).await?;
             tracing::info!(consumer = %name, "consuming");
+            connected();
             consumer.run(stopped, work).await
         }
         BrokerOptions::Mqtt(options) => {
             let consumer = MqttConsumer::connect(from, inbox, options.clone()).await?;
             tracing::info!(consumer = %name, "consuming");
+            connected();
             consumer.run(stopped, work).await
         }
         BrokerOptions::Redis(options) => {
             let consumer = RedisStreamConsumer::connect(from, inbox, options.clone()).await?;
             tracing::info!(consumer = %name, "consuming");
+            connected();
             consumer.run(stopped, work).await
         }
     }
@@ -311,31 +342,64 @@ fn forward_to_target<DB: Backend>(
     }
 }
 
-/// How long one request may take, and about how long stopping waits for the last ones.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// When the gauges read from the database were last read whole.
+#[derive(Default)]
+struct StoreGauges {
+    refreshed: Mutex<Option<Instant>>,
+}
 
-/// Prometheus text: the counters the receiver and the relay keep, and the outbox's state and
-/// each consumer's purge lag (how long its oldest key has been past its retention) read at
-/// scrape time.
-async fn metrics_page<DB: Backend>(
-    prometheus: PrometheusHandle,
+/// How often the gauges read from the database are read again.
+const GAUGE_REFRESH: Duration = Duration::from_secs(5);
+
+/// Reads the outbox's state and each consumer's purge lag (how long its oldest key has been
+/// past its retention) every `GAUGE_REFRESH`, each read bounded by the probes' timeout, so
+/// that a scrape answers from memory whatever the database does. `justonce_store_up` says
+/// whether the last reads succeeded.
+async fn refresh_store_gauges<DB: Backend>(
     outbox: Outbox<DB>,
     kept: Vec<(String, Duration, Inbox<DB>)>,
-) -> Response {
-    for (name, keep, keys) in kept {
-        match keys.oldest_key_age().await {
-            Ok(age) => metrics::gauge!("justonce_purge_lag_seconds", "consumer" => name)
-                .set(age.saturating_sub(keep).as_secs_f64()),
-            Err(error) => tracing::warn!(%error, "purge lag not read for /metrics"),
+    gauges: Arc<StoreGauges>,
+) {
+    loop {
+        let mut up = true;
+        for (name, keep, keys) in &kept {
+            match tokio::time::timeout(probes::STORE_TIMEOUT, keys.oldest_key_age()).await {
+                Ok(Ok(age)) => {
+                    metrics::gauge!("justonce_purge_lag_seconds", "consumer" => name.clone())
+                        .set(age.saturating_sub(*keep).as_secs_f64())
+                }
+                _ => up = false,
+            }
         }
+        match tokio::time::timeout(probes::STORE_TIMEOUT, outbox.stats()).await {
+            Ok(Ok(stats)) => {
+                metrics::gauge!("justonce_deliveries_due").set(stats.due as f64);
+                metrics::gauge!("justonce_dead_letters").set(stats.dead as f64);
+                metrics::gauge!("justonce_oldest_due_age_seconds")
+                    .set(stats.oldest_due.as_secs_f64());
+            }
+            _ => up = false,
+        }
+        metrics::gauge!("justonce_store_up").set(if up { 1.0 } else { 0.0 });
+        if up {
+            *gauges
+                .refreshed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        }
+        tokio::time::sleep(GAUGE_REFRESH).await;
     }
-    match outbox.stats().await {
-        Ok(stats) => {
-            metrics::gauge!("justonce_deliveries_due").set(stats.due as f64);
-            metrics::gauge!("justonce_dead_letters").set(stats.dead as f64);
-            metrics::gauge!("justonce_oldest_due_age_seconds").set(stats.oldest_due.as_secs_f64());
-        }
-        Err(error) => tracing::warn!(%error, "outbox state not read for /metrics"),
+}
+
+/// Prometheus text, from memory: the counters the receiver and the relay keep, and the
+/// gauges last read from the database with their age.
+async fn metrics_page(prometheus: PrometheusHandle, gauges: Arc<StoreGauges>) -> Response {
+    let refreshed = *gauges
+        .refreshed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(refreshed) = refreshed {
+        metrics::gauge!("justonce_store_gauges_age_seconds").set(refreshed.elapsed().as_secs_f64());
     }
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -354,7 +418,7 @@ async fn status_page<DB: Backend>(
     outbox: Outbox<DB>,
     activity: Arc<Activity>,
     sources: Vec<String>,
-    consumers: Vec<String>,
+    consumers: Arc<Consumers>,
 ) -> Response {
     let chart = activity::chart(&activity.minutes());
     let dead_letters = match outbox.dead_letters(DEAD_LETTERS_SHOWN).await {
@@ -399,8 +463,18 @@ async fn status_page<DB: Backend>(
         .map(|name| format!("<li><code>POST /webhooks/{}</code></li>", escape(name)))
         .collect();
     let consumers: String = consumers
-        .iter()
-        .map(|name| format!("<li>{}</li>", escape(name)))
+        .states()
+        .into_iter()
+        .map(|(name, state)| {
+            let state = match state {
+                Connection::Connected => "connected".to_owned(),
+                Connection::Connecting { last_error: None } => "connecting".to_owned(),
+                Connection::Connecting {
+                    last_error: Some(error),
+                } => format!("not connected: {}", escape(&error)),
+            };
+            format!("<li>{}: {state}</li>", escape(&name))
+        })
         .collect();
     let page = format!(
         "<!doctype html><html><head><meta charset=utf-8><title>justonce</title></head>\

@@ -6,7 +6,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 /// An `application/problem+json` answer (RFC 9457).
-pub(crate) fn problem(status: StatusCode, title: &str, detail: impl Into<String>) -> Response {
+pub fn problem(status: StatusCode, title: &str, detail: impl Into<String>) -> Response {
     let body = serde_json::json!({
         "type": "about:blank",
         "title": title,

@@ -19,7 +19,11 @@ const REASON_BODY_BYTES: usize = 512;
 /// | 409 with `Retry-After`: the key's first request is still running | retries after it |
 /// | any other status (other 4xx, 3xx: redirects are not followed) | dead-letters the row at once, keeping the status and the start of the body |
 ///
-/// Every request carries `Idempotency-Key: <row key>` and the row's own headers.
+/// Every request carries `Idempotency-Key: <row key>` and the row's own headers. A key
+/// travels as it is when every byte is visible ASCII other than `%`; any other byte
+/// (a space, `%`, a non-ASCII character's UTF-8 bytes) is written `%XX` in upper-case hex,
+/// as in a URL. Percent-decoding the header gives the key back, and two keys never share a
+/// header value.
 #[derive(Clone)]
 pub struct HttpDestination {
     client: Client,
@@ -72,8 +76,9 @@ impl HttpDestination {
     }
 
     /// Signs every delivery the Standard Webhooks way with `secret` (`whsec_` and the
-    /// base64 of the key): `webhook-id` is the row's key, `webhook-timestamp` the time of
-    /// the attempt, `webhook-signature` the HMAC-SHA256 of `id.timestamp.body`.
+    /// base64 of the key): `webhook-id` is the row's key as `Idempotency-Key` carries it
+    /// (percent-encoded where needed), `webhook-timestamp` the time of the attempt,
+    /// `webhook-signature` the HMAC-SHA256 of `id.timestamp.body`.
     pub fn signed_with(mut self, secret: &str) -> Result<Self, Error> {
         self.signing_key = Some(standard_webhooks::decode_secret(secret)?);
         Ok(self)
@@ -121,16 +126,14 @@ impl HttpDestination {
             };
             headers.append(name, value);
         }
-        let key = match HeaderValue::try_from(delivery.key) {
-            Ok(key) => key,
-            Err(_) => {
-                return Delivered::Reject {
-                    reason: format!("key {:?} cannot be sent as a header", delivery.key),
-                };
-            }
+        let key = key_header(delivery.key);
+        let Ok(key_value) = HeaderValue::try_from(key.as_ref()) else {
+            return Delivered::Reject {
+                reason: format!("key {:?} cannot be sent as a header", delivery.key),
+            };
         };
-        headers.insert("idempotency-key", key);
-        self.signature_headers(delivery.key, delivery.payload, &mut headers);
+        headers.insert("idempotency-key", key_value);
+        self.signature_headers(&key, delivery.payload, &mut headers);
         let sent = self
             .client
             .post(self.url.clone())
@@ -194,6 +197,23 @@ impl Destination for HttpDestination {
     }
 }
 
+/// `key` as a header value: visible ASCII but `%` as it is, every other byte `%XX`.
+fn key_header(key: &str) -> std::borrow::Cow<'_, str> {
+    let travels = |byte: u8| byte.is_ascii_graphic() && byte != b'%';
+    if key.bytes().all(travels) {
+        return key.into();
+    }
+    let mut encoded = String::with_capacity(key.len() * 3);
+    for byte in key.bytes() {
+        if travels(byte) {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded.into()
+}
+
 /// Statuses that say "not now" rather than "never".
 fn is_transient(status: StatusCode) -> bool {
     status.is_server_error()
@@ -218,6 +238,35 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_travel_as_visible_ascii_and_decode_back() {
+        assert_eq!(key_header("shop:evt_1"), "shop:evt_1");
+        assert_eq!(key_header("shop:caf\u{e9} 100%"), "shop:caf%C3%A9%20100%25");
+        // The encoded form of one key is never another key as it is.
+        assert_ne!(key_header("a%C3%A9"), key_header("a\u{e9}"));
+        for key in ["plain", "with space", "100%", "\u{1F600}:x", "tab\there"] {
+            let header = key_header(key);
+            assert!(header.bytes().all(|b| b.is_ascii_graphic()), "{header}");
+            assert_eq!(percent_decode(&header), key);
+        }
+    }
+
+    fn percent_decode(text: &str) -> String {
+        let bytes = text.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                out.push(u8::from_str_radix(&text[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
 
     #[test]
     fn only_some_statuses_are_retried() {

@@ -40,5 +40,7 @@ pub mod server;
 #[cfg(any(feature = "destination", feature = "receiver"))]
 mod standard_webhooks;
 
+#[cfg(any(feature = "receiver", feature = "server"))]
+pub use answer::problem;
 #[cfg(feature = "destination")]
 pub use destination::HttpDestination;

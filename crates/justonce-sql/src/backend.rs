@@ -31,7 +31,10 @@ pub trait Backend: sqlx::Database + Sealed {
     fn statements(tables: &Tables) -> Self::Statements;
 
     #[doc(hidden)]
-    fn connect(url: &str) -> impl Future<Output = Result<sqlx::Pool<Self>, Error>> + Send;
+    fn connect(
+        url: &str,
+        pool: sqlx::pool::PoolOptions<Self>,
+    ) -> impl Future<Output = Result<sqlx::Pool<Self>, Error>> + Send;
 
     /// Claims the key and writes its forwarding outbox row in one statement, committed on
     /// its own: one round trip. Returns the claim id and fingerprint of the row that holds
@@ -296,6 +299,8 @@ pub(crate) struct Specific {
     pub(crate) enqueue: String,
     /// What makes concurrent relays skip each other's rows: `FOR UPDATE SKIP LOCKED`.
     pub(crate) skip_locked: &'static str,
+    /// A query of the texts in a JSON array given as the parameter named.
+    pub(crate) texts_of: fn(&str) -> String,
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -342,19 +347,22 @@ impl Statements {
             // Taking a row hides it until the lease ends, in one short statement: no lock
             // is held while it is sent, and a relay that dies leaves it due again. Rows are
             // chosen by due time, never by a cursor over ids, so a row committed after a
-            // higher-numbered one is not skipped.
+            // higher-numbered one is not skipped. Destinations the relay holds back ($4, a
+            // JSON array) are left out, so that their rows do not crowd out the others'.
             take_due: text(format!(
                 "UPDATE {outbox}
                  SET next_attempt_at = {}, attempts = attempts + 1, lease_token = $3
                  WHERE id IN (
                     SELECT id FROM {outbox}
                     WHERE sent_at IS NULL AND NOT dead AND next_attempt_at <= {now}
+                      AND destination NOT IN ({})
                     ORDER BY next_attempt_at, id
                     LIMIT $2
                     {skip_locked}
                  )
                  RETURNING {columns}",
-                (clock.later_by)("$1")
+                (clock.later_by)("$1"),
+                (specific.texts_of)("$4")
             )),
             outbox_row: text(format!("SELECT {columns} FROM {outbox} WHERE id = $1")),
             dead_letters: text(format!(
@@ -651,11 +659,12 @@ impl From<OutboxTuple> for OutboxRow {
 /// Which outbox rows to read.
 pub enum Which {
     /// Due rows, at most `limit`, hidden for `lease_ms` under `token` and counted as one
-    /// more attempt.
+    /// more attempt; none for the destinations in `held_back`, a JSON array of names.
     Due {
         lease_ms: i64,
         limit: i64,
         token: i64,
+        held_back: String,
     },
     /// One row.
     Id(i64),
@@ -1102,10 +1111,12 @@ macro_rules! shared_queries {
                     lease_ms,
                     limit,
                     token,
+                    held_back,
                 } => sqlx::query_as(AssertSqlSafe(sql.take_due.clone()))
                     .bind(lease_ms)
                     .bind(limit)
-                    .bind(token),
+                    .bind(token)
+                    .bind(held_back),
                 Which::Id(id) => sqlx::query_as(AssertSqlSafe(sql.outbox_row.clone())).bind(id),
                 Which::DeadLetters { limit } => {
                     sqlx::query_as(AssertSqlSafe(sql.dead_letters.clone())).bind(limit)

@@ -33,6 +33,8 @@ pub struct Options {
     retention: Retention,
     max_attempts: u32,
     recent_keys: usize,
+    pool_size: u32,
+    acquire_timeout: Duration,
 }
 
 impl Default for Options {
@@ -42,6 +44,8 @@ impl Default for Options {
             retention: Retention::default(),
             max_attempts: 10,
             recent_keys: 10_000,
+            pool_size: 10,
+            acquire_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -74,6 +78,20 @@ impl Options {
     /// remembered stays true; a purge through this inbox forgets everything.
     pub fn recent_keys(mut self, keys: usize) -> Self {
         self.recent_keys = keys;
+        self
+    }
+
+    /// The most connections [`Inbox::connect_with`] opens (default 10), at least one.
+    pub fn pool_size(mut self, connections: u32) -> Self {
+        self.pool_size = connections.max(1);
+        self
+    }
+
+    /// How long a claim waits for a free connection, or for the database to accept a new
+    /// one, before it fails (default 30 s). A service that answers senders waiting on it
+    /// sets this short, so that a database outage is answered at once, not timed out.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
         self
     }
 }
@@ -146,7 +164,10 @@ impl<DB: Backend> Inbox<DB> {
         consumer: Consumer,
         options: Options,
     ) -> Result<Self, Error> {
-        let pool = DB::connect(url).await?;
+        let pool_options = sqlx::pool::PoolOptions::new()
+            .max_connections(options.pool_size)
+            .acquire_timeout(options.acquire_timeout);
+        let pool = DB::connect(url, pool_options).await?;
         Self::from_pool(pool, consumer, options)
     }
 
@@ -460,6 +481,11 @@ impl<DB: Backend> Inbox<DB> {
                     // A holder committed after the statement's snapshot: the transaction
                     // below reads it.
                     Ok(None) => {}
+                    // The pool waited its whole acquire timeout for a connection: waiting
+                    // as long again below would double what the caller waits.
+                    Err(ForwardFailed::Connect(error @ sqlx::Error::PoolTimedOut)) => {
+                        return Err(database_error::<DB>(error));
+                    }
                     // Nothing was sent: the transactions below connect as `run`'s do, and
                     // fail as theirs would.
                     Err(ForwardFailed::Connect(_)) => {}

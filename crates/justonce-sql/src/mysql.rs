@@ -18,7 +18,7 @@ use crate::backend::{
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
-use sqlx::mysql::{MySqlDatabaseError, MySqlPoolOptions};
+use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql};
 
 impl Sealed for MySql {}
@@ -213,6 +213,7 @@ impl MySqlStatements {
             due_ids: format!(
                 "SELECT id FROM {outbox}
                  WHERE {due} AND next_attempt_at <= {NOW}
+                   AND NOT JSON_CONTAINS(?, JSON_QUOTE(destination))
                  ORDER BY next_attempt_at, id
                  LIMIT ?
                  FOR UPDATE SKIP LOCKED"
@@ -392,11 +393,11 @@ impl Backend for MySql {
         MySqlStatements::new(tables)
     }
 
-    async fn connect(url: &str) -> Result<sqlx::Pool<Self>, Error> {
-        MySqlPoolOptions::new()
-            .connect(url)
-            .await
-            .map_err(database_error::<Self>)
+    async fn connect(
+        url: &str,
+        pool: sqlx::pool::PoolOptions<Self>,
+    ) -> Result<sqlx::Pool<Self>, Error> {
+        pool.connect(url).await.map_err(database_error::<Self>)
     }
 
     async fn claim<'a>(
@@ -621,14 +622,20 @@ impl Backend for MySql {
                 lease_ms,
                 limit,
                 token,
+                held_back,
             } => {
                 let mut tx = pool.begin().await.map_err(database_error::<Self>)?;
                 let ids: Vec<(i64,)> = sqlx::query_as(AssertSqlSafe(sql.due_ids.clone()))
+                    .bind(held_back)
                     .bind(limit)
                     .fetch_all(&mut *tx)
                     .await
                     .map_err(database_error::<Self>)?;
                 if ids.is_empty() {
+                    // The locking read holds what it scanned, the rows of the destinations
+                    // held back among them, until the transaction ends: end it now, not
+                    // when the connection is next used.
+                    tx.rollback().await.map_err(database_error::<Self>)?;
                     return Ok(Vec::new());
                 }
                 let mut take = sqlx::query(AssertSqlSafe(with_list(&sql.take_ids, "?", ids.len())))

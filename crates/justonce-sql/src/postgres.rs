@@ -11,7 +11,6 @@ use crate::backend::{
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
 use sqlx::postgres::PgListener;
-use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Postgres};
 use std::sync::Arc;
 
@@ -201,6 +200,7 @@ impl Backend for Postgres {
                  SELECT id FROM inserted, notified"
             ),
             skip_locked: "FOR UPDATE SKIP LOCKED",
+            texts_of: |array| format!("SELECT json_array_elements_text({array}::json)"),
         };
         Statements::new(tables, &CLOCK, specific)
     }
@@ -221,11 +221,11 @@ impl Backend for Postgres {
         })
     }
 
-    async fn connect(url: &str) -> Result<sqlx::Pool<Self>, Error> {
-        PgPoolOptions::new()
-            .connect(url)
-            .await
-            .map_err(database_error::<Self>)
+    async fn connect(
+        url: &str,
+        pool: sqlx::pool::PoolOptions<Self>,
+    ) -> Result<sqlx::Pool<Self>, Error> {
+        pool.connect(url).await.map_err(database_error::<Self>)
     }
 
     fn claim_and_forward<'a>(

@@ -4,10 +4,10 @@
 use crate::backend::{Backend, Change, OutboxRow, Wakeups, Which};
 use crate::inbox::{millis, random_u64};
 use crate::outbox::{Outbox, parse_headers};
+use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt, StreamExt};
 use justonce_core::{Delivered, Delivery, Destination, Error};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +18,9 @@ use tracing::Instrument;
 pub struct RelayOptions {
     batch_size: u32,
     concurrency: usize,
+    per_destination: usize,
+    breaker_failures: u32,
+    breaker_pause: Duration,
     lease: Duration,
     max_attempts: u32,
     deliver_for: Duration,
@@ -30,7 +33,10 @@ impl Default for RelayOptions {
     fn default() -> Self {
         Self {
             batch_size: 100,
-            concurrency: 8,
+            concurrency: 16,
+            per_destination: 8,
+            breaker_failures: 5,
+            breaker_pause: Duration::from_secs(10),
             lease: Duration::from_secs(60),
             max_attempts: u32::MAX,
             deliver_for: Duration::from_secs(3 * 86_400),
@@ -45,8 +51,19 @@ impl RelayOptions {
     justonce_core::setters!(
         /// Rows taken per round (default 100).
         batch_size: u32,
-        /// Deliveries in flight at once within a round (default 8).
+        /// Deliveries in flight at once (default 16).
         concurrency: usize,
+        /// Deliveries in flight at once to one destination, under [`Relay::run`] (default 8):
+        /// a destination that is slow or down holds no more, and the others keep the rest.
+        per_destination: usize,
+        /// Failures in a row (a timeout, a connection error, a 5xx or 429) after which
+        /// [`Relay::run`] backs off a destination as a whole (default 5): its rows wait,
+        /// untried, for the breaker's pause.
+        breaker_failures: u32,
+        /// The breaker's first pause (default 10 s). When it ends, one delivery goes through:
+        /// if it fails, the pause doubles (up to 32 times the first); if the destination
+        /// answers, the breaker closes.
+        breaker_pause: Duration,
         /// How long a taken row stays hidden from other relays (default 60 s). A round
         /// starts no delivery after half of it has passed; the rows it did not reach are
         /// due again when the lease ends. A relay that dies mid-send leaves its rows due
@@ -158,63 +175,65 @@ impl<DB: Backend> Relay<DB> {
         self
     }
 
-    /// Takes one batch of due rows, delivers them (several at once), and records the
-    /// results.
-    pub async fn relay_once(&self) -> Result<RelayRound, Error> {
+    /// Takes up to `limit` due rows under a lease token of their own, none for the
+    /// destinations `held_back`.
+    async fn take(&self, limit: usize, held_back: &[String]) -> Result<Taken, Error> {
         let shared = &self.outbox.shared;
         let token = random_u64() as i64;
         let which = Which::Due {
             lease_ms: millis(self.options.lease),
-            limit: i64::from(self.options.batch_size.max(1)),
+            limit: i64::try_from(limit.max(1)).unwrap_or(i64::MAX),
             token,
+            held_back: json_array(held_back),
         };
-        let due = {
+        let rows = {
             let _writer = shared.queue_writer().await;
             DB::outbox_rows(&shared.pool, &shared.sql, which).await?
         };
-        let taken_at = Instant::now();
+        Ok(Taken {
+            rows,
+            token,
+            at: Instant::now(),
+        })
+    }
+
+    /// Takes one batch of due rows, delivers them (several at once), and records the
+    /// results.
+    pub async fn relay_once(&self) -> Result<RelayRound, Error> {
+        let taken = self
+            .take(self.options.batch_size.max(1) as usize, &[])
+            .await?;
         // At most `concurrency` deliveries in flight; a finished one makes room for the next.
-        let mut waiting = due.iter();
+        let mut waiting = taken.rows.iter();
         let mut in_flight = FuturesUnordered::new();
         for row in waiting.by_ref().take(self.options.concurrency.max(1)) {
-            in_flight.push(self.deliver_and_record(row, token, taken_at));
+            in_flight.push(self.deliver_and_record(row, taken.token, taken.at));
         }
-        let mut outcomes = Vec::with_capacity(due.len());
+        let mut outcomes = Vec::with_capacity(taken.rows.len());
         while let Some(outcome) = in_flight.next().await {
             outcomes.push(outcome);
             if let Some(row) = waiting.next() {
-                in_flight.push(self.deliver_and_record(row, token, taken_at));
+                in_flight.push(self.deliver_and_record(row, taken.token, taken.at));
             }
         }
         let mut round = RelayRound {
-            taken: due.len(),
+            taken: taken.rows.len(),
             ..RelayRound::default()
         };
-        for outcome in outcomes {
-            match outcome? {
-                Some(Recorded::Sent) => round.sent += 1,
-                Some(Recorded::Retried) => round.retried += 1,
-                Some(Recorded::Dead) => round.dead += 1,
-                None => {}
-            }
-        }
-        for (outcome, count) in [
-            ("sent", round.sent),
-            ("retried", round.retried),
-            ("dead", round.dead),
-        ] {
-            if count > 0 {
-                metrics::counter!("justonce_deliveries_total", "outcome" => outcome)
-                    .increment(count as u64);
+        for (row, outcome) in taken.rows.iter().zip(outcomes) {
+            if let Some(settled) = outcome? {
+                round.count(&row.destination, settled.recorded);
             }
         }
         Ok(round)
     }
 
-    /// Relays until `shutdown` resolves: a round, and another at once while rounds find
-    /// rows; otherwise it waits for a notification (PostgreSQL) or the poll interval.
-    /// `shutdown` is looked at between rounds, so the round in flight finishes. A database
-    /// error is logged and retried after the poll interval.
+    /// Relays until `shutdown` resolves, keeping up to `concurrency` deliveries in flight:
+    /// a finished one makes room for due rows of any destination that is not at its
+    /// `per_destination` cap or backed off by its breaker, so that a slow or broken
+    /// destination never holds back the others. With nothing due it waits for a
+    /// notification (PostgreSQL) or the poll interval. A database error is logged and
+    /// retried; at `shutdown` the deliveries in flight finish and are recorded.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let shared = &self.outbox.shared;
         let mut wakeups = match DB::outbox_wakeups(&shared.pool, &shared.tables).await {
@@ -224,27 +243,76 @@ impl<DB: Backend> Relay<DB> {
                 Wakeups::none()
             }
         };
+        let concurrency = self.options.concurrency.max(1);
+        let mut lanes = Lanes::default();
+        let mut in_flight = FuturesUnordered::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            if (&mut shutdown).now_or_never().is_some() {
-                return Ok(());
-            }
-            let busy = match self.relay_once().await {
-                Ok(round) => round.taken > 0,
-                Err(error) => {
-                    tracing::warn!(%error, "relay round failed");
-                    false
+            let room = concurrency - in_flight.len();
+            let mut more_due = false;
+            // Rows are taken a few at a time, not one per finished delivery.
+            if room > 0 && (2 * room >= concurrency || in_flight.is_empty()) {
+                let limit = room.min(self.options.per_destination.max(1));
+                let held_back = lanes.held_back(&self.options, Instant::now());
+                let take = self.take(limit, &held_back);
+                let mut take = std::pin::pin!(take);
+                // The deliveries in flight go on meanwhile: one may hold the connection or
+                // the writer's place that the take waits for.
+                let mut settled = false;
+                let taken = loop {
+                    tokio::select! {
+                        taken = &mut take => break taken,
+                        Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                            let (destination, outcome): (String, _) = done;
+                            lanes.settle(&destination, outcome, &self.options);
+                            settled = true;
+                        }
+                    }
+                };
+                match taken {
+                    Ok(taken) => {
+                        // A destination held back from this take may have room again.
+                        more_due = taken.rows.len() == limit || settled;
+                        lanes.queue(taken);
+                    }
+                    Err(error) => tracing::warn!(%error, "taking due rows failed"),
                 }
-            };
-            if busy {
-                continue;
+            }
+            while in_flight.len() < concurrency {
+                let Some((row, token, taken_at)) = lanes.next_ready(&self.options) else {
+                    break;
+                };
+                in_flight.push(self.deliver_owned(row, token, taken_at));
             }
             tokio::select! {
-                () = &mut shutdown => return Ok(()),
+                biased;
+                () = &mut shutdown => break,
+                Some((destination, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                    lanes.settle(&destination, outcome, &self.options);
+                }
+                () = std::future::ready(()), if more_due && in_flight.len() < concurrency => {}
                 () = wakeups.wait() => {}
                 () = tokio::time::sleep(self.options.poll_interval) => {}
             }
         }
+        while let Some((destination, outcome)) = in_flight.next().await {
+            lanes.settle(&destination, outcome, &self.options);
+        }
+        Ok(())
+    }
+
+    /// [`Relay::deliver_and_record`] for a row it owns, named by its destination.
+    async fn deliver_owned(
+        &self,
+        row: OutboxRow,
+        token: i64,
+        taken_at: Instant,
+    ) -> (String, Result<Option<Settled>, Error>) {
+        let outcome = self.deliver_and_record(&row, token, taken_at).await;
+        if let Ok(Some(settled)) = &outcome {
+            count_delivery(&row.destination, settled.recorded);
+        }
+        (row.destination, outcome)
     }
 
     /// Delivers one row and records the result under the round's lease `token`; `None`
@@ -254,7 +322,7 @@ impl<DB: Backend> Relay<DB> {
         row: &OutboxRow,
         token: i64,
         taken_at: Instant,
-    ) -> Result<Option<Recorded>, Error> {
+    ) -> Result<Option<Settled>, Error> {
         if taken_at.elapsed() > self.options.lease / 2 {
             return Ok(None);
         }
@@ -265,7 +333,12 @@ impl<DB: Backend> Relay<DB> {
             destination = %row.destination,
             attempt = row.attempts,
         );
-        let recorded = match self.deliver(row).instrument(span).await {
+        let delivered = self.deliver(row).instrument(span).await;
+        // A destination that did not answer, or answered "not now"; an unknown one is no
+        // destination's failure.
+        let unwell = matches!(delivered, Delivered::Retry { .. })
+            && self.destinations.contains_key(&row.destination);
+        let recorded = match delivered {
             Delivered::Sent => {
                 self.outbox.change(Change::MarkSent { id: row.id }).await?;
                 Recorded::Sent
@@ -277,28 +350,54 @@ impl<DB: Backend> Relay<DB> {
                 let wait = after
                     .map_or(backoff, |after| after.max(backoff))
                     .min(self.options.max_backoff);
+                let reason = safe_text(&reason);
                 tracing::debug!(id = row.id, attempt = row.attempts, %reason, "delivery failed: retrying later");
-                let change = Change::MarkRetry {
-                    id: row.id,
+                let failure = Failure::Retry {
                     after_ms: millis(wait),
-                    reason: &reason,
-                    token,
                 };
-                self.outbox.change(change).await?;
+                self.record_failure(row.id, token, failure, &reason).await?;
                 Recorded::Retried
             }
             Delivered::Retry { reason, .. } | Delivered::Reject { reason } => {
+                let reason = safe_text(&reason);
                 tracing::warn!(id = row.id, attempt = row.attempts, %reason, "delivery dead-lettered");
-                let change = Change::MarkDead {
-                    id: row.id,
-                    reason: &reason,
-                    token,
-                };
-                self.outbox.change(change).await?;
+                self.record_failure(row.id, token, Failure::Dead, &reason)
+                    .await?;
                 Recorded::Dead
             }
         };
-        Ok(Some(recorded))
+        Ok(Some(Settled { recorded, unwell }))
+    }
+
+    /// Records a failed delivery with its reason. Should the database refuse the reason,
+    /// the failure is recorded again with a plain one: a row whose failure goes unrecorded
+    /// would be sent again when its lease ends, outside its schedule, and never reach its
+    /// dead letter.
+    async fn record_failure(
+        &self,
+        id: i64,
+        token: i64,
+        failure: Failure,
+        reason: &str,
+    ) -> Result<(), Error> {
+        let change = |reason| match failure {
+            Failure::Retry { after_ms } => Change::MarkRetry {
+                id,
+                after_ms,
+                reason,
+                token,
+            },
+            Failure::Dead => Change::MarkDead { id, reason, token },
+        };
+        let Err(error) = self.outbox.change(change(reason)).await else {
+            return Ok(());
+        };
+        metrics::counter!("justonce_relay_record_failures_total").increment(1);
+        tracing::warn!(id, %error, "a failed delivery's reason could not be recorded: recording the failure without it");
+        self.outbox
+            .change(change(UNRECORDED_REASON))
+            .await
+            .map(drop)
     }
 
     async fn deliver(&self, row: &OutboxRow) -> Delivered {
@@ -358,9 +457,245 @@ impl<DB: Backend> Relay<DB> {
     }
 }
 
+/// What becomes of a row whose delivery failed.
+#[derive(Clone, Copy)]
+enum Failure {
+    Retry { after_ms: i64 },
+    Dead,
+}
+
+/// The reason kept when the database refused the real one.
+const UNRECORDED_REASON: &str = "the delivery failed; its reason could not be stored";
+
+/// The longest reason kept, in bytes.
+const REASON_BYTES: usize = 1_024;
+
+/// `reason` as text every database stores: control characters but newlines and tabs (NUL
+/// among them, which PostgreSQL's `text` refuses) replaced by U+FFFD, at most
+/// `REASON_BYTES` long. A target's answer is anyone's bytes.
+fn safe_text(reason: &str) -> String {
+    let mut safe = String::with_capacity(reason.len().min(REASON_BYTES));
+    for c in reason.chars() {
+        let c = if c.is_control() && c != '\n' && c != '\t' {
+            char::REPLACEMENT_CHARACTER
+        } else {
+            c
+        };
+        if safe.len() + c.len_utf8() > REASON_BYTES {
+            break;
+        }
+        safe.push(c);
+    }
+    safe
+}
+
 /// What was recorded for one delivered row.
+#[derive(Clone, Copy)]
 enum Recorded {
     Sent,
     Retried,
     Dead,
+}
+
+/// One delivered row: what was recorded, and whether its destination failed to take it.
+struct Settled {
+    recorded: Recorded,
+    unwell: bool,
+}
+
+/// Rows taken under one lease token.
+struct Taken {
+    rows: Vec<OutboxRow>,
+    token: i64,
+    at: Instant,
+}
+
+impl RelayRound {
+    /// Counts one delivered row, here and in the metrics.
+    fn count(&mut self, destination: &str, recorded: Recorded) {
+        match recorded {
+            Recorded::Sent => self.sent += 1,
+            Recorded::Retried => self.retried += 1,
+            Recorded::Dead => self.dead += 1,
+        }
+        count_delivery(destination, recorded);
+    }
+}
+
+/// Counts one delivered row in the metrics.
+fn count_delivery(destination: &str, recorded: Recorded) {
+    let outcome = match recorded {
+        Recorded::Sent => "sent",
+        Recorded::Retried => "retried",
+        Recorded::Dead => "dead",
+    };
+    metrics::counter!(
+        "justonce_deliveries_total",
+        "outcome" => outcome,
+        "destination" => destination.to_owned()
+    )
+    .increment(1);
+}
+
+/// `names` as a JSON array of strings.
+fn json_array(names: &[String]) -> String {
+    let quoted: Vec<String> = names
+        .iter()
+        .map(|name| {
+            let escaped = name.replace('\\', "\\\\").replace('"', "\\\"");
+            format!("\"{escaped}\"")
+        })
+        .collect();
+    format!("[{}]", quoted.join(","))
+}
+
+/// Each destination's deliveries, in flight and taken but waiting for room, and its
+/// breaker, while [`Relay::run`] runs.
+#[derive(Default)]
+struct Lanes {
+    lanes: BTreeMap<String, Lane>,
+}
+
+#[derive(Default)]
+struct Lane {
+    in_flight: usize,
+    /// Rows taken for this destination, with their lease token and when they were taken.
+    waiting: VecDeque<(OutboxRow, i64, Instant)>,
+    failures: u32,
+    breaker: Breaker,
+}
+
+impl Lane {
+    /// Deliveries this destination may have in flight now.
+    fn cap(&self, options: &RelayOptions) -> usize {
+        match self.breaker {
+            Breaker::Closed => options.per_destination.max(1),
+            Breaker::Probing { .. } => 1,
+            Breaker::Open { .. } => 0,
+        }
+    }
+}
+
+/// A destination's breaker: closed, open until a time, or letting one probe through.
+#[derive(Default, Clone, Copy)]
+enum Breaker {
+    #[default]
+    Closed,
+    Open {
+        until: Instant,
+        pause: Duration,
+    },
+    Probing {
+        pause: Duration,
+    },
+}
+
+impl Lanes {
+    /// The destinations the next take leaves out: those with rows waiting, at their cap, or
+    /// backed off. A breaker whose pause has ended lets one probe through from now.
+    fn held_back(&mut self, options: &RelayOptions, now: Instant) -> Vec<String> {
+        let mut held_back = Vec::new();
+        for (name, lane) in &mut self.lanes {
+            if let Breaker::Open { until, pause } = lane.breaker
+                && until <= now
+            {
+                tracing::info!(destination = %name, "the breaker lets one delivery through");
+                lane.breaker = Breaker::Probing { pause };
+            }
+            if !lane.waiting.is_empty() || lane.in_flight >= lane.cap(options) {
+                held_back.push(name.clone());
+            }
+        }
+        held_back
+    }
+
+    fn queue(&mut self, taken: Taken) {
+        for row in taken.rows {
+            let lane = self.lanes.entry(row.destination.clone()).or_default();
+            lane.waiting.push_back((row, taken.token, taken.at));
+        }
+    }
+
+    /// A waiting row whose destination has room, counted as in flight.
+    fn next_ready(&mut self, options: &RelayOptions) -> Option<(OutboxRow, i64, Instant)> {
+        let lane = self
+            .lanes
+            .values_mut()
+            .find(|lane| !lane.waiting.is_empty() && lane.in_flight < lane.cap(options))?;
+        lane.in_flight += 1;
+        lane.waiting.pop_front()
+    }
+
+    /// Records what became of a delivery to `destination`, and moves its breaker.
+    fn settle(
+        &mut self,
+        destination: &str,
+        outcome: Result<Option<Settled>, Error>,
+        options: &RelayOptions,
+    ) {
+        let lane = self.lanes.entry(destination.to_owned()).or_default();
+        lane.in_flight = lane.in_flight.saturating_sub(1);
+        let unwell = match outcome {
+            Ok(Some(settled)) => settled.unwell,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%error, destination, "recording a delivery failed");
+                return;
+            }
+        };
+        let before = std::mem::discriminant(&lane.breaker);
+        if unwell {
+            lane.failures = lane.failures.saturating_add(1);
+            let first = options.breaker_pause;
+            let pause = match lane.breaker {
+                Breaker::Probing { pause } => Some((pause * 2).min(first * 32)),
+                Breaker::Closed if lane.failures >= options.breaker_failures.max(1) => Some(first),
+                Breaker::Closed | Breaker::Open { .. } => None,
+            };
+            if let Some(pause) = pause {
+                lane.breaker = Breaker::Open {
+                    until: Instant::now() + pause,
+                    pause,
+                };
+                // Their leases end and they are due again; they were not tried.
+                let dropped = lane.waiting.len();
+                lane.waiting.clear();
+                tracing::warn!(
+                    destination,
+                    failures = lane.failures,
+                    pause_ms = pause.as_millis() as u64,
+                    dropped,
+                    "the destination keeps failing: its deliveries wait"
+                );
+            }
+        } else {
+            lane.failures = 0;
+            if !matches!(lane.breaker, Breaker::Closed) {
+                tracing::info!(destination, "the destination answers again");
+            }
+            lane.breaker = Breaker::Closed;
+        }
+        if before != std::mem::discriminant(&lane.breaker) {
+            let open = !matches!(lane.breaker, Breaker::Closed);
+            metrics::gauge!("justonce_destination_open", "destination" => destination.to_owned())
+                .set(if open { 1.0 } else { 0.0 });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_made_safe_to_store() {
+        assert_eq!(
+            safe_text("answered 400: a\0b\nc"),
+            "answered 400: a\u{FFFD}b\nc"
+        );
+        let long = "é".repeat(1_000);
+        let safe = safe_text(&long);
+        assert!(safe.len() <= REASON_BYTES && safe.len() > REASON_BYTES - 2);
+        assert!(safe.chars().all(|c| c == 'é'));
+    }
 }

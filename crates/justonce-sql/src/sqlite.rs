@@ -9,7 +9,7 @@ use crate::backend::{
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -148,6 +148,7 @@ impl Backend for Sqlite {
             claim_and_forward: None,
             // The single writer already keeps two relays from taking one row.
             skip_locked: "",
+            texts_of: |array| format!("SELECT value FROM json_each({array})"),
         };
         Statements::new(tables, &CLOCK, specific)
     }
@@ -159,7 +160,10 @@ impl Backend for Sqlite {
         Ok(Wakeups::none())
     }
 
-    async fn connect(url: &str) -> Result<sqlx::Pool<Self>, Error> {
+    async fn connect(
+        url: &str,
+        pool: sqlx::pool::PoolOptions<Self>,
+    ) -> Result<sqlx::Pool<Self>, Error> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| Error::Config(format!("database URL {url:?}: {e}")))?
             .create_if_missing(true)
@@ -171,7 +175,7 @@ impl Backend for Sqlite {
         // Try again for as long as the busy timeout would have waited.
         let started = Instant::now();
         loop {
-            match SqlitePoolOptions::new().connect_with(options.clone()).await {
+            match pool.clone().connect_with(options.clone()).await {
                 Err(error) if Self::is_retryable(&error) && started.elapsed() < BUSY_TIMEOUT => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }

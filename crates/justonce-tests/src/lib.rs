@@ -3,6 +3,7 @@
 //! shows as two rows.
 
 mod amqp;
+pub mod cluster;
 mod mqtt;
 mod redis;
 mod sink;

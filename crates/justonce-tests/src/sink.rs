@@ -31,8 +31,8 @@ pub struct Answer {
     pub status: u16,
     /// Headers to add.
     pub headers: Vec<(&'static str, String)>,
-    /// The body.
-    pub body: String,
+    /// The body: any bytes, text or not.
+    pub body: Vec<u8>,
     /// How long to wait before answering.
     pub delay: Duration,
 }
@@ -43,7 +43,7 @@ impl Answer {
         Self {
             status,
             headers: Vec::new(),
-            body: String::new(),
+            body: Vec::new(),
             delay: Duration::ZERO,
         }
     }

@@ -9,7 +9,8 @@
 //! per event. No relay runs: delivering the rows onward is not part of the time to 2xx.
 
 use super::{Bench, BenchDb};
-use crate::serve::public_router;
+use crate::config::Limits;
+use crate::listener;
 use anyhow::{Context, Result, bail, ensure};
 use hmac::Mac;
 use justonce_http::receiver::{IdLocation, Scheme, Source};
@@ -90,14 +91,19 @@ impl<DB: BenchDb> Bench<'_, DB> {
             header: SIGNATURE_HEADER.to_owned(),
         };
         let source = Source::new(SOURCE, scheme, IdLocation::Json("/id".to_owned()))?;
-        let app = public_router(&self.inbox, vec![source], 1 << 20);
+        let app = justonce_http::receiver::router(&self.inbox, vec![source], 1 << 20);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .context("listening on loopback")?;
         let url = format!("http://{}/webhooks/{SOURCE}", listener.local_addr()?);
         // Stopped when this returns, or when an interrupted bench drops it before its tables.
         let _server = AbortOnDrop(tokio::spawn(
-            async move { axum::serve(listener, app).await },
+            // The service's own listener, so that its caps are part of what is timed.
+            async move {
+                let limits = Limits::default();
+                let stopped = std::future::pending();
+                listener::serve(listener, app, limits, limits.max_connections, stopped).await
+            },
         ));
         let sender = Sender {
             client: reqwest::Client::new(),

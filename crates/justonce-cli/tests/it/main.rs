@@ -3,4 +3,5 @@
 
 mod bench;
 mod check;
+mod listeners;
 mod serve;

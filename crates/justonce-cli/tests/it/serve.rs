@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
-const SECRET: &str = "demo secret";
+pub(crate) const SECRET: &str = "the demo signing secret";
 
 macro_rules! on_every_database {
     ($($test:ident),* $(,)?) => {
@@ -55,11 +55,13 @@ on_every_database!(
 );
 
 /// A `justonce serve` with its own config file, database and free ports.
-struct Server {
+pub(crate) struct Server {
     config: PathBuf,
-    public: String,
-    admin: String,
+    pub(crate) public: String,
+    pub(crate) admin: String,
     child: Option<Child>,
+    /// The soft and hard limit of open files `serve` starts with, when set.
+    pub(crate) open_files: Option<u64>,
 }
 
 fn free_port() -> u16 {
@@ -71,17 +73,17 @@ fn free_port() -> u16 {
 }
 
 impl Server {
-    fn configure(database: &str, target: &str) -> Self {
+    pub(crate) fn configure(database: &str, target: &str) -> Self {
         Self::configure_with(database, target, "")
     }
 
     /// A server whose configuration ends with `more`, such as a consumer.
-    fn configure_with(database: &str, target: &str, more: &str) -> Self {
+    pub(crate) fn configure_with(database: &str, target: &str, more: &str) -> Self {
         Self::configure_all(database, target, "", more)
     }
 
     /// A server with `server` among its `[server]` settings and `more` at the end.
-    fn configure_all(database: &str, target: &str, server: &str, more: &str) -> Self {
+    pub(crate) fn configure_all(database: &str, target: &str, server: &str, more: &str) -> Self {
         let (public, admin) = (free_port(), free_port());
         let config = std::env::temp_dir().join(format!("justonce-{public}.toml"));
         std::fs::write(
@@ -110,11 +112,20 @@ target = "{target}"
             public: format!("http://127.0.0.1:{public}"),
             admin: format!("http://127.0.0.1:{admin}"),
             child: None,
+            open_files: None,
         }
     }
 
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_justonce"));
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
+        let binary = env!("CARGO_BIN_EXE_justonce");
+        let mut command = match self.open_files {
+            Some(limit) => {
+                let mut command = Command::new("prlimit");
+                command.arg(format!("--nofile={limit}:{limit}")).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
         command
             .arg("--config")
             .arg(&self.config)
@@ -128,10 +139,10 @@ target = "{target}"
     }
 
     /// Starts `serve` and waits until it answers.
-    async fn start(&mut self) {
+    pub(crate) async fn start(&mut self) {
         self.child = Some(self.command(&["serve"]).spawn().expect("start justonce"));
         let client = client();
-        for _ in 0..200 {
+        for _ in 0..600 {
             let health = client.get(format!("{}/healthz", self.public)).send().await;
             if health.is_ok_and(|r| r.status().is_success()) {
                 return;
@@ -141,13 +152,13 @@ target = "{target}"
         panic!("justonce serve did not come up");
     }
 
-    async fn kill(&mut self) {
+    pub(crate) async fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             child.kill().await.unwrap();
         }
     }
 
-    async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         if let Some(child) = self.child.take() {
             let pid = child.id().unwrap().to_string();
             let status = std::process::Command::new("kill")
@@ -183,12 +194,12 @@ impl Drop for Server {
 }
 
 /// A plain HTTP client; the TLS provider is installed only because reqwest asks for one.
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::new()
 }
 
-fn signature(body: &str) -> String {
+pub(crate) fn signature(body: &str) -> String {
     signature_of(body.as_bytes())
 }
 
@@ -205,7 +216,7 @@ fn signature_of(body: &[u8]) -> String {
 }
 
 /// Posts one event; returns the status and the answer's `status` field.
-async fn post(
+pub(crate) async fn post(
     client: &reqwest::Client,
     server: &str,
     body: &str,
@@ -234,7 +245,7 @@ async fn text_of(client: &reqwest::Client, url: &str) -> String {
 }
 
 /// The database URL a server of this test uses, and the database to clean up after.
-async fn database<DB: TestBackend>(test: &str) -> (TestDb<DB>, String) {
+pub(crate) async fn database<DB: TestBackend>(test: &str) -> (TestDb<DB>, String) {
     let db = TestDb::<DB>::new(test).await;
     // The server uses the default table prefix: on a server, give it a database of its own.
     let url = if DB::NAME == "SQLite" {
@@ -245,7 +256,7 @@ async fn database<DB: TestBackend>(test: &str) -> (TestDb<DB>, String) {
     (db, url)
 }
 
-async fn drop_database<DB: TestBackend>(db: TestDb<DB>, url: &str) {
+pub(crate) async fn drop_database<DB: TestBackend>(db: TestDb<DB>, url: &str) {
     if DB::NAME != "SQLite" {
         DB::drop_database(url).await;
     }
@@ -342,15 +353,28 @@ async fn every_event_posted_twice_is_delivered_once_per_key<DB: TestBackend>(tes
         .run(&["keys", "show", "demo:never", "--consumer", "demo"])
         .await;
     assert_eq!(code, 1, "an unknown key is a failure");
-    let metrics = text_of(&client, &format!("{}/metrics", server.admin)).await;
-    for line in [
+    let expected = [
         r#"justonce_webhooks_total{source="demo",outcome="accepted"} 300"#,
         r#"justonce_webhooks_total{source="demo",outcome="duplicate"} 900"#,
-        r#"justonce_deliveries_total{outcome="sent"} 300"#,
+        r#"justonce_deliveries_total{outcome="sent",destination="demo"} 300"#,
         "justonce_deliveries_due 0",
+        "justonce_store_up 1",
         // Every key is seconds old: nothing is past its retention.
         r#"justonce_purge_lag_seconds{consumer="demo"} 0"#,
-    ] {
+    ];
+    // The gauges read from the database are refreshed every 5 s.
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = text_of(&client, &format!("{}/metrics", server.admin)).await;
+        if expected
+            .iter()
+            .all(|line| metrics.lines().any(|l| l == *line))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for line in expected {
         assert!(
             metrics.lines().any(|l| l == line),
             "{line:?} not in\n{metrics}"
@@ -740,7 +764,7 @@ async fn hostile_bodies_get_4xx_and_leave_memory_bounded() {
     drop_database(db, &url).await;
 }
 
-fn amqp_url() -> String {
+pub(crate) fn amqp_url() -> String {
     std::env::var("JUSTONCE_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }

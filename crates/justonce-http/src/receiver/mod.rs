@@ -220,22 +220,48 @@ fn event_id(location: &IdLocation, headers: &HeaderMap, body: &[u8]) -> Result<S
             .and_then(|value| value.to_str().ok())
             .map(str::to_owned)
             .ok_or_else(|| format!("the {name} header is missing or not text")),
-        IdLocation::Json(pointer) => {
-            // serde_json refuses nesting deeper than 128 levels, so a hostile body cannot
-            // exhaust the stack.
-            let document: serde_json::Value =
-                serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
-            match document.pointer(pointer) {
-                Some(serde_json::Value::String(id)) => Ok(id.clone()),
-                Some(serde_json::Value::Number(id)) => Ok(id.to_string()),
-                _ => Err(format!("the body has no string or number at {pointer}")),
-            }
-        }
+        IdLocation::Json(pointer) => json_id(body, pointer),
     }?;
     if id.trim().is_empty() {
         return Err("the event id is blank".to_owned());
     }
     Ok(id)
+}
+
+/// The id at the JSON `pointer` in `body`, as exact text: a string unescaped, a number as
+/// written. A number never goes through a float, which would make ids past 2^53 that
+/// differ in their last digits one key. Only the objects and arrays on the pointer's path
+/// are parsed into maps; the rest is checked as JSON and skipped, without recursion, so a
+/// deeply nested body cannot exhaust the stack.
+fn json_id(body: &[u8], pointer: &str) -> Result<String, String> {
+    use serde_json::value::RawValue;
+    let not_found = || format!("the body has no string or number at {pointer}");
+    let text = std::str::from_utf8(body).map_err(|_| "the body is not UTF-8".to_owned())?;
+    let mut value: &RawValue =
+        serde_json::from_str(text).map_err(|e| format!("the body is not JSON: {e}"))?;
+    // RFC 6901: `~1` is `/` and `~0` is `~`, in that order.
+    for token in pointer.split('/').skip(1) {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        value = match value.get().as_bytes().first() {
+            Some(b'{') => {
+                let members: HashMap<String, &RawValue> =
+                    serde_json::from_str(value.get()).map_err(|e| e.to_string())?;
+                *members.get(&token).ok_or_else(not_found)?
+            }
+            Some(b'[') => {
+                let items: Vec<&RawValue> =
+                    serde_json::from_str(value.get()).map_err(|e| e.to_string())?;
+                let index: usize = token.parse().map_err(|_| not_found())?;
+                *items.get(index).ok_or_else(not_found)?
+            }
+            _ => return Err(not_found()),
+        };
+    }
+    match value.get().as_bytes().first() {
+        Some(b'"') => serde_json::from_str(value.get()).map_err(|e| e.to_string()),
+        Some(b'-' | b'0'..=b'9') => Ok(value.get().to_owned()),
+        _ => Err(not_found()),
+    }
 }
 
 /// Counts one request of `source` by what became of it.

@@ -3,7 +3,7 @@
 use super::{key, on_every_database};
 use justonce_http::HttpDestination;
 use justonce_sql::{Inbox, Message, RelayOptions};
-use justonce_tests::{Answer, Sink, TestBackend, TestDb};
+use justonce_tests::{Answer, RunningRelay, Sink, TestBackend, TestDb};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +12,9 @@ on_every_database!(
     server_errors_are_retried_and_client_errors_dead_lettered,
     retry_after_is_honoured,
     unreachable_and_slow_receivers_are_retried,
+    poisoned_answers_are_recorded_and_dead_lettered_after_one_request,
+    a_key_outside_visible_ascii_travels_percent_encoded,
+    a_target_that_never_answers_holds_back_no_other_and_is_backed_off,
 );
 
 fn eager() -> RelayOptions {
@@ -77,7 +80,7 @@ async fn server_errors_are_retried_and_client_errors_dead_lettered<DB: TestBacke
             Answer::status(200)
         } else {
             Answer {
-                body: "unknown customer cust_9".to_owned(),
+                body: b"unknown customer cust_9".to_vec(),
                 ..Answer::status(400)
             }
         }
@@ -226,5 +229,207 @@ async fn signed_deliveries_verify_as_standard_webhooks() {
             .signed_with("whsec_!")
             .is_err()
     );
+    db.cleanup().await;
+}
+
+/// Whatever a target answers is stored as text: NUL bytes (which PostgreSQL's `text`
+/// refuses), invalid UTF-8 and a megabyte each dead-letter their row after one request.
+async fn poisoned_answers_are_recorded_and_dead_lettered_after_one_request<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let keys: Vec<String> = ["nul", "invalid", "huge"]
+        .iter()
+        .map(|id| db.inbox.identity(&key(id)).derive("notify").to_string())
+        .collect();
+    let answers = keys.clone();
+    let sink = Sink::scripted(Arc::new(move |key, _| {
+        let body = match answers.iter().position(|k| k == key) {
+            Some(0) => b"refused\0here".to_vec(),
+            Some(1) => b"refused \xff\xfe here".to_vec(),
+            _ => vec![b'x'; 1 << 20],
+        };
+        Answer {
+            body,
+            ..Answer::status(400)
+        }
+    }))
+    .await;
+    let mut ids = Vec::new();
+    for id in ["nul", "invalid", "huge"] {
+        ids.push(enqueue(&db.inbox, id, "x").await);
+    }
+    let outbox = db.inbox.outbox();
+    let relay = outbox
+        .relay()
+        .options(eager())
+        .destination("hooks", HttpDestination::new(&sink.url()).unwrap());
+    assert_eq!(relay.relay_once().await.unwrap().dead, 3);
+    assert_eq!(relay.relay_once().await.unwrap().taken, 0);
+    assert_eq!(sink.requests(), 3, "one request per row");
+    for id in ids {
+        let row = outbox.get(id).await.unwrap().unwrap();
+        let reason = row.last_error.unwrap();
+        assert!(row.dead && reason.contains("400 Bad Request"), "{reason}");
+        assert!(
+            !reason.contains('\0') && reason.len() <= 1_024,
+            "{reason:?}"
+        );
+    }
+    db.cleanup().await;
+}
+
+/// A key of any characters reaches an ASCII-only target: the bytes a header cannot carry
+/// as they are travel as `%XX`, and percent-decoding gives the key back.
+async fn a_key_outside_visible_ascii_travels_percent_encoded<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let sink = Sink::start().await;
+    let event = key("shop:caf\u{e9} 100%");
+    let message = Message::new("hooks", b"{}".to_vec());
+    let outcome = db.inbox.run_forward(&event, b"{}", message).await.unwrap();
+    assert_eq!(outcome, justonce_sql::Outcome::Processed(()));
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .destination("hooks", HttpDestination::new(&sink.url()).unwrap());
+    assert_eq!(relay.relay_once().await.unwrap().sent, 1);
+    let received = sink.received();
+    assert_eq!(received[0].key.as_deref(), Some("shop:caf%C3%A9%20100%25"));
+    db.cleanup().await;
+}
+
+/// A target that accepts connections and answers nothing until told to, counting them.
+struct Silent {
+    url: String,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+    answering: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Silent {
+    async fn start() -> Self {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let answering = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (counted, told) = (Arc::clone(&connections), Arc::clone(&answering));
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let answer = told.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if !answer {
+                        // Holds the connection, never answering.
+                        let mut sink = [0; 1024];
+                        while stream.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+                        return;
+                    }
+                    let mut head = Vec::new();
+                    let mut buffer = [0; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buffer).await {
+                            Ok(n) if n > 0 => head.extend_from_slice(&buffer[..n]),
+                            _ => return,
+                        }
+                    }
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                    let _ = stream.write_all(ok).await;
+                });
+            }
+        });
+        Self {
+            url,
+            connections,
+            answering,
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+async fn enqueue_for<DB: TestBackend>(inbox: &Inbox<DB>, id: &str, destination: &str) -> i64 {
+    let id = key(id);
+    let outcome = inbox
+        .run(&id, b"x", |tx| {
+            Box::pin(inbox.enqueue(tx, &id, "notify", Message::new(destination, "x")))
+        })
+        .await
+        .expect("run");
+    outcome.processed().expect("a new key")
+}
+
+/// 40 rows for a target that accepts connections and never answers, then one for another
+/// target: that one arrives within 2 s. The silent target's breaker opens after 5 failures
+/// in a row, lets one probe through when each pause ends, and closes when the target
+/// answers, after which every row of it is delivered.
+async fn a_target_that_never_answers_holds_back_no_other_and_is_backed_off<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let silent = Silent::start().await;
+    let sink = Sink::start().await;
+    let mut silent_rows = Vec::new();
+    for n in 0..40 {
+        silent_rows.push(enqueue_for(&db.inbox, &format!("silent_{n}"), "silent").await);
+    }
+    let options = RelayOptions::default()
+        .lease(Duration::from_secs(4))
+        .first_backoff(Duration::from_millis(200))
+        .breaker_pause(Duration::from_secs(1))
+        .poll_interval(Duration::from_millis(100));
+    let timeout = Duration::from_secs(1);
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .options(options)
+        .destination(
+            "silent",
+            HttpDestination::with_timeout(&silent.url, timeout).unwrap(),
+        )
+        .destination("fast", HttpDestination::new(&sink.url()).unwrap());
+    let started = std::time::Instant::now();
+    let running = RunningRelay::start(relay);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    enqueue_for(&db.inbox, "fast_1", "fast").await;
+    let posted = std::time::Instant::now();
+    while sink.requests() == 0 {
+        assert!(
+            posted.elapsed() < Duration::from_secs(2),
+            "held back behind the silent target"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!(
+        "another target's row arrived {:?} after it was written",
+        posted.elapsed()
+    );
+    // The first 8 time out at 1 s and open the breaker for 1 s; one probe follows at
+    // about 2 s, fails at 3 s, and the breaker stays open until about 5 s.
+    tokio::time::sleep_until((started + Duration::from_millis(4_500)).into()).await;
+    let tried = silent.connections();
+    assert!(
+        (9..=10).contains(&tried),
+        "{tried} connections: 8, then one probe at a time"
+    );
+    silent
+        .answering
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let outbox = db.inbox.outbox();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for id in &silent_rows {
+        while !outbox.get(*id).await.unwrap().unwrap().sent {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "row {id} was never sent"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    running.stop().await;
     db.cleanup().await;
 }

@@ -16,6 +16,7 @@ on_every_database!(
     rejected_requests_store_nothing,
     an_unreachable_database_answers_503,
     hostile_event_ids_get_400_problems_or_are_stored_once_as_given,
+    json_ids_are_taken_as_their_exact_text,
     a_v1a_signed_event_is_stored_once_and_a_wrongly_signed_one_stores_nothing,
 );
 
@@ -363,6 +364,61 @@ async fn hostile_event_ids_get_400_problems_or_are_stored_once_as_given<DB: Test
         (stored, stored)
     );
     db.inbox.check().await.expect("the tables are intact");
+    db.cleanup().await;
+}
+
+/// A JSON id is its exact text, never a float: two numbers past 2^64 that differ in their
+/// last digit are two keys; an escaped string is its unescaped text; a pointer reaches
+/// into arrays and escaped member names.
+async fn json_ids_are_taken_as_their_exact_text<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let app = router(&db.inbox, vec![stripe()], LIMIT);
+    for (body, key) in [
+        (
+            r#"{"id":123456789012345678901}"#,
+            "stripe:123456789012345678901",
+        ),
+        (
+            r#"{"id":123456789012345678902}"#,
+            "stripe:123456789012345678902",
+        ),
+        (r#"{"id": -1.50e3 }"#, "stripe:-1.50e3"),
+        (r#"{"id":"evt_\u00e9"}"#, "stripe:evt_\u{e9}"),
+    ] {
+        let (status, _, answer_body) = answer(&app, stripe_signed(body)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            answer_body,
+            serde_json::json!({ "key": key, "status": "accepted" }).to_string(),
+            "{body}"
+        );
+    }
+    assert_eq!((db.rows("keys").await, db.rows("outbox").await), (4, 4));
+    let nested = Scheme::Stripe {
+        secrets: vec![b"whsec_stripe".to_vec()],
+        tolerance: Duration::from_secs(300),
+    };
+    let nested = Source::new(
+        "stripe",
+        nested,
+        IdLocation::Json("/data/0/a~1b".to_owned()),
+    )
+    .unwrap();
+    let app = router(&db.inbox, vec![nested], LIMIT);
+    let (status, _, answer_body) = answer(&app, stripe_signed(r#"{"data":[{"a/b":77}]}"#)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        answer_body.contains(r#""key":"stripe:77""#),
+        "{answer_body}"
+    );
+    for missing in [
+        r#"{"data":[]}"#,
+        r#"{"data":{"0":{}}}"#,
+        r#"{"data":[{"a/b":null}]}"#,
+    ] {
+        let (status, _, _) = answer(&app, stripe_signed(missing)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{missing}");
+    }
     db.cleanup().await;
 }
 

@@ -63,7 +63,6 @@
 //! fails on the way.
 
 mod broker;
-mod cluster;
 mod proxy;
 mod real_broker;
 mod relay_kill;
@@ -271,7 +270,7 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         ));
     }
     let cluster = if args.scenario == "pg-immediate" {
-        let started = tokio::task::spawn_blocking(cluster::Cluster::start).await;
+        let started = tokio::task::spawn_blocking(justonce_tests::cluster::Cluster::start).await;
         Some(Arc::new(started.map_err(|e| e.to_string())??))
     } else {
         None
@@ -332,7 +331,7 @@ async fn through_own_broker<DB: TestBackend>(
     args: &Args,
     db: &TestDb<DB>,
     rng: &mut Rng,
-    cluster: Option<Arc<cluster::Cluster>>,
+    cluster: Option<Arc<justonce_tests::cluster::Cluster>>,
     title: String,
 ) -> Result<Report, String> {
     let mut scenario = match args.scenario.as_str() {
@@ -560,7 +559,7 @@ fn pg_immediate<DB: TestBackend>(
     args: &Args,
     db: &TestDb<DB>,
     rng: &mut Rng,
-    cluster: Arc<cluster::Cluster>,
+    cluster: Arc<justonce_tests::cluster::Cluster>,
 ) -> Scenario {
     let keys = args.size(3_000, 30_000);
     let restarts = args.size(2, 10);

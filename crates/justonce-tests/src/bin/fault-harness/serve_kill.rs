@@ -25,7 +25,7 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
 /// The source's signing secret.
-const SECRET: &str = "harness-secret";
+const SECRET: &str = "the harness signing secret";
 
 /// Senders posting at once.
 const SENDERS: usize = 8;

@@ -1,16 +1,17 @@
-//! A throwaway PostgreSQL cluster of the harness's own: `initdb` into a temporary folder, a
-//! free port, `pg_ctl` as a non-root user. It is the one stopped with `-m immediate`; the
+//! A throwaway PostgreSQL cluster of a test's own: `initdb` into a temporary folder, a free
+//! port, `pg_ctl` as a non-root user. It is the one stopped with `-m immediate`; the
 //! machine's shared cluster is never touched.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// A PostgreSQL server of its own, stopped and removed when dropped.
 pub struct Cluster {
     folder: PathBuf,
     port: u16,
     bin: PathBuf,
-    /// The user the server runs as when the harness runs as root (PostgreSQL refuses root).
+    /// The user the server runs as when the test runs as root (PostgreSQL refuses root).
     run_as: Option<&'static str>,
 }
 
@@ -18,8 +19,7 @@ impl Cluster {
     /// Creates and starts the cluster.
     pub fn start() -> Result<Self, String> {
         let bin = bin_folder()?;
-        let folder =
-            std::env::temp_dir().join(format!("justonce-harness-pg-{}", justonce_tests::unique()));
+        let folder = std::env::temp_dir().join(format!("justonce-pg-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
         let root = std::fs::metadata("/proc/self").is_ok_and(|me| me.uid() == 0);
         let run_as = root.then_some("postgres");

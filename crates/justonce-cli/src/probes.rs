@@ -1,0 +1,149 @@
+//! What the probes, `/metrics` and the status page know of the parts the service depends
+//! on: the database, checked with a short timeout, and each consumer's broker connection.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use justonce_sql::{Backend, Inbox};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long a probe waits for the database before it counts it as down.
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A consumer's connection to its broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Connection {
+    /// Not connected yet, or connecting again after a failure.
+    Connecting { last_error: Option<String> },
+    /// Consuming.
+    Connected,
+}
+
+/// The state of each consumer, shared by the consumers and the probes.
+#[derive(Debug, Default)]
+pub struct Consumers {
+    states: Mutex<BTreeMap<String, Connection>>,
+}
+
+impl Consumers {
+    /// Every consumer of `names`, none connected yet.
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        let states = names
+            .into_iter()
+            .map(|name| {
+                metrics::gauge!("justonce_consumer_up", "consumer" => name.to_owned()).set(0.0);
+                (name.to_owned(), Connection::Connecting { last_error: None })
+            })
+            .collect();
+        Self {
+            states: Mutex::new(states),
+        }
+    }
+
+    /// Records that `consumer` is consuming.
+    pub fn connected(&self, consumer: &str) {
+        self.set(consumer, Connection::Connected);
+    }
+
+    /// Records why `consumer` is not consuming; it is trying again.
+    pub fn failed(&self, consumer: &str, error: String) {
+        self.set(
+            consumer,
+            Connection::Connecting {
+                last_error: Some(error),
+            },
+        );
+    }
+
+    fn set(&self, consumer: &str, state: Connection) {
+        let up = if state == Connection::Connected {
+            1.0
+        } else {
+            0.0
+        };
+        metrics::gauge!("justonce_consumer_up", "consumer" => consumer.to_owned()).set(up);
+        self.lock().insert(consumer.to_owned(), state);
+    }
+
+    /// Each consumer's state, by name.
+    pub fn states(&self) -> BTreeMap<String, Connection> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Connection>> {
+        // A panic elsewhere while holding the lock leaves the map whole: use it.
+        self.states
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+struct Probed<DB: Backend> {
+    inbox: Inbox<DB>,
+    consumers: Arc<Consumers>,
+}
+
+/// `GET /livez` and `GET /readyz`, for both listeners.
+///
+/// `/livez` answers `200` from memory: the process serves. `/readyz` answers `200` when the
+/// database answered within a second and every consumer is consuming, and `503`
+/// problem+json naming each part that is not otherwise.
+pub fn router<DB: Backend>(inbox: &Inbox<DB>, consumers: &Arc<Consumers>) -> Router {
+    let probed = Arc::new(Probed {
+        inbox: inbox.clone(),
+        consumers: Arc::clone(consumers),
+    });
+    Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz::<DB>))
+        .with_state(probed)
+}
+
+async fn livez() -> Response {
+    ([(CONTENT_TYPE, "application/json")], r#"{"status":"ok"}"#).into_response()
+}
+
+async fn readyz<DB: Backend>(State(probed): State<Arc<Probed<DB>>>) -> Response {
+    let mut failing = Vec::new();
+    let store = match tokio::time::timeout(STORE_TIMEOUT, probed.inbox.check()).await {
+        Ok(Ok(())) => "up",
+        Ok(Err(error)) => {
+            failing.push(format!("the database: {error}"));
+            "down"
+        }
+        Err(_) => {
+            failing.push("the database: no answer within 1 s".to_owned());
+            "down"
+        }
+    };
+    let mut consumers = serde_json::Map::new();
+    for (name, state) in probed.consumers.states() {
+        let state = match state {
+            Connection::Connected => "connected",
+            Connection::Connecting { last_error } => {
+                failing.push(match last_error {
+                    Some(error) => format!("consumer {name}: not connected: {error}"),
+                    None => format!("consumer {name}: not connected yet"),
+                });
+                "connecting"
+            }
+        };
+        consumers.insert(name, state.into());
+    }
+    if failing.is_empty() {
+        let body =
+            serde_json::json!({ "status": "ready", "database": store, "consumers": consumers });
+        ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    } else {
+        justonce_http::problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready",
+            failing.join("; "),
+        )
+    }
+}
