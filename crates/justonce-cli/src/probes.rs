@@ -24,6 +24,19 @@ pub enum Connection {
     Connected,
 }
 
+impl std::fmt::Display for Connection {
+    /// What `/readyz` and the status page say of it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Connection::Connected => f.write_str("connected"),
+            Connection::Connecting { last_error: None } => f.write_str("not connected yet"),
+            Connection::Connecting {
+                last_error: Some(error),
+            } => write!(f, "not connected: {error}"),
+        }
+    }
+}
+
 /// The state of each consumer, shared by the consumers and the probes.
 #[derive(Debug, Default)]
 pub struct Consumers {
@@ -123,16 +136,11 @@ async fn readyz<DB: Backend>(State(probed): State<Arc<Probed<DB>>>) -> Response 
     };
     let mut consumers = serde_json::Map::new();
     for (name, state) in probed.consumers.states() {
-        let state = match state {
-            Connection::Connected => "connected",
-            Connection::Connecting { last_error } => {
-                failing.push(match last_error {
-                    Some(error) => format!("consumer {name}: not connected: {error}"),
-                    None => format!("consumer {name}: not connected yet"),
-                });
-                "connecting"
-            }
-        };
+        let connected = state == Connection::Connected;
+        if !connected {
+            failing.push(format!("consumer {name}: {state}"));
+        }
+        let state = if connected { "connected" } else { "connecting" };
         consumers.insert(name, state.into());
     }
     if failing.is_empty() {

@@ -4,7 +4,7 @@ use crate::activity::{self, Activity};
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
 use crate::listener;
 use crate::pacing::{self, Pacer};
-use crate::probes::{self, Connection, Consumers};
+use crate::probes::{self, Consumers};
 use crate::purge;
 use anyhow::{Context, Result, ensure};
 use axum::http::header::CONTENT_TYPE;
@@ -466,13 +466,7 @@ async fn status_page<DB: Backend>(
         .states()
         .into_iter()
         .map(|(name, state)| {
-            let state = match state {
-                Connection::Connected => "connected".to_owned(),
-                Connection::Connecting { last_error: None } => "connecting".to_owned(),
-                Connection::Connecting {
-                    last_error: Some(error),
-                } => format!("not connected: {}", escape(&error)),
-            };
+            let state = escape(&state.to_string());
             format!("<li>{}: {state}</li>", escape(&name))
         })
         .collect();

@@ -350,7 +350,6 @@ impl<DB: Backend> Relay<DB> {
                 let wait = after
                     .map_or(backoff, |after| after.max(backoff))
                     .min(self.options.max_backoff);
-                let reason = safe_text(&reason);
                 tracing::debug!(id = row.id, attempt = row.attempts, %reason, "delivery failed: retrying later");
                 let failure = Failure::Retry {
                     after_ms: millis(wait),
@@ -359,7 +358,6 @@ impl<DB: Backend> Relay<DB> {
                 Recorded::Retried
             }
             Delivered::Retry { reason, .. } | Delivered::Reject { reason } => {
-                let reason = safe_text(&reason);
                 tracing::warn!(id = row.id, attempt = row.attempts, %reason, "delivery dead-lettered");
                 self.record_failure(row.id, token, Failure::Dead, &reason)
                     .await?;
@@ -369,8 +367,8 @@ impl<DB: Backend> Relay<DB> {
         Ok(Some(Settled { recorded, unwell }))
     }
 
-    /// Records a failed delivery with its reason. Should the database refuse the reason,
-    /// the failure is recorded again with a plain one: a row whose failure goes unrecorded
+    /// Records a failed delivery with its reason, made safe to store. Should the database
+    /// refuse it still, the failure is recorded again with a plain reason: a row whose failure goes unrecorded
     /// would be sent again when its lease ends, outside its schedule, and never reach its
     /// dead letter.
     async fn record_failure(
@@ -389,7 +387,8 @@ impl<DB: Backend> Relay<DB> {
             },
             Failure::Dead => Change::MarkDead { id, reason, token },
         };
-        let Err(error) = self.outbox.change(change(reason)).await else {
+        let reason = safe_text(reason);
+        let Err(error) = self.outbox.change(change(&reason)).await else {
             return Ok(());
         };
         metrics::counter!("justonce_relay_record_failures_total").increment(1);
@@ -539,14 +538,7 @@ fn count_delivery(destination: &str, recorded: Recorded) {
 
 /// `names` as a JSON array of strings.
 fn json_array(names: &[String]) -> String {
-    let quoted: Vec<String> = names
-        .iter()
-        .map(|name| {
-            let escaped = name.replace('\\', "\\\\").replace('"', "\\\"");
-            format!("\"{escaped}\"")
-        })
-        .collect();
-    format!("[{}]", quoted.join(","))
+    serde_json::Value::from(names).to_string()
 }
 
 /// Each destination's deliveries, in flight and taken but waiting for room, and its
