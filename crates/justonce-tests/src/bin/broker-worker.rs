@@ -112,6 +112,7 @@ async fn work<DB: TestBackend>(
                     let key = entry.field(KEY_FIELD).ok_or("an entry without a key")?;
                     let key = String::from_utf8_lossy(&key);
                     effect_unless_claimed(&inbox, prefix, &key).await?;
+                    tokio::time::sleep(SEPARATE_CLAIM_GAP).await;
                     settled(reader.run_one(&entry, &nothing::<DB>).await)?;
                 }
             }
@@ -169,6 +170,7 @@ async fn work<DB: TestBackend>(
             let mut messages = reader.messages().await?;
             while let Some(message) = messages.next().await? {
                 effect_unless_claimed(&inbox, prefix, &order_id(&message)).await?;
+                tokio::time::sleep(SEPARATE_CLAIM_GAP).await;
                 settled(reader.run_one(&message, &nothing::<DB>).await)?;
             }
             return Ok(());
@@ -270,6 +272,11 @@ async fn effect_after_ack<DB: TestBackend>(
         .await?;
     Ok(())
 }
+
+/// How long `separate-claim` waits between its two transactions. Without it the window a
+/// kill must hit is a few microseconds, and ten random kills sometimes all missed it: the
+/// check of the broken mode rested on luck.
+const SEPARATE_CLAIM_GAP: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// The work of `separate-claim`'s second transaction: none, its effect already committed.
 fn nothing<'t, DB: TestBackend>(
