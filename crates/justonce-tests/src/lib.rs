@@ -7,6 +7,7 @@ pub mod cluster;
 mod mqtt;
 mod redis;
 mod sink;
+pub mod tls;
 
 pub use amqp::{amqp_url, publish_keys, publish_many};
 pub use mqtt::publish_while_consuming;
