@@ -117,7 +117,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         .acquire_timeout(settings.acquire_timeout);
     let inbox = Inbox::<DB>::connect_with(&settings.database, Consumer::new("justonce")?, options)
         .await
-        .context("opening the database")?;
+        .map_err(opening_failed)?;
     let outbox = inbox.outbox();
     match command {
         Command::Serve => {
@@ -155,6 +155,15 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         Command::Bench(_) => unreachable!("run measures before it opens the store"),
     }
     Ok(())
+}
+
+/// A database that cannot be opened: its settings, such as a certificate the server's
+/// does not match, are bad configuration (exit code 2); anything else is a failure.
+fn opening_failed(error: justonce_sql::Error) -> anyhow::Error {
+    match error {
+        justonce_sql::Error::Config(problem) => Usage(problem).into(),
+        error => anyhow::Error::new(error).context("opening the database"),
+    }
 }
 
 async fn keys<DB: Backend>(inbox: &Inbox<DB>, command: KeysCommand) -> Result<()> {

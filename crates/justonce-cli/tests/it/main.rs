@@ -5,3 +5,4 @@ mod bench;
 mod check;
 mod listeners;
 mod serve;
+mod tls;
