@@ -406,6 +406,8 @@ pub(crate) static TLS: Dialect = Dialect {
         error.message().contains("insecure transport")
             || error.message().starts_with("Access denied")
     },
+    // A user created `REQUIRE X509` is denied access like any other without a certificate.
+    wants_client_certificate: |_| false,
 };
 
 impl TlsOptions for MySqlConnectOptions {

@@ -40,6 +40,12 @@ pub(crate) static TLS: Dialect = Dialect {
         error.code().as_deref() == Some("28000")
             && (error.message().contains("no encryption") || error.message().contains("SSL off"))
     },
+    wants_client_certificate: |error| {
+        error.code().as_deref() == Some("28000")
+            && error
+                .message()
+                .contains("requires a valid client certificate")
+    },
 };
 
 impl TlsOptions for PgConnectOptions {

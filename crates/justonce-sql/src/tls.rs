@@ -29,6 +29,8 @@ pub(crate) struct Dialect {
     pub(crate) protection: fn(&str) -> Option<Protection>,
     /// Whether the server's refusal of a plain-text connection may be for want of TLS.
     pub(crate) refused_plain_text: fn(&dyn sqlx::error::DatabaseError) -> bool,
+    /// Whether the server refused the connection for want of a client certificate.
+    pub(crate) wants_client_certificate: fn(&dyn sqlx::error::DatabaseError) -> bool,
 }
 
 /// How much a TLS mode protects, weakest first.
@@ -209,6 +211,14 @@ impl<O: TlsOptions> Target<O> {
                     d.mode[0],
                     d.verify_full,
                     d.ca[0]
+                ))
+            }
+            sqlx::Error::Database(error) if (d.wants_client_certificate)(error.as_ref()) => {
+                Some(format!(
+                    "the server requires a client certificate ({}); set {}=FILE and {}=FILE",
+                    error.message(),
+                    d.client[0][0],
+                    d.client[1][0]
                 ))
             }
             sqlx::Error::Tls(inner) => Some(match self.handshake_problem(inner.as_ref()) {

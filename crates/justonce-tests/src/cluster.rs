@@ -8,6 +8,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The user of a TLS cluster that authenticates by client certificate.
+pub const CERT_USER: &str = "cert_user";
+
 /// A PostgreSQL server of its own, stopped and removed when dropped.
 pub struct Cluster {
     folder: PathBuf,
@@ -26,7 +29,8 @@ impl Cluster {
     }
 
     /// Creates and starts a cluster that takes TLS connections only (`hostssl` in
-    /// pg_hba.conf), with a certificate from `ca` for `names`.
+    /// pg_hba.conf), with a certificate from `ca` for `names`. User `postgres` needs no
+    /// more; user [`CERT_USER`] must present a client certificate from `ca` in its name.
     pub fn start_tls(ca: &TestCa, names: &[&str]) -> Result<Self, String> {
         let cluster = Self::create()?;
         let data = cluster.folder.join("data");
@@ -52,10 +56,22 @@ impl Cluster {
         let hba = data.join("pg_hba.conf");
         std::fs::write(
             &hba,
-            "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
+            format!(
+                "local all all trust\n\
+                 hostssl all {CERT_USER} 127.0.0.1/32 cert\n\
+                 hostssl all postgres 127.0.0.1/32 trust\n\
+                 hostssl all postgres ::1/128 trust\n"
+            ),
         )
         .map_err(|e| format!("{}: {e}", hba.display()))?;
         cluster.start_again()?;
+        let socket = cluster.folder.display().to_string();
+        let port = cluster.port.to_string();
+        let create = format!("CREATE ROLE {CERT_USER} LOGIN SUPERUSER");
+        cluster.pg(
+            "psql",
+            &["-h", &socket, "-p", &port, "-U", "postgres", "-c", &create],
+        )?;
         Ok(cluster)
     }
 

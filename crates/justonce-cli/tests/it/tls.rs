@@ -5,7 +5,7 @@
 
 use crate::serve::{Server, client, post, run_capturing};
 use justonce_tests::Sink;
-use justonce_tests::cluster::Cluster;
+use justonce_tests::cluster::{CERT_USER, Cluster};
 use justonce_tests::mariadb::TlsMariaDb;
 use justonce_tests::tls::TestCa;
 use std::path::Path;
@@ -90,6 +90,38 @@ async fn postgres_certificate_problems_stop_stats_and_serve_with_exit_2() {
         stderr.contains("sslmode=verify-ca does not check the host name"),
         "{stderr}"
     );
+}
+
+/// A user that authenticates by client certificate: `stats` works with the certificate
+/// and its key, and without them stops at start saying what the server wants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_takes_a_client_certificate_from_the_url() {
+    let ca = TestCa::new();
+    let cluster = Cluster::start_tls(&ca, NAMES).expect("a PostgreSQL cluster with TLS");
+    let verify = format!(
+        "sslmode=verify-full&{}",
+        ca_parameter("sslrootcert", &ca.ca_file())
+    );
+    let url = |tls: &str| {
+        format!(
+            "postgres://{CERT_USER}@localhost:{}/postgres?{tls}",
+            cluster.port()
+        )
+    };
+    let (cert, key) = ca.client(CERT_USER);
+    let with_certificate = format!(
+        "{verify}&{}&{}",
+        ca_parameter("sslcert", &cert),
+        ca_parameter("sslkey", &key)
+    );
+    let (code, stderr) = stats(&url(&with_certificate)).await;
+    assert_eq!(code, 0, "{stderr}");
+    refused(
+        &url(&verify),
+        "the server requires a client certificate (connection requires a valid client \
+         certificate); set sslcert=FILE and sslkey=FILE",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
