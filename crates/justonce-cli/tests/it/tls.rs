@@ -75,6 +75,24 @@ async fn postgres_certificate_problems_stop_stats_and_serve_with_exit_2() {
         "a server that requires TLS does so, and sslmode=disable turns TLS off",
     )
     .await;
+    // `check` reads the effects from the user's database under the same rule.
+    let wrong_ca = postgres_url("localhost", port, &verify(&other_ca));
+    let server = Server::configure(&wrong_ca, "http://127.0.0.1:1/unused");
+    let args = [
+        "check",
+        "--run",
+        "true",
+        "--count",
+        "SELECT 1",
+        "--database",
+        &wrong_ca,
+    ];
+    let (code, _, stderr) = run_capturing(&server, &args).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("signed by an unknown certificate authority"),
+        "{stderr}"
+    );
     // A mode that checks less is spelled out, and said at start.
     let (code, stderr) = stats(&postgres_url(
         "127.0.0.1",
