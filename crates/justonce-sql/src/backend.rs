@@ -267,6 +267,8 @@ pub struct Statements {
     pub(crate) mark_sent: Arc<str>,
     pub(crate) mark_retry: Arc<str>,
     pub(crate) mark_dead: Arc<str>,
+    pub(crate) untake: Arc<str>,
+    pub(crate) expire: Arc<str>,
     pub(crate) replay: Arc<str>,
     pub(crate) purge_dead: Arc<str>,
     pub(crate) purge_sent: Arc<str>,
@@ -384,6 +386,22 @@ impl Statements {
             mark_dead: text(format!(
                 "UPDATE {outbox} SET dead = TRUE, last_error = $2
                  WHERE id = $1 AND lease_token = $3 AND sent_at IS NULL AND NOT dead"
+            )),
+            untake: text(format!(
+                "UPDATE {outbox} SET next_attempt_at = {}, attempts = attempts - 1
+                 WHERE id = $1 AND lease_token = $3 AND sent_at IS NULL AND NOT dead",
+                (clock.later_by)("$2")
+            )),
+            // Leased rows too: should one be sent meanwhile, `mark_sent` outranks this.
+            expire: text(format!(
+                "UPDATE {outbox} SET dead = TRUE, last_error = $3
+                 WHERE id IN (
+                    SELECT id FROM {outbox}
+                    WHERE sent_at IS NULL AND NOT dead AND destination = $1
+                      AND created_at <= {}
+                    ORDER BY id LIMIT $4
+                 )",
+                (clock.earlier_by)("$2")
             )),
             // A replay starts a new delivery window.
             replay: text(format!(
@@ -692,6 +710,20 @@ pub enum Change<'a> {
         id: i64,
         reason: &'a str,
         token: i64,
+    },
+    /// A row taken and not tried: due again after `after_ms`, its attempt given back.
+    Untake {
+        id: i64,
+        after_ms: i64,
+        token: i64,
+    },
+    /// Dead-letters at most `limit` unsent rows of `destination` written more than
+    /// `older_than_ms` ago, with `reason`.
+    Expire {
+        destination: &'a str,
+        older_than_ms: i64,
+        reason: &'a str,
+        limit: i64,
     },
     /// Every dead letter when `id` is `None`, at most `limit`.
     Replay {
@@ -1060,6 +1092,21 @@ macro_rules! shared_queries {
                 Change::MarkDead { id, reason, token } => {
                     statement(&sql.mark_dead).bind(id).bind(reason).bind(token)
                 }
+                Change::Untake {
+                    id,
+                    after_ms,
+                    token,
+                } => statement(&sql.untake).bind(id).bind(after_ms).bind(token),
+                Change::Expire {
+                    destination,
+                    older_than_ms,
+                    reason,
+                    limit,
+                } => statement(&sql.expire)
+                    .bind(destination)
+                    .bind(older_than_ms)
+                    .bind(reason)
+                    .bind(limit),
                 Change::Replay { id, limit } => statement(&sql.replay).bind(id).bind(limit),
                 Change::PurgeDead => statement(&sql.purge_dead),
                 Change::PurgeSent {

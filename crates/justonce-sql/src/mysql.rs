@@ -131,6 +131,8 @@ pub struct MySqlStatements {
     mark_sent: String,
     mark_retry: String,
     mark_dead: String,
+    untake: String,
+    expire: String,
     replay: String,
     purge_dead: String,
     purge_sent: String,
@@ -236,6 +238,16 @@ impl MySqlStatements {
             mark_dead: format!(
                 "UPDATE {outbox} SET dead = TRUE, last_error = ?
                  WHERE id = ? AND lease_token = ? AND {due}"
+            ),
+            untake: format!(
+                "UPDATE {outbox} SET next_attempt_at = {LATER}, attempts = attempts - 1
+                 WHERE id = ? AND lease_token = ? AND {due}"
+            ),
+            // Leased rows too: should one be sent meanwhile, `mark_sent` outranks this.
+            expire: format!(
+                "UPDATE {outbox} SET dead = TRUE, last_error = ?
+                 WHERE {due} AND destination = ? AND created_at <= {EARLIER}
+                 ORDER BY id LIMIT ?"
             ),
             replay: format!(
                 "UPDATE {outbox}
@@ -566,6 +578,21 @@ impl Backend for MySql {
             Change::MarkDead { id, reason, token } => {
                 statement(&sql.mark_dead).bind(reason).bind(id).bind(token)
             }
+            Change::Untake {
+                id,
+                after_ms,
+                token,
+            } => statement(&sql.untake).bind(after_ms).bind(id).bind(token),
+            Change::Expire {
+                destination,
+                older_than_ms,
+                reason,
+                limit,
+            } => statement(&sql.expire)
+                .bind(reason)
+                .bind(destination)
+                .bind(older_than_ms)
+                .bind(limit),
             Change::Replay { id, limit } => statement(&sql.replay).bind(id).bind(id).bind(limit),
             Change::PurgeDead => statement(&sql.purge_dead),
             Change::PurgeSent {

@@ -2,7 +2,7 @@
 //! of it.
 
 use crate::backend::{Backend, Change, OutboxRow, Wakeups, Which};
-use crate::inbox::{millis, random_u64};
+use crate::inbox::{in_batches, millis, random_u64};
 use crate::outbox::{Outbox, parse_headers};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -246,6 +246,8 @@ impl<DB: Backend> Relay<DB> {
         let concurrency = self.options.concurrency.max(1);
         let mut lanes = Lanes::default();
         let mut in_flight = FuturesUnordered::new();
+        // What an opening breaker writes; polled beside the deliveries, as the take is.
+        let mut backing_off = FuturesUnordered::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let room = concurrency - in_flight.len();
@@ -264,9 +266,12 @@ impl<DB: Backend> Relay<DB> {
                         taken = &mut take => break taken,
                         Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                             let (destination, outcome): (String, _) = done;
-                            lanes.settle(&destination, outcome, &self.options);
+                            if let Some(opened) = lanes.settle(&destination, outcome, &self.options) {
+                                backing_off.push(self.back_off(opened));
+                            }
                             settled = true;
                         }
+                        Some(()) = backing_off.next(), if !backing_off.is_empty() => {}
                     }
                 };
                 match taken {
@@ -288,15 +293,26 @@ impl<DB: Backend> Relay<DB> {
                 biased;
                 () = &mut shutdown => break,
                 Some((destination, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
-                    lanes.settle(&destination, outcome, &self.options);
+                    if let Some(opened) = lanes.settle(&destination, outcome, &self.options) {
+                        backing_off.push(self.back_off(opened));
+                    }
                 }
+                Some(()) = backing_off.next(), if !backing_off.is_empty() => {}
                 () = std::future::ready(()), if more_due && in_flight.len() < concurrency => {}
                 () = wakeups.wait() => {}
                 () = tokio::time::sleep(self.options.poll_interval) => {}
             }
         }
-        while let Some((destination, outcome)) = in_flight.next().await {
-            lanes.settle(&destination, outcome, &self.options);
+        loop {
+            tokio::select! {
+                Some((destination, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Some(opened) = lanes.settle(&destination, outcome, &self.options) {
+                        backing_off.push(self.back_off(opened));
+                    }
+                }
+                Some(()) = backing_off.next(), if !backing_off.is_empty() => {}
+                else => break,
+            }
         }
         Ok(())
     }
@@ -324,6 +340,7 @@ impl<DB: Backend> Relay<DB> {
         taken_at: Instant,
     ) -> Result<Option<Settled>, Error> {
         if taken_at.elapsed() > self.options.lease / 2 {
+            self.untake(row, token, Duration::ZERO).await?;
             return Ok(None);
         }
         let span = tracing::debug_span!(
@@ -399,6 +416,64 @@ impl<DB: Backend> Relay<DB> {
             .map(drop)
     }
 
+    /// Gives back a row taken under `token` and not tried, due again `after` from now with
+    /// its attempt uncounted, so that it waits no longer than that and stays on its
+    /// schedule to a dead letter.
+    async fn untake(&self, row: &OutboxRow, token: i64, after: Duration) -> Result<(), Error> {
+        self.outbox
+            .change(Change::Untake {
+                id: row.id,
+                after_ms: millis(after),
+                token,
+            })
+            .await
+            .map(drop)
+    }
+
+    /// What a breaker's opening does in the database: the rows it kept waiting are given
+    /// back, due when its pause ends, and the destination's rows past their delivery
+    /// window are dead-lettered now rather than one per probe.
+    async fn back_off(&self, opened: Opened) {
+        for (row, token) in &opened.untried {
+            if let Err(error) = self.untake(row, *token, opened.pause).await {
+                tracing::warn!(id = row.id, %error, "giving back an untried row failed: it is due when its lease ends");
+            }
+        }
+        let deliver_for = self
+            .destinations
+            .get(&opened.destination)
+            .and_then(|route| route.deliver_for)
+            .unwrap_or(self.options.deliver_for);
+        let reason = format!(
+            "not delivered within {}s while the destination kept failing",
+            deliver_for.as_secs()
+        );
+        let expired = in_batches(EXPIRE_BATCH, |limit| {
+            self.outbox.change(Change::Expire {
+                destination: &opened.destination,
+                older_than_ms: millis(deliver_for),
+                reason: &reason,
+                limit,
+            })
+        })
+        .await;
+        match expired {
+            Ok(0) => {}
+            Ok(expired) => {
+                tracing::warn!(destination = %opened.destination, expired, "deliveries past their window dead-lettered");
+                metrics::counter!(
+                    "justonce_deliveries_total",
+                    "outcome" => "dead",
+                    "destination" => opened.destination.clone()
+                )
+                .increment(expired);
+            }
+            Err(error) => {
+                tracing::warn!(destination = %opened.destination, %error, "dead-lettering expired deliveries failed");
+            }
+        }
+    }
+
     async fn deliver(&self, row: &OutboxRow) -> Delivered {
         // A row for a destination this relay does not know may be for one that a newer
         // configuration adds: retry it rather than dead-letter it at once.
@@ -463,6 +538,9 @@ enum Failure {
     Dead,
 }
 
+/// Rows dead-lettered per statement when a breaker opens.
+const EXPIRE_BATCH: u32 = 1_000;
+
 /// The reason kept when the database refused the real one.
 const UNRECORDED_REASON: &str = "the delivery failed; its reason could not be stored";
 
@@ -500,6 +578,14 @@ enum Recorded {
 struct Settled {
     recorded: Recorded,
     unwell: bool,
+}
+
+/// A breaker that opened: its destination, its pause, and the rows taken for it that
+/// were waiting, with their lease tokens.
+struct Opened {
+    destination: String,
+    pause: Duration,
+    untried: Vec<(OutboxRow, i64)>,
 }
 
 /// Rows taken under one lease token.
@@ -618,24 +704,26 @@ impl Lanes {
         lane.waiting.pop_front()
     }
 
-    /// Records what became of a delivery to `destination`, and moves its breaker.
+    /// Records what became of a delivery to `destination`, and moves its breaker; says so
+    /// when the breaker opened, for [`Relay::back_off`].
     fn settle(
         &mut self,
         destination: &str,
         outcome: Result<Option<Settled>, Error>,
         options: &RelayOptions,
-    ) {
+    ) -> Option<Opened> {
         let lane = self.lanes.entry(destination.to_owned()).or_default();
         lane.in_flight = lane.in_flight.saturating_sub(1);
         let unwell = match outcome {
             Ok(Some(settled)) => settled.unwell,
-            Ok(None) => return,
+            Ok(None) => return None,
             Err(error) => {
                 tracing::warn!(%error, destination, "recording a delivery failed");
-                return;
+                return None;
             }
         };
         let before = std::mem::discriminant(&lane.breaker);
+        let mut opened = None;
         if unwell {
             lane.failures = lane.failures.saturating_add(1);
             let first = options.breaker_pause;
@@ -649,16 +737,23 @@ impl Lanes {
                     until: Instant::now() + pause,
                     pause,
                 };
-                // Their leases end and they are due again; they were not tried.
-                let dropped = lane.waiting.len();
-                lane.waiting.clear();
+                let untried: Vec<_> = lane
+                    .waiting
+                    .drain(..)
+                    .map(|(row, token, _)| (row, token))
+                    .collect();
                 tracing::warn!(
                     destination,
                     failures = lane.failures,
                     pause_ms = pause.as_millis() as u64,
-                    dropped,
+                    untried = untried.len(),
                     "the destination keeps failing: its deliveries wait"
                 );
+                opened = Some(Opened {
+                    destination: destination.to_owned(),
+                    pause,
+                    untried,
+                });
             }
         } else {
             lane.failures = 0;
@@ -672,6 +767,7 @@ impl Lanes {
             metrics::gauge!("justonce_destination_open", "destination" => destination.to_owned())
                 .set(if open { 1.0 } else { 0.0 });
         }
+        opened
     }
 }
 
