@@ -269,6 +269,7 @@ fn confirm(question: &str, yes: bool) -> Result<()> {
 async fn stats<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
     let keys = inbox.key_counts().await?;
     let deliveries = inbox.outbox().stats().await?;
+    let backed_off = inbox.outbox().backed_off().await?;
     let offsets = inbox.all_offsets().await?;
     if json {
         let stats = serde_json::json!({
@@ -284,6 +285,12 @@ async fn stats<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
                 "dead": deliveries.dead,
                 "oldest_due_age_seconds": deliveries.oldest_due.as_secs_f64(),
             },
+            "backed_off": backed_off.iter().map(|destination| serde_json::json!({
+                "destination": destination.destination,
+                "failures": destination.failures,
+                "pause_left_seconds": destination.pause_left.as_secs_f64(),
+                "since_seconds": destination.since.as_secs_f64(),
+            })).collect::<Vec<_>>(),
             "offsets": offsets.iter().map(|stored| serde_json::json!({
                 "consumer": stored.consumer,
                 "stream": stored.stream,
@@ -318,6 +325,21 @@ async fn stats<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
             deliveries.dead.to_string(),
             format!("{} s", deliveries.oldest_due.as_secs()),
         ]],
+    );
+    print_table(
+        "backed-off destinations",
+        &["destination", "failures", "pause left", "since"],
+        backed_off
+            .iter()
+            .map(|destination| {
+                vec![
+                    destination.destination.clone(),
+                    destination.failures.to_string(),
+                    format!("{} s", destination.pause_left.as_secs()),
+                    format!("{} s ago", destination.since.as_secs()),
+                ]
+            })
+            .collect(),
     );
     print_table(
         "offsets",

@@ -59,7 +59,7 @@ pub use backend::Backend;
 pub use inbox::{Inbox, Options, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;
-pub use outbox::{Message, Outbox, OutboxStats, Row};
+pub use outbox::{BackedOff, Message, Outbox, OutboxStats, Row};
 pub use relay::{Relay, RelayOptions, RelayRound};
 /// The sqlx this crate is built with, so that your queries use the same version.
 pub use sqlx;

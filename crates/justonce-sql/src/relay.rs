@@ -246,8 +246,8 @@ impl<DB: Backend> Relay<DB> {
         let concurrency = self.options.concurrency.max(1);
         let mut lanes = Lanes::default();
         let mut in_flight = FuturesUnordered::new();
-        // What an opening breaker writes; polled beside the deliveries, as the take is.
-        let mut backing_off = FuturesUnordered::new();
+        // What a moving breaker writes; polled beside the deliveries, as the take is.
+        let mut breakers = FuturesUnordered::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let room = concurrency - in_flight.len();
@@ -266,12 +266,12 @@ impl<DB: Backend> Relay<DB> {
                         taken = &mut take => break taken,
                         Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                             let (destination, outcome): (String, _) = done;
-                            if let Some(opened) = lanes.settle(&destination, outcome, &self.options) {
-                                backing_off.push(self.back_off(opened));
+                            if let Some(moved) = lanes.settle(&destination, outcome, &self.options) {
+                                breakers.push(self.record_breaker(moved));
                             }
                             settled = true;
                         }
-                        Some(()) = backing_off.next(), if !backing_off.is_empty() => {}
+                        Some(()) = breakers.next(), if !breakers.is_empty() => {}
                     }
                 };
                 match taken {
@@ -293,11 +293,11 @@ impl<DB: Backend> Relay<DB> {
                 biased;
                 () = &mut shutdown => break,
                 Some((destination, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
-                    if let Some(opened) = lanes.settle(&destination, outcome, &self.options) {
-                        backing_off.push(self.back_off(opened));
+                    if let Some(moved) = lanes.settle(&destination, outcome, &self.options) {
+                        breakers.push(self.record_breaker(moved));
                     }
                 }
-                Some(()) = backing_off.next(), if !backing_off.is_empty() => {}
+                Some(()) = breakers.next(), if !breakers.is_empty() => {}
                 () = std::future::ready(()), if more_due && in_flight.len() < concurrency => {}
                 () = wakeups.wait() => {}
                 () = tokio::time::sleep(self.options.poll_interval) => {}
@@ -306,11 +306,11 @@ impl<DB: Backend> Relay<DB> {
         loop {
             tokio::select! {
                 Some((destination, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
-                    if let Some(opened) = lanes.settle(&destination, outcome, &self.options) {
-                        backing_off.push(self.back_off(opened));
+                    if let Some(moved) = lanes.settle(&destination, outcome, &self.options) {
+                        breakers.push(self.record_breaker(moved));
                     }
                 }
-                Some(()) = backing_off.next(), if !backing_off.is_empty() => {}
+                Some(()) = breakers.next(), if !breakers.is_empty() => {}
                 else => break,
             }
         }
@@ -428,6 +428,30 @@ impl<DB: Backend> Relay<DB> {
             })
             .await
             .map(drop)
+    }
+
+    /// Writes a breaker's move for `justonce stats`, and when it opened, backs its
+    /// destination off.
+    async fn record_breaker(&self, moved: BreakerMoved) {
+        let (destination, change) = match &moved {
+            BreakerMoved::Opened(opened) => (
+                &opened.destination,
+                Change::BreakerOpen {
+                    destination: &opened.destination,
+                    failures: i64::from(opened.failures),
+                    pause_ms: millis(opened.pause),
+                },
+            ),
+            BreakerMoved::Closed(destination) => {
+                (destination, Change::BreakerClose { destination })
+            }
+        };
+        if let Err(error) = self.outbox.change(change).await {
+            tracing::warn!(%destination, %error, "recording the destination's breaker failed");
+        }
+        if let BreakerMoved::Opened(opened) = moved {
+            self.back_off(opened).await;
+        }
     }
 
     /// What a breaker's opening does in the database: the rows it kept waiting are given
@@ -580,12 +604,19 @@ struct Settled {
     unwell: bool,
 }
 
-/// A breaker that opened: its destination, its pause, and the rows taken for it that
-/// were waiting, with their lease tokens.
+/// A breaker that opened: its destination, its pause, the failures in a row, and the rows
+/// taken for it that were waiting, with their lease tokens.
 struct Opened {
     destination: String,
     pause: Duration,
+    failures: u32,
     untried: Vec<(OutboxRow, i64)>,
+}
+
+/// A breaker that moved, for [`Relay::record_breaker`].
+enum BreakerMoved {
+    Opened(Opened),
+    Closed(String),
 }
 
 /// Rows taken under one lease token.
@@ -705,13 +736,13 @@ impl Lanes {
     }
 
     /// Records what became of a delivery to `destination`, and moves its breaker; says so
-    /// when the breaker opened, for [`Relay::back_off`].
+    /// when the breaker opened or closed, for [`Relay::record_breaker`].
     fn settle(
         &mut self,
         destination: &str,
         outcome: Result<Option<Settled>, Error>,
         options: &RelayOptions,
-    ) -> Option<Opened> {
+    ) -> Option<BreakerMoved> {
         let lane = self.lanes.entry(destination.to_owned()).or_default();
         lane.in_flight = lane.in_flight.saturating_sub(1);
         let unwell = match outcome {
@@ -723,7 +754,7 @@ impl Lanes {
             }
         };
         let before = std::mem::discriminant(&lane.breaker);
-        let mut opened = None;
+        let mut moved = None;
         if unwell {
             lane.failures = lane.failures.saturating_add(1);
             let first = options.breaker_pause;
@@ -749,16 +780,18 @@ impl Lanes {
                     untried = untried.len(),
                     "the destination keeps failing: its deliveries wait"
                 );
-                opened = Some(Opened {
+                moved = Some(BreakerMoved::Opened(Opened {
                     destination: destination.to_owned(),
                     pause,
+                    failures: lane.failures,
                     untried,
-                });
+                }));
             }
         } else {
             lane.failures = 0;
             if !matches!(lane.breaker, Breaker::Closed) {
                 tracing::info!(destination, "the destination answers again");
+                moved = Some(BreakerMoved::Closed(destination.to_owned()));
             }
             lane.breaker = Breaker::Closed;
         }
@@ -767,7 +800,7 @@ impl Lanes {
             metrics::gauge!("justonce_destination_open", "destination" => destination.to_owned())
                 .set(if open { 1.0 } else { 0.0 });
         }
-        opened
+        moved
     }
 }
 

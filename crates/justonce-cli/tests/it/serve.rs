@@ -1144,6 +1144,10 @@ async fn the_printed_migrations_make_a_schema_the_service_accepts<DB: TestBacken
         !later.contains("CREATE TABLE IF NOT EXISTS justonce_keys"),
         "{later}"
     );
+    assert!(
+        later.contains("CREATE TABLE IF NOT EXISTS justonce_breakers"),
+        "{later}"
+    );
     drop_database(db, &url).await;
 }
 
@@ -1171,7 +1175,7 @@ async fn server_and_worker<DB: TestBackend>(
     let server = Server::configure(&url, "http://127.0.0.1:1/unused");
     assert_eq!(
         server.run(&["migrate"]).await,
-        (0, "2 migrations applied\n".to_owned())
+        (0, "3 migrations applied\n".to_owned())
     );
     let worker =
         justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("worker").unwrap())
@@ -1476,6 +1480,7 @@ async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: 
         serde_json::json!({
             "keys": [],
             "deliveries": {"sent": 0, "due": 0, "dead": 0},
+            "backed_off": [],
             "offsets": [],
         })
     );
@@ -1529,6 +1534,7 @@ async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: 
                 {"consumer": "mail", "scope": null, "keys": 2, "in_progress": 0},
             ],
             "deliveries": {"sent": 2, "due": 2, "dead": 1},
+            "backed_off": [],
             "offsets": [
                 {"consumer": "reader", "stream": "orders", "partition": 0, "position": 41, "sequence": 0},
                 {"consumer": "reader", "stream": "orders", "partition": 1, "position": 7, "sequence": 2},
@@ -1557,6 +1563,43 @@ async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: 
     assert!(
         tables.contains("Duplicates and key reuses are not stored"),
         "{tables}"
+    );
+
+    // A destination that keeps failing is backed off, and the store says so.
+    let failing = Answering(Delivered::Retry {
+        after: None,
+        reason: "503".to_owned(),
+    });
+    let options = justonce_sql::RelayOptions::default()
+        .breaker_failures(1)
+        .breaker_pause(Duration::from_secs(600))
+        .poll_interval(Duration::from_millis(50));
+    let relay = mail
+        .outbox()
+        .relay()
+        .options(options)
+        .destination("accepting", failing);
+    let running = justonce_tests::RunningRelay::start(relay);
+    let mut backed_off = serde_json::Value::Null;
+    for _ in 0..100 {
+        backed_off = stats_json(&server).await["backed_off"].take();
+        if backed_off.as_array().is_some_and(|all| !all.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running.stop().await;
+    assert_eq!(backed_off[0]["destination"], "accepting", "{backed_off}");
+    assert_eq!(backed_off[0]["failures"], 1, "{backed_off}");
+    let pause_left = backed_off[0]["pause_left_seconds"].as_f64().unwrap();
+    assert!((500.0..=600.0).contains(&pause_left), "{backed_off}");
+    let (code, tables) = server.run(&["stats"]).await;
+    assert_eq!(code, 0, "{tables}");
+    assert!(
+        tables
+            .lines()
+            .any(|line| line.split_whitespace().take(2).eq(["accepting", "1"])),
+        "no backed-off destination in\n{tables}"
     );
 
     // The dead letter replayed, with its progress on standard error.

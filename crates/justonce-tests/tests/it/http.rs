@@ -420,10 +420,14 @@ async fn a_target_that_never_answers_holds_back_no_other_and_is_backed_off<DB: T
         probes, 1,
         "{opened} connections, then {probes} probes in one pause"
     );
+    let outbox = db.inbox.outbox();
+    let backed_off = outbox.backed_off().await.unwrap();
+    assert_eq!(backed_off.len(), 1, "{backed_off:?}");
+    assert_eq!(backed_off[0].destination, "silent");
+    assert!(backed_off[0].failures >= 5, "{backed_off:?}");
     silent
         .answering
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let outbox = db.inbox.outbox();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     for id in &silent_rows {
         while !outbox.get(*id).await.unwrap().unwrap().sent {
@@ -435,6 +439,7 @@ async fn a_target_that_never_answers_holds_back_no_other_and_is_backed_off<DB: T
         }
     }
     running.stop().await;
+    assert_eq!(outbox.backed_off().await.unwrap(), Vec::new(), "closed");
     // Each attempt counted is a request the target saw: rows taken but never tried, while
     // the breaker opened or their lease ran short, gave their attempt back.
     let mut attempts = 0;
