@@ -131,6 +131,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         }
         Command::Check(_) => {
             inbox.check().await?;
+            check_targets(&settings).await?;
             println!(
                 "configuration and database are fine: {} sources, {} consumers",
                 settings.sources.len(),
@@ -500,6 +501,34 @@ fn print_row(row: &Row) {
 }
 
 /// `justonce check` with a target or a job: the conformance kit.
+/// Resolves every source's and consumer's target host, and names each that does not.
+async fn check_targets(settings: &Settings) -> Result<()> {
+    let targets = settings
+        .sources
+        .iter()
+        .map(|source| ("source", &source.name, &source.destination))
+        .chain(
+            settings
+                .consumers
+                .iter()
+                .map(|consumer| ("consumer", &consumer.name, &consumer.destination)),
+        );
+    let checks = targets.map(|(kind, name, destination)| async move {
+        destination
+            .resolve()
+            .await
+            .err()
+            .map(|error| format!("{kind} {name}: {error}"))
+    });
+    let problems: Vec<String> = futures_util::future::join_all(checks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
 async fn check(settings: &Settings, args: &CheckArgs) -> Result<()> {
     let effects = match (&args.effects, &args.count) {
         (Some(sql), None) => check::Effects::Rows(sql.clone()),

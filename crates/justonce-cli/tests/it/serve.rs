@@ -507,6 +507,32 @@ async fn bad_configuration_exits_2_and_names_the_problem() {
     assert_eq!(output.status.code(), Some(2), "usage errors exit 2");
 }
 
+/// `check` resolves each target's host: one that does not resolve fails it, named with its
+/// source, and nothing else does.
+#[tokio::test]
+async fn check_names_a_target_whose_host_does_not_resolve() {
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("check-targets").await;
+    let server = Server::configure(&url, "http://localhost:1/x");
+    assert_eq!(server.run(&["migrate"]).await.0, 0);
+    let (code, checked) = server.run(&["check"]).await;
+    assert_eq!(code, 0, "{checked}");
+    let server = Server::configure(&url, "http://target.invalid/hooks");
+    let output = server
+        .command(&["check"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("source demo: ")
+            && stderr.contains("the host of http://target.invalid/hooks does not resolve"),
+        "{stderr}"
+    );
+    drop_database(db, &url).await;
+}
+
 /// A fault test that names a failpoint `serve` does not have would wait for a pause that
 /// never comes: `serve` refuses to start and names the one it has.
 #[tokio::test]
