@@ -641,18 +641,8 @@ fn apply_env(document: &mut DeTable<'_>, env: &Env, len: usize) -> Result<Applie
     let mut unknown = Vec::new();
     let mut named = Vec::new();
     for (variable, value) in env.iter().filter(|(name, _)| name.starts_with("JUSTONCE_")) {
-        match name_of(variable) {
-            Some((section, readings)) => {
-                let (name, key) = readings[0];
-                named.push(Named {
-                    variable,
-                    value,
-                    section,
-                    name,
-                    key,
-                    other_names: readings[1..].iter().filter_map(|(name, _)| *name).collect(),
-                });
-            }
+        match Named::of(variable, value) {
+            Some(setting) => named.push(setting),
             None if OTHER_VARIABLES.contains(&variable.as_str()) => {}
             None => unknown.push(variable.clone()),
         }
@@ -778,26 +768,33 @@ fn set<'i>(
     declared
 }
 
-/// The section a `JUSTONCE_*` variable sets, with its readings as a name (none for
-/// `server`) and a key, the one it is read as first; `None` for a variable that names no
-/// setting.
-#[allow(clippy::type_complexity)]
-fn name_of(variable: &str) -> Option<(&'static str, Vec<(Option<&str>, &'static str)>)> {
-    let rest = variable.strip_prefix("JUSTONCE_")?;
-    if let Some(key) = rest.strip_prefix("SERVER_") {
-        let key = keys_of::<RawServer>()
-            .iter()
-            .find(|known| known.to_uppercase() == key)?;
-        return Some(("server", vec![(None, *key)]));
+impl<'v> Named<'v> {
+    /// What `variable` names, read with the longest key; `None` for a variable that names
+    /// no setting.
+    fn of(variable: &'v str, value: &'v str) -> Option<Self> {
+        let rest = variable.strip_prefix("JUSTONCE_")?;
+        let named = |section, name, key, other_names| Named {
+            variable,
+            value,
+            section,
+            name,
+            key,
+            other_names,
+        };
+        if let Some(key) = rest.strip_prefix("SERVER_") {
+            let key = keys_of::<RawServer>()
+                .iter()
+                .find(|known| known.to_uppercase() == key)?;
+            return Some(named("server", None, key, Vec::new()));
+        }
+        named_sections().into_iter().find_map(|(section, keys)| {
+            let rest = rest.strip_prefix(&format!("{}_", section.to_uppercase()))?;
+            let readings = readings(rest, keys);
+            let (&(name, key), others) = readings.split_first()?;
+            let other_names = others.iter().map(|(name, _)| *name).collect();
+            Some(named(section, Some(name), key, other_names))
+        })
     }
-    named_sections().into_iter().find_map(|(section, keys)| {
-        let rest = rest.strip_prefix(&format!("{}_", section.to_uppercase()))?;
-        let readings: Vec<_> = readings(rest, keys)
-            .into_iter()
-            .map(|(name, key)| (Some(name), key))
-            .collect();
-        (!readings.is_empty()).then_some((section, readings))
-    })
 }
 
 fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> {
@@ -1405,7 +1402,7 @@ fn duration_text(duration: Duration) -> String {
         (1_000, "s"),
     ]
     .into_iter()
-    .find(|(per_unit, _)| millis > 0 && millis % per_unit == 0)
+    .find(|(per_unit, _)| millis > 0 && millis.is_multiple_of(*per_unit))
     .unwrap_or((1, "ms"));
     format!("{}{unit}", millis / per_unit)
 }
