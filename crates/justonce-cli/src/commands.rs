@@ -64,6 +64,10 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
         };
         return bench::run(url, &bench_settings).await;
     }
+    if let Command::Config = command {
+        print!("{}", settings.printed);
+        return Ok(());
+    }
     if let Command::Check(args) = &command
         && (args.target.is_some() || args.run.is_some())
     {
@@ -154,6 +158,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         Command::Dlq { command } => dlq(&outbox, command).await?,
         Command::Keys { command } => keys(&inbox, command).await?,
         Command::Bench(_) => unreachable!("run measures before it opens the store"),
+        Command::Config => unreachable!("run prints the configuration before it opens the store"),
     }
     Ok(())
 }

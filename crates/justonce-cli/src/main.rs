@@ -25,7 +25,8 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "justonce", version)]
 struct Cli {
-    /// The configuration file; every value can be overridden by a JUSTONCE_* variable.
+    /// The configuration file, which may be absent: every setting can also come from a
+    /// JUSTONCE_* variable (see `justonce config`).
     #[arg(
         long,
         global = true,
@@ -33,6 +34,10 @@ struct Cli {
         default_value = "justonce.toml"
     )]
     config: PathBuf,
+
+    /// Refuse a JUSTONCE_* variable that names no setting, instead of warning about it.
+    #[arg(long, global = true, env = "JUSTONCE_STRICT")]
+    strict: bool,
 
     #[command(subcommand)]
     command: Command,
@@ -42,6 +47,12 @@ struct Cli {
 enum Command {
     /// Receive webhooks on the public listener and deliver them to their targets.
     Serve,
+    /// Print the configuration the commands run with, as TOML, each value with where it
+    /// came from: the file and line, a variable, DATABASE_URL or the default.
+    ///
+    /// Secrets show as their env:VARIABLE references, never their values, and the password
+    /// of a URL as ***. Needs no database.
+    Config,
     /// Create or update the database tables.
     Migrate {
         /// Print the SQL instead of running it, for a database administrator to apply.
@@ -365,13 +376,23 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let settings = match config::load(&cli.config, &|name| std::env::var(name).ok()) {
+    let settings = match config::load(&cli.config, &config::process_env()) {
         Ok(settings) => settings,
         Err(error) => {
             eprintln!("justonce: {error:#}");
             return ExitCode::from(2);
         }
     };
+    for variable in &settings.unknown_variables {
+        if cli.strict {
+            eprintln!("justonce: {variable}: no setting has this name (refused by --strict)");
+        } else {
+            tracing::warn!("{variable}: no setting has this name; it is ignored");
+        }
+    }
+    if cli.strict && !settings.unknown_variables.is_empty() {
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {

@@ -3,5 +3,6 @@
 
 mod bench;
 mod check;
+mod environment;
 mod listeners;
 mod serve;

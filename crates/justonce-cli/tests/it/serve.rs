@@ -64,7 +64,7 @@ pub(crate) struct Server {
     pub(crate) open_files: Option<u64>,
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -126,6 +126,7 @@ target = "{target}"
             }
             None => Command::new(binary),
         };
+        without_inherited_settings(&mut command);
         command
             .arg("--config")
             .arg(&self.config)
@@ -190,6 +191,17 @@ target = "{target}"
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// Leaves out the variables that would configure `justonce` from the test's own
+/// environment, such as the suite's `JUSTONCE_TEST_*` and a `DATABASE_URL`: a child sees
+/// only the settings its test gives it.
+pub(crate) fn without_inherited_settings(command: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("JUSTONCE_") || name == "DATABASE_URL" {
+            command.env_remove(name);
+        }
     }
 }
 
@@ -264,7 +276,7 @@ pub(crate) async fn drop_database<DB: TestBackend>(db: TestDb<DB>, url: &str) {
 }
 
 /// Waits until the sink has seen `keys` distinct keys.
-async fn await_keys(sink: &Sink, keys: usize) -> HashMap<String, Vec<Vec<u8>>> {
+pub(crate) async fn await_keys(sink: &Sink, keys: usize) -> HashMap<String, Vec<Vec<u8>>> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let mut by_key: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
