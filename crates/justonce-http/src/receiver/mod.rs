@@ -161,9 +161,13 @@ async fn receive<DB: Backend>(
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .unwrap_or("application/octet-stream");
-    // Forwarding the same event: the delivery keeps the event's own key.
-    let message =
+    // Forwarding the same event: the delivery keeps the event's own key, and the sender's
+    // trace context, so that the target's work joins the sender's trace.
+    let mut message =
         Message::new(source.name.as_str(), body.to_vec()).header("content-type", content_type);
+    for (name, value) in trace_context(&parts.headers) {
+        message = message.header(name, value);
+    }
     let outcome = inbox.run_forward(&key, &body, message).await;
     let status = match outcome {
         Ok(Outcome::Processed(_)) => "accepted",
@@ -208,6 +212,54 @@ async fn healthz<DB: Backend>(State(inbox): State<Inbox<DB>>) -> Response {
             )
         }
     }
+}
+
+/// The W3C trace context headers of a request worth keeping: a well-formed `traceparent`,
+/// and its `tracestate` if that is short, visible ASCII. Anything else is the sender's
+/// mistake or an attack, and is dropped rather than stored and sent on.
+fn trace_context(headers: &HeaderMap) -> Vec<(&'static str, &str)> {
+    let text = |name| headers.get(name).and_then(|value| value.to_str().ok());
+    let Some(parent) = text("traceparent").filter(|parent| is_traceparent(parent)) else {
+        return Vec::new();
+    };
+    let mut context = vec![("traceparent", parent)];
+    if let Some(state) = text("tracestate").filter(|state| {
+        state.len() <= MAX_TRACESTATE && state.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+    }) {
+        context.push(("tracestate", state));
+    }
+    context
+}
+
+/// The longest `tracestate` kept, as the W3C recommends propagating.
+const MAX_TRACESTATE: usize = 512;
+
+/// Whether `value` is a `traceparent` of version 00 (`00-<32 hex>-<16 hex>-<2 hex>`), or of
+/// a later version that starts the same way, with neither id all zeros.
+fn is_traceparent(value: &str) -> bool {
+    let fields: Vec<&str> = value.get(..55).unwrap_or_default().split('-').collect();
+    let hex = |field: &str, len| {
+        field.len() == len
+            && field
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let [version, trace_id, parent_id, flags] = fields[..] else {
+        return false;
+    };
+    let zero = |field: &str| field.bytes().all(|b| b == b'0');
+    let rest_ok = match &value[55..] {
+        "" => true,
+        rest => version != "00" && rest.starts_with('-'),
+    };
+    hex(version, 2)
+        && version != "ff"
+        && hex(trace_id, 32)
+        && !zero(trace_id)
+        && hex(parent_id, 16)
+        && !zero(parent_id)
+        && hex(flags, 2)
+        && rest_ok
 }
 
 /// The event id as text, from a header or a JSON pointer into the body. A blank id is no
@@ -268,4 +320,30 @@ fn json_id(body: &[u8], pointer: &str) -> Result<String, String> {
 fn count(source: &str, outcome: &'static str) {
     metrics::counter!("justonce_webhooks_total", "source" => source.to_owned(), "outcome" => outcome)
         .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_traceparent;
+
+    #[test]
+    fn traceparents_are_checked_field_by_field() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(is_traceparent(valid));
+        assert!(is_traceparent(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later"
+        ));
+        for invalid in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0é",
+        ] {
+            assert!(!is_traceparent(invalid), "{invalid:?}");
+        }
+    }
 }
