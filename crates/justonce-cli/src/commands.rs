@@ -159,6 +159,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         Command::Keys { command } => keys(&inbox, command).await?,
         Command::Bench(_) => unreachable!("run measures before it opens the store"),
         Command::Config => unreachable!("run prints the configuration before it opens the store"),
+        Command::Completions { .. } => unreachable!("main prints completions without a store"),
     }
     Ok(())
 }

@@ -38,12 +38,34 @@ pub struct Settings {
     pub acquire_timeout: Duration,
     pub sources: Vec<SourceSettings>,
     pub consumers: Vec<ConsumerSettings>,
+    /// How log lines are written, unless `--log-format` says otherwise.
+    pub log_format: LogFormat,
     /// `JUSTONCE_*` variables that name no setting: a warning at start, an error with
     /// `--strict`.
     pub unknown_variables: Vec<String>,
     /// The effective configuration as TOML, each value with where it came from, secrets
     /// only by reference: what `justonce config` prints.
     pub printed: String,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human text, coloured on a terminal.
+    #[default]
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+impl LogFormat {
+    /// `text` or `json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
 }
 
 /// What a listener holds before it closes or refuses a connection.
@@ -168,6 +190,7 @@ struct RawServer {
     max_requests: Option<Count>,
     pool_size: Option<Count>,
     acquire_timeout: Option<String>,
+    log_format: Option<String>,
 }
 
 /// A whole number written as a TOML integer or, from a variable, as text.
@@ -927,6 +950,15 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
         Duration::from_secs(2),
         "acquire_timeout",
     )?;
+    let log_format = match server.log_format.as_deref() {
+        None => LogFormat::default(),
+        Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(other) => bail!(
+            "{}: {other:?} is not \"text\" or \"json\"",
+            origin.name(&["server", "log_format"])
+        ),
+    };
     // A delivery still running when its lease ends may be sent again by another relay,
     // with the same key: none starts after half the lease, and each gives up within the
     // other half, so that the two rarely overlap.
@@ -964,6 +996,7 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
         acquire_timeout,
         sources,
         consumers,
+        log_format,
         unknown_variables: Vec::new(),
         printed: String::new(),
     })

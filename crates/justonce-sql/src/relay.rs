@@ -358,6 +358,19 @@ impl<DB: Backend> Relay<DB> {
         let recorded = match delivered {
             Delivered::Sent => {
                 self.outbox.change(Change::MarkSent { id: row.id }).await?;
+                let waited =
+                    Duration::from_millis(row.age_ms.max(0).unsigned_abs()) + taken_at.elapsed();
+                metrics::histogram!(DELIVERED_SECONDS, "destination" => row.destination.clone())
+                    .record(waited.as_secs_f64());
+                if row.last_error.is_some() {
+                    tracing::info!(
+                        id = row.id,
+                        key = %row.key,
+                        destination = %row.destination,
+                        attempt = row.attempts,
+                        "delivered after failing"
+                    );
+                }
                 Recorded::Sent
             }
             Delivered::Retry { after, reason } if !self.exhausted(row) => {
@@ -367,7 +380,20 @@ impl<DB: Backend> Relay<DB> {
                 let wait = after
                     .map_or(backoff, |after| after.max(backoff))
                     .min(self.options.max_backoff);
-                tracing::debug!(id = row.id, attempt = row.attempts, %reason, "delivery failed: retrying later");
+                // A row's first failure is worth a line; the next ones, until it is
+                // delivered or dead-lettered, are not.
+                if row.last_error.is_none() {
+                    tracing::warn!(
+                        id = row.id,
+                        key = %row.key,
+                        destination = %row.destination,
+                        attempt = row.attempts,
+                        %reason,
+                        "delivery failing: retrying later"
+                    );
+                } else {
+                    tracing::debug!(id = row.id, attempt = row.attempts, %reason, "delivery failed: retrying later");
+                }
                 let failure = Failure::Retry {
                     after_ms: millis(wait),
                 };
@@ -375,7 +401,14 @@ impl<DB: Backend> Relay<DB> {
                 Recorded::Retried
             }
             Delivered::Retry { reason, .. } | Delivered::Reject { reason } => {
-                tracing::warn!(id = row.id, attempt = row.attempts, %reason, "delivery dead-lettered");
+                tracing::warn!(
+                    id = row.id,
+                    key = %row.key,
+                    destination = %row.destination,
+                    attempt = row.attempts,
+                    %reason,
+                    "delivery dead-lettered"
+                );
                 self.record_failure(row.id, token, Failure::Dead, &reason)
                     .await?;
                 Recorded::Dead
@@ -554,6 +587,10 @@ impl<DB: Backend> Relay<DB> {
         base + Duration::from_millis(jitter)
     }
 }
+
+/// The histogram of the seconds from a row's commit (or replay) to its delivery, by
+/// destination.
+pub const DELIVERED_SECONDS: &str = "justonce_delivery_seconds";
 
 /// What becomes of a row whose delivery failed.
 #[derive(Clone, Copy)]

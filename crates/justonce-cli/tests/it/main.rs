@@ -5,4 +5,5 @@ mod bench;
 mod check;
 mod environment;
 mod listeners;
+mod operations;
 mod serve;

@@ -142,6 +142,34 @@ target = "{target}"
     /// Starts `serve` and waits until it answers.
     pub(crate) async fn start(&mut self) {
         self.child = Some(self.command(&["serve"]).spawn().expect("start justonce"));
+        self.await_up().await;
+    }
+
+    /// Starts `serve` with `args` and `env` added and its stderr captured, and waits until
+    /// it answers; the handle gives every line it wrote once it has stopped.
+    pub(crate) async fn start_logged(
+        &mut self,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> tokio::task::JoinHandle<Vec<String>> {
+        use tokio::io::AsyncBufReadExt;
+        let mut command = self.command(&[&["serve"], args].concat());
+        command.envs(env.iter().copied()).stderr(Stdio::piped());
+        let mut child = command.spawn().expect("start justonce");
+        let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let lines = tokio::spawn(async move {
+            let mut lines = Vec::new();
+            while let Some(line) = stderr.next_line().await.unwrap() {
+                lines.push(line);
+            }
+            lines
+        });
+        self.child = Some(child);
+        self.await_up().await;
+        lines
+    }
+
+    async fn await_up(&self) {
         let client = client();
         for _ in 0..600 {
             let health = client.get(format!("{}/healthz", self.public)).send().await;
@@ -252,7 +280,7 @@ pub(crate) async fn post(
     Ok((status, answer))
 }
 
-async fn text_of(client: &reqwest::Client, url: &str) -> String {
+pub(crate) async fn text_of(client: &reqwest::Client, url: &str) -> String {
     client.get(url).send().await.unwrap().text().await.unwrap()
 }
 

@@ -19,7 +19,8 @@ use axum::routing::{get, post};
 use justonce_core::{Consumer, Error, Key, Outcome};
 use justonce_sql::{Backend, Inbox, Message};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::answer::{problem, read_limited};
 
@@ -70,6 +71,41 @@ struct Receiving<DB: Backend> {
     /// Each source with the inbox of its consumer.
     sources: HashMap<String, (Source, Inbox<DB>)>,
     body_limit: usize,
+    rejections: Rejections,
+}
+
+/// The histogram of the seconds from a webhook's arrival to its 2xx answer, by source.
+pub const ANSWERED_SECONDS: &str = "justonce_webhook_seconds";
+
+/// How often a rejection of one kind from one source is logged at most.
+const REJECTION_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts every rejection, and logs at most one line per source and kind each
+/// `REJECTION_LOG_EVERY`, with how many were left out before it: a sender with a wrong
+/// secret, or someone probing, must not flood the log. The line names the kind, never the
+/// signature, the secret or the body.
+#[derive(Default)]
+struct Rejections {
+    /// When each (source, kind) was last logged, and the rejections left out since.
+    logged: Mutex<HashMap<(String, &'static str), (Instant, u64)>>,
+}
+
+impl Rejections {
+    fn reject(&self, source: &str, kind: &'static str) {
+        count(source, kind);
+        let now = Instant::now();
+        let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
+        let left_out = match logged.get_mut(&(source.to_owned(), kind)) {
+            Some((last, left_out)) if now.duration_since(*last) < REJECTION_LOG_EVERY => {
+                *left_out += 1;
+                return;
+            }
+            Some((_, left_out)) => std::mem::take(left_out),
+            None => 0,
+        };
+        logged.insert((source.to_owned(), kind), (now, 0));
+        tracing::warn!(source, kind, left_out, "webhook rejected");
+    }
 }
 
 /// The public router: `POST /webhooks/{source}` and `GET /healthz`.
@@ -94,6 +130,7 @@ pub fn router<DB: Backend>(inbox: &Inbox<DB>, sources: Vec<Source>, body_limit: 
     let state = Arc::new(Receiving {
         sources,
         body_limit,
+        rejections: Rejections::default(),
     });
     Router::new()
         .route("/webhooks/{source}", post(receive::<DB>))
@@ -114,8 +151,10 @@ async fn receive<DB: Backend>(
     Path(name): Path<String>,
     request: Request,
 ) -> Response {
+    let arrived = Instant::now();
+    let rejections = &state.rejections;
     let Some((source, inbox)) = state.sources.get(&name) else {
-        count("", "unknown_source");
+        rejections.reject("", "unknown_source");
         return problem(
             StatusCode::NOT_FOUND,
             "unknown source",
@@ -126,12 +165,12 @@ async fn receive<DB: Backend>(
     let body = match read_limited(&parts.headers, body, state.body_limit).await {
         Ok(body) => body,
         Err(response) => {
-            count(&source.name, "rejected_body");
+            rejections.reject(&source.name, "rejected_body");
             return response;
         }
     };
     if source.scheme.verify(&parts.headers, &body).is_err() {
-        count(&source.name, "rejected_signature");
+        rejections.reject(&source.name, "rejected_signature");
         return problem(
             StatusCode::UNAUTHORIZED,
             "signature rejected",
@@ -141,14 +180,14 @@ async fn receive<DB: Backend>(
     let id = match event_id(&source.id, &parts.headers, &body) {
         Ok(id) => id,
         Err(detail) => {
-            count(&source.name, "rejected_id");
+            rejections.reject(&source.name, "rejected_id");
             return problem(StatusCode::BAD_REQUEST, "no event id", detail);
         }
     };
     let key = match Key::new(format!("{}:{id}", source.name)) {
         Ok(key) => key,
         Err(error) => {
-            count(&source.name, "rejected_id");
+            rejections.reject(&source.name, "rejected_id");
             return problem(
                 StatusCode::BAD_REQUEST,
                 "unusable event id",
@@ -196,6 +235,8 @@ async fn receive<DB: Backend>(
         crate::failpoint::pause(FAILPOINT).await;
     }
     count(&source.name, status);
+    metrics::histogram!(ANSWERED_SECONDS, "source" => source.name.clone())
+        .record(arrived.elapsed().as_secs_f64());
     let body = serde_json::json!({ "status": status, "key": key.as_str() });
     ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
