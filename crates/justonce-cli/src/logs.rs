@@ -112,3 +112,54 @@ impl Visit for Fields<'_> {
         self.0.insert(field.name().into(), value.into());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A writer into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_json_line_holds_the_fields_of_its_spans_and_its_own() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .fmt_fields(JsonFields::new())
+            .event_format(JsonLines)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let outer = tracing::info_span!("consumer", consumer = "orders", key = "outer");
+            let _outer = outer.enter();
+            let inner = tracing::info_span!("deliver", key = "orders:1", destination = "crm");
+            let _inner = inner.enter();
+            tracing::warn!(attempt = 3, destination = "crm-eu", "delivery failing");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let line: Value = serde_json::from_str(&text).unwrap();
+        assert!(line["time"].as_str().unwrap().ends_with('Z'), "{line}");
+        assert_eq!(line["level"], "WARN");
+        assert_eq!(line["target"], module_path!());
+        assert_eq!(line["message"], "delivery failing");
+        assert_eq!(line["consumer"], "orders");
+        // The inner span's field over the outer's, the event's over both.
+        assert_eq!(line["key"], "orders:1");
+        assert_eq!(line["destination"], "crm-eu");
+        assert_eq!(line["attempt"], 3);
+    }
+}

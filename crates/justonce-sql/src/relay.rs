@@ -249,6 +249,7 @@ impl<DB: Backend> Relay<DB> {
         // What a moving breaker writes; polled beside the deliveries, as the take is.
         let mut breakers = FuturesUnordered::new();
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut take_failing = false;
         loop {
             let room = concurrency - in_flight.len();
             let mut more_due = false;
@@ -276,11 +277,22 @@ impl<DB: Backend> Relay<DB> {
                 };
                 match taken {
                     Ok(taken) => {
+                        if take_failing {
+                            tracing::info!("taking due rows works again");
+                            take_failing = false;
+                        }
                         // A destination held back from this take may have room again.
                         more_due = taken.rows.len() == limit || settled;
                         lanes.queue(taken);
                     }
-                    Err(error) => tracing::warn!(%error, "taking due rows failed"),
+                    // A database outage fails every take: one line when it starts.
+                    Err(error) if take_failing => {
+                        tracing::debug!(%error, "taking due rows failed again");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "taking due rows failed: trying again");
+                        take_failing = true;
+                    }
                 }
             }
             while in_flight.len() < concurrency {

@@ -82,29 +82,46 @@ const REJECTION_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Counts every rejection, and logs at most one line per source and kind each
 /// `REJECTION_LOG_EVERY`, with how many were left out before it: a sender with a wrong
-/// secret, or someone probing, must not flood the log. The line names the kind, never the
-/// signature, the secret or the body.
+/// secret, someone probing or a database outage must not flood the log. The line names the
+/// kind, never the signature, the secret or the body.
 #[derive(Default)]
 struct Rejections {
-    /// When each (source, kind) was last logged, and the rejections left out since.
-    logged: Mutex<HashMap<(String, &'static str), (Instant, u64)>>,
+    /// Each (source, kind) logged, by when and with the rejections left out since.
+    logged: Mutex<HashMap<(String, &'static str), Logged>>,
+}
+
+struct Logged {
+    at: Instant,
+    left_out: u64,
 }
 
 impl Rejections {
     fn reject(&self, source: &str, kind: &'static str) {
+        self.reject_for(source, kind, None);
+    }
+
+    /// [`Rejections::reject`], logged with the `error` that caused it.
+    fn reject_for(&self, source: &str, kind: &'static str, error: Option<&Error>) {
         count(source, kind);
         let now = Instant::now();
         let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
         let left_out = match logged.get_mut(&(source.to_owned(), kind)) {
-            Some((last, left_out)) if now.duration_since(*last) < REJECTION_LOG_EVERY => {
-                *left_out += 1;
+            Some(last) if now.duration_since(last.at) < REJECTION_LOG_EVERY => {
+                last.left_out += 1;
                 return;
             }
-            Some((_, left_out)) => std::mem::take(left_out),
+            Some(last) => last.left_out,
             None => 0,
         };
-        logged.insert((source.to_owned(), kind), (now, 0));
-        tracing::warn!(source, kind, left_out, "webhook rejected");
+        logged.insert(
+            (source.to_owned(), kind),
+            Logged {
+                at: now,
+                left_out: 0,
+            },
+        );
+        let error = error.map(tracing::field::display);
+        tracing::warn!(source, kind, left_out, error, "webhook rejected");
     }
 }
 
@@ -216,8 +233,8 @@ async fn receive<DB: Backend>(
             "key_reused"
         }
         Err(error) => {
-            count(&source.name, "unavailable");
-            tracing::error!(%key, %error, "webhook not stored");
+            // An outage fails every request: one line per interval, with the last error.
+            rejections.reject_for(&source.name, "unavailable", Some(&error));
             let mut response = problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not stored",
