@@ -25,8 +25,13 @@ impl clap::ValueEnum for LogFormat {
 
 /// Installs the subscriber: `RUST_LOG` filters, `default_filter` without it.
 pub fn init(format: LogFormat, default_filter: &str) {
-    let filter =
+    let mut filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // lapin logs a failed AMQP connection at every retry, where the consumer logs it once
+    // per change: it stays quiet unless `RUST_LOG` names it.
+    if !std::env::var("RUST_LOG").is_ok_and(|filter| filter.contains("lapin")) {
+        filter = filter.add_directive("lapin=off".parse().expect("a valid directive"));
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

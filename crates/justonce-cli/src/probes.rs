@@ -84,7 +84,8 @@ impl Consumers {
     }
 
     /// Records `state`, and logs a change between consuming and not: one line when a
-    /// broker goes away, one when it is back, none for each failed retry between.
+    /// broker goes away, one when it is back, none for each failed retry between. The
+    /// consumer's span, around its calls, names it in those lines.
     fn set(&self, consumer: &str, state: Connection) {
         let up = if state == Connection::Connected {
             1.0
@@ -100,20 +101,19 @@ impl Consumers {
             })
         );
         match state {
-            Connection::Connected if was_down => tracing::info!(consumer, "consuming again"),
+            Connection::Connected if was_down => tracing::info!("consuming again"),
             Connection::Connected if before != Some(Connection::Connected) => {
-                tracing::info!(consumer, "consuming")
+                tracing::info!("consuming")
             }
             Connection::Connecting {
                 last_error: Some(error),
             } if !was_down => tracing::warn!(
-                consumer,
                 %error,
                 "not consuming: the broker is unreachable or failed; trying again every few seconds"
             ),
             Connection::Connecting {
                 last_error: Some(error),
-            } => tracing::debug!(consumer, %error, "the broker is still unreachable"),
+            } => tracing::debug!(%error, "the broker is still unreachable"),
             _ => {}
         }
     }

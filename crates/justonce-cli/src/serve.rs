@@ -179,8 +179,9 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let consuming = futures_util::future::join_all(consumers.into_iter().map(
         |(name, from, options, inbox)| {
             let states = Arc::clone(&consumer_states);
-            // The lines of the broker clients and of each message carry the consumer.
-            let span = tracing::info_span!("consumer", consumer = %name);
+            // The lines of the consumer, of its broker client and of each message carry
+            // its name. At the error level, so that no filter that shows them leaves it out.
+            let span = tracing::error_span!("consumer", consumer = %name);
             consume(
                 name,
                 from,
@@ -308,7 +309,7 @@ async fn consume<DB: Backend>(
         let connected = || states.connected(&name);
         match consume_once(&from, &options, inbox.clone(), connected, stopped, work).await {
             Ok(stats) if *stopping.borrow() => {
-                tracing::info!(consumer = %name, ?stats, "stopped consuming");
+                tracing::info!(?stats, "stopped consuming");
                 return;
             }
             // Consumers logs the change from consuming to not, once.

@@ -386,10 +386,7 @@ async fn a_broker_outage_is_logged_once_each_way() {
     );
     let mut server = Server::configure_with(&url, &sink.url(), &consumer);
     let logs = server
-        .start_logged(
-            &[],
-            &[("JUSTONCE_LOG_FORMAT", "json"), ("RUST_LOG", "info")],
-        )
+        .start_logged(&[], &[("JUSTONCE_LOG_FORMAT", "json")])
         .await;
     let down = [r#"justonce_consumer_up{consumer="orders"} 0"#.to_owned()];
     metrics_with(&server, &down).await;
@@ -439,6 +436,43 @@ async fn a_broker_outage_is_logged_once_each_way() {
     let back = with_message(&objects, "consuming again");
     assert_eq!(back.len(), 1, "{all}");
     assert_eq!(back[0]["consumer"], "orders");
+    drop_database(db, &url).await;
+}
+
+/// A RabbitMQ broker that refuses the consumer's credentials at every retry gets one
+/// line, naming the consumer and the broker's answer, also under `RUST_LOG=warn`; the AMQP
+/// client's own errors at each retry are not logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_refusing_the_consumer_is_logged_once() {
+    let (db, url) = database::<Sqlite>("broker-refusing").await;
+    let broker = super::serve::amqp_url().replacen("guest:guest@", "guest:wrong@", 1);
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{broker}\"\nqueue = \"{}orders\"\n\
+         target = \"http://127.0.0.1:1/x\"\n",
+        db.prefix
+    );
+    let mut server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
+    let logs = server
+        .start_logged(&["--log-format", "json"], &[("RUST_LOG", "warn")])
+        .await;
+    // Three tries at least, 5 s apart.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    server.stop().await;
+    let lines = logs.await.unwrap();
+    let all = lines.join("\n");
+    let troubles: Vec<_> = parse_lines(&lines)
+        .into_iter()
+        .filter(|line| line["level"] == "WARN" || line["level"] == "ERROR")
+        .collect();
+    assert_eq!(troubles.len(), 1, "one line for the refusal:\n{all}");
+    assert_eq!(troubles[0]["consumer"], "orders");
+    assert!(
+        troubles[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("ACCESS_REFUSED"),
+        "{all}"
+    );
     drop_database(db, &url).await;
 }
 

@@ -146,7 +146,8 @@ target = "{target}"
     }
 
     /// Starts `serve` with `args` and `env` added and its stderr captured, and waits until
-    /// it answers; the handle gives every line it wrote once it has stopped.
+    /// it answers; the handle gives every line it wrote once it has stopped. It logs what
+    /// it does by default unless `env` sets `RUST_LOG`.
     pub(crate) async fn start_logged(
         &mut self,
         args: &[&str],
@@ -154,7 +155,10 @@ target = "{target}"
     ) -> tokio::task::JoinHandle<Vec<String>> {
         use tokio::io::AsyncBufReadExt;
         let mut command = self.command(&[&["serve"], args].concat());
-        command.envs(env.iter().copied()).stderr(Stdio::piped());
+        command
+            .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
+            .stderr(Stdio::piped());
         let mut child = command.spawn().expect("start justonce");
         let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
         let lines = tokio::spawn(async move {
