@@ -262,7 +262,8 @@ async fn rejected_webhooks_are_logged_once_per_kind_and_interval() {
     drop_database(db, &url).await;
 }
 
-/// A bad `server.log_format` or `--log-format` exits 2 and names the setting.
+/// A bad `server.log_format` or `--log-format` exits 2 and names the setting; with JSON
+/// logs, a bad setting is reported as a JSON line.
 #[tokio::test]
 async fn a_bad_log_format_exits_2_naming_the_setting() {
     let (db, url) = database::<Sqlite>("bad-log-format").await;
@@ -290,6 +291,29 @@ async fn a_bad_log_format_exits_2_naming_the_setting() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--log-format"), "{stderr}");
+    // With JSON logs, the reason a command stops is a JSON line too.
+    let output = server
+        .command(&["check", "--log-format", "json"])
+        .env("JUSTONCE_SERVER_BODY_LIMIT", "0")
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let lines: Vec<String> = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let objects = parse_lines(&lines);
+    assert_eq!(objects.len(), 1, "{lines:?}");
+    assert_eq!(objects[0]["level"], "ERROR");
+    assert!(
+        objects[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("server.body_limit (from JUSTONCE_SERVER_BODY_LIMIT)"),
+        "{lines:?}"
+    );
     drop_database(db, &url).await;
 }
 
