@@ -3,6 +3,8 @@
 
 mod bench;
 mod check;
+mod environment;
 mod listeners;
+mod operations;
 mod serve;
 mod tls;
