@@ -61,7 +61,7 @@
 //!   close each within its header timeout (2 s) and forward every event once.
 //! - `slow-target`: 2,000 signed webhooks (short: 200) for two sources of `justonce
 //!   serve`, one forwarding to a healthy receiver, one to a receiver that does not answer
-//!   for 60 s (short: 12 s) and then turns healthy; the healthy one's deliveries must not
+//!   for 60 s (short: 15 s) and then turns healthy; the healthy one's deliveries must not
 //!   wait behind the slow one's, and every event must arrive under one key.
 //!
 //! Behind an HTTP receiver an effect is a distinct `Idempotency-Key`: a row or an event that

@@ -8,6 +8,8 @@
 //! An event answered 2xx is acknowledged: it must reach the receiver, and every request
 //! for it must carry the same key, so that a receiver acting once per `Idempotency-Key`
 //! acts once.
+//!
+//! The server, the senders and the check here serve `slow-clients` and `slow-target` too.
 
 use crate::broker::{key_index, key_name, sibling};
 use crate::report::{Report, receiver_effects, workload_index};
@@ -169,8 +171,8 @@ pub fn check(
     report
 }
 
-/// The key the server forwards event `index` with.
-fn event_key(index: u32) -> String {
+/// The key the server forwards event `index` of source `demo` with.
+pub fn event_key(index: u32) -> String {
     format!("demo:{}", key_name(index))
 }
 

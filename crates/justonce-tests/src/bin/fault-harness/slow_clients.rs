@@ -8,7 +8,7 @@
 //! `serve-kill`.
 
 use crate::report::{Report, latency_details};
-use crate::serve_kill::{Senders, Server, check, settle, source};
+use crate::serve_kill::{Senders, Sent, Server, check, event_key, settle, source};
 use crate::{Args, Rng};
 use justonce_tests::{Sink, TestBackend};
 use std::sync::Arc;
@@ -58,7 +58,6 @@ pub async fn slow_clients<DB: TestBackend>(
     let (sent, received, stored) =
         settle::<DB>(&database, &[&sink], &mut server, sent, deadline).await?;
     let attack = attack.ok_or("the hostile clients' figures")?;
-    let event_key = |index| format!("demo:{}", crate::broker::key_name(index));
     let mut report = check(title, events, &sent, &received, &stored, event_key);
     report.faults = attack.opened;
     let closed: Vec<Duration> = attack.closes.iter().flatten().copied().collect();
@@ -122,7 +121,7 @@ async fn send_under_attack(
     deadline: Instant,
     rng: &mut Rng,
     server: &mut Server,
-) -> Result<(crate::serve_kill::Sent, Attack), String> {
+) -> Result<(Sent, Attack), String> {
     server.start().await?;
     let address = server.public.trim_start_matches("http://").to_owned();
     let stop = Arc::new(AtomicBool::new(false));

@@ -10,7 +10,7 @@
 
 use crate::broker::key_name;
 use crate::report::{Report, latency_details, workload_index};
-use crate::serve_kill::{Senders, Server, check, settle, source};
+use crate::serve_kill::{Senders, Sent, Server, check, settle, source};
 use crate::{Args, Rng};
 use justonce_tests::{Answer, Sink, TestBackend};
 use std::collections::HashMap;
@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// The slow source's `timeout`: a delivery the slow target does not answer fails after it.
-const SLOW_TIMEOUT: Duration = Duration::from_secs(5);
+/// The slow source's `timeout` (the default): a delivery the slow target does not answer
+/// fails after it.
+const SLOW_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The server's `relay_lease`: a source's timeout is at most half of it.
 const RELAY_LEASE: Duration = Duration::from_secs(2 * SLOW_TIMEOUT.as_secs());
@@ -51,8 +52,10 @@ pub async fn slow_target<DB: TestBackend>(
 ) -> Result<Report, String> {
     let events = args.size(200, 2_000);
     let spread = Duration::from_secs(args.size(4, 30) as u64);
-    // Past the breaker's first pause (10 s) in the short run; past its third in the long.
-    let slow_for = Duration::from_secs(args.size(12, 60) as u64);
+    // The breaker opens when the first deliveries time out, after 10 s. The slow target
+    // turns healthy during its first pause (10 s) in the short run, its third (40 s) in the
+    // long one.
+    let slow_for = Duration::from_secs(args.size(15, 60) as u64);
     let deadline = Instant::now() + Duration::from_secs(args.size(120, 1200) as u64);
     let database =
         DB::create_database(&format!("harness_slow_target_{}", std::process::id())).await;
@@ -222,7 +225,7 @@ async fn send_then_heal(
     rng: &mut Rng,
     server: &mut Server,
     healthy: &AtomicBool,
-) -> Result<(crate::serve_kill::Sent, Instant), String> {
+) -> Result<(Sent, Instant), String> {
     server.start().await?;
     let started = Instant::now();
     let mut plan: Vec<u32> = (0..events as u32).collect();
