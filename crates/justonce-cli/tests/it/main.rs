@@ -3,5 +3,7 @@
 
 mod bench;
 mod check;
+mod environment;
 mod listeners;
+mod operations;
 mod serve;
