@@ -383,3 +383,75 @@ async fn the_check_reports_losses_when_the_server_answers_before_it_stores() {
     assert!(figures["lost"].as_u64().unwrap() > 0, "{figures}");
     assert_eq!(code, 1, "{figures}");
 }
+
+async fn slow_clients_on(backend: &str) {
+    let args = ["--scenario", "slow-clients", "--backend", backend];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    let detail = |name: &str| figures["details"][name].as_u64().expect(name);
+    // More hostile clients came as the first 200 were closed, and the server closed every
+    // one after its 2 s header timeout (the harness exits 1 when one is held 10 s).
+    assert!(detail("hostile connections opened") > 200, "{figures}");
+    assert_eq!(
+        detail("hostile connections closed by the server"),
+        detail("hostile connections opened"),
+        "{figures}"
+    );
+    assert!(detail("slowest close (ms)") >= 2_000, "{figures}");
+    // Meanwhile the honest senders were answered, most of them at once: a server held up
+    // by the hostile clients would answer them after its header timeout, if ever.
+    assert!(detail("honest latency p50 (ms)") < 1_000, "{figures}");
+}
+
+#[tokio::test]
+async fn hostile_clients_holding_connections_leave_every_webhook_answered_once_on_postgres() {
+    slow_clients_on("postgres").await
+}
+
+#[tokio::test]
+async fn hostile_clients_holding_connections_leave_every_webhook_answered_once_on_mysql() {
+    slow_clients_on("mysql").await
+}
+
+#[tokio::test]
+async fn hostile_clients_holding_connections_leave_every_webhook_answered_once_on_sqlite() {
+    slow_clients_on("sqlite").await
+}
+
+async fn slow_target_on(backend: &str) {
+    let args = ["--scenario", "slow-target", "--backend", backend];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    let detail = |name: &str| figures["details"][name].as_u64().expect(name);
+    // The healthy target's deliveries never waited as long as the slow one's timeout (10
+    // s); they arrive within a second or so of their 2xx.
+    assert!(
+        detail("healthy target: from 2xx to arrival max (ms)") < 10_000,
+        "{figures}"
+    );
+    // The slow target's breaker paused it, and once it answered again every one of its
+    // events reached it.
+    assert!(detail("slow target: breaker pauses") >= 1, "{figures}");
+    assert_eq!(
+        detail("slow target: events that reached it after it turned healthy"),
+        100,
+        "{figures}"
+    );
+}
+
+#[tokio::test]
+async fn a_target_that_does_not_answer_holds_back_no_other_and_gets_every_event_once_on_postgres() {
+    slow_target_on("postgres").await
+}
+
+#[tokio::test]
+async fn a_target_that_does_not_answer_holds_back_no_other_and_gets_every_event_once_on_mysql() {
+    slow_target_on("mysql").await
+}
+
+#[tokio::test]
+async fn a_target_that_does_not_answer_holds_back_no_other_and_gets_every_event_once_on_sqlite() {
+    slow_target_on("sqlite").await
+}

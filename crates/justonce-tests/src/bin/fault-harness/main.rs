@@ -55,6 +55,14 @@
 //!   `--features failpoints`); it forwards each event to an HTTP receiver inside the
 //!   harness. Its broken mode is `answer-before-store`: an `answer-first-server` instead,
 //!   which answers 2xx before it stores the event.
+//! - `slow-clients`: 5,000 signed webhooks (short: 500) posted to `justonce serve` over 20 s
+//!   (short: 6 s) while 1,000 hostile connections at once (short: 200) send half a
+//!   request's headers and then nothing, another opened as each is closed; the server must
+//!   close each within its header timeout (2 s) and forward every event once.
+//! - `slow-target`: 2,000 signed webhooks (short: 200) for two sources of `justonce
+//!   serve`, one forwarding to a healthy receiver, one to a receiver that does not answer
+//!   for 60 s (short: 15 s) and then turns healthy; the healthy one's deliveries must not
+//!   wait behind the slow one's, and every event must arrive under one key.
 //!
 //! Behind an HTTP receiver an effect is a distinct `Idempotency-Key`: a row or an event that
 //! arrives with two keys would act twice at a receiver that acts once per key.
@@ -68,6 +76,8 @@ mod real_broker;
 mod relay_kill;
 mod report;
 mod serve_kill;
+mod slow_clients;
+mod slow_target;
 
 use broker::{Faults, Workers};
 use justonce_tests::{BACKENDS, TestBackend, TestDb};
@@ -77,7 +87,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 10] = [
     "kill",
     "storm",
     "hot-keys",
@@ -86,6 +96,8 @@ const SCENARIOS: [&str; 8] = [
     "broker-kill",
     "relay-kill",
     "serve-kill",
+    "slow-clients",
+    "slow-target",
 ];
 
 /// The deliberately broken modes `--broken` takes; each scenario takes some of them.
@@ -246,6 +258,7 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     let broken_modes: &[&str] = match args.scenario.as_str() {
         "relay-kill" => &["key-per-try"],
         "serve-kill" => &["answer-before-store"],
+        "slow-clients" | "slow-target" => &[],
         _ => &["ack-before-commit", "separate-claim"],
     };
     if args.mode != "correct" && !broken_modes.contains(&args.mode.as_str()) {
@@ -301,6 +314,8 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         "broker-kill" => real_broker::broker_kill(args, &db, &mut rng, title).await,
         "relay-kill" => relay_kill::relay_kill(args, &db, &mut rng, title).await,
         "serve-kill" => serve_kill::serve_kill::<DB>(args, &mut rng, title).await,
+        "slow-clients" => slow_clients::slow_clients::<DB>(args, &mut rng, title).await,
+        "slow-target" => slow_target::slow_target::<DB>(args, &mut rng, title).await,
         _ => through_own_broker(args, &db, &mut rng, cluster.clone(), title).await,
     };
     // The throwaway cluster takes its tables with it, and may be down after a failure.

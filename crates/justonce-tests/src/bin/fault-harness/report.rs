@@ -71,6 +71,8 @@ pub struct Report {
     pub drained: bool,
     /// What the scenario measured besides, in the order it gives them.
     pub details: Vec<(String, u64)>,
+    /// Promises other than the check's that the run broke, each said in a sentence.
+    pub breaches: Vec<String>,
 }
 
 impl Report {
@@ -131,6 +133,7 @@ impl Report {
             recovery: Vec::new(),
             drained: true,
             details: Vec::new(),
+            breaches: Vec::new(),
         };
         for index in 0..keys {
             let rows = effects.remove(&key_name(index as u32)).unwrap_or(0);
@@ -145,9 +148,10 @@ impl Report {
         report
     }
 
-    /// Whether the run broke a promise: lost, duplicated or unexpected is not 0.
+    /// Whether the run broke a promise: lost, duplicated or unexpected is not 0, or a
+    /// scenario's own promise was broken.
     pub fn violated(&self) -> bool {
-        self.lost + self.duplicated + self.unexpected > 0
+        self.lost + self.duplicated + self.unexpected > 0 || !self.breaches.is_empty()
     }
 
     fn fraction(&self, count: u64) -> f64 {
@@ -198,6 +202,9 @@ impl Report {
         for (name, count) in &self.details {
             out += &format!("{name}: {count}\n");
         }
+        for breach in &self.breaches {
+            out += &format!("BROKEN: {breach}\n");
+        }
         out
     }
 
@@ -208,6 +215,7 @@ impl Report {
             "deliveries": self.deliveries,
             "faults": self.faults,
             "drained": self.drained,
+            "breaches": self.breaches,
             "redeliveries": self.redeliveries,
             "recovery_p50_ms": self.recovery_ms().map(|(p50, _)| p50 as u64),
             "recovery_max_ms": self.recovery_ms().map(|(_, max)| max as u64),
@@ -229,4 +237,18 @@ impl Report {
         }
         json
     }
+}
+
+/// The p50, p99 and maximum of `durations` in milliseconds, as details named `what`.
+pub fn latency_details(what: &str, durations: &[Duration]) -> Vec<(String, u64)> {
+    let mut sorted = durations.to_vec();
+    sorted.sort_unstable();
+    let at = |fraction: f64| {
+        let rank = ((sorted.len() as f64 * fraction).ceil() as usize).max(1);
+        sorted.get(rank - 1).map_or(0, |d| d.as_millis() as u64)
+    };
+    [("p50", at(0.5)), ("p99", at(0.99)), ("max", at(1.0))]
+        .into_iter()
+        .map(|(name, ms)| (format!("{what} {name} (ms)"), ms))
+        .collect()
 }

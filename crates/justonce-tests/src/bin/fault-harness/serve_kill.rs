@@ -8,13 +8,15 @@
 //! An event answered 2xx is acknowledged: it must reach the receiver, and every request
 //! for it must carry the same key, so that a receiver acting once per `Idempotency-Key`
 //! acts once.
+//!
+//! The server, the senders and the check here serve `slow-clients` and `slow-target` too.
 
 use crate::broker::{key_index, key_name, sibling};
 use crate::report::{Report, receiver_effects, workload_index};
 use crate::{Args, Rng};
 use hmac::{Hmac, Mac};
 use justonce_http::receiver::FAILPOINT;
-use justonce_tests::{Sink, TestBackend};
+use justonce_tests::{Received, Sink, TestBackend};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -23,12 +25,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
+use tokio::task::JoinHandle;
 
 /// The source's signing secret.
 const SECRET: &str = "the harness signing secret";
 
 /// Senders posting at once.
 const SENDERS: usize = 8;
+
+/// Where the relay logs, by the logger's target: its breaker's changes are logged at info.
+const RELAY_LOG: &str = "justonce_sql::relay";
 
 /// Five relay leases: a row a killed server took is sent again well within it.
 const STALLED: Duration = Duration::from_secs(10);
@@ -45,13 +51,49 @@ pub async fn serve_kill<DB: TestBackend>(
     let database = DB::create_database(&format!("harness_serve_{}", std::process::id())).await;
     let sink = Sink::start().await;
     let mut server = Server::configure(&database, &sink.url(), args.mode == "answer-before-store")?;
-    let mut result = send_while_killing(events, kills, deadline, rng, &mut server).await;
-    let store = sqlx::Pool::<DB>::connect(&database)
+    let result = send_while_killing(events, kills, deadline, rng, &mut server).await;
+    let (sent, received, stored) =
+        settle::<DB>(&database, &[&sink], &mut server, result, deadline).await?;
+    let mut report = check(title, events, &sent, &received, &stored, event_key);
+    report.faults = sent.killed_at.len();
+    report.recovery = sent
+        .killed_at
+        .iter()
+        .filter_map(|(began, dead)| {
+            let next = sent.answered.iter().find(|at| *at > dead)?;
+            Some(*next - *began)
+        })
+        .collect();
+    report.details.splice(
+        0..0,
+        [
+            (
+                format!("kills at the failpoint ({FAILPOINT})"),
+                sent.at_failpoint,
+            ),
+            ("sent again after a 2xx, on purpose".to_owned(), sent.again),
+        ],
+    );
+    Ok(report)
+}
+
+/// After the senders: waits until every acknowledged event reached a receiver among
+/// `sinks` and the server's outbox holds nothing unsent, reads the outbox's keys, stops the
+/// server and drops its database. Returns what was sent, every request the receivers got,
+/// and the outbox's keys.
+pub async fn settle<DB: TestBackend>(
+    database: &str,
+    sinks: &[&Sink],
+    server: &mut Server,
+    mut result: Result<Sent, String>,
+    deadline: Instant,
+) -> Result<(Sent, Vec<Received>, Vec<String>), String> {
+    let store = sqlx::Pool::<DB>::connect(database)
         .await
         .map_err(|e| format!("cannot read the server's database: {e}"));
     let mut stored = Ok(Vec::new());
     if let (Ok(sent), Ok(store)) = (&mut result, &store) {
-        sent.drained &= reached::<DB>(&sink, store, &sent.acknowledged, deadline).await;
+        sent.drained &= reached::<DB>(sinks, store, &sent.acknowledged, deadline).await;
         stored = DB::texts(
             store,
             format!("SELECT {} FROM justonce_outbox", DB::quoted("key")),
@@ -60,23 +102,34 @@ pub async fn serve_kill<DB: TestBackend>(
         .map_err(|e| format!("cannot read the server's outbox: {e}"));
     }
     let stopped = server.stop().await;
-    let received = sink.received();
+    let received = sinks.iter().flat_map(|sink| sink.received()).collect();
     let _ = std::fs::remove_file(&server.config);
     if let Ok(store) = store {
         store.close().await;
     }
-    DB::drop_database(&database).await;
+    DB::drop_database(database).await;
     let sent = result?;
     stopped?;
-    let stored = stored?;
+    Ok((sent, received, stored?))
+}
 
-    let (effects, repeated) = receiver_effects(&received, event_key);
-    // An event stored twice, or answered as new twice, acted twice whatever the receiver
-    // saw.
+/// The check of a run of webhooks: every event is required at a receiver, under the key
+/// `event_key` gives it; an event stored twice in the server's outbox, or answered as new
+/// twice, acted twice whatever the receivers saw. The details count the requests at the
+/// receivers and the answers; faults and recovery are the caller's.
+pub fn check(
+    title: String,
+    events: usize,
+    sent: &Sent,
+    received: &[Received],
+    stored: &[String],
+    event_key: impl Fn(u32) -> String,
+) -> Report {
+    let (effects, repeated) = receiver_effects(received, event_key);
     let mut rows = vec![0i64; events];
     for index in stored
         .iter()
-        .filter_map(|key| key_index(key.strip_prefix("demo:")?))
+        .filter_map(|key| key_index(key.split_once(':')?.1))
     {
         if let Some(count) = rows.get_mut(index as usize) {
             *count += 1;
@@ -103,52 +156,42 @@ pub async fn serve_kill<DB: TestBackend>(
         effects,
     );
     report.redeliveries = Some(sent.tries.iter().sum::<u64>() - sent.tries.len() as u64);
-    report.faults = sent.killed_at.len();
-    report.recovery = sent
-        .killed_at
-        .iter()
-        .filter_map(|(began, dead)| {
-            let next = sent.answered.iter().find(|at| *at > dead)?;
-            Some(*next - *began)
-        })
-        .collect();
     report.drained = sent.drained;
     report.details = [
-        (
-            format!("kills at the failpoint ({FAILPOINT})"),
-            sent.at_failpoint,
-        ),
-        ("sent again after a 2xx, on purpose".to_owned(), sent.again),
         ("requests at the receiver".to_owned(), received.len() as u64),
         ("requests repeated at the receiver".to_owned(), repeated),
     ]
     .into_iter()
     .chain(
         sent.answers
-            .into_iter()
-            .map(|(answer, count)| (format!("answered {answer}"), count)),
+            .iter()
+            .map(|(answer, count)| (format!("answered {answer}"), *count)),
     )
     .collect();
-    Ok(report)
+    report
 }
 
-/// The key the server forwards event `index` with.
-fn event_key(index: u32) -> String {
+/// The key the server forwards event `index` of source `demo` with.
+pub fn event_key(index: u32) -> String {
     format!("demo:{}", key_name(index))
 }
 
 /// What the senders saw.
-struct Sent {
+pub struct Sent {
     /// Tries of each send, in plan order.
-    tries: Vec<u64>,
-    acknowledged: Vec<bool>,
+    pub tries: Vec<u64>,
+    pub acknowledged: Vec<bool>,
     /// How often each event was answered as new.
-    accepted: Vec<u32>,
+    pub accepted: Vec<u32>,
     /// Every 2xx, when it was read.
-    answered: Vec<Instant>,
+    pub answered: Vec<Instant>,
+    /// When each event was first answered 2xx.
+    pub first_answered: Vec<Option<Instant>>,
+    /// How long each answered try took, from the request's start to its answer.
+    pub latencies: Vec<Duration>,
     /// Answers by status and, for a 2xx, the body's `status`; `no answer` when the
     /// connection failed.
-    answers: BTreeMap<String, u64>,
+    pub answers: BTreeMap<String, u64>,
     again: u64,
     /// When each kill was sent, and when the process was gone.
     killed_at: Vec<(Instant, Instant)>,
@@ -156,19 +199,144 @@ struct Sent {
     at_failpoint: u64,
     /// Whether every send was answered 2xx and the receiver got every event before the
     /// deadline.
-    drained: bool,
+    pub drained: bool,
 }
 
-/// The state the sender tasks share.
+/// The state the sender tasks share: a plan of sends, each posted until it is answered
+/// 2xx, and what the answers were.
 #[derive(Default)]
-struct Senders {
+pub struct Senders {
     plan: Mutex<VecDeque<(usize, u32)>>,
+    /// Where event `index` is posted: `hooks[index % hooks.len()]`.
+    hooks: Vec<String>,
+    /// When the sends start and how far apart: send `n` starts no earlier than
+    /// `start + n * gap`. Without it, as fast as the server answers.
+    pace: Option<(Instant, Duration)>,
     acknowledged: Mutex<Vec<bool>>,
     accepted: Mutex<Vec<u32>>,
     tries: Mutex<Vec<u64>>,
     answered: Mutex<Vec<Instant>>,
+    first_answered: Mutex<Vec<Option<Instant>>>,
+    latencies: Mutex<Vec<Duration>>,
     answers: Mutex<BTreeMap<String, u64>>,
     acks: AtomicUsize,
+}
+
+impl Senders {
+    /// Senders of `plan` (event indices below `events`, in send order) to `hooks`, spread
+    /// evenly over `spread` when it is given.
+    pub fn new(
+        plan: Vec<u32>,
+        events: usize,
+        hooks: Vec<String>,
+        spread: Option<Duration>,
+    ) -> Arc<Self> {
+        let sends = plan.len();
+        Arc::new(Self {
+            plan: Mutex::new(plan.into_iter().enumerate().collect()),
+            hooks,
+            pace: spread.map(|spread| (Instant::now(), spread / sends.max(1) as u32)),
+            acknowledged: Mutex::new(vec![false; events]),
+            accepted: Mutex::new(vec![0; events]),
+            tries: Mutex::new(vec![0; sends]),
+            first_answered: Mutex::new(vec![None; events]),
+            ..Self::default()
+        })
+    }
+
+    /// Starts `count` sender tasks; each returns false if the deadline came before its
+    /// sends were answered.
+    pub fn spawn(self: &Arc<Self>, count: usize, deadline: Instant) -> Vec<JoinHandle<bool>> {
+        let client = reqwest::Client::new();
+        (0..count)
+            .map(|_| {
+                let (state, client) = (Arc::clone(self), client.clone());
+                tokio::spawn(async move { state.send(&client, deadline).await })
+            })
+            .collect()
+    }
+
+    /// Waits for the sender tasks and returns what they saw.
+    pub async fn finish(&self, senders: Vec<JoinHandle<bool>>) -> Result<Sent, String> {
+        let mut all_sent = true;
+        for sender in senders {
+            all_sent &= sender.await.map_err(|e| e.to_string())?;
+        }
+        fn take<T: Default>(shared: &Mutex<T>) -> T {
+            std::mem::take(&mut *shared.lock().unwrap())
+        }
+        Ok(Sent {
+            tries: take(&self.tries),
+            acknowledged: take(&self.acknowledged),
+            accepted: take(&self.accepted),
+            answered: take(&self.answered),
+            first_answered: take(&self.first_answered),
+            latencies: take(&self.latencies),
+            answers: take(&self.answers),
+            again: 0,
+            killed_at: Vec::new(),
+            at_failpoint: 0,
+            drained: all_sent,
+        })
+    }
+
+    /// Takes sends from the plan and posts each until it is answered 2xx; false if the
+    /// deadline came first.
+    async fn send(&self, client: &reqwest::Client, deadline: Instant) -> bool {
+        loop {
+            let Some((send, index)) = self.plan.lock().unwrap().pop_front() else {
+                return true;
+            };
+            if let Some((start, gap)) = self.pace {
+                tokio::time::sleep_until((start + gap * send as u32).into()).await;
+            }
+            let url = &self.hooks[index as usize % self.hooks.len()];
+            let body = format!(r#"{{"id":"{}","n":{index}}}"#, key_name(index));
+            let signature = signature(body.as_bytes());
+            loop {
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                self.tries.lock().unwrap()[send] += 1;
+                let began = Instant::now();
+                let answer = client
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .header("x-signature", &signature)
+                    .body(body.clone())
+                    .timeout(Duration::from_secs(10))
+                    .send()
+                    .await;
+                let (taken, name) = match answer {
+                    Ok(response) if response.status().is_success() => {
+                        let status = response.status().as_u16();
+                        let text = response.text().await.unwrap_or_default();
+                        let status_field = answer_status(&text);
+                        if status_field == "accepted" {
+                            self.accepted.lock().unwrap()[index as usize] += 1;
+                        }
+                        (true, format!("{status} {status_field}"))
+                    }
+                    Ok(response) => (false, response.status().as_u16().to_string()),
+                    Err(_) => (false, "no answer".to_owned()),
+                };
+                let answered = Instant::now();
+                if name != "no answer" {
+                    self.latencies.lock().unwrap().push(answered - began);
+                }
+                *self.answers.lock().unwrap().entry(name).or_default() += 1;
+                if taken {
+                    self.acknowledged.lock().unwrap()[index as usize] = true;
+                    self.first_answered.lock().unwrap()[index as usize].get_or_insert(answered);
+                    self.answered.lock().unwrap().push(answered);
+                    self.acks.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                // A sender backs off before trying again; the server may be starting.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
 }
 
 async fn send_while_killing(
@@ -182,20 +350,8 @@ async fn send_while_killing(
     rng.shuffle(&mut plan);
     let sends = plan.len();
     server.start().await?;
-    let state = Arc::new(Senders {
-        plan: Mutex::new(plan.into_iter().enumerate().collect()),
-        acknowledged: Mutex::new(vec![false; events]),
-        accepted: Mutex::new(vec![0; events]),
-        tries: Mutex::new(vec![0; sends]),
-        ..Senders::default()
-    });
-    let client = reqwest::Client::new();
-    let senders: Vec<_> = (0..SENDERS)
-        .map(|_| {
-            let (state, client, url) = (Arc::clone(&state), client.clone(), server.hooks_url());
-            tokio::spawn(async move { send(&state, &client, &url, deadline).await })
-        })
-        .collect();
+    let state = Senders::new(plan, events, vec![server.hooks_url("demo")], None);
+    let senders = state.spawn(SENDERS, deadline);
 
     let mut points: Vec<usize> = (0..kills)
         .map(|_| sends / 20 + rng.below(sends as u64 * 16 / 20) as usize)
@@ -223,72 +379,12 @@ async fn send_while_killing(
         // server before every fourth kill is armed to stop at its failpoint.
         server.spawn(n % 4 == 2)?;
     }
-    let mut all_sent = true;
-    for sender in senders {
-        all_sent &= sender.await.map_err(|e| e.to_string())?;
-    }
-    let acknowledged = std::mem::take(&mut *state.acknowledged.lock().unwrap());
-    let accepted = std::mem::take(&mut *state.accepted.lock().unwrap());
-    let answered = std::mem::take(&mut *state.answered.lock().unwrap());
     Ok(Sent {
-        tries: std::mem::take(&mut *state.tries.lock().unwrap()),
-        acknowledged,
-        accepted,
-        answered,
-        answers: std::mem::take(&mut *state.answers.lock().unwrap()),
         again: (events / 10) as u64,
         killed_at,
         at_failpoint,
-        drained: all_sent,
+        ..state.finish(senders).await?
     })
-}
-
-/// Takes sends from the plan and posts each until it is answered 2xx; false if the deadline
-/// came first.
-async fn send(state: &Senders, client: &reqwest::Client, url: &str, deadline: Instant) -> bool {
-    loop {
-        let Some((send, index)) = state.plan.lock().unwrap().pop_front() else {
-            return true;
-        };
-        let body = format!(r#"{{"id":"{}","n":{index}}}"#, key_name(index));
-        let signature = signature(body.as_bytes());
-        loop {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            state.tries.lock().unwrap()[send] += 1;
-            let answer = client
-                .post(url)
-                .header("content-type", "application/json")
-                .header("x-signature", &signature)
-                .body(body.clone())
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await;
-            let (taken, name) = match answer {
-                Ok(response) if response.status().is_success() => {
-                    let status = response.status().as_u16();
-                    let text = response.text().await.unwrap_or_default();
-                    let status_field = answer_status(&text);
-                    if status_field == "accepted" {
-                        state.accepted.lock().unwrap()[index as usize] += 1;
-                    }
-                    (true, format!("{status} {status_field}"))
-                }
-                Ok(response) => (false, response.status().as_u16().to_string()),
-                Err(_) => (false, "no answer".to_owned()),
-            };
-            *state.answers.lock().unwrap().entry(name).or_default() += 1;
-            if taken {
-                state.acknowledged.lock().unwrap()[index as usize] = true;
-                state.answered.lock().unwrap().push(Instant::now());
-                state.acks.fetch_add(1, Ordering::Relaxed);
-                break;
-            }
-            // A sender backs off before trying again; the server may be starting.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
 }
 
 /// Waits until every acknowledged event has reached the receiver and the server's outbox
@@ -297,7 +393,7 @@ async fn send(state: &Senders, client: &reqwest::Client, url: &str, deadline: In
 /// first, or if the outbox has nothing left to send and no request has come for
 /// [`STALLED`] while acknowledged events are still missing: the server never stored them.
 async fn reached<DB: TestBackend>(
-    sink: &Sink,
+    sinks: &[&Sink],
     store: &sqlx::Pool<DB>,
     acknowledged: &[bool],
     deadline: Instant,
@@ -307,19 +403,20 @@ async fn reached<DB: TestBackend>(
         DB::quoted("key")
     );
     let mut quiet = None;
-    let mut last_request = (Instant::now(), sink.requests());
+    let requests = || sinks.iter().map(|sink| sink.requests()).sum::<usize>();
+    let mut last_request = (Instant::now(), requests());
     while Instant::now() < deadline {
         // The outbox first: a row is marked sent only after the receiver has it, so what is
         // read from the receiver after includes every row found sent.
         let all_sent = DB::texts(store, unsent.clone())
             .await
             .is_ok_and(|keys| keys.is_empty());
-        let requests = sink.requests();
+        let requests = requests();
         if requests != last_request.1 {
             last_request = (Instant::now(), requests);
         }
         let mut arrived = vec![false; acknowledged.len()];
-        for request in sink.received() {
+        for request in sinks.iter().flat_map(|sink| sink.received()) {
             if let Some(got) =
                 workload_index(&request.body).and_then(|index| arrived.get_mut(index as usize))
             {
@@ -354,6 +451,21 @@ fn answer_status(text: &str) -> &str {
         .unwrap_or("")
 }
 
+/// A `[sources.NAME]` table: signed webhooks (hmac-sha256) with the id in the body,
+/// forwarded to `target`, with `settings` added.
+pub fn source(name: &str, target: &str, settings: &str) -> String {
+    format!(
+        r#"
+[sources.{name}]
+scheme = "hmac-sha256"
+secrets = ["env:HARNESS_SECRET"]
+id = "json:/id"
+target = "{target}"
+{settings}
+"#
+    )
+}
+
 /// The source's signature of `body`: hex HMAC-SHA256 with a `sha256=` prefix.
 fn signature(body: &[u8]) -> String {
     let mut mac = Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).expect("any key");
@@ -369,18 +481,39 @@ fn signature(body: &[u8]) -> String {
 
 /// `justonce serve` with one source forwarding to the receiver, or the deliberately broken
 /// `answer-first-server` with the same source.
-struct Server {
+pub struct Server {
     config: PathBuf,
-    public: String,
+    pub public: String,
     /// `answer-first-server`'s arguments, when it runs instead of `justonce serve`.
     answer_first: Option<[String; 3]>,
     running: Option<Child>,
     /// The armed server's output, where it says it reached the failpoint.
     paused: Option<Lines<BufReader<ChildStdout>>>,
+    /// The relay's log lines, when they are watched.
+    relay_log: Option<Arc<Mutex<Vec<String>>>>,
 }
 
 impl Server {
     fn configure(database: &str, target: &str, answer_first: bool) -> Result<Self, String> {
+        let mut server = Self::with_settings(
+            database,
+            r#"# Deliveries a killed server had in flight go again when their lease ends.
+relay_lease = "2s""#,
+            &source("demo", target, ""),
+        )?;
+        server.answer_first = answer_first.then(|| {
+            [
+                database.to_owned(),
+                server.public.trim_start_matches("http://").to_owned(),
+                target.to_owned(),
+            ]
+        });
+        Ok(server)
+    }
+
+    /// `justonce serve` on free loopback ports with `server` added to its `[server]` table,
+    /// and `sources`.
+    pub fn with_settings(database: &str, server: &str, sources: &str) -> Result<Self, String> {
         let (public, admin) = (free_port()?, free_port()?);
         let config = std::env::temp_dir().join(format!("justonce-harness-{public}.toml"));
         std::fs::write(
@@ -390,36 +523,38 @@ impl Server {
 listen = "127.0.0.1:{public}"
 admin_listen = "127.0.0.1:{admin}"
 database = "{database}"
-# Deliveries a killed server had in flight go again when their lease ends.
-relay_lease = "2s"
-
-[sources.demo]
-scheme = "hmac-sha256"
-secrets = ["env:HARNESS_SECRET"]
-id = "json:/id"
-target = "{target}"
-"#
+{server}
+{sources}"#
             ),
         )
         .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
-        let answer_first = answer_first.then(|| {
-            [
-                database.to_owned(),
-                format!("127.0.0.1:{public}"),
-                target.to_owned(),
-            ]
-        });
         Ok(Self {
             config,
             public: format!("http://127.0.0.1:{public}"),
-            answer_first,
+            answer_first: None,
             running: None,
             paused: None,
+            relay_log: None,
         })
     }
 
-    fn hooks_url(&self) -> String {
-        format!("{}/webhooks/demo", self.public)
+    /// Keeps the relay's log lines from the next start on, for [`Server::relay_log`]; the
+    /// server's other lines go to standard error as they come.
+    pub fn watch_relay(&mut self) {
+        self.relay_log = Some(Arc::default());
+    }
+
+    /// The relay's log lines so far.
+    pub fn relay_log(&self) -> Vec<String> {
+        self.relay_log
+            .as_ref()
+            .map(|log| log.lock().unwrap().clone())
+            .unwrap_or_default()
+    }
+
+    /// Where `source`'s webhooks are posted.
+    pub fn hooks_url(&self, source: &str) -> String {
+        format!("{}/webhooks/{source}", self.public)
     }
 
     /// The server's name in messages.
@@ -456,9 +591,15 @@ target = "{target}"
                 command
             }
         };
+        if self.relay_log.is_some() {
+            command
+                .env("RUST_LOG", format!("error,{RELAY_LOG}=info"))
+                .stderr(Stdio::piped());
+        } else {
+            command.env("RUST_LOG", "error");
+        }
         let mut child = command
             .env("HARNESS_SECRET", SECRET)
-            .env("RUST_LOG", "error")
             .stdout(if armed { Stdio::piped() } else { Stdio::null() })
             .kill_on_drop(true)
             .spawn()
@@ -473,6 +614,19 @@ target = "{target}"
             .stdout
             .take()
             .map(|stdout| BufReader::new(stdout).lines());
+        if let (Some(log), Some(stderr)) = (&self.relay_log, child.stderr.take()) {
+            let log = Arc::clone(log);
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if line.contains(RELAY_LOG) {
+                        log.lock().unwrap().push(line);
+                    } else {
+                        eprintln!("{line}");
+                    }
+                }
+            });
+        }
         self.running = Some(child);
         Ok(())
     }
@@ -504,7 +658,7 @@ target = "{target}"
     }
 
     /// Starts the server and waits until it answers.
-    async fn start(&mut self) -> Result<(), String> {
+    pub async fn start(&mut self) -> Result<(), String> {
         self.spawn(false)?;
         let client = reqwest::Client::new();
         let health = format!("{}/healthz", self.public);
@@ -548,7 +702,7 @@ target = "{target}"
 
     /// Stops the server with SIGTERM, which lets the relay finish its round, once it has
     /// had time to deliver what it accepted.
-    async fn stop(&mut self) -> Result<(), String> {
+    pub async fn stop(&mut self) -> Result<(), String> {
         if self.armed() {
             // Its stopped request would hold up a graceful shutdown for good.
             return self.kill().await.map(|_| ());
