@@ -10,6 +10,7 @@ use justonce_transport::amqp::AmqpOptions;
 use justonce_transport::mqtt::MqttOptions;
 use justonce_transport::nats::NatsOptions;
 use justonce_transport::redis_streams::RedisStreamOptions;
+use justonce_transport::tls::Tls;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -79,6 +80,8 @@ pub struct ConsumerSettings {
     pub name: String,
     pub from: String,
     pub options: BrokerOptions,
+    /// Whether the broker's certificate goes unchecked (`tls_verify = "insecure"`).
+    pub tls_insecure: bool,
     pub retention: Retention,
     pub destination: HttpDestination,
     pub deliver_for: Duration,
@@ -144,6 +147,10 @@ struct RawConsumer {
     target_secret: Option<String>,
     max_attempts: Option<u32>,
     prefetch: Option<u16>,
+    tls_ca: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    tls_verify: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -212,7 +219,7 @@ struct RawSource {
 }
 
 /// The consumer keys that `JUSTONCE_CONSUMERS_<NAME>_<KEY>` overrides: the text ones.
-const CONSUMER_KEYS: [&str; 15] = [
+const CONSUMER_KEYS: [&str; 19] = [
     "from",
     "queue",
     "stream",
@@ -228,6 +235,10 @@ const CONSUMER_KEYS: [&str; 15] = [
     "timeout",
     "deliver_for",
     "target_secret",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "tls_verify",
 ];
 const SERVER_KEYS: [&str; 12] = [
     "listen",
@@ -617,19 +628,20 @@ fn validate_consumer(
     };
     let scheme = from.split_once("://").map_or("", |(scheme, _)| scheme);
     let (amqp, nats, redis, mqtt) = (
-        scheme == "amqp",
+        matches!(scheme, "amqp" | "amqps"),
         scheme == "nats",
         matches!(scheme, "redis" | "rediss"),
-        scheme == "mqtt",
+        matches!(scheme, "mqtt" | "mqtts"),
     );
     if !(amqp || nats || redis || mqtt) {
         bail!(
-            "{}: must be an amqp://, nats://, redis:// or mqtt:// URL (or env:VARIABLE \
-             holding one): RabbitMQ, NATS JetStream, Redis Streams and MQTT are the brokers \
-             this version consumes",
+            "{}: must be an amqp[s]://, nats://, redis[s]:// or mqtt[s]:// URL (or \
+             env:VARIABLE holding one): RabbitMQ, NATS JetStream, Redis Streams and MQTT are \
+             the brokers this version consumes",
             at("from")
         );
     }
+    let tls = consumer_tls(&raw, nats || scheme.ends_with('s'), env, &at)?;
     let only = |present: bool, key: &str, broker: &str| -> Result<()> {
         if present {
             bail!("{}: only applies to {broker} consumers", at(key));
@@ -690,14 +702,14 @@ fn validate_consumer(
         if let Some(prefetch) = raw.prefetch {
             options = options.prefetch(usize::from(prefetch));
         }
-        BrokerOptions::Nats(options)
+        BrokerOptions::Nats(with_tls(options, &tls, NatsOptions::tls))
     } else if redis {
         let group = raw.group.clone().unwrap_or_else(|| name.to_owned());
         let mut options = RedisStreamOptions::new(stream()?, group).key_from(key_from);
         if let Some(attempts) = raw.max_attempts {
             options = options.max_attempts(attempts);
         }
-        BrokerOptions::Redis(options)
+        BrokerOptions::Redis(with_tls(options, &tls, RedisStreamOptions::tls))
     } else if mqtt {
         let topic = raw
             .topic
@@ -712,7 +724,7 @@ fn validate_consumer(
         if let Some(attempts) = raw.max_attempts {
             options = options.max_attempts(attempts);
         }
-        BrokerOptions::Mqtt(options)
+        BrokerOptions::Mqtt(with_tls(options, &tls, MqttOptions::tls))
     } else {
         let queue = raw
             .queue
@@ -725,12 +737,13 @@ fn validate_consumer(
         if let Some(prefetch) = raw.prefetch {
             options = options.prefetch(prefetch);
         }
-        BrokerOptions::Amqp(options)
+        BrokerOptions::Amqp(with_tls(options, &tls, AmqpOptions::tls))
     };
     Ok(ConsumerSettings {
         name: name.to_owned(),
         from,
         options,
+        tls_insecure: tls.as_ref().is_some_and(Tls::is_insecure),
         retention,
         destination: destination(
             &Target {
@@ -744,6 +757,82 @@ fn validate_consumer(
         )?,
         deliver_for,
     })
+}
+
+/// A consumer's TLS settings, with its files read and checked; `None` when it has none.
+/// `takes_tls`: whether the URL connects over TLS (`amqps://`, `rediss://`, `mqtts://`) or
+/// may (NATS, where the settings require TLS of the server).
+fn consumer_tls(
+    raw: &RawConsumer,
+    takes_tls: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+    at: &dyn Fn(&str) -> String,
+) -> Result<Option<Tls>> {
+    let settings = [
+        ("tls_ca", &raw.tls_ca),
+        ("tls_cert", &raw.tls_cert),
+        ("tls_key", &raw.tls_key),
+        ("tls_verify", &raw.tls_verify),
+    ];
+    let Some((first, _)) = settings.iter().find(|(_, value)| value.is_some()) else {
+        return Ok(None);
+    };
+    if !takes_tls {
+        bail!(
+            "{}: needs a TLS URL: amqps://, rediss://, mqtts:// (or nats://)",
+            at(first)
+        );
+    }
+    let read = |key: &str, path: &str| {
+        std::fs::read(path).with_context(|| format!("{}: cannot read {path}", at(key)))
+    };
+    let mut tls = Tls::default();
+    if let Some(path) = &raw.tls_ca {
+        tls = tls
+            .with_ca(read("tls_ca", path)?)
+            .with_context(|| at("tls_ca"))?;
+    }
+    match (&raw.tls_cert, &raw.tls_key) {
+        (Some(cert), Some(key)) => {
+            let key = match key.strip_prefix("env:") {
+                Some(_) => resolve_secret(key, env)
+                    .with_context(|| at("tls_key"))?
+                    .into_bytes(),
+                None => read("tls_key", key)?,
+            };
+            tls = tls
+                .with_client(read("tls_cert", cert)?, key)
+                .with_context(|| format!("{} and tls_key", at("tls_cert")))?;
+        }
+        (Some(_), None) => bail!(
+            "{}: needs tls_key, the client certificate's key",
+            at("tls_cert")
+        ),
+        (None, Some(_)) => bail!("{}: needs tls_cert, the key's certificate", at("tls_key")),
+        (None, None) => {}
+    }
+    match raw.tls_verify.as_deref().unwrap_or("full") {
+        "full" => {}
+        "insecure" if raw.tls_ca.is_some() => bail!(
+            "{}: \"insecure\" checks no certificate: tls_ca would not be used",
+            at("tls_verify")
+        ),
+        "insecure" => tls = tls.insecure(),
+        other => bail!(
+            "{}: {other:?} must be \"full\" (the default: the broker's certificate is signed \
+             by a trusted CA and names the host) or \"insecure\" (nothing is checked)",
+            at("tls_verify")
+        ),
+    }
+    Ok(Some(tls))
+}
+
+/// `options` with the TLS settings, if any.
+fn with_tls<O>(options: O, tls: &Option<Tls>, set: fn(O, Tls) -> O) -> O {
+    match tls {
+        Some(tls) => set(options, tls.clone()),
+        None => options,
+    }
 }
 
 /// The target settings of a source or consumer, as written.

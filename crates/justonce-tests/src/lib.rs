@@ -6,6 +6,7 @@ mod amqp;
 pub mod cluster;
 mod mqtt;
 mod redis;
+pub mod servers;
 mod sink;
 pub mod tls;
 
