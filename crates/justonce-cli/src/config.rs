@@ -635,9 +635,9 @@ fn validate_consumer(
     );
     if !(amqp || nats || redis || mqtt) {
         bail!(
-            "{}: must be an amqp[s]://, nats://, redis[s]:// or mqtt[s]:// URL (or \
-             env:VARIABLE holding one): RabbitMQ, NATS JetStream, Redis Streams and MQTT are \
-             the brokers this version consumes",
+            "{}: must be an amqp://, nats://, redis:// or mqtt:// URL (amqps://, rediss:// \
+             and mqtts:// over TLS), or env:VARIABLE holding one: RabbitMQ, NATS JetStream, \
+             Redis Streams and MQTT are the brokers this version consumes",
             at("from")
         );
     }
@@ -1616,6 +1616,108 @@ id = "header:X-Order-Id"
 max_attempts = 3
 target = "http://127.0.0.1:9000/orders"
 "#;
+
+    #[test]
+    fn a_consumers_tls_settings_are_read_and_checked() {
+        let ca = justonce_tests::tls::TestCa::new();
+        let (cert, key) = ca.client("justonce");
+        let (_, other_key) = ca.client("someone-else");
+        let key_pem = std::fs::read_to_string(&key).unwrap();
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqps://guest:hunter2@127.0.0.1:5671/%2f"),
+            ("ORDERS_CLIENT_KEY", &key_pem),
+        ]);
+        let with = |settings: &str| format!("{SHOP}{ORDERS}{settings}\n");
+        let ca_file = ca.ca_file().display().to_string();
+        let tls = format!(
+            "tls_ca = \"{ca_file}\"\ntls_cert = \"{}\"\ntls_key = \"env:ORDERS_CLIENT_KEY\"",
+            cert.display()
+        );
+        let settings = load_text(&with(&tls), &env).unwrap();
+        let [orders] = settings.consumers.as_slice() else {
+            panic!("one consumer");
+        };
+        assert!(!orders.tls_insecure);
+        let options = format!("{:?}", orders.options);
+        assert!(options.contains("client_certificate: true"), "{options}");
+        assert!(
+            !options.contains("PRIVATE KEY"),
+            "the key was printed: {options}"
+        );
+        let insecure = load_text(&with("tls_verify = \"insecure\""), &env).unwrap();
+        assert!(insecure.consumers[0].tls_insecure);
+        let from_variable = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqps://guest:hunter2@127.0.0.1:5671/%2f"),
+            ("JUSTONCE_CONSUMERS_ORDERS_TLS_CA", "/nowhere/ca.pem"),
+        ]);
+        assert!(error_of(&with(""), &from_variable).contains(
+            "consumers.orders.tls_ca (from JUSTONCE_CONSUMERS_ORDERS_TLS_CA): cannot read \
+                 /nowhere/ca.pem"
+        ));
+        let cases = [
+            (
+                "tls_ca = \"/nowhere/ca.pem\"".to_owned(),
+                "consumers.orders.tls_ca (line 17): cannot read /nowhere/ca.pem".to_owned(),
+            ),
+            (
+                format!("tls_ca = \"{}\"", key.display()),
+                "consumers.orders.tls_ca (line 17): invalid configuration: the CA file holds no \
+                 PEM certificate"
+                    .to_owned(),
+            ),
+            (
+                format!("tls_cert = \"{}\"", cert.display()),
+                "consumers.orders.tls_cert (line 17): needs tls_key".to_owned(),
+            ),
+            (
+                "tls_key = \"env:ORDERS_CLIENT_KEY\"".to_owned(),
+                "consumers.orders.tls_key (line 17): needs tls_cert".to_owned(),
+            ),
+            (
+                format!(
+                    "tls_cert = \"{}\"\ntls_key = \"{}\"",
+                    cert.display(),
+                    other_key.display()
+                ),
+                "the client key does not belong to the client certificate".to_owned(),
+            ),
+            (
+                format!(
+                    "tls_cert = \"{}\"\ntls_key = \"env:NO_KEY\"",
+                    cert.display()
+                ),
+                "consumers.orders.tls_key (line 18): the environment variable NO_KEY is not set"
+                    .to_owned(),
+            ),
+            (
+                "tls_verify = \"none\"".to_owned(),
+                "consumers.orders.tls_verify (line 17): \"none\" must be \"full\"".to_owned(),
+            ),
+            (
+                format!("tls_ca = \"{ca_file}\"\ntls_verify = \"insecure\""),
+                "tls_ca would not be used".to_owned(),
+            ),
+        ];
+        for (settings, expected) in cases {
+            let error = error_of(&with(&settings), &env);
+            assert!(error.contains(&expected), "{expected:?} not in {error:?}");
+            assert!(
+                !error.contains("hunter2"),
+                "a password was printed: {error}"
+            );
+        }
+        let plain = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://guest:hunter2@127.0.0.1:5672/%2f"),
+        ]);
+        let error = error_of(&with(&format!("tls_ca = \"{ca_file}\"")), &plain);
+        assert!(
+            error.contains("consumers.orders.tls_ca (line 17): needs a TLS URL: amqps://"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn consumers_are_read_and_checked() {

@@ -171,9 +171,18 @@ struct Failure {
 
 impl Failure {
     fn of(error: &rumqttc::v5::ConnectionError) -> Self {
+        use rumqttc::v5::{ConnectionError, StateError, mqttbytes};
+        // A read that fails in rumqttc's decoder does not give its cause as its source: a
+        // client certificate refused after a TLS 1.3 handshake arrives there.
+        let tls = match error {
+            ConnectionError::MqttState(StateError::Deserialization(mqttbytes::Error::Io(io))) => {
+                crate::tls::tls_error(io)
+            }
+            error => crate::tls::tls_error(error),
+        };
         Self {
             reason: error.to_string(),
-            tls: crate::tls::tls_error(error),
+            tls,
         }
     }
 

@@ -488,16 +488,39 @@ async fn connect(url: &str, tls: Option<&Tls>) -> Result<MultiplexedConnection, 
         .await
         .map_err(broker)?;
     tcp.set_nodelay(true).map_err(broker)?;
-    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+    let mut stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
         .connect(server_name, tcp)
         .await
         .map_err(broker)?;
+    // Under TLS 1.3 a server refuses a client certificate after the handshake, at the
+    // first read: a PING answered here shows it as a TLS failure, which redis would turn
+    // into text.
+    ping(&mut stream).await?;
     let (redis, driver) =
         MultiplexedConnection::new_with_config(info.redis_settings(), stream, config)
             .await
             .map_err(broker)?;
     tokio::spawn(driver);
     Ok(redis)
+}
+
+/// Sends `PING` and reads the answer's line (`+PONG`, or an error such as `-NOAUTH` before
+/// the login): whatever the server says, it took the connection.
+async fn ping(
+    stream: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+) -> Result<(), Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(b"PING\r\n").await.map_err(broker)?;
+    stream.flush().await.map_err(broker)?;
+    let mut byte = [0u8];
+    loop {
+        if stream.read(&mut byte).await.map_err(broker)? == 0 {
+            return Err(Error::Broker("the server closed the connection".into()));
+        }
+        if byte[0] == b'\n' {
+            return Ok(());
+        }
+    }
 }
 
 fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {

@@ -169,3 +169,98 @@ over_tls!(
     nats_consumed_over_tls_once_and_refused_with_another_ca: Nats,
     rabbitmq_consumed_over_tls_once_and_refused_with_another_ca: RabbitMq,
 );
+
+/// Leases on a Redis that speaks only TLS: `rediss://` checks the server against the
+/// system's roots, which do not hold the test's CA; with the CA, a lease taken and completed
+/// over TLS makes the next claim of its key find it done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_leases_over_tls_with_the_ca_and_refused_without() {
+    use justonce_core::{Consumer, Fingerprint, Identity, LeaseClaim, Leases, Retention, Scope};
+    use justonce_redis::{RedisLeases, TlsCertificates};
+    let ca = TestCa::new();
+    let broker = TlsBroker::start(Kind::Redis, &ca, false).expect("a Redis of the test's own");
+    let url = broker.url();
+    let refused = RedisLeases::connect(&url, Retention::default()).await.err();
+    let refused = format!("{refused:?}");
+    assert!(refused.contains("UnknownIssuer"), "{refused}");
+
+    let certificates = TlsCertificates {
+        client_tls: None,
+        root_cert: Some(std::fs::read(ca.ca_file()).unwrap()),
+    };
+    let leases = RedisLeases::connect_tls(&url, certificates, Retention::default())
+        .await
+        .expect("leases over TLS with the CA");
+    let identity = Identity::new(
+        Scope::none(),
+        Consumer::new("mailer").unwrap(),
+        Key::new("welcome:u_1").unwrap(),
+    );
+    let fingerprint = Fingerprint::of("u_1");
+    let hold = std::time::Duration::from_secs(30);
+    let LeaseClaim::Acquired(lease) = leases
+        .claim_lease(&identity, &fingerprint, hold)
+        .await
+        .unwrap()
+    else {
+        panic!("the first claim takes the lease");
+    };
+    leases.complete(&lease, b"sent").await.unwrap();
+    assert_eq!(
+        leases
+            .claim_lease(&identity, &fingerprint, hold)
+            .await
+            .unwrap(),
+        LeaseClaim::Done {
+            result: Some(b"sent".to_vec())
+        }
+    );
+}
+
+/// A broker that requires a client certificate signed by the test's CA takes a consumer
+/// that presents one, and refuses one that does not.
+async fn consumed_with_a_client_certificate<B: Broker>(test: &str) {
+    let ca = TestCa::new();
+    let broker = TlsBroker::start(B::KIND, &ca, true).expect("a broker of the test's own");
+    let url = broker.url();
+    let db = TestDb::<Sqlite>::new(test).await;
+    let refused = B::connect(&url, &db, trusting(&ca)).await.err();
+    assert!(
+        matches!(
+            refused,
+            Some(Error::Tls(
+                TlsError::ClientCertificateRequired | TlsError::ClientCertificateRefused(_)
+            ))
+        ),
+        "{refused:?}"
+    );
+    let (cert, key) = ca.client("justonce");
+    let tls = trusting(&ca)
+        .with_client(std::fs::read(cert).unwrap(), std::fs::read(key).unwrap())
+        .unwrap();
+    let consumer = B::connect(&url, &db, tls.clone())
+        .await
+        .expect("connected with a client certificate");
+    let publisher = B::publisher(&url, &name(&db), tls);
+    assert_eq!(publish(&*publisher, "order:1").await, Delivered::Sent);
+    let key = Key::new("order:1").unwrap();
+    let stats = consume_until(&db, &consumer, || async { db.effects_of(&key).await == 1 }).await;
+    assert_eq!(stats.processed, 1);
+    drop(consumer);
+    db.cleanup().await;
+}
+
+macro_rules! with_client_certificates {
+    ($($test:ident: $broker:ty),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            consumed_with_a_client_certificate::<$broker>(stringify!($test)).await
+        }
+    )*};
+}
+
+with_client_certificates!(
+    redis_streams_consumed_with_a_client_certificate: Redis,
+    mqtt_consumed_with_a_client_certificate: Mosquitto,
+    nats_consumed_with_a_client_certificate: Nats,
+);
