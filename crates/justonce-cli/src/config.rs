@@ -641,7 +641,8 @@ fn validate_consumer(
             at("from")
         );
     }
-    let tls = consumer_tls(&raw, nats || scheme.ends_with('s'), env, &at)?;
+    let over_tls = nats || matches!(scheme, "amqps" | "rediss" | "mqtts");
+    let tls = consumer_tls(&raw, over_tls, env, &at)?;
     let only = |present: bool, key: &str, broker: &str| -> Result<()> {
         if present {
             bail!("{}: only applies to {broker} consumers", at(key));
@@ -1715,6 +1716,13 @@ target = "http://127.0.0.1:9000/orders"
         let error = error_of(&with(&format!("tls_ca = \"{ca_file}\"")), &plain);
         assert!(
             error.contains("consumers.orders.tls_ca (line 17): needs a TLS URL: amqps://"),
+            "{error}"
+        );
+        let redis = ORDERS.replace("env:ORDERS_BROKER", "redis://127.0.0.1:6379");
+        let redis = redis.replace("queue = \"orders\"", "stream = \"orders\"");
+        let error = error_of(&format!("{SHOP}{redis}tls_verify = \"full\"\n"), &plain);
+        assert!(
+            error.contains("consumers.orders.tls_verify (line 17): needs a TLS URL"),
             "{error}"
         );
     }

@@ -11,6 +11,7 @@
 //! | `nats`  | NATS JetStream, through async-nats: [`nats::NatsConsumer`], the single reader [`nats::NatsReader`] and [`nats::NatsDestination`] |
 //! | `redis` | Redis Streams, through redis: [`redis_streams::RedisStreamConsumer`], the single reader [`redis_streams::RedisStreamReader`] and [`redis_streams::RedisStreamDestination`] |
 //! | `mqtt`  | MQTT 5, through rumqttc: [`mqtt::MqttConsumer`] and [`mqtt::MqttDestination`] |
+//! | `tls`   | on with any broker: [`tls::Tls`], the TLS settings every broker takes |
 //!
 //! What a consumer does with each delivery:
 //!

@@ -19,8 +19,8 @@
 //! ```
 //!
 //! A certificate the handshake refuses (an unknown CA, another host's name, a client
-//! certificate the broker does not accept) is an [`Error::Tls`](crate::Error::Tls), told apart
-//! from a broker that is down, which is an [`Error::Broker`](crate::Error::Broker).
+//! certificate the broker does not accept) is an [`Error::Tls`], told apart
+//! from a broker that is down, which is an [`Error::Broker`].
 
 use crate::Error;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
