@@ -21,8 +21,8 @@ pub enum Kind {
     RabbitMq,
 }
 
-/// A broker of a test's own that speaks only TLS, with a server certificate for
-/// `localhost` and `127.0.0.1` signed by the test's CA.
+/// A broker of a test's own that speaks only TLS, with a server certificate (for
+/// `localhost` and `127.0.0.1` unless told otherwise) signed by the test's CA.
 pub struct TlsBroker {
     kind: Kind,
     folder: PathBuf,
@@ -40,9 +40,19 @@ impl TlsBroker {
     /// Starts `kind` with a certificate of `ca`. With `client_certificates`, the broker
     /// requires a client certificate signed by `ca` (Redis, Mosquitto and NATS).
     pub fn start(kind: Kind, ca: &TestCa, client_certificates: bool) -> Result<Self, String> {
+        Self::start_named(kind, ca, &["localhost", "127.0.0.1"], client_certificates)
+    }
+
+    /// [`TlsBroker::start`] with a certificate for `names` only.
+    pub fn start_named(
+        kind: Kind,
+        ca: &TestCa,
+        names: &[&str],
+        client_certificates: bool,
+    ) -> Result<Self, String> {
         let folder = std::env::temp_dir().join(format!("justonce-tls-broker-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
-        let (cert, key) = ca.server(&["localhost", "127.0.0.1"]);
+        let (cert, key) = ca.server(names);
         let ca_file = ca.ca_file();
         let port = free_port()?;
         let log = std::fs::File::create(folder.join("log"))

@@ -211,3 +211,38 @@ async fn serve_warns_at_start_that_an_insecure_consumer_checks_no_certificate() 
     );
     drop_database(db, &url).await;
 }
+
+/// A TLS broker that is down at start is not a certificate problem: `serve` stays up, says
+/// the consumer is not connected, and keeps trying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_keeps_trying_a_tls_broker_that_is_down() {
+    let ca = TestCa::new();
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (db, url) = database::<Sqlite>("down-tls").await;
+    let sink = Sink::start().await;
+    let settings = consumer(
+        Kind::Redis,
+        &format!("rediss://127.0.0.1:{nowhere}"),
+        &tls_ca(&ca.ca_file()),
+        &sink.url(),
+    );
+    let mut server = Server::configure_with(&url, &sink.url(), &settings);
+    server.start().await;
+    let client = client();
+    // Past the first connection attempt and a retry.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let ready = client
+        .get(format!("{}/readyz", server.public))
+        .send()
+        .await
+        .expect("serve is still up");
+    assert_eq!(ready.status(), 503);
+    let body = ready.text().await.unwrap();
+    assert!(body.contains("not connected"), "{body}");
+    server.stop().await;
+    drop_database(db, &url).await;
+}

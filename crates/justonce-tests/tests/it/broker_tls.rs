@@ -264,3 +264,37 @@ with_client_certificates!(
     mqtt_consumed_with_a_client_certificate: Mosquitto,
     nats_consumed_with_a_client_certificate: Nats,
 );
+
+/// A broker whose certificate names `localhost` only, reached as `127.0.0.1`: refused as a
+/// certificate for another host.
+async fn refused_when_the_certificate_names_another_host<B: Broker>(test: &str) {
+    let ca = TestCa::new();
+    let broker = TlsBroker::start_named(B::KIND, &ca, &["localhost"], false)
+        .expect("a broker of the test's own");
+    let db = TestDb::<Sqlite>::new(test).await;
+    let refused = B::connect(&broker.url(), &db, trusting(&ca)).await.err();
+    assert!(
+        matches!(refused, Some(Error::Tls(TlsError::WrongHost))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused.unwrap().to_string(),
+        "TLS: the broker's certificate does not name the host of the URL"
+    );
+    db.cleanup().await;
+}
+
+macro_rules! for_another_host {
+    ($($test:ident: $broker:ty),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            refused_when_the_certificate_names_another_host::<$broker>(stringify!($test)).await
+        }
+    )*};
+}
+
+for_another_host!(
+    redis_streams_refused_when_the_certificate_names_another_host: Redis,
+    mqtt_refused_when_the_certificate_names_another_host: Mosquitto,
+    nats_refused_when_the_certificate_names_another_host: Nats,
+);
