@@ -288,7 +288,7 @@ impl Connection {
         self.client
             .publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties)
             .await
-            .map_err(broker)?;
+            .map_err(|error| ended(&mut confirms, error))?;
         let answered = tokio::time::timeout(BROKER_ANSWER, async {
             let mut sent = None;
             while let Some(confirm) = confirms.recv().await {
@@ -308,6 +308,20 @@ impl Connection {
             ))
         })
     }
+}
+
+/// Why a request to the event loop failed: the loop ended, and its last confirm says why
+/// (a refused TLS handshake, say), sent before it ended.
+fn ended(
+    confirms: &mut mpsc::UnboundedReceiver<Confirm>,
+    error: rumqttc::v5::ClientError,
+) -> Error {
+    while let Ok(confirm) = confirms.try_recv() {
+        if let Confirm::Failed(failure) = confirm {
+            return failure.error();
+        }
+    }
+    broker(error)
 }
 
 /// Polls the event loop, passing on messages, publish confirmations and subscriptions,
@@ -382,11 +396,13 @@ impl<DB: Backend> MqttConsumer<DB> {
             Some(options.session_expiry),
         )?;
         let subscription = options.subscription();
-        connection
+        if let Err(error) = connection
             .client
             .subscribe(subscription.clone(), QoS::AtLeastOnce)
             .await
-            .map_err(broker)?;
+        {
+            return Err(ended(&mut *connection.confirms.lock().await, error));
+        }
         let subscribed = tokio::time::timeout(BROKER_ANSWER, async {
             let mut confirms = connection.confirms.lock().await;
             loop {
