@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 // The parser lives in the `justonce` binary, which has no library to link against; its
 // module depends on nothing else of the binary, so it is compiled into the target.
@@ -27,12 +27,12 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(text) else {
         return;
     };
-    let env: HashMap<String, String> = String::from_utf8_lossy(env)
+    let env: BTreeMap<String, String> = String::from_utf8_lossy(env)
         .lines()
         .filter_map(|line| line.split_once('='))
         .map(|(name, value)| (name.to_owned(), value.to_owned()))
         .collect();
-    match config::parse(text, "justonce.toml", &|name| env.get(name).cloned()) {
+    match config::parse(text, "justonce.toml", &env) {
         Ok(settings) => {
             assert!(settings.body_limit > 0);
             for source in &settings.sources {

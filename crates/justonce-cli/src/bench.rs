@@ -693,9 +693,16 @@ struct BenchTables {
 
 impl BenchTables {
     fn new(prefix: &str) -> Self {
-        let all = ["effects", "outbox", "offsets", "keys", "migrations"]
-            .map(|table| format!("{prefix}{table}"))
-            .to_vec();
+        let all = [
+            "effects",
+            "outbox",
+            "offsets",
+            "breakers",
+            "keys",
+            "migrations",
+        ]
+        .map(|table| format!("{prefix}{table}"))
+        .to_vec();
         Self {
             keys: format!("{prefix}keys"),
             effects: format!("{prefix}effects"),

@@ -64,6 +64,10 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
         };
         return bench::run(url, &bench_settings).await;
     }
+    if let Command::Config = command {
+        print!("{}", settings.printed);
+        return Ok(());
+    }
     if let Command::Check(args) = &command
         && (args.target.is_some() || args.run.is_some())
     {
@@ -131,6 +135,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         }
         Command::Check(_) => {
             inbox.check().await?;
+            check_targets(&settings).await?;
             println!(
                 "configuration and database are fine: {} sources, {} consumers",
                 settings.sources.len(),
@@ -153,6 +158,8 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         Command::Dlq { command } => dlq(&outbox, command).await?,
         Command::Keys { command } => keys(&inbox, command).await?,
         Command::Bench(_) => unreachable!("run measures before it opens the store"),
+        Command::Config => unreachable!("run prints the configuration before it opens the store"),
+        Command::Completions { .. } => unreachable!("main prints completions without a store"),
     }
     Ok(())
 }
@@ -269,6 +276,7 @@ fn confirm(question: &str, yes: bool) -> Result<()> {
 async fn stats<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
     let keys = inbox.key_counts().await?;
     let deliveries = inbox.outbox().stats().await?;
+    let backed_off = inbox.outbox().backed_off().await?;
     let offsets = inbox.all_offsets().await?;
     if json {
         let stats = serde_json::json!({
@@ -284,6 +292,12 @@ async fn stats<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
                 "dead": deliveries.dead,
                 "oldest_due_age_seconds": deliveries.oldest_due.as_secs_f64(),
             },
+            "backed_off": backed_off.iter().map(|destination| serde_json::json!({
+                "destination": destination.destination,
+                "failures": destination.failures,
+                "pause_left_seconds": destination.pause_left.as_secs_f64(),
+                "since_seconds": destination.since.as_secs_f64(),
+            })).collect::<Vec<_>>(),
             "offsets": offsets.iter().map(|stored| serde_json::json!({
                 "consumer": stored.consumer,
                 "stream": stored.stream,
@@ -318,6 +332,21 @@ async fn stats<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
             deliveries.dead.to_string(),
             format!("{} s", deliveries.oldest_due.as_secs()),
         ]],
+    );
+    print_table(
+        "backed-off destinations",
+        &["destination", "failures", "pause left", "since"],
+        backed_off
+            .iter()
+            .map(|destination| {
+                vec![
+                    destination.destination.clone(),
+                    destination.failures.to_string(),
+                    format!("{} s", destination.pause_left.as_secs()),
+                    format!("{} s ago", destination.since.as_secs()),
+                ]
+            })
+            .collect(),
     );
     print_table(
         "offsets",
@@ -478,6 +507,34 @@ fn print_row(row: &Row) {
 }
 
 /// `justonce check` with a target or a job: the conformance kit.
+/// Resolves every source's and consumer's target host, and names each that does not.
+async fn check_targets(settings: &Settings) -> Result<()> {
+    let targets = settings
+        .sources
+        .iter()
+        .map(|source| ("source", &source.name, &source.destination))
+        .chain(
+            settings
+                .consumers
+                .iter()
+                .map(|consumer| ("consumer", &consumer.name, &consumer.destination)),
+        );
+    let checks = targets.map(|(kind, name, destination)| async move {
+        destination
+            .resolve()
+            .await
+            .err()
+            .map(|error| format!("{kind} {name}: {error}"))
+    });
+    let problems: Vec<String> = futures_util::future::join_all(checks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
 async fn check(settings: &Settings, args: &CheckArgs) -> Result<()> {
     let effects = match (&args.effects, &args.count) {
         (Some(sql), None) => check::Effects::Rows(sql.clone()),

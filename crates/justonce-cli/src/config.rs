@@ -1,5 +1,5 @@
-//! `justonce.toml` and its `JUSTONCE_*` overrides, turned into validated settings before
-//! anything starts.
+//! `justonce.toml` and the `JUSTONCE_*` variables that override it or stand in for it,
+//! turned into validated settings before anything starts.
 
 use anyhow::{Context, Result, anyhow, bail};
 use justonce_http::HttpDestination;
@@ -12,6 +12,7 @@ use justonce_transport::nats::NatsOptions;
 use justonce_transport::redis_streams::RedisStreamOptions;
 use justonce_transport::tls::Tls;
 use serde::Deserialize;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -38,6 +39,34 @@ pub struct Settings {
     pub acquire_timeout: Duration,
     pub sources: Vec<SourceSettings>,
     pub consumers: Vec<ConsumerSettings>,
+    /// How log lines are written, unless `--log-format` says otherwise.
+    pub log_format: LogFormat,
+    /// `JUSTONCE_*` variables that name no setting: a warning at start, an error with
+    /// `--strict`.
+    pub unknown_variables: Vec<String>,
+    /// The effective configuration as TOML, each value with where it came from, secrets
+    /// only by reference: what `justonce config` prints.
+    pub printed: String,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human text, coloured on a terminal.
+    #[default]
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+impl LogFormat {
+    /// `text` or `json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
 }
 
 /// What a listener holds before it closes or refuses a connection.
@@ -145,8 +174,8 @@ struct RawConsumer {
     timeout: Option<String>,
     deliver_for: Option<String>,
     target_secret: Option<String>,
-    max_attempts: Option<u32>,
-    prefetch: Option<u16>,
+    max_attempts: Option<Count>,
+    prefetch: Option<Count>,
     tls_ca: Option<String>,
     tls_cert: Option<String>,
     tls_key: Option<String>,
@@ -168,6 +197,7 @@ struct RawServer {
     max_requests: Option<Count>,
     pool_size: Option<Count>,
     acquire_timeout: Option<String>,
+    log_format: Option<String>,
 }
 
 /// A whole number written as a TOML integer or, from a variable, as text.
@@ -218,108 +248,145 @@ struct RawSource {
     signature_header: Option<String>,
 }
 
-/// The consumer keys that `JUSTONCE_CONSUMERS_<NAME>_<KEY>` overrides: the text ones.
-const CONSUMER_KEYS: [&str; 19] = [
-    "from",
-    "queue",
-    "stream",
-    "subject",
-    "durable",
-    "group",
-    "topic",
-    "client_id",
-    "id",
-    "retry_horizon",
-    "retention",
-    "target",
-    "timeout",
-    "deliver_for",
-    "target_secret",
-    "tls_ca",
-    "tls_cert",
-    "tls_key",
-    "tls_verify",
-];
-const SERVER_KEYS: [&str; 12] = [
-    "listen",
-    "admin_listen",
-    "database",
-    "body_limit",
-    "relay_lease",
-    "purge_every",
-    "header_timeout",
-    "request_timeout",
-    "max_connections",
-    "max_requests",
-    "pool_size",
-    "acquire_timeout",
-];
-const SOURCE_KEYS: [&str; 11] = [
-    "scheme",
-    "secrets",
-    "tolerance",
-    "retry_horizon",
-    "retention",
-    "target",
-    "timeout",
-    "deliver_for",
-    "target_secret",
-    "id",
-    "signature_header",
+/// The keys of a section, read from its struct's fields: adding a field is all it takes for
+/// the file, its variable, `justonce config` and the unknown-variable check to know a key.
+fn keys_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    /// A deserializer that only records the fields a struct asks for.
+    struct Fields<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Fields<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(
+            self,
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("fields read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Fields(&mut fields));
+    fields
+}
+
+/// The sections whose entries are named, with their keys.
+fn named_sections() -> [(&'static str, &'static [&'static str]); 2] {
+    [
+        ("sources", keys_of::<RawSource>()),
+        ("consumers", keys_of::<RawConsumer>()),
+    ]
+}
+
+/// The variables the configuration reads: the process's, or a test's.
+pub type Env = BTreeMap<String, String>;
+
+/// The process's variables. One whose name or value is not UTF-8 is left out, as if unset.
+pub fn process_env() -> Env {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .collect()
+}
+
+/// `JUSTONCE_*` variables that are not settings: read by the command line, by fault tests,
+/// or handed by `check` to the job it runs.
+const OTHER_VARIABLES: [&str; 6] = [
+    "JUSTONCE_CONFIG",
+    "JUSTONCE_STRICT",
+    "JUSTONCE_LOG_FORMAT",
+    "JUSTONCE_FAILPOINT",
+    "JUSTONCE_CHECK_SECRET",
+    "JUSTONCE_CHECK_KEY",
 ];
 
 /// Reads `path` (absent is fine: every value has a default or comes from the environment),
-/// applies `JUSTONCE_*` overrides from `env`, and validates. Every error names the file,
-/// the setting's dotted key with its line (or the variable that set it), and what was
-/// expected.
-pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
+/// applies the `JUSTONCE_*` variables and `DATABASE_URL` from `env`, and validates. Every
+/// error names the file, the setting's dotted key with its line (or the variable that set
+/// it), and what was expected.
+pub fn load(path: &Path, env: &Env) -> Result<Settings> {
     let file = path.display().to_string();
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(error) => return Err(error).with_context(|| format!("reading {file}")),
-    };
-    parse(&text, &file, env)
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse(&text, &file, env),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => read(None, &file, env),
+        Err(error) => Err(error).with_context(|| format!("reading {file}")),
+    }
 }
 
 /// [`load`] for the text of the file named `file`; the fuzz target calls it without a file.
-pub fn parse(text: &str, file: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
+pub fn parse(text: &str, file: &str, env: &Env) -> Result<Settings> {
+    read(Some(text), file, env)
+}
+
+/// [`load`] for the text of `file`, `None` when there is no such file.
+fn read(text: Option<&str>, file: &str, env: &Env) -> Result<Settings> {
+    let named = match text {
+        Some(_) => file.to_owned(),
+        None => format!("{file} (not found)"),
+    };
+    let found = text.is_some();
+    let text = text.unwrap_or_default();
     // A syntax error shows its line and column.
     let mut document = DeTable::parse(text).with_context(|| format!("{file} is not valid TOML"))?;
-    let overrides = apply_env(document.get_mut(), env, text.len());
+    let applied = apply_env(document.get_mut(), env, text.len()).with_context(|| named.clone())?;
     let origin = Origin {
+        file,
+        found,
         text,
         document: document.get_ref().clone(),
-        overrides,
+        overrides: applied.overrides,
+        defaults: RefCell::default(),
     };
     let raw = RawConfig::deserialize(toml::de::Deserializer::from(document))
         .map_err(|error| origin.explain(&error))
-        .with_context(|| file.to_owned())?;
-    validate(raw, env, &origin).with_context(|| file.to_owned())
+        .with_context(|| named.clone())?;
+    let mut settings = validate(raw, env, &origin).with_context(|| named.clone())?;
+    settings.unknown_variables = applied.unknown;
+    settings.printed = origin.print();
+    Ok(settings)
 }
 
-/// What names a setting in an error: the parsed file, for its lines, and the variables that
-/// overrode it.
+/// Where each setting came from: the parsed file, for its lines, the variables that set
+/// settings or declared sources and consumers, and the defaults validation used.
 struct Origin<'i> {
+    file: &'i str,
+    found: bool,
     text: &'i str,
+    /// The file with the variables applied.
     document: DeTable<'i>,
-    /// The path of each overridden setting, with its variable.
+    /// The variable that set each setting, or declared each source or consumer.
     overrides: BTreeMap<Vec<String>, String>,
+    /// The defaults validation used, as TOML values, for `justonce config`.
+    defaults: RefCell<BTreeMap<Vec<String>, String>>,
 }
 
 impl Origin<'_> {
     /// `sources.shop.retention (line 12)`, `... (from JUSTONCE_SOURCES_SHOP_RETENTION)`, or
-    /// the bare key for a default.
+    /// the bare key for a default. A source or consumer declared by variables takes its
+    /// missing settings from variables too: those are named with theirs.
     fn name(&self, path: &[&str]) -> String {
         let key = path.join(".");
-        let path: Vec<String> = path.iter().map(|part| (*part).to_owned()).collect();
-        if let Some(variable) = self.overrides.get(&path) {
+        let owned: Vec<String> = path.iter().map(|part| (*part).to_owned()).collect();
+        if let Some(variable) = self.overrides.get(&owned) {
             return format!("{key} (from {variable})");
         }
-        match span_of(&self.document, &path) {
-            Some(span) => format!("{key} (line {})", self.line(span.start)),
-            None => key,
+        if let Some(span) = span_of(&self.document, &owned) {
+            return format!("{key} (line {})", self.line(span.start));
         }
+        if path.len() == 3 && self.overrides.contains_key(&owned[..2]) {
+            return format!("{key} ({})", variable_of(path));
+        }
+        key
     }
 
     fn line(&self, offset: usize) -> usize {
@@ -352,17 +419,87 @@ impl Origin<'_> {
         let path: Vec<&str> = path.iter().map(String::as_str).collect();
         anyhow!("{}: {message}", self.name(&path))
     }
+
+    /// `value`, or else `default`, which `justonce config` then shows as the value of `path`.
+    fn or_default<'v>(&self, path: &[&str], value: Option<&'v str>, default: &'v str) -> &'v str {
+        value.unwrap_or_else(|| {
+            self.defaulted(path, quoted(default));
+            default
+        })
+    }
+
+    /// Records that `path` took its default, `value` as TOML.
+    fn defaulted(&self, path: &[&str], value: String) {
+        let path = path.iter().map(|part| (*part).to_owned()).collect();
+        self.defaults.borrow_mut().insert(path, value);
+    }
+
+    /// The effective configuration as TOML: each setting that has a value, with where it
+    /// came from as a comment. Secrets appear as their `env:` references, which validation
+    /// requires, and a password in a URL as `***`.
+    fn print(&self) -> String {
+        let mut printed = format!(
+            "# The configuration justonce runs with: {}{}, JUSTONCE_* variables and defaults.\n",
+            self.file,
+            if self.found { "" } else { " (not found)" }
+        );
+        self.print_table(&mut printed, &["server"], keys_of::<RawServer>());
+        for (section, keys) in named_sections() {
+            let Some(DeValue::Table(entries)) = self.document.get(section).map(Spanned::get_ref)
+            else {
+                continue;
+            };
+            for name in entries.keys() {
+                self.print_table(&mut printed, &[section, name.get_ref()], keys);
+            }
+        }
+        printed
+    }
+
+    fn print_table(&self, printed: &mut String, table: &[&str], keys: &[&str]) {
+        let header: Vec<String> = table.iter().map(|part| bare_or_quoted(part)).collect();
+        printed.push_str(&format!("\n[{}]\n", header.join(".")));
+        for key in keys {
+            let path: Vec<String> = table.iter().chain([key]).map(|p| (*p).to_owned()).collect();
+            let (value, origin) = match value_at(&self.document, &path) {
+                Some(value) => {
+                    let origin = match self.overrides.get(&path) {
+                        Some(variable) => format!("from {variable}"),
+                        None => format!("{}, line {}", self.file, self.line(value.span().start)),
+                    };
+                    (toml_value(value.get_ref()), origin)
+                }
+                None => match self.defaults.borrow().get(&path) {
+                    Some(default) => (default.clone(), "default".to_owned()),
+                    None => continue,
+                },
+            };
+            printed.push_str(&format!("{key} = {value}  # {origin}\n"));
+        }
+    }
+}
+
+/// The variable that sets `path`: `JUSTONCE_` and the path, upper case, `-` as `_`.
+fn variable_of(path: &[&str]) -> String {
+    format!("JUSTONCE_{}", path.join("_"))
+        .to_uppercase()
+        .replace('-', "_")
+}
+
+/// The value at `path`.
+fn value_at<'d, 'i>(table: &'d DeTable<'i>, path: &[String]) -> Option<&'d Spanned<DeValue<'i>>> {
+    let (first, rest) = path.split_first()?;
+    let value = table.get(first.as_str())?;
+    match (rest.is_empty(), value.get_ref()) {
+        (true, _) => Some(value),
+        (false, DeValue::Table(inner)) => value_at(inner, rest),
+        (false, _) => None,
+    }
 }
 
 /// The span of the value at `path`.
 fn span_of(table: &DeTable<'_>, path: &[String]) -> Option<std::ops::Range<usize>> {
-    let (first, rest) = path.split_first()?;
-    let value = table.get(first.as_str())?;
-    match (rest.is_empty(), value.get_ref()) {
-        (true, _) => Some(value.span()),
-        (false, DeValue::Table(inner)) => span_of(inner, rest),
-        (false, _) => None,
-    }
+    value_at(table, path).map(Spanned::span)
 }
 
 /// The path of the innermost key whose key or value holds `offset`.
@@ -381,82 +518,319 @@ fn path_at(table: &DeTable<'_>, offset: usize) -> Vec<String> {
     Vec::new()
 }
 
-/// `JUSTONCE_SERVER_<KEY>`, `JUSTONCE_SOURCES_<SOURCE>_<KEY>` and
-/// `JUSTONCE_CONSUMERS_<CONSUMER>_<KEY>` (upper case, `-` as `_`) override the file.
-/// `secrets` takes a comma-separated list. Each value gets a span of its own past the end of
-/// the file's `len` bytes, so that an error in it is traced back to its variable; the
-/// overridden paths are returned with their variables.
-fn apply_env(
-    document: &mut DeTable<'_>,
-    env: &dyn Fn(&str) -> Option<String>,
-    len: usize,
-) -> BTreeMap<Vec<String>, String> {
+/// `value` as TOML, with URL passwords and secret query parameters as `***`.
+fn toml_value(value: &DeValue<'_>) -> String {
+    match value {
+        DeValue::String(text) => quoted(&redacted(text)),
+        DeValue::Integer(integer) => {
+            let prefix = match integer.radix() {
+                16 => "0x",
+                8 => "0o",
+                2 => "0b",
+                _ => "",
+            };
+            format!("{prefix}{}", integer.as_str())
+        }
+        DeValue::Float(float) => float.as_str().to_owned(),
+        DeValue::Boolean(boolean) => boolean.to_string(),
+        DeValue::Datetime(datetime) => datetime.to_string(),
+        DeValue::Array(items) => {
+            let items: Vec<String> = items.iter().map(|i| toml_value(i.get_ref())).collect();
+            format!("[{}]", items.join(", "))
+        }
+        DeValue::Table(table) => {
+            let entries: Vec<String> = table
+                .iter()
+                .map(|(k, v)| {
+                    format!(
+                        "{} = {}",
+                        bare_or_quoted(k.get_ref()),
+                        toml_value(v.get_ref())
+                    )
+                })
+                .collect();
+            format!("{{ {} }}", entries.join(", "))
+        }
+    }
+}
+
+/// A TOML basic string.
+fn quoted(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            '\t' => quoted.push_str("\\t"),
+            '\n' => quoted.push_str("\\n"),
+            '\r' => quoted.push_str("\\r"),
+            c if c.is_control() => quoted.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
+}
+
+/// A TOML key: bare when it can be.
+fn bare_or_quoted(key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if bare { key.to_owned() } else { quoted(key) }
+}
+
+/// `text` with the user information of a URL (the password, or a user that may be a
+/// token) and any query parameter that names a password, secret or token as `***`.
+fn redacted(text: &str) -> String {
+    let mut redacted = text.to_owned();
+    if let Some((scheme, rest)) = text.split_once("://") {
+        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+        if let Some(at) = authority.rfind('@') {
+            let user = match authority[..at].split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => "***".to_owned(),
+            };
+            redacted = format!("{scheme}://{user}@{}", &rest[at + 1..]);
+        }
+    }
+    if let Some((base, query)) = redacted.split_once('?') {
+        let query: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _))
+                    if ["password", "secret", "token"]
+                        .iter()
+                        .any(|word| name.to_ascii_lowercase().contains(word)) =>
+                {
+                    format!("{name}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        redacted = format!("{base}?{}", query.join("&"));
+    }
+    redacted
+}
+
+/// What the variables did to the document.
+struct Applied {
+    /// The variable that set each setting, or declared each source or consumer.
+    overrides: BTreeMap<Vec<String>, String>,
+    /// `JUSTONCE_*` variables that name no setting.
+    unknown: Vec<String>,
+}
+
+/// What one `JUSTONCE_*` variable names: its section, the name of its source or consumer
+/// as the variable spells it, and its key.
+struct Named<'v> {
+    variable: &'v str,
+    value: &'v str,
+    section: &'static str,
+    name: Option<&'v str>,
+    key: &'static str,
+    /// For a source or consumer: the other names the variable could be read as, with a
+    /// shorter key (`ORDERS_CLIENT` with `id`, beside `ORDERS` with `client_id`).
+    other_names: Vec<&'v str>,
+}
+
+/// The readings of `<NAME>_<KEY>` as a name and one of `keys`, the longest key first.
+fn readings<'v>(rest: &'v str, keys: &[&'static str]) -> Vec<(&'v str, &'static str)> {
+    let mut readings: Vec<(&str, &'static str)> = keys
+        .iter()
+        .filter_map(|key| {
+            let name = rest.strip_suffix(key.to_uppercase().as_str())?;
+            let name = name.strip_suffix('_').filter(|name| !name.is_empty())?;
+            Some((name, *key))
+        })
+        .collect();
+    readings.sort_by_key(|(_, key)| std::cmp::Reverse(key.len()));
+    readings
+}
+
+/// How a name is spelled in variables: upper case, `-` as `_`.
+fn spelled(name: &str) -> String {
+    name.to_uppercase().replace('-', "_")
+}
+
+/// Applies the variables to the file's `document`.
+///
+/// `JUSTONCE_SERVER_<KEY>`, `JUSTONCE_SOURCES_<NAME>_<KEY>` and
+/// `JUSTONCE_CONSUMERS_<NAME>_<KEY>` set a setting: the key is upper case; the longest key
+/// that ends the variable wins, so `JUSTONCE_CONSUMERS_ORDERS_CLIENT_ID` is `client_id` of
+/// `orders`. A name meets the file's source or consumer spelled the same way (upper case,
+/// `-` as `_`); a name the file does not have declares a source or consumer, named in lower
+/// case. `secrets` takes a comma-separated list. `DATABASE_URL` sets `server.database`
+/// when nothing else does.
+///
+/// Each value gets a span of its own past the end of the file's `len` bytes, so that an
+/// error in it is traced back to its variable.
+fn apply_env(document: &mut DeTable<'_>, env: &Env, len: usize) -> Result<Applied> {
+    let mut unknown = Vec::new();
+    let mut named = Vec::new();
+    for (variable, value) in env.iter().filter(|(name, _)| name.starts_with("JUSTONCE_")) {
+        match Named::of(variable, value) {
+            Some(setting) => named.push(setting),
+            None if OTHER_VARIABLES.contains(&variable.as_str()) => {}
+            None => unknown.push(variable.clone()),
+        }
+    }
+    let mut next_span = len;
+    let mut span = move || {
+        next_span += 1;
+        next_span - 1..next_span
+    };
     let mut overrides = BTreeMap::new();
-    let mut set = |table: &mut DeTable<'_>, section: &str, name: Option<&str>, key: &str| {
-        let path: Vec<&str> = [section].into_iter().chain(name).chain([key]).collect();
-        let variable = format!("JUSTONCE_{}", path.join("_"))
-            .to_uppercase()
-            .replace('-', "_");
-        let Some(value) = env(&variable) else {
-            return;
-        };
-        let span = || {
-            let start = len + overrides.len();
-            start..start + 1
-        };
-        let value = if key == "secrets" {
+    for setting in &named {
+        let mut path = vec![setting.section.to_owned()];
+        if let Some(name) = setting.name {
+            path.push(entry_named(document, &named, setting, name)?);
+        }
+        path.push(setting.key.to_owned());
+        let value = if setting.key == "secrets" {
             let mut list = toml::de::DeArray::new();
-            for secret in value.split(',') {
-                list.push(Spanned::new(
-                    span(),
-                    DeValue::String(secret.trim().to_owned().into()),
-                ));
+            for secret in setting.value.split(',') {
+                let secret = DeValue::String(secret.trim().to_owned().into());
+                list.push(Spanned::new(span(), secret));
             }
             DeValue::Array(list)
         } else {
-            DeValue::String(value.into())
+            DeValue::String(setting.value.to_owned().into())
         };
-        table.insert(
-            Spanned::new(span(), key.to_owned().into()),
-            Spanned::new(span(), value),
+        if set(document, &path, value, &mut span) {
+            overrides.insert(path[..2].to_vec(), setting.variable.to_owned());
+        }
+        overrides.insert(path, setting.variable.to_owned());
+    }
+    let database = ["server".to_owned(), "database".to_owned()];
+    if let Some(url) = env.get("DATABASE_URL")
+        && value_at(document, &database).is_none()
+    {
+        set(
+            document,
+            &database,
+            DeValue::String(url.clone().into()),
+            &mut span,
         );
-        overrides.insert(path.iter().map(|p| (*p).to_owned()).collect(), variable);
-    };
-    let server = document
-        .entry(Spanned::new(len..len, "server".into()))
-        .or_insert_with(|| Spanned::new(len..len, DeValue::Table(DeTable::new())));
-    if let DeValue::Table(server) = server.get_mut() {
-        for key in SERVER_KEYS {
-            set(server, "server", None, key);
-        }
+        overrides.insert(database.to_vec(), "DATABASE_URL".to_owned());
     }
-    for (section, keys) in [
-        ("sources", &SOURCE_KEYS[..]),
-        ("consumers", &CONSUMER_KEYS[..]),
-    ] {
-        let Some(DeValue::Table(entries)) = document.get_mut(section).map(Spanned::get_mut) else {
-            continue;
-        };
-        for (name, entry) in entries.iter_mut() {
-            let DeValue::Table(entry) = entry.get_mut() else {
-                continue;
-            };
-            for key in keys {
-                set(entry, section, Some(name.get_ref()), key);
-            }
-        }
-    }
-    overrides
+    Ok(Applied { overrides, unknown })
 }
 
-fn validate(
-    raw: RawConfig,
-    env: &dyn Fn(&str) -> Option<String>,
-    origin: &Origin<'_>,
-) -> Result<Settings> {
+/// The name in `document` of the source or consumer `setting` spells `name`: the file's
+/// entry spelled the same in variables, or else `name` in lower case.
+fn entry_named(
+    document: &DeTable<'_>,
+    named: &[Named<'_>],
+    setting: &Named<'_>,
+    name: &str,
+) -> Result<String> {
+    let section = setting.section;
+    let in_file: Vec<String> = match document.get(section).map(Spanned::get_ref) {
+        Some(DeValue::Table(entries)) => entries.keys().map(|k| k.get_ref().to_string()).collect(),
+        _ => Vec::new(),
+    };
+    let declared = |wanted: &str| {
+        let wanted = spelled(wanted);
+        let by_variable = named.iter().any(|other| {
+            other.section == section && other.name.is_some_and(|n| spelled(n) == wanted)
+        });
+        by_variable || in_file.iter().any(|n| spelled(n) == wanted)
+    };
+    if let Some(other) = setting.other_names.iter().find(|other| declared(other)) {
+        bail!(
+            "{}: could set {section}.{}.{} or a setting of {section}.{}: a variable is read \
+             with the longest key it ends with, so set this one in the file",
+            setting.variable,
+            name.to_lowercase(),
+            setting.key,
+            other.to_lowercase()
+        );
+    }
+    let matching: Vec<&String> = in_file
+        .iter()
+        .filter(|n| spelled(n) == spelled(name))
+        .collect();
+    match matching.as_slice() {
+        [] => Ok(name.to_lowercase()),
+        [one] => Ok((*one).clone()),
+        [one, two, ..] => bail!(
+            "{}: names both {section}.{one} and {section}.{two}, which are spelled the same \
+             in variables (upper case, '-' as '_'): rename one",
+            setting.variable
+        ),
+    }
+}
+
+/// Sets the value at `path`, making the tables on the way with spans from `span`. Returns
+/// whether it made the table of a source or consumer, which the variable then declares.
+fn set<'i>(
+    document: &mut DeTable<'i>,
+    path: &[String],
+    value: DeValue<'i>,
+    span: &mut dyn FnMut() -> std::ops::Range<usize>,
+) -> bool {
+    let (key, tables) = path.split_last().expect("a path names a key");
+    let mut table = document;
+    let mut declared = false;
+    for (depth, part) in tables.iter().enumerate() {
+        let mut made = false;
+        let entry = table
+            .entry(Spanned::new(span(), part.clone().into()))
+            .or_insert_with(|| {
+                made = true;
+                Spanned::new(span(), DeValue::Table(DeTable::new()))
+            });
+        declared |= made && depth == 1;
+        // Not a table in the file: deserializing the file reports it.
+        let DeValue::Table(inner) = entry.get_mut() else {
+            return false;
+        };
+        table = inner;
+    }
+    let span = span();
+    table.insert(
+        Spanned::new(span.clone(), key.clone().into()),
+        Spanned::new(span, value),
+    );
+    declared
+}
+
+impl<'v> Named<'v> {
+    /// What `variable` names, read with the longest key; `None` for a variable that names
+    /// no setting.
+    fn of(variable: &'v str, value: &'v str) -> Option<Self> {
+        let rest = variable.strip_prefix("JUSTONCE_")?;
+        let named = |section, name, key, other_names| Named {
+            variable,
+            value,
+            section,
+            name,
+            key,
+            other_names,
+        };
+        if let Some(key) = rest.strip_prefix("SERVER_") {
+            let key = keys_of::<RawServer>()
+                .iter()
+                .find(|known| known.to_uppercase() == key)?;
+            return Some(named("server", None, key, Vec::new()));
+        }
+        named_sections().into_iter().find_map(|(section, keys)| {
+            let rest = rest.strip_prefix(&format!("{}_", section.to_uppercase()))?;
+            let readings = readings(rest, keys);
+            let (&(name, key), others) = readings.split_first()?;
+            let other_names = others.iter().map(|(name, _)| *name).collect();
+            Some(named(section, Some(name), key, other_names))
+        })
+    }
+}
+
+fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> {
     let server = raw.server;
     let address = |value: Option<String>, default: &str, key: &str| -> Result<SocketAddr> {
-        let value = value.unwrap_or_else(|| default.to_owned());
+        let value = origin.or_default(&["server", key], value.as_deref(), default);
         value.parse().map_err(|_| {
             anyhow!(
                 "{}: {value:?} is not an address such as 127.0.0.1:8080",
@@ -464,9 +838,13 @@ fn validate(
             )
         })
     };
-    let database = server
-        .database
-        .unwrap_or_else(|| "sqlite://justonce.db".to_owned());
+    let database = origin
+        .or_default(
+            &["server", "database"],
+            server.database.as_deref(),
+            "sqlite://justonce.db",
+        )
+        .to_owned();
     if !["sqlite:", "postgres:", "postgresql:", "mysql:"]
         .iter()
         .any(|scheme| database.starts_with(scheme))
@@ -477,23 +855,35 @@ fn validate(
             origin.name(&["server", "database"])
         );
     }
-    let body_limit = parse_size(server.body_limit.as_deref().unwrap_or("1MiB"))
-        .with_context(|| origin.name(&["server", "body_limit"]))?;
+    let body_limit = parse_size(origin.or_default(
+        &["server", "body_limit"],
+        server.body_limit.as_deref(),
+        "1MiB",
+    ))
+    .with_context(|| origin.name(&["server", "body_limit"]))?;
     if body_limit == 0 {
         bail!(
             "{}: must be more than zero bytes",
             origin.name(&["server", "body_limit"])
         );
     }
-    let relay_lease = parse_duration(server.relay_lease.as_deref().unwrap_or("60s"))
-        .with_context(|| origin.name(&["server", "relay_lease"]))?;
+    let relay_lease = parse_duration(origin.or_default(
+        &["server", "relay_lease"],
+        server.relay_lease.as_deref(),
+        "60s",
+    ))
+    .with_context(|| origin.name(&["server", "relay_lease"]))?;
     if relay_lease < MIN_RELAY_LEASE {
         bail!(
             "{}: must be at least 2s, to give a delivery time within it",
             origin.name(&["server", "relay_lease"])
         );
     }
-    let purge_every = match server.purge_every.as_deref().unwrap_or("1h") {
+    let purge_every = match origin.or_default(
+        &["server", "purge_every"],
+        server.purge_every.as_deref(),
+        "1h",
+    ) {
         "off" => None,
         every => {
             let every =
@@ -509,6 +899,7 @@ fn validate(
     };
     let positive = |value: Option<&str>, default: Duration, key: &str| -> Result<Duration> {
         let Some(value) = value else {
+            origin.defaulted(&["server", key], quoted(&duration_text(default)));
             return Ok(default);
         };
         let duration = parse_duration(value).with_context(|| origin.name(&["server", key]))?;
@@ -518,7 +909,13 @@ fn validate(
         Ok(duration)
     };
     let count = |value: Option<Count>, default: usize, range: (u64, u64), key: &str| {
-        let value = value.map_or(default as u64, |count| count.0);
+        let value = value.map_or_else(
+            || {
+                origin.defaulted(&["server", key], default.to_string());
+                default as u64
+            },
+            |count| count.0,
+        );
         if value < range.0 || value > range.1 {
             bail!(
                 "{}: must be from {} to {}",
@@ -560,6 +957,15 @@ fn validate(
         Duration::from_secs(2),
         "acquire_timeout",
     )?;
+    let log_format = match server.log_format.as_deref() {
+        None => LogFormat::default(),
+        Some("text") => LogFormat::Text,
+        Some("json") => LogFormat::Json,
+        Some(other) => bail!(
+            "{}: {other:?} is not \"text\" or \"json\"",
+            origin.name(&["server", "log_format"])
+        ),
+    };
     // A delivery still running when its lease ends may be sent again by another relay,
     // with the same key: none starts after half the lease, and each gives up within the
     // other half, so that the two rarely overlap.
@@ -597,6 +1003,9 @@ fn validate(
         acquire_timeout,
         sources,
         consumers,
+        log_format,
+        unknown_variables: Vec::new(),
+        printed: String::new(),
     })
 }
 
@@ -613,10 +1022,11 @@ fn validate_consumer(
     name: &str,
     raw: RawConsumer,
     longest_timeout: Duration,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &Env,
     origin: &Origin<'_>,
 ) -> Result<ConsumerSettings> {
-    let at = |key: &str| origin.name(&["consumers", name, key]);
+    let path = |key: &'static str| ["consumers", name, key];
+    let at = |key: &'static str| origin.name(&path(key));
     let named = || origin.name(&["consumers", name]);
     Consumer::new(name).with_context(named)?;
     if name.contains(':') || name.contains('/') {
@@ -643,7 +1053,7 @@ fn validate_consumer(
     }
     let over_tls = nats || matches!(scheme, "amqps" | "rediss" | "mqtts");
     let tls = consumer_tls(&raw, over_tls, env, &at)?;
-    let only = |present: bool, key: &str, broker: &str| -> Result<()> {
+    let only = |present: bool, key: &'static str, broker: &str| -> Result<()> {
         if present {
             bail!("{}: only applies to {broker} consumers", at(key));
         }
@@ -665,7 +1075,7 @@ fn validate_consumer(
     )?;
     only(!mqtt && raw.topic.is_some(), "topic", "MQTT")?;
     only(!mqtt && raw.client_id.is_some(), "client_id", "MQTT")?;
-    let key_from = match raw.id.as_deref().unwrap_or("message_id") {
+    let key_from = match origin.or_default(&path("id"), raw.id.as_deref(), "message_id") {
         "message_id" => KeyFrom::MessageId,
         id => match id.split_once(':') {
             Some(("header", header)) if !header.is_empty() => KeyFrom::Header(header.to_owned()),
@@ -678,13 +1088,27 @@ fn validate_consumer(
             ),
         },
     };
-    let duration = |value: Option<&str>, default: &str, key: &str| {
-        parse_duration(value.unwrap_or(default)).with_context(|| at(key))
+    let duration = |value: Option<&str>, default: &str, key: &'static str| {
+        parse_duration(origin.or_default(&path(key), value, default)).with_context(|| at(key))
     };
     let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
     let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
     let retention = Retention::new(keep, retry_horizon).with_context(|| at("retention"))?;
     let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
+    let max_attempts = raw
+        .max_attempts
+        .map(|count| u32::try_from(count.0))
+        .transpose()
+        .map_err(|_| anyhow!("{}: must be at most {}", at("max_attempts"), u32::MAX))?;
+    let prefetch = raw
+        .prefetch
+        .map(|count| u16::try_from(count.0))
+        .transpose()
+        .map_err(|_| anyhow!("{}: must be at most {}", at("prefetch"), u16::MAX))?;
+    // The defaults that are the consumer's own name.
+    let or_name = |value: Option<&str>, key: &'static str| {
+        origin.or_default(&path(key), value, name).to_owned()
+    };
     let stream = || {
         raw.stream
             .clone()
@@ -693,21 +1117,21 @@ fn validate_consumer(
     };
     let options = if nats {
         let stream = stream()?;
-        let subject = raw.subject.unwrap_or_else(|| stream.clone());
+        let subject = origin.or_default(&path("subject"), raw.subject.as_deref(), &stream);
         let mut options = NatsOptions::new(&stream, subject)
             .key_from(key_from)
-            .durable(raw.durable.unwrap_or_else(|| name.to_owned()));
-        if let Some(attempts) = raw.max_attempts {
+            .durable(or_name(raw.durable.as_deref(), "durable"));
+        if let Some(attempts) = max_attempts {
             options = options.max_attempts(attempts);
         }
-        if let Some(prefetch) = raw.prefetch {
+        if let Some(prefetch) = prefetch {
             options = options.prefetch(usize::from(prefetch));
         }
         BrokerOptions::Nats(with_tls(options, &tls, NatsOptions::tls))
     } else if redis {
-        let group = raw.group.clone().unwrap_or_else(|| name.to_owned());
+        let group = or_name(raw.group.as_deref(), "group");
         let mut options = RedisStreamOptions::new(stream()?, group).key_from(key_from);
-        if let Some(attempts) = raw.max_attempts {
+        if let Some(attempts) = max_attempts {
             options = options.max_attempts(attempts);
         }
         BrokerOptions::Redis(with_tls(options, &tls, RedisStreamOptions::tls))
@@ -717,12 +1141,14 @@ fn validate_consumer(
             .clone()
             .filter(|t| !t.is_empty())
             .with_context(|| format!("{}: must name a topic filter", at("topic")))?;
-        let client_id = raw
-            .client_id
-            .clone()
-            .unwrap_or_else(|| format!("justonce-{name}"));
+        let default_client_id = format!("justonce-{name}");
+        let client_id = origin.or_default(
+            &path("client_id"),
+            raw.client_id.as_deref(),
+            &default_client_id,
+        );
         let mut options = MqttOptions::new(topic, client_id).key_from(key_from);
-        if let Some(attempts) = raw.max_attempts {
+        if let Some(attempts) = max_attempts {
             options = options.max_attempts(attempts);
         }
         BrokerOptions::Mqtt(with_tls(options, &tls, MqttOptions::tls))
@@ -732,10 +1158,10 @@ fn validate_consumer(
             .filter(|q| !q.is_empty())
             .with_context(|| format!("{}: must name a queue", at("queue")))?;
         let mut options = AmqpOptions::new(&queue).key_from(key_from);
-        if let Some(attempts) = raw.max_attempts {
+        if let Some(attempts) = max_attempts {
             options = options.max_attempts(attempts);
         }
-        if let Some(prefetch) = raw.prefetch {
+        if let Some(prefetch) = prefetch {
             options = options.prefetch(prefetch);
         }
         BrokerOptions::Amqp(with_tls(options, &tls, AmqpOptions::tls))
@@ -754,7 +1180,8 @@ fn validate_consumer(
                 longest_timeout,
             },
             env,
-            &at,
+            origin,
+            &path,
         )?,
         deliver_for,
     })
@@ -766,8 +1193,8 @@ fn validate_consumer(
 fn consumer_tls(
     raw: &RawConsumer,
     takes_tls: bool,
-    env: &dyn Fn(&str) -> Option<String>,
-    at: &dyn Fn(&str) -> String,
+    env: &Env,
+    at: &dyn Fn(&'static str) -> String,
 ) -> Result<Option<Tls>> {
     let settings = [
         ("tls_ca", &raw.tls_ca),
@@ -784,7 +1211,7 @@ fn consumer_tls(
             at(first)
         );
     }
-    let read = |key: &str, path: &str| {
+    let read = |key: &'static str, path: &str| {
         std::fs::read(path).with_context(|| format!("{}: cannot read {path}", at(key)))
     };
     let mut tls = Tls::default();
@@ -847,16 +1274,22 @@ struct Target<'a> {
 
 /// The HTTP target of a source or consumer, signed when it has a secret, giving up on a
 /// delivery after its `timeout` (10 s by default, or half the lease if shorter, so that a
-/// target that never answers holds a delivery slot briefly). `at` names a key of the
-/// source or consumer.
-fn destination(
+/// target that never answers holds a delivery slot briefly). `path` gives the path of a
+/// key of the source or consumer.
+fn destination<'p>(
     target: &Target<'_>,
-    env: &dyn Fn(&str) -> Option<String>,
-    at: &dyn Fn(&str) -> String,
+    env: &Env,
+    origin: &Origin<'_>,
+    path: &dyn Fn(&'static str) -> [&'p str; 3],
 ) -> Result<HttpDestination> {
+    let at = |key| origin.name(&path(key));
     let timeout = match target.timeout {
         Some(timeout) => parse_duration(timeout).with_context(|| at("timeout"))?,
-        None => DEFAULT_TARGET_TIMEOUT.min(target.longest_timeout),
+        None => {
+            let timeout = DEFAULT_TARGET_TIMEOUT.min(target.longest_timeout);
+            origin.defaulted(&path("timeout"), quoted(&duration_text(timeout)));
+            timeout
+        }
     };
     if timeout.is_zero() || timeout > target.longest_timeout {
         bail!(
@@ -879,12 +1312,13 @@ fn validate_source(
     name: &str,
     raw: RawSource,
     longest_timeout: Duration,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &Env,
     origin: &Origin<'_>,
 ) -> Result<SourceSettings> {
-    let at = |key: &str| origin.name(&["sources", name, key]);
-    let duration = |value: Option<&str>, default: &str, key: &str| {
-        parse_duration(value.unwrap_or(default)).with_context(|| at(key))
+    let path = |key: &'static str| ["sources", name, key];
+    let at = |key: &'static str| origin.name(&path(key));
+    let duration = |value: Option<&str>, default: &str, key: &'static str| {
+        parse_duration(origin.or_default(&path(key), value, default)).with_context(|| at(key))
     };
     let signs_a_timestamp = matches!(raw.scheme.as_str(), "standard-webhooks" | "stripe");
     if raw.tolerance.is_some() && !signs_a_timestamp {
@@ -896,10 +1330,16 @@ fn validate_source(
     if raw.signature_header.is_some() && raw.scheme != "hmac-sha256" {
         bail!("{}: only applies to hmac-sha256", at("signature_header"));
     }
-    let tolerance = duration(raw.tolerance.as_deref(), "5m", "tolerance")?;
-    if tolerance.is_zero() {
-        bail!("{}: must be more than zero", at("tolerance"));
-    }
+    // Only the schemes that sign a timestamp have a tolerance.
+    let tolerance = if signs_a_timestamp {
+        let tolerance = duration(raw.tolerance.as_deref(), "5m", "tolerance")?;
+        if tolerance.is_zero() {
+            bail!("{}: must be more than zero", at("tolerance"));
+        }
+        tolerance
+    } else {
+        Duration::ZERO
+    };
     let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
     let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
     let retention = Retention::new(keep, retry_horizon).with_context(|| at("retention"))?;
@@ -965,7 +1405,11 @@ fn validate_source(
             Some("header:X-GitHub-Delivery"),
         ),
         "hmac-sha256" => {
-            let header = raw.signature_header.as_deref().unwrap_or("X-Signature");
+            let header = origin.or_default(
+                &path("signature_header"),
+                raw.signature_header.as_deref(),
+                "X-Signature",
+            );
             axum::http::HeaderName::try_from(header).map_err(|_| {
                 anyhow!(
                     "{}: {header:?} is not a header name",
@@ -984,7 +1428,11 @@ fn validate_source(
             at("scheme")
         ),
     };
-    let id = raw.id.as_deref().or(default_id).ok_or_else(|| {
+    let id = match (raw.id.as_deref(), default_id) {
+        (None, Some(default)) => Some(origin.or_default(&path("id"), None, default)),
+        (id, _) => id,
+    };
+    let id = id.ok_or_else(|| {
         anyhow!(
             "{}: is required for scheme {}: \"header:NAME\" or \"json:/POINTER\"",
             at("id"),
@@ -1015,7 +1463,8 @@ fn validate_source(
                 longest_timeout,
             },
             env,
-            &at,
+            origin,
+            &path,
         )?,
         deliver_for,
     })
@@ -1023,12 +1472,12 @@ fn validate_source(
 
 /// Secrets are references to environment variables (`env:NAME`), so that the file holds
 /// none and no log prints one.
-fn resolve_secret(reference: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String> {
+fn resolve_secret(reference: &str, env: &Env) -> Result<String> {
     let Some(variable) = reference.strip_prefix("env:") else {
         bail!("secrets are written env:VARIABLE, not given in the file");
     };
-    match env(variable) {
-        Some(secret) if !secret.is_empty() => Ok(secret),
+    match env.get(variable) {
+        Some(secret) if !secret.is_empty() => Ok(secret.clone()),
         Some(_) => bail!("the environment variable {variable} is empty"),
         None => bail!("the environment variable {variable} is not set"),
     }
@@ -1062,6 +1511,21 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
     }
 }
 
+/// `duration` as [`parse_duration`] reads it, in its largest whole unit.
+fn duration_text(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    let (per_unit, unit) = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+    ]
+    .into_iter()
+    .find(|(per_unit, _)| millis > 0 && millis.is_multiple_of(*per_unit))
+    .unwrap_or((1, "ms"));
+    format!("{}{unit}", millis / per_unit)
+}
+
 /// The longest duration any setting takes.
 const MAX_DURATION: Duration = Duration::from_secs(36_500 * 86_400);
 
@@ -1093,24 +1557,22 @@ pub fn parse_size(text: &str) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
-    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
-        let map: HashMap<String, String> = pairs
+    fn env_of(pairs: &[(&str, &str)]) -> Env {
+        pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |name| map.get(name).cloned()
+            .collect()
     }
 
-    fn load_text(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
+    fn load_text(text: &str, env: &Env) -> Result<Settings> {
         let path = write_temporary(text);
         let settings = load(&path, env);
         let _ = std::fs::remove_file(path);
         settings
     }
 
-    fn error_of(text: &str, env: &dyn Fn(&str) -> Option<String>) -> String {
+    fn error_of(text: &str, env: &Env) -> String {
         match load_text(text, env) {
             Ok(_) => panic!("accepted:\n{text}"),
             Err(error) => format!("{error:#}"),
@@ -1195,7 +1657,7 @@ target = "http://127.0.0.1:9000/hooks/shop"
     }
 
     /// Loads `text` and checks that the error names the file, `key` and `expected`.
-    fn assert_named(text: &str, env: &dyn Fn(&str) -> Option<String>, key: &str, expected: &str) {
+    fn assert_named(text: &str, env: &Env, key: &str, expected: &str) {
         let path = write_temporary(text);
         let error = match load(&path, env) {
             Ok(_) => panic!("accepted:\n{text}"),
@@ -1254,19 +1716,24 @@ target = "http://127.0.0.1:9000/hooks/shop"
                 "expected a sequence",
             ),
             (
-                edit("max_attempts = 3", "max_attempts = \"3\""),
+                edit("max_attempts = 3", "max_attempts = \"three\""),
                 "consumers.orders.max_attempts (line 15)",
-                "expected u32",
+                "is not a whole number",
             ),
             (
                 edit("max_attempts = 3", "max_attempts = -1"),
                 "consumers.orders.max_attempts (line 15)",
-                "expected u32",
+                "must not be negative",
+            ),
+            (
+                edit("max_attempts = 3", "max_attempts = 1.5"),
+                "consumers.orders.max_attempts (line 15)",
+                "expected a whole number",
             ),
             (
                 format!("{both}prefetch = 70000\n"),
                 "consumers.orders.prefetch (line 17)",
-                "expected u16",
+                "must be at most 65535",
             ),
             (
                 "sources = 3\n".to_owned(),
@@ -1795,5 +2262,337 @@ target = "http://127.0.0.1:9000/orders"
         assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
         assert_eq!(parse_size("1000").unwrap(), 1000);
         assert!(parse_size("-1").is_err());
+    }
+
+    /// Loads with no file at all: every setting from `env` and defaults.
+    fn load_without_file(env: &Env) -> Result<Settings> {
+        load(
+            &std::env::temp_dir().join("justonce-no-such-file.toml"),
+            env,
+        )
+    }
+
+    #[test]
+    fn sources_and_consumers_are_declared_by_variables_alone() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_LISTEN", "127.0.0.1:18080"),
+            ("JUSTONCE_SOURCES_SHOP_SCHEME", "standard-webhooks"),
+            ("JUSTONCE_SOURCES_SHOP_SECRETS", "env:SHOP_SECRET"),
+            ("JUSTONCE_SOURCES_SHOP_TARGET", "http://127.0.0.1:9000/shop"),
+            (
+                "JUSTONCE_CONSUMERS_ORDER_EVENTS_FROM",
+                "amqp://127.0.0.1:5672/%2f",
+            ),
+            ("JUSTONCE_CONSUMERS_ORDER_EVENTS_QUEUE", "orders"),
+            (
+                "JUSTONCE_CONSUMERS_ORDER_EVENTS_TARGET",
+                "http://127.0.0.1:9000/o",
+            ),
+            ("JUSTONCE_CONSUMERS_ORDER_EVENTS_MAX_ATTEMPTS", "3"),
+            ("JUSTONCE_CONSUMERS_ORDER_EVENTS_PREFETCH", "20"),
+            ("JUSTONCE_CONSUMERS_ORDER_EVENTS_RETENTION", "10d"),
+        ]);
+        let settings = load_without_file(&env).unwrap();
+        assert_eq!(settings.listen, "127.0.0.1:18080".parse().unwrap());
+        let sources: Vec<&str> = settings.sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(sources, ["shop"]);
+        let [orders] = settings.consumers.as_slice() else {
+            panic!("one consumer");
+        };
+        assert_eq!(orders.name, "order_events");
+        assert_eq!(orders.retention.keep(), Duration::from_secs(10 * 86_400));
+        let options = format!("{:?}", orders.options);
+        for part in ["max_attempts: 3", "prefetch: 20", "\"orders\""] {
+            assert!(options.contains(part), "{part} not in {options}");
+        }
+        assert!(settings.unknown_variables.is_empty());
+    }
+
+    /// A variable meets the file's source spelled the same way, `-` as `_`; two of the
+    /// file's names spelled the same are refused once a variable names them.
+    #[test]
+    fn a_variable_meets_the_file_entry_spelled_the_same() {
+        let partial = "[sources.Order-Hooks]\nscheme = \"standard-webhooks\"\n\
+                       secrets = [\"env:SHOP_SECRET\"]\n";
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            (
+                "JUSTONCE_SOURCES_ORDER_HOOKS_TARGET",
+                "http://127.0.0.1:9000/o",
+            ),
+        ]);
+        let settings = load_text(partial, &env).unwrap();
+        let names: Vec<&str> = settings.sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["Order-Hooks"]);
+        let twins = format!(
+            "{partial}target = \"http://127.0.0.1:9000/o\"\n\n[sources.order_hooks]\n\
+             scheme = \"none\"\nid = \"json:/id\"\ntarget = \"http://127.0.0.1:9000/o\"\n"
+        );
+        load_text(&twins, &env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")])).unwrap();
+        assert_named(
+            &twins,
+            &env,
+            "JUSTONCE_SOURCES_ORDER_HOOKS_TARGET: names both sources.Order-Hooks and \
+             sources.order_hooks",
+            "rename one",
+        );
+    }
+
+    /// `JUSTONCE_CONSUMERS_ORDERS_CLIENT_ID` is `client_id` of `orders`, the longest key;
+    /// when a consumer `orders_client` exists too, it is refused as ambiguous.
+    #[test]
+    fn the_longest_key_wins_and_an_ambiguous_variable_is_refused() {
+        let orders = "[consumers.orders]\nfrom = \"mqtt://127.0.0.1:1883\"\ntopic = \"o/#\"\n\
+                      target = \"http://127.0.0.1:9000/o\"\n";
+        let env = env_of(&[("JUSTONCE_CONSUMERS_ORDERS_CLIENT_ID", "edge-1")]);
+        let settings = load_text(orders, &env).unwrap();
+        let options = format!("{:?}", settings.consumers[0].options);
+        assert!(options.contains("\"edge-1\""), "{options}");
+        let both = format!("{orders}\n{}", orders.replace("orders]", "orders_client]"));
+        assert_named(
+            &both,
+            &env,
+            "JUSTONCE_CONSUMERS_ORDERS_CLIENT_ID: could set consumers.orders.client_id or a \
+             setting of consumers.orders_client",
+            "set this one in the file",
+        );
+    }
+
+    #[test]
+    fn a_declared_entry_is_checked_as_the_file_is_naming_its_variables() {
+        let source = [
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SOURCES_SHOP_SCHEME", "standard-webhooks"),
+            ("JUSTONCE_SOURCES_SHOP_SECRETS", "env:SHOP_SECRET"),
+        ];
+        let consumer = [
+            (
+                "JUSTONCE_CONSUMERS_ORDERS_FROM",
+                "amqp://guest:hunter2@127.0.0.1/%2f",
+            ),
+            ("JUSTONCE_CONSUMERS_ORDERS_QUEUE", "orders"),
+            (
+                "JUSTONCE_CONSUMERS_ORDERS_TARGET",
+                "http://127.0.0.1:9000/o",
+            ),
+        ];
+        let with = |extra: &[(&str, &str)]| env_of(&[&source[..], &consumer[..], extra].concat());
+        let cases = [
+            (
+                with(&[]),
+                "sources.shop.target (JUSTONCE_SOURCES_SHOP_TARGET)",
+                "is required",
+            ),
+            (
+                with(&[
+                    ("JUSTONCE_SOURCES_SHOP_TARGET", "http://127.0.0.1:9000/s"),
+                    ("JUSTONCE_CONSUMERS_ORDERS_PREFETCH", "many"),
+                ]),
+                "consumers.orders.prefetch (from JUSTONCE_CONSUMERS_ORDERS_PREFETCH)",
+                "\"many\" is not a whole number",
+            ),
+            (
+                with(&[
+                    ("JUSTONCE_SOURCES_SHOP_TARGET", "http://127.0.0.1:9000/s"),
+                    ("JUSTONCE_CONSUMERS_ORDERS_STREAM", "s"),
+                ]),
+                "consumers.orders.stream (from JUSTONCE_CONSUMERS_ORDERS_STREAM)",
+                "only applies to NATS and Redis Streams",
+            ),
+            (
+                with(&[
+                    ("JUSTONCE_SOURCES_SHOP_TARGET", "http://127.0.0.1:9000/s"),
+                    ("JUSTONCE_CONSUMERS_SHOP_FROM", "amqp://127.0.0.1/%2f"),
+                    ("JUSTONCE_CONSUMERS_SHOP_QUEUE", "shop"),
+                    ("JUSTONCE_CONSUMERS_SHOP_TARGET", "http://127.0.0.1:9000/c"),
+                ]),
+                "consumers.shop (from JUSTONCE_CONSUMERS_SHOP_FROM)",
+                "names both a source and a consumer",
+            ),
+        ];
+        for (env, key, expected) in cases {
+            let error = format!("{:#}", load_without_file(&env).err().expect("refused"));
+            for part in ["justonce-no-such-file.toml (not found)", key, expected] {
+                assert!(error.contains(part), "{part:?} not in {error:?}");
+            }
+            assert!(
+                !error.contains("hunter2"),
+                "a password was printed: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn database_url_is_used_unless_the_setting_is_given() {
+        let url = "postgres://app:hunter2@db.internal/app";
+        let env = env_of(&[("DATABASE_URL", url)]);
+        assert_eq!(load_without_file(&env).unwrap().database, url);
+        let both = env_of(&[
+            ("DATABASE_URL", url),
+            ("JUSTONCE_SERVER_DATABASE", "sqlite://mine.db"),
+        ]);
+        assert_eq!(
+            load_without_file(&both).unwrap().database,
+            "sqlite://mine.db"
+        );
+        let file = "[server]\ndatabase = \"mysql://127.0.0.1/app\"\n";
+        assert_eq!(
+            load_text(file, &env).unwrap().database,
+            "mysql://127.0.0.1/app"
+        );
+        let bad = env_of(&[("DATABASE_URL", "mongodb://app:hunter2@x")]);
+        assert_named(
+            "",
+            &bad,
+            "server.database (from DATABASE_URL)",
+            "must be a sqlite://, postgres:// or mysql:// URL",
+        );
+    }
+
+    #[test]
+    fn variables_that_name_no_setting_are_reported() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_LISTN", "127.0.0.1:1"),
+            ("JUSTONCE_SOURCES_SHOP_RETENTON", "9d"),
+            ("JUSTONCE_SOURCES__TARGET", "http://127.0.0.1:1/"),
+            ("JUSTONCE_SERVER_listen", "127.0.0.1:1"),
+            ("JUSTONCE_CONFIG", "justonce.toml"),
+            ("JUSTONCE_LOG_FORMAT", "json"),
+            ("JUSTONCE_FAILPOINT", "stored-not-answered"),
+            ("JUSTONCE_STRICT", "true"),
+            ("JUSTONCE_CHECK_SECRET", "whsec_c2VjcmV0"),
+        ]);
+        let settings = load_text(SHOP, &env).unwrap();
+        assert_eq!(
+            settings.unknown_variables,
+            [
+                "JUSTONCE_SERVER_LISTN",
+                "JUSTONCE_SERVER_listen",
+                "JUSTONCE_SOURCES_SHOP_RETENTON",
+                "JUSTONCE_SOURCES__TARGET",
+            ]
+        );
+        assert_eq!(settings.listen, "127.0.0.1:8080".parse().unwrap());
+    }
+
+    /// Every field of a section is a key its variables set: the struct is the only list.
+    #[test]
+    fn the_keys_are_the_fields_of_each_section() {
+        let consumer = keys_of::<RawConsumer>();
+        for key in ["from", "client_id", "id", "max_attempts", "prefetch"] {
+            assert!(consumer.contains(&key), "{key}: {consumer:?}");
+        }
+        assert!(keys_of::<RawServer>().contains(&"pool_size"));
+        assert!(keys_of::<RawSource>().contains(&"signature_header"));
+        assert_eq!(keys_of::<RawConfig>(), ["server", "sources", "consumers"]);
+    }
+
+    #[test]
+    fn the_printed_configuration_shows_each_origin_and_no_secret() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://guest:hunter2@127.0.0.1:5672/%2f"),
+            (
+                "DATABASE_URL",
+                "postgres://app:hunter2@db.internal/app?sslmode=require&password=hunter2",
+            ),
+            ("JUSTONCE_SERVER_ADMIN_LISTEN", "127.0.0.1:19090"),
+            ("JUSTONCE_SOURCES_SHOP_RETENTION", "10d"),
+            (
+                "JUSTONCE_CONSUMERS_AUDIT_FROM",
+                "redis://:hunter2@127.0.0.1:6379",
+            ),
+            ("JUSTONCE_CONSUMERS_AUDIT_STREAM", "audit"),
+            (
+                "JUSTONCE_CONSUMERS_AUDIT_TARGET",
+                "https://user:hunter2@example.com/a",
+            ),
+        ]);
+        let path = write_temporary(&shop_and_orders());
+        let file = path.display().to_string();
+        let printed = load(&path, &env).unwrap().printed;
+        let _ = std::fs::remove_file(&path);
+        let expected = [
+            "[server]".to_owned(),
+            format!("listen = \"127.0.0.1:8080\"  # {file}, line 3"),
+            "admin_listen = \"127.0.0.1:19090\"  # from JUSTONCE_SERVER_ADMIN_LISTEN".to_owned(),
+            "database = \"postgres://app:***@db.internal/app?sslmode=require&password=***\"  \
+             # from DATABASE_URL"
+                .to_owned(),
+            format!("body_limit = \"64KiB\"  # {file}, line 4"),
+            "max_connections = 4096  # default".to_owned(),
+            "header_timeout = \"10s\"  # default".to_owned(),
+            "[sources.shop]".to_owned(),
+            format!("secrets = [\"env:SHOP_SECRET\"]  # {file}, line 8"),
+            "tolerance = \"5m\"  # default".to_owned(),
+            "retention = \"10d\"  # from JUSTONCE_SOURCES_SHOP_RETENTION".to_owned(),
+            "id = \"header:webhook-id\"  # default".to_owned(),
+            "timeout = \"10s\"  # default".to_owned(),
+            "[consumers.audit]".to_owned(),
+            "from = \"redis://:***@127.0.0.1:6379\"  # from JUSTONCE_CONSUMERS_AUDIT_FROM"
+                .to_owned(),
+            "group = \"audit\"  # default".to_owned(),
+            "target = \"https://user:***@example.com/a\"  # from JUSTONCE_CONSUMERS_AUDIT_TARGET"
+                .to_owned(),
+            "[consumers.orders]".to_owned(),
+            format!("from = \"env:ORDERS_BROKER\"  # {file}, line 12"),
+            format!("max_attempts = 3  # {file}, line 15"),
+            "id = \"header:X-Order-Id\"".to_owned(),
+        ];
+        for line in &expected {
+            assert!(
+                printed.lines().any(|l| l.starts_with(line.as_str())),
+                "{line:?} not in\n{printed}"
+            );
+        }
+        for secret in ["c2VjcmV0", "hunter2"] {
+            assert!(
+                !printed.contains(secret),
+                "a secret was printed:\n{printed}"
+            );
+        }
+        // Keys that do not apply to a consumer's broker are not shown.
+        let orders = printed.split("[consumers.orders]").nth(1).unwrap();
+        assert!(
+            !orders.contains("group =") && !orders.contains("stream ="),
+            "{orders}"
+        );
+
+        // What is printed is a configuration the service takes, and prints the same.
+        let secrets_only = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://127.0.0.1:5672/%2f"),
+        ]);
+        let again = load_text(&printed, &secrets_only).unwrap().printed;
+        let values = |printed: &str| -> Vec<String> {
+            printed
+                .lines()
+                .filter(|line| !line.starts_with('#'))
+                .map(|line| line.split("  # ").next().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(values(&printed), values(&again));
+    }
+
+    #[test]
+    fn urls_are_printed_without_their_passwords() {
+        for (url, shown) in [
+            ("postgres://u:pw@h:5432/db", "postgres://u:***@h:5432/db"),
+            ("https://token@h/p?q=1", "https://***@h/p?q=1"),
+            (
+                "mysql://h/db?user=u&password=pw",
+                "mysql://h/db?user=u&password=***",
+            ),
+            ("nats://h:4222?auth_token=t", "nats://h:4222?auth_token=***"),
+            ("http://h/p@x", "http://h/p@x"),
+            ("env:ORDERS_BROKER", "env:ORDERS_BROKER"),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
+        assert_eq!(quoted("a\"b\\c\u{7f}"), "\"a\\\"b\\\\c\\u007F\"");
+        assert_eq!(duration_text(Duration::from_millis(2_500)), "2500ms");
+        assert_eq!(duration_text(Duration::from_secs(7_200)), "2h");
     }
 }

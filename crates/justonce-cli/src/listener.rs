@@ -4,9 +4,12 @@
 
 use crate::config::Limits;
 use axum::Router;
+use axum::body::HttpBody;
 use axum::error_handling::HandleErrorLayer;
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::http::header::RETRY_AFTER;
+use axum::middleware::Next;
 use axum::response::Response;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -14,7 +17,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -23,15 +26,22 @@ use tower_http::timeout::TimeoutLayer;
 
 /// Serves `app` on `listener` within `limits` until `stopped` resolves, then waits for the
 /// requests in flight (the caller bounds that wait). `max_connections` is the cap of this
-/// listener, which may be below `limits.max_connections` when open files are scarce.
+/// listener, which may be below `limits.max_connections` when open files are scarce. With
+/// `access_log`, each answer is logged, those the caps and timeouts give included.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Limits,
     max_connections: usize,
+    access_log: bool,
     stopped: impl Future<Output = ()>,
 ) {
     let service = ServiceBuilder::new()
+        // The access log takes axum's body, as the router does.
+        .map_request(|request: hyper::Request<hyper::body::Incoming>| {
+            request.map(axum::body::Body::new)
+        })
+        .layer(axum::middleware::from_fn_with_state(access_log, log_access))
         .layer(HandleErrorLayer::new(too_many_requests))
         .load_shed()
         .concurrency_limit(limits.max_requests)
@@ -86,6 +96,42 @@ pub async fn serve(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Describes the metrics of this module, for their `# HELP` lines.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        "justonce_connections_refused_total",
+        "Connections answered 503 and closed because a listener held its most"
+    );
+    metrics::describe_counter!(
+        "justonce_accept_errors_total",
+        "Connections a listener failed to accept, most often for want of open files"
+    );
+}
+
+/// The access log: one line per request with its method, path, status, the bytes of the
+/// answer's body and the time it took. Never a query string (it may carry a token), a
+/// header or a body.
+async fn log_access(State(enabled): State<bool>, request: Request, next: Next) -> Response {
+    if !enabled {
+        return next.run(request).await;
+    }
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    let size = response.body().size_hint();
+    tracing::info!(
+        target: "justonce::access",
+        %method,
+        path,
+        status = response.status().as_u16(),
+        bytes = size.exact().unwrap_or(size.lower()),
+        millis = started.elapsed().as_secs_f64() * 1_000.0,
+        "request"
+    );
+    response
 }
 
 /// Connections being refused at once, each for at most `REFUSAL_TIME`.

@@ -10,13 +10,14 @@ mod check;
 mod commands;
 mod config;
 mod listener;
+mod logs;
 mod pacing;
 mod probes;
 mod progress;
 mod purge;
 mod serve;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -25,7 +26,8 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "justonce", version)]
 struct Cli {
-    /// The configuration file; every value can be overridden by a JUSTONCE_* variable.
+    /// The configuration file, which may be absent: every setting can also come from a
+    /// JUSTONCE_* variable (see `justonce config`).
     #[arg(
         long,
         global = true,
@@ -33,6 +35,15 @@ struct Cli {
         default_value = "justonce.toml"
     )]
     config: PathBuf,
+
+    /// Refuse a JUSTONCE_* variable that names no setting, instead of warning about it.
+    #[arg(long, global = true, env = "JUSTONCE_STRICT")]
+    strict: bool,
+
+    /// How log lines are written to stderr; `server.log_format` in the file, text by
+    /// default.
+    #[arg(long, global = true, env = "JUSTONCE_LOG_FORMAT", value_enum)]
+    log_format: Option<logs::LogFormat>,
 
     #[command(subcommand)]
     command: Command,
@@ -42,6 +53,12 @@ struct Cli {
 enum Command {
     /// Receive webhooks on the public listener and deliver them to their targets.
     Serve,
+    /// Print the configuration the commands run with, as TOML, each value with where it
+    /// came from: the file and line, a variable, DATABASE_URL or the default.
+    ///
+    /// Secrets show as their env:VARIABLE references, never their values, and the password
+    /// of a URL as ***. Needs no database.
+    Config,
     /// Create or update the database tables.
     Migrate {
         /// Print the SQL instead of running it, for a database administrator to apply.
@@ -95,6 +112,12 @@ enum Command {
     /// Runs in tables of its own, dropped at the end; prints a table, or one JSON object
     /// per result. Each throughput result checks that effect rows equal distinct keys.
     Bench(BenchArgs),
+    /// Print a completion script for a shell, such as
+    /// `justonce completions bash > /etc/bash_completion.d/justonce`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Args)]
@@ -351,43 +374,72 @@ fn run_length(text: &str) -> Result<std::time::Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "justonce",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
     // The bench fills tables with statements meant to be slow: sqlx's warning about each
     // would bury its progress.
     let default_filter = match cli.command {
         Command::Bench(_) => "info,sqlx::query=error",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let settings = match config::load(&cli.config, &|name| std::env::var(name).ok()) {
+    // The file may choose the log format: logging starts once it is read.
+    let settings = config::load(&cli.config, &config::process_env());
+    let format = match (&settings, cli.log_format) {
+        (_, Some(format)) => format,
+        (Ok(settings), None) => settings.log_format,
+        (Err(_), None) => logs::LogFormat::default(),
+    };
+    logs::init(format, default_filter);
+    let settings = match settings {
         Ok(settings) => settings,
         Err(error) => {
-            eprintln!("justonce: {error:#}");
+            report(format, &error);
             return ExitCode::from(2);
         }
     };
+    for variable in &settings.unknown_variables {
+        if cli.strict {
+            let refused =
+                anyhow::anyhow!("{variable}: no setting has this name (refused by --strict)");
+            report(format, &refused);
+        } else {
+            tracing::warn!("{variable}: no setting has this name; it is ignored");
+        }
+    }
+    if cli.strict && !settings.unknown_variables.is_empty() {
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("justonce: cannot start: {error}");
+            report(format, &anyhow::anyhow!("cannot start: {error}"));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(commands::run(settings, cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if error.is::<commands::Usage>() => {
-            eprintln!("justonce: {error:#}");
+            report(format, &error);
             ExitCode::from(2)
         }
         Err(error) => {
-            eprintln!("justonce: {error:#}");
+            report(format, &error);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Says why the command ends: a plain line, or a JSON error line among the others.
+fn report(format: logs::LogFormat, error: &anyhow::Error) {
+    match format {
+        logs::LogFormat::Text => eprintln!("justonce: {error:#}"),
+        logs::LogFormat::Json => tracing::error!("{error:#}"),
     }
 }

@@ -37,6 +37,16 @@ impl std::fmt::Display for Connection {
     }
 }
 
+const CONSUMER_UP: &str = "justonce_consumer_up";
+
+/// Describes the metric of this module, for its `# HELP` line.
+pub fn describe_metrics() {
+    metrics::describe_gauge!(
+        CONSUMER_UP,
+        "1 while a consumer is consuming from its broker, 0 while it is connecting, by consumer"
+    );
+}
+
 /// The state of each consumer, shared by the consumers and the probes.
 #[derive(Debug, Default)]
 pub struct Consumers {
@@ -49,7 +59,7 @@ impl Consumers {
         let states = names
             .into_iter()
             .map(|name| {
-                metrics::gauge!("justonce_consumer_up", "consumer" => name.to_owned()).set(0.0);
+                metrics::gauge!(CONSUMER_UP, "consumer" => name.to_owned()).set(0.0);
                 (name.to_owned(), Connection::Connecting { last_error: None })
             })
             .collect();
@@ -73,14 +83,39 @@ impl Consumers {
         );
     }
 
+    /// Records `state`, and logs a change between consuming and not: one line when a
+    /// broker goes away, one when it is back, none for each failed retry between. The
+    /// consumer's span, around its calls, names it in those lines.
     fn set(&self, consumer: &str, state: Connection) {
         let up = if state == Connection::Connected {
             1.0
         } else {
             0.0
         };
-        metrics::gauge!("justonce_consumer_up", "consumer" => consumer.to_owned()).set(up);
-        self.lock().insert(consumer.to_owned(), state);
+        metrics::gauge!(CONSUMER_UP, "consumer" => consumer.to_owned()).set(up);
+        let before = self.lock().insert(consumer.to_owned(), state.clone());
+        let was_down = matches!(
+            before,
+            Some(Connection::Connecting {
+                last_error: Some(_)
+            })
+        );
+        match state {
+            Connection::Connected if was_down => tracing::info!("consuming again"),
+            Connection::Connected if before != Some(Connection::Connected) => {
+                tracing::info!("consuming")
+            }
+            Connection::Connecting {
+                last_error: Some(error),
+            } if !was_down => tracing::warn!(
+                %error,
+                "not consuming: the broker is unreachable or failed; trying again every few seconds"
+            ),
+            Connection::Connecting {
+                last_error: Some(error),
+            } => tracing::debug!(%error, "the broker is still unreachable"),
+            _ => {}
+        }
     }
 
     /// Each consumer's state, by name.

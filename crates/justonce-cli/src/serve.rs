@@ -18,10 +18,11 @@ use justonce_transport::amqp::AmqpConsumer;
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::NatsConsumer;
 use justonce_transport::redis_streams::RedisStreamConsumer;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// A failpoint asked for that this build cannot reach would leave a fault test waiting for
 /// a pause that never comes: `serve` refuses to start instead.
@@ -89,8 +90,19 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let probes = probes::router(&inbox, &consumer_states);
     let public = receiver::router(&inbox, sources, settings.body_limit).merge(probes.clone());
     let prometheus = PrometheusBuilder::new()
-        .install_recorder()
+        .set_buckets_for_metric(
+            Matcher::Full(receiver::ANSWERED_SECONDS.to_owned()),
+            &ANSWER_BUCKETS,
+        )
+        .and_then(|builder| {
+            builder.set_buckets_for_metric(
+                Matcher::Full(justonce_sql::DELIVERED_SECONDS.to_owned()),
+                &DELIVERY_BUCKETS,
+            )
+        })
+        .and_then(PrometheusBuilder::install_recorder)
         .context("installing the metrics recorder")?;
+    describe_metrics();
     let activity = Arc::new(Activity::new(prometheus.clone()));
     let sampling = Arc::clone(&activity);
     tokio::spawn(async move {
@@ -153,9 +165,17 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         public,
         limits,
         public_connections,
+        true,
         stopped(),
     );
-    let admin = listener::serve(admin_listener, admin, limits, admin_connections, stopped());
+    let admin = listener::serve(
+        admin_listener,
+        admin,
+        limits,
+        admin_connections,
+        false,
+        stopped(),
+    );
     let relaying = relay.run(stopped());
     let purging = async {
         if let Some(every) = settings.purge_every {
@@ -170,6 +190,9 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let consuming = futures_util::future::join_all(consumers.into_iter().map(
         |(name, from, options, inbox)| {
             let states = Arc::clone(&consumer_states);
+            // The lines of the consumer, of its broker client and of each message carry
+            // its name. At the error level, so that no filter that shows them leaves it out.
+            let span = tracing::error_span!("consumer", consumer = %name);
             consume(
                 name,
                 from,
@@ -179,6 +202,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
                 consumers_stopping.clone(),
                 misconfigured.clone(),
             )
+            .instrument(span)
         },
     ));
     drop(misconfigured);
@@ -205,6 +229,50 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         }
         Some(usage) = misconfiguration.recv() => Err(usage.into()),
     }
+}
+
+/// Seconds from a webhook's arrival to its answer: a millisecond to half a minute (the
+/// request timeout's default).
+const ANSWER_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Seconds from a row's commit to its delivery: milliseconds when the target answers, up to
+/// days while it is retried.
+const DELIVERY_BUCKETS: [f64; 19] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    3_600.0, 21_600.0, 86_400.0, 259_200.0,
+];
+
+/// Describes every metric the service exports, for the `# HELP` lines of `/metrics`.
+fn describe_metrics() {
+    justonce_sql::describe_metrics();
+    justonce_http::describe_metrics();
+    justonce_transport::describe_metrics();
+    listener::describe_metrics();
+    probes::describe_metrics();
+    use metrics::describe_gauge;
+    describe_gauge!(
+        "justonce_purge_lag_seconds",
+        "How long the oldest key of a consumer has been past its retention, by consumer"
+    );
+    describe_gauge!(
+        "justonce_deliveries_due",
+        "Outbox rows waiting to be delivered"
+    );
+    describe_gauge!("justonce_dead_letters", "Outbox rows dead-lettered");
+    describe_gauge!(
+        "justonce_oldest_due_age_seconds",
+        "Age of the oldest outbox row waiting to be delivered"
+    );
+    describe_gauge!(
+        "justonce_store_up",
+        "1 when the last reads of the gauges from the database succeeded"
+    );
+    describe_gauge!(
+        "justonce_store_gauges_age_seconds",
+        "Seconds since the gauges read from the database were last read whole"
+    );
 }
 
 /// Purges what is past its retention at start and then every `every`, paced as `justonce
@@ -257,38 +325,22 @@ async fn consume<DB: Backend>(
         // A stop during a connection attempt is seen once it ends; the drain deadline
         // bounds it.
         let connected = || states.connected(&name);
-        match consume_once(
-            &name,
-            &from,
-            &options,
-            inbox.clone(),
-            connected,
-            stopped,
-            work,
-        )
-        .await
-        {
+        match consume_once(&from, &options, inbox.clone(), connected, stopped, work).await {
             Ok(stats) if *stopping.borrow() => {
-                tracing::info!(consumer = %name, ?stats, "stopped consuming");
+                tracing::info!(?stats, "stopped consuming");
                 return;
             }
-            Ok(_) => {
-                tracing::warn!(consumer = %name, "the broker ended the consumer");
-                states.failed(&name, "the broker ended the consumer".to_owned());
-            }
+            // Consumers logs the change from consuming to not, once.
+            Ok(_) => states.failed(&name, "the broker ended the consumer".to_owned()),
             Err(justonce_transport::Error::Tls(tls)) => {
                 let problem = tls_problem(&name, &tls);
                 if first {
                     let _ = misconfigured.send(Usage(problem)).await;
                     return;
                 }
-                tracing::warn!(consumer = %name, "{problem}");
                 states.failed(&name, problem);
             }
-            Err(error) => {
-                tracing::warn!(consumer = %name, %error, "broker unreachable or failed");
-                states.failed(&name, error.to_string());
-            }
+            Err(error) => states.failed(&name, error.to_string()),
         }
         first = false;
         tokio::select! {
@@ -301,7 +353,6 @@ async fn consume<DB: Backend>(
 /// Connects once, says so through `connected`, and consumes until `stopped` resolves or the
 /// broker fails.
 async fn consume_once<DB: Backend, E>(
-    name: &str,
     from: &str,
     options: &BrokerOptions,
     inbox: Inbox<DB>,
@@ -318,7 +369,6 @@ where
     match options {
         BrokerOptions::Amqp(options) => {
             let consumer = AmqpConsumer::connect(from, inbox, options.clone()).await?;
-            tracing::info!(consumer = %name, "consuming");
             connected();
             let ran = consumer.run(stopped, work).await;
             let _ = consumer.close().await;
@@ -326,19 +376,16 @@ where
         }
         BrokerOptions::Nats(options) => {
             let consumer = NatsConsumer::connect(from, inbox, options.clone()).await?;
-            tracing::info!(consumer = %name, "consuming");
             connected();
             consumer.run(stopped, work).await
         }
         BrokerOptions::Mqtt(options) => {
             let consumer = MqttConsumer::connect(from, inbox, options.clone()).await?;
-            tracing::info!(consumer = %name, "consuming");
             connected();
             consumer.run(stopped, work).await
         }
         BrokerOptions::Redis(options) => {
             let consumer = RedisStreamConsumer::connect(from, inbox, options.clone()).await?;
-            tracing::info!(consumer = %name, "consuming");
             connected();
             consumer.run(stopped, work).await
         }

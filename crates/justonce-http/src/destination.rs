@@ -10,6 +10,9 @@ use std::time::{Duration, SystemTime};
 /// How much of a refusing answer's body is kept as the dead letter's reason.
 const REASON_BODY_BYTES: usize = 512;
 
+/// How long `resolve` waits for the resolver.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Delivers outbox rows as `POST` requests to one URL.
 ///
 /// | answer | what the relay does |
@@ -44,6 +47,40 @@ impl std::fmt::Debug for HttpDestination {
 impl HttpDestination {
     /// The longest a delivery may take, from connecting to the last byte of the answer.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// Where deliveries are POSTed.
+    pub fn url(&self) -> &str {
+        self.url.as_str()
+    }
+
+    /// Resolves the destination's host, as a delivery would, without sending anything:
+    /// whether it can be reached is a question for each delivery, but a name that does not
+    /// resolve is a mistake to hear about before the first one.
+    pub async fn resolve(&self) -> Result<(), Error> {
+        let host = self.url.host_str().unwrap_or_default();
+        let port = self.url.port_or_known_default().unwrap_or(80);
+        // An IPv6 literal comes bracketed in URLs, bare to the resolver.
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let found = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, port)))
+            .await
+            .map_err(|_| {
+                Error::Config(format!(
+                    "the host of {} did not resolve within {} s",
+                    self.url,
+                    RESOLVE_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|e| {
+                Error::Config(format!("the host of {} does not resolve: {e}", self.url))
+            })?;
+        if found.count() == 0 {
+            return Err(Error::Config(format!(
+                "the host of {} resolves to no address",
+                self.url
+            )));
+        }
+        Ok(())
+    }
 
     /// A destination that POSTs to `url`, with a 30 s timeout.
     pub fn new(url: &str) -> Result<Self, Error> {

@@ -44,3 +44,25 @@ mod standard_webhooks;
 pub use answer::problem;
 #[cfg(feature = "destination")]
 pub use destination::HttpDestination;
+
+/// Describes the metrics the enabled features emit, for the `# HELP` lines of an
+/// exporter. Call it once, after installing the metrics recorder.
+pub fn describe_metrics() {
+    #[cfg(feature = "receiver")]
+    {
+        metrics::describe_counter!(
+            "justonce_webhooks_total",
+            "Webhook requests, by source and outcome (accepted, duplicate, key_reused, \
+             rejected_body, rejected_signature, rejected_id, unknown_source, unavailable)"
+        );
+        metrics::describe_histogram!(
+            receiver::ANSWERED_SECONDS,
+            "Seconds from a webhook's arrival to its 2xx answer, by source"
+        );
+    }
+    #[cfg(feature = "server")]
+    metrics::describe_counter!(
+        "justonce_idempotency_requests_total",
+        "Requests through the Idempotency-Key layer, by outcome"
+    );
+}

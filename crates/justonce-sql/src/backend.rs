@@ -177,6 +177,14 @@ pub trait Backend: sqlx::Database + Sealed {
         consumer: &'a str,
     ) -> impl Future<Output = Result<i64, Error>> + Send + 'a;
 
+    /// The destinations backed off, by name: failures in a row, milliseconds the pause
+    /// has left (negative once a probe may go), milliseconds since it was written.
+    #[doc(hidden)]
+    fn breakers<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Self::Statements,
+    ) -> impl Future<Output = Result<Vec<(String, i64, i64, i64)>, Error>> + Send + 'a;
+
     /// Every stored offset, ordered by consumer, stream and partition.
     #[doc(hidden)]
     fn all_offsets<'a>(
@@ -267,6 +275,11 @@ pub struct Statements {
     pub(crate) mark_sent: Arc<str>,
     pub(crate) mark_retry: Arc<str>,
     pub(crate) mark_dead: Arc<str>,
+    pub(crate) untake: Arc<str>,
+    pub(crate) expire: Arc<str>,
+    pub(crate) breaker_open: Arc<str>,
+    pub(crate) breaker_close: Arc<str>,
+    pub(crate) breakers: Arc<str>,
     pub(crate) replay: Arc<str>,
     pub(crate) purge_dead: Arc<str>,
     pub(crate) purge_sent: Arc<str>,
@@ -321,6 +334,7 @@ impl Statements {
             keys,
             outbox,
             offsets,
+            breakers,
             ..
         } = tables;
         let now = clock.now;
@@ -384,6 +398,35 @@ impl Statements {
             mark_dead: text(format!(
                 "UPDATE {outbox} SET dead = TRUE, last_error = $2
                  WHERE id = $1 AND lease_token = $3 AND sent_at IS NULL AND NOT dead"
+            )),
+            untake: text(format!(
+                "UPDATE {outbox} SET next_attempt_at = {}, attempts = attempts - 1
+                 WHERE id = $1 AND lease_token = $3 AND sent_at IS NULL AND NOT dead",
+                (clock.later_by)("$2")
+            )),
+            breaker_open: text(format!(
+                "INSERT INTO {breakers} (destination, failures, open_until, updated_at)
+                 VALUES ($1, $2, {}, {now})
+                 ON CONFLICT (destination) DO UPDATE SET failures = excluded.failures,
+                    open_until = excluded.open_until, updated_at = excluded.updated_at",
+                (clock.later_by)("$3")
+            )),
+            breaker_close: text(format!("DELETE FROM {breakers} WHERE destination = $1")),
+            breakers: text(format!(
+                "SELECT destination, failures, -{}, {} FROM {breakers} ORDER BY destination",
+                (clock.age_ms)("open_until"),
+                (clock.age_ms)("updated_at")
+            )),
+            // Leased rows too: should one be sent meanwhile, `mark_sent` outranks this.
+            expire: text(format!(
+                "UPDATE {outbox} SET dead = TRUE, last_error = $3
+                 WHERE id IN (
+                    SELECT id FROM {outbox}
+                    WHERE sent_at IS NULL AND NOT dead AND destination = $1
+                      AND created_at <= {}
+                    ORDER BY id LIMIT $4
+                 )",
+                (clock.earlier_by)("$2")
             )),
             // A replay starts a new delivery window.
             replay: text(format!(
@@ -693,6 +736,30 @@ pub enum Change<'a> {
         reason: &'a str,
         token: i64,
     },
+    /// A row taken and not tried: due again after `after_ms`, its attempt given back.
+    Untake {
+        id: i64,
+        after_ms: i64,
+        token: i64,
+    },
+    /// Dead-letters at most `limit` unsent rows of `destination` written more than
+    /// `older_than_ms` ago, with `reason`.
+    Expire {
+        destination: &'a str,
+        older_than_ms: i64,
+        reason: &'a str,
+        limit: i64,
+    },
+    /// A relay backed `destination` off for `pause_ms` after `failures` in a row.
+    BreakerOpen {
+        destination: &'a str,
+        failures: i64,
+        pause_ms: i64,
+    },
+    /// A relay's breaker for `destination` closed: it answers again.
+    BreakerClose {
+        destination: &'a str,
+    },
     /// Every dead letter when `id` is `None`, at most `limit`.
     Replay {
         id: Option<i64>,
@@ -933,6 +1000,15 @@ macro_rules! common_queries {
                 )
                 .collect())
         }
+        async fn breakers<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Self::Statements,
+        ) -> Result<Vec<(String, i64, i64, i64)>, Error> {
+            sqlx::query_as(AssertSqlSafe(sql.breakers.clone()))
+                .fetch_all(pool)
+                .await
+                .map_err(database_error::<Self>)
+        }
         async fn load_offsets<'a>(
             pool: &'a sqlx::Pool<Self>,
             sql: &'a Self::Statements,
@@ -1059,6 +1135,32 @@ macro_rules! shared_queries {
                     .bind(token),
                 Change::MarkDead { id, reason, token } => {
                     statement(&sql.mark_dead).bind(id).bind(reason).bind(token)
+                }
+                Change::Untake {
+                    id,
+                    after_ms,
+                    token,
+                } => statement(&sql.untake).bind(id).bind(after_ms).bind(token),
+                Change::Expire {
+                    destination,
+                    older_than_ms,
+                    reason,
+                    limit,
+                } => statement(&sql.expire)
+                    .bind(destination)
+                    .bind(older_than_ms)
+                    .bind(reason)
+                    .bind(limit),
+                Change::BreakerOpen {
+                    destination,
+                    failures,
+                    pause_ms,
+                } => statement(&sql.breaker_open)
+                    .bind(destination)
+                    .bind(failures)
+                    .bind(pause_ms),
+                Change::BreakerClose { destination } => {
+                    statement(&sql.breaker_close).bind(destination)
                 }
                 Change::Replay { id, limit } => statement(&sql.replay).bind(id).bind(limit),
                 Change::PurgeDead => statement(&sql.purge_dead),

@@ -59,7 +59,42 @@ pub use backend::Backend;
 pub use inbox::{Inbox, Options, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;
-pub use outbox::{Message, Outbox, OutboxStats, Row};
-pub use relay::{Relay, RelayOptions, RelayRound};
+pub use outbox::{BackedOff, Message, Outbox, OutboxStats, Row};
+pub use relay::{DELIVERED_SECONDS, Relay, RelayOptions, RelayRound};
 /// The sqlx this crate is built with, so that your queries use the same version.
 pub use sqlx;
+
+/// Describes the metrics this crate emits, for the `# HELP` lines of an exporter. Call it
+/// once, after installing the metrics recorder.
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "justonce_claims_total",
+        "Runs of a key, by outcome (processed, duplicate, key_reused) and by what answered \
+         (the database or the recent keys)"
+    );
+    describe_counter!(
+        "justonce_retries_total",
+        "Tries of a run that failed and were tried again, by cause (transient, commit_unknown)"
+    );
+    describe_counter!(
+        "justonce_lease_takeovers_total",
+        "Leases taken over after they expired"
+    );
+    describe_counter!(
+        "justonce_deliveries_total",
+        "Outbox rows the relay delivered, by destination and outcome (sent, retried, dead)"
+    );
+    describe_histogram!(
+        DELIVERED_SECONDS,
+        "Seconds from an outbox row's commit (or replay) to its delivery, by destination"
+    );
+    describe_counter!(
+        "justonce_relay_record_failures_total",
+        "Failed deliveries whose reason the database refused, recorded without it"
+    );
+    describe_gauge!(
+        "justonce_destination_open",
+        "1 while a destination's breaker holds its deliveries back, by destination"
+    );
+}

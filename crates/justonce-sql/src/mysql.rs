@@ -110,6 +110,18 @@ CREATE TABLE IF NOT EXISTS {prefix}offsets (
         description: "leases: fencing token, expiry and result on keys",
         sql: "",
     },
+    Migration {
+        version: 3,
+        description: "breakers: the destinations a relay backed off",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}breakers (
+    destination VARCHAR(255) NOT NULL PRIMARY KEY,
+    failures BIGINT NOT NULL,
+    open_until DATETIME(6) NOT NULL,
+    updated_at DATETIME(6) NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+",
+    },
 ];
 
 /// The statements of one table prefix on MariaDB or MySQL, built once. Those that take a
@@ -131,6 +143,11 @@ pub struct MySqlStatements {
     mark_sent: String,
     mark_retry: String,
     mark_dead: String,
+    untake: String,
+    expire: String,
+    breaker_open: String,
+    breaker_close: String,
+    breakers: String,
     replay: String,
     purge_dead: String,
     purge_sent: String,
@@ -159,6 +176,7 @@ impl MySqlStatements {
             keys,
             outbox,
             offsets,
+            breakers,
             ..
         } = tables;
         let columns = format!(
@@ -236,6 +254,28 @@ impl MySqlStatements {
             mark_dead: format!(
                 "UPDATE {outbox} SET dead = TRUE, last_error = ?
                  WHERE id = ? AND lease_token = ? AND {due}"
+            ),
+            untake: format!(
+                "UPDATE {outbox} SET next_attempt_at = {LATER}, attempts = attempts - 1
+                 WHERE id = ? AND lease_token = ? AND {due}"
+            ),
+            breaker_open: format!(
+                "INSERT INTO {breakers} (destination, failures, open_until, updated_at)
+                 VALUES (?, ?, {LATER}, {NOW})
+                 ON DUPLICATE KEY UPDATE failures = VALUES(failures),
+                    open_until = VALUES(open_until), updated_at = VALUES(updated_at)"
+            ),
+            breaker_close: format!("DELETE FROM {breakers} WHERE destination = ?"),
+            breakers: format!(
+                "SELECT destination, failures, -{}, {} FROM {breakers} ORDER BY destination",
+                age_ms("open_until"),
+                age_ms("updated_at")
+            ),
+            // Leased rows too: should one be sent meanwhile, `mark_sent` outranks this.
+            expire: format!(
+                "UPDATE {outbox} SET dead = TRUE, last_error = ?
+                 WHERE {due} AND destination = ? AND created_at <= {EARLIER}
+                 ORDER BY id LIMIT ?"
             ),
             replay: format!(
                 "UPDATE {outbox}
@@ -566,6 +606,30 @@ impl Backend for MySql {
             Change::MarkDead { id, reason, token } => {
                 statement(&sql.mark_dead).bind(reason).bind(id).bind(token)
             }
+            Change::Untake {
+                id,
+                after_ms,
+                token,
+            } => statement(&sql.untake).bind(after_ms).bind(id).bind(token),
+            Change::Expire {
+                destination,
+                older_than_ms,
+                reason,
+                limit,
+            } => statement(&sql.expire)
+                .bind(reason)
+                .bind(destination)
+                .bind(older_than_ms)
+                .bind(limit),
+            Change::BreakerOpen {
+                destination,
+                failures,
+                pause_ms,
+            } => statement(&sql.breaker_open)
+                .bind(destination)
+                .bind(failures)
+                .bind(pause_ms),
+            Change::BreakerClose { destination } => statement(&sql.breaker_close).bind(destination),
             Change::Replay { id, limit } => statement(&sql.replay).bind(id).bind(id).bind(limit),
             Change::PurgeDead => statement(&sql.purge_dead),
             Change::PurgeSent {

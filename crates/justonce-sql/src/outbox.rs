@@ -109,6 +109,20 @@ pub struct OutboxStats {
     pub oldest_due: Duration,
 }
 
+/// A destination a relay backed off after failures in a row, as it last wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BackedOff {
+    /// The destination's name.
+    pub destination: String,
+    /// Failures in a row when the breaker last opened.
+    pub failures: u32,
+    /// How long the pause has left; zero once a probe may go through.
+    pub pause_left: Duration,
+    /// How long ago the breaker last opened.
+    pub since: Duration,
+}
+
 /// The outbox of one store: dead letters and clean-up. Made by [`crate::Inbox::outbox`].
 pub struct Outbox<DB: Backend> {
     pub(crate) shared: Arc<Shared<DB>>,
@@ -203,6 +217,23 @@ impl<DB: Backend> Outbox<DB> {
             dead,
             oldest_due: Duration::from_millis(oldest_due_ms.max(0).unsigned_abs()),
         })
+    }
+
+    /// The destinations whose breaker is open or probing, by name. Each relay has its own
+    /// breakers; this is what the relays last wrote. A relay that stopped while its breaker
+    /// was open leaves it here until another relay's breaker for it closes.
+    pub async fn backed_off(&self) -> Result<Vec<BackedOff>, Error> {
+        let rows = DB::breakers(&self.shared.pool, &self.shared.sql).await?;
+        let duration = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        Ok(rows
+            .into_iter()
+            .map(|(destination, failures, left_ms, age_ms)| BackedOff {
+                destination,
+                failures: u32::try_from(failures).unwrap_or(u32::MAX),
+                pause_left: duration(left_ms),
+                since: duration(age_ms),
+            })
+            .collect())
     }
 
     pub(crate) async fn change(&self, change: Change<'_>) -> Result<u64, Error> {

@@ -89,6 +89,18 @@ ALTER TABLE {prefix}keys
     ADD COLUMN result bytea;
 ",
     },
+    Migration {
+        version: 3,
+        description: "breakers: the destinations a relay backed off",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}breakers (
+    destination text COLLATE \"C\" PRIMARY KEY,
+    failures bigint NOT NULL,
+    open_until timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL
+);
+",
+    },
 ];
 
 impl Backend for Postgres {

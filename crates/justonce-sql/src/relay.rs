@@ -2,7 +2,7 @@
 //! of it.
 
 use crate::backend::{Backend, Change, OutboxRow, Wakeups, Which};
-use crate::inbox::{millis, random_u64};
+use crate::inbox::{in_batches, millis, random_u64};
 use crate::outbox::{Outbox, parse_headers};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -246,7 +246,10 @@ impl<DB: Backend> Relay<DB> {
         let concurrency = self.options.concurrency.max(1);
         let mut lanes = Lanes::default();
         let mut in_flight = FuturesUnordered::new();
+        // What a moving breaker writes; polled beside the deliveries, as the take is.
+        let mut breakers = FuturesUnordered::new();
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut take_failing = false;
         loop {
             let room = concurrency - in_flight.len();
             let mut more_due = false;
@@ -264,18 +267,32 @@ impl<DB: Backend> Relay<DB> {
                         taken = &mut take => break taken,
                         Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                             let (destination, outcome): (String, _) = done;
-                            lanes.settle(&destination, outcome, &self.options);
+                            if let Some(moved) = lanes.settle(&destination, outcome, &self.options) {
+                                breakers.push(self.record_breaker(moved));
+                            }
                             settled = true;
                         }
+                        Some(()) = breakers.next(), if !breakers.is_empty() => {}
                     }
                 };
                 match taken {
                     Ok(taken) => {
+                        if take_failing {
+                            tracing::info!("taking due rows works again");
+                            take_failing = false;
+                        }
                         // A destination held back from this take may have room again.
                         more_due = taken.rows.len() == limit || settled;
                         lanes.queue(taken);
                     }
-                    Err(error) => tracing::warn!(%error, "taking due rows failed"),
+                    // A database outage fails every take: one line when it starts.
+                    Err(error) if take_failing => {
+                        tracing::debug!(%error, "taking due rows failed again");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "taking due rows failed: trying again");
+                        take_failing = true;
+                    }
                 }
             }
             while in_flight.len() < concurrency {
@@ -288,15 +305,26 @@ impl<DB: Backend> Relay<DB> {
                 biased;
                 () = &mut shutdown => break,
                 Some((destination, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
-                    lanes.settle(&destination, outcome, &self.options);
+                    if let Some(moved) = lanes.settle(&destination, outcome, &self.options) {
+                        breakers.push(self.record_breaker(moved));
+                    }
                 }
+                Some(()) = breakers.next(), if !breakers.is_empty() => {}
                 () = std::future::ready(()), if more_due && in_flight.len() < concurrency => {}
                 () = wakeups.wait() => {}
                 () = tokio::time::sleep(self.options.poll_interval) => {}
             }
         }
-        while let Some((destination, outcome)) = in_flight.next().await {
-            lanes.settle(&destination, outcome, &self.options);
+        loop {
+            tokio::select! {
+                Some((destination, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Some(moved) = lanes.settle(&destination, outcome, &self.options) {
+                        breakers.push(self.record_breaker(moved));
+                    }
+                }
+                Some(()) = breakers.next(), if !breakers.is_empty() => {}
+                else => break,
+            }
         }
         Ok(())
     }
@@ -324,6 +352,7 @@ impl<DB: Backend> Relay<DB> {
         taken_at: Instant,
     ) -> Result<Option<Settled>, Error> {
         if taken_at.elapsed() > self.options.lease / 2 {
+            self.untake(row, token, Duration::ZERO).await?;
             return Ok(None);
         }
         let span = tracing::debug_span!(
@@ -341,6 +370,19 @@ impl<DB: Backend> Relay<DB> {
         let recorded = match delivered {
             Delivered::Sent => {
                 self.outbox.change(Change::MarkSent { id: row.id }).await?;
+                let waited =
+                    Duration::from_millis(row.age_ms.max(0).unsigned_abs()) + taken_at.elapsed();
+                metrics::histogram!(DELIVERED_SECONDS, "destination" => row.destination.clone())
+                    .record(waited.as_secs_f64());
+                if row.last_error.is_some() {
+                    tracing::info!(
+                        id = row.id,
+                        key = %row.key,
+                        destination = %row.destination,
+                        attempt = row.attempts,
+                        "delivered after failing"
+                    );
+                }
                 Recorded::Sent
             }
             Delivered::Retry { after, reason } if !self.exhausted(row) => {
@@ -350,7 +392,20 @@ impl<DB: Backend> Relay<DB> {
                 let wait = after
                     .map_or(backoff, |after| after.max(backoff))
                     .min(self.options.max_backoff);
-                tracing::debug!(id = row.id, attempt = row.attempts, %reason, "delivery failed: retrying later");
+                // A row's first failure is worth a line; the next ones, until it is
+                // delivered or dead-lettered, are not.
+                if row.last_error.is_none() {
+                    tracing::warn!(
+                        id = row.id,
+                        key = %row.key,
+                        destination = %row.destination,
+                        attempt = row.attempts,
+                        %reason,
+                        "delivery failing: retrying later"
+                    );
+                } else {
+                    tracing::debug!(id = row.id, attempt = row.attempts, %reason, "delivery failed: retrying later");
+                }
                 let failure = Failure::Retry {
                     after_ms: millis(wait),
                 };
@@ -358,7 +413,14 @@ impl<DB: Backend> Relay<DB> {
                 Recorded::Retried
             }
             Delivered::Retry { reason, .. } | Delivered::Reject { reason } => {
-                tracing::warn!(id = row.id, attempt = row.attempts, %reason, "delivery dead-lettered");
+                tracing::warn!(
+                    id = row.id,
+                    key = %row.key,
+                    destination = %row.destination,
+                    attempt = row.attempts,
+                    %reason,
+                    "delivery dead-lettered"
+                );
                 self.record_failure(row.id, token, Failure::Dead, &reason)
                     .await?;
                 Recorded::Dead
@@ -397,6 +459,88 @@ impl<DB: Backend> Relay<DB> {
             .change(change(UNRECORDED_REASON))
             .await
             .map(drop)
+    }
+
+    /// Gives back a row taken under `token` and not tried, due again `after` from now with
+    /// its attempt uncounted, so that it waits no longer than that and stays on its
+    /// schedule to a dead letter.
+    async fn untake(&self, row: &OutboxRow, token: i64, after: Duration) -> Result<(), Error> {
+        self.outbox
+            .change(Change::Untake {
+                id: row.id,
+                after_ms: millis(after),
+                token,
+            })
+            .await
+            .map(drop)
+    }
+
+    /// Writes a breaker's move for `justonce stats`, and when it opened, backs its
+    /// destination off.
+    async fn record_breaker(&self, moved: BreakerMoved) {
+        let (destination, change) = match &moved {
+            BreakerMoved::Opened(opened) => (
+                &opened.destination,
+                Change::BreakerOpen {
+                    destination: &opened.destination,
+                    failures: i64::from(opened.failures),
+                    pause_ms: millis(opened.pause),
+                },
+            ),
+            BreakerMoved::Closed(destination) => {
+                (destination, Change::BreakerClose { destination })
+            }
+        };
+        if let Err(error) = self.outbox.change(change).await {
+            tracing::warn!(%destination, %error, "recording the destination's breaker failed");
+        }
+        if let BreakerMoved::Opened(opened) = moved {
+            self.back_off(opened).await;
+        }
+    }
+
+    /// What a breaker's opening does in the database: the rows it kept waiting are given
+    /// back, due when its pause ends, and the destination's rows past their delivery
+    /// window are dead-lettered now rather than one per probe.
+    async fn back_off(&self, opened: Opened) {
+        for (row, token) in &opened.untried {
+            if let Err(error) = self.untake(row, *token, opened.pause).await {
+                tracing::warn!(id = row.id, %error, "giving back an untried row failed: it is due when its lease ends");
+            }
+        }
+        let deliver_for = self
+            .destinations
+            .get(&opened.destination)
+            .and_then(|route| route.deliver_for)
+            .unwrap_or(self.options.deliver_for);
+        let reason = format!(
+            "not delivered within {}s while the destination kept failing",
+            deliver_for.as_secs()
+        );
+        let expired = in_batches(EXPIRE_BATCH, |limit| {
+            self.outbox.change(Change::Expire {
+                destination: &opened.destination,
+                older_than_ms: millis(deliver_for),
+                reason: &reason,
+                limit,
+            })
+        })
+        .await;
+        match expired {
+            Ok(0) => {}
+            Ok(expired) => {
+                tracing::warn!(destination = %opened.destination, expired, "deliveries past their window dead-lettered");
+                metrics::counter!(
+                    "justonce_deliveries_total",
+                    "outcome" => "dead",
+                    "destination" => opened.destination.clone()
+                )
+                .increment(expired);
+            }
+            Err(error) => {
+                tracing::warn!(destination = %opened.destination, %error, "dead-lettering expired deliveries failed");
+            }
+        }
     }
 
     async fn deliver(&self, row: &OutboxRow) -> Delivered {
@@ -456,12 +600,19 @@ impl<DB: Backend> Relay<DB> {
     }
 }
 
+/// The histogram of the seconds from a row's commit (or replay) to its delivery, by
+/// destination.
+pub const DELIVERED_SECONDS: &str = "justonce_delivery_seconds";
+
 /// What becomes of a row whose delivery failed.
 #[derive(Clone, Copy)]
 enum Failure {
     Retry { after_ms: i64 },
     Dead,
 }
+
+/// Rows dead-lettered per statement when a breaker opens.
+const EXPIRE_BATCH: u32 = 1_000;
 
 /// The reason kept when the database refused the real one.
 const UNRECORDED_REASON: &str = "the delivery failed; its reason could not be stored";
@@ -500,6 +651,21 @@ enum Recorded {
 struct Settled {
     recorded: Recorded,
     unwell: bool,
+}
+
+/// A breaker that opened: its destination, its pause, the failures in a row, and the rows
+/// taken for it that were waiting, with their lease tokens.
+struct Opened {
+    destination: String,
+    pause: Duration,
+    failures: u32,
+    untried: Vec<(OutboxRow, i64)>,
+}
+
+/// A breaker that moved, for [`Relay::record_breaker`].
+enum BreakerMoved {
+    Opened(Opened),
+    Closed(String),
 }
 
 /// Rows taken under one lease token.
@@ -618,24 +784,26 @@ impl Lanes {
         lane.waiting.pop_front()
     }
 
-    /// Records what became of a delivery to `destination`, and moves its breaker.
+    /// Records what became of a delivery to `destination`, and moves its breaker; says so
+    /// when the breaker opened or closed, for [`Relay::record_breaker`].
     fn settle(
         &mut self,
         destination: &str,
         outcome: Result<Option<Settled>, Error>,
         options: &RelayOptions,
-    ) {
+    ) -> Option<BreakerMoved> {
         let lane = self.lanes.entry(destination.to_owned()).or_default();
         lane.in_flight = lane.in_flight.saturating_sub(1);
         let unwell = match outcome {
             Ok(Some(settled)) => settled.unwell,
-            Ok(None) => return,
+            Ok(None) => return None,
             Err(error) => {
                 tracing::warn!(%error, destination, "recording a delivery failed");
-                return;
+                return None;
             }
         };
         let before = std::mem::discriminant(&lane.breaker);
+        let mut moved = None;
         if unwell {
             lane.failures = lane.failures.saturating_add(1);
             let first = options.breaker_pause;
@@ -649,21 +817,30 @@ impl Lanes {
                     until: Instant::now() + pause,
                     pause,
                 };
-                // Their leases end and they are due again; they were not tried.
-                let dropped = lane.waiting.len();
-                lane.waiting.clear();
+                let untried: Vec<_> = lane
+                    .waiting
+                    .drain(..)
+                    .map(|(row, token, _)| (row, token))
+                    .collect();
                 tracing::warn!(
                     destination,
                     failures = lane.failures,
                     pause_ms = pause.as_millis() as u64,
-                    dropped,
+                    untried = untried.len(),
                     "the destination keeps failing: its deliveries wait"
                 );
+                moved = Some(BreakerMoved::Opened(Opened {
+                    destination: destination.to_owned(),
+                    pause,
+                    failures: lane.failures,
+                    untried,
+                }));
             }
         } else {
             lane.failures = 0;
             if !matches!(lane.breaker, Breaker::Closed) {
                 tracing::info!(destination, "the destination answers again");
+                moved = Some(BreakerMoved::Closed(destination.to_owned()));
             }
             lane.breaker = Breaker::Closed;
         }
@@ -672,6 +849,7 @@ impl Lanes {
             metrics::gauge!("justonce_destination_open", "destination" => destination.to_owned())
                 .set(if open { 1.0 } else { 0.0 });
         }
+        moved
     }
 }
 

@@ -92,6 +92,18 @@ ALTER TABLE {prefix}keys ADD COLUMN lease_until INTEGER;
 ALTER TABLE {prefix}keys ADD COLUMN result BLOB;
 ",
     },
+    Migration {
+        version: 3,
+        description: "breakers: the destinations a relay backed off",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}breakers (
+    destination TEXT PRIMARY KEY,
+    failures INTEGER NOT NULL,
+    open_until INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+",
+    },
 ];
 
 impl Backend for Sqlite {

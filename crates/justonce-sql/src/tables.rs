@@ -7,6 +7,7 @@ pub struct Tables {
     pub(crate) keys: String,
     pub(crate) outbox: String,
     pub(crate) offsets: String,
+    pub(crate) breakers: String,
     pub(crate) migrations: String,
 }
 
@@ -35,6 +36,7 @@ impl Tables {
             keys: format!("{prefix}keys"),
             outbox: format!("{prefix}outbox"),
             offsets: format!("{prefix}offsets"),
+            breakers: format!("{prefix}breakers"),
             migrations: format!("{prefix}migrations"),
         })
     }

@@ -602,7 +602,14 @@ impl<DB: TestBackend> TestDb<DB> {
 
     /// Drops this test's tables, or its database file, and says if it could not.
     pub async fn try_cleanup(self) -> Result<(), sqlx::Error> {
-        for table in ["effects", "outbox", "offsets", "keys", "migrations"] {
+        for table in [
+            "effects",
+            "outbox",
+            "offsets",
+            "breakers",
+            "keys",
+            "migrations",
+        ] {
             DB::execute(
                 self.inbox.pool(),
                 format!("DROP TABLE IF EXISTS {}{table}", self.prefix),

@@ -430,7 +430,7 @@ impl<DB: Backend> Taken<'_, DB> {
                 return Ok(());
             }
         }
-        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "amqp").increment(1);
+        crate::count_consumed(&self.owner.inbox, "amqp", 1);
         self.delivery
             .ack(BasicAckOptions::default())
             .await

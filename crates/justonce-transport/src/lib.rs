@@ -85,6 +85,37 @@ pub struct Incoming {
     pub content_type: Option<String>,
 }
 
+/// Describes the metrics this crate emits, for the `# HELP` lines of an exporter. Call it
+/// once, after installing the metrics recorder.
+pub fn describe_metrics() {
+    metrics::describe_counter!(
+        CONSUMED,
+        "Messages consumed from a broker and settled, by consumer and broker"
+    );
+}
+
+/// Counts `messages` consumed by the consumer of `inbox` from `broker`.
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+pub(crate) fn count_consumed<DB: justonce_sql::Backend>(
+    inbox: &justonce_sql::Inbox<DB>,
+    broker: &'static str,
+    messages: u64,
+) {
+    metrics::counter!(
+        CONSUMED,
+        "consumer" => inbox.consumer().as_str().to_owned(),
+        "broker" => broker
+    )
+    .increment(messages);
+}
+
+const CONSUMED: &str = "justonce_deliveries_consumed_total";
+
 /// What running a delivery's work came to, for its settling.
 #[derive(Debug)]
 pub enum Ran<E> {

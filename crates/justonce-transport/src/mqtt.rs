@@ -589,7 +589,7 @@ impl<DB: Backend> MqttConsumer<DB> {
         ran: Ran<E>,
         stats: &mut ConsumerStats,
     ) -> Result<(), Error> {
-        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "mqtt").increment(1);
+        crate::count_consumed(&self.inbox, "mqtt", 1);
         let attempt = attempt_of(message);
         let topic = String::from_utf8_lossy(&message.topic).into_owned();
         match ran {

@@ -397,7 +397,7 @@ impl<DB: Backend> NatsConsumer<DB> {
                 AckKind::Nak(Some(Duration::from_secs(1)))
             }
         };
-        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "nats").increment(1);
+        crate::count_consumed(&self.inbox, "nats", 1);
         message.ack_with(kind).await.map_err(Error::Broker)
     }
 }
@@ -608,7 +608,7 @@ impl<DB: Backend> NatsReader<DB> {
             + Sync,
         E: std::error::Error + Send + Sync + 'static,
     {
-        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "nats").increment(1);
+        crate::count_consumed(&self.inbox, "nats", 1);
         let (offset, mut incoming) = match self.read(message) {
             Ok(read) => read,
             Err(reason) => {

@@ -300,8 +300,7 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
                 for outcome in &outcomes {
                     crate::count(outcome, stats);
                 }
-                metrics::counter!("justonce_deliveries_consumed_total", "broker" => "redis")
-                    .increment(outcomes.len() as u64);
+                crate::count_consumed(&self.inbox, "redis", outcomes.len() as u64);
                 let ids: Vec<&str> = keyed.iter().map(|(entry, _)| entry.id()).collect();
                 if !ids.is_empty() {
                     let mut redis = self.redis.clone();
@@ -373,7 +372,7 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
         ran: Ran<E>,
         stats: &mut ConsumerStats,
     ) -> Result<(), Error> {
-        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "redis").increment(1);
+        crate::count_consumed(&self.inbox, "redis", 1);
         let attempt = entry.attempt;
         match ran {
             Ran::Outcome(outcome) => {
@@ -653,7 +652,7 @@ impl<DB: Backend> RedisStreamReader<DB> {
             + Sync,
         E: std::error::Error + Send + Sync + 'static,
     {
-        metrics::counter!("justonce_deliveries_consumed_total", "broker" => "redis").increment(1);
+        crate::count_consumed(&self.inbox, "redis", 1);
         let (offset, mut incoming) = match self.read(entry) {
             Ok(read) => read,
             Err(reason) => return self.give_up(entry, &reason, stats).await,

@@ -102,7 +102,15 @@ impl<DB: BenchDb> Bench<'_, DB> {
             async move {
                 let limits = Limits::default();
                 let stopped = std::future::pending();
-                listener::serve(listener, app, limits, limits.max_connections, stopped).await
+                listener::serve(
+                    listener,
+                    app,
+                    limits,
+                    limits.max_connections,
+                    false,
+                    stopped,
+                )
+                .await
             },
         ));
         let sender = Sender {

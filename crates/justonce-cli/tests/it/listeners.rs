@@ -165,7 +165,7 @@ async fn with_postgres_down_webhooks_are_refused_at_once_and_probes_answer() {
         .expect("a throwaway PostgreSQL cluster");
     let sink = Sink::start().await;
     let mut server = Server::configure(&cluster.url(), &sink.url());
-    server.start().await;
+    let logs = server.start_logged(&["--log-format", "json"], &[]).await;
     let client = client();
     assert_eq!(
         post(&client, &server.public, r#"{"id":"evt_1"}"#)
@@ -207,6 +207,17 @@ async fn with_postgres_down_webhooks_are_refused_at_once_and_probes_answer() {
     assert_eq!(refused.status(), 503);
     assert!(refused.headers().contains_key("retry-after"));
     assert!(refused_after < Duration::from_secs(3), "{refused_after:?}");
+    // More refusals at once: the log says it once.
+    let refusing = (3..8).map(|n| {
+        let (client, public) = (client.clone(), server.public.clone());
+        tokio::spawn(async move {
+            let body = format!(r#"{{"id":"evt_{n}"}}"#);
+            signed_post(&client, &public, &body).await.unwrap().status()
+        })
+    });
+    for refused in refusing.collect::<Vec<_>>() {
+        assert_eq!(refused.await.unwrap(), 503);
+    }
 
     let mut fastest = Duration::MAX;
     for _ in 0..3 {
@@ -255,6 +266,24 @@ async fn with_postgres_down_webhooks_are_refused_at_once_and_probes_answer() {
     );
     server.stop().await;
     drop(cluster);
+    let lines = logs.await.unwrap();
+    let all = lines.join("\n");
+    let with = |message: &str| {
+        lines
+            .iter()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .filter(|line| line["message"] == message)
+            .collect::<Vec<_>>()
+    };
+    let unavailable = with("webhook rejected");
+    assert_eq!(unavailable.len(), 1, "{all}");
+    assert_eq!(unavailable[0]["kind"], "unavailable");
+    assert!(unavailable[0]["error"].is_string(), "{all}");
+    assert_eq!(
+        with("taking due rows failed: trying again").len(),
+        1,
+        "{all}"
+    );
 }
 
 /// A consumer whose broker refuses its credentials keeps `/readyz` at 503, naming the

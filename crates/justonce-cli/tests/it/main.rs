@@ -4,5 +4,7 @@
 mod bench;
 mod broker_tls;
 mod check;
+mod environment;
 mod listeners;
+mod operations;
 mod serve;

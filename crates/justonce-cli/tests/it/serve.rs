@@ -64,7 +64,7 @@ pub(crate) struct Server {
     pub(crate) open_files: Option<u64>,
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -126,6 +126,7 @@ target = "{target}"
             }
             None => Command::new(binary),
         };
+        without_inherited_settings(&mut command);
         command
             .arg("--config")
             .arg(&self.config)
@@ -141,6 +142,38 @@ target = "{target}"
     /// Starts `serve` and waits until it answers.
     pub(crate) async fn start(&mut self) {
         self.child = Some(self.command(&["serve"]).spawn().expect("start justonce"));
+        self.await_up().await;
+    }
+
+    /// Starts `serve` with `args` and `env` added and its stderr captured, and waits until
+    /// it answers; the handle gives every line it wrote once it has stopped. It logs what
+    /// it does by default unless `env` sets `RUST_LOG`.
+    pub(crate) async fn start_logged(
+        &mut self,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> tokio::task::JoinHandle<Vec<String>> {
+        use tokio::io::AsyncBufReadExt;
+        let mut command = self.command(&[&["serve"], args].concat());
+        command
+            .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("start justonce");
+        let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let lines = tokio::spawn(async move {
+            let mut lines = Vec::new();
+            while let Some(line) = stderr.next_line().await.unwrap() {
+                lines.push(line);
+            }
+            lines
+        });
+        self.child = Some(child);
+        self.await_up().await;
+        lines
+    }
+
+    async fn await_up(&self) {
         let client = client();
         for _ in 0..600 {
             let health = client.get(format!("{}/healthz", self.public)).send().await;
@@ -193,6 +226,17 @@ impl Drop for Server {
     }
 }
 
+/// Leaves out the variables that would configure `justonce` from the test's own
+/// environment, such as the suite's `JUSTONCE_TEST_*` and a `DATABASE_URL`: a child sees
+/// only the settings its test gives it.
+pub(crate) fn without_inherited_settings(command: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("JUSTONCE_") || name == "DATABASE_URL" {
+            command.env_remove(name);
+        }
+    }
+}
+
 /// A plain HTTP client; the TLS provider is installed only because reqwest asks for one.
 pub(crate) fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -240,7 +284,7 @@ pub(crate) async fn post(
     Ok((status, answer))
 }
 
-async fn text_of(client: &reqwest::Client, url: &str) -> String {
+pub(crate) async fn text_of(client: &reqwest::Client, url: &str) -> String {
     client.get(url).send().await.unwrap().text().await.unwrap()
 }
 
@@ -264,7 +308,7 @@ pub(crate) async fn drop_database<DB: TestBackend>(db: TestDb<DB>, url: &str) {
 }
 
 /// Waits until the sink has seen `keys` distinct keys.
-async fn await_keys(sink: &Sink, keys: usize) -> HashMap<String, Vec<Vec<u8>>> {
+pub(crate) async fn await_keys(sink: &Sink, keys: usize) -> HashMap<String, Vec<Vec<u8>>> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let mut by_key: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
@@ -505,6 +549,32 @@ async fn bad_configuration_exits_2_and_names_the_problem() {
         .await
         .unwrap();
     assert_eq!(output.status.code(), Some(2), "usage errors exit 2");
+}
+
+/// `check` resolves each target's host: one that does not resolve fails it, named with its
+/// source, and nothing else does.
+#[tokio::test]
+async fn check_names_a_target_whose_host_does_not_resolve() {
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("check-targets").await;
+    let server = Server::configure(&url, "http://localhost:1/x");
+    assert_eq!(server.run(&["migrate"]).await.0, 0);
+    let (code, checked) = server.run(&["check"]).await;
+    assert_eq!(code, 0, "{checked}");
+    let server = Server::configure(&url, "http://target.invalid/hooks");
+    let output = server
+        .command(&["check"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("source demo: ")
+            && stderr.contains("the host of http://target.invalid/hooks does not resolve"),
+        "{stderr}"
+    );
+    drop_database(db, &url).await;
 }
 
 /// A fault test that names a failpoint `serve` does not have would wait for a pause that
@@ -1144,6 +1214,10 @@ async fn the_printed_migrations_make_a_schema_the_service_accepts<DB: TestBacken
         !later.contains("CREATE TABLE IF NOT EXISTS justonce_keys"),
         "{later}"
     );
+    assert!(
+        later.contains("CREATE TABLE IF NOT EXISTS justonce_breakers"),
+        "{later}"
+    );
     drop_database(db, &url).await;
 }
 
@@ -1171,7 +1245,7 @@ async fn server_and_worker<DB: TestBackend>(
     let server = Server::configure(&url, "http://127.0.0.1:1/unused");
     assert_eq!(
         server.run(&["migrate"]).await,
-        (0, "2 migrations applied\n".to_owned())
+        (0, "3 migrations applied\n".to_owned())
     );
     let worker =
         justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("worker").unwrap())
@@ -1476,6 +1550,7 @@ async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: 
         serde_json::json!({
             "keys": [],
             "deliveries": {"sent": 0, "due": 0, "dead": 0},
+            "backed_off": [],
             "offsets": [],
         })
     );
@@ -1529,6 +1604,7 @@ async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: 
                 {"consumer": "mail", "scope": null, "keys": 2, "in_progress": 0},
             ],
             "deliveries": {"sent": 2, "due": 2, "dead": 1},
+            "backed_off": [],
             "offsets": [
                 {"consumer": "reader", "stream": "orders", "partition": 0, "position": 41, "sequence": 0},
                 {"consumer": "reader", "stream": "orders", "partition": 1, "position": 7, "sequence": 2},
@@ -1557,6 +1633,43 @@ async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: 
     assert!(
         tables.contains("Duplicates and key reuses are not stored"),
         "{tables}"
+    );
+
+    // A destination that keeps failing is backed off, and the store says so.
+    let failing = Answering(Delivered::Retry {
+        after: None,
+        reason: "503".to_owned(),
+    });
+    let options = justonce_sql::RelayOptions::default()
+        .breaker_failures(1)
+        .breaker_pause(Duration::from_secs(600))
+        .poll_interval(Duration::from_millis(50));
+    let relay = mail
+        .outbox()
+        .relay()
+        .options(options)
+        .destination("accepting", failing);
+    let running = justonce_tests::RunningRelay::start(relay);
+    let mut backed_off = serde_json::Value::Null;
+    for _ in 0..100 {
+        backed_off = stats_json(&server).await["backed_off"].take();
+        if backed_off.as_array().is_some_and(|all| !all.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running.stop().await;
+    assert_eq!(backed_off[0]["destination"], "accepting", "{backed_off}");
+    assert_eq!(backed_off[0]["failures"], 1, "{backed_off}");
+    let pause_left = backed_off[0]["pause_left_seconds"].as_f64().unwrap();
+    assert!((500.0..=600.0).contains(&pause_left), "{backed_off}");
+    let (code, tables) = server.run(&["stats"]).await;
+    assert_eq!(code, 0, "{tables}");
+    assert!(
+        tables
+            .lines()
+            .any(|line| line.split_whitespace().take(2).eq(["accepting", "1"])),
+        "no backed-off destination in\n{tables}"
     );
 
     // The dead letter replayed, with its progress on standard error.

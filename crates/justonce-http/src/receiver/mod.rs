@@ -19,7 +19,8 @@ use axum::routing::{get, post};
 use justonce_core::{Consumer, Error, Key, Outcome};
 use justonce_sql::{Backend, Inbox, Message};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::answer::{problem, read_limited};
 
@@ -70,6 +71,58 @@ struct Receiving<DB: Backend> {
     /// Each source with the inbox of its consumer.
     sources: HashMap<String, (Source, Inbox<DB>)>,
     body_limit: usize,
+    rejections: Rejections,
+}
+
+/// The histogram of the seconds from a webhook's arrival to its 2xx answer, by source.
+pub const ANSWERED_SECONDS: &str = "justonce_webhook_seconds";
+
+/// How often a rejection of one kind from one source is logged at most.
+const REJECTION_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts every rejection, and logs at most one line per source and kind each
+/// `REJECTION_LOG_EVERY`, with how many were left out before it: a sender with a wrong
+/// secret, someone probing or a database outage must not flood the log. The line names the
+/// kind, never the signature, the secret or the body.
+#[derive(Default)]
+struct Rejections {
+    /// Each (source, kind) logged, by when and with the rejections left out since.
+    logged: Mutex<HashMap<(String, &'static str), Logged>>,
+}
+
+struct Logged {
+    at: Instant,
+    left_out: u64,
+}
+
+impl Rejections {
+    fn reject(&self, source: &str, kind: &'static str) {
+        self.reject_for(source, kind, None);
+    }
+
+    /// [`Rejections::reject`], logged with the `error` that caused it.
+    fn reject_for(&self, source: &str, kind: &'static str, error: Option<&Error>) {
+        count(source, kind);
+        let now = Instant::now();
+        let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
+        let left_out = match logged.get_mut(&(source.to_owned(), kind)) {
+            Some(last) if now.duration_since(last.at) < REJECTION_LOG_EVERY => {
+                last.left_out += 1;
+                return;
+            }
+            Some(last) => last.left_out,
+            None => 0,
+        };
+        logged.insert(
+            (source.to_owned(), kind),
+            Logged {
+                at: now,
+                left_out: 0,
+            },
+        );
+        let error = error.map(tracing::field::display);
+        tracing::warn!(source, kind, left_out, error, "webhook rejected");
+    }
 }
 
 /// The public router: `POST /webhooks/{source}` and `GET /healthz`.
@@ -94,6 +147,7 @@ pub fn router<DB: Backend>(inbox: &Inbox<DB>, sources: Vec<Source>, body_limit: 
     let state = Arc::new(Receiving {
         sources,
         body_limit,
+        rejections: Rejections::default(),
     });
     Router::new()
         .route("/webhooks/{source}", post(receive::<DB>))
@@ -114,8 +168,10 @@ async fn receive<DB: Backend>(
     Path(name): Path<String>,
     request: Request,
 ) -> Response {
+    let arrived = Instant::now();
+    let rejections = &state.rejections;
     let Some((source, inbox)) = state.sources.get(&name) else {
-        count("", "unknown_source");
+        rejections.reject("", "unknown_source");
         return problem(
             StatusCode::NOT_FOUND,
             "unknown source",
@@ -126,12 +182,12 @@ async fn receive<DB: Backend>(
     let body = match read_limited(&parts.headers, body, state.body_limit).await {
         Ok(body) => body,
         Err(response) => {
-            count(&source.name, "rejected_body");
+            rejections.reject(&source.name, "rejected_body");
             return response;
         }
     };
     if source.scheme.verify(&parts.headers, &body).is_err() {
-        count(&source.name, "rejected_signature");
+        rejections.reject(&source.name, "rejected_signature");
         return problem(
             StatusCode::UNAUTHORIZED,
             "signature rejected",
@@ -141,14 +197,14 @@ async fn receive<DB: Backend>(
     let id = match event_id(&source.id, &parts.headers, &body) {
         Ok(id) => id,
         Err(detail) => {
-            count(&source.name, "rejected_id");
+            rejections.reject(&source.name, "rejected_id");
             return problem(StatusCode::BAD_REQUEST, "no event id", detail);
         }
     };
     let key = match Key::new(format!("{}:{id}", source.name)) {
         Ok(key) => key,
         Err(error) => {
-            count(&source.name, "rejected_id");
+            rejections.reject(&source.name, "rejected_id");
             return problem(
                 StatusCode::BAD_REQUEST,
                 "unusable event id",
@@ -161,9 +217,13 @@ async fn receive<DB: Backend>(
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .unwrap_or("application/octet-stream");
-    // Forwarding the same event: the delivery keeps the event's own key.
-    let message =
+    // Forwarding the same event: the delivery keeps the event's own key, and the sender's
+    // trace context, so that the target's work joins the sender's trace.
+    let mut message =
         Message::new(source.name.as_str(), body.to_vec()).header("content-type", content_type);
+    for (name, value) in trace_context(&parts.headers) {
+        message = message.header(name, value);
+    }
     let outcome = inbox.run_forward(&key, &body, message).await;
     let status = match outcome {
         Ok(Outcome::Processed(_)) => "accepted",
@@ -173,8 +233,8 @@ async fn receive<DB: Backend>(
             "key_reused"
         }
         Err(error) => {
-            count(&source.name, "unavailable");
-            tracing::error!(%key, %error, "webhook not stored");
+            // An outage fails every request: one line per interval, with the last error.
+            rejections.reject_for(&source.name, "unavailable", Some(&error));
             let mut response = problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not stored",
@@ -192,6 +252,8 @@ async fn receive<DB: Backend>(
         crate::failpoint::pause(FAILPOINT).await;
     }
     count(&source.name, status);
+    metrics::histogram!(ANSWERED_SECONDS, "source" => source.name.clone())
+        .record(arrived.elapsed().as_secs_f64());
     let body = serde_json::json!({ "status": status, "key": key.as_str() });
     ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
@@ -208,6 +270,54 @@ async fn healthz<DB: Backend>(State(inbox): State<Inbox<DB>>) -> Response {
             )
         }
     }
+}
+
+/// The W3C trace context headers of a request worth keeping: a well-formed `traceparent`,
+/// and its `tracestate` if that is short, visible ASCII. Anything else is the sender's
+/// mistake or an attack, and is dropped rather than stored and sent on.
+fn trace_context(headers: &HeaderMap) -> Vec<(&'static str, &str)> {
+    let text = |name| headers.get(name).and_then(|value| value.to_str().ok());
+    let Some(parent) = text("traceparent").filter(|parent| is_traceparent(parent)) else {
+        return Vec::new();
+    };
+    let mut context = vec![("traceparent", parent)];
+    if let Some(state) = text("tracestate").filter(|state| {
+        state.len() <= MAX_TRACESTATE && state.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+    }) {
+        context.push(("tracestate", state));
+    }
+    context
+}
+
+/// The longest `tracestate` kept, as the W3C recommends propagating.
+const MAX_TRACESTATE: usize = 512;
+
+/// Whether `value` is a `traceparent` of version 00 (`00-<32 hex>-<16 hex>-<2 hex>`), or of
+/// a later version that starts the same way, with neither id all zeros.
+fn is_traceparent(value: &str) -> bool {
+    let fields: Vec<&str> = value.get(..55).unwrap_or_default().split('-').collect();
+    let hex = |field: &str, len| {
+        field.len() == len
+            && field
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let [version, trace_id, parent_id, flags] = fields[..] else {
+        return false;
+    };
+    let zero = |field: &str| field.bytes().all(|b| b == b'0');
+    let rest_ok = match &value[55..] {
+        "" => true,
+        rest => version != "00" && rest.starts_with('-'),
+    };
+    hex(version, 2)
+        && version != "ff"
+        && hex(trace_id, 32)
+        && !zero(trace_id)
+        && hex(parent_id, 16)
+        && !zero(parent_id)
+        && hex(flags, 2)
+        && rest_ok
 }
 
 /// The event id as text, from a header or a JSON pointer into the body. A blank id is no
@@ -268,4 +378,30 @@ fn json_id(body: &[u8], pointer: &str) -> Result<String, String> {
 fn count(source: &str, outcome: &'static str) {
     metrics::counter!("justonce_webhooks_total", "source" => source.to_owned(), "outcome" => outcome)
         .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_traceparent;
+
+    #[test]
+    fn traceparents_are_checked_field_by_field() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(is_traceparent(valid));
+        assert!(is_traceparent(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later"
+        ));
+        for invalid in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0é",
+        ] {
+            assert!(!is_traceparent(invalid), "{invalid:?}");
+        }
+    }
 }

@@ -15,6 +15,7 @@ on_every_database!(
     poisoned_answers_are_recorded_and_dead_lettered_after_one_request,
     a_key_outside_visible_ascii_travels_percent_encoded,
     a_target_that_never_answers_holds_back_no_other_and_is_backed_off,
+    rows_of_a_backed_off_target_past_their_window_are_dead_lettered_together,
 );
 
 fn eager() -> RelayOptions {
@@ -419,10 +420,14 @@ async fn a_target_that_never_answers_holds_back_no_other_and_is_backed_off<DB: T
         probes, 1,
         "{opened} connections, then {probes} probes in one pause"
     );
+    let outbox = db.inbox.outbox();
+    let backed_off = outbox.backed_off().await.unwrap();
+    assert_eq!(backed_off.len(), 1, "{backed_off:?}");
+    assert_eq!(backed_off[0].destination, "silent");
+    assert!(backed_off[0].failures >= 5, "{backed_off:?}");
     silent
         .answering
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let outbox = db.inbox.outbox();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     for id in &silent_rows {
         while !outbox.get(*id).await.unwrap().unwrap().sent {
@@ -434,5 +439,67 @@ async fn a_target_that_never_answers_holds_back_no_other_and_is_backed_off<DB: T
         }
     }
     running.stop().await;
+    assert_eq!(outbox.backed_off().await.unwrap(), Vec::new(), "closed");
+    // Each attempt counted is a request the target saw: rows taken but never tried, while
+    // the breaker opened or their lease ran short, gave their attempt back.
+    let mut attempts = 0;
+    for id in &silent_rows {
+        attempts += outbox.get(*id).await.unwrap().unwrap().attempts as usize;
+    }
+    assert_eq!(
+        attempts,
+        silent.connections(),
+        "attempts counted against requests seen"
+    );
+    db.cleanup().await;
+}
+
+/// 40 rows for a target that never answers, retried for 3 s: once their window has passed,
+/// the breaker's next opening dead-letters them all, without a request for each.
+async fn rows_of_a_backed_off_target_past_their_window_are_dead_lettered_together<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let silent = Silent::start().await;
+    let mut rows = Vec::new();
+    for n in 0..40 {
+        rows.push(enqueue_for(&db.inbox, &format!("late_{n}"), "silent").await);
+    }
+    let options = RelayOptions::default()
+        .lease(Duration::from_secs(4))
+        .first_backoff(Duration::from_millis(200))
+        .breaker_pause(Duration::from_secs(1))
+        .poll_interval(Duration::from_millis(100));
+    let relay = db.inbox.outbox().relay().options(options).destination_for(
+        "silent",
+        HttpDestination::with_timeout(&silent.url, Duration::from_secs(1)).unwrap(),
+        Duration::from_secs(3),
+    );
+    let running = RunningRelay::start(relay);
+    let outbox = db.inbox.outbox();
+    // Probes fail at about 3 s and 6 s; the opening after the window dead-letters the rest.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for id in &rows {
+        loop {
+            let row = outbox.get(*id).await.unwrap().unwrap();
+            if row.dead {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "row {id} is not dead-lettered after its window: {row:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    running.stop().await;
+    let tried = silent.connections();
+    assert!(
+        tried < rows.len() / 2,
+        "{tried} requests for {} rows: dead-lettered one by one",
+        rows.len()
+    );
     db.cleanup().await;
 }

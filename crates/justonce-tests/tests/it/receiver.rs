@@ -18,6 +18,7 @@ on_every_database!(
     hostile_event_ids_get_400_problems_or_are_stored_once_as_given,
     json_ids_are_taken_as_their_exact_text,
     a_v1a_signed_event_is_stored_once_and_a_wrongly_signed_one_stores_nothing,
+    the_senders_trace_context_reaches_the_target,
 );
 
 const KEY: &[u8] = b"the shop's signing key";
@@ -448,5 +449,52 @@ async fn a_v1a_signed_event_is_stored_once_and_a_wrongly_signed_one_stores_nothi
         );
     }
     assert_eq!((db.rows("keys").await, db.rows("outbox").await), (1, 1));
+    db.cleanup().await;
+}
+
+/// A sender's `traceparent` and `tracestate` travel with the event to its target; a
+/// malformed one is dropped, and the event is stored all the same.
+async fn the_senders_trace_context_reaches_the_target<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let app = router(&db.inbox, vec![shop()], LIMIT);
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut traced = signed("evt_traced", "{}");
+    traced
+        .headers_mut()
+        .insert("traceparent", parent.parse().unwrap());
+    traced
+        .headers_mut()
+        .insert("tracestate", "congo=t61rcWkgMzE".parse().unwrap());
+    let mut malformed = signed("evt_malformed", "{}");
+    malformed
+        .headers_mut()
+        .insert("traceparent", "00-not-a-trace-01".parse().unwrap());
+    malformed
+        .headers_mut()
+        .insert("tracestate", "congo=t61rcWkgMzE".parse().unwrap());
+    for request in [traced, malformed] {
+        let (status, _, body) = answer(&app, request).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let sink = Sink::start().await;
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .destination("shop", HttpDestination::new(&sink.url()).unwrap());
+    assert_eq!(relay.relay_once().await.unwrap().sent, 2);
+    let received = sink.received();
+    let by_key = |key: &str| {
+        received
+            .iter()
+            .find(|request| request.key.as_deref() == Some(key))
+            .unwrap_or_else(|| panic!("{key} not received"))
+    };
+    let traced = by_key("shop:evt_traced");
+    assert_eq!(traced.headers["traceparent"], parent);
+    assert_eq!(traced.headers["tracestate"], "congo=t61rcWkgMzE");
+    let malformed = by_key("shop:evt_malformed");
+    assert!(!malformed.headers.contains_key("traceparent"));
+    assert!(!malformed.headers.contains_key("tracestate"));
     db.cleanup().await;
 }

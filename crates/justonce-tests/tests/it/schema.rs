@@ -30,10 +30,10 @@ async fn concurrent_migrations_apply_once<DB: TestBackend>(test: &str) {
         applied += task.await.unwrap();
     }
     assert_eq!(
-        applied, 2,
-        "each of the two migrations applied by one migrator"
+        applied, 3,
+        "each of the three migrations applied by one migrator"
     );
-    for table in ["keys", "outbox", "offsets", "migrations"] {
+    for table in ["keys", "outbox", "offsets", "breakers", "migrations"] {
         DB::execute(db.inbox.pool(), format!("DROP TABLE {fresh}{table}"))
             .await
             .unwrap();
@@ -62,7 +62,7 @@ async fn a_keys_table_without_its_constraint_is_refused<DB: TestBackend>(test: &
     .unwrap();
     assert_eq!(inbox.migrate().await.unwrap_err().kind(), ErrorKind::Schema);
     assert_eq!(inbox.check().await.unwrap_err().kind(), ErrorKind::Schema);
-    for table in ["keys", "outbox", "offsets", "migrations"] {
+    for table in ["keys", "outbox", "offsets", "breakers", "migrations"] {
         DB::execute(
             db.inbox.pool(),
             format!("DROP TABLE IF EXISTS {bare}{table}"),
