@@ -12,7 +12,7 @@ use justonce_sql::sqlx::{
     self, AssertSqlSafe, Database, Decode, Executor, IntoArguments, MySql, Pool, Postgres, Row,
     Sqlite, Type,
 };
-use justonce_sql::{Delivered, Delivery, Destination};
+use justonce_sql::{Backend, Delivered, Delivery, Destination};
 use justonce_transport::amqp::AmqpDestination;
 use justonce_transport::mqtt::MqttDestination;
 use justonce_transport::nats::NatsDestination;
@@ -465,19 +465,28 @@ enum EffectsDb {
 }
 
 impl EffectsDb {
+    /// Opens the user's database: a server with justonce's TLS rule (verified unless the URL
+    /// says otherwise), a SQLite file as it is, its journal mode untouched.
     async fn connect(url: &str) -> Result<Self> {
         let opened = if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            Pool::connect(url).await.map(Self::Postgres)
+            <Postgres as Backend>::connect(url, sqlx::pool::PoolOptions::new())
+                .await
+                .map(Self::Postgres)
         } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-            Pool::connect(url).await.map(Self::MySql)
+            <MySql as Backend>::connect(url, sqlx::pool::PoolOptions::new())
+                .await
+                .map(Self::MySql)
         } else if url.starts_with("sqlite:") {
-            Pool::connect(url).await.map(Self::Sqlite)
+            return Pool::connect(url)
+                .await
+                .map(Self::Sqlite)
+                .context("opening the effects database");
         } else {
             return Err(usage(format!(
                 "effects database {url:?}: expected a postgres, mysql or sqlite URL"
             )));
         };
-        opened.context("opening the effects database")
+        opened.map_err(|error| crate::commands::opening_failed(error, "the effects database"))
     }
 
     async fn read(&self, effects: &Effects, events: &[Event]) -> Result<Counted> {

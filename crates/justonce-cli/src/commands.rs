@@ -121,7 +121,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         .acquire_timeout(settings.acquire_timeout);
     let inbox = Inbox::<DB>::connect_with(&settings.database, Consumer::new("justonce")?, options)
         .await
-        .context("opening the database")?;
+        .map_err(|error| opening_failed(error, "the database"))?;
     let outbox = inbox.outbox();
     match command {
         Command::Serve => {
@@ -162,6 +162,15 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         Command::Completions { .. } => unreachable!("main prints completions without a store"),
     }
     Ok(())
+}
+
+/// A database that cannot be opened: its settings, such as a CA that did not sign the
+/// server's certificate, are bad configuration (exit code 2); anything else is a failure.
+pub fn opening_failed(error: justonce_sql::Error, database: &str) -> anyhow::Error {
+    match error {
+        justonce_sql::Error::Config(problem) => Usage(problem).into(),
+        error => anyhow::Error::new(error).context(format!("opening {database}")),
+    }
 }
 
 async fn keys<DB: Backend>(inbox: &Inbox<DB>, command: KeysCommand) -> Result<()> {

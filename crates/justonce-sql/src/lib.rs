@@ -6,6 +6,14 @@
 //! | `postgres` | PostgreSQL, through sqlx     |
 //! | `mysql`    | MariaDB or MySQL, through sqlx |
 //! | `sqlite`   | SQLite (bundled), through sqlx |
+//! | `tls`      | TLS to PostgreSQL and MariaDB/MySQL: rustls with ring |
+//!
+//! A PostgreSQL or MariaDB/MySQL server reached over the network is verified by default:
+//! a URL without `sslmode` (`ssl-mode`) connects as with `verify-full`
+//! (`VERIFY_IDENTITY`). A server on this machine (loopback, a Unix socket) keeps the
+//! driver's default, `prefer`. A URL that names a weaker mode logs a warning at connect;
+//! a certificate or TLS problem at connect is an [`Error::Config`] that names the
+//! database and the problem.
 //!
 //! ```no_run
 //! # #[cfg(feature = "sqlite")]
@@ -53,6 +61,8 @@ mod relay;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod tables;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod tls;
 
 pub use admin::{KeyCount, StoredOffset};
 pub use backend::Backend;

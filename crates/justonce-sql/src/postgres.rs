@@ -9,12 +9,60 @@ use crate::backend::{
     pending_migrations, shared_queries, vanished,
 };
 use crate::tables::Tables;
+use crate::tls::{Dialect, Protection, Target, TlsOptions};
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgSslMode};
 use sqlx::{AssertSqlSafe, Postgres};
 use std::sync::Arc;
 
 impl Sealed for Postgres {}
+
+/// libpq's names for PostgreSQL's TLS settings, as sqlx reads them.
+pub(crate) static TLS: Dialect = Dialect {
+    name: "PostgreSQL",
+    mode: &["sslmode", "ssl-mode"],
+    verify_full: "verify-full",
+    disable: "disable",
+    ca: &["sslrootcert", "ssl-root-cert", "ssl-ca"],
+    client: [&["sslcert", "ssl-cert"], &["sslkey", "ssl-key"]],
+    protection: |mode| match mode {
+        // sqlx connects in plain text for `allow`.
+        "disable" | "allow" => Some(Protection::Plain),
+        "prefer" => Some(Protection::Opportunistic),
+        "require" => Some(Protection::Unverified),
+        "verify-ca" => Some(Protection::CaOnly),
+        "verify-full" => Some(Protection::Full),
+        _ => None,
+    },
+    // 28000 invalid_authorization_specification: no pg_hba.conf line lets a connection
+    // without encryption in ("no encryption"; "SSL off" before PostgreSQL 14).
+    refused_plain_text: |error| {
+        error.code().as_deref() == Some("28000")
+            && (error.message().contains("no encryption") || error.message().contains("SSL off"))
+    },
+    wants_client_certificate: |error| {
+        error.code().as_deref() == Some("28000")
+            && error
+                .message()
+                .contains("requires a valid client certificate")
+    },
+};
+
+impl TlsOptions for PgConnectOptions {
+    const MODE_VARIABLE: Option<&'static str> = Some("PGSSLMODE");
+
+    fn host(&self) -> &str {
+        self.get_host()
+    }
+
+    fn is_socket(&self) -> bool {
+        self.get_socket().is_some()
+    }
+
+    fn verify_full(self) -> Self {
+        self.ssl_mode(PgSslMode::VerifyFull)
+    }
+}
 
 const CLOCK: Clock = Clock {
     now: "now()",
@@ -237,7 +285,10 @@ impl Backend for Postgres {
         url: &str,
         pool: sqlx::pool::PoolOptions<Self>,
     ) -> Result<sqlx::Pool<Self>, Error> {
-        pool.connect(url).await.map_err(database_error::<Self>)
+        let target = Target::<PgConnectOptions>::parse(url, &TLS)?;
+        pool.connect_with(target.options.clone())
+            .await
+            .map_err(|error| target.connect_error(error, database_error::<Self>))
     }
 
     fn claim_and_forward<'a>(

@@ -2,9 +2,14 @@
 //! port, `pg_ctl` as a non-root user. It is the one stopped with `-m immediate`; the
 //! machine's shared cluster is never touched.
 
-use std::os::unix::fs::MetadataExt;
+use crate::tls::TestCa;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The user of a TLS cluster that authenticates by client certificate.
+pub const CERT_USER: &str = "cert_user";
 
 /// A PostgreSQL server of its own, stopped and removed when dropped.
 pub struct Cluster {
@@ -18,6 +23,60 @@ pub struct Cluster {
 impl Cluster {
     /// Creates and starts the cluster.
     pub fn start() -> Result<Self, String> {
+        let cluster = Self::create()?;
+        cluster.start_again()?;
+        Ok(cluster)
+    }
+
+    /// Creates and starts a cluster that takes TLS connections only (`hostssl` in
+    /// pg_hba.conf), with a certificate from `ca` for `names`. User `postgres` needs no
+    /// more; user [`CERT_USER`] must present a client certificate from `ca` in its name.
+    pub fn start_tls(ca: &TestCa, names: &[&str]) -> Result<Self, String> {
+        let cluster = Self::create()?;
+        let data = cluster.folder.join("data");
+        let (cert, key) = ca.server(names);
+        // PostgreSQL reads its key only from a file of its own user that no one else reads.
+        for (from, to) in [
+            (cert, "server.crt"),
+            (key, "server.key"),
+            (ca.ca_file(), "root.crt"),
+        ] {
+            let copy = data.join(to);
+            std::fs::copy(&from, &copy).map_err(|e| format!("{}: {e}", copy.display()))?;
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| format!("{}: {e}", copy.display()))?;
+            if let Some(user) = cluster.run_as {
+                run(Command::new("chown").arg(user).arg(&copy))?;
+            }
+        }
+        append(
+            &data.join("postgresql.conf"),
+            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_ca_file = 'root.crt'\n",
+        )?;
+        let hba = data.join("pg_hba.conf");
+        std::fs::write(
+            &hba,
+            format!(
+                "local all all trust\n\
+                 hostssl all {CERT_USER} 127.0.0.1/32 cert\n\
+                 hostssl all postgres 127.0.0.1/32 trust\n\
+                 hostssl all postgres ::1/128 trust\n"
+            ),
+        )
+        .map_err(|e| format!("{}: {e}", hba.display()))?;
+        cluster.start_again()?;
+        let socket = cluster.folder.display().to_string();
+        let port = cluster.port.to_string();
+        let create = format!("CREATE ROLE {CERT_USER} LOGIN SUPERUSER");
+        cluster.pg(
+            "psql",
+            &["-h", &socket, "-p", &port, "-U", "postgres", "-c", &create],
+        )?;
+        Ok(cluster)
+    }
+
+    /// Creates the cluster, not started.
+    fn create() -> Result<Self, String> {
         let bin = bin_folder()?;
         let folder = std::env::temp_dir().join(format!("justonce-pg-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
@@ -41,8 +100,12 @@ impl Cluster {
             "initdb",
             &["-D", &data, "-U", "postgres", "--auth=trust", "--no-sync"],
         )?;
-        cluster.start_again()?;
         Ok(cluster)
+    }
+
+    /// The cluster's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The URL of the cluster's `postgres` database.
@@ -131,7 +194,15 @@ fn version(bin: &Path) -> u32 {
         .unwrap_or(0)
 }
 
-fn run(command: &mut Command) -> Result<(), String> {
+fn append(file: &Path, text: &str) -> Result<(), String> {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(file)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .map_err(|e| format!("{}: {e}", file.display()))
+}
+
+pub(crate) fn run(command: &mut Command) -> Result<(), String> {
     let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
     if output.status.success() {
         Ok(())

@@ -4,6 +4,7 @@
 
 mod amqp;
 pub mod cluster;
+pub mod mariadb;
 mod mqtt;
 mod redis;
 pub mod servers;

@@ -21,6 +21,7 @@
 //! | `sqlite`   | [`Inbox`] on SQLite (bundled): the embedded default       |
 //! | `postgres` | [`Inbox`] on PostgreSQL, for several instances and scale  |
 //! | `mysql`    | [`Inbox`] on MariaDB or MySQL                             |
+//! | `tls`      | TLS to PostgreSQL and MariaDB/MySQL (rustls with ring)    |
 //!
 //! Without a feature you get the vocabulary only: [`Key`], [`Consumer`], [`Scope`],
 //! [`Fingerprint`], [`Retention`], [`Outcome`] and the errors.

@@ -8,3 +8,4 @@ mod environment;
 mod listeners;
 mod operations;
 mod serve;
+mod tls;

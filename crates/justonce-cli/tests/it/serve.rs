@@ -1285,7 +1285,7 @@ async fn claim<DB: TestBackend>(
 }
 
 /// Runs `args` with stderr captured: the exit code, stdout and stderr.
-async fn run_capturing(server: &Server, args: &[&str]) -> (i32, String, String) {
+pub(crate) async fn run_capturing(server: &Server, args: &[&str]) -> (i32, String, String) {
     let output = server
         .command(args)
         .stderr(Stdio::piped())
