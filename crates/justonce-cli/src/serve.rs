@@ -1,6 +1,7 @@
 //! `justonce serve`: the public receiver, the admin listener and the relay, until SIGTERM.
 
 use crate::activity::{self, Activity};
+use crate::commands::Usage;
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
 use crate::listener;
 use crate::pacing::{self, Pacer};
@@ -69,10 +70,18 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             name,
             from,
             options,
+            tls_insecure,
             destination,
             deliver_for,
             ..
         } = consumer;
+        if tls_insecure {
+            tracing::warn!(
+                consumer = %name,
+                "tls_verify = \"insecure\": the broker's certificate is not checked, and \
+                 anyone on the path can read and change the messages"
+            );
+        }
         relay = relay.destination_for(name.clone(), destination, deliver_for);
         let inbox = inbox.with_consumer(Consumer::new(name.as_str())?);
         consumers.push((name, from, options, inbox));
@@ -176,6 +185,8 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             }
         }
     };
+    // A consumer whose first connection fails its TLS handshake stops the service.
+    let (misconfigured, mut misconfiguration) = tokio::sync::mpsc::channel(1);
     let consuming = futures_util::future::join_all(consumers.into_iter().map(
         |(name, from, options, inbox)| {
             let states = Arc::clone(&consumer_states);
@@ -189,10 +200,12 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
                 inbox,
                 states,
                 consumers_stopping.clone(),
+                misconfigured.clone(),
             )
             .instrument(span)
         },
     ));
+    drop(misconfigured);
     let signal = async move {
         shutdown_signal().await;
         tracing::info!("stopping: finishing requests in flight");
@@ -214,6 +227,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             tracing::warn!("requests still in flight after the drain time: stopping anyway");
             Ok(())
         }
+        Some(usage) = misconfiguration.recv() => Err(usage.into()),
     }
 }
 
@@ -288,7 +302,9 @@ async fn purge_on_schedule<DB: Backend>(plan: &purge::Plan, inbox: &Inbox<DB>, e
 /// Consumes one queue until `stopped` resolves: each message is claimed under the consumer
 /// and written to the outbox for the consumer's target with the key `<consumer>:<id>`, in
 /// one transaction, and acknowledged after the commit. A broker that cannot be reached is
-/// tried again every few seconds.
+/// tried again every few seconds. A TLS handshake refused at the first connection is a
+/// setting to fix: it is sent to `misconfigured`, and the service stops; refused later (a
+/// broker that was down came back with another certificate), it is retried.
 async fn consume<DB: Backend>(
     name: String,
     from: String,
@@ -296,7 +312,9 @@ async fn consume<DB: Backend>(
     inbox: Inbox<DB>,
     states: Arc<Consumers>,
     mut stopping: watch::Receiver<bool>,
+    misconfigured: tokio::sync::mpsc::Sender<Usage>,
 ) {
+    let mut first = true;
     loop {
         let work = forward_to_target(name.clone(), inbox.clone());
         let stopped = stopping.clone();
@@ -314,8 +332,17 @@ async fn consume<DB: Backend>(
             }
             // Consumers logs the change from consuming to not, once.
             Ok(_) => states.failed(&name, "the broker ended the consumer".to_owned()),
+            Err(justonce_transport::Error::Tls(tls)) => {
+                let problem = tls_problem(&name, &tls);
+                if first {
+                    let _ = misconfigured.send(Usage(problem)).await;
+                    return;
+                }
+                states.failed(&name, problem);
+            }
             Err(error) => states.failed(&name, error.to_string()),
         }
+        first = false;
         tokio::select! {
             _ = stopping.wait_for(|stop| *stop) => return,
             () = tokio::time::sleep(BROKER_RETRY) => {}
@@ -363,6 +390,21 @@ where
             consumer.run(stopped, work).await
         }
     }
+}
+
+/// A refused TLS handshake in plain words, with the consumer and the setting to look at.
+fn tls_problem(name: &str, tls: &justonce_transport::tls::TlsError) -> String {
+    use justonce_transport::tls::TlsError;
+    let setting = match tls {
+        TlsError::UnknownIssuer => "tls_ca: the CA that signed the broker's certificate",
+        TlsError::WrongHost => "from: the host the broker's certificate names",
+        TlsError::ClientCertificateRequired | TlsError::ClientCertificateRefused(_) => {
+            "tls_cert and tls_key: a client certificate the broker accepts"
+        }
+        TlsError::Handshake(_) => "from: the broker's TLS port",
+        _ => "tls_ca, or the broker's certificate",
+    };
+    format!("consumers.{name}: cannot connect over TLS: {tls}; check consumers.{name}.{setting}")
 }
 
 /// How long a consumer waits before connecting again to a broker that failed.

@@ -21,6 +21,9 @@
 //! # }
 //! ```
 //!
+//! A `rediss://` URL connects over TLS, checked against the system's roots;
+//! [`RedisLeases::connect_tls`] takes a CA and a client certificate.
+//!
 //! # Durability
 //!
 //! A lease here is only as durable as the Redis server's persistence. A server that
@@ -40,6 +43,7 @@ use justonce_core::{
     BoxError, Error, Fingerprint, Identity, Lease, LeaseClaim, LeaseFuture, Leases, Retention,
 };
 use redis::aio::ConnectionManager;
+pub use redis::{ClientTlsConfig, TlsCertificates};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -64,12 +68,31 @@ impl RedisLeases {
     /// The prefix of every Redis key written, unless [`RedisLeases::prefix`] sets another.
     pub const DEFAULT_PREFIX: &'static str = "justonce:";
 
-    /// Connects to `url` (`redis://host:port/db`), keeping each key for `retention`'s
-    /// [`keep`](Retention::keep) after it was taken or completed. The connection is
-    /// re-established on its own after a failure.
+    /// Connects to `url` (`redis://host:port/db`, or `rediss://` over TLS), keeping each
+    /// key for `retention`'s [`keep`](Retention::keep) after it was taken or completed. The
+    /// connection is re-established on its own after a failure.
     pub async fn connect(url: &str, retention: Retention) -> Result<Self, Error> {
         let client = redis::Client::open(url)
             .map_err(|e| Error::Config(format!("Redis URL {url:?}: {e}")))?;
+        Self::open(client, retention).await
+    }
+
+    /// Connects to `url` (`rediss://host:port/db`) over TLS, trusting the CAs of
+    /// `certificates` instead of the system's and presenting its client certificate, if
+    /// any; otherwise as [`RedisLeases::connect`].
+    pub async fn connect_tls(
+        url: &str,
+        certificates: TlsCertificates,
+        retention: Retention,
+    ) -> Result<Self, Error> {
+        let client = redis::Client::build_with_tls(url, certificates)
+            .map_err(|e| Error::Config(format!("Redis TLS settings: {e}")))?;
+        Self::open(client, retention).await
+    }
+
+    async fn open(client: redis::Client, retention: Retention) -> Result<Self, Error> {
+        // redis builds its TLS configuration with the process's default provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let connection = client.get_connection_manager().await.map_err(redis_error)?;
         Ok(Self {
             connection,

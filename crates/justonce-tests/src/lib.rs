@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod mariadb;
 mod mqtt;
 mod redis;
+pub mod servers;
 mod sink;
 pub mod tls;
 

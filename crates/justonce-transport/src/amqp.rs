@@ -26,7 +26,11 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! An `amqps://` URL connects over TLS, checked against the system's roots or the CA of
+//! [`AmqpOptions::tls`].
 
+use crate::tls::Tls;
 use crate::{
     ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
     truncate,
@@ -38,10 +42,13 @@ use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
+use lapin::tcp::{AsyncTcpStream, RustlsConnector};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Settings of an [`AmqpConsumer`].
@@ -54,6 +61,7 @@ pub struct AmqpOptions {
     dead_letter_queue: String,
     declare: bool,
     store_pause: Duration,
+    tls: Option<Tls>,
 }
 
 impl AmqpOptions {
@@ -70,6 +78,7 @@ impl AmqpOptions {
             max_attempts: 5,
             declare: true,
             store_pause: Duration::from_secs(1),
+            tls: None,
         }
     }
 
@@ -110,6 +119,13 @@ impl AmqpOptions {
         self.store_pause = pause;
         self
     }
+
+    /// How to check the broker's certificate and which client certificate to present;
+    /// the URL must be `amqps://`.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
 }
 
 /// A RabbitMQ consumer that runs each delivery's work once in effect.
@@ -133,9 +149,7 @@ impl<DB: Backend> AmqpConsumer<DB> {
     /// Connects to `url` and prepares the channel: publisher confirms (for retries and dead
     /// letters), the prefetch, and the queues unless they are declared elsewhere.
     pub async fn connect(url: &str, inbox: Inbox<DB>, options: AmqpOptions) -> Result<Self, Error> {
-        let connection = Connection::connect(url, ConnectionProperties::default())
-            .await
-            .map_err(broker)?;
+        let connection = connect(url, options.tls.as_ref()).await?;
         let channel = open_channel(&connection).await?;
         channel
             .basic_qos(options.prefetch, BasicQosOptions::default())
@@ -472,6 +486,7 @@ pub struct AmqpDestination {
     url: String,
     exchange: String,
     routing_key: String,
+    tls: Option<Tls>,
     /// The open channel, reopened after a failure.
     channel: tokio::sync::Mutex<Option<(Connection, Channel)>>,
 }
@@ -493,14 +508,21 @@ impl AmqpDestination {
             url: url.to_owned(),
             exchange: exchange.to_owned(),
             routing_key: routing_key.to_owned(),
+            tls: None,
             channel: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Connects with these TLS settings; the URL must be `amqps://`.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
         let mut open = self.channel.lock().await;
         if open.is_none() {
-            let connection = Connection::connect(&self.url, ConnectionProperties::default())
+            let connection = connect(&self.url, self.tls.as_ref())
                 .await
                 .map_err(|e| format!("connecting: {e}"))?;
             let channel = open_channel(&connection).await.map_err(|e| e.to_string())?;
@@ -546,6 +568,41 @@ impl Destination for AmqpDestination {
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
         Box::pin(async move { crate::delivered(self.send(delivery).await) })
     }
+}
+
+/// Connects to `url`; an `amqps://` URL over TLS with `tls`, or the defaults.
+async fn connect(url: &str, tls: Option<&Tls>) -> Result<Connection, Error> {
+    let uri: AMQPUri = url
+        .parse()
+        .map_err(|e| Error::Config(format!("AMQP URL: {e}")))?;
+    let properties = ConnectionProperties::default();
+    if uri.scheme != AMQPScheme::AMQPS {
+        if tls.is_some() {
+            return Err(Error::Config(
+                "TLS settings need an amqps:// URL".to_owned(),
+            ));
+        }
+        return Connection::connect_uri(uri, properties)
+            .await
+            .map_err(broker);
+    }
+    // lapin's own TLS takes no verifier and adds a CA to the system's roots: the connection
+    // is made here with the one rustls configuration every broker uses.
+    let config = tls.cloned().unwrap_or_default().client_config()?;
+    let connector = RustlsConnector::from(Arc::new(config));
+    let runtime = lapin::runtime::default_runtime().map_err(broker)?;
+    let open = async move |uri: AMQPUri, runtime| {
+        let host = uri.authority.host.as_str();
+        let addresses: Vec<std::net::SocketAddr> =
+            tokio::net::lookup_host((host, uri.authority.port))
+                .await?
+                .collect();
+        let stream = AsyncTcpStream::connect(&runtime, addresses).await?;
+        Ok(stream.into_rustls(&connector, host).await?)
+    };
+    Connection::connector(uri, runtime, open, properties)
+        .await
+        .map_err(broker)
 }
 
 async fn open_channel(connection: &Connection) -> Result<Channel, Error> {
@@ -650,5 +707,5 @@ fn key_of(key_from: &KeyFrom, delivery: &lapin::message::Delivery) -> Result<Key
 }
 
 fn broker(error: lapin::Error) -> Error {
-    Error::Broker(Box::new(error))
+    crate::tls::broker_error(error)
 }

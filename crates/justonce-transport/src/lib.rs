@@ -11,6 +11,7 @@
 //! | `nats`  | NATS JetStream, through async-nats: [`nats::NatsConsumer`], the single reader [`nats::NatsReader`] and [`nats::NatsDestination`] |
 //! | `redis` | Redis Streams, through redis: [`redis_streams::RedisStreamConsumer`], the single reader [`redis_streams::RedisStreamReader`] and [`redis_streams::RedisStreamDestination`] |
 //! | `mqtt`  | MQTT 5, through rumqttc: [`mqtt::MqttConsumer`] and [`mqtt::MqttDestination`] |
+//! | `tls`   | on with any broker: [`tls::Tls`], the TLS settings every broker takes |
 //!
 //! What a consumer does with each delivery:
 //!
@@ -28,6 +29,10 @@
 //! A single reader ([`nats::NatsReader`], [`redis_streams::RedisStreamReader`]) acknowledges
 //! nothing: it stores each entry's position as an offset in the same transaction as the work,
 //! and starts after the stored offset.
+//!
+//! Every broker connects over TLS the same way: an `amqps://`, `rediss://` or `mqtts://` URL
+//! (a NATS server that requires TLS, or any NATS URL given [`tls::Tls`] settings), checked
+//! against the system's roots unless the options are given a [`tls::Tls`] with a CA.
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
@@ -39,6 +44,8 @@ pub mod mqtt;
 pub mod nats;
 #[cfg(feature = "redis")]
 pub mod redis_streams;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use justonce_core::Key;
 use justonce_sql::Outcome;
@@ -298,6 +305,11 @@ pub enum Error {
     /// The database failed where a reader loads or stores its position.
     #[error("database: {0}")]
     Store(#[source] justonce_core::Error),
+    /// The TLS handshake with the broker failed: a certificate was refused, or the port
+    /// does not speak TLS. Connecting again fails the same way until a setting changes.
+    #[cfg(feature = "tls")]
+    #[error("TLS: {0}")]
+    Tls(#[source] tls::TlsError),
 }
 
 impl Error {
@@ -307,6 +319,8 @@ impl Error {
             Error::Config(_) => ErrorKind::Config,
             Error::Broker(_) => ErrorKind::Broker,
             Error::Store(_) => ErrorKind::Store,
+            #[cfg(feature = "tls")]
+            Error::Tls(_) => ErrorKind::Tls,
         }
     }
 }
@@ -321,4 +335,6 @@ pub enum ErrorKind {
     Broker,
     /// See [`Error::Store`].
     Store,
+    /// A TLS handshake failed: see `Error::Tls`.
+    Tls,
 }

@@ -35,7 +35,11 @@
 //! reason. Each copy is acknowledged by the broker before the original is.
 //!
 //! The key is the `key` user property by default, as [`MqttDestination`] publishes it.
+//!
+//! An `mqtts://` URL connects over TLS, checked against the system's roots or the CA of
+//! [`MqttOptions::tls`].
 
+use crate::tls::{Tls, TlsError};
 use crate::{
     ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
     truncate,
@@ -49,6 +53,7 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, EventLoop};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
 
@@ -74,6 +79,7 @@ pub struct MqttOptions {
     session_expiry: Duration,
     dead_letter_topic: String,
     store_pause: Duration,
+    tls: Option<Tls>,
 }
 
 impl MqttOptions {
@@ -92,6 +98,7 @@ impl MqttOptions {
             max_attempts: 5,
             session_expiry: Duration::from_secs(7 * 86_400),
             store_pause: Duration::from_secs(1),
+            tls: None,
         }
     }
 
@@ -146,6 +153,45 @@ impl MqttOptions {
         self.store_pause = pause;
         self
     }
+
+    /// How to check the broker's certificate and which client certificate to present; the
+    /// URL must be `mqtts://`.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+}
+
+/// Why the connection failed, as each waiter needs it: a failed TLS handshake stays one.
+#[derive(Debug, Clone)]
+struct Failure {
+    reason: String,
+    tls: Option<TlsError>,
+}
+
+impl Failure {
+    fn of(error: &rumqttc::v5::ConnectionError) -> Self {
+        use rumqttc::v5::{ConnectionError, StateError, mqttbytes};
+        // A read that fails in rumqttc's decoder does not give its cause as its source: a
+        // client certificate refused after a TLS 1.3 handshake arrives there.
+        let tls = match error {
+            ConnectionError::MqttState(StateError::Deserialization(mqttbytes::Error::Io(io))) => {
+                crate::tls::tls_error(io)
+            }
+            error => crate::tls::tls_error(error),
+        };
+        Self {
+            reason: error.to_string(),
+            tls,
+        }
+    }
+
+    fn error(self) -> Error {
+        match self.tls {
+            Some(tls) => Error::Tls(tls),
+            None => Error::Broker(self.reason.into()),
+        }
+    }
 }
 
 /// What the event loop passes on to the consumer or publisher.
@@ -157,14 +203,14 @@ enum Confirm {
     /// The broker answered a subscription: granted at QoS 1 or more, or refused.
     Subscribed(Result<(), String>),
     /// The connection failed, for this reason.
-    Failed(String),
+    Failed(Failure),
 }
 
 /// A client and the task that drives its event loop.
 struct Connection {
     client: AsyncClient,
     confirms: Mutex<mpsc::UnboundedReceiver<Confirm>>,
-    messages: Mutex<mpsc::UnboundedReceiver<Result<Message, String>>>,
+    messages: Mutex<mpsc::UnboundedReceiver<Result<Message, Failure>>>,
     driver: tokio::task::JoinHandle<()>,
 }
 
@@ -175,10 +221,30 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    /// Connects as `client_id`; `session_expiry` of `None` starts a clean session.
-    fn open(url: &str, client_id: &str, session_expiry: Option<Duration>) -> Result<Self, Error> {
+    /// Connects as `client_id`; `session_expiry` of `None` starts a clean session. An
+    /// `mqtts://` URL connects over TLS with `tls`, or the defaults.
+    fn open(
+        url: &str,
+        tls: Option<&Tls>,
+        client_id: &str,
+        session_expiry: Option<Duration>,
+    ) -> Result<Self, Error> {
         let address = parse_url(url)?;
         let mut options = rumqttc::v5::MqttOptions::new(client_id, address.host, address.port);
+        match (address.tls, tls) {
+            (true, tls) => {
+                let config = tls.cloned().unwrap_or_default().client_config()?;
+                options.set_transport(rumqttc::Transport::tls_with_config(
+                    rumqttc::TlsConfiguration::Rustls(Arc::new(config)),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(Error::Config(
+                    "TLS settings need an mqtts:// URL".to_owned(),
+                ));
+            }
+            (false, None) => {}
+        }
         options.set_keep_alive(Duration::from_secs(30));
         // rumqttc keeps a slot per packet id it may have in flight, 65,535 by default: about
         // 16 MiB per connection. This client publishes one message at a time.
@@ -222,14 +288,14 @@ impl Connection {
         self.client
             .publish_with_properties(topic, QoS::AtLeastOnce, false, payload, properties)
             .await
-            .map_err(broker)?;
+            .map_err(|error| ended(&mut confirms, error))?;
         let answered = tokio::time::timeout(BROKER_ANSWER, async {
             let mut sent = None;
             while let Some(confirm) = confirms.recv().await {
                 match (confirm, sent) {
                     (Confirm::Sent(pkid), None) => sent = Some(pkid),
                     (Confirm::Acked(pkid), Some(sent)) if pkid == sent => return Ok(()),
-                    (Confirm::Failed(reason), _) => return Err(Error::Broker(reason.into())),
+                    (Confirm::Failed(failure), _) => return Err(failure.error()),
                     _ => {}
                 }
             }
@@ -244,12 +310,26 @@ impl Connection {
     }
 }
 
+/// Why a request to the event loop failed: the loop ended, and its last confirm says why
+/// (a refused TLS handshake, say), sent before it ended.
+fn ended(
+    confirms: &mut mpsc::UnboundedReceiver<Confirm>,
+    error: rumqttc::v5::ClientError,
+) -> Error {
+    while let Ok(confirm) = confirms.try_recv() {
+        if let Confirm::Failed(failure) = confirm {
+            return failure.error();
+        }
+    }
+    broker(error)
+}
+
 /// Polls the event loop, passing on messages, publish confirmations and subscriptions,
 /// until the connection fails; the failure ends the consumer, whose caller connects again.
 async fn drive(
     mut events: EventLoop,
     confirms: mpsc::UnboundedSender<Confirm>,
-    messages: mpsc::UnboundedSender<Result<Message, String>>,
+    messages: mpsc::UnboundedSender<Result<Message, Failure>>,
 ) {
     loop {
         let passed = match events.poll().await {
@@ -277,8 +357,9 @@ async fn drive(
             }
             Ok(_) => true,
             Err(error) => {
-                let _ = confirms.send(Confirm::Failed(error.to_string()));
-                let _ = messages.send(Err(error.to_string()));
+                let failure = Failure::of(&error);
+                let _ = confirms.send(Confirm::Failed(failure.clone()));
+                let _ = messages.send(Err(failure));
                 false
             }
         };
@@ -308,13 +389,20 @@ impl<DB: Backend> MqttConsumer<DB> {
     /// Connects to `url` (`mqtt://[user:password@]host[:port]`) on the client's persistent
     /// session and subscribes to the topic at QoS 1, waiting for the broker's answer.
     pub async fn connect(url: &str, inbox: Inbox<DB>, options: MqttOptions) -> Result<Self, Error> {
-        let connection = Connection::open(url, &options.client_id, Some(options.session_expiry))?;
+        let connection = Connection::open(
+            url,
+            options.tls.as_ref(),
+            &options.client_id,
+            Some(options.session_expiry),
+        )?;
         let subscription = options.subscription();
-        connection
+        if let Err(error) = connection
             .client
             .subscribe(subscription.clone(), QoS::AtLeastOnce)
             .await
-            .map_err(broker)?;
+        {
+            return Err(ended(&mut *connection.confirms.lock().await, error));
+        }
         let subscribed = tokio::time::timeout(BROKER_ANSWER, async {
             let mut confirms = connection.confirms.lock().await;
             loop {
@@ -324,7 +412,7 @@ impl<DB: Backend> MqttConsumer<DB> {
                             Error::Config(format!("subscribing to {subscription}: {reason}"))
                         });
                     }
-                    Some(Confirm::Failed(reason)) => return Err(Error::Broker(reason.into())),
+                    Some(Confirm::Failed(failure)) => return Err(failure.error()),
                     Some(_) => {}
                     None => return Err(Error::Broker("the connection closed".into())),
                 }
@@ -404,7 +492,7 @@ impl<DB: Backend> MqttConsumer<DB> {
                 }
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
             };
-            batch.push(next.map_err(|reason| Error::Broker(reason.into()))?);
+            batch.push(next.map_err(Failure::error)?);
         }
         Ok(batch)
     }
@@ -456,7 +544,7 @@ impl<DB: Backend> MqttConsumer<DB> {
     pub async fn next(&self) -> Result<Message, Error> {
         match self.connection.messages.lock().await.recv().await {
             Some(Ok(message)) => Ok(message),
-            Some(Err(reason)) => Err(Error::Broker(reason.into())),
+            Some(Err(failure)) => Err(failure.error()),
             None => Err(Error::Broker("the connection to the broker closed".into())),
         }
     }
@@ -586,6 +674,7 @@ pub struct MqttDestination {
     url: String,
     topic: String,
     client_id: String,
+    tls: Option<Tls>,
     /// The connection, opened on the first delivery and reopened after a failure.
     connection: Mutex<Option<Connection>>,
 }
@@ -608,15 +697,23 @@ impl MqttDestination {
             url: url.to_owned(),
             topic: topic.to_owned(),
             client_id: client_id.to_owned(),
+            tls: None,
             connection: Mutex::new(None),
         })
+    }
+
+    /// Connects with these TLS settings; the URL must be `mqtts://`.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
         let mut open = self.connection.lock().await;
         if open.is_none() {
             *open = Some(
-                Connection::open(&self.url, &self.client_id, None).map_err(|e| e.to_string())?,
+                Connection::open(&self.url, self.tls.as_ref(), &self.client_id, None)
+                    .map_err(|e| e.to_string())?,
             );
         }
         let connection = open.as_ref().expect("opened above");
@@ -652,24 +749,27 @@ impl Destination for MqttDestination {
     }
 }
 
-/// Where a broker is, and who to log in as.
+/// Where a broker is, whether over TLS, and who to log in as.
 #[derive(Debug, PartialEq, Eq)]
 struct Address {
     host: String,
     port: u16,
+    tls: bool,
     login: Option<(String, String)>,
 }
 
-/// The address in `mqtt://[user:password@]host[:port]`.
+/// The address in `mqtt[s]://[user:password@]host[:port]`.
 fn parse_url(url: &str) -> Result<Address, Error> {
     let bad = |why: &str| {
         Error::Config(format!(
-            "MQTT URL: {why}; expected mqtt://[user:password@]host[:port]"
+            "MQTT URL: {why}; expected mqtt://[user:password@]host[:port] or mqtts://..."
         ))
     };
-    let rest = url
-        .strip_prefix("mqtt://")
-        .ok_or_else(|| bad("not mqtt://"))?;
+    let (tls, rest) = match (url.strip_prefix("mqtt://"), url.strip_prefix("mqtts://")) {
+        (Some(rest), _) => (false, rest),
+        (None, Some(rest)) => (true, rest),
+        (None, None) => return Err(bad("not mqtt:// or mqtts://")),
+    };
     let rest = rest.trim_end_matches('/');
     let (login, address) = match rest.rsplit_once('@') {
         Some((login, address)) => {
@@ -683,7 +783,7 @@ fn parse_url(url: &str) -> Result<Address, Error> {
             host,
             port.parse().map_err(|_| bad("the port is not a number"))?,
         ),
-        None => (address, 1883),
+        None => (address, if tls { 8883 } else { 1883 }),
     };
     if host.is_empty() {
         return Err(bad("no host"));
@@ -691,6 +791,7 @@ fn parse_url(url: &str) -> Result<Address, Error> {
     Ok(Address {
         host: host.to_owned(),
         port,
+        tls,
         login,
     })
 }
@@ -727,7 +828,7 @@ fn key_of(key_from: &KeyFrom, message: &Message) -> Result<Key, String> {
 }
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::Broker(Box::new(error))
+    crate::tls::broker_error(error)
 }
 
 #[cfg(test)]
@@ -740,6 +841,9 @@ mod tests {
         assert_eq!((address.host.as_str(), address.port), ("127.0.0.1", 1883));
         assert_eq!(address.login, None);
         assert_eq!(parse_url("mqtt://broker").unwrap().port, 1883);
+        let secure = parse_url("mqtts://broker").unwrap();
+        assert_eq!((secure.port, secure.tls), (8883, true));
+        assert!(!address.tls);
         assert_eq!(
             parse_url("mqtt://app:s3cret@broker:8883").unwrap().login,
             Some(("app".to_owned(), "s3cret".to_owned()))

@@ -28,7 +28,11 @@
 //! delay, and redelivered, up to the attempt limit; then the message is published to the
 //! dead-letter subject with its reason and terminated. While work runs, the consumer tells
 //! the server it is in progress, so that long work is not redelivered to another reader.
+//!
+//! A server that requires TLS gets it; with [`NatsOptions::tls`], TLS is required of any
+//! server and checked against the CA given.
 
+use crate::tls::Tls;
 use crate::{
     ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
     in_order, truncate,
@@ -59,6 +63,7 @@ pub struct NatsOptions {
     ack_wait: Duration,
     prefetch: usize,
     declare: bool,
+    tls: Option<Tls>,
 }
 
 impl NatsOptions {
@@ -78,6 +83,7 @@ impl NatsOptions {
             ack_wait: Duration::from_secs(30),
             prefetch: 64,
             declare: true,
+            tls: None,
         }
     }
 
@@ -120,6 +126,12 @@ impl NatsOptions {
     /// Leaves the streams as they are instead of creating them.
     pub fn existing_streams(mut self) -> Self {
         self.declare = false;
+        self
+    }
+
+    /// Requires TLS of the server, checked with these settings.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -396,8 +408,7 @@ async fn open_stream(
     url: &str,
     options: &NatsOptions,
 ) -> Result<(jetstream::Context, jetstream::stream::Stream), Error> {
-    let client = async_nats::connect(url).await.map_err(broker)?;
-    let jetstream = jetstream::new(client);
+    let jetstream = jetstream::new(connect(url, options.tls.as_ref()).await?);
     if options.declare {
         let dead = format!("{}_DEAD", options.stream);
         for (name, subject) in [
@@ -751,6 +762,7 @@ pub struct NatsDestination {
     subject: String,
     /// The connection, opened on the first delivery and reopened after a failure.
     jetstream: tokio::sync::Mutex<Option<jetstream::Context>>,
+    tls: Option<Tls>,
 }
 
 impl NatsDestination {
@@ -760,7 +772,14 @@ impl NatsDestination {
             url: url.to_owned(),
             subject: subject.to_owned(),
             jetstream: tokio::sync::Mutex::new(None),
+            tls: None,
         }
+    }
+
+    /// Requires TLS of the server, checked with these settings.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
@@ -768,7 +787,7 @@ impl NatsDestination {
         let jetstream = match open.as_ref() {
             Some(jetstream) => jetstream.clone(),
             None => {
-                let client = async_nats::connect(&self.url)
+                let client = connect(&self.url, self.tls.as_ref())
                     .await
                     .map_err(|e| format!("connecting: {e}"))?;
                 let jetstream = jetstream::new(client);
@@ -824,6 +843,17 @@ fn key_of(key_from: &KeyFrom, message: &jetstream::Message) -> Result<Key, Strin
     crate::message_key(text)
 }
 
+/// Connects to `url`; with `tls`, over TLS whether or not the server requires it.
+async fn connect(url: &str, tls: Option<&Tls>) -> Result<async_nats::Client, Error> {
+    let options = match tls {
+        Some(tls) => async_nats::ConnectOptions::new()
+            .tls_client_config(tls.client_config()?)
+            .require_tls(true),
+        None => async_nats::ConnectOptions::new(),
+    };
+    options.connect(url).await.map_err(broker)
+}
+
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::Broker(Box::new(error))
+    crate::tls::broker_error(error)
 }

@@ -34,19 +34,23 @@
 //! delivered again and how failed work is retried; Redis counts the deliveries, and after
 //! the attempt limit the entry is added to `<stream>.dead` with its reason and acknowledged.
 //!
+//! A `rediss://` URL connects over TLS, checked against the system's roots or the CA of
+//! [`RedisStreamOptions::tls`].
+//!
 //! Redis keeps a stream only as well as its persistence settings: without AOF
 //! (`appendonly yes`, and `appendfsync always` to lose nothing on a crash of the machine) a
 //! restart loses the stream, its pending lists and its acknowledgements.
 
+use crate::tls::Tls;
 use crate::{
     ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
     in_order, truncate,
 };
 use justonce_core::{Delivered, Delivery, Destination, Key};
 use justonce_sql::{Backend, Inbox, Offset, WorkFuture, sqlx};
-use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
+use redis::{AsyncCommands, IntoConnectionInfo};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -73,6 +77,7 @@ pub struct RedisStreamOptions {
     claim_idle: Duration,
     count: usize,
     store_pause: Duration,
+    tls: Option<Tls>,
 }
 
 impl RedisStreamOptions {
@@ -90,6 +95,7 @@ impl RedisStreamOptions {
             claim_idle: Duration::from_secs(30),
             count: 16,
             store_pause: Duration::from_secs(1),
+            tls: None,
         }
     }
 
@@ -129,6 +135,13 @@ impl RedisStreamOptions {
     /// How long the reader waits after a database failure before it reads again.
     pub fn store_pause(mut self, pause: Duration) -> Self {
         self.store_pause = pause;
+        self
+    }
+
+    /// How to check the server's certificate and which client certificate to present; the
+    /// URL must be `rediss://`.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -185,7 +198,7 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
         inbox: Inbox<DB>,
         options: RedisStreamOptions,
     ) -> Result<Self, Error> {
-        let mut redis = connect(url).await?;
+        let mut redis = connect(url, options.tls.as_ref()).await?;
         let created: redis::RedisResult<()> = redis
             .xgroup_create_mkstream(&options.stream, &options.group, "0")
             .await;
@@ -435,15 +448,83 @@ fn dead_letter_fields(entry: &Entry, reason: &str) -> Vec<(String, Vec<u8>)> {
     fields
 }
 
-/// Connects to `url` with a response timeout past the time a read blocks on the server.
-async fn connect(url: &str) -> Result<MultiplexedConnection, Error> {
-    let client = redis::Client::open(url).map_err(|e| Error::Config(format!("Redis URL: {e}")))?;
+/// Connects to `url` with a response timeout past the time a read blocks on the server; a
+/// `rediss://` URL over TLS with `tls`, or the defaults.
+async fn connect(url: &str, tls: Option<&Tls>) -> Result<MultiplexedConnection, Error> {
+    let info = connection_info(url)?;
     let config = redis::AsyncConnectionConfig::new()
         .set_response_timeout(Some(READ_BLOCK + Duration::from_secs(10)));
-    client
-        .get_multiplexed_async_connection_with_config(&config)
+    let redis::ConnectionAddr::TcpTls {
+        host,
+        port,
+        insecure,
+        ..
+    } = info.addr().clone()
+    else {
+        if tls.is_some() {
+            return Err(Error::Config(
+                "TLS settings need a rediss:// URL".to_owned(),
+            ));
+        }
+        return redis::Client::open(info)
+            .map_err(|e| Error::Config(format!("Redis URL: {e}")))?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(broker);
+    };
+    if insecure {
+        return Err(Error::Config(
+            "the Redis URL's #insecure is not taken: turn verification off in the TLS settings"
+                .to_owned(),
+        ));
+    }
+    // The handshake is made here, with the rustls configuration every broker uses, so that
+    // its failure is told apart from a server that is down: redis keeps only its text.
+    let tls = tls.cloned().unwrap_or_default().client_config()?;
+    let server_name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.clone())
+        .map_err(|e| Error::Config(format!("Redis URL: the host {host}: {e}")))?;
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
-        .map_err(broker)
+        .map_err(broker)?;
+    tcp.set_nodelay(true).map_err(broker)?;
+    let mut stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+        .connect(server_name, tcp)
+        .await
+        .map_err(broker)?;
+    // Under TLS 1.3 a server refuses a client certificate after the handshake, at the
+    // first read: a PING answered here shows it as a TLS failure, which redis would turn
+    // into text.
+    ping(&mut stream).await?;
+    let (redis, driver) =
+        MultiplexedConnection::new_with_config(info.redis_settings(), stream, config)
+            .await
+            .map_err(broker)?;
+    tokio::spawn(driver);
+    Ok(redis)
+}
+
+/// Sends `PING` and reads the answer's line (`+PONG`, or an error such as `-NOAUTH` before
+/// the login): whatever the server says, it took the connection.
+async fn ping(
+    stream: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+) -> Result<(), Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(b"PING\r\n").await.map_err(broker)?;
+    stream.flush().await.map_err(broker)?;
+    let mut byte = [0u8];
+    loop {
+        if stream.read(&mut byte).await.map_err(broker)? == 0 {
+            return Err(Error::Broker("the server closed the connection".into()));
+        }
+        if byte[0] == b'\n' {
+            return Ok(());
+        }
+    }
+}
+
+fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
+    url.into_connection_info()
+        .map_err(|e| Error::Config(format!("Redis URL: {e}")))
 }
 
 /// A single reader of a stream that keeps its position in the database: each entry's id
@@ -480,7 +561,7 @@ impl<DB: Backend> RedisStreamReader<DB> {
     ) -> Result<Self, Error> {
         Ok(Self {
             inbox,
-            redis: connect(url).await?,
+            redis: connect(url, options.tls.as_ref()).await?,
             options,
         })
     }
@@ -778,8 +859,9 @@ impl<DB: Backend> Entries<'_, DB> {
 /// consumer's claim makes the second a duplicate.
 #[derive(Debug)]
 pub struct RedisStreamDestination {
-    client: redis::Client,
+    url: String,
     stream: String,
+    tls: Option<Tls>,
     /// The connection, opened on the first delivery and reopened after a failure.
     redis: tokio::sync::Mutex<Option<MultiplexedConnection>>,
 }
@@ -787,12 +869,19 @@ pub struct RedisStreamDestination {
 impl RedisStreamDestination {
     /// Adds to `stream`. Connects on the first delivery.
     pub fn new(url: &str, stream: &str) -> Result<Self, Error> {
+        connection_info(url)?;
         Ok(Self {
-            client: redis::Client::open(url)
-                .map_err(|e| Error::Config(format!("Redis URL: {e}")))?,
+            url: url.to_owned(),
             stream: stream.to_owned(),
+            tls: None,
             redis: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// Connects with these TLS settings; the URL must be `rediss://`.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
@@ -800,9 +889,7 @@ impl RedisStreamDestination {
         let mut redis = match open.as_ref() {
             Some(redis) => redis.clone(),
             None => {
-                let redis = self
-                    .client
-                    .get_multiplexed_async_connection()
+                let redis = connect(&self.url, self.tls.as_ref())
                     .await
                     .map_err(|e| format!("connecting: {e}"))?;
                 *open = Some(redis.clone());
@@ -850,5 +937,5 @@ fn key_of(key_from: &KeyFrom, entry: &Entry, body: &[u8]) -> Result<Key, String>
 }
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
-    Error::Broker(Box::new(error))
+    crate::tls::broker_error(error)
 }

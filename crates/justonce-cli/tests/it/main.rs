@@ -2,6 +2,7 @@
 //! of the deliveries, and a server killed with SIGKILL.
 
 mod bench;
+mod broker_tls;
 mod check;
 mod environment;
 mod listeners;

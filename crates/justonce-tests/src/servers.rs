@@ -1,0 +1,240 @@
+//! Throwaway brokers of a test's own, listening only over TLS with a certificate of a
+//! [`TestCa`]: Redis, Mosquitto, NATS JetStream and a RabbitMQ node, each on free ports in
+//! a temporary folder, stopped and removed when dropped. The machine's shared servers are
+//! never touched.
+
+use crate::tls::TestCa;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The broker a [`TlsBroker`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `redis-server` with a TLS port only: `rediss://`.
+    Redis,
+    /// `mosquitto` with a TLS listener only: `mqtts://`.
+    Mosquitto,
+    /// `nats-server` with JetStream, requiring TLS: `nats://`.
+    Nats,
+    /// A RabbitMQ node with a TLS listener only: `amqps://`.
+    RabbitMq,
+}
+
+/// A broker of a test's own that speaks only TLS, with a server certificate (for
+/// `localhost` and `127.0.0.1` unless told otherwise) signed by the test's CA.
+pub struct TlsBroker {
+    kind: Kind,
+    folder: PathBuf,
+    port: u16,
+    child: Child,
+    /// The RabbitMQ node's name, stopped with `rabbitmqctl`.
+    node: Option<String>,
+}
+
+/// How long a broker may take to listen: a RabbitMQ node boots in about ten seconds on
+/// an idle machine.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl TlsBroker {
+    /// Starts `kind` with a certificate of `ca`. With `client_certificates`, the broker
+    /// requires a client certificate signed by `ca` (Redis, Mosquitto and NATS).
+    pub fn start(kind: Kind, ca: &TestCa, client_certificates: bool) -> Result<Self, String> {
+        Self::start_named(kind, ca, &["localhost", "127.0.0.1"], client_certificates)
+    }
+
+    /// [`TlsBroker::start`] with a certificate for `names` only.
+    pub fn start_named(
+        kind: Kind,
+        ca: &TestCa,
+        names: &[&str],
+        client_certificates: bool,
+    ) -> Result<Self, String> {
+        let folder = std::env::temp_dir().join(format!("justonce-tls-broker-{}", crate::unique()));
+        std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+        let (cert, key) = ca.server(names);
+        let ca_file = ca.ca_file();
+        let port = free_port()?;
+        let log = std::fs::File::create(folder.join("log"))
+            .map_err(|e| format!("{}: {e}", folder.display()))?;
+        let mut node = None;
+        let mut command = match kind {
+            Kind::Redis => {
+                let mut command = Command::new("redis-server");
+                command
+                    .args([
+                        "--port",
+                        "0",
+                        "--bind",
+                        "127.0.0.1",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ])
+                    .arg("--dir")
+                    .arg(&folder)
+                    .args(["--tls-port", &port.to_string()])
+                    .arg("--tls-cert-file")
+                    .arg(&cert)
+                    .arg("--tls-key-file")
+                    .arg(&key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&ca_file)
+                    .args([
+                        "--tls-auth-clients",
+                        if client_certificates { "yes" } else { "no" },
+                    ]);
+                command
+            }
+            Kind::Mosquitto => {
+                let config = folder.join("mosquitto.conf");
+                let text = format!(
+                    "listener {port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n\
+                     require_certificate {client_certificates}\nallow_anonymous true\n\
+                     persistence false\nlog_dest stderr\n",
+                    ca_file.display(),
+                    cert.display(),
+                    key.display()
+                );
+                std::fs::write(&config, text).map_err(|e| format!("{}: {e}", config.display()))?;
+                let mut command = Command::new("mosquitto");
+                command.arg("-c").arg(config);
+                command
+            }
+            Kind::Nats => {
+                let mut command = Command::new("nats-server");
+                command
+                    .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+                    .arg(folder.join("jetstream"))
+                    .arg("--tls")
+                    .arg("--tlscert")
+                    .arg(&cert)
+                    .arg("--tlskey")
+                    .arg(&key);
+                if client_certificates {
+                    command.arg("--tlsverify").arg("--tlscacert").arg(&ca_file);
+                }
+                command
+            }
+            Kind::RabbitMq => {
+                let name = format!("justonce_{}@localhost", crate::unique());
+                let command = rabbitmq(&folder, &name, port, &ca_file, &cert, &key)?;
+                node = Some(name);
+                command
+            }
+        };
+        let stderr = log.try_clone().map_err(|e| e.to_string())?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| format!("{kind:?} cannot start: {command:?}: {e}"))?;
+        let mut broker = Self {
+            kind,
+            folder,
+            port,
+            child,
+            node,
+        };
+        broker.wait_until_listening()?;
+        Ok(broker)
+    }
+
+    /// The URL a client connects with, over TLS to `127.0.0.1`.
+    pub fn url(&self) -> String {
+        let port = self.port;
+        match self.kind {
+            Kind::Redis => format!("rediss://127.0.0.1:{port}"),
+            Kind::Mosquitto => format!("mqtts://127.0.0.1:{port}"),
+            Kind::Nats => format!("nats://127.0.0.1:{port}"),
+            Kind::RabbitMq => format!("amqps://guest:guest@127.0.0.1:{port}/%2f"),
+        }
+    }
+
+    fn wait_until_listening(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        while started.elapsed() < START_TIMEOUT {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "{:?} exited with {status} before it listened:\n{}",
+                    self.kind,
+                    self.log()
+                ));
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!(
+            "{:?} did not listen on {} within {START_TIMEOUT:?}:\n{}",
+            self.kind,
+            self.port,
+            self.log()
+        ))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.folder.join("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TlsBroker {
+    fn drop(&mut self) {
+        if let Some(node) = &self.node {
+            let _ = Command::new("/usr/lib/rabbitmq/bin/rabbitmqctl")
+                .args(["-n", node, "stop"])
+                .env("HOME", &self.folder)
+                .output();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.folder);
+    }
+}
+
+/// A RabbitMQ node of its own: its own name, ports, database, logs and configuration
+/// (TLS only, no plugins), and an Erlang cookie in its folder, run in the foreground as the
+/// test's user.
+fn rabbitmq(
+    folder: &Path,
+    node: &str,
+    port: u16,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> Result<Command, String> {
+    let config = folder.join("rabbitmq.conf");
+    let text = format!(
+        "listeners.tcp = none\nlisteners.ssl.default = 127.0.0.1:{port}\n\
+         ssl_options.cacertfile = {}\nssl_options.certfile = {}\nssl_options.keyfile = {}\n\
+         ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
+        ca.display(),
+        cert.display(),
+        key.display()
+    );
+    std::fs::write(&config, text).map_err(|e| format!("{}: {e}", config.display()))?;
+    let plugins = folder.join("enabled_plugins");
+    std::fs::write(&plugins, "").map_err(|e| format!("{}: {e}", plugins.display()))?;
+    let mut command = Command::new("/usr/lib/rabbitmq/bin/rabbitmq-server");
+    command
+        .env("HOME", folder)
+        .env("RABBITMQ_NODENAME", node)
+        .env("RABBITMQ_NODE_PORT", free_port()?.to_string())
+        .env("RABBITMQ_DIST_PORT", free_port()?.to_string())
+        .env("RABBITMQ_MNESIA_BASE", folder.join("mnesia"))
+        .env("RABBITMQ_LOG_BASE", folder.join("logs"))
+        .env("RABBITMQ_CONFIG_FILE", &config)
+        .env("RABBITMQ_ENABLED_PLUGINS_FILE", &plugins)
+        .env("RABBITMQ_PID_FILE", folder.join("pid"));
+    Ok(command)
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
