@@ -6,7 +6,7 @@ use super::key;
 use justonce_sql::{Consumer, Error, ErrorKind, Inbox, Message, Options, Outcome, RunError};
 use justonce_tests::{TestBackend, TestDb, postgres_url};
 use sqlx::Postgres;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -103,7 +103,14 @@ async fn inbox_through_proxy(
     let port = proxy(upstream, trigger, cut, then_refuse).await;
     let pool = PgPoolOptions::new()
         .acquire_timeout(Duration::from_secs(1))
-        .connect_with(direct.clone().host("127.0.0.1").port(port))
+        // The proxy reads the protocol to find the COMMIT: in plain text, never TLS.
+        .connect_with(
+            direct
+                .clone()
+                .host("127.0.0.1")
+                .port(port)
+                .ssl_mode(PgSslMode::Disable),
+        )
         .await
         .unwrap();
     let inbox = Inbox::<Postgres>::from_pool(

@@ -509,6 +509,13 @@ async fn commit_cut<DB: TestBackend>(
     } else {
         format!("{user}@")
     };
+    // The proxy reads the protocol to find the COMMIT: in plain text, never TLS.
+    let plain = if args.backend == "mysql" {
+        "ssl-mode=DISABLED"
+    } else {
+        "sslmode=disable"
+    };
+    let separator = if database.contains('?') { '&' } else { '?' };
     let keys = args.size(3_000, 30_000);
     let mut plan: Vec<u32> = (0..keys as u32).collect();
     rng.shuffle(&mut plan);
@@ -516,7 +523,10 @@ async fn commit_cut<DB: TestBackend>(
         keys,
         plan,
         workers: Workers {
-            url: format!("{scheme}://{user}127.0.0.1:{}/{database}", proxy.port),
+            url: format!(
+                "{scheme}://{user}127.0.0.1:{}/{database}{separator}{plain}",
+                proxy.port
+            ),
             // Three attempts resolve a lost answer within about half a second: an outage
             // outlasts them, and the commit is reported unknown.
             max_attempts: 3,
