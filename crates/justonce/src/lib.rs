@@ -95,6 +95,8 @@ pub mod docs {
     pub struct Http;
     #[doc = include_str!("../../../docs/library.md")]
     pub struct Library;
+    #[doc = include_str!("../../../docs/README.md")]
+    pub struct Index;
     #[doc = include_str!("../../../docs/operations.md")]
     pub struct Operations;
     #[doc = include_str!("../../../docs/reliability.md")]
