@@ -232,8 +232,8 @@ fn block(page: &str, marker: &str) -> String {
 }
 
 /// A folder whose `bin` holds `justonce`, the examples, and a `cargo` that runs an example
-/// as `cargo run [-q] --example NAME -- ARGS` would, once it is built: the checks run
-/// beside the test binary, which cannot build them.
+/// as `cargo run [-q] --example NAME -- ARGS` would, once it is built, and takes
+/// `cargo build` as done: the docs' commands run beside the test binary, which cannot build.
 struct Checkout {
     dir: PathBuf,
     bin: PathBuf,
@@ -272,8 +272,13 @@ impl Checkout {
 
     /// `sh -c SCRIPT` in the folder, with its `bin` first on the PATH.
     fn shell(&self, script: &str) -> Command {
+        self.shell_of("sh", script)
+    }
+
+    /// `SHELL -c SCRIPT` in the folder, with its `bin` first on the PATH.
+    fn shell_of(&self, shell: &str, script: &str) -> Command {
         let path = format!("{}:{}", self.bin.display(), std::env::var("PATH").unwrap());
-        let mut command = Command::new("sh");
+        let mut command = Command::new(shell);
         command
             .arg("-c")
             .arg(script)
@@ -358,4 +363,77 @@ fn the_check_of_a_job_in_the_docs_runs_as_written() {
     let checkout = Checkout::new("job");
     let job = block("docs/check.md", "justonce check --run");
     assert_passed(&checkout.run(&job), 3);
+}
+
+/// The README's tour, pasted into one shell at the root of a checkout: a job run twice, a
+/// webhook posted twice, and the service killed after the commit and before the answer.
+#[test]
+fn the_readme_tour_runs_as_written() {
+    let checkout = Checkout::new("tour");
+    // The root of a checkout: its examples, and the binary where Cargo builds it.
+    std::os::unix::fs::symlink(root().join("examples"), checkout.dir.join("examples")).unwrap();
+    let debug = checkout.dir.join("target/debug");
+    std::fs::create_dir_all(&debug).unwrap();
+    std::os::unix::fs::symlink(super::check::justonce(), debug.join("justonce")).unwrap();
+    let readme = read(&root().join("README.md"));
+    let tour = readme
+        .split("## A two-minute tour")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README's tour");
+    let script: String = tour
+        .split("```sh\n")
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap())
+        .collect();
+    for port in [8080, 9090, 9000] {
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "port {port} is taken: the tour's service and receiver listen there"
+        );
+    }
+
+    let log = checkout.dir.join("tour.log");
+    let mut shell = checkout.shell_of("bash", &script);
+    shell
+        .process_group(0)
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::inherit());
+    let mut tour = Group(shell.spawn().unwrap());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = tour.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "the tour hung");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(tour);
+    let out = std::fs::read_to_string(&log).unwrap();
+    eprintln!("{out}");
+    assert!(status.success(), "{status}");
+
+    assert!(out.contains("created 5 invoices, skipped 0 already invoiced"));
+    assert!(out.contains("created 0 invoices, skipped 5 already invoiced"));
+    for answer in [
+        r#"{"key":"demo:evt_1","status":"accepted"} 200"#,
+        r#"{"key":"demo:evt_1","status":"duplicate"} 200"#,
+        r#"{"key":"demo:evt_2","status":"duplicate"} 200"#,
+    ] {
+        assert_eq!(out.matches(answer).count(), 1, "{answer}");
+    }
+    assert!(out.lines().any(|line| line == " 000"), "the killed answer");
+    for event in ["evt_1", "evt_2"] {
+        let delivery = format!("Idempotency-Key: demo:{event} ");
+        assert_eq!(out.matches(&delivery).count(), 1, "{event} delivered once");
+    }
+    let sent_due_dead: Vec<&str> = out
+        .lines()
+        .skip_while(|line| !line.contains("sent  due  dead"))
+        .nth(1)
+        .expect("the stats' deliveries")
+        .split_whitespace()
+        .take(3)
+        .collect();
+    assert_eq!(sent_due_dead, ["2", "0", "0"]);
 }
