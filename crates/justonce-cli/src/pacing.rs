@@ -1,7 +1,7 @@
 //! Pacing for a purge: a pause before each statement, in proportion to how long the one
 //! before it took, so that claims running beside it get the database's time. A purge running
 //! flat out keeps a core busy in the database, and the claims wait for the CPU, not for locks
-//! (BENCHMARKS.md, `justonce bench`).
+//! (docs/benchmarks.md, `justonce bench`).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// bench's purge unless told otherwise. On the idle machine claim p99 while purging was a
 /// median 4.9x its value without at 0, 2.2x at 10 (up to 3.7x) and 1.3x at 20 (at most
 /// 1.65x in ten runs): 20 keeps it within the target of 2x, at about a twenty-fifth of the
-/// purge's flat-out speed, still more than 6,000 keys a second (BENCHMARKS.md).
+/// purge's flat-out speed, still more than 6,000 keys a second (docs/benchmarks.md).
 pub const DEFAULT_RATIO: f64 = 20.0;
 
 /// Runs statements one after the other, each after a pause of `ratio` times as long as the

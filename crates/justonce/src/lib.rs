@@ -74,3 +74,37 @@ pub use justonce_sql::{
     Backend, Inbox, Message, Options, Outbox, Relay, RelayOptions, RelayRound, Row, RunError,
     StoredKey, WorkFuture, sqlx,
 };
+
+/// The Rust blocks of the README and of every page under `docs/`, compiled as doc tests:
+/// those that touch a database run against SQLite, those that need a server are `no_run`.
+#[cfg(all(doctest, feature = "sqlite", feature = "postgres"))]
+pub mod docs {
+    #[doc = include_str!("../../../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../../../docs/benchmarks.md")]
+    pub struct Benchmarks;
+    #[doc = include_str!("../../../docs/brokers.md")]
+    pub struct Brokers;
+    #[doc = include_str!("../../../docs/check.md")]
+    pub struct Check;
+    #[doc = include_str!("../../../docs/configuration.md")]
+    pub struct Configuration;
+    #[doc = include_str!("../../../docs/deploy.md")]
+    pub struct Deploy;
+    #[doc = include_str!("../../../docs/http.md")]
+    pub struct Http;
+    #[doc = include_str!("../../../docs/library.md")]
+    pub struct Library;
+    #[doc = include_str!("../../../docs/README.md")]
+    pub struct Index;
+    #[doc = include_str!("../../../docs/operations.md")]
+    pub struct Operations;
+    #[doc = include_str!("../../../docs/reliability.md")]
+    pub struct Reliability;
+    #[doc = include_str!("../../../docs/service.md")]
+    pub struct Service;
+    #[doc = include_str!("../../../docs/testing.md")]
+    pub struct Testing;
+    #[doc = include_str!("../../../docs/tls.md")]
+    pub struct Tls;
+}

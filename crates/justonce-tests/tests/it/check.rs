@@ -17,7 +17,7 @@ on_every_database!(
 );
 
 /// The `justonce` binary: `cargo test --workspace` builds it beside this test binary.
-fn justonce() -> PathBuf {
+pub(crate) fn justonce() -> PathBuf {
     let test_binary = std::env::current_exe().unwrap();
     let bin = test_binary
         .parent()

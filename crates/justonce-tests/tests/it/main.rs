@@ -9,6 +9,7 @@ mod claim;
 mod client;
 mod commit;
 mod crash;
+mod docs;
 mod harness;
 mod hostile;
 mod http;
