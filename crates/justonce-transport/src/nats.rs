@@ -843,6 +843,22 @@ fn key_of(key_from: &KeyFrom, message: &jetstream::Message) -> Result<Key, Strin
     crate::message_key(text)
 }
 
+/// Proves that the server at `url` takes a consumer with `options`: connects with its TLS
+/// settings (the server answers the connect only once it has accepted the credentials),
+/// checks that the account has JetStream, which every consumer here reads through, and
+/// drains the connection. Creates and consumes nothing. Gives up after
+/// [`PROBE_TIMEOUT`](crate::PROBE_TIMEOUT).
+pub async fn probe(url: &str, options: &NatsOptions) -> Result<(), Error> {
+    crate::within_probe_timeout(async {
+        let client = connect(url, options.tls.as_ref()).await?;
+        let account = jetstream::new(client.clone()).query_account().await;
+        let drained = client.drain().await;
+        account.map_err(|e| Error::Broker(format!("JetStream: {e}").into()))?;
+        drained.map_err(broker)
+    })
+    .await
+}
+
 /// Connects to `url`; with `tls`, over TLS whether or not the server requires it.
 async fn connect(url: &str, tls: Option<&Tls>) -> Result<async_nats::Client, Error> {
     let options = match tls {
