@@ -516,8 +516,10 @@ fn print_row(row: &Row) {
 }
 
 /// Resolves every source's and consumer's target host and probes every consumer's broker,
-/// all at once, and names each that fails: one line each. Returns how many brokers it
-/// reached: the consumers' distinct URLs.
+/// all at once, and names each that fails: one line each. A broker that refuses a consumer's
+/// settings (its TLS handshake, its URL) is bad configuration, exit code 2, as it is for
+/// `serve`; anything else that fails is a failure. Returns how many brokers it reached: the
+/// consumers' distinct URLs.
 async fn check_environment(settings: &Settings) -> Result<usize> {
     let targets = settings
         .sources
@@ -530,25 +532,34 @@ async fn check_environment(settings: &Settings) -> Result<usize> {
                 .map(|consumer| ("consumer", &consumer.name, &consumer.destination)),
         );
     let targets = futures_util::future::join_all(targets.map(|(kind, name, destination)| async move {
-        destination
-            .resolve()
-            .await
-            .err()
-            .map(|error| format!("{kind} {name}: {error}"))
+        let error = destination.resolve().await.err()?;
+        Some((false, format!("{kind} {name}: {error}")))
     }));
     let brokers = futures_util::future::join_all(settings.consumers.iter().map(|consumer| async {
-        probe_broker(consumer).await.err().map(|error| {
-            format!(
-                "consumer {}: {}: {}",
-                consumer.name,
-                crate::config::redacted(&consumer.from),
-                broker_problem(&consumer.name, &error)
-            )
-        })
+        let error = probe_broker(consumer).await.err()?;
+        let misconfigured = matches!(
+            error.kind(),
+            justonce_transport::ErrorKind::Tls | justonce_transport::ErrorKind::Config
+        );
+        let problem = format!(
+            "consumer {}: {}: {}",
+            consumer.name,
+            crate::config::redacted(&consumer.from),
+            broker_problem(&consumer.name, &error)
+        );
+        Some((misconfigured, problem))
     }));
     let (targets, brokers) = tokio::join!(targets, brokers);
-    let problems: Vec<String> = targets.into_iter().chain(brokers).flatten().collect();
-    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    let problems: Vec<(bool, String)> = targets.into_iter().chain(brokers).flatten().collect();
+    if !problems.is_empty() {
+        let lines: Vec<&str> = problems.iter().map(|(_, line)| line.as_str()).collect();
+        let report = lines.join("\n");
+        return Err(if problems.iter().any(|(misconfigured, _)| *misconfigured) {
+            Usage(report).into()
+        } else {
+            anyhow::anyhow!(report)
+        });
+    }
     let brokers: std::collections::BTreeSet<&str> =
         settings.consumers.iter().map(|c| c.from.as_str()).collect();
     Ok(brokers.len())

@@ -851,9 +851,24 @@ fn key_of(key_from: &KeyFrom, message: &jetstream::Message) -> Result<Key, Strin
 pub async fn probe(url: &str, options: &NatsOptions) -> Result<(), Error> {
     crate::within_probe_timeout(async {
         let client = connect(url, options.tls.as_ref()).await?;
-        let account = jetstream::new(client.clone()).query_account().await;
+        // The account's JetStream information, read loosely: its fields vary between
+        // server versions, and only whether the server answers it with an error matters.
+        let account: Result<jetstream::response::Response<serde_json::Value>, _> =
+            jetstream::new(client.clone()).request("INFO", b"").await;
         let drained = client.drain().await;
-        account.map_err(|e| Error::Broker(format!("JetStream: {e}").into()))?;
+        match account {
+            Ok(jetstream::response::Response::Ok(_)) => {}
+            Ok(jetstream::response::Response::Err { error }) => {
+                return Err(Error::Broker(format!("JetStream: {error}").into()));
+            }
+            // Nothing answers the JetStream API where the server runs without it.
+            Err(error) if error.kind() == jetstream::context::RequestErrorKind::NoResponders => {
+                return Err(Error::Broker(
+                    "JetStream is not enabled on the server for this account".into(),
+                ));
+            }
+            Err(error) => return Err(Error::Broker(format!("JetStream: {error}").into())),
+        }
         drained.map_err(broker)
     })
     .await
