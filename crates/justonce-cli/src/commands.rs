@@ -531,10 +531,11 @@ async fn check_environment(settings: &Settings) -> Result<usize> {
                 .iter()
                 .map(|consumer| ("consumer", &consumer.name, &consumer.destination)),
         );
-    let targets = futures_util::future::join_all(targets.map(|(kind, name, destination)| async move {
-        let error = destination.resolve().await.err()?;
-        Some((false, format!("{kind} {name}: {error}")))
-    }));
+    let targets =
+        futures_util::future::join_all(targets.map(|(kind, name, destination)| async move {
+            let error = destination.resolve().await.err()?;
+            Some((false, format!("{kind} {name}: {error}")))
+        }));
     let brokers = futures_util::future::join_all(settings.consumers.iter().map(|consumer| async {
         let error = probe_broker(consumer).await.err()?;
         let misconfigured = matches!(
@@ -554,11 +555,13 @@ async fn check_environment(settings: &Settings) -> Result<usize> {
     if !problems.is_empty() {
         let lines: Vec<&str> = problems.iter().map(|(_, line)| line.as_str()).collect();
         let report = lines.join("\n");
-        return Err(if problems.iter().any(|(misconfigured, _)| *misconfigured) {
-            Usage(report).into()
-        } else {
-            anyhow::anyhow!(report)
-        });
+        return Err(
+            if problems.iter().any(|(misconfigured, _)| *misconfigured) {
+                Usage(report).into()
+            } else {
+                anyhow::anyhow!(report)
+            },
+        );
     }
     let brokers: std::collections::BTreeSet<&str> =
         settings.consumers.iter().map(|c| c.from.as_str()).collect();

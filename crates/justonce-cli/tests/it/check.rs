@@ -136,7 +136,10 @@ async fn nats_without_jetstream() -> (tokio::process::Child, String) {
         .spawn()
         .expect("nats-server");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
         assert!(Instant::now() < deadline, "nats-server did not listen");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -157,7 +160,12 @@ async fn check_names_each_consumer_whose_broker_fails() {
     let redis = justonce_tests::redis_url().replacen("redis://", "redis://:wrong-password@", 1);
     let failing = [
         ("rabbit_refused", refused, "guest:***@", "ACCESS_REFUSED"),
-        ("redis_refused", redis, "redis://:***@", "authentication failed"),
+        (
+            "redis_refused",
+            redis,
+            "redis://:***@",
+            "authentication failed",
+        ),
         ("nats_plain", plain_nats, "nats://127.0.0.1:", "JetStream"),
         (
             "nats_closed",
