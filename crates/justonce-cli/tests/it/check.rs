@@ -245,3 +245,47 @@ async fn check_leaves_a_running_mqtt_consumer_connected() {
     );
     drop_database(db, &url).await;
 }
+
+/// A consumer of each broker on a port that takes connections and never answers: `check`
+/// gives each up after its few seconds, at the same time, and names all four.
+#[tokio::test]
+async fn check_gives_up_on_brokers_that_never_answer() {
+    let (db, url) = database::<Sqlite>("check-brokers-silent").await;
+    // The kernel completes the handshakes; nothing ever reads or writes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let config = [
+        consumer(
+            "rabbit",
+            &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            &db.prefix,
+        ),
+        consumer("nats", &format!("nats://127.0.0.1:{port}"), &db.prefix),
+        consumer("redis", &format!("redis://127.0.0.1:{port}"), &db.prefix),
+        consumer("mqtt", &format!("mqtt://127.0.0.1:{port}"), &db.prefix),
+    ]
+    .concat();
+    let server = Server::configure_with(&url, "http://127.0.0.1:1/x", &config);
+    assert_eq!(run_capturing(&server, &["migrate"]).await.0, 0);
+    let started = Instant::now();
+    let (code, stdout, stderr) = run_capturing(&server, &["check"]).await;
+    let took = started.elapsed();
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    for name in ["rabbit", "nats", "redis", "mqtt"] {
+        let line = stderr
+            .lines()
+            .find(|line| line.contains(&format!("consumer {name}: ")))
+            .unwrap_or_else(|| panic!("{name} is not named: {stderr}"));
+        // The probe's limit, or the client's own connection timeout of the same length.
+        let line = line.to_lowercase();
+        assert!(
+            ["no answer within 5 s", "timeout", "timed out"]
+                .iter()
+                .any(|cause| line.contains(cause)),
+            "{line}"
+        );
+    }
+    assert!(took < Duration::from_secs(10), "check took {took:?}");
+    drop(silent);
+    drop_database(db, &url).await;
+}
