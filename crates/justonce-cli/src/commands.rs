@@ -1,6 +1,6 @@
 //! Each command against the configured database.
 
-use crate::config::Settings;
+use crate::config::{BrokerOptions, ConsumerSettings, Settings};
 use crate::pacing::Pacer;
 use crate::progress::Progress;
 use crate::{CheckArgs, Command, DlqCommand, KeyArgs, KeysCommand};
@@ -135,11 +135,11 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         }
         Command::Check(_) => {
             inbox.check().await?;
-            check_targets(&settings).await?;
+            let brokers = check_environment(&settings).await?;
             println!(
-                "configuration and database are fine: {} sources, {} consumers",
+                "configuration and database are fine: {} sources, {} consumers, {brokers} brokers reached",
                 settings.sources.len(),
-                settings.consumers.len()
+                settings.consumers.len(),
             );
         }
         Command::Purge { batch_size, pause } => {
@@ -515,9 +515,12 @@ fn print_row(row: &Row) {
     println!("{}", String::from_utf8_lossy(&row.payload));
 }
 
-/// `justonce check` with a target or a job: the conformance kit.
-/// Resolves every source's and consumer's target host, and names each that does not.
-async fn check_targets(settings: &Settings) -> Result<()> {
+/// Resolves every source's and consumer's target host and probes every consumer's broker,
+/// all at once, and names each that fails: one line each. A broker that refuses a consumer's
+/// settings (its TLS handshake, its URL) is bad configuration, exit code 2, as it is for
+/// `serve`; anything else that fails is a failure. Returns how many brokers it reached: the
+/// consumers' distinct URLs.
+async fn check_environment(settings: &Settings) -> Result<usize> {
     let targets = settings
         .sources
         .iter()
@@ -528,22 +531,67 @@ async fn check_targets(settings: &Settings) -> Result<()> {
                 .iter()
                 .map(|consumer| ("consumer", &consumer.name, &consumer.destination)),
         );
-    let checks = targets.map(|(kind, name, destination)| async move {
-        destination
-            .resolve()
-            .await
-            .err()
-            .map(|error| format!("{kind} {name}: {error}"))
-    });
-    let problems: Vec<String> = futures_util::future::join_all(checks)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
-    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
-    Ok(())
+    let targets =
+        futures_util::future::join_all(targets.map(|(kind, name, destination)| async move {
+            let error = destination.resolve().await.err()?;
+            Some((false, format!("{kind} {name}: {error}")))
+        }));
+    let brokers = futures_util::future::join_all(settings.consumers.iter().map(|consumer| async {
+        let error = probe_broker(consumer).await.err()?;
+        let misconfigured = matches!(
+            error.kind(),
+            justonce_transport::ErrorKind::Tls | justonce_transport::ErrorKind::Config
+        );
+        let problem = format!(
+            "consumer {}: {}: {}",
+            consumer.name,
+            crate::config::redacted(&consumer.from),
+            broker_problem(&consumer.name, &error)
+        );
+        Some((misconfigured, problem))
+    }));
+    let (targets, brokers) = tokio::join!(targets, brokers);
+    let problems: Vec<(bool, String)> = targets.into_iter().chain(brokers).flatten().collect();
+    if !problems.is_empty() {
+        let lines: Vec<&str> = problems.iter().map(|(_, line)| line.as_str()).collect();
+        let report = lines.join("\n");
+        return Err(
+            if problems.iter().any(|(misconfigured, _)| *misconfigured) {
+                Usage(report).into()
+            } else {
+                anyhow::anyhow!(report)
+            },
+        );
+    }
+    let brokers: std::collections::BTreeSet<&str> =
+        settings.consumers.iter().map(|c| c.from.as_str()).collect();
+    Ok(brokers.len())
 }
 
+/// Connects to the consumer's broker with its settings and disconnects, within a few
+/// seconds: see each broker's `probe`.
+async fn probe_broker(consumer: &ConsumerSettings) -> Result<(), justonce_transport::Error> {
+    let url = consumer.from.as_str();
+    match &consumer.options {
+        BrokerOptions::Amqp(options) => justonce_transport::amqp::probe(url, options).await,
+        BrokerOptions::Nats(options) => justonce_transport::nats::probe(url, options).await,
+        BrokerOptions::Redis(options) => {
+            justonce_transport::redis_streams::probe(url, options).await
+        }
+        BrokerOptions::Mqtt(options) => justonce_transport::mqtt::probe(url, options).await,
+    }
+}
+
+/// Why a consumer's broker failed its probe, in words; a refused TLS handshake with the
+/// setting to look at.
+fn broker_problem(name: &str, error: &justonce_transport::Error) -> String {
+    match error {
+        justonce_transport::Error::Tls(tls) => crate::serve::tls_advice(name, tls),
+        error => error.to_string(),
+    }
+}
+
+/// `justonce check` with a target or a job: the conformance kit.
 async fn check(settings: &Settings, args: &CheckArgs) -> Result<()> {
     let effects = match (&args.effects, &args.count) {
         (Some(sql), None) => check::Effects::Rows(sql.clone()),

@@ -584,7 +584,7 @@ fn bare_or_quoted(key: &str) -> String {
 
 /// `text` with the user information of a URL (the password, or a user that may be a
 /// token) and any query parameter that names a password, secret or token as `***`.
-fn redacted(text: &str) -> String {
+pub fn redacted(text: &str) -> String {
     let mut redacted = text.to_owned();
     if let Some((scheme, rest)) = text.split_once("://") {
         let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];

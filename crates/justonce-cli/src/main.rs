@@ -69,8 +69,9 @@ enum Command {
         #[arg(long, default_value_t = 0, requires = "print_sql")]
         since: i64,
     },
-    /// Check the configuration and the database, then exit; or, given a target or a job,
-    /// check that it acts once per event however often the event arrives.
+    /// Check the configuration and the database, resolve every target's host and connect to
+    /// every consumer's broker, then exit; or, given a target or a job, check that it acts
+    /// once per event however often the event arrives.
     ///
     /// The conformance kit sends generated events, each twice: a third of them both at once,
     /// a third one after the other, a third again after --between and --delay. Then it

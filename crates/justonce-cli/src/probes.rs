@@ -140,7 +140,8 @@ struct Probed<DB: Backend> {
 ///
 /// `/livez` answers `200` from memory: the process serves. `/readyz` answers `200` when the
 /// database answered within a second and every consumer is consuming, and `503`
-/// problem+json naming each part that is not otherwise.
+/// problem+json naming each part that is not otherwise, with the same states and each
+/// consumer's last error as members.
 pub fn router<DB: Backend>(inbox: &Inbox<DB>, consumers: &Arc<Consumers>) -> Router {
     let probed = Arc::new(Probed {
         inbox: inbox.clone(),
@@ -170,10 +171,17 @@ async fn readyz<DB: Backend>(State(probed): State<Arc<Probed<DB>>>) -> Response 
         }
     };
     let mut consumers = serde_json::Map::new();
+    let mut last_errors = serde_json::Map::new();
     for (name, state) in probed.consumers.states() {
         let connected = state == Connection::Connected;
         if !connected {
             failing.push(format!("consumer {name}: {state}"));
+        }
+        if let Connection::Connecting {
+            last_error: Some(error),
+        } = &state
+        {
+            last_errors.insert(name.clone(), error.as_str().into());
         }
         let state = if connected { "connected" } else { "connecting" };
         consumers.insert(name, state.into());
@@ -183,10 +191,18 @@ async fn readyz<DB: Backend>(State(probed): State<Arc<Probed<DB>>>) -> Response 
             serde_json::json!({ "status": "ready", "database": store, "consumers": consumers });
         ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
     } else {
-        justonce_http::problem(
+        // The states as the ready answer gives them, and each consumer's last error, for a
+        // monitor to read.
+        let members = serde_json::Map::from_iter([
+            ("database".to_owned(), store.into()),
+            ("consumers".to_owned(), consumers.into()),
+            ("last_errors".to_owned(), last_errors.into()),
+        ]);
+        justonce_http::problem_with(
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready",
             failing.join("; "),
+            members,
         )
     }
 }

@@ -394,6 +394,11 @@ where
 
 /// A refused TLS handshake in plain words, with the consumer and the setting to look at.
 fn tls_problem(name: &str, tls: &justonce_transport::tls::TlsError) -> String {
+    format!("consumers.{name}: {}", tls_advice(name, tls))
+}
+
+/// A refused TLS handshake of consumer `name` in plain words, with the setting to look at.
+pub fn tls_advice(name: &str, tls: &justonce_transport::tls::TlsError) -> String {
     use justonce_transport::tls::TlsError;
     let setting = match tls {
         TlsError::UnknownIssuer => "tls_ca: the CA that signed the broker's certificate",
@@ -404,7 +409,7 @@ fn tls_problem(name: &str, tls: &justonce_transport::tls::TlsError) -> String {
         TlsError::Handshake(_) => "from: the broker's TLS port",
         _ => "tls_ca, or the broker's certificate",
     };
-    format!("consumers.{name}: cannot connect over TLS: {tls}; check consumers.{name}.{setting}")
+    format!("cannot connect over TLS: {tls}; check consumers.{name}.{setting}")
 }
 
 /// How long a consumer waits before connecting again to a broker that failed.

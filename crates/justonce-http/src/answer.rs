@@ -7,16 +7,26 @@ use axum::response::{IntoResponse, Response};
 
 /// An `application/problem+json` answer (RFC 9457).
 pub fn problem(status: StatusCode, title: &str, detail: impl Into<String>) -> Response {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail.into(),
-    });
+    problem_with(status, title, detail, serde_json::Map::new())
+}
+
+/// [`problem`] with extension `members` beside the standard ones, for a client to read
+/// what the detail says in words.
+pub fn problem_with(
+    status: StatusCode,
+    title: &str,
+    detail: impl Into<String>,
+    members: serde_json::Map<String, serde_json::Value>,
+) -> Response {
+    let mut body = members;
+    body.insert("type".to_owned(), "about:blank".into());
+    body.insert("title".to_owned(), title.into());
+    body.insert("status".to_owned(), status.as_u16().into());
+    body.insert("detail".to_owned(), detail.into().into());
     (
         status,
         [(CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
+        serde_json::Value::Object(body).to_string(),
     )
         .into_response()
 }

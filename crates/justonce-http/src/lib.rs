@@ -41,7 +41,7 @@ pub mod server;
 mod standard_webhooks;
 
 #[cfg(any(feature = "receiver", feature = "server"))]
-pub use answer::problem;
+pub use answer::{problem, problem_with};
 #[cfg(feature = "destination")]
 pub use destination::HttpDestination;
 

@@ -570,6 +570,18 @@ impl Destination for AmqpDestination {
     }
 }
 
+/// Proves that the broker at `url` takes a consumer with `options`: opens a connection with
+/// its TLS settings, whose AMQP handshake completes only once the broker has accepted the
+/// credentials and the virtual host, and closes it. Declares and consumes nothing. Gives up
+/// after [`PROBE_TIMEOUT`](crate::PROBE_TIMEOUT).
+pub async fn probe(url: &str, options: &AmqpOptions) -> Result<(), Error> {
+    crate::within_probe_timeout(async {
+        let connection = connect(url, options.tls.as_ref()).await?;
+        connection.close(200, "probed".into()).await.map_err(broker)
+    })
+    .await
+}
+
 /// Connects to `url`; an `amqps://` URL over TLS with `tls`, or the defaults.
 async fn connect(url: &str, tls: Option<&Tls>) -> Result<Connection, Error> {
     let uri: AMQPUri = url

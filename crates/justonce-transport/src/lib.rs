@@ -26,6 +26,12 @@
 //!
 //! Nothing is acknowledged before its transaction has committed.
 //!
+//! Each broker's module has a `probe` ([`amqp::probe`], [`nats::probe`],
+//! [`redis_streams::probe`], [`mqtt::probe`]): it connects with a consumer's settings, proves
+//! that the broker answers and accepts the credentials, and disconnects, without declaring,
+//! subscribing or consuming anything, within [`PROBE_TIMEOUT`]. A deployment check calls it
+//! before it starts consumers.
+//!
 //! A single reader ([`nats::NatsReader`], [`redis_streams::RedisStreamReader`]) acknowledges
 //! nothing: it stores each entry's position as an offset in the same transaction as the work,
 //! and starts after the stored offset.
@@ -49,6 +55,29 @@ pub mod tls;
 
 use justonce_core::Key;
 use justonce_sql::Outcome;
+
+/// How long a broker's `probe` (such as [`amqp::probe`]) waits for the broker before it
+/// gives up: a broker that does not answer is as unusable as one that refuses.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `probe` within [`PROBE_TIMEOUT`].
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+pub(crate) async fn within_probe_timeout(
+    probe: impl std::future::Future<Output = Result<(), Error>>,
+) -> Result<(), Error> {
+    tokio::time::timeout(PROBE_TIMEOUT, probe)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Broker(
+                format!("no answer within {} s", PROBE_TIMEOUT.as_secs()).into(),
+            ))
+        })
+}
 
 /// The header that counts a message's attempts: absent on the first.
 pub const ATTEMPT_HEADER: &str = "x-justonce-attempt";

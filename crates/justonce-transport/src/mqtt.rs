@@ -196,6 +196,8 @@ impl Failure {
 
 /// What the event loop passes on to the consumer or publisher.
 enum Confirm {
+    /// The broker accepted the connection (a `CONNACK` with success).
+    Connected,
     /// The event loop sent a publish with this packet id.
     Sent(u16),
     /// The broker acknowledged the publish with this packet id.
@@ -352,9 +354,12 @@ async fn drive(
                 };
                 confirms.send(Confirm::Subscribed(answer)).is_ok()
             }
+            Ok(Event::Incoming(Packet::ConnAck(_))) => confirms.send(Confirm::Connected).is_ok(),
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
                 confirms.send(Confirm::Sent(pkid)).is_ok()
             }
+            // Nothing follows a DISCONNECT on the wire: the waiters see the channels close.
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => false,
             Ok(_) => true,
             Err(error) => {
                 let failure = Failure::of(&error);
@@ -747,6 +752,33 @@ impl Destination for MqttDestination {
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
         Box::pin(async move { crate::delivered(self.send(delivery).await) })
     }
+}
+
+/// Proves that the broker at `url` takes a consumer with `options`: connects with its TLS
+/// settings and login, waits for the broker to accept the connection, and disconnects.
+/// It connects as the consumer's client id with `-check` added, on a clean session, so that
+/// it neither takes over a running consumer's connection nor touches its persistent
+/// session. Subscribes to nothing. Gives up after [`PROBE_TIMEOUT`](crate::PROBE_TIMEOUT).
+pub async fn probe(url: &str, options: &MqttOptions) -> Result<(), Error> {
+    let client_id = format!("{}-check", options.client_id);
+    crate::within_probe_timeout(async {
+        let connection = Connection::open(url, options.tls.as_ref(), &client_id, None)?;
+        let mut confirms = connection.confirms.lock().await;
+        match confirms.recv().await {
+            Some(Confirm::Connected) => {}
+            Some(Confirm::Failed(failure)) => return Err(failure.error()),
+            _ => return Err(Error::Broker("the connection closed".into())),
+        }
+        connection
+            .client
+            .disconnect()
+            .await
+            .map_err(|error| ended(&mut confirms, error))?;
+        // The event loop ends once the DISCONNECT is sent.
+        while confirms.recv().await.is_some() {}
+        Ok(())
+    })
+    .await
 }
 
 /// Where a broker is, whether over TLS, and who to log in as.

@@ -843,6 +843,37 @@ fn key_of(key_from: &KeyFrom, message: &jetstream::Message) -> Result<Key, Strin
     crate::message_key(text)
 }
 
+/// Proves that the server at `url` takes a consumer with `options`: connects with its TLS
+/// settings (the server answers the connect only once it has accepted the credentials),
+/// checks that the account has JetStream, which every consumer here reads through, and
+/// drains the connection. Creates and consumes nothing. Gives up after
+/// [`PROBE_TIMEOUT`](crate::PROBE_TIMEOUT).
+pub async fn probe(url: &str, options: &NatsOptions) -> Result<(), Error> {
+    crate::within_probe_timeout(async {
+        let client = connect(url, options.tls.as_ref()).await?;
+        // The account's JetStream information, read loosely: its fields vary between
+        // server versions, and only whether the server answers it with an error matters.
+        let account: Result<jetstream::response::Response<serde_json::Value>, _> =
+            jetstream::new(client.clone()).request("INFO", b"").await;
+        let drained = client.drain().await;
+        match account {
+            Ok(jetstream::response::Response::Ok(_)) => {}
+            Ok(jetstream::response::Response::Err { error }) => {
+                return Err(Error::Broker(format!("JetStream: {error}").into()));
+            }
+            // Nothing answers the JetStream API where the server runs without it.
+            Err(error) if error.kind() == jetstream::context::RequestErrorKind::NoResponders => {
+                return Err(Error::Broker(
+                    "JetStream is not enabled on the server for this account".into(),
+                ));
+            }
+            Err(error) => return Err(Error::Broker(format!("JetStream: {error}").into())),
+        }
+        drained.map_err(broker)
+    })
+    .await
+}
+
 /// Connects to `url`; with `tls`, over TLS whether or not the server requires it.
 async fn connect(url: &str, tls: Option<&Tls>) -> Result<async_nats::Client, Error> {
     let options = match tls {

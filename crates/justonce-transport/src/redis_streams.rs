@@ -448,6 +448,23 @@ fn dead_letter_fields(entry: &Entry, reason: &str) -> Vec<(String, Vec<u8>)> {
     fields
 }
 
+/// Proves that the server at `url` takes a consumer with `options`: connects with its TLS
+/// settings and the URL's login, and sends `PING`, which a server that wants a login (or
+/// another one) refuses. Creates and reads nothing. Gives up after
+/// [`PROBE_TIMEOUT`](crate::PROBE_TIMEOUT).
+pub async fn probe(url: &str, options: &RedisStreamOptions) -> Result<(), Error> {
+    crate::within_probe_timeout(async {
+        let mut redis = connect(url, options.tls.as_ref()).await?;
+        // Dropping the connection closes it: Redis has no goodbye but the deprecated QUIT.
+        redis::cmd("PING")
+            .query_async::<String>(&mut redis)
+            .await
+            .map(drop)
+            .map_err(broker)
+    })
+    .await
+}
+
 /// Connects to `url` with a response timeout past the time a read blocks on the server; a
 /// `rediss://` URL over TLS with `tls`, or the defaults.
 async fn connect(url: &str, tls: Option<&Tls>) -> Result<MultiplexedConnection, Error> {

@@ -1,9 +1,10 @@
 //! `serve` consuming each broker over TLS, a throwaway server of the test's own that speaks
 //! only TLS: with another CA in `tls_ca` it exits 2 at start, naming the consumer and the
-//! setting; with the right one, messages published twice over TLS reach the target once per
-//! key. With `tls_verify = "insecure"` it consumes and warns at start.
+//! setting, and so does `check`; with the right one, `check` reaches the broker and messages
+//! published twice over TLS reach the target once per key. With `tls_verify = "insecure"` it
+//! consumes and warns at start.
 
-use super::serve::{Server, client, database, drop_database};
+use super::serve::{Server, client, database, drop_database, run_capturing};
 use justonce_sql::sqlx::Sqlite;
 use justonce_sql::{Delivered, Delivery, Destination};
 use justonce_tests::Sink;
@@ -100,10 +101,27 @@ async fn consumes_over_tls_and_exits_2_with_another_ca(kind: Kind, test: &str) {
         ),
         "{stderr}"
     );
+    // `check` refuses the same setting with the same exit code, naming the consumer.
+    let (code, stdout, stderr) = run_capturing(&server, &["check"]).await;
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "consumer orders: {}: cannot connect over TLS: the broker's certificate is not \
+             signed by a trusted CA; check consumers.orders.tls_ca",
+            broker.url().replacen("guest:guest@", "guest:***@", 1)
+        )),
+        "{stderr}"
+    );
     drop(server);
 
     let settings = consumer(kind, &broker.url(), &tls_ca(&ca.ca_file()), &sink.url());
     let mut server = Server::configure_with(&url, &sink.url(), &settings);
+    let (code, stdout, stderr) = run_capturing(&server, &["check"]).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("1 consumers, 1 brokers reached"),
+        "{stdout}"
+    );
     server.start().await;
     await_ready(&server).await;
     let publisher = publisher(kind, &broker.url(), &ca.ca_file());

@@ -287,7 +287,8 @@ async fn with_postgres_down_webhooks_are_refused_at_once_and_probes_answer() {
 }
 
 /// A consumer whose broker refuses its credentials keeps `/readyz` at 503, naming the
-/// consumer and the broker's answer, and the status page shows it.
+/// consumer and the broker's answer in its detail and as members (the state, the last
+/// error), and the status page shows both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_names_a_consumer_that_cannot_connect() {
     let (db, url) = database::<Sqlite>("readyz-consumer").await;
@@ -309,9 +310,21 @@ async fn readyz_names_a_consumer_that_cannot_connect() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(named.contains("consumer orders: not connected:"), "{named}");
+    let problem: serde_json::Value = serde_json::from_str(&named).unwrap();
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("consumer orders: not connected: ") && detail.contains("ACCESS_REFUSED"),
+        "{named}"
+    );
+    assert_eq!(problem["database"], "up", "{named}");
+    assert_eq!(problem["consumers"]["orders"], "connecting", "{named}");
+    let last_error = problem["last_errors"]["orders"].as_str().unwrap();
+    assert!(last_error.contains("ACCESS_REFUSED"), "{named}");
     let (_, page, _) = timed_get(&client, &format!("{}/", server.admin)).await;
-    assert!(page.contains("orders: not connected"), "{page}");
+    assert!(
+        page.contains("orders: not connected: ") && page.contains("ACCESS_REFUSED"),
+        "{page}"
+    );
     server.stop().await;
     drop_database(db, &url).await;
 }
