@@ -4,6 +4,9 @@
 //! normal. justonce records each message's key under a unique constraint in the same
 //! database transaction as the work, and skips a key it has already processed.
 //!
+//! This crate is the one to depend on. Each part is a feature, and each feature adds a
+//! module of its name: [`http`], [`amqp`], [`nats`], [`redis`], [`mqtt`].
+//!
 //! # What it promises
 //!
 //! - An acknowledged message produces its effect exactly once when the effect is written
@@ -13,18 +16,6 @@
 //!   each carries a stable idempotency key derived from the message key
 //!   ([`Identity::derive`]), so the receiver can make them once too.
 //! - Nobody promises exactly-once *delivery*: justonce gives you once in effect.
-//!
-//! # Features
-//!
-//! | feature    | what it adds                                              |
-//! |------------|-----------------------------------------------------------|
-//! | `sqlite`   | [`Inbox`] on SQLite (bundled): the embedded default       |
-//! | `postgres` | [`Inbox`] on PostgreSQL, for several instances and scale  |
-//! | `mysql`    | [`Inbox`] on MariaDB or MySQL                             |
-//! | `tls`      | TLS to PostgreSQL and MariaDB/MySQL (rustls with ring)    |
-//!
-//! Without a feature you get the vocabulary only: [`Key`], [`Consumer`], [`Scope`],
-//! [`Fingerprint`], [`Retention`], [`Outcome`] and the errors.
 //!
 //! # Example
 //!
@@ -66,11 +57,205 @@
 //! # fn main() {}
 //! ```
 //!
+//! # Feature flags
+//!
+//! No feature is on by default. Without one you get the vocabulary only: [`Key`],
+//! [`Consumer`], [`Scope`], [`Fingerprint`], [`Retention`], [`Outcome`] and the errors.
+//!
+//! | feature            | what it adds                                                        |
+//! |--------------------|---------------------------------------------------------------------|
+//! | `sqlite`           | [`Inbox`] on SQLite (bundled): the embedded default                 |
+//! | `postgres`         | [`Inbox`] on PostgreSQL, for several instances and scale            |
+//! | `mysql`            | [`Inbox`] on MariaDB or MySQL                                       |
+//! | `tls`              | TLS to PostgreSQL and MariaDB/MySQL (rustls with ring)              |
+//! | `receiver`         | `http::receiver`: the webhook receiver, an axum router              |
+//! | `http-server`      | `http::server`: the Idempotency-Key layer for axum routes           |
+//! | `http-client`      | `http::client`: POSTs that send one Idempotency-Key on every retry  |
+//! | `http-destination` | `http::HttpDestination`: the relay POSTs each outbox row            |
+//! | `amqp`             | [`amqp`]: a RabbitMQ consumer and publisher                         |
+//! | `nats`             | [`nats`]: a NATS JetStream consumer, reader and publisher           |
+//! | `redis`            | [`redis`]: a Redis Streams consumer, reader and publisher; leases   |
+//! | `mqtt`             | [`mqtt`]: an MQTT 5 subscriber and publisher                        |
+//!
+//! Any broker feature adds [`broker`]: what every broker's consumer shares, TLS included.
+//! Pick the database features you run on; the HTTP parts and the brokers work with each.
+//!
+//! # One crate
+//!
+//! Every part is reachable from here, and so is every type its methods take or return:
+//!
+//! ```
+//! # #[cfg(all(feature = "sqlite", feature = "receiver", feature = "http-server",
+//! #     feature = "http-client", feature = "amqp", feature = "nats", feature = "redis",
+//! #     feature = "mqtt"))]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use justonce::http::client::{IdempotencyKey, RetryingClient};
+//! use justonce::http::receiver::{self, IdLocation, Scheme, Source};
+//! use justonce::http::server::IdempotencyLayer;
+//! use justonce::sqlx::Sqlite;
+//! use justonce::{Consumer, Inbox, InboxOptions, OutboxStats, amqp, broker, nats, redis};
+//!
+//! let options = InboxOptions::default().prefix("facade_");
+//! let inbox = Inbox::<Sqlite>::connect_with("sqlite::memory:", Consumer::new("orders")?, options)
+//!     .await?;
+//! inbox.migrate().await?;
+//!
+//! // The webhook receiver and the Idempotency-Key layer, both on this inbox.
+//! let github = Source::new(
+//!     "github",
+//!     Scheme::Github { secrets: vec![b"s3cret".to_vec()] },
+//!     IdLocation::Header(justonce::http::axum::http::HeaderName::from_static("x-github-delivery")),
+//! )?;
+//! let webhooks = receiver::router(&inbox, vec![github], 1 << 20);
+//! let payments = justonce::http::axum::Router::<()>::new()
+//!     .layer(IdempotencyLayer::transactional(inbox.clone()).shared());
+//! let _app = webhooks.merge(payments);
+//!
+//! // The retrying client, with a key it sends on every try.
+//! let client = RetryingClient::new(RetryingClient::http_client(std::time::Duration::from_secs(5))?);
+//! let _request = client
+//!     .post("https://payments.example/charges")
+//!     .key(IdempotencyKey::new("charge-1")?);
+//!
+//! // Every broker: its consumer's options, and what they share.
+//! let tls = broker::Tls::default();
+//! let _amqp = amqp::AmqpOptions::new("orders").key_from(broker::KeyFrom::MessageId).tls(tls.clone());
+//! let _nats = nats::NatsOptions::new("ORDERS", "orders.>").tls(tls.clone());
+//! let _redis = redis::RedisStreamOptions::new("orders", "shipping").tls(tls.clone());
+//! let _mqtt = justonce::mqtt::MqttOptions::new("orders", "shipping-1").tls(tls);
+//! let _leases: Option<redis::RedisLeases> = None;
+//!
+//! // What the outbox holds, in types of this crate.
+//! let stats: OutboxStats = inbox.outbox().stats().await?;
+//! assert_eq!(stats.due, 0);
+//! # Ok(())
+//! # }
+//! # #[cfg(not(all(feature = "sqlite", feature = "receiver", feature = "http-server",
+//! #     feature = "http-client", feature = "amqp", feature = "nats", feature = "redis",
+//! #     feature = "mqtt")))]
+//! # fn main() {}
+//! ```
+//!
+//! # Names
+//!
+//! The outbox's and the inbox's types carry their part's name here, so that they read
+//! apart from sqlx's and std's: [`InboxOptions`], [`OutboxMessage`], [`OutboxRow`].
+//!
 //! The rule comes from the Agent Wranglers integration and events playbook (CC BY 4.0):
 //! <https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers>.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub use justonce_core::*;
+pub use justonce_sql::Message as OutboxMessage;
+pub use justonce_sql::Options as InboxOptions;
+pub use justonce_sql::Row as OutboxRow;
 pub use justonce_sql::{
-    Backend, Inbox, Message, Options, Outbox, Relay, RelayOptions, RelayRound, Row, RunError,
-    StoredKey, WorkFuture, sqlx,
+    BackedOff, Backend, DELIVERED_SECONDS, Inbox, KeyCount, Outbox, OutboxStats, Relay,
+    RelayOptions, RelayRound, RunError, StoredKey, StoredOffset, WorkFuture, sqlx,
 };
+
+/// HTTP: the webhook receiver, the Idempotency-Key layer, the retrying client and the
+/// relay's HTTP destination, each behind its feature.
+#[cfg(any(
+    feature = "receiver",
+    feature = "http-server",
+    feature = "http-client",
+    feature = "http-destination"
+))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(
+        feature = "receiver",
+        feature = "http-server",
+        feature = "http-client",
+        feature = "http-destination"
+    )))
+)]
+pub mod http {
+    #[cfg(any(feature = "receiver", feature = "http-server"))]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "receiver", feature = "http-server"))))]
+    pub use justonce_http::{axum, problem};
+
+    #[cfg(feature = "http-client")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http-client")))]
+    pub use justonce_http::{client, reqwest};
+
+    #[cfg(feature = "http-destination")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http-destination")))]
+    pub use justonce_http::HttpDestination;
+
+    #[cfg(feature = "receiver")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "receiver")))]
+    pub use justonce_http::receiver;
+
+    #[cfg(feature = "http-server")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http-server")))]
+    pub use justonce_http::server;
+}
+
+/// What every broker's consumer shares: where a delivery's key is, what the work sees,
+/// what a run came to, the counts, the errors, and TLS to the broker.
+#[cfg(any(
+    feature = "amqp",
+    feature = "nats",
+    feature = "redis",
+    feature = "mqtt"
+))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(
+        feature = "amqp",
+        feature = "nats",
+        feature = "redis",
+        feature = "mqtt"
+    )))
+)]
+pub mod broker {
+    pub use justonce_transport::tls::{Tls, TlsError};
+    pub use justonce_transport::{
+        ATTEMPT_HEADER, ConsumerStats, Error, ErrorKind, Incoming, KeyFrom, REASON_HEADER, Ran,
+    };
+}
+
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use justonce_transport::amqp;
+
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use justonce_transport::nats;
+
+#[cfg(feature = "mqtt")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
+pub use justonce_transport::mqtt;
+
+/// Redis: a Redis Streams consumer group reader, a single reader that keeps its position
+/// in the database, the relay's publisher, and leases kept on Redis.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis {
+    pub use justonce_redis::*;
+    pub use justonce_transport::redis_streams::*;
+}
+
+/// Describes the metrics of every enabled part, for the `# HELP` lines of an exporter.
+/// Call it once, after installing the metrics recorder.
+pub fn describe_metrics() {
+    justonce_sql::describe_metrics();
+    #[cfg(any(
+        feature = "receiver",
+        feature = "http-server",
+        feature = "http-client",
+        feature = "http-destination"
+    ))]
+    justonce_http::describe_metrics();
+    #[cfg(any(
+        feature = "amqp",
+        feature = "nats",
+        feature = "redis",
+        feature = "mqtt"
+    ))]
+    justonce_transport::describe_metrics();
+}
