@@ -82,7 +82,9 @@
 //!
 //! # One crate
 //!
-//! Every part is reachable from here, and so is every type its methods take or return:
+//! Every part is reachable from here, and so is every type its methods take or return.
+//! A webhook receiver and a payments route behind the Idempotency-Key layer, on one
+//! inbox, called by the retrying client:
 //!
 //! ```
 //! # #[cfg(all(feature = "sqlite", feature = "receiver", feature = "http-server",
@@ -90,45 +92,66 @@
 //! #     feature = "mqtt"))]
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use justonce::http::axum::{self, Router, http::StatusCode, routing::post};
 //! use justonce::http::client::{IdempotencyKey, RetryingClient};
 //! use justonce::http::receiver::{self, IdLocation, Scheme, Source};
+//! use justonce::http::reqwest::header::{HeaderName, HeaderValue};
 //! use justonce::http::server::IdempotencyLayer;
 //! use justonce::sqlx::Sqlite;
-//! use justonce::{Consumer, Inbox, InboxOptions, OutboxStats, amqp, broker, nats, redis};
+//! use justonce::{Consumer, Inbox, InboxOptions, OutboxStats};
+//! use std::time::Duration;
 //!
-//! let options = InboxOptions::default().prefix("facade_");
-//! let inbox = Inbox::<Sqlite>::connect_with("sqlite::memory:", Consumer::new("orders")?, options)
+//! let options = InboxOptions::default().prefix("shop_");
+//! let inbox = Inbox::<Sqlite>::connect_with("sqlite::memory:", Consumer::new("shop")?, options)
 //!     .await?;
 //! inbox.migrate().await?;
 //!
-//! // The webhook receiver and the Idempotency-Key layer, both on this inbox.
-//! let github = Source::new(
-//!     "github",
-//!     Scheme::Github { secrets: vec![b"s3cret".to_vec()] },
-//!     IdLocation::Header(justonce::http::axum::http::HeaderName::from_static("x-github-delivery")),
-//! )?;
-//! let webhooks = receiver::router(&inbox, vec![github], 1 << 20);
-//! let payments = justonce::http::axum::Router::<()>::new()
-//!     .layer(IdempotencyLayer::transactional(inbox.clone()).shared());
-//! let _app = webhooks.merge(payments);
+//! // `POST /webhooks/orders`, each event keyed by its `x-event-id`.
+//! let event_id = HeaderName::from_static("x-event-id");
+//! let orders = Source::new("orders", Scheme::None, IdLocation::Header(event_id.clone()))?;
+//! // `POST /payments`, run once per `Idempotency-Key`.
+//! let payments = Router::new()
+//!     .route("/payments", post(|| async { (StatusCode::CREATED, "pay_1") }))
+//!     .route_layer(IdempotencyLayer::new(inbox.clone()).shared());
+//! let app = receiver::router(&inbox, vec![orders], 1 << 20).merge(payments);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let base = format!("http://{}", listener.local_addr()?);
+//! tokio::spawn(async move { axum::serve(listener, app).await });
 //!
-//! // The retrying client, with a key it sends on every try.
-//! let client = RetryingClient::new(RetryingClient::http_client(std::time::Duration::from_secs(5))?);
-//! let _request = client
-//!     .post("https://payments.example/charges")
-//!     .key(IdempotencyKey::new("charge-1")?);
+//! // The same event twice: stored once, with one outbox row for the relay to deliver.
+//! let client = RetryingClient::new(RetryingClient::http_client(Duration::from_secs(5))?);
+//! for status in ["accepted", "duplicate"] {
+//!     let sent = client
+//!         .post(format!("{base}/webhooks/orders"))
+//!         .header(event_id.clone(), HeaderValue::from_static("evt_1"))
+//!         .body(r#"{"order":"ord_1"}"#)
+//!         .send()
+//!         .await?;
+//!     assert!(sent.response.text().await?.contains(status));
+//! }
+//! let outbox: OutboxStats = inbox.outbox().stats().await?;
+//! assert_eq!(outbox.due, 1);
 //!
-//! // Every broker: its consumer's options, and what they share.
+//! // The same payment twice: the second answer is the first, replayed.
+//! for replayed in [None, Some("true")] {
+//!     let sent = client
+//!         .post(format!("{base}/payments"))
+//!         .key(IdempotencyKey::new("pay-1")?)
+//!         .send()
+//!         .await?;
+//!     assert_eq!(sent.response.status(), StatusCode::CREATED.as_u16());
+//!     let header = sent.response.headers().get("idempotent-replayed");
+//!     assert_eq!(header.and_then(|value| value.to_str().ok()), replayed);
+//! }
+//!
+//! // Each broker's consumer takes its options, and what the brokers share.
+//! use justonce::{amqp, broker, mqtt, nats, redis};
 //! let tls = broker::Tls::default();
-//! let _amqp = amqp::AmqpOptions::new("orders").key_from(broker::KeyFrom::MessageId).tls(tls.clone());
-//! let _nats = nats::NatsOptions::new("ORDERS", "orders.>").tls(tls.clone());
-//! let _redis = redis::RedisStreamOptions::new("orders", "shipping").tls(tls.clone());
-//! let _mqtt = justonce::mqtt::MqttOptions::new("orders", "shipping-1").tls(tls);
-//! let _leases: Option<redis::RedisLeases> = None;
-//!
-//! // What the outbox holds, in types of this crate.
-//! let stats: OutboxStats = inbox.outbox().stats().await?;
-//! assert_eq!(stats.due, 0);
+//! let _ = amqp::AmqpOptions::new("orders").key_from(broker::KeyFrom::MessageId).tls(tls.clone());
+//! let _ = nats::NatsOptions::new("ORDERS", "orders.>").tls(tls.clone());
+//! let _ = redis::RedisStreamOptions::new("orders", "shipping").tls(tls.clone());
+//! let _ = mqtt::MqttOptions::new("orders", "shipping-1").tls(tls);
+//! let _leases_on_redis = redis::RedisLeases::connect;
 //! # Ok(())
 //! # }
 //! # #[cfg(not(all(feature = "sqlite", feature = "receiver", feature = "http-server",
