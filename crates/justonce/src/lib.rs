@@ -62,20 +62,20 @@
 //! No feature is on by default. Without one you get the vocabulary only: [`Key`],
 //! [`Consumer`], [`Scope`], [`Fingerprint`], [`Retention`], [`Outcome`] and the errors.
 //!
-//! | feature            | what it adds                                                        |
-//! |--------------------|---------------------------------------------------------------------|
-//! | `sqlite`           | [`Inbox`] on SQLite (bundled): the embedded default                 |
-//! | `postgres`         | [`Inbox`] on PostgreSQL, for several instances and scale            |
-//! | `mysql`            | [`Inbox`] on MariaDB or MySQL                                       |
-//! | `tls`              | TLS to PostgreSQL and MariaDB/MySQL (rustls with ring)              |
-//! | `receiver`         | `http::receiver`: the webhook receiver, an axum router              |
-//! | `http-server`      | `http::server`: the Idempotency-Key layer for axum routes           |
-//! | `http-client`      | `http::client`: POSTs that send one Idempotency-Key on every retry  |
-//! | `http-destination` | `http::HttpDestination`: the relay POSTs each outbox row            |
-//! | `amqp`             | [`amqp`]: a RabbitMQ consumer and publisher                         |
-//! | `nats`             | [`nats`]: a NATS JetStream consumer, reader and publisher           |
-//! | `redis`            | [`redis`]: a Redis Streams consumer, reader and publisher; leases   |
-//! | `mqtt`             | [`mqtt`]: an MQTT 5 subscriber and publisher                        |
+//! | feature            | what it adds                                                         |
+//! |--------------------|----------------------------------------------------------------------|
+//! | `sqlite`           | [`Inbox`] on SQLite (bundled): the embedded default                  |
+//! | `postgres`         | [`Inbox`] on PostgreSQL, for several instances and scale             |
+//! | `mysql`            | [`Inbox`] on MariaDB or MySQL                                        |
+//! | `tls`              | TLS to PostgreSQL and MariaDB/MySQL (rustls with ring)               |
+//! | `receiver`         | [`http::receiver`]: the webhook receiver, an axum router             |
+//! | `http-server`      | [`http::server`]: the Idempotency-Key layer for axum routes          |
+//! | `http-client`      | [`http::client`]: POSTs that send one Idempotency-Key on every retry |
+//! | `http-destination` | [`http::HttpDestination`]: the relay POSTs each outbox row           |
+//! | `amqp`             | [`amqp`]: a RabbitMQ consumer and publisher                          |
+//! | `nats`             | [`nats`]: a NATS JetStream consumer, reader and publisher            |
+//! | `redis`            | [`redis`]: a Redis Streams consumer, reader and publisher; leases    |
+//! | `mqtt`             | [`mqtt`]: an MQTT 5 subscriber and publisher                         |
 //!
 //! Any broker feature adds [`broker`]: what every broker's consumer shares, TLS included.
 //! Pick the database features you run on; the HTTP parts and the brokers work with each.
