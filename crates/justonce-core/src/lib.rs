@@ -27,6 +27,13 @@
 //! assert!(Consumer::new("").is_err());
 //! # Ok::<(), justonce_core::Error>(())
 //! ```
+//!
+//! # Feature flags
+//!
+//! None: this crate is types and traits only. The databases, HTTP and the brokers are
+//! features of [justonce](https://docs.rs/justonce).
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod destination;
 mod error;

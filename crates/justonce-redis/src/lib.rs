@@ -21,6 +21,12 @@
 //! # }
 //! ```
 //!
+//! # Feature flags
+//!
+//! None: TLS (rustls with *ring*) is always built in.
+//!
+//! # TLS
+//!
 //! A `rediss://` URL connects over TLS, checked against the system's roots;
 //! [`RedisLeases::connect_tls`] takes a CA and a client certificate.
 //!
@@ -38,6 +44,8 @@
 //! Each key is one Redis string, kept for the retention as its TTL:
 //! `{prefix}{scope length}:{scope}{consumer length}:{consumer}{key}`. Its value holds the
 //! state, the payload's fingerprint, the fencing token, the lease's end and the result.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use justonce_core::{
     BoxError, Error, Fingerprint, Identity, Lease, LeaseClaim, LeaseFuture, Leases, Retention,

@@ -1,12 +1,52 @@
 //! Claim each message's key in the caller's own SQL transaction, so that the work and the
-//! record that it was done commit together, and a duplicate does nothing.
+//! record that it was done commit together, and a duplicate does nothing. The inbox, the
+//! outbox and its relay, stream offsets and leases of [justonce](https://docs.rs/justonce),
+//! on sqlx.
 //!
-//! | feature    | database                     |
-//! |------------|------------------------------|
-//! | `postgres` | PostgreSQL, through sqlx     |
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use justonce_sql::{Consumer, Inbox, Key, Outcome};
+//! use sqlx::Sqlite;
+//!
+//! let inbox = Inbox::<Sqlite>::connect("sqlite::memory:", Consumer::new("billing")?).await?;
+//! inbox.migrate().await?;
+//! sqlx::query("CREATE TABLE invoices (customer TEXT)").execute(inbox.pool()).await?;
+//!
+//! let key = Key::purpose(["invoice", "2026-10", "cust_481"])?;
+//! for _ in 0..2 {
+//!     let outcome = inbox
+//!         .run(&key, b"job payload", |tx| Box::pin(async move {
+//!             sqlx::query("INSERT INTO invoices (customer) VALUES ('cust_481')")
+//!                 .execute(&mut **tx)
+//!                 .await
+//!         }))
+//!         .await?;
+//!     match outcome {
+//!         Outcome::Processed(_) => println!("invoice created"),
+//!         Outcome::Duplicate => println!("already processed"),
+//!         Outcome::KeyReused { .. } => println!("same key, different payload: skipped"),
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
+//!
+//! # Feature flags
+//!
+//! No feature is on by default; each database is one. Without one only the types remain.
+//!
+//! | feature    | what it adds |
+//! |------------|--------------|
+//! | `postgres` | PostgreSQL, through sqlx |
 //! | `mysql`    | MariaDB or MySQL, through sqlx |
 //! | `sqlite`   | SQLite (bundled), through sqlx |
 //! | `tls`      | TLS to PostgreSQL and MariaDB/MySQL: rustls with ring |
+//!
+//! # TLS
 //!
 //! A PostgreSQL or MariaDB/MySQL server reached over the network is verified by default:
 //! a URL without `sslmode` (`ssl-mode`) connects as with `verify-full`
@@ -14,33 +54,8 @@
 //! driver's default, `prefer`. A URL that names a weaker mode logs a warning at connect;
 //! a certificate or TLS problem at connect is an [`Error::Config`] that names the
 //! database and the problem.
-//!
-//! ```no_run
-//! # #[cfg(feature = "sqlite")]
-//! # async fn example() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! use justonce_sql::{Inbox, Outcome, Consumer, Key};
-//! use sqlx::Sqlite;
-//!
-//! let inbox = Inbox::<Sqlite>::connect("sqlite://app.db", Consumer::new("billing")?).await?;
-//! inbox.migrate().await?;
-//!
-//! let key = Key::purpose(["invoice", "2026-10", "cust_481"])?;
-//! let outcome = inbox
-//!     .run(&key, b"job payload", |tx| Box::pin(async move {
-//!         sqlx::query("INSERT INTO invoices (customer) VALUES ('cust_481')")
-//!             .execute(&mut **tx)
-//!             .await
-//!     }))
-//!     .await?;
-//! match outcome {
-//!     Outcome::Processed(_) => println!("invoice created"),
-//!     Outcome::Duplicate => println!("already processed"),
-//!     Outcome::KeyReused { .. } => println!("same key, different payload: skipped"),
-//! }
-//! # Ok(())
-//! # }
-//! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a database feature only the types remain, and the statements go unused.
 #![cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),

@@ -466,6 +466,7 @@ impl TlsOptions for MySqlConnectOptions {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 impl Backend for MySql {
     const BEGIN: &'static str = "BEGIN";
     const ONE_WRITER: bool = false;

@@ -151,6 +151,7 @@ CREATE TABLE IF NOT EXISTS {prefix}breakers (
     },
 ];
 
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";
     const ONE_WRITER: bool = false;

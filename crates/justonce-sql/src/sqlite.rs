@@ -106,6 +106,7 @@ CREATE TABLE IF NOT EXISTS {prefix}breakers (
     },
 ];
 
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 impl Backend for Sqlite {
     // A deferred transaction that upgrades to a write fails with SQLITE_BUSY at once,
     // whatever the busy timeout; an immediate one waits for the write lock.

@@ -1,9 +1,39 @@
-//! Broker consumers and publishers for [justonce](https://docs.rs/justonce).
+//! Broker consumers and publishers for [justonce](https://docs.rs/justonce): each delivery
+//! takes effect once, and is acknowledged only after its work has committed.
 //!
 //! A broker delivers at least once. A consumer here claims each delivery's key in the same
 //! database transaction as the work, commits, and only then acknowledges: a delivery that
 //! arrives again (because the consumer died before its ack, or the sender published
 //! twice) finds its key claimed, and is acknowledged without running the work.
+//!
+//! ```no_run
+//! # #[cfg(feature = "amqp")]
+//! # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), justonce_transport::Error> {
+//! use justonce_sql::sqlx;
+//! use justonce_transport::KeyFrom;
+//! use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+//!
+//! // The key is the order id in the body: a second publish of the order is a duplicate.
+//! let options = AmqpOptions::new("orders").key_from(KeyFrom::Json("/order_id".into()));
+//! let consumer = AmqpConsumer::connect("amqp://127.0.0.1:5672/%2f", inbox, options).await?;
+//! consumer
+//!     .run(tokio::signal::ctrl_c(), |tx, message| {
+//!         Box::pin(async move {
+//!             sqlx::query("INSERT INTO shipments (order_key) VALUES ($1)")
+//!                 .bind(message.key.as_str())
+//!                 .execute(&mut **tx)
+//!                 .await
+//!                 .map(drop)
+//!         })
+//!     })
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! No feature is on by default; each broker is one.
 //!
 //! | feature | broker |
 //! |---------|--------|
@@ -12,6 +42,8 @@
 //! | `redis` | Redis Streams, through redis: [`redis_streams::RedisStreamConsumer`], the single reader [`redis_streams::RedisStreamReader`] and [`redis_streams::RedisStreamDestination`] |
 //! | `mqtt`  | MQTT 5, through rumqttc: [`mqtt::MqttConsumer`] and [`mqtt::MqttDestination`] |
 //! | `tls`   | on with any broker: [`tls::Tls`], the TLS settings every broker takes |
+//!
+//! # Settling
 //!
 //! What a consumer does with each delivery:
 //!
@@ -40,17 +72,24 @@
 //! (a NATS server that requires TLS, or any NATS URL given [`tls::Tls`] settings), checked
 //! against the system's roots unless the options are given a [`tls::Tls`] with a CA.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub mod amqp;
 #[cfg(any(feature = "nats", feature = "redis"))]
 mod in_order;
 #[cfg(feature = "mqtt")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub mod mqtt;
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis_streams;
 #[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
 pub mod tls;
 
 use justonce_core::Key;
@@ -337,6 +376,7 @@ pub enum Error {
     /// The TLS handshake with the broker failed: a certificate was refused, or the port
     /// does not speak TLS. Connecting again fails the same way until a setting changes.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     #[error("TLS: {0}")]
     Tls(#[source] tls::TlsError),
 }

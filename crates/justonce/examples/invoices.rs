@@ -13,7 +13,7 @@
 use justonce::sqlx::{
     self, AssertSqlSafe, Database, Encode, Executor, IntoArguments, MySql, Postgres, Sqlite, Type,
 };
-use justonce::{Backend, Consumer, Inbox, Key, Message, Outcome, RunError};
+use justonce::{Backend, Consumer, Inbox, Key, OutboxMessage, Outcome, RunError};
 use std::process::ExitCode;
 
 const CUSTOMERS: [(&str, i64); 5] = [
@@ -153,7 +153,7 @@ where
                         .await?;
                     let email = format!("Your invoice for {month}: {amount_cents} cents");
                     inbox
-                        .enqueue(tx, key, "invoice-email", Message::new("email", email))
+                        .enqueue(tx, key, "invoice-email", OutboxMessage::new("email", email))
                         .await?;
                     Ok::<_, JobError>(())
                 })
