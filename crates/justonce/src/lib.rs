@@ -211,6 +211,8 @@ pub mod docs {
     pub struct Testing;
     #[doc = include_str!("../../../docs/tls.md")]
     pub struct Tls;
+}
+
 /// HTTP: the webhook receiver, the Idempotency-Key layer, the retrying client and the
 /// relay's HTTP destination, each behind its feature.
 #[cfg(any(
