@@ -150,14 +150,14 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         }
         Command::Migrate { .. } => {
             let applied = inbox.migrate().await?;
-            println!("{} applied", counted(applied, "migration"));
+            println!("{} applied", counted(applied, "migration", "migrations"));
         }
         Command::Check(_) => {
             check_targets(&settings).await?;
             println!(
                 "configuration and database are fine: {}, {}",
-                counted(settings.sources.len(), "source"),
-                counted(settings.consumers.len(), "consumer")
+                counted(settings.sources.len(), "source", "sources"),
+                counted(settings.consumers.len(), "consumer", "consumers")
             );
         }
         Command::Purge { batch_size, pause } => {
@@ -169,8 +169,8 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
                 .await?;
             println!(
                 "purged {} and {}",
-                counted(purged.keys, "key"),
-                counted(purged.sent, "sent delivery")
+                counted(purged.keys, "key", "keys"),
+                counted(purged.sent, "sent delivery", "sent deliveries")
             );
         }
         Command::Stats { json } => stats(&inbox, json).await?,
@@ -283,15 +283,11 @@ fn store_cause(error: &justonce_sql::Error) -> String {
     }
 }
 
-/// `1 key`, `2 keys`: a count with its noun.
-fn counted(count: impl TryInto<u64> + std::fmt::Display + Copy, noun: &str) -> String {
-    let plural = match noun.strip_suffix('y') {
-        Some(stem) => format!("{stem}ies"),
-        None => format!("{noun}s"),
-    };
+/// `1 key`, `2 keys`: a count with its noun, `one` or `many`.
+fn counted(count: impl TryInto<u64> + std::fmt::Display + Copy, one: &str, many: &str) -> String {
     match count.try_into() {
-        Ok(1) => format!("1 {noun}"),
-        _ => format!("{count} {plural}"),
+        Ok(1) => format!("1 {one}"),
+        _ => format!("{count} {many}"),
     }
 }
 
@@ -596,7 +592,7 @@ async fn dlq<DB: Backend>(outbox: &justonce_sql::Outbox<DB>, command: DlqCommand
         }
         DlqCommand::Purge => {
             let deleted = outbox.purge_dead_letters().await?;
-            println!("{} deleted", counted(deleted, "dead letter"));
+            println!("{} deleted", counted(deleted, "dead letter", "dead letters"));
         }
     }
     Ok(())
@@ -637,7 +633,7 @@ fn print_row(row: &Row) {
     println!("id:          {}", row.id);
     println!("destination: {}", row.destination);
     println!("key:         {}", row.key);
-    println!("state:       {state} after {}", counted(row.attempts, "attempt"));
+    println!("state:       {state} after {}", counted(row.attempts, "attempt", "attempts"));
     if let Some(error) = &row.last_error {
         println!("last error:  {error}");
     }

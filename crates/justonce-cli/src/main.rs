@@ -205,7 +205,7 @@ struct CheckArgs {
     // The help of the options that take `{n}` is styled: see `with_placeholders`.
     #[arg(long, conflicts_with = "target", help = with_placeholders(
         "The job to check instead of a target: a shell command run once per try, with \
-         `{key}` and `{n}` replaced and the key in JUSTONCE_CHECK_KEY."
+         `{key}` and `{n}` replaced and the key in JUSTONCE_CHECK_KEY"
     ))]
     run: Option<String>,
     /// The queue (RabbitMQ), subject (NATS), stream (Redis) or topic (MQTT) to publish to.
@@ -240,13 +240,13 @@ struct CheckArgs {
         requires = "subject",
         default_value = r#"{"id":"{key}","n":{n}}"#,
         help = with_placeholders(
-            "The body of each try, with `{key}` and `{n}` (the event's number from 1) replaced."
+            "The body of each try, with `{key}` and `{n}` (the event's number from 1) replaced"
         )
     )]
     body: String,
     #[arg(long = "header", requires = "subject", value_parser = header, help = with_placeholders(
         "A header sent with each HTTP try or message, as `Name: value`, with `{key}` and \
-         `{n}` replaced; repeatable."
+         `{n}` replaced; repeatable"
     ))]
     headers: Vec<(String, String)>,
     /// Sign HTTP tries the Standard Webhooks way with this secret (`whsec_...`), with the

@@ -7,7 +7,8 @@ use std::process::Output;
 async fn check(args: &[&str]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
         .arg("--config")
-        .arg(std::env::temp_dir().join("justonce-check-no-such.toml"))
+        // An empty configuration: a file named by --config must exist.
+        .arg("/dev/null")
         .arg("check")
         .args(args)
         .kill_on_drop(true)
