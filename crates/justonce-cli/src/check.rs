@@ -463,7 +463,9 @@ fn effects_before(values: &[String], events: &[Event]) -> Option<String> {
             event.n, event.key
         ));
     }
-    let number = values.iter().find(|value| number_of(value, events).is_some())?;
+    let number = values
+        .iter()
+        .find(|value| number_of(value, events).is_some())?;
     Some(format!(
         "the effects query already returns {number:?} before the check: its rows name events \
          by number, so rows an earlier run left count as this run's; delete them first, or \
@@ -506,15 +508,16 @@ impl EffectsDb {
                 .map(Self::Postgres)
         } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
             let pool = sqlx::pool::PoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
-            <MySql as Backend>::connect(url, pool).await.map(Self::MySql)
-        } else if url.starts_with("sqlite:") {
-            Pool::connect(url)
+            <MySql as Backend>::connect(url, pool)
                 .await
-                .map(Self::Sqlite)
-                .map_err(|error| justonce_sql::Error::Database {
+                .map(Self::MySql)
+        } else if url.starts_with("sqlite:") {
+            Pool::connect(url).await.map(Self::Sqlite).map_err(|error| {
+                justonce_sql::Error::Database {
                     retryable: false,
                     source: error.into(),
-                })
+                }
+            })
         } else {
             return Err(usage(format!(
                 "effects database {url:?}: expected a postgres, mysql or sqlite URL"

@@ -592,7 +592,10 @@ async fn dlq<DB: Backend>(outbox: &justonce_sql::Outbox<DB>, command: DlqCommand
         }
         DlqCommand::Purge => {
             let deleted = outbox.purge_dead_letters().await?;
-            println!("{} deleted", counted(deleted, "dead letter", "dead letters"));
+            println!(
+                "{} deleted",
+                counted(deleted, "dead letter", "dead letters")
+            );
         }
     }
     Ok(())
@@ -633,7 +636,10 @@ fn print_row(row: &Row) {
     println!("id:          {}", row.id);
     println!("destination: {}", row.destination);
     println!("key:         {}", row.key);
-    println!("state:       {state} after {}", counted(row.attempts, "attempt", "attempts"));
+    println!(
+        "state:       {state} after {}",
+        counted(row.attempts, "attempt", "attempts")
+    );
     if let Some(error) = &row.last_error {
         println!("last error:  {error}");
     }

@@ -1017,7 +1017,13 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
 const DEFAULT_TARGET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The signature schemes a source takes.
-const SCHEMES: [&str; 5] = ["standard-webhooks", "stripe", "github", "hmac-sha256", "none"];
+const SCHEMES: [&str; 5] = [
+    "standard-webhooks",
+    "stripe",
+    "github",
+    "hmac-sha256",
+    "none",
+];
 
 /// The shortest signing secret a source takes.
 const MIN_SECRET_BYTES: usize = 16;

@@ -202,7 +202,7 @@ struct CheckArgs {
     /// event's key as `Idempotency-Key`; or an amqp, nats, redis or mqtt URL with --to,
     /// where each try is a message with the key as its id, published as the relay does.
     target: Option<String>,
-    // The help of the options that take `{n}` is styled: see `with_placeholders`.
+    // The help of each option that takes `{n}` goes through `with_placeholders`.
     #[arg(long, conflicts_with = "target", help = with_placeholders(
         "The job to check instead of a target: a shell command run once per try, with \
          `{key}` and `{n}` replaced and the key in JUSTONCE_CHECK_KEY"
@@ -274,18 +274,11 @@ struct CheckArgs {
 }
 
 /// `text` as help that shows `{n}` as written. clap turns every `{n}` of a help text into a
-/// line break; a style that starts between its `{` and its `n` keeps it whole, and leaves
-/// nothing on a stream that is not a terminal.
+/// line break; an escape code between its `{` and its `n`, which changes nothing on a
+/// terminal and is left out elsewhere, keeps it whole.
 fn with_placeholders(text: &str) -> clap::builder::StyledStr {
-    let literal = clap::builder::styling::Style::new().bold();
-    let mut styled = clap::builder::StyledStr::new();
-    for (index, part) in text.split("{n}").enumerate() {
-        if index > 0 {
-            styled.push_str(&format!("{literal}{{{literal:#}{literal}n}}{literal:#}"));
-        }
-        styled.push_str(part);
-    }
-    styled
+    let kept = format!("{{{}n}}", clap::builder::styling::Reset);
+    text.replace("{n}", &kept).into()
 }
 
 /// `Name: value`.

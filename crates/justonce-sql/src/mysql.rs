@@ -481,9 +481,7 @@ impl Backend for MySql {
         pool: sqlx::pool::PoolOptions<Self>,
     ) -> Result<sqlx::Pool<Self>, Error> {
         let target = Target::<MySqlConnectOptions>::parse(url, &TLS)?;
-        target
-            .connect_pool(pool, database_error::<Self>)
-            .await
+        target.connect_pool(pool, database_error::<Self>).await
     }
 
     async fn claim<'a>(

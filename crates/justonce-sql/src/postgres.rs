@@ -288,9 +288,7 @@ impl Backend for Postgres {
         pool: sqlx::pool::PoolOptions<Self>,
     ) -> Result<sqlx::Pool<Self>, Error> {
         let target = Target::<PgConnectOptions>::parse(url, &TLS)?;
-        target
-            .connect_pool(pool, database_error::<Self>)
-            .await
+        target.connect_pool(pool, database_error::<Self>).await
     }
 
     fn claim_and_forward<'a>(

@@ -99,7 +99,8 @@ async fn a_named_configuration_file_that_does_not_exist_exits_2_and_creates_noth
         .await;
     assert_eq!(ran.code, 2, "{}", ran.stderr);
     assert!(
-        ran.stderr.contains("nope.toml (from JUSTONCE_CONFIG): no such file"),
+        ran.stderr
+            .contains("nope.toml (from JUSTONCE_CONFIG): no such file"),
         "{}",
         ran.stderr
     );
@@ -315,7 +316,11 @@ async fn check_help_shows_the_placeholders_as_written() {
         "The body of each try, with `{key}` and `{n}` (the event's number from 1) replaced",
         "as `Name: value`, with `{key}` and `{n}` replaced; repeatable",
     ] {
-        assert!(ran.stdout.contains(expected), "{expected:?} not in\n{}", ran.stdout);
+        assert!(
+            ran.stdout.contains(expected),
+            "{expected:?} not in\n{}",
+            ran.stdout
+        );
     }
 }
 
@@ -344,10 +349,7 @@ async fn stats_and_dead_letters_answer_in_words() {
         ran.stdout
     );
     let ran = folder.run(&[], &["dlq", "list"]).await;
-    assert_eq!(
-        (ran.code, ran.stdout.trim_end()),
-        (0, "dead letters: none")
-    );
+    assert_eq!((ran.code, ran.stdout.trim_end()), (0, "dead letters: none"));
 
     let url = format!("sqlite://{}", folder.path("justonce.db"));
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
