@@ -311,8 +311,8 @@ const OTHER_VARIABLES: [&str; 6] = [
 ];
 
 /// Reads `path`, applies the `JUSTONCE_*` variables and `DATABASE_URL` from `env`, and
-/// validates. The default file may be absent (every value has a default or comes from the
-/// environment); a file the user named, `named_by` an option or a variable, must exist.
+/// validates. The file may be absent (every value has a default or comes from the
+/// environment) unless the user named it, `named_by` an option.
 /// Every error names the file, the setting's dotted key with its line (or the variable that
 /// set it), and what was expected.
 pub fn load(path: &Path, named_by: Option<&str>, env: &Env) -> Result<Settings> {

@@ -27,9 +27,8 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "justonce", version)]
 struct Cli {
-    /// The configuration file. The default one may be absent: every setting can also come
-    /// from a JUSTONCE_* variable (see `justonce config`); a file named here or by the
-    /// variable must exist.
+    /// The configuration file, which may be absent: every setting can also come from a
+    /// JUSTONCE_* variable (see `justonce config`). A file named by this option must exist.
     #[arg(
         long,
         global = true,
@@ -390,12 +389,10 @@ fn run_length(text: &str) -> Result<std::time::Duration, String> {
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
-    // The default file may be absent; one the user named must not be.
-    let named_by = match matches.value_source("config") {
-        Some(ValueSource::CommandLine) => Some("--config"),
-        Some(ValueSource::EnvVariable) => Some("JUSTONCE_CONFIG"),
-        _ => None,
-    };
+    // A file named on the command line must exist. JUSTONCE_CONFIG may name an absent one,
+    // as the default may be: the container image sets it and runs on variables alone.
+    let named_by =
+        (matches.value_source("config") == Some(ValueSource::CommandLine)).then_some("--config");
     if let Command::Completions { shell } = cli.command {
         clap_complete::generate(
             shell,

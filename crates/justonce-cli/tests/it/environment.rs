@@ -344,7 +344,7 @@ async fn an_unknown_variable_warns_and_strict_refuses_it() {
     let vars = [
         ("JUSTONCE_SERVER_LISTN", "127.0.0.1:18080"),
         ("JUSTONCE_LOG_FORMAT", "json"),
-        ("JUSTONCE_CONFIG", "/dev/null"),
+        ("JUSTONCE_CONFIG", "justonce.toml"),
     ];
     let bare = Bare::new();
     let (code, _, stderr) = bare.run(&vars, &["config"]).await;

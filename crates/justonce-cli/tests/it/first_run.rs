@@ -75,8 +75,8 @@ impl Drop for Folder {
     }
 }
 
-/// `--config nope.toml` (or `JUSTONCE_CONFIG`) naming no file is bad usage, whatever the
-/// command: exit code 2, the file and where it was named, and no database file made.
+/// `--config nope.toml` naming no file is bad usage, whatever the command: exit code 2, the
+/// file and where it was named, and no database file made.
 #[tokio::test]
 async fn a_named_configuration_file_that_does_not_exist_exits_2_and_creates_nothing() {
     let folder = Folder::new("named-config");
@@ -94,15 +94,17 @@ async fn a_named_configuration_file_that_does_not_exist_exits_2_and_creates_noth
         );
         assert!(ran.stdout.is_empty(), "{args:?}: {}", ran.stdout);
     }
+    // The variable may name an absent file, as the container image's does: `config` says
+    // it is not found.
     let ran = folder
-        .run(&[("JUSTONCE_CONFIG", "nope.toml")], &["stats"])
+        .run(&[("JUSTONCE_CONFIG", "nope.toml")], &["config"])
         .await;
-    assert_eq!(ran.code, 2, "{}", ran.stderr);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
     assert!(
-        ran.stderr
-            .contains("nope.toml (from JUSTONCE_CONFIG): no such file"),
+        ran.stdout
+            .starts_with("# The configuration justonce runs with: nope.toml (not found),"),
         "{}",
-        ran.stderr
+        ran.stdout
     );
     assert_eq!(folder.entries(), Vec::<String>::new());
 }
