@@ -152,8 +152,9 @@ async fn read_only_commands_create_no_database_file() {
     );
 }
 
-/// Nothing listens on the port: every command that opens the database fails within 5 s,
-/// with one line naming the host, the port and the refusal.
+/// Nothing listens on the port: every command that opens the database, and `check` with a
+/// job whose effects are there, fails within 5 s with one line naming the host, the port
+/// and the refusal.
 #[tokio::test]
 async fn an_unreachable_database_fails_within_5_s_naming_host_and_port() {
     let folder = Folder::new("unreachable");
@@ -180,6 +181,30 @@ async fn an_unreachable_database_fails_within_5_s_naming_host_and_port() {
                 "{url} {command}"
             );
         }
+        let job = [
+            "--config",
+            "/dev/null",
+            "check",
+            "--run",
+            "true",
+            "--effects",
+            "SELECT 1",
+        ];
+        let ran = folder
+            .run(
+                &[],
+                &[&job[..], &["--events", "1", "--database", &url]].concat(),
+            )
+            .await;
+        assert_eq!(ran.code, 1, "{url}: {}", ran.stderr);
+        assert!(ran.took < Duration::from_secs(5), "{url}: {:?}", ran.took);
+        assert_eq!(
+            ran.stderr,
+            format!(
+                "justonce: opening the effects database at 127.0.0.1:{port}: Connection refused (os error 111)\n"
+            ),
+            "{url}"
+        );
     }
 }
 
