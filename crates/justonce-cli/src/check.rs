@@ -20,6 +20,9 @@ use justonce_transport::redis_streams::RedisStreamDestination;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// How long the effects database may take to give a connection: `server.acquire_timeout`'s
+/// default.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Tries sent at the same time, across events.
 const IN_FLIGHT: usize = 8;
 /// A try the target answered "not now" is sent again, as a retrying sender would, at most
@@ -169,14 +172,15 @@ pub async fn run(settings: Settings) -> Result<()> {
 
     // Effects already there would be counted as this run's: the check needs fresh events.
     // A count is taken before and after; effects per event must start at none.
-    let counted_before = match effects_db.read(&settings.effects, &events).await? {
-        Counted::Total(count) => Some(count),
-        Counted::PerEvent(counts) => {
-            if let Some((n, _)) = counts.iter().find(|(_, count)| **count > 0) {
-                let key = &events[n - 1].key;
-                return Err(usage(format!(
-                    "event {n} ({key}) already has effects before the check: choose keys it has not seen"
-                )));
+    let counted_before = match &settings.effects {
+        Effects::Count(_) => match effects_db.read(&settings.effects, &events).await? {
+            Counted::Total(count) => Some(count),
+            Counted::PerEvent(_) => unreachable!("a count query counts in total"),
+        },
+        Effects::Rows(sql) => {
+            let values = effects_db.values(sql).await?;
+            if let Some(problem) = effects_before(&values, &events) {
+                return Err(usage(problem));
             }
             None
         }
@@ -449,6 +453,34 @@ fn report(settings: &Settings, events: &[Event], total: Option<(u64, u64)>) -> R
     }
 }
 
+/// Why effects found before any try would be counted as this run's, if some are: a row
+/// naming an event by its key, or by its number, which a run before this one also used.
+fn effects_before(values: &[String], events: &[Event]) -> Option<String> {
+    if let Some(event) = events.iter().find(|e| values.contains(&e.key)) {
+        return Some(format!(
+            "event {} ({}) already has effects before the check: delete them, or choose \
+             --keys that no run has used",
+            event.n, event.key
+        ));
+    }
+    let number = values
+        .iter()
+        .find(|value| number_of(value, events).is_some())?;
+    Some(format!(
+        "the effects query already returns {number:?} before the check: its rows name events \
+         by number, so rows an earlier run left count as this run's; delete them first, or \
+         return each event's key"
+    ))
+}
+
+/// The event a value of the effects query names by number, from 1.
+fn number_of(value: &str, events: &[Event]) -> Option<usize> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (1..=events.len()).contains(n))
+}
+
 /// What the effects query counted.
 #[derive(PartialEq, Eq, Debug)]
 enum Counted {
@@ -468,37 +500,47 @@ impl EffectsDb {
     /// Opens the user's database: a server with justonce's TLS rule (verified unless the URL
     /// says otherwise), a SQLite file as it is, its journal mode untouched.
     async fn connect(url: &str) -> Result<Self> {
+        // A server that does not answer fails the check within seconds, as `serve` would.
         let opened = if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            <Postgres as Backend>::connect(url, sqlx::pool::PoolOptions::new())
+            let pool = sqlx::pool::PoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
+            <Postgres as Backend>::connect(url, pool)
                 .await
                 .map(Self::Postgres)
         } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-            <MySql as Backend>::connect(url, sqlx::pool::PoolOptions::new())
+            let pool = sqlx::pool::PoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
+            <MySql as Backend>::connect(url, pool)
                 .await
                 .map(Self::MySql)
         } else if url.starts_with("sqlite:") {
-            return Pool::connect(url)
-                .await
-                .map(Self::Sqlite)
-                .context("opening the effects database");
+            Pool::connect(url).await.map(Self::Sqlite).map_err(|error| {
+                justonce_sql::Error::Database {
+                    retryable: false,
+                    source: error.into(),
+                }
+            })
         } else {
             return Err(usage(format!(
                 "effects database {url:?}: expected a postgres, mysql or sqlite URL"
             )));
         };
-        opened.map_err(|error| crate::commands::opening_failed(error, "the effects database"))
+        opened.map_err(|error| crate::commands::opening_failed(error, "the effects database", url))
+    }
+
+    /// The first column of each row `sql` returns.
+    async fn values(&self, sql: &str) -> Result<Vec<String>> {
+        match self {
+            Self::Postgres(pool) => first_column(pool, sql).await,
+            Self::MySql(pool) => first_column(pool, sql).await,
+            Self::Sqlite(pool) => first_column(pool, sql).await,
+        }
+        .with_context(|| format!("the effects query {sql:?}"))
     }
 
     async fn read(&self, effects: &Effects, events: &[Event]) -> Result<Counted> {
         let sql = match effects {
             Effects::Rows(sql) | Effects::Count(sql) => sql.as_str(),
         };
-        let values = match self {
-            Self::Postgres(pool) => first_column(pool, sql).await,
-            Self::MySql(pool) => first_column(pool, sql).await,
-            Self::Sqlite(pool) => first_column(pool, sql).await,
-        }
-        .with_context(|| format!("the effects query {sql:?}"))?;
+        let values = self.values(sql).await?;
         match effects {
             Effects::Count(_) => {
                 let [value] = values.as_slice() else {
@@ -517,12 +559,10 @@ impl EffectsDb {
                     events.iter().map(|e| (e.key.as_str(), e.n)).collect();
                 let mut counts = BTreeMap::new();
                 for value in &values {
-                    let n = by_name.get(value.as_str()).copied().or_else(|| {
-                        value
-                            .parse()
-                            .ok()
-                            .filter(|n| (1..=events.len()).contains(n))
-                    });
+                    let n = by_name
+                        .get(value.as_str())
+                        .copied()
+                        .or_else(|| number_of(value, events));
                     if let Some(n) = n {
                         *counts.entry(n).or_default() += 1;
                     }

@@ -6,10 +6,14 @@ use crate::progress::Progress;
 use crate::{CheckArgs, Command, DlqCommand, KeyArgs, KeysCommand};
 use crate::{bench, check, purge};
 use anyhow::{Context, Result};
+use justonce_sql::sqlx::mysql::MySqlConnectOptions;
+use justonce_sql::sqlx::postgres::PgConnectOptions;
+use justonce_sql::sqlx::sqlite::SqliteConnectOptions;
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Options, Row, Scope, StoredKey};
 use std::hash::{BuildHasher, RandomState};
 use std::io::{BufRead, IsTerminal, Write};
+use std::str::FromStr;
 use std::time::Instant;
 
 /// Dead letters replayed per statement by `dlq replay --all`.
@@ -88,6 +92,17 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
         print!("{script}");
         return Ok(());
     }
+    if let Some(file) = sqlite_file(&settings.database)
+        && !matches!(command, Command::Serve | Command::Migrate { .. })
+        && !file.exists()
+    {
+        // Only serve and migrate create the file: a command that reads it, run in the wrong
+        // folder or before the first migrate, must not leave an empty one behind.
+        anyhow::bail!(
+            "the database file {} does not exist: `justonce migrate` creates it",
+            file.display()
+        );
+    }
     match Database::of(&settings.database) {
         Database::Sqlite => run_on::<Sqlite>(settings, command).await,
         Database::Postgres => run_on::<Postgres>(settings, command).await,
@@ -121,7 +136,11 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         .acquire_timeout(settings.acquire_timeout);
     let inbox = Inbox::<DB>::connect_with(&settings.database, Consumer::new("justonce")?, options)
         .await
-        .map_err(|error| opening_failed(error, "the database"))?;
+        .map_err(|error| opening_failed(error, "the database", &settings.database))?;
+    if !matches!(command, Command::Serve | Command::Migrate { .. }) {
+        // Before the first migrate, say so rather than fail on a missing table.
+        inbox.check().await?;
+    }
     let outbox = inbox.outbox();
     match command {
         Command::Serve => {
@@ -131,15 +150,15 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         }
         Command::Migrate { .. } => {
             let applied = inbox.migrate().await?;
-            println!("{applied} migrations applied");
+            println!("{} applied", counted(applied, "migration", "migrations"));
         }
         Command::Check(_) => {
-            inbox.check().await?;
             let brokers = check_environment(&settings).await?;
             println!(
-                "configuration and database are fine: {} sources, {} consumers, {brokers} brokers reached",
-                settings.sources.len(),
-                settings.consumers.len(),
+                "configuration and database are fine: {}, {}, {}",
+                counted(settings.sources.len(), "source", "sources"),
+                counted(settings.consumers.len(), "consumer", "consumers"),
+                counted(brokers, "broker reached", "brokers reached")
             );
         }
         Command::Purge { batch_size, pause } => {
@@ -150,8 +169,9 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
                 .run(&inbox, batch_size, &mut pacer, Some(&mut progress))
                 .await?;
             println!(
-                "purged {} keys and {} sent deliveries",
-                purged.keys, purged.sent
+                "purged {} and {}",
+                counted(purged.keys, "key", "keys"),
+                counted(purged.sent, "sent delivery", "sent deliveries")
             );
         }
         Command::Stats { json } => stats(&inbox, json).await?,
@@ -165,11 +185,110 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
 }
 
 /// A database that cannot be opened: its settings, such as a CA that did not sign the
-/// server's certificate, are bad configuration (exit code 2); anything else is a failure.
-pub fn opening_failed(error: justonce_sql::Error, database: &str) -> anyhow::Error {
+/// server's certificate, are bad configuration (exit code 2); anything else is a failure,
+/// said once with where the database is: `opening the database at 127.0.0.1:5432:
+/// Connection refused (os error 111)`.
+pub fn opening_failed(error: justonce_sql::Error, database: &str, url: &str) -> anyhow::Error {
+    if let justonce_sql::Error::Config(problem) = error {
+        return Usage(problem).into();
+    }
+    let mut cause = store_cause(&error);
+    let place = match Database::of(url) {
+        Database::Sqlite => match sqlite_file(url) {
+            Some(file) => {
+                let folder = file.parent().filter(|f| !f.as_os_str().is_empty());
+                if let Some(folder) = folder.filter(|folder| !folder.is_dir()) {
+                    cause = format!("its folder {} does not exist", folder.display());
+                }
+                format!("{database} file {}", file.display())
+            }
+            None => format!("{database} in memory"),
+        },
+        Database::Postgres => server_address::<PgConnectOptions>(url, database),
+        Database::MySql => server_address::<MySqlConnectOptions>(url, database),
+    };
+    anyhow::anyhow!("opening {place}: {cause}")
+}
+
+/// `the database at HOST:PORT` (or at its socket), as the driver reads the URL and its
+/// environment variables.
+fn server_address<O: ServerOptions>(url: &str, database: &str) -> String {
+    match O::from_str(url) {
+        Ok(options) => match options.socket() {
+            Some(socket) => format!("{database} at {}", socket.display()),
+            None => format!("{database} at {}:{}", options.host(), options.port()),
+        },
+        Err(_) => database.to_owned(),
+    }
+}
+
+/// The host and port a server database's options name.
+trait ServerOptions: std::str::FromStr {
+    fn host(&self) -> &str;
+    fn port(&self) -> u16;
+    fn socket(&self) -> Option<&std::path::PathBuf>;
+}
+
+impl ServerOptions for PgConnectOptions {
+    fn host(&self) -> &str {
+        self.get_host()
+    }
+    fn port(&self) -> u16 {
+        self.get_port()
+    }
+    fn socket(&self) -> Option<&std::path::PathBuf> {
+        self.get_socket()
+    }
+}
+
+impl ServerOptions for MySqlConnectOptions {
+    fn host(&self) -> &str {
+        self.get_host()
+    }
+    fn port(&self) -> u16 {
+        self.get_port()
+    }
+    fn socket(&self) -> Option<&std::path::PathBuf> {
+        self.get_socket()
+    }
+}
+
+/// The file a `sqlite:` URL names; none for another database or one in memory.
+fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
+    if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
+        return None;
+    }
+    let options = SqliteConnectOptions::from_str(url).ok()?;
+    Some(options.get_filename().to_owned())
+}
+
+/// A store error as the last words of a message: a database's failure in its own words,
+/// without the driver's wrapping, the chain of sources it repeats, or where in the server's
+/// source code it was raised (PostgreSQL's `at line 948`).
+pub fn store_error(error: &justonce_sql::Error) -> String {
     match error {
-        justonce_sql::Error::Config(problem) => Usage(problem).into(),
-        error => anyhow::Error::new(error).context(format!("opening {database}")),
+        justonce_sql::Error::Database { .. } => format!("database error: {}", store_cause(error)),
+        other => other.to_string(),
+    }
+}
+
+/// The cause of a store error, without the words `database error`.
+fn store_cause(error: &justonce_sql::Error) -> String {
+    let justonce_sql::Error::Database { source, .. } = error else {
+        return error.to_string();
+    };
+    match source.downcast_ref::<justonce_sql::sqlx::Error>() {
+        Some(justonce_sql::sqlx::Error::Database(database)) => database.message().to_owned(),
+        Some(justonce_sql::sqlx::Error::Io(io)) => io.to_string(),
+        _ => source.to_string(),
+    }
+}
+
+/// `1 key`, `2 keys`: a count with its noun, `one` or `many`.
+fn counted(count: impl TryInto<u64> + std::fmt::Display + Copy, one: &str, many: &str) -> String {
+    match count.try_into() {
+        Ok(1) => format!("1 {one}"),
+        _ => format!("{count} {many}"),
     }
 }
 
@@ -339,7 +458,11 @@ async fn stats<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
             deliveries.sent.to_string(),
             deliveries.due.to_string(),
             deliveries.dead.to_string(),
-            format!("{} s", deliveries.oldest_due.as_secs()),
+            // Nothing due has no age.
+            match deliveries.due {
+                0 => "(none)".to_owned(),
+                _ => format!("{} s", deliveries.oldest_due.as_secs()),
+            },
         ]],
     );
     print_table(
@@ -418,16 +541,22 @@ fn scope_or_none(scope: &str) -> &str {
 async fn dlq<DB: Backend>(outbox: &justonce_sql::Outbox<DB>, command: DlqCommand) -> Result<()> {
     match command {
         DlqCommand::List { limit } => {
-            for row in outbox.dead_letters(limit).await? {
-                println!(
-                    "{}\t{}\t{}\t{} attempts\t{}",
-                    row.id,
-                    row.destination,
-                    row.key,
-                    row.attempts,
-                    row.last_error.as_deref().unwrap_or("")
-                );
-            }
+            let rows = outbox.dead_letters(limit).await?;
+            print_table(
+                "dead letters",
+                &["id", "destination", "key", "attempts", "last error"],
+                rows.into_iter()
+                    .map(|row| {
+                        vec![
+                            row.id.to_string(),
+                            row.destination,
+                            row.key,
+                            row.attempts.to_string(),
+                            row.last_error.unwrap_or_default(),
+                        ]
+                    })
+                    .collect(),
+            );
         }
         DlqCommand::Show { id } => {
             let row = outbox
@@ -457,12 +586,16 @@ async fn dlq<DB: Backend>(outbox: &justonce_sql::Outbox<DB>, command: DlqCommand
                 }
             }
             progress.finish();
-            println!("{replayed} dead letters are due again");
+            match replayed {
+                1 => println!("1 dead letter is due again"),
+                _ => println!("{replayed} dead letters are due again"),
+            }
         }
         DlqCommand::Purge => {
+            let deleted = outbox.purge_dead_letters().await?;
             println!(
-                "{} dead letters deleted",
-                outbox.purge_dead_letters().await?
+                "{} deleted",
+                counted(deleted, "dead letter", "dead letters")
             );
         }
     }
@@ -504,7 +637,10 @@ fn print_row(row: &Row) {
     println!("id:          {}", row.id);
     println!("destination: {}", row.destination);
     println!("key:         {}", row.key);
-    println!("state:       {state} after {} attempts", row.attempts);
+    println!(
+        "state:       {state} after {}",
+        counted(row.attempts, "attempt", "attempts")
+    );
     if let Some(error) = &row.last_error {
         println!("last error:  {error}");
     }

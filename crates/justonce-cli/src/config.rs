@@ -310,15 +310,19 @@ const OTHER_VARIABLES: [&str; 6] = [
     "JUSTONCE_CHECK_KEY",
 ];
 
-/// Reads `path` (absent is fine: every value has a default or comes from the environment),
-/// applies the `JUSTONCE_*` variables and `DATABASE_URL` from `env`, and validates. Every
-/// error names the file, the setting's dotted key with its line (or the variable that set
-/// it), and what was expected.
-pub fn load(path: &Path, env: &Env) -> Result<Settings> {
+/// Reads `path`, applies the `JUSTONCE_*` variables and `DATABASE_URL` from `env`, and
+/// validates. The file may be absent (every value has a default or comes from the
+/// environment) unless the user named it, `named_by` an option.
+/// Every error names the file, the setting's dotted key with its line (or the variable that
+/// set it), and what was expected.
+pub fn load(path: &Path, named_by: Option<&str>, env: &Env) -> Result<Settings> {
     let file = path.display().to_string();
     match std::fs::read_to_string(path) {
         Ok(text) => parse(&text, &file, env),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => read(None, &file, env),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => match named_by {
+            Some(option) => bail!("{file} (from {option}): no such file"),
+            None => read(None, &file, env),
+        },
         Err(error) => Err(error).with_context(|| format!("reading {file}")),
     }
 }
@@ -1012,6 +1016,15 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
 /// How long a delivery waits for its target's answer unless the target says otherwise.
 const DEFAULT_TARGET_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The signature schemes a source takes.
+const SCHEMES: [&str; 5] = [
+    "standard-webhooks",
+    "stripe",
+    "github",
+    "hmac-sha256",
+    "none",
+];
+
 /// The shortest signing secret a source takes.
 const MIN_SECRET_BYTES: usize = 16;
 
@@ -1320,6 +1333,16 @@ fn validate_source(
     let duration = |value: Option<&str>, default: &str, key: &'static str| {
         parse_duration(origin.or_default(&path(key), value, default)).with_context(|| at(key))
     };
+    // First: what the other settings may be depends on the scheme, so a misspelt one must
+    // not be reported as another setting's mistake.
+    if !SCHEMES.contains(&raw.scheme.as_str()) {
+        bail!(
+            "{}: {:?} is not one of {}",
+            at("scheme"),
+            raw.scheme,
+            SCHEMES.join(", ")
+        );
+    }
     let signs_a_timestamp = matches!(raw.scheme.as_str(), "standard-webhooks" | "stripe");
     if raw.tolerance.is_some() && !signs_a_timestamp {
         bail!(
@@ -1423,10 +1446,7 @@ fn validate_source(
             (scheme, None)
         }
         "none" => (Scheme::None, None),
-        other => bail!(
-            "{}: {other:?} is not one of standard-webhooks, stripe, github, hmac-sha256, none",
-            at("scheme")
-        ),
+        _ => unreachable!("the scheme was checked first"),
     };
     let id = match (raw.id.as_deref(), default_id) {
         (None, Some(default)) => Some(origin.or_default(&path("id"), None, default)),
@@ -1567,7 +1587,7 @@ mod tests {
 
     fn load_text(text: &str, env: &Env) -> Result<Settings> {
         let path = write_temporary(text);
-        let settings = load(&path, env);
+        let settings = load(&path, None, env);
         let _ = std::fs::remove_file(path);
         settings
     }
@@ -1659,7 +1679,7 @@ target = "http://127.0.0.1:9000/hooks/shop"
     /// Loads `text` and checks that the error names the file, `key` and `expected`.
     fn assert_named(text: &str, env: &Env, key: &str, expected: &str) {
         let path = write_temporary(text);
-        let error = match load(&path, env) {
+        let error = match load(&path, None, env) {
             Ok(_) => panic!("accepted:\n{text}"),
             Err(error) => format!("{error:#}"),
         };
@@ -2268,6 +2288,7 @@ target = "http://127.0.0.1:9000/orders"
     fn load_without_file(env: &Env) -> Result<Settings> {
         load(
             &std::env::temp_dir().join("justonce-no-such-file.toml"),
+            None,
             env,
         )
     }
@@ -2512,7 +2533,7 @@ target = "http://127.0.0.1:9000/orders"
         ]);
         let path = write_temporary(&shop_and_orders());
         let file = path.display().to_string();
-        let printed = load(&path, &env).unwrap().printed;
+        let printed = load(&path, None, &env).unwrap().printed;
         let _ = std::fs::remove_file(&path);
         let expected = [
             "[server]".to_owned(),

@@ -17,7 +17,8 @@ mod progress;
 mod purge;
 mod serve;
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -27,7 +28,7 @@ use std::process::ExitCode;
 #[command(name = "justonce", version)]
 struct Cli {
     /// The configuration file, which may be absent: every setting can also come from a
-    /// JUSTONCE_* variable (see `justonce config`).
+    /// JUSTONCE_* variable (see `justonce config`). A file named by this option must exist.
     #[arg(
         long,
         global = true,
@@ -201,9 +202,11 @@ struct CheckArgs {
     /// event's key as `Idempotency-Key`; or an amqp, nats, redis or mqtt URL with --to,
     /// where each try is a message with the key as its id, published as the relay does.
     target: Option<String>,
-    /// The job to check instead of a target: a shell command run once per try, with
-    /// `{key}` and `{n}` replaced and the key in JUSTONCE_CHECK_KEY.
-    #[arg(long, conflicts_with = "target")]
+    // The help of each option that takes `{n}` goes through `with_placeholders`.
+    #[arg(long, conflicts_with = "target", help = with_placeholders(
+        "The job to check instead of a target: a shell command run once per try, with \
+         `{key}` and `{n}` replaced and the key in JUSTONCE_CHECK_KEY"
+    ))]
     run: Option<String>,
     /// The queue (RabbitMQ), subject (NATS), stream (Redis) or topic (MQTT) to publish to.
     #[arg(long, requires = "target")]
@@ -232,16 +235,19 @@ struct CheckArgs {
         conflicts_with = "events"
     )]
     keys: Vec<String>,
-    /// The body of each try, with `{key}` and `{n}` (the event's number from 1) replaced.
     #[arg(
         long,
         requires = "subject",
-        default_value = r#"{"id":"{key}","n":{n}}"#
+        default_value = r#"{"id":"{key}","n":{n}}"#,
+        help = with_placeholders(
+            "The body of each try, with `{key}` and `{n}` (the event's number from 1) replaced"
+        )
     )]
     body: String,
-    /// A header sent with each HTTP try or message, as `Name: value`, with `{key}` and
-    /// `{n}` replaced; repeatable.
-    #[arg(long = "header", requires = "subject", value_parser = header)]
+    #[arg(long = "header", requires = "subject", value_parser = header, help = with_placeholders(
+        "A header sent with each HTTP try or message, as `Name: value`, with `{key}` and \
+         `{n}` replaced; repeatable"
+    ))]
     headers: Vec<(String, String)>,
     /// Sign HTTP tries the Standard Webhooks way with this secret (`whsec_...`), with the
     /// key as `webhook-id`, as a webhook source of `justonce serve` expects.
@@ -265,6 +271,14 @@ struct CheckArgs {
     /// Print one JSON object instead of the report.
     #[arg(long, requires = "subject")]
     json: bool,
+}
+
+/// `text` as help that shows `{n}` as written. clap turns every `{n}` of a help text into a
+/// line break; an escape code between its `{` and its `n`, which changes nothing on a
+/// terminal and is left out elsewhere, keeps it whole.
+fn with_placeholders(text: &str) -> clap::builder::StyledStr {
+    let kept = format!("{{{}n}}", clap::builder::styling::Reset);
+    text.replace("{n}", &kept).into()
 }
 
 /// `Name: value`.
@@ -374,7 +388,12 @@ fn run_length(text: &str) -> Result<std::time::Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    // A file named on the command line must exist. JUSTONCE_CONFIG may name an absent one,
+    // as the default may be: the container image sets it and runs on variables alone.
+    let named_by =
+        (matches.value_source("config") == Some(ValueSource::CommandLine)).then_some("--config");
     if let Command::Completions { shell } = cli.command {
         clap_complete::generate(
             shell,
@@ -391,7 +410,7 @@ fn main() -> ExitCode {
         _ => "info",
     };
     // The file may choose the log format: logging starts once it is read.
-    let settings = config::load(&cli.config, &config::process_env());
+    let settings = config::load(&cli.config, named_by, &config::process_env());
     let format = match (&settings, cli.log_format) {
         (_, Some(format)) => format,
         (Ok(settings), None) => settings.log_format,
@@ -439,8 +458,26 @@ fn main() -> ExitCode {
 
 /// Says why the command ends: a plain line, or a JSON error line among the others.
 fn report(format: logs::LogFormat, error: &anyhow::Error) {
+    let reason = reason(error);
     match format {
-        logs::LogFormat::Text => eprintln!("justonce: {error:#}"),
-        logs::LogFormat::Json => tracing::error!("{error:#}"),
+        logs::LogFormat::Text => eprintln!("justonce: {reason}"),
+        logs::LogFormat::Json => tracing::error!("{reason}"),
     }
+}
+
+/// The error and its causes, each said once: a cause that its error's text already holds
+/// is left out, and a store error ends the line with the database's own words.
+fn reason(error: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in error.chain() {
+        if let Some(store) = cause.downcast_ref::<justonce_sql::Error>() {
+            parts.push(commands::store_error(store));
+            break;
+        }
+        let text = cause.to_string();
+        if !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
 }

@@ -221,14 +221,19 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         let _ = stopped_for_deadline.wait_for(|stop| *stop).await;
         tokio::time::sleep(limits.request_timeout + Duration::from_secs(5)).await;
     };
-    tokio::select! {
+    let ended = tokio::select! {
         result = running => result,
         () = deadline => {
             tracing::warn!("requests still in flight after the drain time: stopping anyway");
             Ok(())
         }
         Some(usage) = misconfiguration.recv() => Err(usage.into()),
+    };
+    // A failure is reported as the command ends; a clean stop says so here.
+    if ended.is_ok() {
+        tracing::info!("stopped");
     }
+    ended
 }
 
 /// Seconds from a webhook's arrival to its answer: a millisecond to half a minute (the

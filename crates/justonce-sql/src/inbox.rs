@@ -825,7 +825,8 @@ fn skipped<T>(identity: &Identity, stored: Fingerprint, received: Fingerprint) -
         tracing::debug!(key = %identity.key, consumer = %identity.consumer, "duplicate: skipped");
         Outcome::Duplicate
     } else {
-        tracing::warn!(key = %identity.key, consumer = %identity.consumer, "same key, different payload: skipped");
+        // The caller reports it, with what it knows of the message: one warning, not two.
+        tracing::debug!(key = %identity.key, consumer = %identity.consumer, "same key, different payload: skipped");
         Outcome::KeyReused { stored, received }
     }
 }

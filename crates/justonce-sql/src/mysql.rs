@@ -482,9 +482,7 @@ impl Backend for MySql {
         pool: sqlx::pool::PoolOptions<Self>,
     ) -> Result<sqlx::Pool<Self>, Error> {
         let target = Target::<MySqlConnectOptions>::parse(url, &TLS)?;
-        pool.connect_with(target.options.clone())
-            .await
-            .map_err(|error| target.connect_error(error, database_error::<Self>))
+        target.connect_pool(pool, database_error::<Self>).await
     }
 
     async fn claim<'a>(

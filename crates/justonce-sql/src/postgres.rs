@@ -72,6 +72,8 @@ const CLOCK: Clock = Clock {
 };
 
 const MIGRATION_SETUP: &[&str] = &[
+    // Each `IF NOT EXISTS` that finds its object says so in a notice, at every start.
+    "SET LOCAL client_min_messages = warning",
     // Serialises migrators of one prefix across processes until the transaction ends.
     "SELECT pg_advisory_xact_lock(hashtext('justonce:{prefix}'))",
     "CREATE TABLE IF NOT EXISTS {prefix}migrations (
@@ -287,9 +289,7 @@ impl Backend for Postgres {
         pool: sqlx::pool::PoolOptions<Self>,
     ) -> Result<sqlx::Pool<Self>, Error> {
         let target = Target::<PgConnectOptions>::parse(url, &TLS)?;
-        pool.connect_with(target.options.clone())
-            .await
-            .map_err(|error| target.connect_error(error, database_error::<Self>))
+        target.connect_pool(pool, database_error::<Self>).await
     }
 
     fn claim_and_forward<'a>(

@@ -180,6 +180,41 @@ impl<O: TlsOptions> Target<O> {
         );
     }
 
+    /// Opens a pool on these options. sqlx retries a refused connection until the pool's
+    /// acquire timeout and then says only that it timed out: one direct attempt then tells
+    /// why, such as the refusal itself.
+    pub(crate) async fn connect_pool<DB>(
+        &self,
+        pool: sqlx::pool::PoolOptions<DB>,
+        database: fn(sqlx::Error) -> Error,
+    ) -> Result<sqlx::Pool<DB>, Error>
+    where
+        DB: sqlx::Database,
+        DB::Connection: sqlx::Connection<Options = O>,
+    {
+        let timeout = pool.get_acquire_timeout();
+        let error = match pool.connect_with(self.options.clone()).await {
+            Ok(pool) => return Ok(pool),
+            Err(sqlx::Error::PoolTimedOut) => {
+                let attempt = <DB::Connection as sqlx::Connection>::connect_with(&self.options);
+                match tokio::time::timeout(timeout, attempt).await {
+                    Ok(Err(error)) => error,
+                    // The server answered this time: it came up meanwhile, but too late.
+                    Ok(Ok(connection)) => {
+                        let _ = sqlx::Connection::close(connection).await;
+                        sqlx::Error::PoolTimedOut
+                    }
+                    Err(_) => sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {} ms", timeout.as_millis()),
+                    )),
+                }
+            }
+            Err(error) => error,
+        };
+        Err(self.connect_error(error, database))
+    }
+
     /// The error of a failed first connection: a TLS or certificate problem, or a server
     /// that wants the TLS the URL turned off, is a configuration error in plain words that
     /// names the database; anything else stays a database error.

@@ -5,6 +5,7 @@ mod bench;
 mod broker_tls;
 mod check;
 mod environment;
+mod first_run;
 mod listeners;
 mod operations;
 mod serve;

@@ -1681,7 +1681,7 @@ async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: 
         .unwrap();
     assert!(replayed.status.success());
     let stdout = String::from_utf8_lossy(&replayed.stdout);
-    assert_eq!(stdout.trim(), "1 dead letters are due again");
+    assert_eq!(stdout.trim(), "1 dead letter is due again");
     let stderr = String::from_utf8_lossy(&replayed.stderr);
     assert!(
         stderr.contains("dead letters: 1 of 1 due again"),

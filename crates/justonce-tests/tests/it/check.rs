@@ -32,11 +32,12 @@ pub(crate) fn justonce() -> PathBuf {
     bin
 }
 
-/// Runs `justonce check` with `args`, and with no configuration file.
+/// Runs `justonce check` with `args`, and an empty configuration.
 pub(crate) async fn check(args: &[&str]) -> Output {
     let run = tokio::process::Command::new(justonce())
         .arg("--config")
-        .arg(std::env::temp_dir().join("justonce-check-no-such.toml"))
+        // An empty configuration: a file named by --config must exist.
+        .arg("/dev/null")
         .arg("check")
         .args(args)
         .kill_on_drop(true)
