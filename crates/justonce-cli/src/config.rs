@@ -1,7 +1,7 @@
 //! `justonce.toml` and the `JUSTONCE_*` variables that override it or stand in for it,
 //! turned into validated settings before anything starts.
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use justonce_http::HttpDestination;
 use justonce_http::receiver::{IdLocation, Scheme, Source};
 use justonce_sql::{Consumer, Retention};
@@ -41,6 +41,8 @@ pub struct Settings {
     pub consumers: Vec<ConsumerSettings>,
     /// How log lines are written, unless `--log-format` says otherwise.
     pub log_format: LogFormat,
+    /// The URL `serve` posts its spans to over OTLP/HTTP; `None`: no traces are exported.
+    pub traces_url: Option<String>,
     /// `JUSTONCE_*` variables that name no setting: a warning at start, an error with
     /// `--strict`.
     pub unknown_variables: Vec<String>,
@@ -198,6 +200,7 @@ struct RawServer {
     pool_size: Option<Count>,
     acquire_timeout: Option<String>,
     log_format: Option<String>,
+    otlp_endpoint: Option<String>,
 }
 
 /// A whole number written as a TOML integer or, from a variable, as text.
@@ -366,8 +369,9 @@ struct Origin<'i> {
     document: DeTable<'i>,
     /// The variable that set each setting, or declared each source or consumer.
     overrides: BTreeMap<Vec<String>, String>,
-    /// The defaults validation used, as TOML values, for `justonce config`.
-    defaults: RefCell<BTreeMap<Vec<String>, String>>,
+    /// The defaults validation used, as TOML values, each with where it came from, for
+    /// `justonce config`.
+    defaults: RefCell<BTreeMap<Vec<String>, (String, String)>>,
 }
 
 impl Origin<'_> {
@@ -431,7 +435,18 @@ impl Origin<'_> {
     /// Records that `path` took its default, `value` as TOML.
     fn defaulted(&self, path: &[&str], value: String) {
         let path = path.iter().map(|part| (*part).to_owned()).collect();
-        self.defaults.borrow_mut().insert(path, value);
+        self.defaults
+            .borrow_mut()
+            .insert(path, (value, "default".to_owned()));
+    }
+
+    /// Records that `path` took its value, `value` as TOML, from a variable not its own,
+    /// such as a standard one.
+    fn from_variable(&self, path: &[&str], value: String, variable: &str) {
+        let path = path.iter().map(|part| (*part).to_owned()).collect();
+        self.defaults
+            .borrow_mut()
+            .insert(path, (value, format!("from {variable}")));
     }
 
     /// The effective configuration as TOML: each setting that has a value, with where it
@@ -470,7 +485,7 @@ impl Origin<'_> {
                     (toml_value(value.get_ref()), origin)
                 }
                 None => match self.defaults.borrow().get(&path) {
-                    Some(default) => (default.clone(), "default".to_owned()),
+                    Some(default) => default.clone(),
                     None => continue,
                 },
             };
@@ -966,6 +981,7 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
             origin.name(&["server", "log_format"])
         ),
     };
+    let traces_url = traces_url(server.otlp_endpoint.as_deref(), env, origin)?;
     // A delivery still running when its lease ends may be sent again by another relay,
     // with the same key: none starts after half the lease, and each gives up within the
     // other half, so that the two rarely overlap.
@@ -1004,10 +1020,61 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
         sources,
         consumers,
         log_format,
+        traces_url,
         unknown_variables: Vec::new(),
         printed: String::new(),
     })
 }
+
+/// Where `serve` posts its spans: `<server.otlp_endpoint>/v1/traces`; without the setting,
+/// the standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, or
+/// `<OTEL_EXPORTER_OTLP_ENDPOINT>/v1/traces`; `None` when none is set. The protocol, when
+/// a variable names one, must be `http/protobuf`: the only one this build speaks.
+fn traces_url(setting: Option<&str>, env: &Env, origin: &Origin<'_>) -> Result<Option<String>> {
+    let path = ["server", "otlp_endpoint"];
+    let set = |name: &str| env.get(name).filter(|value| !value.trim().is_empty());
+    let signal_url = |base: &str| format!("{}/v1/traces", base.trim_end_matches('/'));
+    let (url, named) = if let Some(base) = setting {
+        (signal_url(base), origin.name(&path))
+    } else if let Some(url) = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        (url.clone(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT".to_owned())
+    } else if let Some(base) = set(OTLP_ENDPOINT_VARIABLE) {
+        origin.from_variable(&path, quoted(&redacted(base)), OTLP_ENDPOINT_VARIABLE);
+        (signal_url(base), OTLP_ENDPOINT_VARIABLE.to_owned())
+    } else {
+        return Ok(None);
+    };
+    if !cfg!(feature = "otlp") {
+        // The standard variables may be meant for other programs: only the setting is
+        // refused.
+        ensure!(
+            setting.is_none(),
+            "{named}: this build of justonce exports no traces (built without the `otlp` feature)"
+        );
+        return Ok(None);
+    }
+    let parsed = reqwest::Url::parse(&url).ok();
+    if !parsed.is_some_and(|url| matches!(url.scheme(), "http" | "https") && url.has_host()) {
+        bail!("{named}: must be an http:// or https:// URL");
+    }
+    for variable in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
+        if let Some(protocol) = set(variable) {
+            ensure!(
+                protocol.trim() == "http/protobuf",
+                "{variable}: {protocol:?} is not supported: justonce exports traces over \
+                 \"http/protobuf\""
+            );
+            break;
+        }
+    }
+    Ok(Some(url))
+}
+
+/// The standard variable that `server.otlp_endpoint` defaults to.
+const OTLP_ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
 /// How long a delivery waits for its target's answer unless the target says otherwise.
 const DEFAULT_TARGET_TIMEOUT: Duration = Duration::from_secs(10);
