@@ -369,9 +369,8 @@ struct Origin<'i> {
     document: DeTable<'i>,
     /// The variable that set each setting, or declared each source or consumer.
     overrides: BTreeMap<Vec<String>, String>,
-    /// The defaults validation used, as TOML values, each with where it came from, for
-    /// `justonce config`.
-    defaults: RefCell<BTreeMap<Vec<String>, (String, String)>>,
+    /// The defaults validation used, as TOML values, for `justonce config`.
+    defaults: RefCell<BTreeMap<Vec<String>, String>>,
 }
 
 impl Origin<'_> {
@@ -435,18 +434,7 @@ impl Origin<'_> {
     /// Records that `path` took its default, `value` as TOML.
     fn defaulted(&self, path: &[&str], value: String) {
         let path = path.iter().map(|part| (*part).to_owned()).collect();
-        self.defaults
-            .borrow_mut()
-            .insert(path, (value, "default".to_owned()));
-    }
-
-    /// Records that `path` took its value, `value` as TOML, from a variable not its own,
-    /// such as a standard one.
-    fn from_variable(&self, path: &[&str], value: String, variable: &str) {
-        let path = path.iter().map(|part| (*part).to_owned()).collect();
-        self.defaults
-            .borrow_mut()
-            .insert(path, (value, format!("from {variable}")));
+        self.defaults.borrow_mut().insert(path, value);
     }
 
     /// The effective configuration as TOML: each setting that has a value, with where it
@@ -485,7 +473,7 @@ impl Origin<'_> {
                     (toml_value(value.get_ref()), origin)
                 }
                 None => match self.defaults.borrow().get(&path) {
-                    Some(default) => default.clone(),
+                    Some(default) => (default.clone(), "default".to_owned()),
                     None => continue,
                 },
             };
@@ -677,8 +665,8 @@ fn spelled(name: &str) -> String {
 /// that ends the variable wins, so `JUSTONCE_CONSUMERS_ORDERS_CLIENT_ID` is `client_id` of
 /// `orders`. A name meets the file's source or consumer spelled the same way (upper case,
 /// `-` as `_`); a name the file does not have declares a source or consumer, named in lower
-/// case. `secrets` takes a comma-separated list. `DATABASE_URL` sets `server.database`
-/// when nothing else does.
+/// case. `secrets` takes a comma-separated list. `DATABASE_URL` sets `server.database`, and
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` `server.otlp_endpoint`, when nothing else does.
 ///
 /// Each value gets a span of its own past the end of the file's `len` bytes, so that an
 /// error in it is traced back to its variable.
@@ -719,17 +707,22 @@ fn apply_env(document: &mut DeTable<'_>, env: &Env, len: usize) -> Result<Applie
         }
         overrides.insert(path, setting.variable.to_owned());
     }
-    let database = ["server".to_owned(), "database".to_owned()];
-    if let Some(url) = env.get("DATABASE_URL")
-        && value_at(document, &database).is_none()
-    {
-        set(
-            document,
-            &database,
-            DeValue::String(url.clone().into()),
-            &mut span,
-        );
-        overrides.insert(database.to_vec(), "DATABASE_URL".to_owned());
+    // The standard variables, each for the setting it stands for. The signal's own OTLP
+    // endpoint comes before the general one, as the OpenTelemetry specification orders them.
+    let set_here = |name: &str| env.get(name).filter(|value| !value.trim().is_empty());
+    let otlp_endpoint = set_here(OTLP_ENDPOINT_VARIABLE)
+        .filter(|_| set_here(OTLP_TRACES_ENDPOINT_VARIABLE).is_none());
+    for (variable, url, key) in [
+        ("DATABASE_URL", env.get("DATABASE_URL"), "database"),
+        (OTLP_ENDPOINT_VARIABLE, otlp_endpoint, "otlp_endpoint"),
+    ] {
+        let path = ["server".to_owned(), key.to_owned()];
+        if let Some(url) = url
+            && value_at(document, &path).is_none()
+        {
+            set(document, &path, DeValue::String(url.clone().into()), &mut span);
+            overrides.insert(path.to_vec(), variable.to_owned());
+        }
     }
     Ok(Applied { overrides, unknown })
 }
@@ -1026,29 +1019,30 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
     })
 }
 
-/// Where `serve` posts its spans: `<server.otlp_endpoint>/v1/traces`; without the setting,
-/// the standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, or
-/// `<OTEL_EXPORTER_OTLP_ENDPOINT>/v1/traces`; `None` when none is set. The protocol, when
-/// a variable names one, must be `http/protobuf`: the only one this build speaks.
+/// Where `serve` posts its spans: `<server.otlp_endpoint>/v1/traces` (the setting, which
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` sets when nothing else does), else the standard
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is; `None` when neither is set. A protocol
+/// that a variable names must be `http/protobuf`: the only one this build speaks.
 fn traces_url(setting: Option<&str>, env: &Env, origin: &Origin<'_>) -> Result<Option<String>> {
-    let path = ["server", "otlp_endpoint"];
     let set = |name: &str| env.get(name).filter(|value| !value.trim().is_empty());
-    let signal_url = |base: &str| format!("{}/v1/traces", base.trim_end_matches('/'));
     let (url, named) = if let Some(base) = setting {
-        (signal_url(base), origin.name(&path))
-    } else if let Some(url) = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
-        (url.clone(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT".to_owned())
-    } else if let Some(base) = set(OTLP_ENDPOINT_VARIABLE) {
-        origin.from_variable(&path, quoted(&redacted(base)), OTLP_ENDPOINT_VARIABLE);
-        (signal_url(base), OTLP_ENDPOINT_VARIABLE.to_owned())
+        let url = format!("{}/v1/traces", base.trim_end_matches('/'));
+        (url, origin.name(&["server", "otlp_endpoint"]))
+    } else if let Some(url) = set(OTLP_TRACES_ENDPOINT_VARIABLE) {
+        (url.clone(), OTLP_TRACES_ENDPOINT_VARIABLE.to_owned())
     } else {
         return Ok(None);
     };
     if !cfg!(feature = "otlp") {
         // The standard variables may be meant for other programs: only the setting is
         // refused.
+        let path = ["server".to_owned(), "otlp_endpoint".to_owned()];
+        let by_standard_variable = origin
+            .overrides
+            .get(path.as_slice())
+            .is_some_and(|variable| variable == OTLP_ENDPOINT_VARIABLE);
         ensure!(
-            setting.is_none(),
+            setting.is_none() || by_standard_variable,
             "{named}: this build of justonce exports no traces (built without the `otlp` feature)"
         );
         return Ok(None);
@@ -1073,8 +1067,11 @@ fn traces_url(setting: Option<&str>, env: &Env, origin: &Origin<'_>) -> Result<O
     Ok(Some(url))
 }
 
-/// The standard variable that `server.otlp_endpoint` defaults to.
+/// The standard variable that sets `server.otlp_endpoint` when nothing else does.
 const OTLP_ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+
+/// The standard variable of the whole URL that traces go to.
+const OTLP_TRACES_ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
 
 /// How long a delivery waits for its target's answer unless the target says otherwise.
 const DEFAULT_TARGET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -2515,6 +2512,91 @@ target = "http://127.0.0.1:9000/orders"
             "server.database (from DATABASE_URL)",
             "must be a sqlite://, postgres:// or mysql:// URL",
         );
+    }
+
+    #[test]
+    fn traces_go_to_the_setting_else_to_the_standard_variables() {
+        let traces = |text: &str, pairs: &[(&str, &str)]| {
+            let env = env_of(&[&[("SHOP_SECRET", "whsec_c2VjcmV0")], pairs].concat());
+            load_text(text, &env).unwrap().traces_url
+        };
+        assert_eq!(traces(SHOP, &[]), None);
+        let general = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/");
+        let signal = (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://collector:4318/traces",
+        );
+        let expected = |url: &str| Some(url.to_owned());
+        assert_eq!(
+            traces(SHOP, &[general]),
+            expected("http://collector:4318/v1/traces")
+        );
+        assert_eq!(
+            traces(SHOP, &[general, signal]),
+            expected("http://collector:4318/traces")
+        );
+        let file = SHOP.replacen(
+            "body_limit",
+            "otlp_endpoint = \"https://traces.internal\"\nbody_limit",
+            1,
+        );
+        assert_eq!(
+            traces(&file, &[general, signal]),
+            expected("https://traces.internal/v1/traces")
+        );
+        let variable = ("JUSTONCE_SERVER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+        assert_eq!(
+            traces(&file, &[variable]),
+            expected("http://127.0.0.1:4318/v1/traces")
+        );
+        // An empty standard variable is as good as unset.
+        assert_eq!(traces(SHOP, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "")]), None);
+
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0"), general]);
+        let printed = load_text(SHOP, &env).unwrap().printed;
+        let line = "otlp_endpoint = \"http://collector:4318/\"  # from OTEL_EXPORTER_OTLP_ENDPOINT";
+        assert!(printed.contains(line), "{printed}");
+    }
+
+    #[test]
+    fn an_unusable_traces_endpoint_or_protocol_is_refused_by_name() {
+        let secret = ("SHOP_SECRET", "whsec_c2VjcmV0");
+        let general = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318");
+        let file = SHOP.replacen("body_limit", "otlp_endpoint = \"collector:4318\"\nbody_limit", 1);
+        assert_named(
+            &file,
+            &env_of(&[secret]),
+            "server.otlp_endpoint (line 4)",
+            "must be an http:// or https:// URL",
+        );
+        assert_named(
+            SHOP,
+            &env_of(&[secret, ("OTEL_EXPORTER_OTLP_ENDPOINT", "grpc://x:4317")]),
+            "server.otlp_endpoint (from OTEL_EXPORTER_OTLP_ENDPOINT)",
+            "must be an http:// or https:// URL",
+        );
+        for (variable, protocol) in [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+        ] {
+            assert_named(
+                SHOP,
+                &env_of(&[secret, general, (variable, protocol)]),
+                variable,
+                "is not supported: justonce exports traces over \"http/protobuf\"",
+            );
+        }
+        // The signal's own protocol comes before the general one.
+        let env = env_of(&[
+            secret,
+            general,
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ]);
+        assert!(load_text(SHOP, &env).unwrap().traces_url.is_some());
+        // Without an endpoint nothing is exported, and the protocol does not matter.
+        let env = env_of(&[secret, ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+        assert_eq!(load_text(SHOP, &env).unwrap().traces_url, None);
     }
 
     #[test]
