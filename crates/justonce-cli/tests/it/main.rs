@@ -9,3 +9,4 @@ mod listeners;
 mod operations;
 mod serve;
 mod tls;
+mod traces;

@@ -227,11 +227,15 @@ impl Drop for Server {
 }
 
 /// Leaves out the variables that would configure `justonce` from the test's own
-/// environment, such as the suite's `JUSTONCE_TEST_*` and a `DATABASE_URL`: a child sees
-/// only the settings its test gives it.
+/// environment, such as the suite's `JUSTONCE_TEST_*`, a `DATABASE_URL` and the
+/// OpenTelemetry ones: a child sees only the settings its test gives it.
 pub(crate) fn without_inherited_settings(command: &mut Command) {
     for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("JUSTONCE_") || name == "DATABASE_URL" {
+        let name_text = name.to_string_lossy();
+        if name_text.starts_with("JUSTONCE_")
+            || name_text.starts_with("OTEL_")
+            || name == "DATABASE_URL"
+        {
             command.env_remove(name);
         }
     }
