@@ -720,7 +720,12 @@ fn apply_env(document: &mut DeTable<'_>, env: &Env, len: usize) -> Result<Applie
         if let Some(url) = url
             && value_at(document, &path).is_none()
         {
-            set(document, &path, DeValue::String(url.clone().into()), &mut span);
+            set(
+                document,
+                &path,
+                DeValue::String(url.clone().into()),
+                &mut span,
+            );
             overrides.insert(path.to_vec(), variable.to_owned());
         }
     }
@@ -2562,7 +2567,11 @@ target = "http://127.0.0.1:9000/orders"
     fn an_unusable_traces_endpoint_or_protocol_is_refused_by_name() {
         let secret = ("SHOP_SECRET", "whsec_c2VjcmV0");
         let general = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318");
-        let file = SHOP.replacen("body_limit", "otlp_endpoint = \"collector:4318\"\nbody_limit", 1);
+        let file = SHOP.replacen(
+            "body_limit",
+            "otlp_endpoint = \"collector:4318\"\nbody_limit",
+            1,
+        );
         assert_named(
             &file,
             &env_of(&[secret]),

@@ -9,12 +9,12 @@ use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 
 impl clap::ValueEnum for LogFormat {
     fn value_variants<'a>() -> &'a [Self] {
@@ -44,7 +44,12 @@ pub fn init(
     }
     #[cfg(feature = "otlp")]
     let (export, flush) = match traces_url.map(crate::traces::layer).transpose() {
-        Ok(Some((layer, traces))) => (Some(layer), Ok(Flush { _traces: Some(traces) })),
+        Ok(Some((layer, traces))) => (
+            Some(layer),
+            Ok(Flush {
+                _traces: Some(traces),
+            }),
+        ),
         Ok(None) => (None, Ok(Flush { _traces: None })),
         Err(error) => (None, Err(error.context("starting the traces exporter"))),
     };

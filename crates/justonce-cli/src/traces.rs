@@ -78,10 +78,8 @@ fn resource() -> Resource {
                 .split(',')
                 .any(|pair| pair.trim_start().starts_with("service.name="))
         });
-    let builder = Resource::builder().with_attribute(KeyValue::new(
-        "service.version",
-        env!("CARGO_PKG_VERSION"),
-    ));
+    let builder = Resource::builder()
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")));
     if named {
         builder.build()
     } else {

@@ -199,7 +199,10 @@ async fn a_webhooks_receipt_and_delivery_are_one_trace_from_sender_to_target<DB:
     let run = one_span(&spans, trace_id, "justonce.run");
     let deliver = one_span(&spans, trace_id, "justonce.deliver");
     assert_eq!(hex(&receive.parent_span_id), sender_span);
-    assert_eq!(run.parent_span_id, receive.span_id, "the commit is in the receipt");
+    assert_eq!(
+        run.parent_span_id, receive.span_id,
+        "the commit is in the receipt"
+    );
     assert_eq!(
         deliver.parent_span_id, receive.span_id,
         "the delivery continues the receipt"
