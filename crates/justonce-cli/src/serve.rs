@@ -427,6 +427,10 @@ fn forward_to_target<DB: Backend>(
             if let Some(content_type) = &message.content_type {
                 row = row.header("content-type", content_type.as_str());
             }
+            // The delivery continues the sender's trace.
+            if let Some(trace) = &message.trace {
+                row = row.trace_context(trace);
+            }
             inbox.forward(tx, &key, row).await.map(drop)
         })
     }

@@ -47,7 +47,7 @@ pub mod redis_streams;
 #[cfg(feature = "tls")]
 pub mod tls;
 
-use justonce_core::Key;
+use justonce_core::{Key, TraceContext};
 use justonce_sql::Outcome;
 
 /// The header that counts a message's attempts: absent on the first.
@@ -83,6 +83,10 @@ pub struct Incoming {
     pub redelivered: bool,
     /// The content type: AMQP's `content_type` property, a `Content-Type` header on NATS.
     pub content_type: Option<String>,
+    /// The W3C trace context the message carries, if well formed: its `traceparent` and
+    /// `tracestate` headers on AMQP and NATS, stream fields on Redis, user properties on
+    /// MQTT 5.
+    pub trace: Option<TraceContext>,
 }
 
 /// Describes the metrics this crate emits, for the `# HELP` lines of an exporter. Call it

@@ -44,7 +44,8 @@ use crate::{
     ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
     truncate,
 };
-use justonce_core::{Delivered, Delivery, Destination, Key};
+use justonce_core::trace::{TRACEPARENT, TRACESTATE};
+use justonce_core::{Delivered, Delivery, Destination, Key, TraceContext};
 use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
@@ -578,6 +579,10 @@ impl<DB: Backend> MqttConsumer<DB> {
                 .properties
                 .as_ref()
                 .and_then(|p| p.content_type.clone()),
+            trace: TraceContext::parse(
+                user_property(message, TRACEPARENT).unwrap_or_default(),
+                user_property(message, TRACESTATE),
+            ),
         })
     }
 
