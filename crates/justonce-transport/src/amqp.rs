@@ -51,6 +51,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// Settings of an [`AmqpConsumer`].
 #[derive(Debug, Clone)]
@@ -383,6 +384,7 @@ impl<DB: Backend> Taken<'_, DB> {
         Ran::of(
             inbox
                 .run(&incoming.key, &incoming.body, |tx| work(tx, incoming))
+                .instrument(crate::consume_span(incoming))
                 .await,
         )
     }

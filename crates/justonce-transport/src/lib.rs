@@ -89,6 +89,26 @@ pub struct Incoming {
     pub trace: Option<TraceContext>,
 }
 
+/// The span of one message's claim and work: a child of the trace context the message
+/// carries, when a [`justonce_core::trace::TracePropagator`] is installed.
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+fn consume_span(incoming: &Incoming) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "justonce.consume",
+        otel.kind = "consumer",
+        key = %incoming.key,
+    );
+    if let Some(trace) = &incoming.trace {
+        justonce_core::trace::set_parent(&span, trace);
+    }
+    span
+}
+
 /// Describes the metrics this crate emits, for the `# HELP` lines of an exporter. Call it
 /// once, after installing the metrics recorder.
 pub fn describe_metrics() {

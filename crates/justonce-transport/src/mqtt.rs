@@ -57,6 +57,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
+use tracing::Instrument;
 
 pub use rumqttc::v5::mqttbytes::v5::Publish as Message;
 
@@ -563,6 +564,7 @@ impl<DB: Backend> MqttConsumer<DB> {
         let run = self
             .inbox
             .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .instrument(crate::consume_span(&incoming))
             .await;
         Ran::of(run)
     }

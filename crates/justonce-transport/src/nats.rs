@@ -47,6 +47,7 @@ use justonce_sql::{Backend, Inbox, Offset, Outcome, WorkFuture, sqlx};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
+use tracing::Instrument;
 
 pub use async_nats::jetstream::Message;
 
@@ -312,7 +313,8 @@ impl<DB: Backend> NatsConsumer<DB> {
         };
         let run = self
             .inbox
-            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming));
+            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .instrument(crate::consume_span(&incoming));
         Ran::of(self.in_progress([message], run).await)
     }
 

@@ -55,6 +55,7 @@ use redis::{AsyncCommands, IntoConnectionInfo};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// The field that holds an entry's key, by default.
 pub const KEY_FIELD: &str = "key";
@@ -347,6 +348,7 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
         let run = self
             .inbox
             .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .instrument(crate::consume_span(&incoming))
             .await;
         Ran::of(run)
     }

@@ -41,7 +41,10 @@ macro_rules! on_every_database {
     };
 }
 
-on_every_database!(a_webhooks_receipt_and_delivery_are_one_trace_from_sender_to_target);
+on_every_database!(
+    a_webhooks_receipt_and_delivery_are_one_trace_from_sender_to_target,
+    a_broker_messages_claim_and_delivery_are_one_trace_from_sender_to_target,
+);
 
 /// An OTLP/HTTP collector on loopback: keeps every export request's spans, with the
 /// resource's service name, and the content type each request came with.
@@ -217,5 +220,79 @@ async fn a_webhooks_receipt_and_delivery_are_one_trace_from_sender_to_target<DB:
 
     let logs = logs.await.unwrap();
     assert!(logs.is_empty(), "{logs:#?}");
+    drop_database(db, &url).await;
+}
+
+async fn a_broker_messages_claim_and_delivery_are_one_trace_from_sender_to_target<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    use redis::AsyncCommands;
+    let (db, url) = database::<DB>(test).await;
+    let (collector, endpoint) = Collector::start().await;
+    let sink = Sink::start().await;
+    let redis_url = justonce_tests::redis_url();
+    let stream = format!("{}orders", db.prefix);
+    let mut redis = redis::Client::open(redis_url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis");
+    let (trace_id, sender_span) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let sender = format!("00-{trace_id}-{sender_span}-01");
+    // Added before the service starts: its group begins at the start of the stream.
+    let _: String = redis
+        .xadd(
+            &stream,
+            "*",
+            &[
+                ("order_id", "order-1"),
+                ("body", "{}"),
+                ("traceparent", sender.as_str()),
+            ],
+        )
+        .await
+        .unwrap();
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{redis_url}\"\nstream = \"{stream}\"\n\
+         id = \"header:order_id\"\ntarget = \"{}\"\n",
+        sink.url()
+    );
+    let mut server = Server::configure_with(&url, &sink.url(), &consumer);
+    let logs = server
+        .start_logged(
+            &[],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                ("RUST_LOG", "warn"),
+            ],
+        )
+        .await;
+    assert_eq!(await_keys(&sink, 1).await.len(), 1);
+    let received = sink.received();
+    let traceparent = &received[0].headers["traceparent"];
+    let fields: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(fields[..2], ["00", trace_id], "{traceparent}");
+    assert_ne!(fields[2], sender_span);
+
+    server.stop().await;
+    let spans = collector.spans();
+    let consume = one_span(&spans, trace_id, "justonce.consume");
+    let run = one_span(&spans, trace_id, "justonce.run");
+    let deliver = one_span(&spans, trace_id, "justonce.deliver");
+    assert_eq!(hex(&consume.parent_span_id), sender_span);
+    assert_eq!(
+        run.parent_span_id, consume.span_id,
+        "the commit is in the claim"
+    );
+    assert_eq!(
+        deliver.parent_span_id, run.span_id,
+        "the delivery continues the commit"
+    );
+    assert_eq!(hex(&deliver.span_id), fields[2], "the target's parent");
+    let logs = logs.await.unwrap();
+    assert!(logs.is_empty(), "{logs:#?}");
+    let _: () = redis.del(&stream).await.unwrap();
     drop_database(db, &url).await;
 }
