@@ -47,7 +47,7 @@ impl Message {
     /// )
     /// .expect("a well-formed traceparent");
     /// let message = Message::new("invoice-email", b"{}".to_vec()).trace_context(&context);
-    /// assert_eq!(message.context(), Some(context));
+    /// assert_eq!(message.trace(), Some(context));
     /// ```
     pub fn trace_context(mut self, context: &TraceContext) -> Self {
         self.headers.retain(|(name, _)| !is_trace_header(name));
@@ -58,7 +58,7 @@ impl Message {
     }
 
     /// The trace context the message carries, if its headers hold a well-formed one.
-    pub fn context(&self) -> Option<TraceContext> {
+    pub fn trace(&self) -> Option<TraceContext> {
         TraceContext::from_headers(headers_of(&self.headers))
     }
 
@@ -71,7 +71,7 @@ impl Message {
             .iter()
             .map(|(name, value)| [name.as_str(), value.as_str()])
             .collect();
-        let current = match self.context() {
+        let current = match self.trace() {
             Some(_) => None,
             None => trace::context_to_send(&tracing::Span::current(), None),
         };
