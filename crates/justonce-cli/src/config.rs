@@ -1,7 +1,7 @@
 //! `justonce.toml` and the `JUSTONCE_*` variables that override it or stand in for it,
 //! turned into validated settings before anything starts.
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use justonce_http::HttpDestination;
 use justonce_http::receiver::{IdLocation, Scheme, Source};
 use justonce_sql::{Consumer, Retention};
@@ -41,6 +41,8 @@ pub struct Settings {
     pub consumers: Vec<ConsumerSettings>,
     /// How log lines are written, unless `--log-format` says otherwise.
     pub log_format: LogFormat,
+    /// The URL `serve` posts its spans to over OTLP/HTTP; `None`: no traces are exported.
+    pub traces_url: Option<String>,
     /// `JUSTONCE_*` variables that name no setting: a warning at start, an error with
     /// `--strict`.
     pub unknown_variables: Vec<String>,
@@ -198,6 +200,7 @@ struct RawServer {
     pool_size: Option<Count>,
     acquire_timeout: Option<String>,
     log_format: Option<String>,
+    otlp_endpoint: Option<String>,
 }
 
 /// A whole number written as a TOML integer or, from a variable, as text.
@@ -666,8 +669,8 @@ fn spelled(name: &str) -> String {
 /// that ends the variable wins, so `JUSTONCE_CONSUMERS_ORDERS_CLIENT_ID` is `client_id` of
 /// `orders`. A name meets the file's source or consumer spelled the same way (upper case,
 /// `-` as `_`); a name the file does not have declares a source or consumer, named in lower
-/// case. `secrets` takes a comma-separated list. `DATABASE_URL` sets `server.database`
-/// when nothing else does.
+/// case. `secrets` takes a comma-separated list. `DATABASE_URL` sets `server.database`, and
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` `server.otlp_endpoint`, when nothing else does.
 ///
 /// Each value gets a span of its own past the end of the file's `len` bytes, so that an
 /// error in it is traced back to its variable.
@@ -708,17 +711,27 @@ fn apply_env(document: &mut DeTable<'_>, env: &Env, len: usize) -> Result<Applie
         }
         overrides.insert(path, setting.variable.to_owned());
     }
-    let database = ["server".to_owned(), "database".to_owned()];
-    if let Some(url) = env.get("DATABASE_URL")
-        && value_at(document, &database).is_none()
-    {
-        set(
-            document,
-            &database,
-            DeValue::String(url.clone().into()),
-            &mut span,
-        );
-        overrides.insert(database.to_vec(), "DATABASE_URL".to_owned());
+    // The standard variables, each for the setting it stands for. The signal's own OTLP
+    // endpoint comes before the general one, as the OpenTelemetry specification orders them.
+    let set_here = |name: &str| env.get(name).filter(|value| !value.trim().is_empty());
+    let otlp_endpoint = set_here(OTLP_ENDPOINT_VARIABLE)
+        .filter(|_| set_here(OTLP_TRACES_ENDPOINT_VARIABLE).is_none());
+    for (variable, url, key) in [
+        ("DATABASE_URL", env.get("DATABASE_URL"), "database"),
+        (OTLP_ENDPOINT_VARIABLE, otlp_endpoint, "otlp_endpoint"),
+    ] {
+        let path = ["server".to_owned(), key.to_owned()];
+        if let Some(url) = url
+            && value_at(document, &path).is_none()
+        {
+            set(
+                document,
+                &path,
+                DeValue::String(url.clone().into()),
+                &mut span,
+            );
+            overrides.insert(path.to_vec(), variable.to_owned());
+        }
     }
     Ok(Applied { overrides, unknown })
 }
@@ -970,6 +983,7 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
             origin.name(&["server", "log_format"])
         ),
     };
+    let traces_url = traces_url(server.otlp_endpoint.as_deref(), env, origin)?;
     // A delivery still running when its lease ends may be sent again by another relay,
     // with the same key: none starts after half the lease, and each gives up within the
     // other half, so that the two rarely overlap.
@@ -1008,10 +1022,65 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
         sources,
         consumers,
         log_format,
+        traces_url,
         unknown_variables: Vec::new(),
         printed: String::new(),
     })
 }
+
+/// Where `serve` posts its spans: `<server.otlp_endpoint>/v1/traces` (the setting, which
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` sets when nothing else does), else the standard
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is; `None` when neither is set. A protocol
+/// that a variable names must be `http/protobuf`: the only one this build speaks.
+fn traces_url(setting: Option<&str>, env: &Env, origin: &Origin<'_>) -> Result<Option<String>> {
+    let set = |name: &str| env.get(name).filter(|value| !value.trim().is_empty());
+    let (url, named) = if let Some(base) = setting {
+        let url = format!("{}/v1/traces", base.trim_end_matches('/'));
+        (url, origin.name(&["server", "otlp_endpoint"]))
+    } else if let Some(url) = set(OTLP_TRACES_ENDPOINT_VARIABLE) {
+        (url.clone(), OTLP_TRACES_ENDPOINT_VARIABLE.to_owned())
+    } else {
+        return Ok(None);
+    };
+    if !cfg!(feature = "otlp") {
+        // The standard variables may be meant for other programs: only the setting is
+        // refused.
+        let path = ["server".to_owned(), "otlp_endpoint".to_owned()];
+        let by_standard_variable = origin
+            .overrides
+            .get(path.as_slice())
+            .is_some_and(|variable| variable == OTLP_ENDPOINT_VARIABLE);
+        ensure!(
+            setting.is_none() || by_standard_variable,
+            "{named}: this build of justonce exports no traces (built without the `otlp` feature)"
+        );
+        return Ok(None);
+    }
+    let parsed = reqwest::Url::parse(&url).ok();
+    if !parsed.is_some_and(|url| matches!(url.scheme(), "http" | "https") && url.has_host()) {
+        bail!("{named}: must be an http:// or https:// URL");
+    }
+    for variable in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
+        if let Some(protocol) = set(variable) {
+            ensure!(
+                protocol.trim() == "http/protobuf",
+                "{variable}: {protocol:?} is not supported: justonce exports traces over \
+                 \"http/protobuf\""
+            );
+            break;
+        }
+    }
+    Ok(Some(url))
+}
+
+/// The standard variable that sets `server.otlp_endpoint` when nothing else does.
+const OTLP_ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+
+/// The standard variable of the whole URL that traces go to.
+const OTLP_TRACES_ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
 
 /// How long a delivery waits for its target's answer unless the target says otherwise.
 const DEFAULT_TARGET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -2469,6 +2538,95 @@ target = "http://127.0.0.1:9000/orders"
             "server.database (from DATABASE_URL)",
             "must be a sqlite://, postgres:// or mysql:// URL",
         );
+    }
+
+    #[test]
+    fn traces_go_to_the_setting_else_to_the_standard_variables() {
+        let traces = |text: &str, pairs: &[(&str, &str)]| {
+            let env = env_of(&[&[("SHOP_SECRET", "whsec_c2VjcmV0")], pairs].concat());
+            load_text(text, &env).unwrap().traces_url
+        };
+        assert_eq!(traces(SHOP, &[]), None);
+        let general = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/");
+        let signal = (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://collector:4318/traces",
+        );
+        let expected = |url: &str| Some(url.to_owned());
+        assert_eq!(
+            traces(SHOP, &[general]),
+            expected("http://collector:4318/v1/traces")
+        );
+        assert_eq!(
+            traces(SHOP, &[general, signal]),
+            expected("http://collector:4318/traces")
+        );
+        let file = SHOP.replacen(
+            "body_limit",
+            "otlp_endpoint = \"https://traces.internal\"\nbody_limit",
+            1,
+        );
+        assert_eq!(
+            traces(&file, &[general, signal]),
+            expected("https://traces.internal/v1/traces")
+        );
+        let variable = ("JUSTONCE_SERVER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+        assert_eq!(
+            traces(&file, &[variable]),
+            expected("http://127.0.0.1:4318/v1/traces")
+        );
+        // An empty standard variable is as good as unset.
+        assert_eq!(traces(SHOP, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "")]), None);
+
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0"), general]);
+        let printed = load_text(SHOP, &env).unwrap().printed;
+        let line = "otlp_endpoint = \"http://collector:4318/\"  # from OTEL_EXPORTER_OTLP_ENDPOINT";
+        assert!(printed.contains(line), "{printed}");
+    }
+
+    #[test]
+    fn an_unusable_traces_endpoint_or_protocol_is_refused_by_name() {
+        let secret = ("SHOP_SECRET", "whsec_c2VjcmV0");
+        let general = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318");
+        let file = SHOP.replacen(
+            "body_limit",
+            "otlp_endpoint = \"collector:4318\"\nbody_limit",
+            1,
+        );
+        assert_named(
+            &file,
+            &env_of(&[secret]),
+            "server.otlp_endpoint (line 4)",
+            "must be an http:// or https:// URL",
+        );
+        assert_named(
+            SHOP,
+            &env_of(&[secret, ("OTEL_EXPORTER_OTLP_ENDPOINT", "grpc://x:4317")]),
+            "server.otlp_endpoint (from OTEL_EXPORTER_OTLP_ENDPOINT)",
+            "must be an http:// or https:// URL",
+        );
+        for (variable, protocol) in [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"),
+        ] {
+            assert_named(
+                SHOP,
+                &env_of(&[secret, general, (variable, protocol)]),
+                variable,
+                "is not supported: justonce exports traces over \"http/protobuf\"",
+            );
+        }
+        // The signal's own protocol comes before the general one.
+        let env = env_of(&[
+            secret,
+            general,
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ]);
+        assert!(load_text(SHOP, &env).unwrap().traces_url.is_some());
+        // Without an endpoint nothing is exported, and the protocol does not matter.
+        let env = env_of(&[secret, ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+        assert_eq!(load_text(SHOP, &env).unwrap().traces_url, None);
     }
 
     #[test]

@@ -8,10 +8,13 @@ use std::fmt;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 
 impl clap::ValueEnum for LogFormat {
     fn value_variants<'a>() -> &'a [Self] {
@@ -23,8 +26,15 @@ impl clap::ValueEnum for LogFormat {
     }
 }
 
-/// Installs the subscriber: `RUST_LOG` filters, `default_filter` without it.
-pub fn init(format: LogFormat, default_filter: &str) {
+/// Installs the subscriber: `RUST_LOG` filters, `default_filter` without it. With a
+/// `traces_url`, spans are exported there too; the handle returned flushes them when
+/// dropped. Should the exporter fail to start, the logs are installed all the same and the
+/// error returned.
+pub fn init(
+    format: LogFormat,
+    default_filter: &str,
+    traces_url: Option<&str>,
+) -> anyhow::Result<Flush> {
     let mut filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     // lapin logs a failed AMQP connection at every retry, where the consumer logs it once
@@ -32,20 +42,52 @@ pub fn init(format: LogFormat, default_filter: &str) {
     if !std::env::var("RUST_LOG").is_ok_and(|filter| filter.contains("lapin")) {
         filter = filter.add_directive("lapin=off".parse().expect("a valid directive"));
     }
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    #[cfg(feature = "otlp")]
+    let (export, flush) = match traces_url.map(crate::traces::layer).transpose() {
+        Ok(Some((layer, traces))) => (
+            Some(layer),
+            Ok(Flush {
+                _traces: Some(traces),
+            }),
+        ),
+        Ok(None) => (None, Ok(Flush { _traces: None })),
+        Err(error) => (None, Err(error.context("starting the traces exporter"))),
+    };
+    #[cfg(not(feature = "otlp"))]
+    let (export, flush) = {
+        debug_assert!(traces_url.is_none(), "the configuration refuses it");
+        (None::<tracing_subscriber::layer::Identity>, Ok(Flush))
+    };
+    let registry = tracing_subscriber::registry().with(export);
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        LogFormat::Text => registry
+            .with(
+                logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_filter(filter),
+            )
             .init(),
         // Span fields are kept as JSON objects, so that each line can merge them.
-        LogFormat::Json => builder
-            .fmt_fields(JsonFields::new())
-            .event_format(JsonLines)
+        LogFormat::Json => registry
+            .with(
+                logs.fmt_fields(JsonFields::new())
+                    .event_format(JsonLines)
+                    .with_filter(filter),
+            )
             .init(),
     }
+    flush
 }
+
+/// Flushes the spans still waiting for export when dropped.
+#[cfg(feature = "otlp")]
+pub struct Flush {
+    _traces: Option<crate::traces::Traces>,
+}
+
+/// Nothing to flush: this build exports no traces.
+#[cfg(not(feature = "otlp"))]
+pub struct Flush;
 
 /// Writes each event as one flat JSON object. The innermost span's field wins over an
 /// outer one's, and the event's own fields over both.

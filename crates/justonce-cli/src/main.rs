@@ -16,6 +16,8 @@ mod probes;
 mod progress;
 mod purge;
 mod serve;
+#[cfg(feature = "otlp")]
+mod traces;
 
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -416,7 +418,19 @@ fn main() -> ExitCode {
         (Ok(settings), None) => settings.log_format,
         (Err(_), None) => logs::LogFormat::default(),
     };
-    logs::init(format, default_filter);
+    // Only the service's spans are worth a trace.
+    let traces_url = match (&cli.command, &settings) {
+        (Command::Serve, Ok(settings)) => settings.traces_url.as_deref(),
+        _ => None,
+    };
+    // Dropped after the runtime: the spans of everything below are flushed.
+    let _traces = match logs::init(format, default_filter, traces_url) {
+        Ok(traces) => traces,
+        Err(error) => {
+            report(format, &error);
+            return ExitCode::FAILURE;
+        }
+    };
     let settings = match settings {
         Ok(settings) => settings,
         Err(error) => {

@@ -12,7 +12,9 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use justonce_http::receiver;
-use justonce_sql::{Backend, Consumer, Inbox, Key, Message, Outbox, RelayOptions, WorkFuture};
+use justonce_sql::{
+    Backend, Consumer, Inbox, Key, Message, Outbox, RelayOptions, WorkFuture, trace,
+};
 use justonce_transport::Incoming;
 use justonce_transport::amqp::AmqpConsumer;
 use justonce_transport::mqtt::MqttConsumer;
@@ -436,6 +438,22 @@ fn forward_to_target<DB: Backend>(
             let mut row = Message::new(name.as_str(), message.body.clone());
             if let Some(content_type) = &message.content_type {
                 row = row.header("content-type", content_type.as_str());
+            }
+            // The delivery continues the message's trace: from this claim's span when it is
+            // exported in that trace, else from the sender's context as it came.
+            let sender = message.trace.clone();
+            let context = match trace::context_to_send(&tracing::Span::current(), None) {
+                Some(own)
+                    if sender
+                        .as_ref()
+                        .is_none_or(|s| s.trace_id() == own.trace_id()) =>
+                {
+                    Some(own)
+                }
+                _ => sender,
+            };
+            if let Some(context) = &context {
+                row = row.trace_context(context);
             }
             inbox.forward(tx, &key, row).await.map(drop)
         })

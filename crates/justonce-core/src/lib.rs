@@ -13,6 +13,8 @@
 //! - [`Offset`]: a stream position kept in the same transaction as the work.
 //! - [`Destination`]: where the outbox relay sends rows, and what came of each
 //!   [`Delivery`].
+//! - [`TraceContext`]: the W3C trace context an outbox row carries to its destination, and
+//!   [`trace`]'s hook that joins justonce's spans to the trace.
 //!
 //! Every value is validated when it is built, before anything touches a database:
 //!
@@ -43,6 +45,7 @@ mod lease;
 mod offset;
 mod outcome;
 mod retention;
+pub mod trace;
 
 pub use destination::{Delivered, Delivery, Destination};
 pub use error::{BoxError, Error, ErrorKind, Invalid};
@@ -52,6 +55,7 @@ pub use lease::{Lease, LeaseClaim, LeaseFuture, Leases};
 pub use offset::{Offset, OffsetCommit};
 pub use outcome::{Claim, Outcome};
 pub use retention::Retention;
+pub use trace::{TraceContext, TracePropagator};
 
 /// Builder setters that take a value and return `self`, one per field, with their docs.
 /// For justonce's own option types.

@@ -668,6 +668,33 @@ impl<DB: Backend> Inbox<DB> {
     /// `step` for `key` ([`Identity::derive`]): the same key, step, consumer and scope
     /// always give the same downstream key, so a re-run or a replay sends the same key and
     /// two consumers of one message send two. Returns the row's id.
+    ///
+    /// The row keeps the message's W3C trace context ([`Message::trace_context`]) and its
+    /// delivery sends it on, so that the destination's work joins the trace that caused
+    /// this one. A message without one takes the current span's when a
+    /// [`crate::trace::TracePropagator`] is installed.
+    ///
+    /// ```no_run
+    /// # async fn example(
+    /// #     inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>,
+    /// #     traceparent: &str,
+    /// # ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use justonce_sql::{Key, Message, TraceContext};
+    ///
+    /// // The `traceparent` of the request that asked for the invoice.
+    /// let context = TraceContext::parse(traceparent, None);
+    /// let key = Key::purpose(["invoice", "2026-10", "cust_481"])?;
+    /// let mut email = Message::new("email", br#"{"invoice":"2026-10"}"#.to_vec());
+    /// if let Some(context) = &context {
+    ///     email = email.trace_context(context);
+    /// }
+    /// inbox
+    ///     .run(&key, b"job", |tx| {
+    ///         Box::pin(inbox.enqueue(tx, &key, "invoice-email", email.clone()))
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn enqueue(
         &self,
         tx: &mut sqlx::Transaction<'_, DB>,

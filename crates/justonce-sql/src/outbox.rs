@@ -4,6 +4,7 @@
 use crate::backend::{Backend, Change, OutboxRow, Which};
 use crate::inbox::{Shared, in_batches, millis};
 use justonce_core::Error;
+use justonce_core::trace::{self, TRACEPARENT, TRACESTATE, TraceContext};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,15 +32,67 @@ impl Message {
         self
     }
 
-    /// Headers as stored: a JSON array of `[name, value]` pairs.
+    /// Sends the W3C trace `context` along, as the `traceparent` and `tracestate` headers,
+    /// in place of any the message had: the delivery then joins that trace. Without a
+    /// [`trace::TracePropagator`] the destination receives the context as it is given here;
+    /// with one, the delivery's span is a child of it and sends its own.
+    ///
+    /// ```
+    /// use justonce_sql::{Message, TraceContext};
+    ///
+    /// // The context of the request that caused this work, as its sender sent it.
+    /// let context = TraceContext::parse(
+    ///     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    ///     Some("congo=t61rcWkgMzE"),
+    /// )
+    /// .expect("a well-formed traceparent");
+    /// let message = Message::new("invoice-email", b"{}".to_vec()).trace_context(&context);
+    /// assert_eq!(message.trace(), Some(context));
+    /// ```
+    pub fn trace_context(mut self, context: &TraceContext) -> Self {
+        self.headers.retain(|(name, _)| !is_trace_header(name));
+        let pairs = context.headers();
+        self.headers
+            .extend(pairs.map(|(name, value)| (name.to_owned(), value.to_owned())));
+        self
+    }
+
+    /// The trace context the message carries, if its headers hold a well-formed one.
+    pub fn trace(&self) -> Option<TraceContext> {
+        TraceContext::from_headers(headers_of(&self.headers))
+    }
+
+    /// Headers as stored: a JSON array of `[name, value]` pairs. A message without a trace
+    /// context takes the current span's, when a propagator exports it, so that its delivery
+    /// joins the trace of the work that wrote it.
     pub(crate) fn headers_json(&self) -> String {
-        let pairs: Vec<[&str; 2]> = self
+        let mut pairs: Vec<[&str; 2]> = self
             .headers
             .iter()
             .map(|(name, value)| [name.as_str(), value.as_str()])
             .collect();
+        let current = match self.trace() {
+            Some(_) => None,
+            None => trace::context_to_send(&tracing::Span::current(), None),
+        };
+        if let Some(current) = &current {
+            pairs.retain(|[name, _]| !is_trace_header(name));
+            pairs.extend(current.headers().map(|(name, value)| [name, value]));
+        }
         serde_json::to_string(&pairs).expect("strings always serialize")
     }
+}
+
+/// Whether `name` is one of the W3C trace context headers.
+pub(crate) fn is_trace_header(name: &str) -> bool {
+    name.eq_ignore_ascii_case(TRACEPARENT) || name.eq_ignore_ascii_case(TRACESTATE)
+}
+
+/// Header pairs as borrowed name and value.
+pub(crate) fn headers_of(headers: &[(String, String)]) -> impl Iterator<Item = (&str, &str)> {
+    headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
 }
 
 /// Reads headers stored by [`Message::headers_json`].

@@ -3,9 +3,10 @@
 
 use crate::backend::{Backend, Change, OutboxRow, Wakeups, Which};
 use crate::inbox::{in_batches, millis, random_u64};
-use crate::outbox::{Outbox, parse_headers};
+use crate::outbox::{Outbox, headers_of, is_trace_header, parse_headers};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use justonce_core::trace::{self, TraceContext};
 use justonce_core::{Delivered, Delivery, Destination, Error};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
@@ -355,14 +356,24 @@ impl<DB: Backend> Relay<DB> {
             self.untake(row, token, Duration::ZERO).await?;
             return Ok(None);
         }
+        let headers = parse_headers(&row.headers);
         let span = tracing::debug_span!(
             "justonce.deliver",
+            otel.kind = "client",
             id = row.id,
             key = %row.key,
             destination = %row.destination,
             attempt = row.attempts,
         );
-        let delivered = self.deliver(row).instrument(span).await;
+        // The delivery continues the trace of the work that wrote the row.
+        let stored = headers
+            .as_ref()
+            .ok()
+            .and_then(|headers| TraceContext::from_headers(headers_of(headers)));
+        if let Some(stored) = &stored {
+            trace::set_parent(&span, stored);
+        }
+        let delivered = self.deliver(row, headers).instrument(span).await;
         // A destination that did not answer, or answered "not now"; an unknown one is no
         // destination's failure.
         let unwell = matches!(delivered, Delivered::Retry { .. })
@@ -543,7 +554,14 @@ impl<DB: Backend> Relay<DB> {
         }
     }
 
-    async fn deliver(&self, row: &OutboxRow) -> Delivered {
+    /// Hands `row`, with its stored `headers`, to its destination, under the delivery's
+    /// span: the trace context sent is the span's own when it is exported, else the stored
+    /// one unchanged.
+    async fn deliver(
+        &self,
+        row: &OutboxRow,
+        headers: Result<Vec<(String, String)>, Error>,
+    ) -> Delivered {
         // A row for a destination this relay does not know may be for one that a newer
         // configuration adds: retry it rather than dead-letter it at once.
         let Some(route) = self.destinations.get(&row.destination) else {
@@ -555,7 +573,7 @@ impl<DB: Backend> Relay<DB> {
                 ),
             };
         };
-        let headers = match parse_headers(&row.headers) {
+        let mut headers = match headers {
             Ok(headers) => headers,
             Err(error) => {
                 return Delivered::Reject {
@@ -563,6 +581,11 @@ impl<DB: Backend> Relay<DB> {
                 };
             }
         };
+        if let Some(own) = trace::context_to_send(&tracing::Span::current(), None) {
+            headers.retain(|(name, _)| !is_trace_header(name));
+            let pairs = own.headers();
+            headers.extend(pairs.map(|(name, value)| (name.to_owned(), value.to_owned())));
+        }
         let delivery = Delivery {
             id: row.id,
             key: &row.key,

@@ -36,7 +36,8 @@ use crate::{
     truncate,
 };
 use futures_util::StreamExt;
-use justonce_core::{Delivered, Delivery, Destination, Key};
+use justonce_core::trace::{TRACEPARENT, TRACESTATE};
+use justonce_core::{Delivered, Delivery, Destination, Key, TraceContext};
 use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
@@ -50,6 +51,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// Settings of an [`AmqpConsumer`].
 #[derive(Debug, Clone)]
@@ -310,6 +312,7 @@ impl<'c, DB: Backend> Deliveries<'c, DB> {
             redelivered: delivery.redelivered,
             content_type: (delivery.properties.content_type().as_ref())
                 .map(|content_type| content_type.as_str().to_owned()),
+            trace: trace_of(&delivery),
         });
         Ok(Some(Taken {
             owner: self.owner,
@@ -381,6 +384,7 @@ impl<DB: Backend> Taken<'_, DB> {
         Ran::of(
             inbox
                 .run(&incoming.key, &incoming.body, |tx| work(tx, incoming))
+                .instrument(crate::consume_span(incoming))
                 .await,
         )
     }
@@ -687,6 +691,17 @@ fn attempt_of(delivery: &lapin::message::Delivery) -> u32 {
         Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(1).max(1),
         _ => 1,
     }
+}
+
+/// The trace context among a delivery's headers.
+fn trace_of(delivery: &lapin::message::Delivery) -> Option<TraceContext> {
+    let headers = delivery.properties.headers().as_ref()?.inner();
+    let text = |name: &str| match headers.get(name)? {
+        AMQPValue::LongString(text) => std::str::from_utf8(text.as_bytes()).ok(),
+        AMQPValue::ShortString(text) => Some(text.as_str()),
+        _ => None,
+    };
+    TraceContext::parse(text(TRACEPARENT)?, text(TRACESTATE))
 }
 
 /// The key of a delivery, or why it has none.

@@ -92,7 +92,7 @@ pub mod redis_streams;
 #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
 pub mod tls;
 
-use justonce_core::Key;
+use justonce_core::{Key, TraceContext};
 use justonce_sql::Outcome;
 
 /// How long a broker's `probe` (such as [`amqp::probe`]) waits for the broker before it
@@ -151,6 +151,30 @@ pub struct Incoming {
     pub redelivered: bool,
     /// The content type: AMQP's `content_type` property, a `Content-Type` header on NATS.
     pub content_type: Option<String>,
+    /// The W3C trace context the message carries, if well formed: its `traceparent` and
+    /// `tracestate` headers on AMQP and NATS, stream fields on Redis, user properties on
+    /// MQTT 5.
+    pub trace: Option<TraceContext>,
+}
+
+/// The span of one message's claim and work: a child of the trace context the message
+/// carries, when a [`justonce_core::trace::TracePropagator`] is installed.
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+fn consume_span(incoming: &Incoming) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "justonce.consume",
+        otel.kind = "consumer",
+        key = %incoming.key,
+    );
+    if let Some(trace) = &incoming.trace {
+        justonce_core::trace::set_parent(&span, trace);
+    }
+    span
 }
 
 /// Describes the metrics this crate emits, for the `# HELP` lines of an exporter. Call it

@@ -44,7 +44,8 @@ use crate::{
     ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
     truncate,
 };
-use justonce_core::{Delivered, Delivery, Destination, Key};
+use justonce_core::trace::{TRACEPARENT, TRACESTATE};
+use justonce_core::{Delivered, Delivery, Destination, Key, TraceContext};
 use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
@@ -56,6 +57,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
+use tracing::Instrument;
 
 pub use rumqttc::v5::mqttbytes::v5::Publish as Message;
 
@@ -567,6 +569,7 @@ impl<DB: Backend> MqttConsumer<DB> {
         let run = self
             .inbox
             .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .instrument(crate::consume_span(&incoming))
             .await;
         Ran::of(run)
     }
@@ -583,6 +586,10 @@ impl<DB: Backend> MqttConsumer<DB> {
                 .properties
                 .as_ref()
                 .and_then(|p| p.content_type.clone()),
+            trace: TraceContext::parse(
+                user_property(message, TRACEPARENT).unwrap_or_default(),
+                user_property(message, TRACESTATE),
+            ),
         })
     }
 

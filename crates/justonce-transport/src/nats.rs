@@ -41,11 +41,13 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::{FutureExt, StreamExt};
-use justonce_core::{Delivered, Delivery, Destination, Key};
+use justonce_core::trace::{TRACEPARENT, TRACESTATE};
+use justonce_core::{Delivered, Delivery, Destination, Key, TraceContext};
 use justonce_sql::{Backend, Inbox, Offset, Outcome, WorkFuture, sqlx};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
+use tracing::Instrument;
 
 pub use async_nats::jetstream::Message;
 
@@ -311,7 +313,8 @@ impl<DB: Backend> NatsConsumer<DB> {
         };
         let run = self
             .inbox
-            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming));
+            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .instrument(crate::consume_span(&incoming));
         Ran::of(self.in_progress([message], run).await)
     }
 
@@ -324,6 +327,7 @@ impl<DB: Backend> NatsConsumer<DB> {
             attempt,
             redelivered: attempt > 1,
             content_type: header(message, "Content-Type"),
+            trace: trace_of(message),
         })
     }
 
@@ -689,6 +693,7 @@ impl<DB: Backend> NatsReader<DB> {
                 attempt: 1,
                 redelivered: false,
                 content_type: header(message, "Content-Type"),
+                trace: trace_of(message),
             },
         ))
     }
@@ -827,6 +832,12 @@ impl Destination for NatsDestination {
 fn header(message: &jetstream::Message, name: &str) -> Option<String> {
     let value = message.headers.as_ref()?.get(name)?;
     Some(value.as_str().to_owned())
+}
+
+/// The trace context among a message's headers.
+fn trace_of(message: &jetstream::Message) -> Option<TraceContext> {
+    let tracestate = header(message, TRACESTATE);
+    TraceContext::parse(&header(message, TRACEPARENT)?, tracestate.as_deref())
 }
 
 /// The key of a message, or why it has none.

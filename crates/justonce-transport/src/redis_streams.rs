@@ -46,7 +46,8 @@ use crate::{
     ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
     in_order, truncate,
 };
-use justonce_core::{Delivered, Delivery, Destination, Key};
+use justonce_core::trace::{TRACEPARENT, TRACESTATE};
+use justonce_core::{Delivered, Delivery, Destination, Key, TraceContext};
 use justonce_sql::{Backend, Inbox, Offset, WorkFuture, sqlx};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
@@ -54,6 +55,7 @@ use redis::{AsyncCommands, IntoConnectionInfo};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// The field that holds an entry's key, by default.
 pub const KEY_FIELD: &str = "key";
@@ -346,6 +348,7 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
         let run = self
             .inbox
             .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .instrument(crate::consume_span(&incoming))
             .await;
         Ran::of(run)
     }
@@ -361,6 +364,7 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
             content_type: entry
                 .field(CONTENT_TYPE_FIELD)
                 .and_then(|bytes| String::from_utf8(bytes).ok()),
+            trace: trace_of(entry),
         })
     }
 
@@ -750,9 +754,16 @@ impl<DB: Backend> RedisStreamReader<DB> {
                 content_type: entry
                     .field(CONTENT_TYPE_FIELD)
                     .and_then(|bytes| String::from_utf8(bytes).ok()),
+                trace: trace_of(entry),
             },
         ))
     }
+}
+
+/// The trace context among an entry's fields.
+fn trace_of(entry: &Entry) -> Option<TraceContext> {
+    let text = |name| String::from_utf8(entry.field(name)?).ok();
+    TraceContext::parse(&text(TRACEPARENT)?, text(TRACESTATE).as_deref())
 }
 
 /// The offset of an entry id `<ms>-<seq>`.

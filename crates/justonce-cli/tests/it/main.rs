@@ -10,3 +10,4 @@ mod listeners;
 mod operations;
 mod serve;
 mod tls;
+mod traces;

@@ -227,11 +227,15 @@ impl Drop for Server {
 }
 
 /// Leaves out the variables that would configure `justonce` from the test's own
-/// environment, such as the suite's `JUSTONCE_TEST_*` and a `DATABASE_URL`: a child sees
-/// only the settings its test gives it.
+/// environment, such as the suite's `JUSTONCE_TEST_*`, a `DATABASE_URL` and the
+/// OpenTelemetry ones: a child sees only the settings its test gives it.
 pub(crate) fn without_inherited_settings(command: &mut Command) {
     for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("JUSTONCE_") || name == "DATABASE_URL" {
+        let name_text = name.to_string_lossy();
+        if name_text.starts_with("JUSTONCE_")
+            || name_text.starts_with("OTEL_")
+            || name == "DATABASE_URL"
+        {
             command.env_remove(name);
         }
     }
@@ -888,9 +892,17 @@ async fn a_queue_consumed_by_the_service_reaches_its_target_once_per_key<DB: Tes
     }
     for n in 0..120 {
         let id = format!("order-{}", n % 100);
+        let mut headers = lapin::types::FieldTable::default();
+        for (name, value) in SENDERS_TRACE {
+            headers.insert(
+                name.into(),
+                lapin::types::AMQPValue::LongString(value.into()),
+            );
+        }
         let properties = lapin::BasicProperties::default()
             .with_message_id(id.as_str().into())
             .with_content_type("application/json".into())
+            .with_headers(headers)
             .with_delivery_mode(2);
         let body = format!(r#"{{"order":"{id}"}}"#);
         let confirm = channel
@@ -918,8 +930,17 @@ async fn a_queue_consumed_by_the_service_reaches_its_target_once_per_key<DB: Tes
     drop_database(db, &url).await;
 }
 
-/// 100 orders reached the sink, each with `Idempotency-Key: orders:order-<n>`, its own body
-/// and content type, however often it was published.
+/// The trace context every order is published with.
+const SENDERS_TRACE: [(&str, &str); 2] = [
+    (
+        "traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    ),
+    ("tracestate", "rojo=00f067aa0ba902b7"),
+];
+
+/// 100 orders reached the sink, each with `Idempotency-Key: orders:order-<n>`, its own body,
+/// content type and trace context, however often it was published.
 async fn assert_each_order_delivered_once(sink: &Sink) {
     let by_key = await_keys(sink, 100).await;
     assert_eq!(by_key.len(), 100, "every id reached the target");
@@ -934,6 +955,11 @@ async fn assert_each_order_delivered_once(sink: &Sink) {
             .iter()
             .all(|r| r.headers["content-type"] == "application/json")
     );
+    for request in &received {
+        for (name, value) in SENDERS_TRACE {
+            assert_eq!(request.headers.get(name).map(String::as_str), Some(value));
+        }
+    }
 }
 
 /// `serve` consuming a NATS JetStream stream: 120 messages for 100 ids reach the target
@@ -969,6 +995,9 @@ async fn a_stream_consumed_by_the_service_reaches_its_target_once_per_key<DB: Te
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Order-Id", id.as_str());
         headers.insert("Content-Type", "application/json");
+        for (name, value) in SENDERS_TRACE {
+            headers.insert(name, value);
+        }
         let body = format!(r#"{{"order":"{id}"}}"#);
         jetstream
             .publish_with_headers(stream.clone(), headers, body.into_bytes().into())
@@ -1012,6 +1041,8 @@ async fn a_redis_stream_consumed_by_the_service_reaches_its_target_once_per_key<
                     ("order_id", id.as_str()),
                     ("body", body.as_str()),
                     ("content-type", "application/json"),
+                    SENDERS_TRACE[0],
+                    SENDERS_TRACE[1],
                 ],
             )
             .await
@@ -1051,7 +1082,12 @@ async fn an_mqtt_topic_consumed_by_the_service_reaches_its_target_once_per_key<D
             .expect("MQTT"),
     );
     let publisher = MqttDestination::new(&mqtt, &topic, &format!("{client_id}-p")).unwrap();
-    let headers = [("content-type".to_owned(), "application/json".to_owned())];
+    let headers = [
+        ("content-type", "application/json"),
+        SENDERS_TRACE[0],
+        SENDERS_TRACE[1],
+    ]
+    .map(|(name, value)| (name.to_owned(), value.to_owned()));
     for n in 0..120 {
         let id = format!("order-{}", n % 100);
         let body = format!(r#"{{"order":"{id}"}}"#);

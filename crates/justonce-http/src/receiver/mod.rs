@@ -16,11 +16,13 @@ use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use justonce_core::trace::{self, TRACEPARENT, TRACESTATE, TraceContext};
 use justonce_core::{Consumer, Error, Key, Outcome};
 use justonce_sql::{Backend, Inbox, Message};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use crate::answer::{problem, read_limited};
 
@@ -168,6 +170,30 @@ async fn receive<DB: Backend>(
     Path(name): Path<String>,
     request: Request,
 ) -> Response {
+    let span = tracing::debug_span!(
+        "justonce.receive",
+        otel.kind = "server",
+        source = %name,
+        key = tracing::field::Empty,
+    );
+    // The receipt continues the sender's trace, and its delivery continues the receipt's.
+    let sender = trace_context(request.headers());
+    if let Some(sender) = &sender {
+        trace::set_parent(&span, sender);
+    }
+    receive_in_span(state, name, request, sender)
+        .instrument(span)
+        .await
+}
+
+/// [`receive`], in the receipt's span. `sender` is the sender's trace context, if it sent
+/// a well-formed one.
+async fn receive_in_span<DB: Backend>(
+    state: Arc<Receiving<DB>>,
+    name: String,
+    request: Request,
+    sender: Option<TraceContext>,
+) -> Response {
     let arrived = Instant::now();
     let rejections = &state.rejections;
     let Some((source, inbox)) = state.sources.get(&name) else {
@@ -217,12 +243,14 @@ async fn receive<DB: Backend>(
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .unwrap_or("application/octet-stream");
-    // Forwarding the same event: the delivery keeps the event's own key, and the sender's
-    // trace context, so that the target's work joins the sender's trace.
+    tracing::Span::current().record("key", key.as_str());
+    // Forwarding the same event: the delivery keeps the event's own key, and the trace
+    // context of its receipt (the sender's when the receipt is not exported), so that the
+    // target's work joins the sender's trace.
     let mut message =
         Message::new(source.name.as_str(), body.to_vec()).header("content-type", content_type);
-    for (name, value) in trace_context(&parts.headers) {
-        message = message.header(name, value);
+    if let Some(context) = trace::context_to_send(&tracing::Span::current(), sender) {
+        message = message.trace_context(&context);
     }
     let outcome = inbox.run_forward(&key, &body, message).await;
     let status = match outcome {
@@ -272,52 +300,12 @@ async fn healthz<DB: Backend>(State(inbox): State<Inbox<DB>>) -> Response {
     }
 }
 
-/// The W3C trace context headers of a request worth keeping: a well-formed `traceparent`,
-/// and its `tracestate` if that is short, visible ASCII. Anything else is the sender's
-/// mistake or an attack, and is dropped rather than stored and sent on.
-fn trace_context(headers: &HeaderMap) -> Vec<(&'static str, &str)> {
+/// The trace context of a request: a well-formed `traceparent`, with its `tracestate` if
+/// that is short, visible ASCII. Anything else is the sender's mistake or an attack, and is
+/// dropped rather than stored and sent on.
+fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
     let text = |name| headers.get(name).and_then(|value| value.to_str().ok());
-    let Some(parent) = text("traceparent").filter(|parent| is_traceparent(parent)) else {
-        return Vec::new();
-    };
-    let mut context = vec![("traceparent", parent)];
-    if let Some(state) = text("tracestate").filter(|state| {
-        state.len() <= MAX_TRACESTATE && state.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
-    }) {
-        context.push(("tracestate", state));
-    }
-    context
-}
-
-/// The longest `tracestate` kept, as the W3C recommends propagating.
-const MAX_TRACESTATE: usize = 512;
-
-/// Whether `value` is a `traceparent` of version 00 (`00-<32 hex>-<16 hex>-<2 hex>`), or of
-/// a later version that starts the same way, with neither id all zeros.
-fn is_traceparent(value: &str) -> bool {
-    let fields: Vec<&str> = value.get(..55).unwrap_or_default().split('-').collect();
-    let hex = |field: &str, len| {
-        field.len() == len
-            && field
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    let [version, trace_id, parent_id, flags] = fields[..] else {
-        return false;
-    };
-    let zero = |field: &str| field.bytes().all(|b| b == b'0');
-    let rest_ok = match &value[55..] {
-        "" => true,
-        rest => version != "00" && rest.starts_with('-'),
-    };
-    hex(version, 2)
-        && version != "ff"
-        && hex(trace_id, 32)
-        && !zero(trace_id)
-        && hex(parent_id, 16)
-        && !zero(parent_id)
-        && hex(flags, 2)
-        && rest_ok
+    TraceContext::parse(text(TRACEPARENT)?, text(TRACESTATE))
 }
 
 /// The event id as text, from a header or a JSON pointer into the body. A blank id is no
@@ -378,30 +366,4 @@ fn json_id(body: &[u8], pointer: &str) -> Result<String, String> {
 fn count(source: &str, outcome: &'static str) {
     metrics::counter!("justonce_webhooks_total", "source" => source.to_owned(), "outcome" => outcome)
         .increment(1);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_traceparent;
-
-    #[test]
-    fn traceparents_are_checked_field_by_field() {
-        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        assert!(is_traceparent(valid));
-        assert!(is_traceparent(
-            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later"
-        ));
-        for invalid in [
-            "",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0é",
-        ] {
-            assert!(!is_traceparent(invalid), "{invalid:?}");
-        }
-    }
 }

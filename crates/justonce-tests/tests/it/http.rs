@@ -2,7 +2,7 @@
 
 use super::{key, on_every_database};
 use justonce_http::HttpDestination;
-use justonce_sql::{Inbox, Message, RelayOptions};
+use justonce_sql::{Inbox, Message, RelayOptions, TraceContext};
 use justonce_tests::{Answer, RunningRelay, Sink, TestBackend, TestDb};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +16,7 @@ on_every_database!(
     a_key_outside_visible_ascii_travels_percent_encoded,
     a_target_that_never_answers_holds_back_no_other_and_is_backed_off,
     rows_of_a_backed_off_target_past_their_window_are_dead_lettered_together,
+    a_rows_trace_context_reaches_the_target,
 );
 
 fn eager() -> RelayOptions {
@@ -501,5 +502,53 @@ async fn rows_of_a_backed_off_target_past_their_window_are_dead_lettered_togethe
         "{tried} requests for {} rows: dead-lettered one by one",
         rows.len()
     );
+    db.cleanup().await;
+}
+
+/// A trace context attached to an enqueued message travels with its row and reaches the
+/// target, in place of any `traceparent` the message had; a row without one sends none.
+async fn a_rows_trace_context_reaches_the_target<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let sink = Sink::start().await;
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let context = TraceContext::parse(parent, Some("congo=t61rcWkgMzE")).unwrap();
+    for (id, context) in [("evt_traced", Some(&context)), ("evt_plain", None)] {
+        let id = key(id);
+        let outcome = db
+            .inbox
+            .run(&id, b"{}", |tx| {
+                let message = match context {
+                    Some(context) => Message::new("hooks", "{}")
+                        .header("traceparent", "00-stale-01")
+                        .header("TraceState", "stale=1")
+                        .trace_context(context),
+                    None => Message::new("hooks", "{}"),
+                };
+                Box::pin(db.inbox.enqueue(tx, &id, "notify", message))
+            })
+            .await
+            .expect("run");
+        outcome.processed().expect("a new key");
+    }
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .destination("hooks", HttpDestination::new(&sink.url()).unwrap());
+    assert_eq!(relay.relay_once().await.unwrap().sent, 2);
+    let received = sink.received();
+    let by_id = |id: &str| {
+        let expected = db.inbox.identity(&key(id)).derive("notify");
+        received
+            .iter()
+            .find(|request| request.key.as_deref() == Some(expected.as_str()))
+            .unwrap_or_else(|| panic!("{id} not received"))
+    };
+    let traced = by_id("evt_traced");
+    assert_eq!(traced.headers["traceparent"], parent);
+    assert_eq!(traced.headers["tracestate"], "congo=t61rcWkgMzE");
+    let plain = by_id("evt_plain");
+    assert!(!plain.headers.contains_key("traceparent"));
+    assert!(!plain.headers.contains_key("tracestate"));
     db.cleanup().await;
 }
