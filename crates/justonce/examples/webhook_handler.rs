@@ -97,7 +97,7 @@ async fn receive(State(shop): State<Shop>, headers: HeaderMap, body: Bytes) -> R
     }
     // The scheme signs the id with the body: a body sent again under a new id fails above.
     let id = headers.get("webhook-id").and_then(|id| id.to_str().ok());
-    let id = id.unwrap_or_default();
+    let id = id.unwrap_or_default(); // an empty id makes no key
     let Ok(key) = Key::purpose(["shop", id]) else {
         return problem(
             StatusCode::BAD_REQUEST,
@@ -107,14 +107,19 @@ async fn receive(State(shop): State<Shop>, headers: HeaderMap, body: Bytes) -> R
     };
     let event = match parse(&body) {
         Ok(event) => event,
-        Err(detail) => return problem(StatusCode::UNPROCESSABLE_ENTITY, "Unprocessable", detail),
+        Err(detail) => {
+            return problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Unprocessable Content",
+                detail,
+            );
+        }
     };
     // The work is an async fn taking the transaction: the closure borrows `event` for it.
-    match shop
+    let outcome = shop
         .inbox
-        .run(&key, &body, |tx| Box::pin(record(tx, &event)))
-        .await
-    {
+        .run(&key, &body, |tx| Box::pin(record(tx, &event)));
+    match outcome.await {
         Ok(Outcome::Processed(())) => (StatusCode::OK, "recorded\n").into_response(),
         Ok(Outcome::Duplicate) => (StatusCode::OK, "duplicate: nothing done\n").into_response(),
         // The sender reused an id for another body: retrying cannot help it.
