@@ -17,9 +17,9 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use justonce::http::server::{IdempotencyLayer, Tx};
 use justonce::sqlx::{self, MySql, Postgres, Sqlite};
 use justonce::{Backend, Consumer, Inbox};
-use justonce_http::server::{IdempotencyLayer, Tx};
 use std::future::Future;
 
 #[tokio::main]
