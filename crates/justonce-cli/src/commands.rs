@@ -121,7 +121,7 @@ impl Database {
     fn of(url: &str) -> Self {
         if url.starts_with("sqlite:") {
             Self::Sqlite
-        } else if url.starts_with("mysql:") {
+        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
             Self::MySql
         } else {
             Self::Postgres

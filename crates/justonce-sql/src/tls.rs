@@ -9,6 +9,7 @@
 use justonce_core::Error;
 use sqlx::ConnectOptions;
 use std::net::IpAddr;
+use std::time::Duration;
 
 /// What one database's URL calls its TLS settings, and what its server says when it wants
 /// TLS that the client turned off.
@@ -181,8 +182,10 @@ impl<O: TlsOptions> Target<O> {
     }
 
     /// Opens a pool on these options. sqlx retries a refused connection until the pool's
-    /// acquire timeout and then says only that it timed out: one direct attempt then tells
-    /// why, such as the refusal itself.
+    /// acquire timeout and then says only that it timed out: one direct attempt, of a
+    /// second at most so that the whole wait stays near the timeout, then tells why, such
+    /// as the refusal itself. A server that answers that attempt came up meanwhile: the
+    /// pool is opened again.
     pub(crate) async fn connect_pool<DB>(
         &self,
         pool: sqlx::pool::PoolOptions<DB>,
@@ -193,16 +196,19 @@ impl<O: TlsOptions> Target<O> {
         DB::Connection: sqlx::Connection<Options = O>,
     {
         let timeout = pool.get_acquire_timeout();
-        let error = match pool.connect_with(self.options.clone()).await {
+        let diagnosis = timeout.min(Duration::from_secs(1));
+        let error = match pool.clone().connect_with(self.options.clone()).await {
             Ok(pool) => return Ok(pool),
             Err(sqlx::Error::PoolTimedOut) => {
                 let attempt = <DB::Connection as sqlx::Connection>::connect_with(&self.options);
-                match tokio::time::timeout(timeout, attempt).await {
+                match tokio::time::timeout(diagnosis, attempt).await {
                     Ok(Err(error)) => error,
-                    // The server answered this time: it came up meanwhile, but too late.
                     Ok(Ok(connection)) => {
                         let _ = sqlx::Connection::close(connection).await;
-                        sqlx::Error::PoolTimedOut
+                        match pool.connect_with(self.options.clone()).await {
+                            Ok(pool) => return Ok(pool),
+                            Err(error) => error,
+                        }
                     }
                     Err(_) => sqlx::Error::Io(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,

@@ -232,6 +232,7 @@ async fn check_leaves_a_running_mqtt_consumer_connected() {
     }
     let (code, stdout, stderr) = run_capturing(&server, &["check"]).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("1 broker reached"), "{stdout}");
     // A taken-over session would close the service's connection within milliseconds.
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(2) {
