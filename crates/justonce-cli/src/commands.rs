@@ -1,11 +1,11 @@
 //! Each command against the configured database.
 
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
-use crate::pacing::Pacer;
-use crate::progress::Progress;
 use crate::{CheckArgs, Command, DlqCommand, KeyArgs, KeysCommand};
-use crate::{bench, check, purge};
+use crate::{check, listener, purge};
 use anyhow::{Context, Result};
+use justonce_cli_support::pacing::Pacer;
+use justonce_cli_support::progress::Progress;
 use justonce_sql::sqlx::mysql::MySqlConnectOptions;
 use justonce_sql::sqlx::postgres::PgConnectOptions;
 use justonce_sql::sqlx::sqlite::SqliteConnectOptions;
@@ -34,39 +34,8 @@ impl std::error::Error for Usage {}
 /// Opens the store the settings name and runs `command` on it.
 pub async fn run(settings: Settings, command: Command) -> Result<()> {
     if let Command::Bench(args) = command {
-        let url = args.database.as_deref().unwrap_or(&settings.database);
-        let sections = if args.only.is_empty() {
-            vec![
-                bench::Section::Throughput,
-                bench::Section::Latency,
-                bench::Section::Purge,
-                bench::Section::Receiver,
-            ]
-        } else {
-            args.only
-        };
-        let count = |n: u64| usize::try_from(n).context("a count beyond this machine's memory");
-        let bench_settings = bench::Settings {
-            messages: count(args.messages)?,
-            duplicates: usize::from(args.duplicates),
-            batches: args.batch.into_iter().map(count).collect::<Result<_>>()?,
-            workers: count(args.workers)?,
-            batched_only: args.batched_only,
-            rounds: count(args.rounds)?,
-            sizes: args.sizes,
-            samples: count(args.samples)?,
-            purge: args.purge,
-            purge_batch: args.purge_batch,
-            purge_pause: args.purge_pause,
-            duration: args.duration,
-            requests: count(args.requests)?,
-            clients: count(args.clients)?,
-            rate: count(args.rate)?,
-            sections,
-            json: args.json,
-            chart: args.chart,
-        };
-        return bench::run(url, &bench_settings).await;
+        let url = args.database().unwrap_or(&settings.database).to_owned();
+        return justonce_bench::run(&url, &args.try_into()?, serve_receiver).await;
     }
     if let Command::Config = command {
         print!("{}", settings.printed);
@@ -767,4 +736,24 @@ async fn check(settings: &Settings, args: &CheckArgs) -> Result<()> {
         json: args.json,
     })
     .await
+}
+
+/// The bench's receiver behind the service's own listener and its default caps.
+fn serve_receiver(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+) -> futures_util::future::BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let limits = crate::config::Limits::default();
+        let stopped = std::future::pending();
+        listener::serve(
+            listener,
+            app,
+            limits,
+            limits.max_connections,
+            false,
+            stopped,
+        )
+        .await;
+    })
 }

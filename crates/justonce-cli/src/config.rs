@@ -2,6 +2,7 @@
 //! turned into validated settings before anything starts.
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use justonce_cli_support::parse_duration;
 use justonce_http::HttpDestination;
 use justonce_http::receiver::{IdLocation, Scheme, Source};
 use justonce_sql::{Consumer, Retention};
@@ -1572,34 +1573,6 @@ fn resolve_secret(reference: &str, env: &Env) -> Result<String> {
     }
 }
 
-/// `90s`, `5m`, `36h`, `7d`, `500ms`.
-pub fn parse_duration(text: &str) -> Result<Duration> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| anyhow!("{text:?} needs a unit: ms, s, m, h or d"))?;
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| anyhow!("{text:?} is not a duration such as 5m or 3d"))?;
-    let millis_per_unit: u64 = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => bail!("{text:?} has an unknown unit: use ms, s, m, h or d"),
-    };
-    // Durations are added to clocks and stored as milliseconds: a century is plenty, and
-    // far from where either overflows.
-    match number.checked_mul(millis_per_unit) {
-        Some(millis) if millis <= MAX_DURATION.as_millis() as u64 => {
-            Ok(Duration::from_millis(millis))
-        }
-        _ => bail!("{text:?} is too long: at most 36500d"),
-    }
-}
-
 /// `duration` as [`parse_duration`] reads it, in its largest whole unit.
 fn duration_text(duration: Duration) -> String {
     let millis = duration.as_millis();
@@ -1614,9 +1587,6 @@ fn duration_text(duration: Duration) -> String {
     .unwrap_or((1, "ms"));
     format!("{}{unit}", millis / per_unit)
 }
-
-/// The longest duration any setting takes.
-const MAX_DURATION: Duration = Duration::from_secs(36_500 * 86_400);
 
 /// `1048576`, `512KiB`, `1MiB`, `2MB`.
 pub fn parse_size(text: &str) -> Result<usize> {

@@ -4,16 +4,12 @@
 //! Exit codes: 0 on success, 2 on bad usage or configuration, 1 on failure.
 
 mod activity;
-mod bench;
-mod chart;
 mod check;
 mod commands;
 mod config;
 mod listener;
 mod logs;
-mod pacing;
 mod probes;
-mod progress;
 mod purge;
 mod serve;
 #[cfg(feature = "otlp")]
@@ -21,6 +17,7 @@ mod traces;
 
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use justonce_cli_support::pacing;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -88,7 +85,7 @@ enum Command {
         batch_size: u32,
         /// Before each statement, a pause this many times as long as the last one took, so
         /// that claims running meanwhile keep their speed; 0 purges flat out.
-        #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pause_ratio)]
+        #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pacing::pause_ratio)]
         pause: f64,
     },
     /// Show what the store holds: keys per consumer and scope, deliveries and stream offsets.
@@ -115,86 +112,13 @@ enum Command {
     ///
     /// Runs in tables of its own, dropped at the end; prints a table, or one JSON object
     /// per result. Each throughput result checks that effect rows equal distinct keys.
-    Bench(BenchArgs),
+    Bench(justonce_bench::Args),
     /// Print a completion script for a shell, such as
     /// `justonce completions bash > /etc/bash_completion.d/justonce`.
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
     },
-}
-
-#[derive(Args)]
-struct BenchArgs {
-    /// The database to measure; the configured one by default.
-    #[arg(long)]
-    database: Option<String>,
-    /// Messages in the generated stream. By default their distinct keys fit in the
-    /// recent keys an inbox remembers (10,000), as the second run through them assumes.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-    messages: u64,
-    /// The share of messages, in percent, that repeat an earlier key.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..100))]
-    duplicates: u8,
-    /// Messages per transaction for claim_many, comma-separated: the throughput section
-    /// measures each, the latency section the first.
-    #[arg(long, value_delimiter = ',', default_value = "1000",
-          value_parser = clap::value_parser!(u64).range(1..))]
-    batch: Vec<u64>,
-    /// Concurrent workers, each with its share of the stream.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
-    workers: u64,
-    /// The throughput section measures only the batched modes (hand-written-batched,
-    /// hand-written-claim_many and claim_many), so that a stream long enough to time them
-    /// well does not also go through the one-by-one modes, a hundred times slower.
-    #[arg(long)]
-    batched_only: bool,
-    /// How many times the throughput section runs its modes, alternating, each round on
-    /// fresh tables: it prints each mode's median, and the median, lowest and highest of
-    /// its ratios to its baseline in the same round. 1 runs each mode once.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1_000))]
-    rounds: u64,
-    /// Key table sizes at which to measure claim latency, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
-    sizes: Vec<u64>,
-    /// Claims timed at each size, and before and during the purge.
-    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..))]
-    samples: u64,
-    /// Expired keys to purge.
-    #[arg(long, default_value_t = 1_000_000)]
-    purge: u64,
-    /// Keys deleted per statement while purging, as `justonce purge --batch-size`.
-    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
-    purge_batch: u32,
-    /// Before each purge statement, a pause this many times as long as the last one took,
-    /// as `justonce purge --pause`: 1 lets the purge take about half of the database's
-    /// time, 0 purges flat out.
-    #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pause_ratio)]
-    purge_pause: f64,
-    /// How long the sustained section runs, such as 90s or 10m.
-    #[arg(long, default_value = "1m", value_parser = run_length)]
-    duration: std::time::Duration,
-    /// Events the receiver section posts under each of its two loads.
-    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
-    requests: u64,
-    /// Connections of the receiver section's closed loop, each posting its next event when
-    /// the last is answered.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1_000))]
-    clients: u64,
-    /// Events per second the receiver section's open loop starts, whatever the answers do.
-    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=100_000))]
-    rate: u64,
-    /// Only these sections, comma-separated; all but sustained by default.
-    #[arg(long, value_delimiter = ',', value_enum)]
-    only: Vec<bench::Section>,
-    /// One JSON object per result, for scripts.
-    #[arg(long)]
-    json: bool,
-    /// Write SVG charts into this folder (created if missing): throughput by batch size
-    /// (throughput-by-batch.svg) and claim latency by key table size
-    /// (latency-by-table-size.svg), for the sections that run.
-    #[arg(long, value_name = "DIR")]
-    chart: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -294,7 +218,7 @@ fn header(text: &str) -> Result<(String, String), String> {
 }
 
 fn duration(text: &str) -> Result<std::time::Duration, String> {
-    config::parse_duration(text).map_err(|e| format!("{e:#}"))
+    justonce_cli_support::parse_duration(text).map_err(|e| format!("{e:#}"))
 }
 
 #[derive(Subcommand)]
@@ -370,23 +294,6 @@ enum DlqCommand {
     },
     /// Delete every dead letter.
     Purge,
-}
-
-/// A ratio of pause to work: a number from 0 to 100.
-fn pause_ratio(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(ratio) if (0.0..=100.0).contains(&ratio) => Ok(ratio),
-        _ => Err("expected a number from 0 to 100".to_owned()),
-    }
-}
-
-/// A duration of at least a second.
-fn run_length(text: &str) -> Result<std::time::Duration, String> {
-    match config::parse_duration(text) {
-        Ok(duration) if duration.as_secs() >= 1 => Ok(duration),
-        Ok(_) => Err("expected at least 1s".to_owned()),
-        Err(error) => Err(error.to_string()),
-    }
 }
 
 fn main() -> ExitCode {

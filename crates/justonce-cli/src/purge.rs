@@ -2,9 +2,9 @@
 //! deliveries. `justonce purge` runs it once; `justonce serve` every `server.purge_every`.
 
 use crate::config::Settings;
-use crate::pacing::Pacer;
-use crate::progress::Progress;
 use anyhow::Result;
+use justonce_cli_support::pacing::Pacer;
+use justonce_cli_support::progress::Progress;
 use justonce_sql::{Backend, Consumer, Inbox, Retention};
 use std::future::Future;
 

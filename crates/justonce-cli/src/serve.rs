@@ -4,13 +4,14 @@ use crate::activity::{self, Activity};
 use crate::commands::Usage;
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
 use crate::listener;
-use crate::pacing::{self, Pacer};
 use crate::probes::{self, Consumers};
 use crate::purge;
 use anyhow::{Context, Result, ensure};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use justonce_cli_support::pacing::{self, Pacer};
+use justonce_cli_support::shutdown_signal;
 use justonce_http::receiver;
 use justonce_sql::{
     Backend, Consumer, Inbox, Key, Message, Outbox, RelayOptions, WorkFuture, trace,
@@ -605,20 +606,4 @@ fn escape(text: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
-}
-
-/// SIGINT (Ctrl-C) or SIGTERM.
-pub async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-    }
 }

@@ -75,6 +75,8 @@ mod recent;
 mod relay;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[doc(hidden)]
+pub mod statements;
 mod tables;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod tls;

@@ -131,8 +131,8 @@ CREATE TABLE IF NOT EXISTS {prefix}breakers (
 pub struct MySqlStatements {
     claim: String,
     find: String,
-    insert_many: String,
-    find_many: String,
+    pub(crate) insert_many: String,
+    pub(crate) find_many: String,
     has_unique_constraint: String,
     purge_keys: String,
     enqueue: String,
@@ -390,9 +390,17 @@ fn text(column: &str) -> String {
     format!("CAST({column} AS CHAR CHARACTER SET utf8mb4)")
 }
 
-/// The most keys one statement carries: MariaDB and MySQL take at most 65,535 placeholders
-/// in a statement, and a batch insert binds five per key.
-const KEYS_PER_STATEMENT: usize = 10_000;
+/// The most placeholders MariaDB and MySQL take in one statement.
+pub(crate) const MAX_PARAMETERS: usize = 65_535;
+
+/// The most keys one statement carries: a batch insert binds five per key, within
+/// [`MAX_PARAMETERS`].
+pub(crate) const KEYS_PER_STATEMENT: usize = 10_000;
+
+/// One key's row in the list of the batch insert.
+pub(crate) fn insert_many_row() -> String {
+    format!("(?, ?, ?, ?, ?, {NOW})")
+}
 
 /// `template` with `{list}` replaced by `count` copies of `item`, comma separated.
 fn with_list(template: &str, item: &str, count: usize) -> String {
@@ -521,11 +529,7 @@ impl Backend for MySql {
             .chunks(KEYS_PER_STATEMENT)
             .zip(batch.fingerprints.chunks(KEYS_PER_STATEMENT))
         {
-            let text = with_list(
-                &sql.insert_many,
-                &format!("(?, ?, ?, ?, ?, {NOW})"),
-                keys.len(),
-            );
+            let text = with_list(&sql.insert_many, &insert_many_row(), keys.len());
             let mut insert = sqlx::query(AssertSqlSafe(text));
             for (key, fingerprint) in keys.iter().zip(fingerprints) {
                 insert = insert

@@ -13,6 +13,15 @@ use std::time::{Duration, Instant};
 /// purge's flat-out speed, still more than 6,000 keys a second (docs/benchmarks.md).
 pub const DEFAULT_RATIO: f64 = 20.0;
 
+/// A ratio of pause to work, as `--pause` and `--purge-pause` take it: a number from 0 to
+/// 100.
+pub fn pause_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ratio) if (0.0..=100.0).contains(&ratio) => Ok(ratio),
+        _ => Err("expected a number from 0 to 100".to_owned()),
+    }
+}
+
 /// Runs statements one after the other, each after a pause of `ratio` times as long as the
 /// one before it took: the statements get at most `1 / (1 + ratio)` of the time.
 pub struct Pacer {

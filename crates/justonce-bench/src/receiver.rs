@@ -9,10 +9,9 @@
 //! per event. No relay runs: delivering the rows onward is not part of the time to 2xx.
 
 use super::{Bench, BenchDb};
-use crate::config::Limits;
-use crate::listener;
 use anyhow::{Context, Result, bail, ensure};
 use hmac::Mac;
+use justonce_cli_support::progress::Progress;
 use justonce_http::receiver::{IdLocation, Scheme, Source};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,7 +68,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
             Load::Rate(self.settings.rate),
         ] {
             self.empty().await?;
-            let mut progress = crate::progress::Progress::new();
+            let mut progress = Progress::new();
             progress.update(format!("receiver: {requests} events {}", load.described()));
             let (per_second, latencies) = self.receive(load).await?;
             progress.finish();
@@ -97,22 +96,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
             .context("listening on loopback")?;
         let url = format!("http://{}/webhooks/{SOURCE}", listener.local_addr()?);
         // Stopped when this returns, or when an interrupted bench drops it before its tables.
-        let _server = AbortOnDrop(tokio::spawn(
-            // The service's own listener, so that its caps are part of what is timed.
-            async move {
-                let limits = Limits::default();
-                let stopped = std::future::pending();
-                listener::serve(
-                    listener,
-                    app,
-                    limits,
-                    limits.max_connections,
-                    false,
-                    stopped,
-                )
-                .await
-            },
-        ));
+        let _server = AbortOnDrop(tokio::spawn((self.serve)(listener, app)));
         let sender = Sender {
             client: reqwest::Client::new(),
             url,

@@ -5,6 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+/// One long command's progress line.
 pub struct Progress {
     terminal: bool,
     printed: Option<Instant>,
@@ -12,7 +13,14 @@ pub struct Progress {
     current: Option<(String, bool)>,
 }
 
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Progress {
+    /// Nothing reported yet; lines rewritten in place when standard error is a terminal.
     pub fn new() -> Self {
         Self {
             terminal: std::io::stderr().is_terminal(),

@@ -4,12 +4,18 @@
 //!
 //! Everything runs in tables of its own (`justonce_bench_<pid>_*`), dropped at the end. Each
 //! throughput result checks, and prints, that effect rows equal distinct keys.
+//!
+//! The hand-written baselines that send `claim_many`'s statements by hand take their text
+//! from `justonce_sql::statements`: one copy, the library's.
 
 use crate::chart::{Chart, Reference, Series};
-use crate::pacing::Pacer;
-use crate::progress::Progress;
 use anyhow::{Context, Result, bail, ensure};
+use futures_util::future::BoxFuture;
+use justonce_cli_support::pacing::Pacer;
+use justonce_cli_support::progress::Progress;
+use justonce_cli_support::shutdown_signal;
 use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
+use justonce_sql::statements::{self, ClaimMany};
 use justonce_sql::{
     Backend, Claim, Consumer, Fingerprint, Inbox, Key, Message, Options, Retention,
 };
@@ -18,39 +24,51 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+mod args;
+mod chart;
 mod receiver;
 
-/// What `justonce bench` measures, from its arguments.
+pub use args::Args;
+
+/// Serves the receiver's router on the listener as `justonce serve` serves webhooks, so that
+/// the service's own caps and timeouts are part of what the receiver section times; runs
+/// until dropped.
+pub type Serve = fn(tokio::net::TcpListener, axum::Router) -> BoxFuture<'static, ()>;
+
+/// The bench's consumer, in the statements it binds.
+const CONSUMER: &str = "bench";
+
+/// What `justonce bench` measures, from its [`Args`].
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub messages: usize,
-    pub duplicates: usize,
+    messages: usize,
+    duplicates: usize,
     /// Batch sizes for claim_many: the throughput section measures each, the latency
     /// section the first.
-    pub batches: Vec<usize>,
-    pub workers: usize,
+    batches: Vec<usize>,
+    workers: usize,
     /// The throughput section skips the modes that take a message at a time.
-    pub batched_only: bool,
+    batched_only: bool,
     /// How many times the throughput section runs its modes, alternating; it reports
     /// medians.
-    pub rounds: usize,
-    pub sizes: Vec<u64>,
-    pub samples: usize,
-    pub purge: u64,
-    pub purge_batch: u32,
-    pub purge_pause: f64,
+    rounds: usize,
+    sizes: Vec<u64>,
+    samples: usize,
+    purge: u64,
+    purge_batch: u32,
+    purge_pause: f64,
     /// How long the sustained section runs.
-    pub duration: Duration,
+    duration: Duration,
     /// Events the receiver section posts under each load.
-    pub requests: usize,
+    requests: usize,
     /// The receiver section's connections posting back to back.
-    pub clients: usize,
+    clients: usize,
     /// The receiver section's events started per second.
-    pub rate: usize,
-    pub sections: Vec<Section>,
-    pub json: bool,
+    rate: usize,
+    sections: Vec<Section>,
+    json: bool,
     /// Where to write the charts, if anywhere.
-    pub chart: Option<PathBuf>,
+    chart: Option<PathBuf>,
 }
 
 /// A part of the benchmark.
@@ -70,44 +88,45 @@ pub enum Section {
     Sustained,
 }
 
-/// Runs the sections of `settings` on the database at `url`.
-pub async fn run(url: &str, settings: &Settings) -> Result<()> {
+/// Runs the sections of `settings` on the database at `url`, the receiver's behind `serve`.
+pub async fn run(url: &str, settings: &Settings, serve: Serve) -> Result<()> {
     if url.starts_with("sqlite:") {
-        bench::<Sqlite>(url, settings).await
+        bench::<Sqlite>(url, settings, serve).await
     } else if url.starts_with("mysql:") {
-        bench::<MySql>(url, settings).await
+        bench::<MySql>(url, settings, serve).await
     } else {
-        bench::<Postgres>(url, settings).await
+        bench::<Postgres>(url, settings, serve).await
     }
 }
 
-async fn bench<DB: BenchDb>(url: &str, settings: &Settings) -> Result<()> {
+async fn bench<DB: BenchDb>(url: &str, settings: &Settings, serve: Serve) -> Result<()> {
     let prefix = format!("justonce_bench_{}_", std::process::id());
     // A retry horizon of an hour lets the purge section purge keys a day old.
     let retention = Retention::new(Duration::from_secs(86_400), Duration::from_secs(3_600))?;
     let options = Options::default().prefix(&prefix).retention(retention);
-    let inbox = Inbox::<DB>::connect_with(url, Consumer::new("bench")?, options.clone())
+    let inbox = Inbox::<DB>::connect_with(url, Consumer::new(CONSUMER)?, options.clone())
         .await
         .context("opening the database")?;
     inbox.migrate().await?;
     let bench = Bench {
-        tables: BenchTables::new(&prefix),
+        tables: BenchTables::new(&prefix, DB::claim_many(&prefix)?),
         inbox,
         options,
         hand_claim_ids: AtomicI64::new(1),
         settings,
+        serve,
         report: Report::new(settings.json, DB::LABEL),
     };
     // Interrupted, the bench still drops its tables: a stopped section is not worth a
     // million rows left behind.
     let result = tokio::select! {
         result = bench.sections() => result,
-        () = crate::serve::shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
+        () = shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
     };
     // A second signal while dropping stops at once, and says what it leaves.
     let dropped = tokio::select! {
         dropped = bench.drop_tables() => dropped,
-        () = crate::serve::shutdown_signal() => Err(anyhow::anyhow!(
+        () = shutdown_signal() => Err(anyhow::anyhow!(
             "interrupted again: the tables {prefix}* are left"
         )),
     };
@@ -126,6 +145,7 @@ struct Bench<'s, DB: BenchDb> {
     /// has no RETURNING.
     hand_claim_ids: AtomicI64,
     settings: &'s Settings,
+    serve: Serve,
     report: Report,
 }
 
@@ -238,6 +258,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
             options: self.options.clone(),
             hand_claim_ids: AtomicI64::new(1),
             settings: self.settings,
+            serve: self.serve,
             report: self.report.clone(),
         })
     }
@@ -401,15 +422,20 @@ impl<DB: BenchDb> Bench<'_, DB> {
             let fingerprints: Vec<Fingerprint> = distinct.iter().map(Fingerprint::of).collect();
             let claim_id = self.hand_claim_ids.fetch_add(1, Ordering::Relaxed);
             let mut tx = self.inbox.begin().await?;
-            let table = &self.tables.keys;
+            let tables = &self.tables;
             let first = if read_held {
-                let (first, held) =
-                    DB::hand_claim_many_reading(&mut tx, table, &distinct, &fingerprints, claim_id)
-                        .await?;
+                let (first, held) = DB::hand_claim_many_reading(
+                    &mut tx,
+                    tables,
+                    &distinct,
+                    &fingerprints,
+                    claim_id,
+                )
+                .await?;
                 check_held(&distinct, &fingerprints, first.len(), &held)?;
                 first
             } else {
-                DB::hand_claim_many(&mut tx, table, &distinct, &fingerprints, claim_id).await?
+                DB::hand_claim_many(&mut tx, tables, &distinct, &fingerprints, claim_id).await?
             };
             if !first.is_empty() {
                 let first: Vec<&str> = first.iter().map(String::as_str).collect();
@@ -612,7 +638,7 @@ fn endless_key(n: usize, duplicates: usize, distinct: &mut usize) -> Key {
 
 /// A way to process the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+enum Mode {
     HandWritten,
     OneStatement,
     Run,
@@ -682,17 +708,19 @@ impl Mode {
     }
 }
 
-/// The bench's tables: justonce's, under the bench's prefix, and the effects.
+/// The bench's tables: justonce's, under the bench's prefix, and the effects; and the
+/// statements `claim_many` sends to them.
 #[derive(Clone)]
 struct BenchTables {
     keys: String,
     effects: String,
     outbox: String,
     all: Vec<String>,
+    claim_many: ClaimMany,
 }
 
 impl BenchTables {
-    fn new(prefix: &str) -> Self {
+    fn new(prefix: &str, claim_many: ClaimMany) -> Self {
         let all = [
             "effects",
             "outbox",
@@ -708,6 +736,7 @@ impl BenchTables {
             effects: format!("{prefix}effects"),
             outbox: format!("{prefix}outbox"),
             all,
+            claim_many,
         }
     }
 }
@@ -1094,6 +1123,9 @@ trait BenchDb: Backend {
     /// (InnoDB), where the next mode's inserts of the same keys step over them.
     const EMPTY: &'static str = "TRUNCATE TABLE";
 
+    /// The statements `claim_many` sends to the tables under `prefix`.
+    fn claim_many(prefix: &str) -> Result<ClaimMany>;
+
     async fn create_effects(pool: &sqlx::Pool<Self>, table: &str) -> Result<()>;
 
     /// Send, for the work of [`Inbox::run`].
@@ -1111,11 +1143,11 @@ trait BenchDb: Backend {
         fingerprint: &Fingerprint,
     ) -> Result<bool>;
 
-    /// The statement `claim_many` sends to claim these sorted, distinct keys, sent by hand
-    /// in the transaction; returns the keys it inserted.
+    /// A batch insert of these sorted, distinct keys, sent by hand in the transaction;
+    /// returns the keys it inserted.
     async fn hand_claim_many(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
         fingerprints: &[Fingerprint],
         claim_id: i64,
@@ -1126,27 +1158,27 @@ trait BenchDb: Backend {
     /// and each held key's claim id and fingerprint.
     async fn hand_claim_many_reading(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<(Vec<String>, Vec<Held>)> {
-        let inserted = Self::hand_claim_many(tx, table, keys, fingerprints, claim_id).await?;
+        let inserted = Self::hand_claim_many(tx, tables, keys, fingerprints, claim_id).await?;
         let rest = not_among(keys, inserted.iter().map(String::as_str));
         // As claim_many, no read when every key was inserted.
         let held = if rest.is_empty() {
             Vec::new()
         } else {
-            Self::hand_find_many(tx, table, &rest).await?
+            Self::hand_find_many(tx, tables, &rest).await?
         };
         Ok((inserted, held))
     }
 
-    /// The claim id and fingerprint of each of these keys that is held, read as
-    /// `claim_many` reads them.
+    /// The claim id and fingerprint of each of these keys that is held, read with the
+    /// statement `claim_many` reads them with.
     async fn hand_find_many(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
     ) -> Result<Vec<Held>>;
 
@@ -1228,41 +1260,22 @@ fn not_among<'a, 'b>(all: &[&'a str], some: impl IntoIterator<Item = &'b str>) -
         .collect()
 }
 
-/// PostgreSQL's lookup of one key of a batch (`batch.key`), as `claim_many` writes it: one
-/// index lookup per key, whatever the plan.
-fn postgres_find_one(table: &str) -> String {
-    format!(
-        "SELECT key, claim_id, fingerprint FROM {table}
-         WHERE scope = '' AND consumer = 'bench' AND key = batch.key
-         LIMIT 1"
-    )
-}
-
-/// The most parameters MariaDB and MySQL bind to one statement.
-const MYSQL_MAX_PARAMETERS: usize = 65_535;
-
-/// Keys per statement where `claim_many` splits a batch on MariaDB and MySQL.
-const MYSQL_KEYS_PER_STATEMENT: usize = 10_000;
-
-/// The batch insert of keys that `claim_many` sends to MariaDB and MySQL, by hand: a
-/// VALUES list, ON DUPLICATE KEY UPDATE for the keys already held.
+/// The batch insert of keys that `claim_many` sends to MariaDB and MySQL, by hand, in as
+/// many statements as it splits the batch into.
 async fn mysql_insert_keys(
     tx: &mut sqlx::Transaction<'_, MySql>,
-    table: &str,
+    tables: &BenchTables,
     keys: &[&str],
     fingerprints: &[Fingerprint],
     claim_id: i64,
 ) -> Result<()> {
-    let rows = MYSQL_KEYS_PER_STATEMENT;
+    let rows = statements::MYSQL_KEYS_PER_STATEMENT;
     for (keys, fingerprints) in keys.chunks(rows).zip(fingerprints.chunks(rows)) {
-        let values = vec!["('', 'bench', ?, ?, ?, UTC_TIMESTAMP(6))"; keys.len()].join(", ");
-        let sql = format!(
-            "INSERT INTO {table} (scope, consumer, `key`, fingerprint, claim_id, processed_at)
-             VALUES {values} ON DUPLICATE KEY UPDATE claim_id = claim_id"
-        );
-        let mut insert = sqlx::query(AssertSqlSafe(sql));
+        let mut insert = sqlx::query(AssertSqlSafe(tables.claim_many.insert_many(keys.len())));
         for (key, fingerprint) in keys.iter().zip(fingerprints) {
             insert = insert
+                .bind("")
+                .bind(CONSUMER)
                 .bind(*key)
                 .bind(fingerprint.as_bytes().as_slice())
                 .bind(claim_id);
@@ -1344,24 +1357,30 @@ impl BenchDb for Postgres {
     const LABEL: &'static str = "postgres";
     const HAS_ONE_STATEMENT: bool = true;
 
+    fn claim_many(prefix: &str) -> Result<ClaimMany> {
+        Ok(statements::postgres(prefix)?)
+    }
+
     common!();
 
     dollar_parameters!();
 
+    /// A plain insert of the batch, with no read of the keys already held.
     async fn hand_claim_many(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<Vec<String>> {
         let sql = format!(
-            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
+            "INSERT INTO {} (scope, consumer, key, fingerprint, claim_id)
              SELECT '', 'bench', batch.key, batch.fingerprint, $3
              FROM unnest($1::text[], $2::bytea[]) AS batch (key, fingerprint)
              ORDER BY batch.key COLLATE \"C\"
              ON CONFLICT (scope, consumer, key) DO NOTHING
-             RETURNING key"
+             RETURNING key",
+            tables.keys
         );
         let fingerprints: Vec<&[u8]> = fingerprints
             .iter()
@@ -1380,33 +1399,19 @@ impl BenchDb for Postgres {
     /// is in neither half, and is read after.
     async fn hand_claim_many_reading(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<(Vec<String>, Vec<Held>)> {
-        let find_one = postgres_find_one(table);
-        let sql = format!(
-            "WITH inserted AS (
-                INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id)
-                SELECT '', 'bench', batch.key, batch.fingerprint, $3
-                FROM unnest($1::text[], $2::bytea[]) AS batch (key, fingerprint)
-                ORDER BY batch.key COLLATE \"C\"
-                ON CONFLICT (scope, consumer, key) DO NOTHING
-                RETURNING key
-             )
-             SELECT key, NULL::bigint, NULL::bytea FROM inserted
-             UNION ALL
-             SELECT held.key, held.claim_id, held.fingerprint
-             FROM unnest($1::text[]) AS batch (key)
-             CROSS JOIN LATERAL ({find_one}) AS held
-             WHERE batch.key NOT IN (SELECT key FROM inserted)"
-        );
         let fingerprints: Vec<&[u8]> = fingerprints
             .iter()
             .map(|fingerprint| fingerprint.as_bytes().as_slice())
             .collect();
+        let sql = tables.claim_many.insert_many(keys.len());
         let rows: Vec<(String, Option<i64>, Option<Vec<u8>>)> = sqlx::query_as(AssertSqlSafe(sql))
+            .bind("")
+            .bind(CONSUMER)
             .bind(keys)
             .bind(&fingerprints)
             .bind(claim_id)
@@ -1422,23 +1427,20 @@ impl BenchDb for Postgres {
         if inserted.len() + held.len() < keys.len() {
             let read = inserted.iter().chain(held.iter().map(|(key, ..)| key));
             let rest = not_among(keys, read.map(String::as_str));
-            held.extend(Self::hand_find_many(tx, table, &rest).await?);
+            held.extend(Self::hand_find_many(tx, tables, &rest).await?);
         }
         Ok((inserted, held))
     }
 
     async fn hand_find_many(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
     ) -> Result<Vec<Held>> {
-        let sql = format!(
-            "SELECT held.key, held.claim_id, held.fingerprint
-             FROM unnest($1::text[]) AS batch (key)
-             CROSS JOIN LATERAL ({}) AS held",
-            postgres_find_one(table)
-        );
+        let sql = tables.claim_many.find_many(keys.len());
         Ok(sqlx::query_as(AssertSqlSafe(sql))
+            .bind("")
+            .bind(CONSUMER)
             .bind(keys)
             .fetch_all(&mut **tx)
             .await?)
@@ -1509,31 +1511,31 @@ impl BenchDb for Sqlite {
     /// table's pages instead of rows one by one.
     const EMPTY: &'static str = "DELETE FROM";
 
+    fn claim_many(prefix: &str) -> Result<ClaimMany> {
+        Ok(statements::sqlite(prefix)?)
+    }
+
     common!();
 
     dollar_parameters!();
 
+    /// The insert `claim_many` sends, which returns the keys it inserted.
     async fn hand_claim_many(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<Vec<String>> {
-        let sql = format!(
-            "INSERT INTO {table} (scope, consumer, key, fingerprint, claim_id, processed_at)
-             SELECT '', 'bench', value ->> 0, unhex(value ->> 1), $1,
-                    CAST(unixepoch('subsec') * 1000 AS INTEGER)
-             FROM json_each($2) WHERE true
-             ON CONFLICT (scope, consumer, key) DO NOTHING
-             RETURNING key"
-        );
         let pairs: Vec<(&str, String)> = keys
             .iter()
             .zip(fingerprints)
             .map(|(key, fingerprint)| (*key, fingerprint.to_string()))
             .collect();
+        let sql = tables.claim_many.insert_many(keys.len());
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind("")
+            .bind(CONSUMER)
             .bind(claim_id)
             .bind(serde_json::to_string(&pairs)?)
             .fetch_all(&mut **tx)
@@ -1542,15 +1544,13 @@ impl BenchDb for Sqlite {
 
     async fn hand_find_many(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
     ) -> Result<Vec<Held>> {
-        let sql = format!(
-            "SELECT key, claim_id, fingerprint FROM {table}
-             WHERE scope = '' AND consumer = 'bench'
-               AND key IN (SELECT value FROM json_each($1))"
-        );
+        let sql = tables.claim_many.find_many(keys.len());
         Ok(sqlx::query_as(AssertSqlSafe(sql))
+            .bind("")
+            .bind(CONSUMER)
             .bind(serde_json::to_string(keys)?)
             .fetch_all(&mut **tx)
             .await?)
@@ -1598,6 +1598,10 @@ impl BenchDb for Sqlite {
 impl BenchDb for MySql {
     const LABEL: &'static str = "mysql";
     const OUTBOX_KEY: &'static str = "`key`";
+
+    fn claim_many(prefix: &str) -> Result<ClaimMany> {
+        Ok(statements::mysql(prefix)?)
+    }
 
     common!();
 
@@ -1648,20 +1652,21 @@ impl BenchDb for MySql {
 
     async fn hand_claim_many(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<Vec<String>> {
-        mysql_insert_keys(tx, table, keys, fingerprints, claim_id).await?;
+        mysql_insert_keys(tx, tables, keys, fingerprints, claim_id).await?;
         // No RETURNING after ON DUPLICATE KEY: the new keys are those with this batch's
         // claim id, read back as claim_many does.
         let mut inserted = Vec::new();
-        for keys in keys.chunks(MYSQL_MAX_PARAMETERS - 1) {
+        for keys in keys.chunks(statements::MYSQL_MAX_PARAMETERS - 1) {
             let list = vec!["?"; keys.len()].join(", ");
             let sql = format!(
-                "SELECT CAST(`key` AS CHAR CHARACTER SET utf8mb4) FROM {table}
-                 WHERE scope = '' AND consumer = 'bench' AND claim_id = ? AND `key` IN ({list})"
+                "SELECT CAST(`key` AS CHAR CHARACTER SET utf8mb4) FROM {}
+                 WHERE scope = '' AND consumer = 'bench' AND claim_id = ? AND `key` IN ({list})",
+                tables.keys
             );
             let mut select = sqlx::query_scalar(AssertSqlSafe(sql)).bind(claim_id);
             for key in keys {
@@ -1676,13 +1681,13 @@ impl BenchDb for MySql {
     /// told by the batch's claim id.
     async fn hand_claim_many_reading(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<(Vec<String>, Vec<Held>)> {
-        mysql_insert_keys(tx, table, keys, fingerprints, claim_id).await?;
-        let (inserted, held): (Vec<Held>, Vec<Held>) = Self::hand_find_many(tx, table, keys)
+        mysql_insert_keys(tx, tables, keys, fingerprints, claim_id).await?;
+        let (inserted, held): (Vec<Held>, Vec<Held>) = Self::hand_find_many(tx, tables, keys)
             .await?
             .into_iter()
             .partition(|(_, claimed_by, _)| *claimed_by == claim_id);
@@ -1691,18 +1696,13 @@ impl BenchDb for MySql {
 
     async fn hand_find_many(
         tx: &mut sqlx::Transaction<'_, Self>,
-        table: &str,
+        tables: &BenchTables,
         keys: &[&str],
     ) -> Result<Vec<Held>> {
         let mut found = Vec::with_capacity(keys.len());
-        for keys in keys.chunks(MYSQL_KEYS_PER_STATEMENT) {
-            let list = vec!["?"; keys.len()].join(", ");
-            let sql = format!(
-                "SELECT CAST(`key` AS CHAR CHARACTER SET utf8mb4), claim_id, fingerprint
-                 FROM {table} WHERE scope = '' AND consumer = 'bench' AND `key` IN ({list})
-                 LOCK IN SHARE MODE"
-            );
-            let mut select = sqlx::query_as(AssertSqlSafe(sql));
+        for keys in keys.chunks(statements::MYSQL_KEYS_PER_STATEMENT) {
+            let sql = tables.claim_many.find_many(keys.len());
+            let mut select = sqlx::query_as(AssertSqlSafe(sql)).bind("").bind(CONSUMER);
             for key in keys {
                 select = select.bind(*key);
             }
@@ -1716,7 +1716,7 @@ impl BenchDb for MySql {
         table: &str,
         keys: &[&str],
     ) -> Result<()> {
-        for keys in keys.chunks(MYSQL_MAX_PARAMETERS) {
+        for keys in keys.chunks(statements::MYSQL_MAX_PARAMETERS) {
             let values = vec!["(?)"; keys.len()].join(", ");
             let sql = format!("INSERT INTO {table} (effect_key) VALUES {values}");
             let mut insert = sqlx::query(AssertSqlSafe(sql));

@@ -1,0 +1,134 @@
+//! `justonce bench`'s arguments, and the settings they ask for.
+
+use crate::{Section, Settings};
+use anyhow::{Context, Result};
+use justonce_cli_support::pacing;
+use std::path::PathBuf;
+
+/// `justonce bench`'s arguments, as given: [`Settings`] is what they ask for, checked.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The database to measure; the configured one by default.
+    #[arg(long)]
+    database: Option<String>,
+    /// Messages in the generated stream. By default their distinct keys fit in the
+    /// recent keys an inbox remembers (10,000), as the second run through them assumes.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    messages: u64,
+    /// The share of messages, in percent, that repeat an earlier key.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..100))]
+    duplicates: u8,
+    /// Messages per transaction for claim_many, comma-separated: the throughput section
+    /// measures each, the latency section the first.
+    #[arg(long, value_delimiter = ',', default_value = "1000",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    batch: Vec<u64>,
+    /// Concurrent workers, each with its share of the stream.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    workers: u64,
+    /// The throughput section measures only the batched modes (hand-written-batched,
+    /// hand-written-claim_many and claim_many), so that a stream long enough to time them
+    /// well does not also go through the one-by-one modes, a hundred times slower.
+    #[arg(long)]
+    batched_only: bool,
+    /// How many times the throughput section runs its modes, alternating, each round on
+    /// fresh tables: it prints each mode's median, and the median, lowest and highest of
+    /// its ratios to its baseline in the same round. 1 runs each mode once.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    rounds: u64,
+    /// Key table sizes at which to measure claim latency, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    sizes: Vec<u64>,
+    /// Claims timed at each size, and before and during the purge.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..))]
+    samples: u64,
+    /// Expired keys to purge.
+    #[arg(long, default_value_t = 1_000_000)]
+    purge: u64,
+    /// Keys deleted per statement while purging, as `justonce purge --batch-size`.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    purge_batch: u32,
+    /// Before each purge statement, a pause this many times as long as the last one took,
+    /// as `justonce purge --pause`: 1 lets the purge take about half of the database's
+    /// time, 0 purges flat out.
+    #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pacing::pause_ratio)]
+    purge_pause: f64,
+    /// How long the sustained section runs, such as 90s or 10m.
+    #[arg(long, default_value = "1m", value_parser = run_length)]
+    duration: std::time::Duration,
+    /// Events the receiver section posts under each of its two loads.
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    requests: u64,
+    /// Connections of the receiver section's closed loop, each posting its next event when
+    /// the last is answered.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    clients: u64,
+    /// Events per second the receiver section's open loop starts, whatever the answers do.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    rate: u64,
+    /// Only these sections, comma-separated; all but sustained by default.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    only: Vec<Section>,
+    /// One JSON object per result, for scripts.
+    #[arg(long)]
+    json: bool,
+    /// Write SVG charts into this folder (created if missing): throughput by batch size
+    /// (throughput-by-batch.svg) and claim latency by key table size
+    /// (latency-by-table-size.svg), for the sections that run.
+    #[arg(long, value_name = "DIR")]
+    chart: Option<PathBuf>,
+}
+
+impl Args {
+    /// The database named with `--database`, if any.
+    pub fn database(&self) -> Option<&str> {
+        self.database.as_deref()
+    }
+}
+
+impl TryFrom<Args> for Settings {
+    type Error = anyhow::Error;
+
+    fn try_from(args: Args) -> Result<Self> {
+        let sections = if args.only.is_empty() {
+            vec![
+                Section::Throughput,
+                Section::Latency,
+                Section::Purge,
+                Section::Receiver,
+            ]
+        } else {
+            args.only
+        };
+        let count = |n: u64| usize::try_from(n).context("a count beyond this machine's memory");
+        Ok(Settings {
+            messages: count(args.messages)?,
+            duplicates: usize::from(args.duplicates),
+            batches: args.batch.into_iter().map(count).collect::<Result<_>>()?,
+            workers: count(args.workers)?,
+            batched_only: args.batched_only,
+            rounds: count(args.rounds)?,
+            sizes: args.sizes,
+            samples: count(args.samples)?,
+            purge: args.purge,
+            purge_batch: args.purge_batch,
+            purge_pause: args.purge_pause,
+            duration: args.duration,
+            requests: count(args.requests)?,
+            clients: count(args.clients)?,
+            rate: count(args.rate)?,
+            sections,
+            json: args.json,
+            chart: args.chart,
+        })
+    }
+}
+
+/// A duration of at least a second.
+fn run_length(text: &str) -> Result<std::time::Duration, String> {
+    match justonce_cli_support::parse_duration(text) {
+        Ok(duration) if duration.as_secs() >= 1 => Ok(duration),
+        Ok(_) => Err("expected at least 1s".to_owned()),
+        Err(error) => Err(error.to_string()),
+    }
+}
