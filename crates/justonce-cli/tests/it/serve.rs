@@ -9,35 +9,6 @@ use tokio::process::{Child, Command};
 
 pub(crate) const SECRET: &str = "the demo signing secret";
 
-macro_rules! on_every_database {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test::<justonce_sql::sqlx::Sqlite>(stringify!($test)).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test::<justonce_sql::sqlx::Postgres>(stringify!($test)).await
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test::<justonce_sql::sqlx::MySql>(stringify!($test)).await
-                }
-            )*
-        }
-    };
-}
-
 on_every_database!(
     every_event_posted_twice_is_delivered_once_per_key,
     a_queue_consumed_by_the_service_reaches_its_target_once_per_key,

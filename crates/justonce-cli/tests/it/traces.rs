@@ -12,35 +12,6 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use std::sync::{Arc, Mutex};
 
-macro_rules! on_every_database {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test::<justonce_sql::sqlx::Sqlite>(stringify!($test)).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test::<justonce_sql::sqlx::Postgres>(stringify!($test)).await
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test::<justonce_sql::sqlx::MySql>(stringify!($test)).await
-                }
-            )*
-        }
-    };
-}
-
 on_every_database!(
     a_webhooks_receipt_and_delivery_are_one_trace_from_sender_to_target,
     a_broker_messages_claim_and_delivery_are_one_trace_from_sender_to_target,
