@@ -9,8 +9,9 @@
 //! from `justonce_sql::statements`: one copy, the library's.
 
 use crate::chart::{Chart, Reference, Series};
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use futures_util::future::BoxFuture;
+use justonce_cli_support::database::DatabaseKind;
 use justonce_cli_support::pacing::Pacer;
 use justonce_cli_support::progress::Progress;
 use justonce_cli_support::shutdown_signal;
@@ -90,12 +91,10 @@ pub enum Section {
 
 /// Runs the sections of `settings` on the database at `url`, the receiver's behind `serve`.
 pub async fn run(url: &str, settings: &Settings, serve: Serve) -> Result<()> {
-    if url.starts_with("sqlite:") {
-        bench::<Sqlite>(url, settings, serve).await
-    } else if url.starts_with("mysql:") {
-        bench::<MySql>(url, settings, serve).await
-    } else {
-        bench::<Postgres>(url, settings, serve).await
+    match DatabaseKind::of(url).map_err(|unknown| anyhow!("--database: {unknown}"))? {
+        DatabaseKind::Sqlite => bench::<Sqlite>(url, settings, serve).await,
+        DatabaseKind::MySql => bench::<MySql>(url, settings, serve).await,
+        DatabaseKind::Postgres => bench::<Postgres>(url, settings, serve).await,
     }
 }
 

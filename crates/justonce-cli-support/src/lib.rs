@@ -1,6 +1,8 @@
-//! What the `justonce` command and its bench share: the pacing of a purge, progress lines on
-//! standard error, durations as the settings write them, and the signal to stop.
+//! What the `justonce` command and its bench share: which database a URL names, the pacing
+//! of a purge, progress lines on standard error, durations as the settings write them, and
+//! the signal to stop.
 
+pub mod database;
 pub mod pacing;
 pub mod progress;
 

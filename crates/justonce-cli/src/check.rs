@@ -5,8 +5,10 @@
 //! then counts the effects in the user's database with the user's query and reports whether
 //! each event took effect exactly once.
 
+use crate::errors::{Usage, opening_failed};
 use anyhow::{Context, Result, bail};
 use futures_util::StreamExt;
+use justonce_cli_support::database::DatabaseKind;
 use justonce_http::HttpDestination;
 use justonce_sql::sqlx::{
     self, AssertSqlSafe, Database, Decode, Executor, IntoArguments, MySql, Pool, Postgres, Row,
@@ -89,7 +91,7 @@ impl Target {
 }
 
 fn usage(error: impl std::fmt::Display) -> anyhow::Error {
-    crate::commands::Usage(error.to_string()).into()
+    Usage(error.to_string()).into()
 }
 
 /// How the user's database shows the effects.
@@ -501,29 +503,29 @@ impl EffectsDb {
     /// says otherwise), a SQLite file as it is, its journal mode untouched.
     async fn connect(url: &str) -> Result<Self> {
         // A server that does not answer fails the check within seconds, as `serve` would.
-        let opened = if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            let pool = sqlx::pool::PoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
-            <Postgres as Backend>::connect(url, pool)
-                .await
-                .map(Self::Postgres)
-        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-            let pool = sqlx::pool::PoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
-            <MySql as Backend>::connect(url, pool)
-                .await
-                .map(Self::MySql)
-        } else if url.starts_with("sqlite:") {
-            Pool::connect(url).await.map(Self::Sqlite).map_err(|error| {
+        let kind = DatabaseKind::of(url)
+            .map_err(|unknown| usage(format!("effects database {url:?}: {unknown}")))?;
+        let opened = match kind {
+            DatabaseKind::Postgres => {
+                let pool = sqlx::pool::PoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
+                <Postgres as Backend>::connect(url, pool)
+                    .await
+                    .map(Self::Postgres)
+            }
+            DatabaseKind::MySql => {
+                let pool = sqlx::pool::PoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
+                <MySql as Backend>::connect(url, pool)
+                    .await
+                    .map(Self::MySql)
+            }
+            DatabaseKind::Sqlite => Pool::connect(url).await.map(Self::Sqlite).map_err(|error| {
                 justonce_sql::Error::Database {
                     retryable: false,
                     source: error.into(),
                 }
-            })
-        } else {
-            return Err(usage(format!(
-                "effects database {url:?}: expected a postgres, mysql or sqlite URL"
-            )));
+            }),
         };
-        opened.map_err(|error| crate::commands::opening_failed(error, "the effects database", url))
+        opened.map_err(|error| opening_failed(error, "the effects database", url))
     }
 
     /// The first column of each row `sql` returns.

@@ -1,35 +1,21 @@
 //! Each command against the configured database.
 
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
+use crate::errors::{Usage, opening_failed, sqlite_file};
 use crate::{CheckArgs, Command, DlqCommand, KeyArgs, KeysCommand};
 use crate::{check, listener, purge};
 use anyhow::{Context, Result};
+use justonce_cli_support::database::DatabaseKind;
 use justonce_cli_support::pacing::Pacer;
 use justonce_cli_support::progress::Progress;
-use justonce_sql::sqlx::mysql::MySqlConnectOptions;
-use justonce_sql::sqlx::postgres::PgConnectOptions;
-use justonce_sql::sqlx::sqlite::SqliteConnectOptions;
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
 use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Options, Row, Scope, StoredKey};
 use std::hash::{BuildHasher, RandomState};
 use std::io::{BufRead, IsTerminal, Write};
-use std::str::FromStr;
 use std::time::Instant;
 
 /// Dead letters replayed per statement by `dlq replay --all`.
 const REPLAY_BATCH: u32 = 1_000;
-
-/// Bad usage found once the command runs, such as a malformed key: exit code 2.
-#[derive(Debug)]
-pub struct Usage(pub String);
-
-impl std::fmt::Display for Usage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Usage {}
 
 /// Opens the store the settings name and runs `command` on it.
 pub async fn run(settings: Settings, command: Command) -> Result<()> {
@@ -53,10 +39,10 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
     {
         // Printed from the dialect alone: the database need not be reachable.
         let options = Options::default();
-        let script = match Database::of(&settings.database) {
-            Database::Sqlite => Inbox::<Sqlite>::migration_sql(&options, since)?,
-            Database::Postgres => Inbox::<Postgres>::migration_sql(&options, since)?,
-            Database::MySql => Inbox::<MySql>::migration_sql(&options, since)?,
+        let script = match database_kind(&settings.database)? {
+            DatabaseKind::Sqlite => Inbox::<Sqlite>::migration_sql(&options, since)?,
+            DatabaseKind::Postgres => Inbox::<Postgres>::migration_sql(&options, since)?,
+            DatabaseKind::MySql => Inbox::<MySql>::migration_sql(&options, since)?,
         };
         print!("{script}");
         return Ok(());
@@ -72,30 +58,16 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
             file.display()
         );
     }
-    match Database::of(&settings.database) {
-        Database::Sqlite => run_on::<Sqlite>(settings, command).await,
-        Database::Postgres => run_on::<Postgres>(settings, command).await,
-        Database::MySql => run_on::<MySql>(settings, command).await,
+    match database_kind(&settings.database)? {
+        DatabaseKind::Sqlite => run_on::<Sqlite>(settings, command).await,
+        DatabaseKind::Postgres => run_on::<Postgres>(settings, command).await,
+        DatabaseKind::MySql => run_on::<MySql>(settings, command).await,
     }
 }
 
-/// The database a URL names, by its scheme, which the settings already checked.
-enum Database {
-    Sqlite,
-    Postgres,
-    MySql,
-}
-
-impl Database {
-    fn of(url: &str) -> Self {
-        if url.starts_with("sqlite:") {
-            Self::Sqlite
-        } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
-            Self::MySql
-        } else {
-            Self::Postgres
-        }
-    }
+/// The kind of the configured database, which the settings already checked.
+fn database_kind(url: &str) -> Result<DatabaseKind> {
+    DatabaseKind::of(url).map_err(|unknown| Usage(format!("server.database: {unknown}")).into())
 }
 
 async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()> {
@@ -151,106 +123,6 @@ async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()>
         Command::Completions { .. } => unreachable!("main prints completions without a store"),
     }
     Ok(())
-}
-
-/// A database that cannot be opened: its settings, such as a CA that did not sign the
-/// server's certificate, are bad configuration (exit code 2); anything else is a failure,
-/// said once with where the database is: `opening the database at 127.0.0.1:5432:
-/// Connection refused (os error 111)`.
-pub fn opening_failed(error: justonce_sql::Error, database: &str, url: &str) -> anyhow::Error {
-    if let justonce_sql::Error::Config(problem) = error {
-        return Usage(problem).into();
-    }
-    let mut cause = store_cause(&error);
-    let place = match Database::of(url) {
-        Database::Sqlite => match sqlite_file(url) {
-            Some(file) => {
-                let folder = file.parent().filter(|f| !f.as_os_str().is_empty());
-                if let Some(folder) = folder.filter(|folder| !folder.is_dir()) {
-                    cause = format!("its folder {} does not exist", folder.display());
-                }
-                format!("{database} file {}", file.display())
-            }
-            None => format!("{database} in memory"),
-        },
-        Database::Postgres => server_address::<PgConnectOptions>(url, database),
-        Database::MySql => server_address::<MySqlConnectOptions>(url, database),
-    };
-    anyhow::anyhow!("opening {place}: {cause}")
-}
-
-/// `the database at HOST:PORT` (or at its socket), as the driver reads the URL and its
-/// environment variables.
-fn server_address<O: ServerOptions>(url: &str, database: &str) -> String {
-    match O::from_str(url) {
-        Ok(options) => match options.socket() {
-            Some(socket) => format!("{database} at {}", socket.display()),
-            None => format!("{database} at {}:{}", options.host(), options.port()),
-        },
-        Err(_) => database.to_owned(),
-    }
-}
-
-/// The host and port a server database's options name.
-trait ServerOptions: std::str::FromStr {
-    fn host(&self) -> &str;
-    fn port(&self) -> u16;
-    fn socket(&self) -> Option<&std::path::PathBuf>;
-}
-
-impl ServerOptions for PgConnectOptions {
-    fn host(&self) -> &str {
-        self.get_host()
-    }
-    fn port(&self) -> u16 {
-        self.get_port()
-    }
-    fn socket(&self) -> Option<&std::path::PathBuf> {
-        self.get_socket()
-    }
-}
-
-impl ServerOptions for MySqlConnectOptions {
-    fn host(&self) -> &str {
-        self.get_host()
-    }
-    fn port(&self) -> u16 {
-        self.get_port()
-    }
-    fn socket(&self) -> Option<&std::path::PathBuf> {
-        self.get_socket()
-    }
-}
-
-/// The file a `sqlite:` URL names; none for another database or one in memory.
-fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
-    if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
-        return None;
-    }
-    let options = SqliteConnectOptions::from_str(url).ok()?;
-    Some(options.get_filename().to_owned())
-}
-
-/// A store error as the last words of a message: a database's failure in its own words,
-/// without the driver's wrapping, the chain of sources it repeats, or where in the server's
-/// source code it was raised (PostgreSQL's `at line 948`).
-pub fn store_error(error: &justonce_sql::Error) -> String {
-    match error {
-        justonce_sql::Error::Database { .. } => format!("database error: {}", store_cause(error)),
-        other => other.to_string(),
-    }
-}
-
-/// The cause of a store error, without the words `database error`.
-fn store_cause(error: &justonce_sql::Error) -> String {
-    let justonce_sql::Error::Database { source, .. } = error else {
-        return error.to_string();
-    };
-    match source.downcast_ref::<justonce_sql::sqlx::Error>() {
-        Some(justonce_sql::sqlx::Error::Database(database)) => database.message().to_owned(),
-        Some(justonce_sql::sqlx::Error::Io(io)) => io.to_string(),
-        _ => source.to_string(),
-    }
 }
 
 /// `1 key`, `2 keys`: a count with its noun, `one` or `many`.

@@ -2,6 +2,7 @@
 //! turned into validated settings before anything starts.
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use justonce_cli_support::database::DatabaseKind;
 use justonce_cli_support::parse_duration;
 use justonce_http::HttpDestination;
 use justonce_http::receiver::{IdLocation, Scheme, Source};
@@ -863,15 +864,9 @@ fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> 
             "sqlite://justonce.db",
         )
         .to_owned();
-    if !["sqlite:", "postgres:", "postgresql:", "mysql:"]
-        .iter()
-        .any(|scheme| database.starts_with(scheme))
-    {
+    if let Err(unknown) = DatabaseKind::of(&database) {
         // The URL itself may hold a password: it is not repeated.
-        bail!(
-            "{}: must be a sqlite://, postgres:// or mysql:// URL",
-            origin.name(&["server", "database"])
-        );
+        bail!("{}: {unknown}", origin.name(&["server", "database"]));
     }
     let body_limit = parse_size(origin.or_default(
         &["server", "body_limit"],

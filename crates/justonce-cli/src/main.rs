@@ -7,6 +7,7 @@ mod activity;
 mod check;
 mod commands;
 mod config;
+mod errors;
 mod listener;
 mod logs;
 mod probes;
@@ -366,7 +367,7 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(commands::run(settings, cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) if error.is::<commands::Usage>() => {
+        Err(error) if error.is::<errors::Usage>() => {
             report(format, &error);
             ExitCode::from(2)
         }
@@ -392,7 +393,7 @@ fn reason(error: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in error.chain() {
         if let Some(store) = cause.downcast_ref::<justonce_sql::Error>() {
-            parts.push(commands::store_error(store));
+            parts.push(errors::store_error(store));
             break;
         }
         let text = cause.to_string();

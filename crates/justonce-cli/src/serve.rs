@@ -1,8 +1,8 @@
 //! `justonce serve`: the public receiver, the admin listener and the relay, until SIGTERM.
 
 use crate::activity::{self, Activity};
-use crate::commands::Usage;
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
+use crate::errors::Usage;
 use crate::listener;
 use crate::probes::{self, Consumers};
 use crate::purge;

@@ -1,9 +1,9 @@
 //! What an operator does by hand: free or complete a lease whose holder is stuck, and count
 //! what the store holds.
 
-use crate::backend::{Backend, Change};
+use crate::backend::{Backend, Change, KeyCount, StoredOffset};
 use crate::inbox::Inbox;
-use justonce_core::{Error, Identity, Offset};
+use justonce_core::{Error, Identity};
 use std::time::Duration;
 
 impl<DB: Backend> Inbox<DB> {
@@ -60,33 +60,4 @@ impl<DB: Backend> Inbox<DB> {
         let _writer = shared.queue_writer().await;
         Ok(DB::change(&shared.pool, &shared.sql, change).await? > 0)
     }
-}
-
-/// The keys of one consumer in one scope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct KeyCount {
-    /// The consumer that claimed them.
-    pub consumer: String,
-    /// The tenant scope; empty for none.
-    pub scope: String,
-    /// How many keys are stored.
-    pub keys: i64,
-    /// How many of them are leases not completed: held, or whose lease ran out or was
-    /// released and which wait for the next claim.
-    pub in_progress: i64,
-}
-
-/// A stream position as stored by [`Inbox::commit_offset`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StoredOffset {
-    /// The consumer that stored it.
-    pub consumer: String,
-    /// The stream.
-    pub stream: String,
-    /// The stream's partition.
-    pub partition: i32,
-    /// The position.
-    pub offset: Offset,
 }

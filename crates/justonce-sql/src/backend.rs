@@ -1,6 +1,5 @@
 //! What differs between databases, behind one sealed trait.
 
-use crate::admin::{KeyCount, StoredOffset};
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Lease, Offset, Scope};
 use std::future::Future;
@@ -790,6 +789,35 @@ pub enum Change<'a> {
         identity: &'a Identity,
         result: Option<&'a [u8]>,
     },
+}
+
+/// The keys of one consumer in one scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyCount {
+    /// The consumer that claimed them.
+    pub consumer: String,
+    /// The tenant scope; empty for none.
+    pub scope: String,
+    /// How many keys are stored.
+    pub keys: i64,
+    /// How many of them are leases not completed: held, or whose lease ran out or was
+    /// released and which wait for the next claim.
+    pub in_progress: i64,
+}
+
+/// A stream position as stored by [`Inbox::commit_offset`](crate::Inbox::commit_offset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredOffset {
+    /// The consumer that stored it.
+    pub consumer: String,
+    /// The stream.
+    pub stream: String,
+    /// The stream's partition.
+    pub partition: i32,
+    /// The position.
+    pub offset: Offset,
 }
 
 /// A stream position to store.

@@ -8,15 +8,14 @@ use crate::backend::{
 };
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
+use crate::shared::{Shared, in_batches, millis, random_u64};
 use crate::tables::Tables;
 use justonce_core::{
     Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, OffsetCommit, Outcome, Retention,
     Scope,
 };
-use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::Future;
-use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,30 +92,6 @@ impl Options {
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
-    }
-}
-
-pub(crate) struct Shared<DB: Backend> {
-    pub(crate) pool: sqlx::Pool<DB>,
-    pub(crate) tables: Tables,
-    pub(crate) sql: DB::Statements,
-    retention: Retention,
-    max_attempts: u32,
-    /// Queues this process's runs on a database that takes one writer at a time: a fair
-    /// queue here beats SQLite's busy handler, which polls with sleeps of up to 100 ms.
-    writer: tokio::sync::Mutex<()>,
-    recent: RecentKeys,
-}
-
-impl<DB: Backend> Shared<DB> {
-    /// A place in this process's queue of writers, on a database that takes one writer at a
-    /// time; nothing elsewhere.
-    pub(crate) async fn queue_writer(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        if DB::ONE_WRITER {
-            Some(self.writer.lock().await)
-        } else {
-            None
-        }
     }
 }
 
@@ -930,37 +905,6 @@ fn count_claim<T>(outcome: &Outcome<T>, answered_by: &'static str) {
 /// A fresh 64-bit claim id.
 fn random_claim_id() -> i64 {
     random_u64() as i64
-}
-
-/// 64 random bits: a SipHash keyed from the operating system's randomness (per thread,
-/// then stepped per call), which is all claim ids and jitter need.
-pub(crate) fn random_u64() -> u64 {
-    RandomState::new().hash_one(std::time::Instant::now())
-}
-
-/// A duration in milliseconds, at most 100 years: longer ones overflow PostgreSQL's
-/// intervals and mean "forever" anyway.
-pub(crate) fn millis(duration: Duration) -> i64 {
-    const HUNDRED_YEARS_MS: u128 = 100 * 365 * 86_400 * 1_000;
-    duration.as_millis().min(HUNDRED_YEARS_MS) as i64
-}
-
-/// Runs a bounded delete `limit` rows at a time until one deletes fewer, and returns how
-/// many rows went in all.
-pub(crate) async fn in_batches<F, Fut>(batch_size: u32, mut delete: F) -> Result<u64, Error>
-where
-    F: FnMut(i64) -> Fut,
-    Fut: Future<Output = Result<u64, Error>>,
-{
-    let limit = i64::from(batch_size.max(1));
-    let mut deleted = 0;
-    loop {
-        let batch = delete(limit).await?;
-        deleted += batch;
-        if batch < limit.unsigned_abs() {
-            return Ok(deleted);
-        }
-    }
 }
 
 /// Waits 10 ms, 20 ms, 40 ms … up to 1 s, each with up to half of it added at random, so

@@ -1,7 +1,8 @@
 //! Leases: keys held for work outside the transaction, in the same table as claims.
 
 use crate::backend::{Backend, Change};
-use crate::inbox::{Inbox, millis};
+use crate::inbox::Inbox;
+use crate::shared::millis;
 use justonce_core::{Error, Fingerprint, Identity, Lease, LeaseClaim, LeaseFuture, Leases};
 use std::time::Duration;
 use tracing::Instrument;

@@ -73,6 +73,7 @@ mod outbox;
 mod postgres;
 mod recent;
 mod relay;
+mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[doc(hidden)]
@@ -81,8 +82,7 @@ mod tables;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod tls;
 
-pub use admin::{KeyCount, StoredOffset};
-pub use backend::Backend;
+pub use backend::{Backend, KeyCount, StoredOffset};
 pub use inbox::{Inbox, Options, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;

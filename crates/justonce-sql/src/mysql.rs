@@ -10,11 +10,10 @@
 //! whether it did. Upgrading the shared lock that a failed INSERT leaves to an exclusive
 //! one instead deadlocks as soon as two transactions wait for the same key.
 
-use crate::admin::{KeyCount, StoredOffset};
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, LeaseRow, LeaseState, Migration, NewOutboxRow, OffsetRow,
-    OffsetTuple, OutboxRow, OutboxTuple, Sealed, Stored, Wakeups, Which, common_queries,
-    database_error, pending_migrations, vanished,
+    Backend, Batch, Change, ClaimRow, KeyCount, LeaseRow, LeaseState, Migration, NewOutboxRow,
+    OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Stored, StoredOffset, Wakeups, Which,
+    common_queries, database_error, pending_migrations, vanished,
 };
 use crate::tables::Tables;
 use crate::tls::{Dialect, Protection, Target, TlsOptions};

@@ -2,7 +2,7 @@
 //! a key the receiver can deduplicate on.
 
 use crate::backend::{Backend, Change, OutboxRow, Which};
-use crate::inbox::{Shared, in_batches, millis};
+use crate::shared::{Shared, in_batches, millis};
 use justonce_core::Error;
 use justonce_core::trace::{self, TRACEPARENT, TRACESTATE, TraceContext};
 use std::sync::Arc;

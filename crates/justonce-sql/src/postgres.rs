@@ -1,12 +1,11 @@
 //! PostgreSQL: one round trip per claim, `unnest` for batches, an advisory lock for
 //! migrations.
 
-use crate::admin::{KeyCount, StoredOffset};
 use crate::backend::{
-    Backend, Batch, Change, ClaimAndForward, ClaimRow, Clock, ForwardFailed, LeaseRow, LeaseState,
-    Migration, NewOutboxRow, OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Specific,
-    Statements, Stored, Wakeups, Which, bind_identity, bind_lease, common_queries, database_error,
-    pending_migrations, shared_queries, vanished,
+    Backend, Batch, Change, ClaimAndForward, ClaimRow, Clock, ForwardFailed, KeyCount, LeaseRow,
+    LeaseState, Migration, NewOutboxRow, OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed,
+    Specific, Statements, Stored, StoredOffset, Wakeups, Which, bind_identity, bind_lease,
+    common_queries, database_error, pending_migrations, shared_queries, vanished,
 };
 use crate::tables::Tables;
 use crate::tls::{Dialect, Protection, Target, TlsOptions};

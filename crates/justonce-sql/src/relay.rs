@@ -2,8 +2,8 @@
 //! of it.
 
 use crate::backend::{Backend, Change, OutboxRow, Wakeups, Which};
-use crate::inbox::{in_batches, millis, random_u64};
 use crate::outbox::{Outbox, headers_of, is_trace_header, parse_headers};
+use crate::shared::{in_batches, millis, random_u64};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use justonce_core::trace::{self, TraceContext};

@@ -1,11 +1,10 @@
 //! SQLite: WAL, `BEGIN IMMEDIATE` for writers, a busy timeout, and JSON for batches.
 
-use crate::admin::{KeyCount, StoredOffset};
 use crate::backend::{
-    Backend, Batch, Change, ClaimRow, Clock, LeaseRow, LeaseState, Migration, NewOutboxRow,
-    OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Specific, Statements, Stored, Wakeups,
-    Which, bind_identity, bind_lease, common_queries, database_error, pending_migrations,
-    shared_queries, vanished,
+    Backend, Batch, Change, ClaimRow, Clock, KeyCount, LeaseRow, LeaseState, Migration,
+    NewOutboxRow, OffsetRow, OffsetTuple, OutboxRow, OutboxTuple, Sealed, Specific, Statements,
+    Stored, StoredOffset, Wakeups, Which, bind_identity, bind_lease, common_queries,
+    database_error, pending_migrations, shared_queries, vanished,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};

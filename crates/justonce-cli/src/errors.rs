@@ -1,0 +1,121 @@
+//! What the commands say when they fail: bad usage (exit code 2), and a store that cannot be
+//! opened, named by where it is.
+
+use justonce_cli_support::database::DatabaseKind;
+use justonce_sql::sqlx::mysql::MySqlConnectOptions;
+use justonce_sql::sqlx::postgres::PgConnectOptions;
+use justonce_sql::sqlx::sqlite::SqliteConnectOptions;
+use std::str::FromStr;
+
+/// Bad usage found once the command runs, such as a malformed key: exit code 2.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// A database that cannot be opened: its settings, such as a CA that did not sign the
+/// server's certificate, are bad configuration (exit code 2); anything else is a failure,
+/// said once with where the database is: `opening the database at 127.0.0.1:5432:
+/// Connection refused (os error 111)`.
+pub fn opening_failed(error: justonce_sql::Error, database: &str, url: &str) -> anyhow::Error {
+    if let justonce_sql::Error::Config(problem) = error {
+        return Usage(problem).into();
+    }
+    let mut cause = store_cause(&error);
+    let place = match DatabaseKind::of(url) {
+        Ok(DatabaseKind::Sqlite) => match sqlite_file(url) {
+            Some(file) => {
+                let folder = file.parent().filter(|f| !f.as_os_str().is_empty());
+                if let Some(folder) = folder.filter(|folder| !folder.is_dir()) {
+                    cause = format!("its folder {} does not exist", folder.display());
+                }
+                format!("{database} file {}", file.display())
+            }
+            None => format!("{database} in memory"),
+        },
+        Ok(DatabaseKind::Postgres) => server_address::<PgConnectOptions>(url, database),
+        Ok(DatabaseKind::MySql) => server_address::<MySqlConnectOptions>(url, database),
+        Err(_) => database.to_owned(),
+    };
+    anyhow::anyhow!("opening {place}: {cause}")
+}
+
+/// `the database at HOST:PORT` (or at its socket), as the driver reads the URL and its
+/// environment variables.
+fn server_address<O: ServerOptions>(url: &str, database: &str) -> String {
+    match O::from_str(url) {
+        Ok(options) => match options.socket() {
+            Some(socket) => format!("{database} at {}", socket.display()),
+            None => format!("{database} at {}:{}", options.host(), options.port()),
+        },
+        Err(_) => database.to_owned(),
+    }
+}
+
+/// The host and port a server database's options name.
+trait ServerOptions: std::str::FromStr {
+    fn host(&self) -> &str;
+    fn port(&self) -> u16;
+    fn socket(&self) -> Option<&std::path::PathBuf>;
+}
+
+impl ServerOptions for PgConnectOptions {
+    fn host(&self) -> &str {
+        self.get_host()
+    }
+    fn port(&self) -> u16 {
+        self.get_port()
+    }
+    fn socket(&self) -> Option<&std::path::PathBuf> {
+        self.get_socket()
+    }
+}
+
+impl ServerOptions for MySqlConnectOptions {
+    fn host(&self) -> &str {
+        self.get_host()
+    }
+    fn port(&self) -> u16 {
+        self.get_port()
+    }
+    fn socket(&self) -> Option<&std::path::PathBuf> {
+        self.get_socket()
+    }
+}
+
+/// The file a `sqlite:` URL names; none for another database or one in memory.
+pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
+    if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
+        return None;
+    }
+    let options = SqliteConnectOptions::from_str(url).ok()?;
+    Some(options.get_filename().to_owned())
+}
+
+/// A store error as the last words of a message: a database's failure in its own words,
+/// without the driver's wrapping, the chain of sources it repeats, or where in the server's
+/// source code it was raised (PostgreSQL's `at line 948`).
+pub fn store_error(error: &justonce_sql::Error) -> String {
+    match error {
+        justonce_sql::Error::Database { .. } => format!("database error: {}", store_cause(error)),
+        other => other.to_string(),
+    }
+}
+
+/// The cause of a store error, without the words `database error`.
+fn store_cause(error: &justonce_sql::Error) -> String {
+    let justonce_sql::Error::Database { source, .. } = error else {
+        return error.to_string();
+    };
+    match source.downcast_ref::<justonce_sql::sqlx::Error>() {
+        Some(justonce_sql::sqlx::Error::Database(database)) => database.message().to_owned(),
+        Some(justonce_sql::sqlx::Error::Io(io)) => io.to_string(),
+        _ => source.to_string(),
+    }
+}
