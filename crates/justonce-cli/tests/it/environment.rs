@@ -2,68 +2,11 @@
 //! webhook source, a broker consumer and the relay; `DATABASE_URL`; `justonce config`; and
 //! variables that name no setting.
 
-use crate::serve::{
-    SECRET, await_keys, client, database, drop_database, free_port, post,
-    without_inherited_settings,
-};
+use crate::folder::{Folder, Ran};
+use crate::serve::{SECRET, await_keys, client, database, drop_database, free_port, post};
 use justonce_tests::Sink;
-use std::path::PathBuf;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
-use tokio::process::Command;
-
-/// An empty folder to run `justonce` in, so that no `justonce.toml` is found.
-struct Bare {
-    dir: PathBuf,
-}
-
-impl Bare {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("justonce-bare-{}", free_port()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self { dir }
-    }
-
-    /// `justonce` with `args`, in the folder, with only the variables `vars`.
-    fn command(&self, vars: &[(&str, &str)], args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_justonce"));
-        without_inherited_settings(&mut command);
-        command
-            .current_dir(&self.dir)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .envs(vars.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        command
-    }
-
-    /// Runs `args` to the end: the exit code, stdout and stderr.
-    async fn run(&self, vars: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
-        let output = self.command(vars, args).output();
-        let output = tokio::time::timeout(Duration::from_secs(60), output)
-            .await
-            .expect("justonce exits")
-            .unwrap();
-        let Output {
-            status,
-            stdout,
-            stderr,
-        } = output;
-        (
-            status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&stdout).into_owned(),
-            String::from_utf8_lossy(&stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Bare {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// The variables of a webhook source `demo` signed with HMAC-SHA256, delivering to `target`.
 fn demo_source(target: &str) -> Vec<(&'static str, String)> {
@@ -123,7 +66,7 @@ async fn a_source_a_consumer_and_the_relay_run_from_variables_alone() {
         ("JUSTONCE_CONSUMERS_ORDER_EVENTS_TARGET", sink.url()),
     ]);
     let vars = borrowed(&vars);
-    let bare = Bare::new();
+    let bare = Folder::new("environment");
     let mut serve = bare
         .command(&vars, &["serve"])
         .stderr(Stdio::inherit())
@@ -167,7 +110,12 @@ async fn a_source_a_consumer_and_the_relay_run_from_variables_alone() {
     // each was sent once.
     let mut deliveries = serde_json::Value::Null;
     for _ in 0..300 {
-        let (code, printed, stderr) = bare.run(&vars, &["stats", "--json"]).await;
+        let Ran {
+            code,
+            stdout: printed,
+            stderr,
+            ..
+        } = bare.run(&vars, &["stats", "--json"]).await;
         assert_eq!(code, 0, "{stderr}");
         let stats: serde_json::Value = serde_json::from_str(&printed).unwrap();
         deliveries = stats["deliveries"].clone();
@@ -219,14 +167,14 @@ async fn a_bad_variable_exits_2_naming_it() {
     ] {
         let mut vars = borrowed(&source);
         vars.push((variable, value));
-        let (code, _, stderr) = Bare::new().run(&vars, &["serve"]).await;
+        let Ran { code, stderr, .. } = Folder::new("environment").run(&vars, &["serve"]).await;
         assert_eq!(code, 2, "{variable}: {stderr}");
         assert!(stderr.contains(expected), "{expected:?} not in {stderr:?}");
     }
     // A source declared by a variable, missing a setting, names the variable to set.
     let mut vars = borrowed(&source);
     vars.retain(|(name, _)| *name != "JUSTONCE_SOURCES_DEMO_TARGET");
-    let (code, _, stderr) = Bare::new().run(&vars, &["serve"]).await;
+    let Ran { code, stderr, .. } = Folder::new("environment").run(&vars, &["serve"]).await;
     assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.contains("sources.demo.target (JUSTONCE_SOURCES_DEMO_TARGET): is required"),
@@ -238,7 +186,7 @@ async fn a_bad_variable_exits_2_naming_it() {
 /// wins over it. Each SQLite file exists only if `migrate` used it.
 #[tokio::test]
 async fn database_url_is_used_and_the_setting_wins_over_it() {
-    let bare = Bare::new();
+    let bare = Folder::new("environment");
     let file = |name: &str| bare.dir.join(name);
     let url = |name: &str| format!("sqlite://{}", file(name).display());
     let from_url = [("DATABASE_URL", url("from-url.db"))];
@@ -251,14 +199,23 @@ async fn database_url_is_used_and_the_setting_wins_over_it() {
         (&both[..], "chosen.db", "JUSTONCE_SERVER_DATABASE"),
     ] {
         let vars = borrowed(vars);
-        let (code, stdout, stderr) = bare.run(&vars, &["migrate"]).await;
+        let Ran {
+            code,
+            stdout,
+            stderr,
+            ..
+        } = bare.run(&vars, &["migrate"]).await;
         assert_eq!(
             (code, stdout.as_str()),
             (0, "3 migrations applied\n"),
             "{stderr}"
         );
         assert!(file(chosen).exists(), "{chosen} was not used");
-        let (code, printed, _) = bare.run(&vars, &["config"]).await;
+        let Ran {
+            code,
+            stdout: printed,
+            ..
+        } = bare.run(&vars, &["config"]).await;
         assert_eq!(code, 0);
         let expected = format!("database = \"{}\"  # from {origin}", url(chosen));
         assert!(
@@ -298,14 +255,19 @@ async fn config_prints_each_origin_and_never_a_secret() {
         ),
     ]);
     let vars = borrowed(&vars);
-    let bare = Bare::new();
+    let bare = Folder::new("environment");
     std::fs::write(
         bare.dir.join("justonce.toml"),
         "[server]\nlisten = \"127.0.0.1:18080\"\n\n[sources.demo]\nscheme = \"hmac-sha256\"\n\
          secrets = [\"env:DEMO_SECRET\"]\n",
     )
     .unwrap();
-    let (code, printed, stderr) = bare.run(&vars, &["config"]).await;
+    let Ran {
+        code,
+        stdout: printed,
+        stderr,
+        ..
+    } = bare.run(&vars, &["config"]).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(!stderr.contains("WARN"), "{stderr}");
     for line in [
@@ -346,8 +308,8 @@ async fn an_unknown_variable_warns_and_strict_refuses_it() {
         ("JUSTONCE_LOG_FORMAT", "json"),
         ("JUSTONCE_CONFIG", "justonce.toml"),
     ];
-    let bare = Bare::new();
-    let (code, _, stderr) = bare.run(&vars, &["config"]).await;
+    let bare = Folder::new("environment");
+    let Ran { code, stderr, .. } = bare.run(&vars, &["config"]).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(
         stderr.contains("JUSTONCE_SERVER_LISTN: no setting has this name; it is ignored"),
@@ -356,7 +318,12 @@ async fn an_unknown_variable_warns_and_strict_refuses_it() {
     assert!(!stderr.contains("JUSTONCE_LOG_FORMAT"), "{stderr}");
     assert!(!stderr.contains("JUSTONCE_CONFIG"), "{stderr}");
 
-    let (code, stdout, stderr) = bare.run(&vars, &["--strict", "config"]).await;
+    let Ran {
+        code,
+        stdout,
+        stderr,
+        ..
+    } = bare.run(&vars, &["--strict", "config"]).await;
     assert_eq!(code, 2, "{stderr}");
     assert!(stdout.is_empty(), "{stdout}");
     assert!(
@@ -364,9 +331,9 @@ async fn an_unknown_variable_warns_and_strict_refuses_it() {
         "{stderr}"
     );
     let strict = [&vars[..], &[("JUSTONCE_STRICT", "true")]].concat();
-    let (code, _, stderr) = bare.run(&strict, &["config"]).await;
+    let Ran { code, stderr, .. } = bare.run(&strict, &["config"]).await;
     assert_eq!(code, 2, "{stderr}");
     // Without the unknown one, --strict has nothing to refuse.
-    let (code, _, stderr) = bare.run(&vars[1..], &["--strict", "config"]).await;
+    let Ran { code, stderr, .. } = bare.run(&vars[1..], &["--strict", "config"]).await;
     assert_eq!(code, 0, "{stderr}");
 }

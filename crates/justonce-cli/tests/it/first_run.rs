@@ -2,78 +2,11 @@
 //! command run before the database exists, a database that cannot be reached, a misspelt
 //! setting, a second run of `check`, and the words of the commands' answers.
 
-use crate::serve::{Server, database, drop_database, free_port, post, without_inherited_settings};
+use crate::folder::Folder;
+use crate::serve::{Server, database, drop_database, free_port, post};
 use justonce_sql::sqlx::{self, Postgres, Sqlite};
 use justonce_tests::TestBackend;
-use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
-
-/// An empty folder of its own to run `justonce` in, as a new user does.
-struct Folder {
-    dir: PathBuf,
-}
-
-/// How one run of `justonce` ended.
-struct Ran {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-impl Folder {
-    fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "justonce-first-run-{test}-{}",
-            justonce_tests::unique()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self { dir }
-    }
-
-    /// Runs `justonce` with `args` in the folder, with only the variables `vars`.
-    async fn run(&self, vars: &[(&str, &str)], args: &[&str]) -> Ran {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"));
-        without_inherited_settings(&mut command);
-        command
-            .current_dir(&self.dir)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .envs(vars.iter().copied())
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        let started = Instant::now();
-        let output = tokio::time::timeout(Duration::from_secs(60), command.output())
-            .await
-            .unwrap_or_else(|_| panic!("justonce {args:?} did not exit"))
-            .unwrap();
-        Ran {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-            took: started.elapsed(),
-        }
-    }
-
-    /// The names of what the folder holds.
-    fn entries(&self) -> Vec<String> {
-        std::fs::read_dir(&self.dir)
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-            .collect()
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.join(name).display().to_string()
-    }
-}
-
-impl Drop for Folder {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use std::time::Duration;
 
 /// `--config nope.toml` naming no file is bad usage, whatever the command: exit code 2, the
 /// file and where it was named, and no database file made.

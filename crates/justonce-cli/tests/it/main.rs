@@ -37,6 +37,7 @@ mod broker_tls;
 mod check;
 mod environment;
 mod first_run;
+mod folder;
 mod listeners;
 mod operations;
 mod serve;
