@@ -518,12 +518,10 @@ impl EffectsDb {
                     .await
                     .map(Self::MySql)
             }
-            DatabaseKind::Sqlite => Pool::connect(url).await.map(Self::Sqlite).map_err(|error| {
-                justonce_sql::Error::Database {
-                    retryable: false,
-                    source: error.into(),
-                }
-            }),
+            DatabaseKind::Sqlite => Pool::connect(url)
+                .await
+                .map(Self::Sqlite)
+                .map_err(|error| justonce_sql::Error::database(false, error)),
         };
         opened.map_err(|error| opening_failed(error, "the effects database", url))
     }

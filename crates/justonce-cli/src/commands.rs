@@ -516,8 +516,8 @@ async fn check_environment(settings: &Settings) -> Result<usize> {
     let brokers = futures_util::future::join_all(settings.consumers.iter().map(|consumer| async {
         let error = probe_broker(consumer).await.err()?;
         let misconfigured = matches!(
-            error.kind(),
-            justonce_transport::ErrorKind::Tls | justonce_transport::ErrorKind::Config
+            error,
+            justonce_transport::Error::Tls(_) | justonce_transport::Error::Config(_)
         );
         let problem = format!(
             "consumer {}: {}: {}",

@@ -3,7 +3,7 @@ use std::time::Duration;
 /// A boxed error kept as the `source` of an [`Error`], such as the database driver's own.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// Everything that can go wrong in justonce. Match on [`Error::kind`].
+/// Everything that can go wrong in justonce. Match on the variants; new ones may be added.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -66,18 +66,12 @@ pub enum Error {
 }
 
 impl Error {
-    /// What kind of error this is, for callers that react to some of them.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            Error::InvalidKey(_) => ErrorKind::InvalidKey,
-            Error::InvalidConsumer(_) => ErrorKind::InvalidConsumer,
-            Error::InvalidScope(_) => ErrorKind::InvalidScope,
-            Error::RetentionBelowHorizon { .. } => ErrorKind::InvalidRetention,
-            Error::Config(_) => ErrorKind::Config,
-            Error::Schema(_) => ErrorKind::Schema,
-            Error::Database { .. } => ErrorKind::Database,
-            Error::CommitUnknown { .. } => ErrorKind::CommitUnknown,
-            Error::LeaseLost { .. } => ErrorKind::LeaseLost,
+    /// A database failure, with the driver's error kept as its `source`. `retryable` says
+    /// whether running the transaction again may succeed (see [`Error::is_retryable`]).
+    pub fn database(retryable: bool, source: impl Into<BoxError>) -> Self {
+        Error::Database {
+            retryable,
+            source: source.into(),
         }
     }
 
@@ -91,30 +85,6 @@ impl Error {
             }
         )
     }
-}
-
-/// The kind of an [`Error`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// See [`Error::InvalidKey`].
-    InvalidKey,
-    /// See [`Error::InvalidConsumer`].
-    InvalidConsumer,
-    /// See [`Error::InvalidScope`].
-    InvalidScope,
-    /// See [`Error::RetentionBelowHorizon`].
-    InvalidRetention,
-    /// See [`Error::Config`].
-    Config,
-    /// See [`Error::Schema`].
-    Schema,
-    /// See [`Error::Database`].
-    Database,
-    /// See [`Error::CommitUnknown`].
-    CommitUnknown,
-    /// See [`Error::LeaseLost`].
-    LeaseLost,
 }
 
 /// Why a key, consumer name or scope was rejected.

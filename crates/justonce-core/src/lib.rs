@@ -19,13 +19,13 @@
 //! Every value is validated when it is built, before anything touches a database:
 //!
 //! ```
-//! use justonce_core::{Consumer, ErrorKind, Key};
+//! use justonce_core::{Consumer, Error, Key};
 //!
 //! let key = Key::purpose(["invoice", "2026-10", "cust_481"])?;
 //! assert_eq!(key.as_str(), "invoice:2026-10:cust_481");
 //!
 //! let err = Key::new("bad\nkey").unwrap_err();
-//! assert_eq!(err.kind(), ErrorKind::InvalidKey);
+//! assert!(matches!(err, Error::InvalidKey(_)));
 //! assert!(Consumer::new("").is_err());
 //! # Ok::<(), justonce_core::Error>(())
 //! ```
@@ -48,7 +48,7 @@ mod retention;
 pub mod trace;
 
 pub use destination::{Delivered, Delivery, Destination};
-pub use error::{BoxError, Error, ErrorKind, Invalid};
+pub use error::{BoxError, Error, Invalid};
 pub use fingerprint::Fingerprint;
 pub use identity::{Consumer, DerivedKey, Identity, Key, Scope};
 pub use lease::{Lease, LeaseClaim, LeaseFuture, Leases};

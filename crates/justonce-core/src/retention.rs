@@ -8,11 +8,11 @@ use std::time::Duration;
 ///
 /// ```
 /// # use std::time::Duration;
-/// # use justonce_core::{ErrorKind, Retention};
+/// # use justonce_core::{Error, Retention};
 /// const DAY: Duration = Duration::from_secs(86_400);
 /// assert!(Retention::new(7 * DAY, 3 * DAY).is_ok());
 /// let err = Retention::new(DAY, 3 * DAY).unwrap_err();
-/// assert_eq!(err.kind(), ErrorKind::InvalidRetention);
+/// assert!(matches!(err, Error::RetentionBelowHorizon { .. }));
 /// assert!(err.to_string().contains("1d") && err.to_string().contains("3d"));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

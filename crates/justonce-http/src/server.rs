@@ -838,10 +838,7 @@ impl<DB: Backend> OpenTx<DB> {
 }
 
 fn driver_error(error: sqlx::Error) -> justonce_core::Error {
-    justonce_core::Error::Database {
-        retryable: false,
-        source: Box::new(error),
-    }
+    justonce_core::Error::database(false, error)
 }
 
 impl<DB: Backend> Open for OpenTx<DB> {

@@ -48,7 +48,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use justonce_core::{
-    BoxError, Error, Fingerprint, Identity, Lease, LeaseClaim, LeaseFuture, Leases, Retention,
+    Error, Fingerprint, Identity, Lease, LeaseClaim, LeaseFuture, Leases, Retention,
 };
 use redis::aio::ConnectionManager;
 pub use redis::{ClientTlsConfig, TlsCertificates};
@@ -306,8 +306,5 @@ fn redis_error(error: redis::RedisError) -> Error {
         || error.is_timeout()
         || error.is_connection_dropped()
         || error.is_connection_refusal();
-    Error::Database {
-        retryable,
-        source: Box::new(error) as BoxError,
-    }
+    Error::database(retryable, error)
 }

@@ -152,10 +152,7 @@ pub(crate) async fn skip<DB: Backend>(
         OffsetCommit::Moved => tx
             .commit()
             .await
-            .map_err(|e| justonce_sql::Error::Database {
-                retryable: DB::is_retryable(&e),
-                source: Box::new(e),
-            }),
+            .map_err(|e| justonce_sql::Error::database(DB::is_retryable(&e), e)),
         OffsetCommit::AlreadyProcessed => Ok(()),
     }
 }

@@ -404,30 +404,3 @@ pub enum Error {
     #[error("TLS: {0}")]
     Tls(#[source] tls::TlsError),
 }
-
-impl Error {
-    /// What kind of error this is.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Config(_) => ErrorKind::Config,
-            Error::Broker(_) => ErrorKind::Broker,
-            Error::Store(_) => ErrorKind::Store,
-            #[cfg(feature = "tls")]
-            Error::Tls(_) => ErrorKind::Tls,
-        }
-    }
-}
-
-/// The kind of an [`Error`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// See [`Error::Config`].
-    Config,
-    /// See [`Error::Broker`].
-    Broker,
-    /// See [`Error::Store`].
-    Store,
-    /// A TLS handshake failed: see `Error::Tls`.
-    Tls,
-}

@@ -272,7 +272,7 @@ pub mod http {
 pub mod broker {
     pub use justonce_transport::tls::{Tls, TlsError};
     pub use justonce_transport::{
-        ATTEMPT_HEADER, ConsumerStats, Error, ErrorKind, Incoming, KeyFrom, REASON_HEADER, Ran,
+        ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_HEADER, Ran,
     };
 }
 

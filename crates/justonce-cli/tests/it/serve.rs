@@ -1309,7 +1309,7 @@ pub(crate) async fn run_capturing(server: &Server, args: &[&str]) -> (i32, Strin
 /// A worker stuck on a lease for an hour: `keys release --yes` lets the next claim take
 /// the key at once with a larger token, and the stuck worker's late complete is refused.
 async fn keys_release_lets_the_next_claim_take_a_stuck_lease_at_once<DB: TestBackend>(test: &str) {
-    use justonce_sql::{ErrorKind, Leases};
+    use justonce_sql::{Error, Leases};
     let (db, url, server, worker) = server_and_worker::<DB>(test).await;
     let stuck = acquire(&worker, "charge:1").await;
     assert!(matches!(
@@ -1344,7 +1344,7 @@ async fn keys_release_lets_the_next_claim_take_a_stuck_lease_at_once<DB: TestBac
         stuck.token
     );
     let late = worker.complete(&stuck, b"late").await.unwrap_err();
-    assert_eq!(late.kind(), ErrorKind::LeaseLost);
+    assert!(matches!(late, Error::LeaseLost { .. }), "{late}");
     worker.complete(&next, b"charged").await.unwrap();
     assert_eq!(
         claim(&worker, "charge:1").await,
@@ -1361,7 +1361,7 @@ async fn keys_release_lets_the_next_claim_take_a_stuck_lease_at_once<DB: TestBac
 async fn keys_complete_marks_a_stuck_lease_done_and_refuses_its_holder<DB: TestBackend>(
     test: &str,
 ) {
-    use justonce_sql::{ErrorKind, LeaseClaim, Leases};
+    use justonce_sql::{Error, LeaseClaim, Leases};
     let (db, url, server, worker) = server_and_worker::<DB>(test).await;
     let stuck = acquire(&worker, "charge:2").await;
     let (code, printed) = server
@@ -1397,7 +1397,7 @@ async fn keys_complete_marks_a_stuck_lease_done_and_refuses_its_holder<DB: TestB
         worker.release(&stuck).await,
     ];
     for late in refused {
-        assert_eq!(late.unwrap_err().kind(), ErrorKind::LeaseLost);
+        assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
     }
     assert_eq!(
         claim(&worker, "charge:2").await,

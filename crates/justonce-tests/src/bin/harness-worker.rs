@@ -16,7 +16,7 @@
 //! stops at its failpoint: the first key it processes is committed and never acknowledged; it
 //! prints `paused committed-not-acknowledged` and waits to be killed. The other lanes go on.
 
-use justonce_sql::{Consumer, ErrorKind, Inbox, Key, Options, Outcome, RunError};
+use justonce_sql::{Consumer, Error, Inbox, Key, Options, Outcome, RunError};
 use justonce_tests::{TestBackend, WORKER_FAILPOINT};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -176,7 +176,7 @@ async fn correct<DB: TestBackend>(inbox: &Inbox<DB>, prefix: &str, key: &Key) ->
     match outcome {
         Ok(Outcome::Processed(())) => format!("ack processed {key} {runs}"),
         Ok(_) => format!("ack duplicate {key}"),
-        Err(RunError::Store(error)) if error.kind() == ErrorKind::CommitUnknown => {
+        Err(RunError::Store(Error::CommitUnknown { .. })) => {
             format!("nack {key} commit-unknown")
         }
         Err(_) => format!("nack {key} error"),

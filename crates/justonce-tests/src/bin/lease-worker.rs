@@ -85,9 +85,7 @@ async fn work(
     std::io::stdin().read_line(&mut word)?;
     match store.complete(&lease, result.as_bytes()).await {
         Ok(()) => say("completed", ExitCode::SUCCESS),
-        Err(error) if error.kind() == justonce_core::ErrorKind::LeaseLost => {
-            say("lost", ExitCode::from(3))
-        }
+        Err(justonce_core::Error::LeaseLost { .. }) => say("lost", ExitCode::from(3)),
         Err(error) => Err(error.into()),
     }
 }

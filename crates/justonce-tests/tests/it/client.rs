@@ -1,7 +1,7 @@
 //! The retrying client against a real receiver on loopback: every try of a request carries
 //! one Idempotency-Key, and only what is safe to retry is retried.
 
-use justonce_http::client::{Error, ErrorKind, IdempotencyKey, RetryPolicy, RetryingClient};
+use justonce_http::client::{Error, IdempotencyKey, RetryPolicy, RetryingClient};
 use justonce_sql::{Consumer, Identity, Key, Scope};
 use justonce_tests::{Answer, Sink};
 use std::collections::HashSet;
@@ -166,7 +166,6 @@ async fn a_refused_connection_gives_a_typed_error_after_the_attempts() {
         .send()
         .await
         .unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::NoAnswer);
     match error {
         Error::NoAnswer {
             key,
@@ -190,6 +189,6 @@ async fn a_streaming_body_is_refused() {
         .send()
         .await
         .unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::UnrepeatableBody);
+    assert!(matches!(error, Error::UnrepeatableBody), "{error}");
     assert!(sink.received().is_empty());
 }

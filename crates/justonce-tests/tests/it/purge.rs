@@ -2,7 +2,7 @@
 //! keys stay.
 
 use super::{key, on_every_database, process};
-use justonce_sql::{ErrorKind, Outcome};
+use justonce_sql::{Error, Outcome};
 use justonce_tests::{TestBackend, TestDb};
 use std::time::Duration;
 
@@ -66,6 +66,9 @@ async fn purge_removes_only_keys_older_than_the_cutoff<DB: TestBackend>(test: &s
         .purge(Duration::from_secs(3600), 5)
         .await
         .unwrap_err();
-    assert_eq!(too_soon.kind(), ErrorKind::InvalidRetention);
+    assert!(
+        matches!(too_soon, Error::RetentionBelowHorizon { .. }),
+        "{too_soon}"
+    );
     db.cleanup().await;
 }
