@@ -9,7 +9,7 @@
 //! from `justonce_sql::statements`: one copy, the library's.
 
 use crate::chart::{Chart, Reference, Series};
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use futures_util::future::BoxFuture;
 use justonce_cli_support::database::DatabaseKind;
 use justonce_cli_support::pacing::Pacer;
@@ -91,7 +91,7 @@ pub enum Section {
 
 /// Runs the sections of `settings` on the database at `url`, the receiver's behind `serve`.
 pub async fn run(url: &str, settings: &Settings, serve: Serve) -> Result<()> {
-    match DatabaseKind::of(url).map_err(|unknown| anyhow!("--database: {unknown}"))? {
+    match DatabaseKind::named_by(url, "--database")? {
         DatabaseKind::Sqlite => bench::<Sqlite>(url, settings, serve).await,
         DatabaseKind::MySql => bench::<MySql>(url, settings, serve).await,
         DatabaseKind::Postgres => bench::<Postgres>(url, settings, serve).await,

@@ -1,23 +1,12 @@
-//! What the commands say when they fail: bad usage (exit code 2), and a store that cannot be
-//! opened, named by where it is.
+//! What the commands say when a store fails: where one that cannot be opened is, and a
+//! database's failure in its own words.
 
+use justonce_cli_support::Usage;
 use justonce_cli_support::database::DatabaseKind;
 use justonce_sql::sqlx::mysql::MySqlConnectOptions;
 use justonce_sql::sqlx::postgres::PgConnectOptions;
 use justonce_sql::sqlx::sqlite::SqliteConnectOptions;
 use std::str::FromStr;
-
-/// Bad usage found once the command runs, such as a malformed key: exit code 2.
-#[derive(Debug)]
-pub struct Usage(pub String);
-
-impl std::fmt::Display for Usage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Usage {}
 
 /// A database that cannot be opened: its settings, such as a CA that did not sign the
 /// server's certificate, are bad configuration (exit code 2); anything else is a failure,
@@ -91,7 +80,10 @@ impl ServerOptions for MySqlConnectOptions {
 
 /// The file a `sqlite:` URL names; none for another database or one in memory.
 pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
-    if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
+    if DatabaseKind::of(url) != Ok(DatabaseKind::Sqlite)
+        || url.contains(":memory:")
+        || url.contains("mode=memory")
+    {
         return None;
     }
     let options = SqliteConnectOptions::from_str(url).ok()?;
