@@ -6,6 +6,7 @@ use justonce_cli_support::database::DatabaseKind;
 use justonce_sql::sqlx::mysql::MySqlConnectOptions;
 use justonce_sql::sqlx::postgres::PgConnectOptions;
 use justonce_sql::sqlx::sqlite::SqliteConnectOptions;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 /// A database that cannot be opened: its settings, such as a CA that did not sign the
@@ -28,58 +29,30 @@ pub fn opening_failed(error: justonce_sql::Error, database: &str, url: &str) -> 
             }
             None => format!("{database} in memory"),
         },
-        Ok(DatabaseKind::Postgres) => server_address::<PgConnectOptions>(url, database),
-        Ok(DatabaseKind::MySql) => server_address::<MySqlConnectOptions>(url, database),
+        Ok(DatabaseKind::Postgres) => match PgConnectOptions::from_str(url) {
+            Ok(o) => server_address(database, o.get_host(), o.get_port(), o.get_socket()),
+            Err(_) => database.to_owned(),
+        },
+        Ok(DatabaseKind::MySql) => match MySqlConnectOptions::from_str(url) {
+            Ok(o) => server_address(database, o.get_host(), o.get_port(), o.get_socket()),
+            Err(_) => database.to_owned(),
+        },
         Err(_) => database.to_owned(),
     };
     anyhow::anyhow!("opening {place}: {cause}")
 }
 
-/// `the database at HOST:PORT` (or at its socket), as the driver reads the URL and its
+/// `the database at HOST:PORT`, or at its socket, as the driver reads the URL and its
 /// environment variables.
-fn server_address<O: ServerOptions>(url: &str, database: &str) -> String {
-    match O::from_str(url) {
-        Ok(options) => match options.socket() {
-            Some(socket) => format!("{database} at {}", socket.display()),
-            None => format!("{database} at {}:{}", options.host(), options.port()),
-        },
-        Err(_) => database.to_owned(),
-    }
-}
-
-/// The host and port a server database's options name.
-trait ServerOptions: std::str::FromStr {
-    fn host(&self) -> &str;
-    fn port(&self) -> u16;
-    fn socket(&self) -> Option<&std::path::PathBuf>;
-}
-
-impl ServerOptions for PgConnectOptions {
-    fn host(&self) -> &str {
-        self.get_host()
-    }
-    fn port(&self) -> u16 {
-        self.get_port()
-    }
-    fn socket(&self) -> Option<&std::path::PathBuf> {
-        self.get_socket()
-    }
-}
-
-impl ServerOptions for MySqlConnectOptions {
-    fn host(&self) -> &str {
-        self.get_host()
-    }
-    fn port(&self) -> u16 {
-        self.get_port()
-    }
-    fn socket(&self) -> Option<&std::path::PathBuf> {
-        self.get_socket()
+fn server_address(database: &str, host: &str, port: u16, socket: Option<&PathBuf>) -> String {
+    match socket {
+        Some(socket) => format!("{database} at {}", socket.display()),
+        None => format!("{database} at {host}:{port}"),
     }
 }
 
 /// The file a `sqlite:` URL names; none for another database or one in memory.
-pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
+pub fn sqlite_file(url: &str) -> Option<PathBuf> {
     if DatabaseKind::of(url) != Ok(DatabaseKind::Sqlite)
         || url.contains(":memory:")
         || url.contains("mode=memory")

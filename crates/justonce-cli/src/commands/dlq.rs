@@ -16,17 +16,15 @@ pub async fn run<DB: Backend>(outbox: &Outbox<DB>, command: DlqCommand) -> Resul
             print_table(
                 "dead letters",
                 &["id", "destination", "key", "attempts", "last error"],
-                rows.into_iter()
-                    .map(|row| {
-                        vec![
-                            row.id.to_string(),
-                            row.destination,
-                            row.key,
-                            row.attempts.to_string(),
-                            row.last_error.unwrap_or_default(),
-                        ]
-                    })
-                    .collect(),
+                rows.into_iter().map(|row| {
+                    vec![
+                        row.id.to_string(),
+                        row.destination,
+                        row.key,
+                        row.attempts.to_string(),
+                        row.last_error.unwrap_or_default(),
+                    ]
+                }),
             );
         }
         DlqCommand::Show { id } => {

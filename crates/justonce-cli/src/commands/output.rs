@@ -13,7 +13,8 @@ pub fn counted(
 }
 
 /// Prints `rows` under `title` in aligned columns, or that there are none.
-pub fn print_table(title: &str, header: &[&str], rows: Vec<Vec<String>>) {
+pub fn print_table(title: &str, header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) {
+    let rows: Vec<Vec<String>> = rows.into_iter().collect();
     if rows.is_empty() {
         println!("{title}: none\n");
         return;

@@ -45,16 +45,14 @@ pub async fn print<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
     print_table(
         "keys",
         &["consumer", "scope", "keys", "in progress"],
-        keys.iter()
-            .map(|count| {
-                vec![
-                    count.consumer.clone(),
-                    scope_or_none(&count.scope).to_owned(),
-                    count.keys.to_string(),
-                    count.in_progress.to_string(),
-                ]
-            })
-            .collect(),
+        keys.iter().map(|count| {
+            vec![
+                count.consumer.clone(),
+                scope_or_none(&count.scope).to_owned(),
+                count.keys.to_string(),
+                count.in_progress.to_string(),
+            ]
+        }),
     );
     print_table(
         "deliveries",
@@ -73,33 +71,27 @@ pub async fn print<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
     print_table(
         "backed-off destinations",
         &["destination", "failures", "pause left", "since"],
-        backed_off
-            .iter()
-            .map(|destination| {
-                vec![
-                    destination.destination.clone(),
-                    destination.failures.to_string(),
-                    format!("{} s", destination.pause_left.as_secs()),
-                    format!("{} s ago", destination.since.as_secs()),
-                ]
-            })
-            .collect(),
+        backed_off.iter().map(|destination| {
+            vec![
+                destination.destination.clone(),
+                destination.failures.to_string(),
+                format!("{} s", destination.pause_left.as_secs()),
+                format!("{} s ago", destination.since.as_secs()),
+            ]
+        }),
     );
     print_table(
         "offsets",
         &["consumer", "stream", "partition", "position", "sequence"],
-        offsets
-            .iter()
-            .map(|stored| {
-                vec![
-                    stored.consumer.clone(),
-                    stored.stream.clone(),
-                    stored.partition.to_string(),
-                    stored.offset.position.to_string(),
-                    stored.offset.sequence.to_string(),
-                ]
-            })
-            .collect(),
+        offsets.iter().map(|stored| {
+            vec![
+                stored.consumer.clone(),
+                stored.stream.clone(),
+                stored.partition.to_string(),
+                stored.offset.position.to_string(),
+                stored.offset.sequence.to_string(),
+            ]
+        }),
     );
     println!(
         "Duplicates and key reuses are not stored: the running service counts them since it \
