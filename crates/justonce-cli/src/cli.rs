@@ -36,7 +36,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     #[command(flatten)]
-    Configured(Configured),
+    Configured(Box<Configured>),
     /// Print a completion script for a shell, such as
     /// `justonce completions bash > /etc/bash_completion.d/justonce`.
     Completions {

@@ -40,7 +40,7 @@ fn main() -> ExitCode {
             );
             return ExitCode::SUCCESS;
         }
-        Command::Configured(command) => command,
+        Command::Configured(command) => *command,
     };
     // The bench fills tables with statements meant to be slow: sqlx's warning about each
     // would bury its progress.

@@ -9,6 +9,7 @@ use justonce_sql::{Backend, Outbox, Row};
 /// Dead letters replayed per statement by `dlq replay --all`.
 const REPLAY_BATCH: u32 = 1_000;
 
+/// Runs one `dlq` command on the outbox.
 pub async fn run<DB: Backend>(outbox: &Outbox<DB>, command: DlqCommand) -> Result<()> {
     match command {
         DlqCommand::List { limit } => {

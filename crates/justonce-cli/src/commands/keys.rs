@@ -7,6 +7,7 @@ use justonce_cli_support::Usage;
 use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Scope, StoredKey};
 use std::io::{BufRead, IsTerminal, Write};
 
+/// Runs one `keys` command on the inbox; `release` and `complete` ask first.
 pub async fn run<DB: Backend>(inbox: &Inbox<DB>, command: KeysCommand) -> Result<()> {
     match command {
         KeysCommand::Show { key } => {
