@@ -1,9 +1,9 @@
 //! `justonce bench`'s arguments, and the settings they ask for.
 
-use crate::{Section, Settings};
 use anyhow::{Context, Result};
 use justonce_cli_support::pacing;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// `justonce bench`'s arguments, as given: [`Settings`] is what they ask for, checked.
 #[derive(Debug, clap::Args)]
@@ -131,4 +131,54 @@ fn run_length(text: &str) -> Result<std::time::Duration, String> {
         Ok(_) => Err("expected at least 1s".to_owned()),
         Err(error) => Err(error.to_string()),
     }
+}
+
+/// What `justonce bench` measures, from its [`Args`].
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub(crate) messages: usize,
+    pub(crate) duplicates: usize,
+    /// Batch sizes for claim_many: the throughput section measures each, the latency
+    /// section the first.
+    pub(crate) batches: Vec<usize>,
+    pub(crate) workers: usize,
+    /// The throughput section skips the modes that take a message at a time.
+    pub(crate) batched_only: bool,
+    /// How many times the throughput section runs its modes, alternating; it reports
+    /// medians.
+    pub(crate) rounds: usize,
+    pub(crate) sizes: Vec<u64>,
+    pub(crate) samples: usize,
+    pub(crate) purge: u64,
+    pub(crate) purge_batch: u32,
+    pub(crate) purge_pause: f64,
+    /// How long the sustained section runs.
+    pub(crate) duration: Duration,
+    /// Events the receiver section posts under each load.
+    pub(crate) requests: usize,
+    /// The receiver section's connections posting back to back.
+    pub(crate) clients: usize,
+    /// The receiver section's events started per second.
+    pub(crate) rate: usize,
+    pub(crate) sections: Vec<Section>,
+    pub(crate) json: bool,
+    /// Where to write the charts, if anywhere.
+    pub(crate) chart: Option<PathBuf>,
+}
+
+/// A part of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    /// Messages per second, beside the hand-written client and the one-statement limit.
+    Throughput,
+    /// Claim latency and batched throughput as the key table grows.
+    Latency,
+    /// Keys purged per second, and claim latency while the purge runs.
+    Purge,
+    /// Webhooks accepted per second and the time to 2xx, for the receiver `justonce serve`
+    /// runs, with a load generator on loopback.
+    Receiver,
+    /// Resident memory over a long run (--duration): `Inbox::run` on an endless stream, the
+    /// peak RSS of each tenth of the run. Only when asked for.
+    Sustained,
 }

@@ -8,7 +8,9 @@
 //! Every answer must be `200 accepted`; then the store must hold one key and one outbox row
 //! per event. No relay runs: delivering the rows onward is not part of the time to 2xx.
 
-use super::{Bench, BenchDb};
+use crate::bench::Bench;
+use crate::db::BenchDb;
+use crate::modes::Load;
 use anyhow::{Context, Result, bail, ensure};
 use hmac::Mac;
 use justonce_cli_support::progress::Progress;
@@ -23,42 +25,9 @@ const SIGNATURE_HEADER: &str = "x-signature";
 /// time to 2xx from when it was due.
 const MAX_IN_FLIGHT: usize = 256;
 
-/// How the load generator sends.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Load {
-    /// This many connections, each posting its next event when the last is answered.
-    Clients(usize),
-    /// Events started at this many per second.
-    Rate(usize),
-}
-
-impl Load {
-    /// The events' id prefix: each load's events are new to the receiver.
-    fn name(self) -> &'static str {
-        match self {
-            Load::Clients(_) => "clients",
-            Load::Rate(_) => "rate",
-        }
-    }
-
-    pub(super) fn described(self) -> String {
-        match self {
-            Load::Clients(clients) => format!("from {clients} clients"),
-            Load::Rate(rate) => format!("started at {rate}/s"),
-        }
-    }
-
-    pub(super) fn json_field(self) -> (&'static str, usize) {
-        match self {
-            Load::Clients(clients) => ("clients", clients),
-            Load::Rate(rate) => ("rate", rate),
-        }
-    }
-}
-
 impl<DB: BenchDb> Bench<'_, DB> {
     /// Accepted events per second and the time to 2xx, under each load.
-    pub(super) async fn receiver(&self) -> Result<()> {
+    pub(crate) async fn receiver(&self) -> Result<()> {
         // The relay's reqwest is built without a TLS provider of its own (the workspace
         // picks ring), and a client panics without one, even for plain HTTP.
         let _ = rustls::crypto::ring::default_provider().install_default();

@@ -1,5 +1,6 @@
 //! Which database a URL names: the one rule every command, the settings and the bench use.
 
+use crate::Usage;
 use std::fmt;
 
 /// The kinds of database justonce stores keys in.
@@ -28,6 +29,12 @@ impl DatabaseKind {
             .find(|(scheme, _)| url.starts_with(scheme))
             .map(|&(_, kind)| kind)
             .ok_or(UnknownDatabase)
+    }
+
+    /// The kind of database `url` names; for a URL of no kind it knows, bad usage that
+    /// names `origin`, the option or setting the URL came from.
+    pub fn named_by(url: &str, origin: impl fmt::Display) -> Result<Self, Usage> {
+        Self::of(url).map_err(|unknown| Usage(format!("{origin}: {unknown}")))
     }
 }
 
@@ -72,6 +79,12 @@ mod tests {
         assert_eq!(
             UnknownDatabase.to_string(),
             "must be a sqlite://, postgres:// or mysql:// URL"
+        );
+        assert_eq!(
+            DatabaseKind::named_by("redis://db", "--database")
+                .unwrap_err()
+                .to_string(),
+            "--database: must be a sqlite://, postgres:// or mysql:// URL"
         );
     }
 }

@@ -1,10 +1,13 @@
-//! What the `justonce` command and its bench share: which database a URL names, the pacing
-//! of a purge, progress lines on standard error, durations as the settings write them, and
-//! the signal to stop.
+//! What the `justonce` command and its bench share: bad usage (exit code 2), which database
+//! a URL names, the pacing of a purge, progress lines on standard error, durations as the
+//! settings write them, and the signal to stop.
 
 pub mod database;
 pub mod pacing;
 pub mod progress;
+mod usage;
+
+pub use usage::Usage;
 
 use anyhow::{Result, anyhow, bail};
 use std::time::Duration;

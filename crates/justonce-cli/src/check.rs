@@ -5,9 +5,10 @@
 //! then counts the effects in the user's database with the user's query and reports whether
 //! each event took effect exactly once.
 
-use crate::errors::{Usage, opening_failed};
+use crate::errors::opening_failed;
 use anyhow::{Context, Result, bail};
 use futures_util::StreamExt;
+use justonce_cli_support::Usage;
 use justonce_cli_support::database::DatabaseKind;
 use justonce_http::HttpDestination;
 use justonce_sql::sqlx::{
@@ -175,10 +176,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     // Effects already there would be counted as this run's: the check needs fresh events.
     // A count is taken before and after; effects per event must start at none.
     let counted_before = match &settings.effects {
-        Effects::Count(_) => match effects_db.read(&settings.effects, &events).await? {
-            Counted::Total(count) => Some(count),
-            Counted::PerEvent(_) => unreachable!("a count query counts in total"),
-        },
+        Effects::Count(sql) => Some(effects_db.total(sql).await?),
         Effects::Rows(sql) => {
             let values = effects_db.values(sql).await?;
             if let Some(problem) = effects_before(&values, &events) {
@@ -536,40 +534,44 @@ impl EffectsDb {
         .with_context(|| format!("the effects query {sql:?}"))
     }
 
+    /// What the effects query counts now: in total, or per event.
     async fn read(&self, effects: &Effects, events: &[Event]) -> Result<Counted> {
-        let sql = match effects {
-            Effects::Rows(sql) | Effects::Count(sql) => sql.as_str(),
-        };
+        Ok(match effects {
+            Effects::Count(sql) => Counted::Total(self.total(sql).await?),
+            Effects::Rows(sql) => Counted::PerEvent(self.per_event(sql, events).await?),
+        })
+    }
+
+    /// The one number the count query `sql` returns.
+    async fn total(&self, sql: &str) -> Result<u64> {
         let values = self.values(sql).await?;
-        match effects {
-            Effects::Count(_) => {
-                let [value] = values.as_slice() else {
-                    bail!(
-                        "the count query must return one row; it returned {}",
-                        values.len()
-                    );
-                };
-                let total = value
-                    .parse()
-                    .with_context(|| format!("the count query returned {value:?}, not a count"))?;
-                Ok(Counted::Total(total))
-            }
-            Effects::Rows(_) => {
-                let by_name: BTreeMap<&str, usize> =
-                    events.iter().map(|e| (e.key.as_str(), e.n)).collect();
-                let mut counts = BTreeMap::new();
-                for value in &values {
-                    let n = by_name
-                        .get(value.as_str())
-                        .copied()
-                        .or_else(|| number_of(value, events));
-                    if let Some(n) = n {
-                        *counts.entry(n).or_default() += 1;
-                    }
-                }
-                Ok(Counted::PerEvent(counts))
+        let [value] = values.as_slice() else {
+            bail!(
+                "the count query must return one row; it returned {}",
+                values.len()
+            );
+        };
+        value
+            .parse()
+            .with_context(|| format!("the count query returned {value:?}, not a count"))
+    }
+
+    /// How many rows of the effects query `sql` name each event, by key or number, for the
+    /// events that have any.
+    async fn per_event(&self, sql: &str, events: &[Event]) -> Result<BTreeMap<usize, u64>> {
+        let values = self.values(sql).await?;
+        let by_name: BTreeMap<&str, usize> = events.iter().map(|e| (e.key.as_str(), e.n)).collect();
+        let mut counts = BTreeMap::new();
+        for value in &values {
+            let n = by_name
+                .get(value.as_str())
+                .copied()
+                .or_else(|| number_of(value, events));
+            if let Some(n) = n {
+                *counts.entry(n).or_default() += 1;
             }
         }
+        Ok(counts)
     }
 }
 

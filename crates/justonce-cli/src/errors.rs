@@ -1,23 +1,13 @@
-//! What the commands say when they fail: bad usage (exit code 2), and a store that cannot be
-//! opened, named by where it is.
+//! What the commands say when a store fails: where one that cannot be opened is, and a
+//! database's failure in its own words.
 
+use justonce_cli_support::Usage;
 use justonce_cli_support::database::DatabaseKind;
 use justonce_sql::sqlx::mysql::MySqlConnectOptions;
 use justonce_sql::sqlx::postgres::PgConnectOptions;
 use justonce_sql::sqlx::sqlite::SqliteConnectOptions;
+use std::path::PathBuf;
 use std::str::FromStr;
-
-/// Bad usage found once the command runs, such as a malformed key: exit code 2.
-#[derive(Debug)]
-pub struct Usage(pub String);
-
-impl std::fmt::Display for Usage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Usage {}
 
 /// A database that cannot be opened: its settings, such as a CA that did not sign the
 /// server's certificate, are bad configuration (exit code 2); anything else is a failure,
@@ -39,59 +29,34 @@ pub fn opening_failed(error: justonce_sql::Error, database: &str, url: &str) -> 
             }
             None => format!("{database} in memory"),
         },
-        Ok(DatabaseKind::Postgres) => server_address::<PgConnectOptions>(url, database),
-        Ok(DatabaseKind::MySql) => server_address::<MySqlConnectOptions>(url, database),
+        Ok(DatabaseKind::Postgres) => match PgConnectOptions::from_str(url) {
+            Ok(o) => server_address(database, o.get_host(), o.get_port(), o.get_socket()),
+            Err(_) => database.to_owned(),
+        },
+        Ok(DatabaseKind::MySql) => match MySqlConnectOptions::from_str(url) {
+            Ok(o) => server_address(database, o.get_host(), o.get_port(), o.get_socket()),
+            Err(_) => database.to_owned(),
+        },
         Err(_) => database.to_owned(),
     };
     anyhow::anyhow!("opening {place}: {cause}")
 }
 
-/// `the database at HOST:PORT` (or at its socket), as the driver reads the URL and its
+/// `the database at HOST:PORT`, or at its socket, as the driver reads the URL and its
 /// environment variables.
-fn server_address<O: ServerOptions>(url: &str, database: &str) -> String {
-    match O::from_str(url) {
-        Ok(options) => match options.socket() {
-            Some(socket) => format!("{database} at {}", socket.display()),
-            None => format!("{database} at {}:{}", options.host(), options.port()),
-        },
-        Err(_) => database.to_owned(),
-    }
-}
-
-/// The host and port a server database's options name.
-trait ServerOptions: std::str::FromStr {
-    fn host(&self) -> &str;
-    fn port(&self) -> u16;
-    fn socket(&self) -> Option<&std::path::PathBuf>;
-}
-
-impl ServerOptions for PgConnectOptions {
-    fn host(&self) -> &str {
-        self.get_host()
-    }
-    fn port(&self) -> u16 {
-        self.get_port()
-    }
-    fn socket(&self) -> Option<&std::path::PathBuf> {
-        self.get_socket()
-    }
-}
-
-impl ServerOptions for MySqlConnectOptions {
-    fn host(&self) -> &str {
-        self.get_host()
-    }
-    fn port(&self) -> u16 {
-        self.get_port()
-    }
-    fn socket(&self) -> Option<&std::path::PathBuf> {
-        self.get_socket()
+fn server_address(database: &str, host: &str, port: u16, socket: Option<&PathBuf>) -> String {
+    match socket {
+        Some(socket) => format!("{database} at {}", socket.display()),
+        None => format!("{database} at {host}:{port}"),
     }
 }
 
 /// The file a `sqlite:` URL names; none for another database or one in memory.
-pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
-    if !url.starts_with("sqlite:") || url.contains(":memory:") || url.contains("mode=memory") {
+pub fn sqlite_file(url: &str) -> Option<PathBuf> {
+    if DatabaseKind::of(url) != Ok(DatabaseKind::Sqlite)
+        || url.contains(":memory:")
+        || url.contains("mode=memory")
+    {
         return None;
     }
     let options = SqliteConnectOptions::from_str(url).ok()?;

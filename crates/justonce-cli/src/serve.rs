@@ -2,7 +2,6 @@
 
 use crate::activity::{self, Activity};
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
-use crate::errors::Usage;
 use crate::listener;
 use crate::probes::{self, Consumers};
 use crate::purge;
@@ -10,6 +9,7 @@ use anyhow::{Context, Result, ensure};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use justonce_cli_support::Usage;
 use justonce_cli_support::pacing::{self, Pacer};
 use justonce_cli_support::shutdown_signal;
 use justonce_http::receiver;

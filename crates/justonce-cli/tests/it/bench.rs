@@ -2,6 +2,7 @@
 //! throughput result saw effect rows equal distinct keys, the charts have a point per
 //! result, and its tables are gone after.
 
+use crate::folder::Folder;
 use justonce_tests::{TestBackend, TestDb};
 use std::process::Stdio;
 use std::time::Duration;
@@ -373,7 +374,23 @@ async fn numbers_out_of_range_are_bad_usage() {
     }
 }
 
-/// The bench's `--json` output: one object per line.
+/// A `--database` of no kind the bench knows is bad usage: exit code 2, one line naming the
+/// kinds it accepts, and nothing made.
+#[tokio::test]
+async fn an_unknown_database_is_bad_usage() {
+    let folder = Folder::new("bench-unknown-database");
+    for url in ["redis://127.0.0.1:6379", "justonce.db"] {
+        let ran = folder.run(&[], &["bench", "--database", url]).await;
+        assert_eq!(ran.code, 2, "{url}: {}", ran.stderr);
+        assert_eq!(
+            ran.stderr, "justonce: --database: must be a sqlite://, postgres:// or mysql:// URL\n",
+            "{url}"
+        );
+        assert!(ran.stdout.is_empty(), "{url}: {}", ran.stdout);
+    }
+    assert_eq!(folder.entries(), Vec::<String>::new());
+}
+
 /// The results of `justonce bench --json` on `url` with `args`, once it has succeeded.
 async fn bench_json(url: &str, args: &[&str]) -> Vec<serde_json::Value> {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
@@ -388,6 +405,7 @@ async fn bench_json(url: &str, args: &[&str]) -> Vec<serde_json::Value> {
     json_lines(&stdout)
 }
 
+/// The bench's `--json` output: one object per line.
 fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
     stdout
         .lines()

@@ -1,0 +1,312 @@
+//! The command line: the commands, their options and what each option accepts.
+
+use crate::logs::LogFormat;
+use clap::{Args, Parser, Subcommand};
+use justonce_cli_support::{Usage, pacing};
+use std::path::PathBuf;
+
+/// Receives webhooks, stores each event once, answers 2xx fast, and delivers it once in
+/// effect.
+#[derive(Parser)]
+#[command(name = "justonce", version)]
+pub struct Cli {
+    /// The configuration file, which may be absent: every setting can also come from a
+    /// JUSTONCE_* variable (see `justonce config`). A file named by this option must exist.
+    #[arg(
+        long,
+        global = true,
+        env = "JUSTONCE_CONFIG",
+        default_value = "justonce.toml"
+    )]
+    pub config: PathBuf,
+
+    /// Refuse a JUSTONCE_* variable that names no setting, instead of warning about it.
+    #[arg(long, global = true, env = "JUSTONCE_STRICT")]
+    pub strict: bool,
+
+    /// How log lines are written to stderr; `server.log_format` in the file, text by
+    /// default.
+    #[arg(long, global = true, env = "JUSTONCE_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    #[command(flatten)]
+    Configured(Box<Configured>),
+    /// Print a completion script for a shell, such as
+    /// `justonce completions bash > /etc/bash_completion.d/justonce`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// A command that runs with the configuration: every one but `completions`.
+#[derive(Subcommand)]
+pub enum Configured {
+    /// Receive webhooks on the public listener and deliver them to their targets.
+    Serve,
+    /// Print the configuration the commands run with, as TOML, each value with where it
+    /// came from: the file and line, a variable, DATABASE_URL or the default.
+    ///
+    /// Secrets show as their env:VARIABLE references, never their values, and the password
+    /// of a URL as ***. Needs no database.
+    Config,
+    /// Create or update the database tables.
+    Migrate {
+        /// Print the SQL instead of running it, for a database administrator to apply.
+        #[arg(long)]
+        print_sql: bool,
+        /// With --print-sql: only the migrations after this version (the highest in the
+        /// `migrations` table of an existing database).
+        #[arg(long, default_value_t = 0, requires = "print_sql")]
+        since: i64,
+    },
+    /// Check the configuration and the database, resolve every target's host and connect to
+    /// every consumer's broker, then exit; or, given a target or a job, check that it acts
+    /// once per event however often the event arrives.
+    ///
+    /// The conformance kit sends generated events, each twice: a third of them both at once,
+    /// a third one after the other, a third again after --between and --delay. Then it
+    /// reads the effects in the target's database and reports each event that took effect
+    /// not exactly once, and each try the target refused. Exit code 1 when any did.
+    Check(CheckArgs),
+    /// Delete keys past each source's retention, and sent deliveries past it too.
+    Purge {
+        /// Rows deleted per statement.
+        #[arg(long, default_value_t = 1_000)]
+        batch_size: u32,
+        /// Before each statement, a pause this many times as long as the last one took, so
+        /// that claims running meanwhile keep their speed; 0 purges flat out.
+        #[arg(long, default_value_t = pacing::DEFAULT_RATIO, value_parser = pacing::pause_ratio)]
+        pause: f64,
+    },
+    /// Show what the store holds: keys per consumer and scope, deliveries and stream offsets.
+    ///
+    /// Duplicates and key reuses are not stored: the running service counts them since it
+    /// started, on the admin listener's /metrics.
+    Stats {
+        /// Print one JSON object, for scripts, instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Look after deliveries that were dead-lettered.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Inspect claimed keys; free or complete a lease whose worker is stuck.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Measure claims on the database: throughput beside a hand-written client, latency as
+    /// the key table grows, a purge under load, and the webhook receiver under load.
+    ///
+    /// Runs in tables of its own, dropped at the end; prints a table, or one JSON object
+    /// per result. Each throughput result checks that effect rows equal distinct keys.
+    Bench(justonce_bench::Args),
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("subject").args(["target", "run"])))]
+pub struct CheckArgs {
+    /// The endpoint or broker to check: an http(s) URL, where each try is a POST with the
+    /// event's key as `Idempotency-Key`; or an amqp, nats, redis or mqtt URL with --to,
+    /// where each try is a message with the key as its id, published as the relay does.
+    pub target: Option<String>,
+    // The help of each option that takes `{n}` goes through `with_placeholders`.
+    #[arg(long, conflicts_with = "target", help = with_placeholders(
+        "The job to check instead of a target: a shell command run once per try, with \
+         `{key}` and `{n}` replaced and the key in JUSTONCE_CHECK_KEY"
+    ))]
+    pub run: Option<String>,
+    /// The queue (RabbitMQ), subject (NATS), stream (Redis) or topic (MQTT) to publish to.
+    #[arg(long, requires = "target")]
+    pub to: Option<String>,
+    /// A query listing the effects: one row per effect, its first column the event's key
+    /// or number, such as `SELECT order_id FROM shipments`.
+    #[arg(long, requires = "subject")]
+    pub effects: Option<String>,
+    /// A query counting the effects, read before and after, for effects that do not name
+    /// their event; finds that some event failed, but not which.
+    #[arg(long, requires = "subject", conflicts_with = "effects")]
+    pub count: Option<String>,
+    /// The database the effects are in; the configured one by default.
+    #[arg(long, requires = "subject")]
+    pub database: Option<String>,
+    /// How many events to generate, keyed `check-<run>-<n>`.
+    #[arg(long, default_value_t = 30, requires = "subject",
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub events: u64,
+    /// The events' keys instead of generated ones, comma-separated, for a target that
+    /// accepts only some.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "subject",
+        conflicts_with = "events"
+    )]
+    pub keys: Vec<String>,
+    #[arg(
+        long,
+        requires = "subject",
+        default_value = r#"{"id":"{key}","n":{n}}"#,
+        help = with_placeholders(
+            "The body of each try, with `{key}` and `{n}` (the event's number from 1) replaced"
+        )
+    )]
+    pub body: String,
+    #[arg(long = "header", requires = "subject", value_parser = header, help = with_placeholders(
+        "A header sent with each HTTP try or message, as `Name: value`, with `{key}` and \
+         `{n}` replaced; repeatable"
+    ))]
+    pub headers: Vec<(String, String)>,
+    /// Sign HTTP tries the Standard Webhooks way with this secret (`whsec_...`), with the
+    /// key as `webhook-id`, as a webhook source of `justonce serve` expects.
+    #[arg(
+        long,
+        env = "JUSTONCE_CHECK_SECRET",
+        hide_env_values = true,
+        requires = "target"
+    )]
+    pub sign: Option<String>,
+    /// A shell command run after the first tries and before the delayed ones, such as one
+    /// that restarts the worker under test.
+    #[arg(long, requires = "subject")]
+    pub between: Option<String>,
+    /// The pause before the delayed tries.
+    #[arg(long, requires = "subject", default_value = "1s", value_parser = duration)]
+    pub delay: std::time::Duration,
+    /// How long the effects may take to appear once the tries are sent.
+    #[arg(long, requires = "subject", default_value = "30s", value_parser = duration)]
+    pub wait: std::time::Duration,
+    /// Print one JSON object instead of the report.
+    #[arg(long, requires = "subject")]
+    pub json: bool,
+}
+
+/// What the conformance kit sends its events to: exactly one of a target and a job.
+pub enum Subject {
+    /// An endpoint's or a broker's URL.
+    Target(String),
+    /// A shell command run once per try.
+    Job(String),
+}
+
+impl CheckArgs {
+    /// What the conformance kit checks; none when `check` checks the configuration and the
+    /// database instead.
+    pub fn subject(&self) -> Result<Option<Subject>, Usage> {
+        match (&self.target, &self.run) {
+            (None, None) => Ok(None),
+            (Some(url), None) => Ok(Some(Subject::Target(url.clone()))),
+            (None, Some(command)) => Ok(Some(Subject::Job(command.clone()))),
+            // clap refuses the two together before, in its own words.
+            (Some(_), Some(_)) => Err(Usage(
+                "--run checks a job instead of a target: give one of the two".to_owned(),
+            )),
+        }
+    }
+}
+
+/// `text` as help that shows `{n}` as written. clap turns every `{n}` of a help text into a
+/// line break; an escape code between its `{` and its `n`, which changes nothing on a
+/// terminal and is left out elsewhere, keeps it whole.
+fn with_placeholders(text: &str) -> clap::builder::StyledStr {
+    let kept = format!("{{{}n}}", clap::builder::styling::Reset);
+    text.replace("{n}", &kept).into()
+}
+
+/// `Name: value`.
+fn header(text: &str) -> Result<(String, String), String> {
+    match text.split_once(':') {
+        Some((name, value)) if !name.trim().is_empty() => {
+            Ok((name.trim().to_owned(), value.trim().to_owned()))
+        }
+        _ => Err("expected `Name: value`".to_owned()),
+    }
+}
+
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    justonce_cli_support::parse_duration(text).map_err(|e| format!("{e:#}"))
+}
+
+#[derive(Subcommand)]
+pub enum KeysCommand {
+    /// Show what the store holds for one key: done or in progress, and its fingerprint.
+    Show {
+        #[command(flatten)]
+        key: KeyArgs,
+    },
+    /// Free a key whose lease is in progress (a stuck worker): the next claim takes it at once.
+    ///
+    /// It is the lease running out now: the worker can still finish until another claim
+    /// takes the key. Asks for confirmation unless --yes. Fails, changing nothing, for a key
+    /// that is not stored or is done.
+    Release {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Do not ask for confirmation; needed when stdin is not a terminal.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Mark a key whose lease is in progress done by hand, with an optional result.
+    ///
+    /// For work known to be done: later claims find the key done, and its worker can no
+    /// longer complete, renew or release it. Asks for confirmation unless --yes. Fails,
+    /// changing nothing, for a key that is not stored or is done.
+    Complete {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// The result to store, which later claims read; none by default.
+        #[arg(long)]
+        result: Option<String>,
+        /// Do not ask for confirmation; needed when stdin is not a terminal.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// Which key a `keys` command is about.
+#[derive(Args)]
+pub struct KeyArgs {
+    /// The key, such as `shop:evt_1` for a webhook or an order id for a queue.
+    pub key: String,
+    /// The consumer that claimed it: a source's or consumer's name.
+    #[arg(long)]
+    pub consumer: String,
+    /// The tenant scope, if the key was claimed in one.
+    #[arg(long)]
+    pub scope: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum DlqCommand {
+    /// List dead letters, oldest first.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one delivery with its body and last error.
+    Show {
+        /// The delivery's id.
+        id: i64,
+    },
+    /// Put dead letters back to be delivered again, with the same key.
+    Replay {
+        /// The delivery's id.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<i64>,
+        /// Every dead letter.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Delete every dead letter.
+    Purge,
+}
