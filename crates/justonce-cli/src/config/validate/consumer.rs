@@ -1,13 +1,12 @@
 //! A broker consumer: which broker its URL names and the settings that broker takes.
 
+use super::entry::Entry;
 use super::secret::resolve_secret;
-use super::target::{Target, destination};
 use super::tls::{consumer_tls, with_tls};
 use crate::config::read::{Env, Origin, RawConsumer};
 use crate::config::settings::{BrokerOptions, ConsumerSettings};
 use anyhow::{Context, Result, anyhow, bail};
-use justonce_cli_support::parse_duration;
-use justonce_sql::{Consumer, Retention};
+use justonce_sql::Consumer;
 use justonce_transport::KeyFrom;
 use justonce_transport::amqp::AmqpOptions;
 use justonce_transport::mqtt::MqttOptions;
@@ -61,12 +60,14 @@ pub fn validate_consumer(
     env: &Env,
     origin: &Origin<'_>,
 ) -> Result<ConsumerSettings> {
-    let path = |key: &'static str| ["consumers", name, key];
-    let at = |key: &'static str| origin.name(&path(key));
-    let named = || origin.name(&["consumers", name]);
-    Consumer::new(name).with_context(named)?;
+    let entry = Entry::new("consumers", name, longest_timeout, env, origin);
+    let at = |key| entry.at(key);
+    Consumer::new(name).with_context(|| entry.named())?;
     if name.contains(':') || name.contains('/') {
-        bail!("{}: a consumer's name may not contain ':' or '/'", named());
+        bail!(
+            "{}: a consumer's name may not contain ':' or '/'",
+            entry.named()
+        );
     }
     let from = match raw.from.strip_prefix("env:") {
         Some(_) => resolve_secret(&raw.from, env).with_context(|| at("from"))?,
@@ -110,7 +111,7 @@ pub fn validate_consumer(
             );
         }
     }
-    let key_from = match origin.or_default(&path("id"), raw.id.as_deref(), "message_id") {
+    let key_from = match entry.or_default("id", raw.id.as_deref(), "message_id") {
         "message_id" => KeyFrom::MessageId,
         id => match id.split_once(':') {
             Some(("header", header)) if !header.is_empty() => KeyFrom::Header(header.to_owned()),
@@ -123,13 +124,8 @@ pub fn validate_consumer(
             ),
         },
     };
-    let duration = |value: Option<&str>, default: &str, key: &'static str| {
-        parse_duration(origin.or_default(&path(key), value, default)).with_context(|| at(key))
-    };
-    let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
-    let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
-    let retention = Retention::new(keep, retry_horizon).with_context(|| at("retention"))?;
-    let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
+    let retention = entry.retention(raw.retry_horizon.as_deref(), raw.retention.as_deref())?;
+    let deliver_for = entry.duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
     let max_attempts = raw
         .max_attempts
         .map(|count| u32::try_from(count.0))
@@ -141,9 +137,8 @@ pub fn validate_consumer(
         .transpose()
         .map_err(|_| anyhow!("{}: must be at most {}", at("prefetch"), u16::MAX))?;
     // The defaults that are the consumer's own name.
-    let or_name = |value: Option<&str>, key: &'static str| {
-        origin.or_default(&path(key), value, name).to_owned()
-    };
+    let or_name =
+        |value: Option<&str>, key: &'static str| entry.or_default(key, value, name).to_owned();
     let stream = || {
         raw.stream
             .clone()
@@ -153,7 +148,7 @@ pub fn validate_consumer(
     let options = match broker {
         Broker::Nats => {
             let stream = stream()?;
-            let subject = origin.or_default(&path("subject"), raw.subject.as_deref(), &stream);
+            let subject = entry.or_default("subject", raw.subject.as_deref(), &stream);
             let mut options = NatsOptions::new(&stream, subject)
                 .key_from(key_from)
                 .durable(or_name(raw.durable.as_deref(), "durable"));
@@ -180,11 +175,8 @@ pub fn validate_consumer(
                 .filter(|t| !t.is_empty())
                 .with_context(|| format!("{}: must name a topic filter", at("topic")))?;
             let default_client_id = format!("justonce-{name}");
-            let client_id = origin.or_default(
-                &path("client_id"),
-                raw.client_id.as_deref(),
-                &default_client_id,
-            );
+            let client_id =
+                entry.or_default("client_id", raw.client_id.as_deref(), &default_client_id);
             let mut options = MqttOptions::new(topic, client_id).key_from(key_from);
             if let Some(attempts) = max_attempts {
                 options = options.max_attempts(attempts);
@@ -206,23 +198,14 @@ pub fn validate_consumer(
             BrokerOptions::Amqp(with_tls(options, &tls, AmqpOptions::tls))
         }
     };
+    let destination = entry.destination(&raw.target, &raw.target_secret, &raw.timeout)?;
     Ok(ConsumerSettings {
         name: name.to_owned(),
         from,
         options,
         tls_insecure: tls.as_ref().is_some_and(Tls::is_insecure),
         retention,
-        destination: destination(
-            &Target {
-                url: &raw.target,
-                secret: raw.target_secret.as_deref(),
-                timeout: raw.timeout.as_deref(),
-                longest_timeout,
-            },
-            env,
-            origin,
-            &path,
-        )?,
+        destination,
         deliver_for,
     })
 }

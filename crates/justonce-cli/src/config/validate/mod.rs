@@ -2,9 +2,9 @@
 //! filled in, each error naming its setting by where it came from.
 
 mod consumer;
+mod entry;
 mod secret;
 mod source;
-mod target;
 mod tls;
 mod traces;
 mod units;

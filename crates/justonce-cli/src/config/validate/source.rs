@@ -1,13 +1,11 @@
 //! A webhook source: its signature scheme, secrets and where its event's id is.
 
+use super::entry::Entry;
 use super::secret::resolve_secret;
-use super::target::{Target, destination};
 use crate::config::read::{Env, Origin, RawSource};
 use crate::config::settings::SourceSettings;
 use anyhow::{Context, Result, anyhow, bail};
-use justonce_cli_support::parse_duration;
 use justonce_http::receiver::{IdLocation, Scheme, Source};
-use justonce_sql::Retention;
 use std::time::Duration;
 
 /// The shortest signing secret a source takes.
@@ -15,7 +13,7 @@ const MIN_SECRET_BYTES: usize = 16;
 
 /// The signature scheme a source names, read once: every later choice matches on it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum SchemeName {
+enum SchemeKind {
     StandardWebhooks,
     Stripe,
     Github,
@@ -23,24 +21,24 @@ enum SchemeName {
     None,
 }
 
-impl SchemeName {
+impl SchemeKind {
     /// Every scheme, in the order an error lists them.
-    const ALL: [SchemeName; 5] = [
-        SchemeName::StandardWebhooks,
-        SchemeName::Stripe,
-        SchemeName::Github,
-        SchemeName::HmacSha256,
-        SchemeName::None,
+    const ALL: [SchemeKind; 5] = [
+        SchemeKind::StandardWebhooks,
+        SchemeKind::Stripe,
+        SchemeKind::Github,
+        SchemeKind::HmacSha256,
+        SchemeKind::None,
     ];
 
     /// The scheme as `scheme = "..."` spells it.
     fn name(self) -> &'static str {
         match self {
-            SchemeName::StandardWebhooks => "standard-webhooks",
-            SchemeName::Stripe => "stripe",
-            SchemeName::Github => "github",
-            SchemeName::HmacSha256 => "hmac-sha256",
-            SchemeName::None => "none",
+            SchemeKind::StandardWebhooks => "standard-webhooks",
+            SchemeKind::Stripe => "stripe",
+            SchemeKind::Github => "github",
+            SchemeKind::HmacSha256 => "hmac-sha256",
+            SchemeKind::None => "none",
         }
     }
 
@@ -50,16 +48,16 @@ impl SchemeName {
 
     /// Whether the scheme signs a timestamp, which `tolerance` bounds.
     fn signs_a_timestamp(self) -> bool {
-        matches!(self, SchemeName::StandardWebhooks | SchemeName::Stripe)
+        matches!(self, SchemeKind::StandardWebhooks | SchemeKind::Stripe)
     }
 
     /// Where the scheme's sender puts each event's id, if it has a place for it.
     fn default_id(self) -> Option<&'static str> {
         match self {
-            SchemeName::StandardWebhooks => Some("header:webhook-id"),
-            SchemeName::Stripe => Some("json:/id"),
-            SchemeName::Github => Some("header:X-GitHub-Delivery"),
-            SchemeName::HmacSha256 | SchemeName::None => None,
+            SchemeKind::StandardWebhooks => Some("header:webhook-id"),
+            SchemeKind::Stripe => Some("json:/id"),
+            SchemeKind::Github => Some("header:X-GitHub-Delivery"),
+            SchemeKind::HmacSha256 | SchemeKind::None => None,
         }
     }
 }
@@ -71,15 +69,12 @@ pub fn validate_source(
     env: &Env,
     origin: &Origin<'_>,
 ) -> Result<SourceSettings> {
-    let path = |key: &'static str| ["sources", name, key];
-    let at = |key: &'static str| origin.name(&path(key));
-    let duration = |value: Option<&str>, default: &str, key: &'static str| {
-        parse_duration(origin.or_default(&path(key), value, default)).with_context(|| at(key))
-    };
+    let entry = Entry::new("sources", name, longest_timeout, env, origin);
+    let at = |key| entry.at(key);
     // First: what the other settings may be depends on the scheme, so a misspelt one must
     // not be reported as another setting's mistake.
-    let Some(scheme_name) = SchemeName::of(&raw.scheme) else {
-        let names: Vec<&str> = SchemeName::ALL.iter().map(|s| s.name()).collect();
+    let Some(kind) = SchemeKind::of(&raw.scheme) else {
+        let names: Vec<&str> = SchemeKind::ALL.iter().map(|s| s.name()).collect();
         bail!(
             "{}: {:?} is not one of {}",
             at("scheme"),
@@ -87,19 +82,19 @@ pub fn validate_source(
             names.join(", ")
         );
     };
-    let signs_a_timestamp = scheme_name.signs_a_timestamp();
+    let signs_a_timestamp = kind.signs_a_timestamp();
     if raw.tolerance.is_some() && !signs_a_timestamp {
         bail!(
             "{}: only applies to standard-webhooks and stripe, which sign a timestamp",
             at("tolerance")
         );
     }
-    if raw.signature_header.is_some() && scheme_name != SchemeName::HmacSha256 {
+    if raw.signature_header.is_some() && kind != SchemeKind::HmacSha256 {
         bail!("{}: only applies to hmac-sha256", at("signature_header"));
     }
     // Only the schemes that sign a timestamp have a tolerance.
     let tolerance = if signs_a_timestamp {
-        let tolerance = duration(raw.tolerance.as_deref(), "5m", "tolerance")?;
+        let tolerance = entry.duration(raw.tolerance.as_deref(), "5m", "tolerance")?;
         if tolerance.is_zero() {
             bail!("{}: must be more than zero", at("tolerance"));
         }
@@ -107,9 +102,7 @@ pub fn validate_source(
     } else {
         Duration::ZERO
     };
-    let retry_horizon = duration(raw.retry_horizon.as_deref(), "3d", "retry_horizon")?;
-    let keep = duration(raw.retention.as_deref(), "7d", "retention")?;
-    let retention = Retention::new(keep, retry_horizon).with_context(|| at("retention"))?;
+    let retention = entry.retention(raw.retry_horizon.as_deref(), raw.retention.as_deref())?;
     // A signed event sent again after its key was purged, still within the tolerance,
     // would be taken as new and act twice.
     if signs_a_timestamp && tolerance >= retention.keep() {
@@ -120,23 +113,23 @@ pub fn validate_source(
             raw.retention.as_deref().unwrap_or("7d")
         );
     }
-    let deliver_for = duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
+    let deliver_for = entry.duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
     let secrets = raw
         .secrets
         .iter()
         .map(|reference| resolve_secret(reference, env))
         .collect::<Result<Vec<_>>>()
         .with_context(|| at("secrets"))?;
-    match (scheme_name, secrets.is_empty()) {
-        (SchemeName::None, false) => bail!("{}: scheme none takes no secrets", at("secrets")),
-        (SchemeName::None, true) => {}
+    match (kind, secrets.is_empty()) {
+        (SchemeKind::None, false) => bail!("{}: scheme none takes no secrets", at("secrets")),
+        (SchemeKind::None, true) => {}
         (scheme, true) => bail!(
             "{}: scheme {} needs at least one secret",
             at("secrets"),
             scheme.name()
         ),
         // A Standard Webhooks secret is checked once decoded, by its scheme.
-        (SchemeName::StandardWebhooks, false) => {}
+        (SchemeKind::StandardWebhooks, false) => {}
         _ => {
             if let Some(short) = secrets.iter().position(|s| s.len() < MIN_SECRET_BYTES) {
                 bail!(
@@ -154,20 +147,20 @@ pub fn validate_source(
             .map(|s| s.as_bytes().to_vec())
             .collect::<Vec<_>>()
     };
-    let scheme = match scheme_name {
-        SchemeName::StandardWebhooks => {
+    let scheme = match kind {
+        SchemeKind::StandardWebhooks => {
             Scheme::standard_webhooks(&secrets, tolerance).with_context(|| at("secrets"))?
         }
-        SchemeName::Stripe => Scheme::Stripe {
+        SchemeKind::Stripe => Scheme::Stripe {
             secrets: as_bytes(),
             tolerance,
         },
-        SchemeName::Github => Scheme::Github {
+        SchemeKind::Github => Scheme::Github {
             secrets: as_bytes(),
         },
-        SchemeName::HmacSha256 => {
-            let header = origin.or_default(
-                &path("signature_header"),
+        SchemeKind::HmacSha256 => {
+            let header = entry.or_default(
+                "signature_header",
                 raw.signature_header.as_deref(),
                 "X-Signature",
             );
@@ -182,17 +175,17 @@ pub fn validate_source(
                 header: header.to_ascii_lowercase(),
             }
         }
-        SchemeName::None => Scheme::None,
+        SchemeKind::None => Scheme::None,
     };
-    let id = match (raw.id.as_deref(), scheme_name.default_id()) {
-        (None, Some(default)) => Some(origin.or_default(&path("id"), None, default)),
+    let id = match (raw.id.as_deref(), kind.default_id()) {
+        (None, Some(default)) => Some(entry.or_default("id", None, default)),
         (id, _) => id,
     };
     let id = id.ok_or_else(|| {
         anyhow!(
             "{}: is required for scheme {}: \"header:NAME\" or \"json:/POINTER\"",
             at("id"),
-            scheme_name.name()
+            kind.name()
         )
     })?;
     let id = match id.split_once(':') {
@@ -209,19 +202,9 @@ pub fn validate_source(
     };
     Ok(SourceSettings {
         name: name.to_owned(),
-        source: Source::new(name, scheme, id).with_context(|| origin.name(&["sources", name]))?,
+        source: Source::new(name, scheme, id).with_context(|| entry.named())?,
         retention,
-        destination: destination(
-            &Target {
-                url: &raw.target,
-                secret: raw.target_secret.as_deref(),
-                timeout: raw.timeout.as_deref(),
-                longest_timeout,
-            },
-            env,
-            origin,
-            &path,
-        )?,
+        destination: entry.destination(&raw.target, &raw.target_secret, &raw.timeout)?,
         deliver_for,
     })
 }
