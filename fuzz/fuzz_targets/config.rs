@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 // The parser lives in the `justonce` binary, which has no library to link against; its
 // module depends on nothing else of the binary, so it is compiled into the target.
 #[path = "../../crates/justonce-cli/src/config/mod.rs"]
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 mod config;
 
 /// Where the messages of the parser come from, to tell a secret that happens to spell a

@@ -1,5 +1,5 @@
 //! Reading: the file and the variables into the raw document, each value with where it came
-//! from. Nothing here judges a value beyond its TOML type.
+//! from. A value is judged here only by its TOML type; validation judges the rest.
 
 mod document;
 mod env;

@@ -42,6 +42,7 @@ impl Origin<'_> {
         key
     }
 
+    /// The line of the file at byte `offset`.
     pub(super) fn line(&self, offset: usize) -> usize {
         let offset = offset.min(self.text.len());
         self.text.as_bytes()[..offset]

@@ -53,6 +53,8 @@ impl Broker {
     }
 }
 
+/// The consumer `name` as written, checked: its broker, the options that broker takes, its
+/// TLS and its target.
 pub fn validate_consumer(
     name: &str,
     raw: RawConsumer,

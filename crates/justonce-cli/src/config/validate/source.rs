@@ -62,6 +62,7 @@ impl SchemeKind {
     }
 }
 
+/// The source `name` as written, checked: its scheme, secrets, id and target.
 pub fn validate_source(
     name: &str,
     raw: RawSource,
