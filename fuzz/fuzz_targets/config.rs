@@ -11,13 +11,27 @@ use std::collections::BTreeMap;
 
 // The parser lives in the `justonce` binary, which has no library to link against; its
 // module depends on nothing else of the binary, so it is compiled into the target.
-#[path = "../../crates/justonce-cli/src/config.rs"]
-#[allow(dead_code)]
+#[path = "../../crates/justonce-cli/src/config/mod.rs"]
+#[allow(dead_code, unused_imports)]
 mod config;
 
 /// Where the messages of the parser come from, to tell a secret that happens to spell a
 /// word of one from a secret repeated.
-const MESSAGES: &str = include_str!("../../crates/justonce-cli/src/config.rs");
+const MESSAGES: &str = concat!(
+    include_str!("../../crates/justonce-cli/src/config/mod.rs"),
+    include_str!("../../crates/justonce-cli/src/config/read/mod.rs"),
+    include_str!("../../crates/justonce-cli/src/config/read/env.rs"),
+    include_str!("../../crates/justonce-cli/src/config/read/origin.rs"),
+    include_str!("../../crates/justonce-cli/src/config/read/raw.rs"),
+    include_str!("../../crates/justonce-cli/src/config/validate/consumer.rs"),
+    include_str!("../../crates/justonce-cli/src/config/validate/entry.rs"),
+    include_str!("../../crates/justonce-cli/src/config/validate/mod.rs"),
+    include_str!("../../crates/justonce-cli/src/config/validate/secret.rs"),
+    include_str!("../../crates/justonce-cli/src/config/validate/source.rs"),
+    include_str!("../../crates/justonce-cli/src/config/validate/tls.rs"),
+    include_str!("../../crates/justonce-cli/src/config/validate/traces.rs"),
+    include_str!("../../crates/justonce-cli/src/config/validate/units.rs"),
+);
 
 fuzz_target!(|data: &[u8]| {
     let (text, env) = match data.iter().position(|&b| b == 0) {

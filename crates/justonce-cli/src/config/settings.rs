@@ -1,0 +1,136 @@
+//! The settings the rest of the binary runs with: validated, with every default filled in.
+
+use anyhow::Result;
+use justonce_http::HttpDestination;
+use justonce_http::receiver::Source;
+use justonce_sql::Retention;
+use justonce_transport::amqp::AmqpOptions;
+use justonce_transport::mqtt::MqttOptions;
+use justonce_transport::nats::NatsOptions;
+use justonce_transport::redis_streams::RedisStreamOptions;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything `serve` and the other commands need, checked. Not `Debug`: the database URL
+/// may hold a password.
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub database: String,
+    pub body_limit: usize,
+    /// How long a delivery the relay took stays hidden from other relays.
+    pub relay_lease: Duration,
+    /// How often the service purges what is past its retention; `None`: never.
+    pub purge_every: Option<Duration>,
+    /// What each listener holds: timeouts and caps.
+    pub limits: Limits,
+    /// The most database connections the service opens.
+    pub pool_size: u32,
+    /// How long work waits for a database connection before it is refused.
+    pub acquire_timeout: Duration,
+    pub sources: Vec<SourceSettings>,
+    pub consumers: Vec<ConsumerSettings>,
+    /// How log lines are written, unless `--log-format` says otherwise.
+    pub log_format: LogFormat,
+    /// The URL `serve` posts its spans to over OTLP/HTTP; `None`: no traces are exported.
+    pub traces_url: Option<String>,
+    /// `JUSTONCE_*` variables that name no setting: a warning at start, an error with
+    /// `--strict`.
+    pub unknown_variables: Vec<String>,
+    /// The effective configuration as TOML, each value with where it came from, secrets
+    /// only by reference: what `justonce config` prints.
+    pub printed: String,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human text, coloured on a terminal.
+    #[default]
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+impl LogFormat {
+    /// `text` or `json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// What a listener holds before it closes or refuses a connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How long a connection may take to send a request's headers, counted from when it
+    /// opened or its last answer was sent: it also closes idle keep-alive connections.
+    pub header_timeout: Duration,
+    /// How long one request may take, body included, before it is answered 408.
+    pub request_timeout: Duration,
+    /// Connections open at once; one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// Requests in flight at once; one more is answered 503.
+    pub max_requests: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            max_connections: 4_096,
+            max_requests: 1_024,
+        }
+    }
+}
+
+/// One webhook sender and where its events go, built and checked.
+pub struct SourceSettings {
+    pub name: String,
+    pub source: Source,
+    pub retention: Retention,
+    pub destination: HttpDestination,
+    pub deliver_for: Duration,
+}
+
+/// One broker queue and where its messages go, built and checked. Not `Debug`: the broker
+/// URL may hold a password.
+pub struct ConsumerSettings {
+    pub name: String,
+    pub from: String,
+    pub options: BrokerOptions,
+    /// Whether the broker's certificate goes unchecked (`tls_verify = "insecure"`).
+    pub tls_insecure: bool,
+    pub retention: Retention,
+    pub destination: HttpDestination,
+    pub deliver_for: Duration,
+}
+
+/// What to consume, per broker.
+#[derive(Debug, Clone)]
+pub enum BrokerOptions {
+    Amqp(AmqpOptions),
+    Nats(NatsOptions),
+    Redis(RedisStreamOptions),
+    Mqtt(MqttOptions),
+}
+
+impl Settings {
+    /// The retention the shared store is opened with: every source and consumer keeps its
+    /// keys at least this long, and purges each by its own.
+    pub fn store_retention(&self) -> Result<Retention> {
+        let retentions = || {
+            let sources = self.sources.iter().map(|s| s.retention);
+            sources.chain(self.consumers.iter().map(|c| c.retention))
+        };
+        let keep = retentions().map(|r| r.keep()).min();
+        let horizon = retentions().map(|r| r.retry_horizon()).min();
+        Ok(match (keep, horizon) {
+            (Some(keep), Some(horizon)) => Retention::new(keep, horizon)?,
+            _ => Retention::default(),
+        })
+    }
+}

@@ -1,0 +1,271 @@
+//! A broker consumer: which broker its URL names and the settings that broker takes.
+
+use super::entry::Entry;
+use super::secret::resolve_secret;
+use super::tls::{consumer_tls, with_tls};
+use crate::config::read::{Env, Origin, RawConsumer};
+use crate::config::settings::{BrokerOptions, ConsumerSettings};
+use anyhow::{Context, Result, anyhow, bail};
+use justonce_sql::Consumer;
+use justonce_transport::KeyFrom;
+use justonce_transport::amqp::AmqpOptions;
+use justonce_transport::mqtt::MqttOptions;
+use justonce_transport::nats::NatsOptions;
+use justonce_transport::redis_streams::RedisStreamOptions;
+use justonce_transport::tls::Tls;
+use std::time::Duration;
+
+/// The broker a consumer's URL names, read once from its scheme: every later choice
+/// matches on it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Broker {
+    RabbitMq,
+    Nats,
+    Redis,
+    Mqtt,
+}
+
+impl Broker {
+    /// The broker of `url`'s scheme, and whether the scheme connects over TLS or, for NATS,
+    /// may (the TLS settings then require it of the server); `None` for another scheme.
+    fn of(url: &str) -> Option<(Self, bool)> {
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        Some(match scheme {
+            "amqp" => (Broker::RabbitMq, false),
+            "amqps" => (Broker::RabbitMq, true),
+            "nats" => (Broker::Nats, true),
+            "redis" => (Broker::Redis, false),
+            "rediss" => (Broker::Redis, true),
+            "mqtt" => (Broker::Mqtt, false),
+            "mqtts" => (Broker::Mqtt, true),
+            _ => return None,
+        })
+    }
+
+    /// How errors name the broker.
+    fn name(self) -> &'static str {
+        match self {
+            Broker::RabbitMq => "RabbitMQ",
+            Broker::Nats => "NATS",
+            Broker::Redis => "Redis Streams",
+            Broker::Mqtt => "MQTT",
+        }
+    }
+}
+
+/// The consumer `name` as written, checked: its broker, the options that broker takes, its
+/// TLS and its target.
+pub fn validate_consumer(
+    name: &str,
+    raw: RawConsumer,
+    longest_timeout: Duration,
+    env: &Env,
+    origin: &Origin<'_>,
+) -> Result<ConsumerSettings> {
+    let entry = Entry::new("consumers", name, longest_timeout, env, origin);
+    let at = |key| entry.at(key);
+    Consumer::new(name).with_context(|| entry.named())?;
+    if name.contains(':') || name.contains('/') {
+        bail!(
+            "{}: a consumer's name may not contain ':' or '/'",
+            entry.named()
+        );
+    }
+    let from = match raw.from.strip_prefix("env:") {
+        Some(_) => resolve_secret(&raw.from, env).with_context(|| at("from"))?,
+        None => raw.from.clone(),
+    };
+    let Some((broker, over_tls)) = Broker::of(&from) else {
+        bail!(
+            "{}: must be an amqp://, nats://, redis:// or mqtt:// URL (amqps://, rediss:// \
+             and mqtts:// over TLS), or env:VARIABLE holding one: RabbitMQ, NATS JetStream, \
+             Redis Streams and MQTT are the brokers this version consumes",
+            at("from")
+        );
+    };
+    let tls = consumer_tls(&raw, over_tls, env, &at)?;
+    // The keys that only some brokers take, in the order they are checked.
+    let broker_keys: [(&'static str, bool, &[Broker]); 8] = [
+        ("queue", raw.queue.is_some(), &[Broker::RabbitMq]),
+        (
+            "prefetch",
+            raw.prefetch.is_some(),
+            &[Broker::RabbitMq, Broker::Nats],
+        ),
+        ("subject", raw.subject.is_some(), &[Broker::Nats]),
+        ("durable", raw.durable.is_some(), &[Broker::Nats]),
+        ("group", raw.group.is_some(), &[Broker::Redis]),
+        (
+            "stream",
+            raw.stream.is_some(),
+            &[Broker::Nats, Broker::Redis],
+        ),
+        ("topic", raw.topic.is_some(), &[Broker::Mqtt]),
+        ("client_id", raw.client_id.is_some(), &[Broker::Mqtt]),
+    ];
+    for (key, present, brokers) in broker_keys {
+        if present && !brokers.contains(&broker) {
+            let names: Vec<&str> = brokers.iter().map(|b| b.name()).collect();
+            bail!(
+                "{}: only applies to {} consumers",
+                at(key),
+                names.join(" and ")
+            );
+        }
+    }
+    let key_from = match entry.or_default("id", raw.id.as_deref(), "message_id") {
+        "message_id" => KeyFrom::MessageId,
+        id => match id.split_once(':') {
+            Some(("header", header)) if !header.is_empty() => KeyFrom::Header(header.to_owned()),
+            Some(("json", pointer)) if pointer.starts_with('/') => {
+                KeyFrom::Json(pointer.to_owned())
+            }
+            _ => bail!(
+                "{}: {id:?} must be \"message_id\", \"header:NAME\" or \"json:/POINTER\"",
+                at("id")
+            ),
+        },
+    };
+    let retention = entry.retention(raw.retry_horizon.as_deref(), raw.retention.as_deref())?;
+    let deliver_for = entry.duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
+    let max_attempts = raw
+        .max_attempts
+        .map(|count| u32::try_from(count.0))
+        .transpose()
+        .map_err(|_| anyhow!("{}: must be at most {}", at("max_attempts"), u32::MAX))?;
+    let prefetch = raw
+        .prefetch
+        .map(|count| u16::try_from(count.0))
+        .transpose()
+        .map_err(|_| anyhow!("{}: must be at most {}", at("prefetch"), u16::MAX))?;
+    // The defaults that are the consumer's own name.
+    let or_name =
+        |value: Option<&str>, key: &'static str| entry.or_default(key, value, name).to_owned();
+    let stream = || {
+        raw.stream
+            .clone()
+            .filter(|s| !s.is_empty())
+            .with_context(|| format!("{}: must name a stream", at("stream")))
+    };
+    let options = match broker {
+        Broker::Nats => {
+            let stream = stream()?;
+            let subject = entry.or_default("subject", raw.subject.as_deref(), &stream);
+            let mut options = NatsOptions::new(&stream, subject)
+                .key_from(key_from)
+                .durable(or_name(raw.durable.as_deref(), "durable"));
+            if let Some(attempts) = max_attempts {
+                options = options.max_attempts(attempts);
+            }
+            if let Some(prefetch) = prefetch {
+                options = options.prefetch(usize::from(prefetch));
+            }
+            BrokerOptions::Nats(with_tls(options, &tls, NatsOptions::tls))
+        }
+        Broker::Redis => {
+            let group = or_name(raw.group.as_deref(), "group");
+            let mut options = RedisStreamOptions::new(stream()?, group).key_from(key_from);
+            if let Some(attempts) = max_attempts {
+                options = options.max_attempts(attempts);
+            }
+            BrokerOptions::Redis(with_tls(options, &tls, RedisStreamOptions::tls))
+        }
+        Broker::Mqtt => {
+            let topic = raw
+                .topic
+                .clone()
+                .filter(|t| !t.is_empty())
+                .with_context(|| format!("{}: must name a topic filter", at("topic")))?;
+            let default_client_id = format!("justonce-{name}");
+            let client_id =
+                entry.or_default("client_id", raw.client_id.as_deref(), &default_client_id);
+            let mut options = MqttOptions::new(topic, client_id).key_from(key_from);
+            if let Some(attempts) = max_attempts {
+                options = options.max_attempts(attempts);
+            }
+            BrokerOptions::Mqtt(with_tls(options, &tls, MqttOptions::tls))
+        }
+        Broker::RabbitMq => {
+            let queue = raw
+                .queue
+                .filter(|q| !q.is_empty())
+                .with_context(|| format!("{}: must name a queue", at("queue")))?;
+            let mut options = AmqpOptions::new(&queue).key_from(key_from);
+            if let Some(attempts) = max_attempts {
+                options = options.max_attempts(attempts);
+            }
+            if let Some(prefetch) = prefetch {
+                options = options.prefetch(prefetch);
+            }
+            BrokerOptions::Amqp(with_tls(options, &tls, AmqpOptions::tls))
+        }
+    };
+    let destination = entry.destination(&raw.target, &raw.target_secret, &raw.timeout)?;
+    Ok(ConsumerSettings {
+        name: name.to_owned(),
+        from,
+        options,
+        tls_insecure: tls.as_ref().is_some_and(Tls::is_insecure),
+        retention,
+        destination,
+        deliver_for,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::{ORDERS, SHOP, env_of, error_of, load_text};
+
+    #[test]
+    fn consumers_are_read_and_checked() {
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://guest:hunter2@127.0.0.1:5672/%2f"),
+            ("JUSTONCE_CONSUMERS_ORDERS_QUEUE", "orders-eu"),
+        ]);
+        let settings = load_text(&format!("{SHOP}{ORDERS}"), &env).unwrap();
+        let [orders] = settings.consumers.as_slice() else {
+            panic!("one consumer");
+        };
+        assert_eq!(orders.name, "orders");
+        assert_eq!(orders.from, "amqp://guest:hunter2@127.0.0.1:5672/%2f");
+        assert!(format!("{:?}", orders.options).contains("orders-eu"));
+        let cases = [
+            (
+                ORDERS.replace("env:ORDERS_BROKER", "kafka://127.0.0.1:9092"),
+                "amqp://, nats://, redis:// or mqtt://",
+            ),
+            (
+                ORDERS.replace("env:ORDERS_BROKER", "redis://127.0.0.1:6379"),
+                "consumers.orders.queue (line 13): only applies to RabbitMQ",
+            ),
+            (
+                ORDERS.replace("queue = \"orders\"", "group = \"g\""),
+                "consumers.orders.group (line 13): only applies to Redis Streams",
+            ),
+            (
+                ORDERS.replace("env:ORDERS_BROKER", "nats://127.0.0.1:4222"),
+                "consumers.orders.queue (line 13): only applies to RabbitMQ",
+            ),
+            (ORDERS.replace("header:X-Order-Id", "body"), "message_id"),
+            (
+                ORDERS.replace("[consumers.orders]", "[consumers.shop]"),
+                "both a source and a consumer",
+            ),
+            (ORDERS.replace("queue = \"orders\"\n", ""), "queue"),
+            (format!("{ORDERS}retention = \"1h\"\n"), "retry horizon"),
+        ];
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://guest:hunter2@127.0.0.1:5672/%2f"),
+        ]);
+        for (consumer, expected) in cases {
+            let error = error_of(&format!("{SHOP}{consumer}"), &env);
+            assert!(error.contains(expected), "{expected:?} not in {error:?}");
+            assert!(
+                !error.contains("hunter2"),
+                "a password was printed: {error}"
+            );
+        }
+    }
+}

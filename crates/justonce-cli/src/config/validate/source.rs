@@ -1,0 +1,259 @@
+//! A webhook source: its signature scheme, secrets and where its event's id is.
+
+use super::entry::Entry;
+use super::secret::resolve_secret;
+use crate::config::read::{Env, Origin, RawSource};
+use crate::config::settings::SourceSettings;
+use anyhow::{Context, Result, anyhow, bail};
+use justonce_http::receiver::{IdLocation, Scheme, Source};
+use std::time::Duration;
+
+/// The shortest signing secret a source takes.
+const MIN_SECRET_BYTES: usize = 16;
+
+/// The signature scheme a source names, read once: every later choice matches on it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SchemeKind {
+    StandardWebhooks,
+    Stripe,
+    Github,
+    HmacSha256,
+    None,
+}
+
+impl SchemeKind {
+    /// Every scheme, in the order an error lists them.
+    const ALL: [SchemeKind; 5] = [
+        SchemeKind::StandardWebhooks,
+        SchemeKind::Stripe,
+        SchemeKind::Github,
+        SchemeKind::HmacSha256,
+        SchemeKind::None,
+    ];
+
+    /// The scheme as `scheme = "..."` spells it.
+    fn name(self) -> &'static str {
+        match self {
+            SchemeKind::StandardWebhooks => "standard-webhooks",
+            SchemeKind::Stripe => "stripe",
+            SchemeKind::Github => "github",
+            SchemeKind::HmacSha256 => "hmac-sha256",
+            SchemeKind::None => "none",
+        }
+    }
+
+    fn of(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|scheme| scheme.name() == name)
+    }
+
+    /// Whether the scheme signs a timestamp, which `tolerance` bounds.
+    fn signs_a_timestamp(self) -> bool {
+        matches!(self, SchemeKind::StandardWebhooks | SchemeKind::Stripe)
+    }
+
+    /// Where the scheme's sender puts each event's id, if it has a place for it.
+    fn default_id(self) -> Option<&'static str> {
+        match self {
+            SchemeKind::StandardWebhooks => Some("header:webhook-id"),
+            SchemeKind::Stripe => Some("json:/id"),
+            SchemeKind::Github => Some("header:X-GitHub-Delivery"),
+            SchemeKind::HmacSha256 | SchemeKind::None => None,
+        }
+    }
+}
+
+/// The source `name` as written, checked: its scheme, secrets, id and target.
+pub fn validate_source(
+    name: &str,
+    raw: RawSource,
+    longest_timeout: Duration,
+    env: &Env,
+    origin: &Origin<'_>,
+) -> Result<SourceSettings> {
+    let entry = Entry::new("sources", name, longest_timeout, env, origin);
+    let at = |key| entry.at(key);
+    // First: what the other settings may be depends on the scheme, so a misspelt one must
+    // not be reported as another setting's mistake.
+    let Some(kind) = SchemeKind::of(&raw.scheme) else {
+        let names: Vec<&str> = SchemeKind::ALL.iter().map(|s| s.name()).collect();
+        bail!(
+            "{}: {:?} is not one of {}",
+            at("scheme"),
+            raw.scheme,
+            names.join(", ")
+        );
+    };
+    let signs_a_timestamp = kind.signs_a_timestamp();
+    if raw.tolerance.is_some() && !signs_a_timestamp {
+        bail!(
+            "{}: only applies to standard-webhooks and stripe, which sign a timestamp",
+            at("tolerance")
+        );
+    }
+    if raw.signature_header.is_some() && kind != SchemeKind::HmacSha256 {
+        bail!("{}: only applies to hmac-sha256", at("signature_header"));
+    }
+    // Only the schemes that sign a timestamp have a tolerance.
+    let tolerance = if signs_a_timestamp {
+        let tolerance = entry.duration(raw.tolerance.as_deref(), "5m", "tolerance")?;
+        if tolerance.is_zero() {
+            bail!("{}: must be more than zero", at("tolerance"));
+        }
+        tolerance
+    } else {
+        Duration::ZERO
+    };
+    let retention = entry.retention(raw.retry_horizon.as_deref(), raw.retention.as_deref())?;
+    // A signed event sent again after its key was purged, still within the tolerance,
+    // would be taken as new and act twice.
+    if signs_a_timestamp && tolerance >= retention.keep() {
+        bail!(
+            "{}: must be shorter than retention ({}), or an event replayed after its key \
+             was purged would act twice",
+            at("tolerance"),
+            raw.retention.as_deref().unwrap_or("7d")
+        );
+    }
+    let deliver_for = entry.duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
+    let secrets = raw
+        .secrets
+        .iter()
+        .map(|reference| resolve_secret(reference, env))
+        .collect::<Result<Vec<_>>>()
+        .with_context(|| at("secrets"))?;
+    match (kind, secrets.is_empty()) {
+        (SchemeKind::None, false) => bail!("{}: scheme none takes no secrets", at("secrets")),
+        (SchemeKind::None, true) => {}
+        (scheme, true) => bail!(
+            "{}: scheme {} needs at least one secret",
+            at("secrets"),
+            scheme.name()
+        ),
+        // A Standard Webhooks secret is checked once decoded, by its scheme.
+        (SchemeKind::StandardWebhooks, false) => {}
+        _ => {
+            if let Some(short) = secrets.iter().position(|s| s.len() < MIN_SECRET_BYTES) {
+                bail!(
+                    "{}: secret {} of the list is shorter than {MIN_SECRET_BYTES} bytes: \
+                     a short secret can be guessed from one signed request",
+                    at("secrets"),
+                    short + 1
+                );
+            }
+        }
+    }
+    let as_bytes = || {
+        secrets
+            .iter()
+            .map(|s| s.as_bytes().to_vec())
+            .collect::<Vec<_>>()
+    };
+    let scheme = match kind {
+        SchemeKind::StandardWebhooks => {
+            Scheme::standard_webhooks(&secrets, tolerance).with_context(|| at("secrets"))?
+        }
+        SchemeKind::Stripe => Scheme::Stripe {
+            secrets: as_bytes(),
+            tolerance,
+        },
+        SchemeKind::Github => Scheme::Github {
+            secrets: as_bytes(),
+        },
+        SchemeKind::HmacSha256 => {
+            let header = entry.or_default(
+                "signature_header",
+                raw.signature_header.as_deref(),
+                "X-Signature",
+            );
+            axum::http::HeaderName::try_from(header).map_err(|_| {
+                anyhow!(
+                    "{}: {header:?} is not a header name",
+                    at("signature_header")
+                )
+            })?;
+            Scheme::HmacSha256 {
+                secrets: as_bytes(),
+                header: header.to_ascii_lowercase(),
+            }
+        }
+        SchemeKind::None => Scheme::None,
+    };
+    let id = match (raw.id.as_deref(), kind.default_id()) {
+        (None, Some(default)) => Some(entry.or_default("id", None, default)),
+        (id, _) => id,
+    };
+    let id = id.ok_or_else(|| {
+        anyhow!(
+            "{}: is required for scheme {}: \"header:NAME\" or \"json:/POINTER\"",
+            at("id"),
+            kind.name()
+        )
+    })?;
+    let id = match id.split_once(':') {
+        Some(("header", header)) => IdLocation::Header(
+            header
+                .parse()
+                .map_err(|_| anyhow!("{}: {header:?} is not a header name", at("id")))?,
+        ),
+        Some(("json", pointer)) if pointer.starts_with('/') => IdLocation::Json(pointer.to_owned()),
+        _ => bail!(
+            "{}: {id:?} must be \"header:NAME\" or \"json:/POINTER\"",
+            at("id")
+        ),
+    };
+    Ok(SourceSettings {
+        name: name.to_owned(),
+        source: Source::new(name, scheme, id).with_context(|| entry.named())?,
+        retention,
+        destination: entry.destination(&raw.target, &raw.target_secret, &raw.timeout)?,
+        deliver_for,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::{SHOP, env_of, error_of, load_text};
+
+    #[test]
+    fn empty_secrets_are_refused() {
+        let env = env_of(&[("SHOP_SECRET", "")]);
+        let error = error_of(SHOP, &env);
+        assert!(error.contains("SHOP_SECRET is empty"), "{error}");
+        let none = SHOP.replace("standard-webhooks", "none");
+        let env = env_of(&[("SHOP_SECRET", "x")]);
+        let error = error_of(&none, &env);
+        assert!(error.contains("takes no secrets"), "{error}");
+    }
+
+    /// Standard Webhooks secrets and public keys mix in one list; an unusable one is named
+    /// by its setting and position, never printed.
+    #[test]
+    fn standard_webhooks_takes_whsec_and_whpk_entries() {
+        let both = SHOP.replace(
+            "\"env:SHOP_SECRET\"",
+            "\"env:SHOP_SECRET\", \"env:SHOP_KEY\"",
+        );
+        // The public key of RFC 8032's first test vector.
+        let whpk = "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=";
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0"), ("SHOP_KEY", whpk)]);
+        load_text(&both, &env).unwrap();
+        for (secret, key, expected) in [
+            (
+                "whsec_",
+                "whpk_11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo=",
+                "secret 1 of 2: a Standard Webhooks secret is empty",
+            ),
+            (
+                "whsec_c2VjcmV0",
+                "whpk_c2VjcmV0",
+                "secret 2 of 2: a Standard Webhooks public key must hold 32 bytes",
+            ),
+        ] {
+            let env = env_of(&[("SHOP_SECRET", secret), ("SHOP_KEY", key)]);
+            let error = error_of(&both, &env);
+            assert!(error.contains("sources.shop.secrets (line 8)"), "{error}");
+            assert!(error.contains(expected), "{expected:?} not in {error:?}");
+            assert!(!error.contains("c2VjcmV0"), "a secret was printed: {error}");
+        }
+    }
+}
