@@ -10,7 +10,7 @@
 use super::{Xorshift, run_until};
 use justonce_sql::Key;
 use justonce_tests::{TestBackend, TestDb, consumer_work};
-use justonce_transport::ConsumerStats;
+use justonce_transport::{Broker, Consumer, ConsumerStats};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -72,9 +72,20 @@ pub(crate) trait Consume<DB: TestBackend> {
     ) -> Result<ConsumerStats, justonce_transport::Error>;
 }
 
-macro_rules! consume_with_run {
-    ($($consumer:ty),* $(,)?) => {$(
-        impl<DB: TestBackend> Consume<DB> for $consumer {
+impl<B: Broker, DB: TestBackend> Consume<DB> for Consumer<B, DB> {
+    async fn run_work(
+        &self,
+        db: &TestDb<DB>,
+        stopped: tokio::sync::oneshot::Receiver<()>,
+    ) -> Result<ConsumerStats, justonce_transport::Error> {
+        self.run(stopped, consumer_work::<DB>(&db.prefix)).await
+    }
+}
+
+/// The single readers, which keep their offset in the database.
+macro_rules! reader_runs {
+    ($($reader:ty),* $(,)?) => {$(
+        impl<DB: TestBackend> Consume<DB> for $reader {
             async fn run_work(
                 &self,
                 db: &TestDb<DB>,
@@ -86,14 +97,33 @@ macro_rules! consume_with_run {
     )*};
 }
 
-consume_with_run!(
-    justonce_transport::amqp::AmqpConsumer<DB>,
-    justonce_transport::nats::NatsConsumer<DB>,
+reader_runs!(
     justonce_transport::nats::NatsReader<DB>,
-    justonce_transport::redis_streams::RedisStreamConsumer<DB>,
     justonce_transport::redis_streams::RedisStreamReader<DB>,
-    justonce_transport::mqtt::MqttConsumer<DB>,
 );
+
+/// What a consumer's `consume` does: takes exactly `count` deliveries, each within 30 s,
+/// and runs and settles each.
+pub(crate) async fn take<B: Broker, DB: TestBackend>(
+    consumer: &Consumer<B, DB>,
+    db: &TestDb<DB>,
+    count: usize,
+) -> ConsumerStats {
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let mut deliveries = consumer.deliveries().await.unwrap();
+    for taken in 0..count {
+        let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+            .await
+            .unwrap_or_else(|_| panic!("{taken} of {count} deliveries, then none for 30 s"))
+            .unwrap()
+            .expect("the consumer is not cancelled");
+        let ran = consumer.run_one(&delivery, &work).await;
+        consumer.settle(&delivery, ran, &mut stats).await.unwrap();
+    }
+    deliveries.stop().await.unwrap();
+    stats
+}
 
 /// What a single reader's `consume` does: runs it until its stored offset is the stream's
 /// last, then checks that it took exactly `count` entries.
@@ -132,27 +162,17 @@ pub(crate) trait ConsumeBatches<DB: TestBackend> {
     ) -> Result<ConsumerStats, justonce_transport::Error>;
 }
 
-macro_rules! consume_batches {
-    ($($consumer:ty),* $(,)?) => {$(
-        impl<DB: TestBackend> ConsumeBatches<DB> for $consumer {
-            async fn run_batches(
-                &self,
-                db: &TestDb<DB>,
-                stopped: tokio::sync::oneshot::Receiver<()>,
-                batch_size: usize,
-            ) -> Result<ConsumerStats, justonce_transport::Error> {
-                self.run_batched(stopped, batch_size, consumer_work::<DB>(&db.prefix)).await
-            }
-        }
-    )*};
+impl<B: Broker, DB: TestBackend> ConsumeBatches<DB> for Consumer<B, DB> {
+    async fn run_batches(
+        &self,
+        db: &TestDb<DB>,
+        stopped: tokio::sync::oneshot::Receiver<()>,
+        batch_size: usize,
+    ) -> Result<ConsumerStats, justonce_transport::Error> {
+        self.run_batched(stopped, batch_size, consumer_work::<DB>(&db.prefix))
+            .await
+    }
 }
-
-consume_batches!(
-    justonce_transport::amqp::AmqpConsumer<DB>,
-    justonce_transport::nats::NatsConsumer<DB>,
-    justonce_transport::redis_streams::RedisStreamConsumer<DB>,
-    justonce_transport::mqtt::MqttConsumer<DB>,
-);
 
 /// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
 pub(crate) async fn consume_until<DB, F, Fut>(

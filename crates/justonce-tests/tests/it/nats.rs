@@ -3,7 +3,7 @@
 //! durable consumer, and the relay's publisher deduplicated by the stream. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, read_to_end};
+use super::broker::{Batching, TestBroker, consume_until, read_to_end, take};
 use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
@@ -247,19 +247,7 @@ impl TestBroker for Stream {
         db: &TestDb<DB>,
         count: usize,
     ) -> ConsumerStats {
-        let work = consumer_work::<DB>(&db.prefix);
-        let mut stats = ConsumerStats::default();
-        let mut messages = consumer.messages().await.unwrap();
-        for _ in 0..count {
-            let message = tokio::time::timeout(Duration::from_secs(30), messages.next())
-                .await
-                .expect("a message within 30 s")
-                .unwrap()
-                .expect("the stream is open");
-            let ran = consumer.run_one(&message, &work).await;
-            consumer.settle(&message, ran, &mut stats).await.unwrap();
-        }
-        stats
+        take(consumer, db, count).await
     }
 
     async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {
@@ -357,7 +345,7 @@ async fn a_prefetch_sized_to_the_work_sees_no_message_twice() {
     }
     let work = consumer_work(&db.prefix);
     let mut stats = ConsumerStats::default();
-    let mut messages = consumer.messages().await.unwrap();
+    let mut messages = consumer.deliveries().await.unwrap();
     // Past the last message, longer than the ack wait: a late redelivery would come.
     while let Ok(next) = tokio::time::timeout(Duration::from_secs(3), messages.next()).await {
         let message = next.unwrap().expect("the stream is open");

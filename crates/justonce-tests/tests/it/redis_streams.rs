@@ -3,10 +3,10 @@
 //! dead-lettered, two workers in one group, and the relay's publisher. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, read_to_end};
+use super::broker::{Batching, TestBroker, consume_until, read_to_end, take};
 use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Key};
-use justonce_tests::{TestBackend, TestDb, consumer_work, redis_url};
+use justonce_tests::{TestBackend, TestDb, redis_url};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
     RedisStreamReader,
@@ -271,25 +271,7 @@ impl TestBroker for Stream {
         db: &TestDb<DB>,
         count: usize,
     ) -> ConsumerStats {
-        let work = consumer_work::<DB>(&db.prefix);
-        let mut stats = ConsumerStats::default();
-        let mut entries = consumer.entries();
-        // A bound for a stuck consumer, not a speed: 10,000 entries on MariaDB take 20 to
-        // 40 s on a busy machine.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        let mut taken = 0;
-        while taken < count {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{taken} of {count} entries in 120 s"
-            );
-            for entry in entries.next().await.unwrap() {
-                taken += 1;
-                let ran = consumer.run_one(&entry, &work).await;
-                consumer.settle(&entry, ran, &mut stats).await.unwrap();
-            }
-        }
-        stats
+        take(consumer, db, count).await
     }
 
     async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {
