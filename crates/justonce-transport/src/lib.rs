@@ -43,6 +43,10 @@
 //! | `mqtt`  | MQTT 5, through rumqttc: [`mqtt::MqttConsumer`] and [`mqtt::MqttDestination`] |
 //! | `tls`   | on with any broker: [`tls::Tls`], the TLS settings every broker takes |
 //!
+//! Each consumer is the one generic [`Consumer`] over its broker's adapter ([`Broker`]):
+//! `AmqpConsumer<DB>` is `Consumer<Amqp, DB>`. The adapter receives, reads and settles
+//! deliveries; the consumer holds the policy every broker shares.
+//!
 //! # Settling
 //!
 //! What a consumer does with each delivery:
@@ -54,7 +58,7 @@
 //! | the key was processed with another payload | acknowledged and counted; the work did not run |
 //! | failed | redelivered with its attempt count, up to the attempt limit; then dead-lettered with the reason |
 //! | no usable key | dead-lettered at once |
-//! | the database failed | returned to the broker, after a pause |
+//! | the database failed | returned to the broker at once; the consumer then pauses |
 //!
 //! Nothing is acknowledged before its transaction has committed.
 //!

@@ -5,7 +5,7 @@
 
 use super::broker::{Batching, TestBroker, take};
 use super::on_every_database;
-use justonce_sql::{Key, Message};
+use justonce_sql::{Inbox, Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
 use justonce_transport::ConsumerStats;
 use justonce_transport::amqp::{AmqpConsumer, AmqpDestination, AmqpOptions};
@@ -260,8 +260,13 @@ async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(
 }
 
 impl Batching for Queue {
-    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> AmqpConsumer<DB> {
-        connect(db, self, |options| options.prefetch(64).max_attempts(2)).await
+    type Adapter = justonce_transport::amqp::Amqp;
+
+    async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> AmqpConsumer<DB> {
+        let options = AmqpOptions::new(&self.name).prefetch(64).max_attempts(2);
+        AmqpConsumer::connect(&amqp_url(), inbox.clone(), options)
+            .await
+            .unwrap()
     }
 
     async fn dead_letters(&self) -> u64 {

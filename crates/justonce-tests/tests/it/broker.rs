@@ -8,7 +8,7 @@
 //! batches, a failing or killed batch neither loses nor doubles the others.
 
 use super::{Xorshift, run_until};
-use justonce_sql::Key;
+use justonce_sql::{Inbox, Key, Options};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
 use justonce_transport::{Broker, Consumer, ConsumerStats};
 use std::process::Stdio;
@@ -72,20 +72,10 @@ pub(crate) trait Consume<DB: TestBackend> {
     ) -> Result<ConsumerStats, justonce_transport::Error>;
 }
 
-impl<B: Broker, DB: TestBackend> Consume<DB> for Consumer<B, DB> {
-    async fn run_work(
-        &self,
-        db: &TestDb<DB>,
-        stopped: tokio::sync::oneshot::Receiver<()>,
-    ) -> Result<ConsumerStats, justonce_transport::Error> {
-        self.run(stopped, consumer_work::<DB>(&db.prefix)).await
-    }
-}
-
-/// The single readers, which keep their offset in the database.
-macro_rules! reader_runs {
-    ($($reader:ty),* $(,)?) => {$(
-        impl<DB: TestBackend> Consume<DB> for $reader {
+/// Every consumer, and the single readers, which keep their offset in the database.
+macro_rules! consume_with_run {
+    ($([$($generics:tt)*] $consumer:ty),* $(,)?) => {$(
+        impl<$($generics)* DB: TestBackend> Consume<DB> for $consumer {
             async fn run_work(
                 &self,
                 db: &TestDb<DB>,
@@ -97,9 +87,10 @@ macro_rules! reader_runs {
     )*};
 }
 
-reader_runs!(
-    justonce_transport::nats::NatsReader<DB>,
-    justonce_transport::redis_streams::RedisStreamReader<DB>,
+consume_with_run!(
+    [B: Broker,] Consumer<B, DB>,
+    [] justonce_transport::nats::NatsReader<DB>,
+    [] justonce_transport::redis_streams::RedisStreamReader<DB>,
 );
 
 /// What a consumer's `consume` does: takes exactly `count` deliveries, each within 30 s,
@@ -145,33 +136,18 @@ where
 
 /// A broker whose consumer claims what has arrived in batches.
 pub(crate) trait Batching: TestBroker {
-    /// A consumer that takes up to 64 messages ahead and gives failed work 2 attempts.
-    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> Self::Consumer<DB>;
+    /// The broker's adapter.
+    type Adapter: Broker;
+
+    /// A consumer claiming in `inbox` that takes up to 64 messages ahead and gives failed
+    /// work 2 attempts.
+    async fn connect_for_batches<DB: TestBackend>(
+        &self,
+        inbox: &Inbox<DB>,
+    ) -> Consumer<Self::Adapter, DB>;
 
     /// How many messages the dead-letter queue or stream holds.
     async fn dead_letters(&self) -> u64;
-}
-
-/// What a batching consumer offers: running the tests' work in batches until stopped.
-pub(crate) trait ConsumeBatches<DB: TestBackend> {
-    async fn run_batches(
-        &self,
-        db: &TestDb<DB>,
-        stopped: tokio::sync::oneshot::Receiver<()>,
-        batch_size: usize,
-    ) -> Result<ConsumerStats, justonce_transport::Error>;
-}
-
-impl<B: Broker, DB: TestBackend> ConsumeBatches<DB> for Consumer<B, DB> {
-    async fn run_batches(
-        &self,
-        db: &TestDb<DB>,
-        stopped: tokio::sync::oneshot::Receiver<()>,
-        batch_size: usize,
-    ) -> Result<ConsumerStats, justonce_transport::Error> {
-        self.run_batched(stopped, batch_size, consumer_work::<DB>(&db.prefix))
-            .await
-    }
 }
 
 /// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
@@ -281,6 +257,7 @@ on_brokers!(batched: [
 ] (
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
+    a_database_failure_gives_the_batch_back_and_asks_for_a_pause,
 ));
 
 /// A worker process: a consumer, or the reader of a broker that keeps its offset.
@@ -468,7 +445,6 @@ async fn a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others<B, DB
 where
     B: Batching,
     DB: TestBackend,
-    B::Consumer<DB>: ConsumeBatches<DB>,
 {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
@@ -483,9 +459,9 @@ where
         }
     }
     broker.publish(&keys).await;
-    let consumer = broker.connect_for_batches(&db).await;
+    let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
-        |stopped| consumer.run_batches(&db, stopped, 20),
+        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
         || async {
             db.rows("effects").await == 41
                 && broker.dead_letters().await == 1
@@ -511,7 +487,6 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
 ) where
     B: Batching,
     DB: TestBackend,
-    B::Consumer<DB>: ConsumeBatches<DB>,
 {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
@@ -532,9 +507,9 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
     );
     batcher.kill().await.expect("SIGKILL the worker");
 
-    let consumer = broker.connect_for_batches(&db).await;
+    let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
-        |stopped| consumer.run_batches(&db, stopped, 20),
+        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
         || async { db.rows("effects").await == 21 && broker.settled(&db).await },
     )
     .await;
@@ -542,6 +517,58 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
         stats.processed, 21,
         "the whole batch again, the failpoint passed"
     );
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(broker.dead_letters().await, 0);
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// The rule after a database failure, the same on every broker: the delivery that met it and
+/// the rest of its batch go back to the broker, nothing is acknowledged, and the consumer is
+/// told to pause; a healthy consumer then gives each message one effect.
+async fn a_database_failure_gives_the_batch_back_and_asks_for_a_pause<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..3).map(|n| format!("order:{n}")).collect();
+    broker.publish(&keys).await;
+    // No tables under this prefix: every claim fails in the database.
+    let options = Options::default().prefix(format!("{}missing_", db.prefix));
+    let consumer = justonce_sql::Consumer::new("test").unwrap();
+    let broken = Inbox::<DB>::connect_with(&db.url, consumer, options)
+        .await
+        .unwrap();
+    let failing = broker.connect_for_batches(&broken).await;
+    let mut deliveries = failing.deliveries().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+        .await
+        .expect("a delivery within 30 s")
+        .unwrap()
+        .expect("the consumer is not cancelled");
+    let batch = deliveries.more(first, 3).await.unwrap();
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let pause = failing
+        .settle_batch(&batch, &work, &mut stats)
+        .await
+        .unwrap();
+    assert!(pause, "a database failure asks for a pause");
+    assert_eq!(stats.returned, batch.len() as u64, "{stats:?}");
+    assert_eq!(stats.processed + stats.retried + stats.dead_lettered, 0);
+    drop(deliveries);
+    drop(failing);
+
+    let consumer = broker.connect_for_batches(&db.inbox).await;
+    let stats = run_until(
+        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
+        || async { db.rows("effects").await == 3 && broker.settled(&db).await },
+    )
+    .await;
+    assert_eq!(stats.processed, 3, "nothing given back was lost");
     assert_eq!(db.doubled_effects().await, 0);
     assert_eq!(broker.dead_letters().await, 0);
     drop(consumer);

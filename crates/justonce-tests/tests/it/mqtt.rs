@@ -4,7 +4,7 @@
 
 use super::broker::{Batching, TestBroker, take};
 use super::on_every_database;
-use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
 use justonce_tests::{
     TestBackend, TestDb, consumer_work, mqtt_options, mqtt_url, shared_mqtt_options,
 };
@@ -211,11 +211,13 @@ impl Topic {
 }
 
 impl Batching for Topic {
-    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> MqttConsumer<DB> {
+    type Adapter = justonce_transport::mqtt::Mqtt;
+
+    async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> MqttConsumer<DB> {
         let options = mqtt_options(&self.name)
             .max_attempts(2)
             .dead_letter_topic(format!("{}/dead", self.name));
-        MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), options)
+        MqttConsumer::connect(&mqtt_url(), inbox.clone(), options)
             .await
             .unwrap()
     }

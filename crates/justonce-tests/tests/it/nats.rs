@@ -6,7 +6,7 @@
 use super::broker::{Batching, TestBroker, consume_until, read_to_end, take};
 use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
-use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work, nats_url};
 use justonce_transport::nats::{
     MSG_ID_HEADER, NatsConsumer, NatsDestination, NatsOptions, NatsReader,
@@ -195,11 +195,13 @@ async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: Test
 }
 
 impl Batching for Stream {
-    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> NatsConsumer<DB> {
+    type Adapter = justonce_transport::nats::Nats;
+
+    async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> NatsConsumer<DB> {
         let options = options(self)
             .ack_wait(Duration::from_secs(1))
             .max_attempts(2);
-        NatsConsumer::connect(&nats_url(), db.inbox.clone(), options)
+        NatsConsumer::connect(&nats_url(), inbox.clone(), options)
             .await
             .unwrap()
     }

@@ -5,7 +5,7 @@
 
 use super::broker::{Batching, TestBroker, consume_until, read_to_end, take};
 use super::on_every_database;
-use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
 use justonce_tests::{TestBackend, TestDb, redis_url};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
@@ -222,12 +222,14 @@ async fn a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_move
 }
 
 impl Batching for Stream {
+    type Adapter = justonce_transport::redis_streams::RedisStreams;
+
     async fn connect_for_batches<DB: TestBackend>(
         &self,
-        db: &TestDb<DB>,
+        inbox: &Inbox<DB>,
     ) -> RedisStreamConsumer<DB> {
         let options = options(self, "a").count(64).max_attempts(2);
-        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options)
+        RedisStreamConsumer::connect(&redis_url(), inbox.clone(), options)
             .await
             .unwrap()
     }
