@@ -16,11 +16,11 @@ use justonce_http::receiver;
 use justonce_sql::{
     Backend, Consumer, Inbox, Key, Message, Outbox, RelayOptions, WorkFuture, trace,
 };
-use justonce_transport::Incoming;
 use justonce_transport::amqp::AmqpConsumer;
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::NatsConsumer;
 use justonce_transport::redis_streams::RedisStreamConsumer;
+use justonce_transport::{Broker, Incoming, Work};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -366,10 +366,7 @@ async fn consume_once<DB: Backend, E>(
     inbox: Inbox<DB>,
     connected: impl FnOnce(),
     stopped: impl std::future::Future,
-    work: impl for<'e, 't> Fn(
-        &'t mut justonce_sql::sqlx::Transaction<'e, DB>,
-        &'t Incoming,
-    ) -> WorkFuture<'t, (), E>,
+    work: impl Work<DB, E>,
 ) -> Result<justonce_transport::ConsumerStats, justonce_transport::Error>
 where
     E: std::error::Error + Send + Sync + 'static,
@@ -377,27 +374,38 @@ where
     match options {
         BrokerOptions::Amqp(options) => {
             let consumer = AmqpConsumer::connect(from, inbox, options.clone()).await?;
-            connected();
-            let ran = consumer.run(stopped, work).await;
+            let ran = run_consumer(&consumer, connected, stopped, work).await;
             let _ = consumer.close().await;
             ran
         }
         BrokerOptions::Nats(options) => {
             let consumer = NatsConsumer::connect(from, inbox, options.clone()).await?;
-            connected();
-            consumer.run(stopped, work).await
+            run_consumer(&consumer, connected, stopped, work).await
         }
         BrokerOptions::Mqtt(options) => {
             let consumer = MqttConsumer::connect(from, inbox, options.clone()).await?;
-            connected();
-            consumer.run(stopped, work).await
+            run_consumer(&consumer, connected, stopped, work).await
         }
         BrokerOptions::Redis(options) => {
             let consumer = RedisStreamConsumer::connect(from, inbox, options.clone()).await?;
-            connected();
-            consumer.run(stopped, work).await
+            run_consumer(&consumer, connected, stopped, work).await
         }
     }
+}
+
+/// Says the consumer is connected and runs it until `stopped` resolves or the broker fails:
+/// the same for every broker.
+async fn run_consumer<B: Broker, DB: Backend, E>(
+    consumer: &justonce_transport::Consumer<B, DB>,
+    connected: impl FnOnce(),
+    stopped: impl std::future::Future,
+    work: impl Work<DB, E>,
+) -> Result<justonce_transport::ConsumerStats, justonce_transport::Error>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    connected();
+    consumer.run(stopped, work).await
 }
 
 /// A refused TLS handshake in plain words, with the consumer and the setting to look at.
@@ -428,11 +436,10 @@ const BROKER_RETRY: Duration = Duration::from_secs(5);
 fn forward_to_target<DB: Backend>(
     name: String,
     inbox: Inbox<DB>,
-) -> impl for<'e, 't> Fn(
-    &'t mut justonce_sql::sqlx::Transaction<'e, DB>,
-    &'t Incoming,
-) -> WorkFuture<'t, (), justonce_sql::Error> {
-    move |tx, message| {
+) -> impl Work<DB, justonce_sql::Error> {
+    move |tx: &mut justonce_sql::sqlx::Transaction<'_, DB>,
+          message: &Incoming|
+          -> WorkFuture<'_, (), justonce_sql::Error> {
         let (name, inbox) = (name.clone(), inbox.clone());
         Box::pin(async move {
             let key = Key::new(format!("{name}:{}", message.key))?;

@@ -353,6 +353,59 @@ impl<DB: Backend> Inbox<DB> {
             .collect()
     }
 
+    /// Runs a batch in one transaction: claims the keys of `messages` with one statement
+    /// ([`Inbox::claim_many`]), runs `work` for each message whose key it claimed first, and
+    /// commits; what each message came to, in order. Any failure rolls the whole batch back
+    /// and is returned, without a retry: the caller runs the messages one by one with
+    /// [`Inbox::run`], which retries, so that one failing message neither loses nor doubles
+    /// the others.
+    ///
+    /// `claim` gives a message's key and payload.
+    pub async fn run_batch<M, E, F>(
+        &self,
+        messages: &[M],
+        claim: impl Fn(&M) -> (&Key, &[u8]),
+        mut work: F,
+    ) -> Result<Vec<Outcome<()>>, RunError<E>>
+    where
+        F: for<'t> FnMut(&'t mut sqlx::Transaction<'static, DB>, &'t M) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let claims: Vec<(Key, &[u8])> = messages
+            .iter()
+            .map(|message| {
+                let (key, payload) = claim(message);
+                (key.clone(), payload)
+            })
+            .collect();
+        let mut tx = self.begin().await.map_err(RunError::Store)?;
+        let claimed = match self.claim_many(&mut tx, &claims).await {
+            Ok(claimed) => claimed,
+            Err(error) => return Err(rolled_back(tx, RunError::Store(error)).await),
+        };
+        for (message, claim) in messages.iter().zip(&claimed) {
+            if *claim == Claim::First
+                && let Err(error) = work(&mut tx, message).await
+            {
+                return Err(rolled_back(tx, RunError::Work(error)).await);
+            }
+        }
+        tx.commit()
+            .await
+            .map_err(|e| RunError::Store(database_error::<DB>(e)))?;
+        Ok(claimed
+            .into_iter()
+            .map(|claim| match claim {
+                Claim::First => Outcome::Processed(()),
+                Claim::Duplicate => Outcome::Duplicate,
+                Claim::KeyReused { stored, received } => Outcome::KeyReused { stored, received },
+            })
+            .collect())
+    }
+
     /// Runs `work` once for `key`: opens a transaction, claims the key, runs the work with
     /// the transaction, and commits the claim and the work's writes together.
     ///
@@ -744,6 +797,26 @@ impl<DB: Backend> Inbox<DB> {
         })
     }
 
+    /// [`Inbox::commit_offset`] in a transaction of its own, committed if the offset moved:
+    /// for a reader that moves past an entry it gave up (dead-lettered) or only found
+    /// duplicates in.
+    pub async fn move_offset(
+        &self,
+        stream: &str,
+        partition: i32,
+        offset: Offset,
+    ) -> Result<OffsetCommit, Error> {
+        let mut tx = self.begin().await?;
+        let moved = self
+            .commit_offset(&mut tx, stream, partition, offset)
+            .await?;
+        match moved {
+            OffsetCommit::Moved => tx.commit().await.map_err(database_error::<DB>)?,
+            OffsetCommit::AlreadyProcessed => tx.rollback().await.map_err(database_error::<DB>)?,
+        }
+        Ok(moved)
+    }
+
     /// This consumer's stored positions in `stream`, by partition, to resume from.
     pub async fn load_offsets(&self, stream: &str) -> Result<Vec<(i32, Offset)>, Error> {
         DB::load_offsets(
@@ -872,6 +945,18 @@ pub enum RunError<E> {
     /// The work returned this error; its transaction was rolled back.
     #[error("the work failed")]
     Work(#[source] E),
+}
+
+/// `error`, after rolling `tx` back; a failed rollback is logged, since the connection
+/// ending rolls it back anyway.
+async fn rolled_back<DB: Backend, E>(
+    tx: sqlx::Transaction<'static, DB>,
+    error: RunError<E>,
+) -> RunError<E> {
+    if let Err(rollback) = tx.rollback().await {
+        tracing::debug!(error = %rollback, "rolling a failed batch back");
+    }
+    error
 }
 
 /// Whether the work failed because of its transaction rather than its logic: a

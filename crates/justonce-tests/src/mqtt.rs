@@ -43,21 +43,15 @@ pub async fn publish_while_consuming<DB: TestBackend>(
     let consuming = async {
         let work = consumer_work::<DB>(prefix);
         let mut stats = ConsumerStats::default();
+        let mut messages = consumer.deliveries().await.expect("subscribed");
         while ((stats.processed + stats.duplicates) as usize) < count {
-            let message = consumer.next().await.expect("a message");
-            if batch > 1 {
-                let batch = consumer.more(message, batch).await.expect("a batch");
-                consumer
-                    .settle_batch(&batch, &work, &mut stats)
-                    .await
-                    .expect("settled");
-            } else {
-                let ran = consumer.run_one(&message, &work).await;
-                consumer
-                    .settle(&message, ran, &mut stats)
-                    .await
-                    .expect("settled");
-            }
+            let message = messages.next().await.expect("a message");
+            let message = message.expect("the session is open");
+            let batch = messages.more(message, batch).await.expect("a batch");
+            consumer
+                .settle_batch(&batch, &work, &mut stats)
+                .await
+                .expect("settled");
             settled.store(stats.processed + stats.duplicates, Ordering::Relaxed);
         }
         stats

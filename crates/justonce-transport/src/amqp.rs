@@ -30,15 +30,12 @@
 //! An `amqps://` URL connects over TLS, checked against the system's roots or the CA of
 //! [`AmqpOptions::tls`].
 
+use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
 use crate::tls::Tls;
-use crate::{
-    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
-    truncate,
-};
+use crate::{ATTEMPT_HEADER, Error, Policy, REASON_BYTES, REASON_HEADER, truncate};
 use futures_util::StreamExt;
-use justonce_core::trace::{TRACEPARENT, TRACESTATE};
-use justonce_core::{Delivered, Delivery, Destination, Key, TraceContext};
-use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
+use justonce_core::{Delivered, Delivery, Destination};
+use justonce_sql::{Backend, Inbox};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
@@ -50,19 +47,15 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
-use tracing::Instrument;
 
 /// Settings of an [`AmqpConsumer`].
 #[derive(Debug, Clone)]
 pub struct AmqpOptions {
     queue: String,
-    key_from: KeyFrom,
+    policy: Policy,
     prefetch: u16,
-    max_attempts: u32,
     dead_letter_queue: String,
     declare: bool,
-    store_pause: Duration,
     tls: Option<Tls>,
 }
 
@@ -75,30 +68,21 @@ impl AmqpOptions {
         Self {
             dead_letter_queue: format!("{queue}.dead"),
             queue,
-            key_from: KeyFrom::MessageId,
+            policy: Policy::default(),
             prefetch: 16,
-            max_attempts: 5,
             declare: true,
-            store_pause: Duration::from_secs(1),
             tls: None,
         }
     }
 
-    /// Where the key is.
-    pub fn key_from(mut self, key_from: KeyFrom) -> Self {
-        self.key_from = key_from;
-        self
-    }
+    policy_setters!(
+        /// Where the key is: [`KeyFrom::MessageId`](crate::KeyFrom::MessageId) is the
+        /// `message_id` property.
+    );
 
     /// How many unacknowledged deliveries the broker sends ahead (at least 1).
     pub fn prefetch(mut self, prefetch: u16) -> Self {
         self.prefetch = prefetch.max(1);
-        self
-    }
-
-    /// How many times failed work is tried before it is dead-lettered (at least 1).
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
         self
     }
 
@@ -116,12 +100,6 @@ impl AmqpOptions {
         self
     }
 
-    /// How long to wait after the database failed before taking the next delivery.
-    pub fn store_pause(mut self, pause: Duration) -> Self {
-        self.store_pause = pause;
-        self
-    }
-
     /// How to check the broker's certificate and which client certificate to present;
     /// the URL must be `amqps://`.
     pub fn tls(mut self, tls: Tls) -> Self {
@@ -131,17 +109,19 @@ impl AmqpOptions {
 }
 
 /// A RabbitMQ consumer that runs each delivery's work once in effect.
-pub struct AmqpConsumer<DB: Backend> {
-    inbox: Inbox<DB>,
+pub type AmqpConsumer<DB> = crate::Consumer<Amqp, DB>;
+
+/// The RabbitMQ adapter of [`AmqpConsumer`]: a channel with publisher confirms (for
+/// retries and dead letters) and the prefetch.
+pub struct Amqp {
     connection: Connection,
     channel: Channel,
     options: AmqpOptions,
 }
 
-impl<DB: Backend> std::fmt::Debug for AmqpConsumer<DB> {
+impl std::fmt::Debug for Amqp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AmqpConsumer")
-            .field("inbox", &self.inbox)
+        f.debug_struct("Amqp")
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -162,102 +142,102 @@ impl<DB: Backend> AmqpConsumer<DB> {
                 declare(&channel, queue).await?;
             }
         }
-        Ok(Self {
-            inbox,
+        let amqp = Amqp {
             connection,
             channel,
             options,
-        })
-    }
-
-    /// Takes deliveries until `shutdown` resolves or the broker cancels the consumer, runs
-    /// `work` for each in a transaction with its key, and settles each only after.
-    /// Deliveries taken but not settled at shutdown go back to the broker.
-    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        self.run_batched(shutdown, 1, work).await
-    }
-
-    /// Like [`AmqpConsumer::run`], with the deliveries that have arrived, up to
-    /// `batch_size`, claimed with one statement and worked in one transaction, then
-    /// acknowledged after its commit; a `batch_size` of 1 is [`AmqpConsumer::run`]. If
-    /// any work in a batch fails, the batch rolls back and its deliveries are run one by
-    /// one, so that one failing message neither loses nor doubles the others. Set a
-    /// prefetch of at least `batch_size`.
-    pub async fn run_batched<F, E>(
-        &self,
-        shutdown: impl Future,
-        batch_size: usize,
-        work: F,
-    ) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let mut deliveries = self.deliveries().await?;
-        let mut stats = ConsumerStats::default();
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let next = tokio::select! {
-                _ = &mut shutdown => break,
-                next = deliveries.next() => next,
-            };
-            let Some(first) = next? else { break };
-            if batch_size <= 1 {
-                let ran = first.run(&self.inbox, &work).await;
-                first.settle(ran, &mut stats).await?;
-            } else {
-                let batch = deliveries.more(first, batch_size).await?;
-                self.settle_batch(batch, &work, &mut stats).await?;
-            }
-        }
-        deliveries.stop().await?;
-        Ok(stats)
-    }
-
-    /// Claims the keys of `batch` with one statement, runs the work of each first claim in
-    /// one transaction, and settles every delivery after its commit; if any work fails,
-    /// rolls back and runs and settles the deliveries one by one.
-    pub async fn settle_batch<F, E>(
-        &self,
-        batch: Vec<Taken<'_, DB>>,
-        work: &F,
-        stats: &mut ConsumerStats,
-    ) -> Result<(), Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let (keyed, unkeyed): (Vec<_>, Vec<_>) =
-            batch.into_iter().partition(|taken| taken.incoming.is_ok());
-        let incoming: Vec<&Incoming> = keyed
-            .iter()
-            .filter_map(|taken| taken.incoming.as_ref().ok())
-            .collect();
-        let one_by_one = match crate::commit_batch(&self.inbox, &incoming, work).await {
-            Ok(outcomes) => {
-                for (taken, outcome) in keyed.into_iter().zip(outcomes) {
-                    taken.settle(Ran::<E>::Outcome(outcome), stats).await?;
-                }
-                unkeyed
-            }
-            Err(error) => {
-                tracing::debug!(%error, "a batch failed: running its deliveries one by one");
-                keyed.into_iter().chain(unkeyed).collect()
-            }
         };
-        for taken in one_by_one {
-            let ran = taken.run(&self.inbox, work).await;
-            taken.settle(ran, stats).await?;
-        }
-        Ok(())
+        Ok(Self::new(amqp, inbox))
     }
 
-    /// The deliveries one at a time, for callers that run and settle them themselves.
-    pub async fn deliveries(&self) -> Result<Deliveries<'_, DB>, Error> {
+    /// Closes the channel and the connection; deliveries not acknowledged go back to the
+    /// broker.
+    pub async fn close(self) -> Result<(), Error> {
+        let amqp = self.broker();
+        amqp.channel
+            .close(200, "bye".into())
+            .await
+            .map_err(broker)?;
+        amqp.connection
+            .close(200, "bye".into())
+            .await
+            .map_err(broker)
+    }
+}
+
+/// The deliveries of one `basic.consume`.
+pub struct AmqpReceiver<'a> {
+    channel: &'a Channel,
+    consumer: lapin::Consumer,
+    tag: String,
+}
+
+impl Receive for AmqpReceiver<'_> {
+    type Delivery = lapin::message::Delivery;
+
+    async fn next(&mut self) -> Result<Option<Self::Delivery>, Error> {
+        self.consumer.next().await.transpose().map_err(broker)
+    }
+
+    async fn stop(self) -> Result<(), Error> {
+        self.channel
+            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default())
+            .await
+            .map_err(broker)
+    }
+}
+
+impl Received for lapin::message::Delivery {
+    fn message_id(&self) -> Result<String, String> {
+        self.properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str().to_owned())
+            .ok_or_else(|| "the message has no message_id".to_owned())
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        let headers = self.properties.headers().as_ref()?.inner();
+        match headers.get(name)? {
+            AMQPValue::LongString(text) => String::from_utf8(text.as_bytes().to_vec()).ok(),
+            AMQPValue::ShortString(text) => Some(text.as_str().to_owned()),
+            AMQPValue::LongLongInt(n) => Some(n.to_string()),
+            AMQPValue::LongInt(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
+
+    fn body(&self) -> Vec<u8> {
+        self.data.clone()
+    }
+
+    fn content_type(&self) -> Option<String> {
+        (self.properties.content_type().as_ref())
+            .map(|content_type| content_type.as_str().to_owned())
+    }
+
+    fn attempt(&self) -> u32 {
+        (self.header(ATTEMPT_HEADER))
+            .and_then(|attempt| attempt.parse::<u32>().ok())
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    fn redelivered(&self) -> bool {
+        self.redelivered
+    }
+}
+
+impl Broker for Amqp {
+    type Delivery = lapin::message::Delivery;
+    type Receiver<'b> = AmqpReceiver<'b>;
+    const NAME: &'static str = "amqp";
+
+    fn policy(&self) -> &Policy {
+        &self.options.policy
+    }
+
+    async fn receive(&self) -> Result<AmqpReceiver<'_>, Error> {
         let tag = format!("justonce-{}", std::process::id());
         let consumer = self
             .channel
@@ -269,200 +249,56 @@ impl<DB: Backend> AmqpConsumer<DB> {
             )
             .await
             .map_err(broker)?;
-        Ok(Deliveries {
-            owner: self,
+        Ok(AmqpReceiver {
+            channel: &self.channel,
             consumer,
             tag,
         })
     }
 
-    /// Closes the channel and the connection; deliveries not acknowledged go back to the
-    /// broker.
-    pub async fn close(self) -> Result<(), Error> {
-        self.channel
-            .close(200, "bye".into())
-            .await
-            .map_err(broker)?;
-        self.connection
-            .close(200, "bye".into())
-            .await
-            .map_err(broker)
-    }
-}
-
-/// The stream of one consumer's deliveries.
-pub struct Deliveries<'c, DB: Backend> {
-    owner: &'c AmqpConsumer<DB>,
-    consumer: lapin::Consumer,
-    tag: String,
-}
-
-impl<'c, DB: Backend> Deliveries<'c, DB> {
-    /// The next delivery, with its key read; `None` once the broker cancelled the consumer.
-    pub async fn next(&mut self) -> Result<Option<Taken<'c, DB>>, Error> {
-        let Some(delivery) = self.consumer.next().await else {
-            return Ok(None);
-        };
-        let delivery = delivery.map_err(broker)?;
-        let attempt = attempt_of(&delivery);
-        let incoming = key_of(&self.owner.options.key_from, &delivery).map(|key| Incoming {
-            key,
-            body: delivery.data.clone(),
-            attempt,
-            redelivered: delivery.redelivered,
-            content_type: (delivery.properties.content_type().as_ref())
-                .map(|content_type| content_type.as_str().to_owned()),
-            trace: trace_of(&delivery),
-        });
-        Ok(Some(Taken {
-            owner: self.owner,
-            attempt,
-            incoming,
-            delivery,
-        }))
-    }
-
-    /// `first` and the deliveries that have arrived after it, up to `batch_size` in all;
-    /// it does not wait for more.
-    pub async fn more(
-        &mut self,
-        first: Taken<'c, DB>,
-        batch_size: usize,
-    ) -> Result<Vec<Taken<'c, DB>>, Error> {
-        let mut batch = vec![first];
-        while batch.len() < batch_size {
-            match tokio::time::timeout(Duration::from_millis(1), self.next()).await {
-                Ok(next) => match next? {
-                    Some(taken) => batch.push(taken),
-                    None => break,
-                },
-                Err(_) => break,
-            }
-        }
-        Ok(batch)
-    }
-
-    /// Stops taking deliveries; those taken and not settled go back to the broker when the
-    /// channel closes.
-    pub async fn stop(self) -> Result<(), Error> {
-        self.owner
-            .channel
-            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default())
-            .await
-            .map_err(broker)
-    }
-}
-
-/// One delivery, taken and not yet settled.
-pub struct Taken<'c, DB: Backend> {
-    owner: &'c AmqpConsumer<DB>,
-    delivery: lapin::message::Delivery,
-    attempt: u32,
-    /// The delivery as the work sees it, or why it has no usable key.
-    incoming: Result<Incoming, String>,
-}
-
-impl<DB: Backend> Taken<'_, DB> {
-    /// The delivery's key, or why it has none.
-    pub fn key(&self) -> Result<&Key, &str> {
-        match &self.incoming {
-            Ok(incoming) => Ok(&incoming.key),
-            Err(reason) => Err(reason),
-        }
-    }
-
-    /// Runs `work` in a transaction with the key claimed (see [`Inbox::run`]).
-    pub async fn run<F, E>(&self, inbox: &Inbox<DB>, work: &F) -> Ran<E>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let incoming = match &self.incoming {
-            Ok(incoming) => incoming,
-            Err(reason) => return Ran::NoKey(reason.clone()),
-        };
-        Ran::of(
-            inbox
-                .run(&incoming.key, &incoming.body, |tx| work(tx, incoming))
-                .instrument(crate::consume_span(incoming))
-                .await,
-        )
-    }
-
-    /// Acknowledges, retries, dead-letters or returns the delivery as `ran` says, and
-    /// counts it in `stats`.
-    pub async fn settle<E: std::fmt::Display>(
-        self,
-        ran: Ran<E>,
-        stats: &mut ConsumerStats,
-    ) -> Result<(), Error> {
-        let options = &self.owner.options;
-        let key = self.key().map(Key::as_str).unwrap_or("");
-        match ran {
-            Ran::Outcome(Outcome::Processed(())) => stats.processed += 1,
-            Ran::Outcome(Outcome::Duplicate) => stats.duplicates += 1,
-            Ran::Outcome(Outcome::KeyReused { .. }) => {
-                tracing::warn!(%key, "the same key with another payload: skipped");
-                stats.key_reused += 1;
-            }
-            Ran::NoKey(reason) => {
-                tracing::warn!(%reason, "a delivery without a usable key: dead-lettered");
-                self.dead_letter(&reason).await?;
-                stats.dead_lettered += 1;
-            }
-            Ran::Work(error) if self.attempt < options.max_attempts => {
-                tracing::debug!(%key, attempt = self.attempt, %error, "work failed: retrying");
-                self.publish_copy(&options.queue, self.attempt + 1, None)
+    /// A retry or a dead letter is a copy published, confirmed, then the original
+    /// acknowledged: if this process dies in between, both copies exist, and the key makes
+    /// the second one a duplicate. Given back is a requeueing nack.
+    async fn settle(&self, delivery: &Self::Delivery, settle: Settle) -> Result<(), Error> {
+        let options = &self.options;
+        match settle {
+            Settle::Ack => {}
+            Settle::Retry { attempt } => {
+                self.publish_copy(delivery, &options.queue, attempt + 1, None)
                     .await?;
-                stats.retried += 1;
             }
-            Ran::Work(error) => {
-                let reason = format!("attempt {}: {error}", self.attempt);
-                tracing::warn!(%key, %reason, "work failed for the last time: dead-lettered");
-                self.dead_letter(&reason).await?;
-                stats.dead_lettered += 1;
+            Settle::DeadLetter { attempt, reason } => {
+                let queue = &options.dead_letter_queue;
+                self.publish_copy(delivery, queue, attempt, Some(&reason))
+                    .await?;
             }
-            Ran::Store(error) => {
-                tracing::warn!(%key, %error, "database failed: the delivery goes back to the broker");
+            Settle::GiveBack => {
                 let requeue = BasicNackOptions {
                     multiple: false,
                     requeue: true,
                 };
-                self.delivery.nack(requeue).await.map_err(broker)?;
-                stats.returned += 1;
-                tokio::time::sleep(options.store_pause).await;
-                return Ok(());
+                return delivery.nack(requeue).await.map(drop).map_err(broker);
             }
         }
-        crate::count_consumed(&self.owner.inbox, "amqp", 1);
-        self.delivery
+        delivery
             .ack(BasicAckOptions::default())
             .await
             .map(drop)
             .map_err(broker)
     }
+}
 
-    async fn dead_letter(&self, reason: &str) -> Result<(), Error> {
-        let queue = &self.owner.options.dead_letter_queue;
-        self.publish_copy(queue, self.attempt, Some(reason)).await
-    }
-
+impl Amqp {
     /// Publishes the delivery again, with its properties, to `queue` through the default
-    /// exchange, and waits for the broker's confirm. The original is acknowledged after:
-    /// if this process dies in between, both copies exist, and the key makes the second
-    /// one a duplicate.
+    /// exchange, and waits for the broker's confirm.
     async fn publish_copy(
         &self,
+        delivery: &lapin::message::Delivery,
         queue: &str,
         attempt: u32,
         reason: Option<&str>,
     ) -> Result<(), Error> {
-        let mut headers = self
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
+        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
         headers.insert(
             ATTEMPT_HEADER.into(),
             AMQPValue::LongLongInt(attempt.into()),
@@ -471,15 +307,8 @@ impl<DB: Backend> Taken<'_, DB> {
             let reason = truncate(reason, REASON_BYTES);
             headers.insert(REASON_HEADER.into(), AMQPValue::LongString(reason.into()));
         }
-        let properties = self.delivery.properties.clone().with_headers(headers);
-        publish(
-            &self.owner.channel,
-            "",
-            queue,
-            &self.delivery.data,
-            properties,
-        )
-        .await
+        let properties = delivery.properties.clone().with_headers(headers);
+        publish(&self.channel, "", queue, &delivery.data, properties).await
     }
 }
 
@@ -679,58 +508,6 @@ async fn publish(
             format!("the broker did not confirm the message: {other:?}").into(),
         )),
     }
-}
-
-fn attempt_of(delivery: &lapin::message::Delivery) -> u32 {
-    let value = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|headers| headers.inner().get(ATTEMPT_HEADER).cloned());
-    match value {
-        Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(1).max(1),
-        _ => 1,
-    }
-}
-
-/// The trace context among a delivery's headers.
-fn trace_of(delivery: &lapin::message::Delivery) -> Option<TraceContext> {
-    let headers = delivery.properties.headers().as_ref()?.inner();
-    let text = |name: &str| match headers.get(name)? {
-        AMQPValue::LongString(text) => std::str::from_utf8(text.as_bytes()).ok(),
-        AMQPValue::ShortString(text) => Some(text.as_str()),
-        _ => None,
-    };
-    TraceContext::parse(text(TRACEPARENT)?, text(TRACESTATE))
-}
-
-/// The key of a delivery, or why it has none.
-fn key_of(key_from: &KeyFrom, delivery: &lapin::message::Delivery) -> Result<Key, String> {
-    let text = match key_from {
-        KeyFrom::MessageId => delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .map(|id| id.as_str().to_owned())
-            .ok_or("the message has no message_id")?,
-        KeyFrom::Header(name) => {
-            let value = delivery
-                .properties
-                .headers()
-                .as_ref()
-                .and_then(|headers| headers.inner().get(name.as_str()).cloned());
-            match value {
-                Some(AMQPValue::LongString(text)) => String::from_utf8(text.as_bytes().to_vec())
-                    .map_err(|_| format!("header {name} is not UTF-8"))?,
-                Some(AMQPValue::ShortString(text)) => text.as_str().to_owned(),
-                Some(AMQPValue::LongLongInt(n)) => n.to_string(),
-                Some(AMQPValue::LongInt(n)) => n.to_string(),
-                _ => return Err(format!("the message has no text header {name}")),
-            }
-        }
-        KeyFrom::Json(pointer) => crate::json_id(&delivery.data, pointer)?,
-    };
-    crate::message_key(text)
 }
 
 fn broker(error: lapin::Error) -> Error {

@@ -144,17 +144,7 @@ pub(crate) async fn skip<DB: Backend>(
     stream: &str,
     offset: Offset,
 ) -> Result<(), justonce_sql::Error> {
-    let mut tx = inbox.begin().await?;
-    match inbox
-        .commit_offset(&mut tx, stream, PARTITION, offset)
-        .await?
-    {
-        OffsetCommit::Moved => tx
-            .commit()
-            .await
-            .map_err(|e| justonce_sql::Error::database(DB::is_retryable(&e), e)),
-        OffsetCommit::AlreadyProcessed => Ok(()),
-    }
+    inbox.move_offset(stream, PARTITION, offset).await.map(drop)
 }
 
 /// Where a reader starts: after the stored offset of `stream`, if any.

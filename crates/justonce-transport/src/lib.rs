@@ -43,6 +43,10 @@
 //! | `mqtt`  | MQTT 5, through rumqttc: [`mqtt::MqttConsumer`] and [`mqtt::MqttDestination`] |
 //! | `tls`   | on with any broker: [`tls::Tls`], the TLS settings every broker takes |
 //!
+//! Each consumer is the one generic [`Consumer`] over its broker's adapter ([`Broker`]):
+//! `AmqpConsumer<DB>` is `Consumer<Amqp, DB>`. The adapter receives, reads and settles
+//! deliveries; the consumer holds the policy every broker shares.
+//!
 //! # Settling
 //!
 //! What a consumer does with each delivery:
@@ -54,7 +58,7 @@
 //! | the key was processed with another payload | acknowledged and counted; the work did not run |
 //! | failed | redelivered with its attempt count, up to the attempt limit; then dead-lettered with the reason |
 //! | no usable key | dead-lettered at once |
-//! | the database failed | returned to the broker, after a pause |
+//! | the database failed | returned to the broker at once; the consumer then pauses |
 //!
 //! Nothing is acknowledged before its transaction has committed.
 //!
@@ -77,6 +81,13 @@
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub mod amqp;
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+mod consumer;
 #[cfg(any(feature = "nats", feature = "redis"))]
 mod in_order;
 #[cfg(feature = "mqtt")]
@@ -92,6 +103,13 @@ pub mod redis_streams;
 #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
 pub mod tls;
 
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+pub use consumer::{Broker, Consumer, Deliveries, Policy, Receive, Received, Settle, Work};
 use justonce_core::{Key, TraceContext};
 use justonce_sql::Outcome;
 
@@ -234,62 +252,6 @@ impl<E> Ran<E> {
             ))),
         }
     }
-}
-
-/// Claims the keys of `batch` with one statement and runs the work of each first claim, in
-/// one transaction; what each message came to, in order. Any failure rolls it all back.
-#[cfg(any(
-    feature = "amqp",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-pub(crate) async fn commit_batch<DB, F, E>(
-    inbox: &justonce_sql::Inbox<DB>,
-    batch: &[&Incoming],
-    work: &F,
-) -> Result<Vec<Outcome<()>>, justonce_core::BoxError>
-where
-    DB: justonce_sql::Backend,
-    F: for<'e, 't> Fn(
-        &'t mut justonce_sql::sqlx::Transaction<'e, DB>,
-        &'t Incoming,
-    ) -> justonce_sql::WorkFuture<'t, (), E>,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    use justonce_sql::Claim;
-    if batch.is_empty() {
-        return Ok(Vec::new());
-    }
-    let messages: Vec<(Key, &[u8])> = batch
-        .iter()
-        .map(|message| (message.key.clone(), message.body.as_slice()))
-        .collect();
-    let mut tx = inbox.begin().await?;
-    let claims = match inbox.claim_many(&mut tx, &messages).await {
-        Ok(claims) => claims,
-        Err(error) => {
-            tx.rollback().await?;
-            return Err(error.into());
-        }
-    };
-    for (message, claim) in batch.iter().zip(&claims) {
-        if *claim == Claim::First
-            && let Err(error) = work(&mut tx, message).await
-        {
-            tx.rollback().await?;
-            return Err(error.into());
-        }
-    }
-    tx.commit().await?;
-    Ok(claims
-        .into_iter()
-        .map(|claim| match claim {
-            Claim::First => Outcome::Processed(()),
-            Claim::Duplicate => Outcome::Duplicate,
-            Claim::KeyReused { stored, received } => Outcome::KeyReused { stored, received },
-        })
-        .collect())
 }
 
 /// Counts a delivery's outcome in `stats`.

@@ -39,14 +39,11 @@
 //! An `mqtts://` URL connects over TLS, checked against the system's roots or the CA of
 //! [`MqttOptions::tls`].
 
+use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
 use crate::tls::{Tls, TlsError};
-use crate::{
-    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
-    truncate,
-};
-use justonce_core::trace::{TRACEPARENT, TRACESTATE};
-use justonce_core::{Delivered, Delivery, Destination, Key, TraceContext};
-use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
+use crate::{ATTEMPT_HEADER, Error, Policy, REASON_BYTES, REASON_HEADER, truncate};
+use justonce_core::{Delivered, Delivery, Destination};
+use justonce_sql::{Backend, Inbox};
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
@@ -56,8 +53,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, mpsc};
-use tracing::Instrument;
+use tokio::sync::{Mutex, MutexGuard, mpsc};
 
 pub use rumqttc::v5::mqttbytes::v5::Publish as Message;
 
@@ -76,11 +72,9 @@ pub struct MqttOptions {
     topic: String,
     shared_group: Option<String>,
     client_id: String,
-    key_from: KeyFrom,
-    max_attempts: u32,
+    policy: Policy,
     session_expiry: Duration,
     dead_letter_topic: String,
-    store_pause: Duration,
     tls: Option<Tls>,
 }
 
@@ -96,27 +90,17 @@ impl MqttOptions {
             shared_group: None,
             dead_letter_topic: format!("justonce/dead/{client_id}"),
             client_id,
-            key_from: KeyFrom::MessageId,
-            max_attempts: 5,
+            policy: Policy::default(),
             session_expiry: Duration::from_secs(7 * 86_400),
-            store_pause: Duration::from_secs(1),
             tls: None,
         }
     }
 
-    /// Where the key is: [`KeyFrom::MessageId`] is the `key` user property,
-    /// [`KeyFrom::Header`] a user property of that name, [`KeyFrom::Json`] a pointer into
-    /// the payload.
-    pub fn key_from(mut self, key_from: KeyFrom) -> Self {
-        self.key_from = key_from;
-        self
-    }
-
-    /// How many times failed work is tried before it is dead-lettered (at least 1).
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
-        self
-    }
+    policy_setters!(
+        /// Where the key is: [`KeyFrom::MessageId`](crate::KeyFrom::MessageId) is the `key`
+        /// user property, [`KeyFrom::Header`](crate::KeyFrom::Header) a user property of
+        /// that name, [`KeyFrom::Json`](crate::KeyFrom::Json) a pointer into the payload.
+    );
 
     /// Shares the topic's messages among the consumers of `group` (an MQTT 5 shared
     /// subscription, `$share/<group>/<topic>`): each message goes to one of them. Each
@@ -146,13 +130,6 @@ impl MqttOptions {
     /// The topic dead letters are published to.
     pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
         self.dead_letter_topic = topic.into();
-        self
-    }
-
-    /// How long the consumer waits after a database failure before it publishes the
-    /// message back.
-    pub fn store_pause(mut self, pause: Duration) -> Self {
-        self.store_pause = pause;
         self
     }
 
@@ -377,16 +354,17 @@ async fn drive(
 }
 
 /// An MQTT consumer that runs each message's work once in effect.
-pub struct MqttConsumer<DB: Backend> {
-    inbox: Inbox<DB>,
+pub type MqttConsumer<DB> = crate::Consumer<Mqtt, DB>;
+
+/// The MQTT adapter of [`MqttConsumer`]: a persistent session subscribed at QoS 1.
+pub struct Mqtt {
     connection: Connection,
     options: MqttOptions,
 }
 
-impl<DB: Backend> std::fmt::Debug for MqttConsumer<DB> {
+impl std::fmt::Debug for Mqtt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MqttConsumer")
-            .field("inbox", &self.inbox)
+        f.debug_struct("Mqtt")
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -430,224 +408,104 @@ impl<DB: Backend> MqttConsumer<DB> {
             Error::Broker(format!("no answer to the subscription to {}", options.topic).into())
         })?;
         subscribed?;
-        Ok(Self {
+        Ok(Self::new(
+            Mqtt {
+                connection,
+                options,
+            },
             inbox,
-            connection,
-            options,
-        })
+        ))
     }
+}
 
-    /// Takes messages until `shutdown` resolves, runs `work` for each in a transaction with
-    /// its key, and settles each only after. A message taken but not settled at shutdown is
-    /// sent again on the session's next connection.
-    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        self.run_batched(shutdown, 1, work).await
-    }
+/// The messages of the session, one taker at a time.
+pub struct MqttReceiver<'a> {
+    messages: MutexGuard<'a, mpsc::UnboundedReceiver<Result<Message, Failure>>>,
+}
 
-    /// Like [`MqttConsumer::run`], with the messages that have arrived, up to `batch_size`,
-    /// claimed with one statement and worked in one transaction, then acknowledged in order
-    /// after its commit; a `batch_size` of 1 is [`MqttConsumer::run`]. If any work in a batch
-    /// fails, the batch rolls back and its messages are run one by one. The broker sends at
-    /// most its in-flight window of unacknowledged messages (Mosquitto: 20 by default), which
-    /// bounds a batch too.
-    pub async fn run_batched<F, E>(
-        &self,
-        shutdown: impl Future,
-        batch_size: usize,
-        work: F,
-    ) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let mut stats = ConsumerStats::default();
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let first = tokio::select! {
-                _ = &mut shutdown => break,
-                next = self.next() => next?,
-            };
-            if batch_size <= 1 {
-                let ran = self.run_one(&first, &work).await;
-                self.settle(&first, ran, &mut stats).await?;
-            } else {
-                let batch = self.more(first, batch_size).await?;
-                self.settle_batch(&batch, &work, &mut stats).await?;
-            }
-        }
-        Ok(stats)
-    }
+impl Receive for MqttReceiver<'_> {
+    type Delivery = Message;
 
-    /// `first` and the messages that arrive after it within a millisecond, up to
-    /// `batch_size` in all.
-    pub async fn more(&self, first: Message, batch_size: usize) -> Result<Vec<Message>, Error> {
-        let mut batch = vec![first];
-        let mut messages = self.connection.messages.lock().await;
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(1);
-        while batch.len() < batch_size {
-            let next = match messages.try_recv() {
-                Ok(next) => next,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    match tokio::time::timeout_at(deadline, messages.recv()).await {
-                        Ok(Some(next)) => next,
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-                Err(mpsc::error::TryRecvError::Disconnected) => break,
-            };
-            batch.push(next.map_err(Failure::error)?);
-        }
-        Ok(batch)
-    }
-
-    /// Claims the keys of `batch` with one statement, runs the work of each first claim in
-    /// one transaction, and settles every message, in order, after its commit; if any work
-    /// fails, rolls back and runs and settles the messages one by one.
-    pub async fn settle_batch<F, E>(
-        &self,
-        batch: &[Message],
-        work: &F,
-        stats: &mut ConsumerStats,
-    ) -> Result<(), Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let read: Vec<Result<Incoming, String>> =
-            batch.iter().map(|message| self.incoming(message)).collect();
-        let keyed: Vec<&Incoming> = read.iter().filter_map(|r| r.as_ref().ok()).collect();
-        match crate::commit_batch(&self.inbox, &keyed, work).await {
-            Ok(outcomes) => {
-                let mut outcomes = outcomes.into_iter();
-                for (message, read) in batch.iter().zip(read) {
-                    let ran = match read {
-                        Err(reason) => Ran::<E>::NoKey(reason),
-                        Ok(_) => match outcomes.next() {
-                            Some(outcome) => Ran::Outcome(outcome),
-                            // The batch answers every keyed message: without an answer,
-                            // nothing is acknowledged, and the broker sends it again.
-                            None => break,
-                        },
-                    };
-                    self.settle(message, ran, stats).await?;
-                }
-            }
-            Err(error) => {
-                tracing::debug!(%error, "a batch failed: running its messages one by one");
-                for message in batch {
-                    let ran = self.run_one(message, work).await;
-                    self.settle(message, ran, stats).await?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The next message, for callers that run and settle messages themselves.
-    pub async fn next(&self) -> Result<Message, Error> {
-        match self.connection.messages.lock().await.recv().await {
-            Some(Ok(message)) => Ok(message),
+    async fn next(&mut self) -> Result<Option<Message>, Error> {
+        match self.messages.recv().await {
+            Some(Ok(message)) => Ok(Some(message)),
             Some(Err(failure)) => Err(failure.error()),
             None => Err(Error::Broker("the connection to the broker closed".into())),
         }
     }
+}
 
-    /// Runs the work of one message in a transaction with its key (see [`Inbox::run`]).
-    pub async fn run_one<F, E>(&self, message: &Message, work: &F) -> Ran<E>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let incoming = match self.incoming(message) {
-            Ok(incoming) => incoming,
-            Err(reason) => return Ran::NoKey(reason),
-        };
-        let run = self
-            .inbox
-            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
-            .instrument(crate::consume_span(&incoming))
-            .await;
-        Ran::of(run)
+impl Received for Message {
+    fn message_id(&self) -> Result<String, String> {
+        self.header(KEY_PROPERTY)
+            .ok_or_else(|| "the message has no key user property".to_owned())
     }
 
-    /// What the work of a message sees, or why it has no key.
-    fn incoming(&self, message: &Message) -> Result<Incoming, String> {
-        let attempt = attempt_of(message);
-        Ok(Incoming {
-            key: key_of(&self.options.key_from, message)?,
-            body: message.payload.to_vec(),
-            attempt,
-            redelivered: message.dup || attempt > 1,
-            content_type: message
-                .properties
-                .as_ref()
-                .and_then(|p| p.content_type.clone()),
-            trace: TraceContext::parse(
-                user_property(message, TRACEPARENT).unwrap_or_default(),
-                user_property(message, TRACESTATE),
-            ),
+    fn header(&self, name: &str) -> Option<String> {
+        user_property(self, name).map(str::to_owned)
+    }
+
+    fn body(&self) -> Vec<u8> {
+        self.payload.to_vec()
+    }
+
+    fn content_type(&self) -> Option<String> {
+        self.properties.as_ref()?.content_type.clone()
+    }
+
+    /// As the copies published for retries count.
+    fn attempt(&self) -> u32 {
+        user_property(self, ATTEMPT_HEADER)
+            .and_then(|attempt| attempt.parse().ok())
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    fn redelivered(&self) -> bool {
+        self.dup || self.attempt() > 1
+    }
+}
+
+impl Broker for Mqtt {
+    type Delivery = Message;
+    type Receiver<'b> = MqttReceiver<'b>;
+    const NAME: &'static str = "mqtt";
+
+    fn policy(&self) -> &Policy {
+        &self.options.policy
+    }
+
+    async fn receive(&self) -> Result<MqttReceiver<'_>, Error> {
+        Ok(MqttReceiver {
+            messages: self.connection.messages.lock().await,
         })
     }
 
-    /// Acknowledges, publishes again for another attempt, or dead-letters the message as
-    /// `ran` says, and counts it in `stats`.
-    pub async fn settle<E: std::fmt::Display>(
-        &self,
-        message: &Message,
-        ran: Ran<E>,
-        stats: &mut ConsumerStats,
-    ) -> Result<(), Error> {
-        crate::count_consumed(&self.inbox, "mqtt", 1);
-        let attempt = attempt_of(message);
+    /// MQTT has no negative acknowledgement: a retry, a dead letter or a message given back
+    /// is a copy published, acknowledged by the broker, then the original acknowledged.
+    async fn settle(&self, message: &Message, settle: Settle) -> Result<(), Error> {
         let topic = String::from_utf8_lossy(&message.topic).into_owned();
-        match ran {
-            Ran::Outcome(Outcome::Processed(())) => stats.processed += 1,
-            Ran::Outcome(Outcome::Duplicate) => stats.duplicates += 1,
-            Ran::Outcome(Outcome::KeyReused { .. }) => {
-                tracing::warn!(%topic, "the same key with another payload: skipped");
-                stats.key_reused += 1;
-            }
-            Ran::Work(error) if attempt < self.options.max_attempts => {
-                tracing::debug!(attempt, %error, "work failed: retrying");
-                stats.retried += 1;
+        match settle {
+            Settle::Ack => {}
+            Settle::Retry { attempt } => {
                 self.publish_copy(message, &topic, attempt + 1, None)
                     .await?;
             }
-            Ran::Work(error) => {
-                let reason = format!("attempt {attempt}: {error}");
-                stats.dead_lettered += 1;
-                self.dead_letter(message, attempt, &reason).await?;
+            Settle::DeadLetter { attempt, reason } => {
+                let topic = &self.options.dead_letter_topic;
+                self.publish_copy(message, topic, attempt, Some(&reason))
+                    .await?;
             }
-            Ran::NoKey(reason) => {
-                stats.dead_lettered += 1;
-                self.dead_letter(message, attempt, &reason).await?;
-            }
-            Ran::Store(error) => {
-                tracing::warn!(%error, "database failed: the message goes back to its topic");
-                stats.returned += 1;
-                tokio::time::sleep(self.options.store_pause).await;
-                self.publish_copy(message, &topic, attempt, None).await?;
+            Settle::GiveBack => {
+                self.publish_copy(message, &topic, message.attempt(), None)
+                    .await?;
             }
         }
         self.connection.client.ack(message).await.map_err(broker)
     }
+}
 
-    async fn dead_letter(
-        &self,
-        message: &Message,
-        attempt: u32,
-        reason: &str,
-    ) -> Result<(), Error> {
-        tracing::warn!(%reason, "dead-lettered");
-        let topic = self.options.dead_letter_topic.clone();
-        self.publish_copy(message, &topic, attempt, Some(reason))
-            .await
-    }
-
+impl Mqtt {
     /// Publishes the message to `topic` with its properties, the attempt and the reason, and
     /// waits for the broker to acknowledge it.
     async fn publish_copy(
@@ -842,28 +700,6 @@ fn user_property<'m>(message: &'m Message, name: &str) -> Option<&'m str> {
         .iter()
         .find(|(key, _)| key == name)
         .map(|(_, value)| value.as_str())
-}
-
-/// Which attempt this is, from 1, as the copies published for retries count.
-fn attempt_of(message: &Message) -> u32 {
-    user_property(message, ATTEMPT_HEADER)
-        .and_then(|attempt| attempt.parse().ok())
-        .unwrap_or(1)
-        .max(1)
-}
-
-/// The key of a message, or why it has none.
-fn key_of(key_from: &KeyFrom, message: &Message) -> Result<Key, String> {
-    let text = match key_from {
-        KeyFrom::MessageId => user_property(message, KEY_PROPERTY)
-            .ok_or("the message has no key user property")?
-            .to_owned(),
-        KeyFrom::Header(name) => user_property(message, name)
-            .ok_or_else(|| format!("the message has no user property {name}"))?
-            .to_owned(),
-        KeyFrom::Json(pointer) => crate::json_id(&message.payload, pointer)?,
-    };
-    crate::message_key(text)
 }
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {

@@ -32,22 +32,21 @@
 //! A server that requires TLS gets it; with [`NatsOptions::tls`], TLS is required of any
 //! server and checked against the CA given.
 
+use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
 use crate::tls::Tls;
 use crate::{
-    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
+    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, Policy, REASON_BYTES, REASON_HEADER, Ran,
     in_order, truncate,
 };
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
-use futures_util::{FutureExt, StreamExt};
-use justonce_core::trace::{TRACEPARENT, TRACESTATE};
-use justonce_core::{Delivered, Delivery, Destination, Key, TraceContext};
-use justonce_sql::{Backend, Inbox, Offset, Outcome, WorkFuture, sqlx};
+use futures_util::StreamExt;
+use justonce_core::{Delivered, Delivery, Destination};
+use justonce_sql::{Backend, Inbox, Offset, WorkFuture, sqlx};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
-use tracing::Instrument;
 
 pub use async_nats::jetstream::Message;
 
@@ -60,8 +59,7 @@ pub struct NatsOptions {
     stream: String,
     subject: String,
     durable: String,
-    key_from: KeyFrom,
-    max_attempts: u32,
+    policy: Policy,
     ack_wait: Duration,
     prefetch: usize,
     declare: bool,
@@ -80,8 +78,7 @@ impl NatsOptions {
             durable: stream.clone(),
             stream,
             subject: subject.into(),
-            key_from: KeyFrom::MessageId,
-            max_attempts: 5,
+            policy: Policy::default(),
             ack_wait: Duration::from_secs(30),
             prefetch: 64,
             declare: true,
@@ -95,17 +92,10 @@ impl NatsOptions {
         self
     }
 
-    /// Where the key is.
-    pub fn key_from(mut self, key_from: KeyFrom) -> Self {
-        self.key_from = key_from;
-        self
-    }
-
-    /// How many times failed work is tried before it is dead-lettered (at least 1).
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
-        self
-    }
+    policy_setters!(
+        /// Where the key is: [`KeyFrom::MessageId`](crate::KeyFrom::MessageId) is the
+        /// `Nats-Msg-Id` header.
+    );
 
     /// How long the server waits for an ack before it redelivers. Work in progress is
     /// reported every half of it.
@@ -144,17 +134,18 @@ impl NatsOptions {
 }
 
 /// A NATS JetStream consumer that runs each message's work once in effect.
-pub struct NatsConsumer<DB: Backend> {
-    inbox: Inbox<DB>,
+pub type NatsConsumer<DB> = crate::Consumer<Nats, DB>;
+
+/// The NATS JetStream adapter of [`NatsConsumer`]: a durable pull consumer.
+pub struct Nats {
     jetstream: jetstream::Context,
     consumer: jetstream::consumer::Consumer<pull::Config>,
     options: NatsOptions,
 }
 
-impl<DB: Backend> std::fmt::Debug for NatsConsumer<DB> {
+impl std::fmt::Debug for Nats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsConsumer")
-            .field("inbox", &self.inbox)
+        f.debug_struct("Nats")
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -179,108 +170,65 @@ impl<DB: Backend> NatsConsumer<DB> {
             )
             .await
             .map_err(|e| Error::Config(format!("consumer {}: {e}", options.durable)))?;
-        Ok(Self {
-            inbox,
+        let nats = Nats {
             jetstream,
             consumer,
             options,
-        })
-    }
-
-    /// Takes messages until `shutdown` resolves, runs `work` for each in a transaction with
-    /// its key, and settles each only after. A message taken but not settled at shutdown is
-    /// redelivered after the ack wait.
-    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        self.run_batched(shutdown, 1, work).await
-    }
-
-    /// Like [`NatsConsumer::run`], with the messages that have arrived, up to `batch_size`,
-    /// claimed with one statement and worked in one transaction, then acknowledged after its
-    /// commit; a `batch_size` of 1 is [`NatsConsumer::run`]. If any work in a batch fails,
-    /// the batch rolls back and its messages are run one by one, so that one failing message
-    /// neither loses nor doubles the others.
-    pub async fn run_batched<F, E>(
-        &self,
-        shutdown: impl Future,
-        batch_size: usize,
-        work: F,
-    ) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let mut messages = self.messages().await?;
-        let mut stats = ConsumerStats::default();
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let next = tokio::select! {
-                _ = &mut shutdown => break,
-                next = messages.next() => next,
-            };
-            let Some(first) = next? else { break };
-            if batch_size <= 1 {
-                let ran = self.run_one(&first, &work).await;
-                self.settle(&first, ran, &mut stats).await?;
-            } else {
-                let batch = messages.more(first, batch_size).await?;
-                self.settle_batch(&batch, &work, &mut stats).await?;
-            }
-        }
-        Ok(stats)
-    }
-
-    /// Claims the keys of `batch` with one statement, runs the work of each first claim in
-    /// one transaction, and settles every message after its commit; if any work fails,
-    /// rolls back and runs and settles the messages one by one. While the batch runs, the
-    /// server is told its messages are in progress.
-    pub async fn settle_batch<F, E>(
-        &self,
-        batch: &[jetstream::Message],
-        work: &F,
-        stats: &mut ConsumerStats,
-    ) -> Result<(), Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let (keyed, unkeyed): (Vec<_>, Vec<_>) = batch
-            .iter()
-            .map(|message| (message, self.incoming(message)))
-            .partition(|(_, incoming)| incoming.is_ok());
-        let incoming: Vec<&Incoming> = keyed
-            .iter()
-            .filter_map(|(_, incoming)| incoming.as_ref().ok())
-            .collect();
-        let commit = crate::commit_batch(&self.inbox, &incoming, work);
-        let committed = self
-            .in_progress(keyed.iter().map(|(message, _)| *message), commit)
-            .await;
-        let one_by_one = match committed {
-            Ok(outcomes) => {
-                for ((message, _), outcome) in keyed.iter().zip(outcomes) {
-                    self.settle(message, Ran::<E>::Outcome(outcome), stats)
-                        .await?;
-                }
-                unkeyed
-            }
-            Err(error) => {
-                tracing::debug!(%error, "a batch failed: running its messages one by one");
-                keyed.into_iter().chain(unkeyed).collect()
-            }
         };
-        for (message, _) in one_by_one {
-            let ran = self.run_one(message, work).await;
-            self.settle(message, ran, stats).await?;
-        }
-        Ok(())
+        Ok(Self::new(nats, inbox))
+    }
+}
+
+/// The messages of one pull consumer.
+pub struct Messages {
+    stream: pull::Stream,
+}
+
+impl Receive for Messages {
+    type Delivery = jetstream::Message;
+
+    async fn next(&mut self) -> Result<Option<jetstream::Message>, Error> {
+        self.stream.next().await.transpose().map_err(broker)
+    }
+}
+
+impl Received for jetstream::Message {
+    fn message_id(&self) -> Result<String, String> {
+        self.header(MSG_ID_HEADER)
+            .ok_or_else(|| "the message has no Nats-Msg-Id header".to_owned())
     }
 
-    /// The messages one at a time, for callers that run and settle them themselves.
-    pub async fn messages(&self) -> Result<Messages, Error> {
+    fn header(&self, name: &str) -> Option<String> {
+        let value = self.headers.as_ref()?.get(name)?;
+        Some(value.as_str().to_owned())
+    }
+
+    fn body(&self) -> Vec<u8> {
+        self.payload.to_vec()
+    }
+
+    fn content_type(&self) -> Option<String> {
+        self.header("Content-Type")
+    }
+
+    /// As the server counts deliveries.
+    fn attempt(&self) -> u32 {
+        self.info()
+            .map(|info| u32::try_from(info.delivered).unwrap_or(1).max(1))
+            .unwrap_or(1)
+    }
+}
+
+impl Broker for Nats {
+    type Delivery = jetstream::Message;
+    type Receiver<'b> = Messages;
+    const NAME: &'static str = "nats";
+
+    fn policy(&self) -> &Policy {
+        &self.options.policy
+    }
+
+    async fn receive(&self) -> Result<Messages, Error> {
         // A consumer made elsewhere may cap its pulls lower; the server refuses a larger one.
         let max_batch = usize::try_from(self.consumer.cached_info().config.max_batch)
             .ok()
@@ -300,42 +248,27 @@ impl<DB: Backend> NatsConsumer<DB> {
         Ok(Messages { stream })
     }
 
-    /// Runs the work of one message in a transaction with its key (see [`Inbox::run`]),
-    /// telling the server the message is in progress while it runs.
-    pub async fn run_one<F, E>(&self, message: &jetstream::Message, work: &F) -> Ran<E>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let incoming = match self.incoming(message) {
-            Ok(incoming) => incoming,
-            Err(reason) => return Ran::NoKey(reason),
+    /// A retry is a NAK with a growing delay, counted by the server; a dead letter is
+    /// published, then the original terminated; given back is a NAK without delay.
+    async fn settle(&self, message: &jetstream::Message, settle: Settle) -> Result<(), Error> {
+        let kind = match settle {
+            Settle::Ack => AckKind::Ack,
+            Settle::Retry { attempt } => AckKind::Nak(Some(in_order::retry_delay(attempt))),
+            Settle::DeadLetter { attempt, reason } => {
+                dead_letter(&self.jetstream, &self.options, message, attempt, &reason).await?;
+                AckKind::Term
+            }
+            Settle::GiveBack => AckKind::Nak(None),
         };
-        let run = self
-            .inbox
-            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
-            .instrument(crate::consume_span(&incoming));
-        Ran::of(self.in_progress([message], run).await)
+        message.ack_with(kind).await.map_err(Error::Broker)
     }
 
-    /// What the work of a message sees, or why it has no key.
-    fn incoming(&self, message: &jetstream::Message) -> Result<Incoming, String> {
-        let attempt = attempt_of(message);
-        Ok(Incoming {
-            key: key_of(&self.options.key_from, message)?,
-            body: message.payload.to_vec(),
-            attempt,
-            redelivered: attempt > 1,
-            content_type: header(message, "Content-Type"),
-            trace: trace_of(message),
-        })
-    }
-
-    /// Runs `work`, telling the server every half ack wait that `messages` are in progress.
-    async fn in_progress<'m, T>(
+    /// Tells the server every half ack wait that `messages` are in progress, so that long
+    /// work is not redelivered to another reader.
+    async fn working<T: Send>(
         &self,
-        messages: impl IntoIterator<Item = &'m jetstream::Message> + Clone,
-        work: impl Future<Output = T>,
+        messages: &[&jetstream::Message],
+        work: impl Future<Output = T> + Send,
     ) -> T {
         let mut work = std::pin::pin!(work);
         // The first report is due after half the ack wait. An interval's immediate first
@@ -346,7 +279,7 @@ impl<DB: Backend> NatsConsumer<DB> {
             tokio::select! {
                 done = &mut work => return done,
                 _ = progress.tick() => {
-                    for message in messages.clone() {
+                    for message in messages {
                         // A lost progress report costs at most a redelivery, which is a
                         // duplicate.
                         let _ = message.ack_with(AckKind::Progress).await;
@@ -354,55 +287,6 @@ impl<DB: Backend> NatsConsumer<DB> {
                 }
             }
         }
-    }
-
-    /// Acknowledges, redelivers later, dead-letters or returns the message as `ran` says,
-    /// and counts it in `stats`.
-    pub async fn settle<E: std::fmt::Display>(
-        &self,
-        message: &jetstream::Message,
-        ran: Ran<E>,
-        stats: &mut ConsumerStats,
-    ) -> Result<(), Error> {
-        let attempt = attempt_of(message);
-        let kind = match ran {
-            Ran::Outcome(Outcome::Processed(())) => {
-                stats.processed += 1;
-                AckKind::Ack
-            }
-            Ran::Outcome(Outcome::Duplicate) => {
-                stats.duplicates += 1;
-                AckKind::Ack
-            }
-            Ran::Outcome(Outcome::KeyReused { .. }) => {
-                tracing::warn!(subject = %message.subject, "the same key with another payload: skipped");
-                stats.key_reused += 1;
-                AckKind::Ack
-            }
-            Ran::Work(error) if attempt < self.options.max_attempts => {
-                tracing::debug!(attempt, %error, "work failed: retrying");
-                stats.retried += 1;
-                AckKind::Nak(Some(in_order::retry_delay(attempt)))
-            }
-            Ran::Work(error) => {
-                let reason = format!("attempt {attempt}: {error}");
-                dead_letter(&self.jetstream, &self.options, message, attempt, &reason).await?;
-                stats.dead_lettered += 1;
-                AckKind::Term
-            }
-            Ran::NoKey(reason) => {
-                dead_letter(&self.jetstream, &self.options, message, attempt, &reason).await?;
-                stats.dead_lettered += 1;
-                AckKind::Term
-            }
-            Ran::Store(error) => {
-                tracing::warn!(%error, "database failed: the message goes back to the stream");
-                stats.returned += 1;
-                AckKind::Nak(Some(Duration::from_secs(1)))
-            }
-        };
-        crate::count_consumed(&self.inbox, "nats", 1);
-        message.ack_with(kind).await.map_err(Error::Broker)
     }
 }
 
@@ -627,7 +511,7 @@ impl<DB: Backend> NatsReader<DB> {
             offset,
             &mut incoming,
             work,
-            self.options.max_attempts,
+            self.options.policy.max_attempts,
             stats,
         )
         .await;
@@ -684,18 +568,10 @@ impl<DB: Backend> NatsReader<DB> {
             .info()
             .map_err(|e| format!("the message has no stream position: {e}"))?;
         let offset = Offset::from(i64::try_from(info.stream_sequence).unwrap_or(i64::MAX));
-        let key = key_of(&self.options.key_from, message)?;
-        Ok((
-            offset,
-            Incoming {
-                key,
-                body: message.payload.to_vec(),
-                attempt: 1,
-                redelivered: false,
-                content_type: header(message, "Content-Type"),
-                trace: trace_of(message),
-            },
-        ))
+        let mut incoming = crate::consumer::incoming(&self.options.policy.key_from, message)?;
+        // A reader runs an entry again in place: the server delivered it once.
+        (incoming.attempt, incoming.redelivered) = (1, false);
+        Ok((offset, incoming))
     }
 }
 
@@ -709,53 +585,6 @@ impl ReadMessages {
     pub async fn next(&mut self) -> Result<Option<jetstream::Message>, Error> {
         self.stream.next().await.transpose().map_err(broker)
     }
-}
-
-/// The messages of one consumer.
-pub struct Messages {
-    stream: pull::Stream,
-}
-
-impl Messages {
-    /// The next message; `None` if the server ended the stream.
-    pub async fn next(&mut self) -> Result<Option<jetstream::Message>, Error> {
-        self.stream.next().await.transpose().map_err(broker)
-    }
-
-    /// `first` and the messages that arrive after it within a millisecond, up to
-    /// `batch_size` in all.
-    pub async fn more(
-        &mut self,
-        first: jetstream::Message,
-        batch_size: usize,
-    ) -> Result<Vec<jetstream::Message>, Error> {
-        let mut batch = vec![first];
-        // One deadline for the batch: a pull's messages arrive together, so a batch fills at
-        // once when they are there, and costs at most a millisecond when they are not.
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(1);
-        while batch.len() < batch_size {
-            let next = match self.stream.next().now_or_never() {
-                Some(next) => next,
-                None => match tokio::time::timeout_at(deadline, self.stream.next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                },
-            };
-            match next {
-                Some(message) => batch.push(message.map_err(broker)?),
-                None => break,
-            }
-        }
-        Ok(batch)
-    }
-}
-
-/// Which delivery of the message this is, from 1, as the server counts.
-fn attempt_of(message: &jetstream::Message) -> u32 {
-    message
-        .info()
-        .map(|info| u32::try_from(info.delivered).unwrap_or(1).max(1))
-        .unwrap_or(1)
 }
 
 /// The relay's destination for NATS JetStream: publishes each outbox row to a subject with
@@ -827,31 +656,6 @@ impl Destination for NatsDestination {
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
         Box::pin(async move { crate::delivered(self.send(delivery).await) })
     }
-}
-
-fn header(message: &jetstream::Message, name: &str) -> Option<String> {
-    let value = message.headers.as_ref()?.get(name)?;
-    Some(value.as_str().to_owned())
-}
-
-/// The trace context among a message's headers.
-fn trace_of(message: &jetstream::Message) -> Option<TraceContext> {
-    let tracestate = header(message, TRACESTATE);
-    TraceContext::parse(&header(message, TRACEPARENT)?, tracestate.as_deref())
-}
-
-/// The key of a message, or why it has none.
-fn key_of(key_from: &KeyFrom, message: &jetstream::Message) -> Result<Key, String> {
-    let text = match key_from {
-        KeyFrom::MessageId => {
-            header(message, MSG_ID_HEADER).ok_or("the message has no Nats-Msg-Id header")?
-        }
-        KeyFrom::Header(name) => {
-            header(message, name).ok_or_else(|| format!("the message has no header {name}"))?
-        }
-        KeyFrom::Json(pointer) => crate::json_id(&message.payload, pointer)?,
-    };
-    crate::message_key(text)
 }
 
 /// Proves that the server at `url` takes a consumer with `options`: connects with its TLS

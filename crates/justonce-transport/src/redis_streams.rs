@@ -41,21 +41,21 @@
 //! (`appendonly yes`, and `appendfsync always` to lose nothing on a crash of the machine) a
 //! restart loses the stream, its pending lists and its acknowledgements.
 
+use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
 use crate::tls::Tls;
 use crate::{
-    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_BYTES, REASON_HEADER, Ran,
+    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, Policy, REASON_BYTES, REASON_HEADER, Ran,
     in_order, truncate,
 };
-use justonce_core::trace::{TRACEPARENT, TRACESTATE};
-use justonce_core::{Delivered, Delivery, Destination, Key, TraceContext};
+use justonce_core::{Delivered, Delivery, Destination};
 use justonce_sql::{Backend, Inbox, Offset, WorkFuture, sqlx};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, IntoConnectionInfo};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
-use tracing::Instrument;
 
 /// The field that holds an entry's key, by default.
 pub const KEY_FIELD: &str = "key";
@@ -74,11 +74,9 @@ pub struct RedisStreamOptions {
     stream: String,
     group: String,
     consumer: String,
-    key_from: KeyFrom,
-    max_attempts: u32,
+    policy: Policy,
     claim_idle: Duration,
     count: usize,
-    store_pause: Duration,
     tls: Option<Tls>,
 }
 
@@ -92,11 +90,9 @@ impl RedisStreamOptions {
             stream: stream.into(),
             group: group.into(),
             consumer: format!("justonce-{}", std::process::id()),
-            key_from: KeyFrom::MessageId,
-            max_attempts: 5,
+            policy: Policy::default(),
             claim_idle: Duration::from_secs(30),
             count: 16,
-            store_pause: Duration::from_secs(1),
             tls: None,
         }
     }
@@ -107,18 +103,11 @@ impl RedisStreamOptions {
         self
     }
 
-    /// Where the key is: [`KeyFrom::MessageId`] is the `key` field, [`KeyFrom::Header`] a
-    /// field of that name, [`KeyFrom::Json`] a pointer into the `body` field.
-    pub fn key_from(mut self, key_from: KeyFrom) -> Self {
-        self.key_from = key_from;
-        self
-    }
-
-    /// How many times failed work is tried before it is dead-lettered (at least 1).
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
-        self
-    }
+    policy_setters!(
+        /// Where the key is: [`KeyFrom::MessageId`](crate::KeyFrom::MessageId) is the `key`
+        /// field, [`KeyFrom::Header`](crate::KeyFrom::Header) a field of that name,
+        /// [`KeyFrom::Json`](crate::KeyFrom::Json) a pointer into the `body` field.
+    );
 
     /// How long an entry stays pending, unacknowledged, before a reader takes it over:
     /// longer than the longest work, since work still running is taken over too. It is
@@ -131,12 +120,6 @@ impl RedisStreamOptions {
     /// How many entries one read takes at most (at least 1).
     pub fn count(mut self, count: usize) -> Self {
         self.count = count.max(1);
-        self
-    }
-
-    /// How long the reader waits after a database failure before it reads again.
-    pub fn store_pause(mut self, pause: Duration) -> Self {
-        self.store_pause = pause;
         self
     }
 
@@ -154,16 +137,17 @@ impl RedisStreamOptions {
 }
 
 /// A Redis Streams consumer group reader that runs each entry's work once in effect.
-pub struct RedisStreamConsumer<DB: Backend> {
-    inbox: Inbox<DB>,
+pub type RedisStreamConsumer<DB> = crate::Consumer<RedisStreams, DB>;
+
+/// The Redis Streams adapter of [`RedisStreamConsumer`]: a member of a consumer group.
+pub struct RedisStreams {
     redis: MultiplexedConnection,
     options: RedisStreamOptions,
 }
 
-impl<DB: Backend> std::fmt::Debug for RedisStreamConsumer<DB> {
+impl std::fmt::Debug for RedisStreams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStreamConsumer")
-            .field("inbox", &self.inbox)
+        f.debug_struct("RedisStreams")
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -214,225 +198,89 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
                 )));
             }
         }
-        Ok(Self {
-            inbox,
-            redis,
-            options,
-        })
+        Ok(Self::new(RedisStreams { redis, options }, inbox))
+    }
+}
+
+impl Received for Entry {
+    fn message_id(&self) -> Result<String, String> {
+        self.header(KEY_FIELD)
+            .ok_or_else(|| format!("the entry has no text field {KEY_FIELD}"))
     }
 
-    /// Takes entries until `shutdown` resolves, runs `work` for each in a transaction with
-    /// its key, and settles each only after. An entry taken but not settled at shutdown
-    /// stays pending and is taken over after the claim idle time.
-    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        self.run_batched(shutdown, 1, work).await
+    fn header(&self, name: &str) -> Option<String> {
+        String::from_utf8(self.field(name)?).ok()
     }
 
-    /// Like [`RedisStreamConsumer::run`], with the entries of one read, up to `batch_size`
-    /// at a time, claimed with one statement and worked in one transaction, then
-    /// acknowledged with one `XACK` after its commit; a `batch_size` of 1 is
-    /// [`RedisStreamConsumer::run`]. If any work in a batch fails, the batch rolls back
-    /// and its entries are run one by one, so that one failing entry neither loses nor
-    /// doubles the others. A read takes up to [`RedisStreamOptions::count`] entries: set it
-    /// to at least `batch_size`.
-    pub async fn run_batched<F, E>(
-        &self,
-        shutdown: impl Future,
-        batch_size: usize,
-        work: F,
-    ) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let mut stats = ConsumerStats::default();
-        let mut shutdown = std::pin::pin!(shutdown);
-        let mut entries = self.entries();
-        loop {
-            let next = tokio::select! {
-                _ = &mut shutdown => break,
-                next = entries.next() => next?,
-            };
-            if batch_size > 1 {
-                for batch in next.chunks(batch_size) {
-                    self.settle_batch(batch, &work, &mut stats).await?;
-                }
-                continue;
-            }
-            for entry in next {
-                let ran = self.run_one(&entry, &work).await;
-                let paused = matches!(ran, Ran::Store(_));
-                self.settle(&entry, ran, &mut stats).await?;
-                if paused {
-                    tokio::time::sleep(self.options.store_pause).await;
-                    break;
-                }
-            }
-        }
-        Ok(stats)
+    fn body(&self) -> Vec<u8> {
+        self.field(BODY_FIELD).unwrap_or_default()
     }
 
-    /// Claims the keys of `batch` with one statement, runs the work of each first claim in
-    /// one transaction, and acknowledges them all with one `XACK` after its commit; if any
-    /// work fails, rolls back and runs and settles the entries one by one.
-    pub async fn settle_batch<F, E>(
-        &self,
-        batch: &[Entry],
-        work: &F,
-        stats: &mut ConsumerStats,
-    ) -> Result<(), Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let (keyed, unkeyed): (Vec<_>, Vec<_>) = batch
-            .iter()
-            .map(|entry| (entry, self.incoming(entry)))
-            .partition(|(_, incoming)| incoming.is_ok());
-        let incoming: Vec<&Incoming> = keyed
-            .iter()
-            .filter_map(|(_, incoming)| incoming.as_ref().ok())
-            .collect();
-        let one_by_one = match crate::commit_batch(&self.inbox, &incoming, work).await {
-            Ok(outcomes) => {
-                for outcome in &outcomes {
-                    crate::count(outcome, stats);
-                }
-                crate::count_consumed(&self.inbox, "redis", outcomes.len() as u64);
-                let ids: Vec<&str> = keyed.iter().map(|(entry, _)| entry.id()).collect();
-                if !ids.is_empty() {
-                    let mut redis = self.redis.clone();
-                    let _: usize = redis
-                        .xack(&self.options.stream, &self.options.group, &ids)
-                        .await
-                        .map_err(broker)?;
-                }
-                unkeyed
-            }
-            Err(error) => {
-                tracing::debug!(%error, "a batch failed: running its entries one by one");
-                keyed.into_iter().chain(unkeyed).collect()
-            }
-        };
-        for (entry, _) in one_by_one {
-            let ran = self.run_one(entry, work).await;
-            self.settle(entry, ran, stats).await?;
-        }
-        Ok(())
+    fn content_type(&self) -> Option<String> {
+        self.header(CONTENT_TYPE_FIELD)
     }
 
-    /// The entries in reads of up to [`RedisStreamOptions::count`], for callers that run
-    /// and settle them themselves.
-    pub fn entries(&self) -> Entries<'_, DB> {
-        Entries {
-            consumer: self,
+    fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+impl Broker for RedisStreams {
+    type Delivery = Entry;
+    type Receiver<'b> = Entries<'b>;
+    const NAME: &'static str = "redis";
+
+    fn policy(&self) -> &Policy {
+        &self.options.policy
+    }
+
+    async fn receive(&self) -> Result<Entries<'_>, Error> {
+        Ok(Entries {
+            group: self,
             redis: self.redis.clone(),
             last_claim: None,
-        }
-    }
-
-    /// Runs the work of one entry in a transaction with its key (see [`Inbox::run`]).
-    pub async fn run_one<F, E>(&self, entry: &Entry, work: &F) -> Ran<E>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let incoming = match self.incoming(entry) {
-            Ok(incoming) => incoming,
-            Err(reason) => return Ran::NoKey(reason),
-        };
-        let run = self
-            .inbox
-            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
-            .instrument(crate::consume_span(&incoming))
-            .await;
-        Ran::of(run)
-    }
-
-    /// What the work of an entry sees, or why it has no key.
-    fn incoming(&self, entry: &Entry) -> Result<Incoming, String> {
-        let body = entry.field(BODY_FIELD).unwrap_or_default();
-        Ok(Incoming {
-            key: key_of(&self.options.key_from, entry, &body)?,
-            body,
-            attempt: entry.attempt,
-            redelivered: entry.attempt > 1,
-            content_type: entry
-                .field(CONTENT_TYPE_FIELD)
-                .and_then(|bytes| String::from_utf8(bytes).ok()),
-            trace: trace_of(entry),
+            read: VecDeque::new(),
         })
     }
 
-    /// Acknowledges, leaves pending for another attempt, or dead-letters the entry as
-    /// `ran` says, and counts it in `stats`.
-    pub async fn settle<E: std::fmt::Display>(
-        &self,
-        entry: &Entry,
-        ran: Ran<E>,
-        stats: &mut ConsumerStats,
-    ) -> Result<(), Error> {
-        crate::count_consumed(&self.inbox, "redis", 1);
-        let attempt = entry.attempt;
-        match ran {
-            Ran::Outcome(outcome) => {
-                crate::count(&outcome, stats);
-                self.ack(entry).await
-            }
-            Ran::Work(error) if attempt < self.options.max_attempts => {
-                // Left pending: a reader takes it over after the claim idle time.
-                tracing::debug!(attempt, %error, "work failed: retrying");
-                stats.retried += 1;
-                Ok(())
-            }
-            Ran::Work(error) => {
-                stats.dead_lettered += 1;
-                self.dead_letter(entry, &format!("attempt {attempt}: {error}"))
+    /// A retry, or an entry given back, is left pending: a reader takes it over after the
+    /// claim idle time. A dead letter is added to the dead-letter stream and acknowledged
+    /// in one transaction on the server.
+    async fn settle(&self, entry: &Entry, settle: Settle) -> Result<(), Error> {
+        match settle {
+            Settle::Ack => self.ack_all(&[entry]).await,
+            Settle::Retry { .. } | Settle::GiveBack => Ok(()),
+            Settle::DeadLetter { reason, .. } => {
+                let mut redis = self.redis.clone();
+                redis::pipe()
+                    .atomic()
+                    .xadd(
+                        self.options.dead_letter_stream(),
+                        "*",
+                        &dead_letter_fields(entry, &reason),
+                    )
+                    .ignore()
+                    .xack(&self.options.stream, &self.options.group, &[entry.id()])
+                    .ignore()
+                    .query_async::<()>(&mut redis)
                     .await
-            }
-            Ran::NoKey(reason) => {
-                stats.dead_lettered += 1;
-                self.dead_letter(entry, &reason).await
-            }
-            Ran::Store(error) => {
-                tracing::warn!(%error, "database failed: the entry stays pending");
-                stats.returned += 1;
-                Ok(())
+                    .map_err(broker)
             }
         }
     }
 
-    async fn ack(&self, entry: &Entry) -> Result<(), Error> {
+    /// One `XACK` for them all.
+    async fn ack_all(&self, entries: &[&Entry]) -> Result<(), Error> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = entries.iter().map(|entry| entry.id()).collect();
         let mut redis = self.redis.clone();
         let _: usize = redis
-            .xack(&self.options.stream, &self.options.group, &[entry.id()])
+            .xack(&self.options.stream, &self.options.group, &ids)
             .await
             .map_err(broker)?;
         Ok(())
-    }
-
-    /// Adds the entry, with the reason, to the dead-letter stream and acknowledges it, in
-    /// one transaction on the server.
-    async fn dead_letter(&self, entry: &Entry, reason: &str) -> Result<(), Error> {
-        tracing::warn!(%reason, id = entry.id(), "dead-lettered");
-        let mut redis = self.redis.clone();
-        redis::pipe()
-            .atomic()
-            .xadd(
-                self.options.dead_letter_stream(),
-                "*",
-                &dead_letter_fields(entry, reason),
-            )
-            .ignore()
-            .xack(&self.options.stream, &self.options.group, &[entry.id()])
-            .ignore()
-            .query_async::<()>(&mut redis)
-            .await
-            .map_err(broker)
     }
 }
 
@@ -620,7 +468,7 @@ impl<DB: Backend> RedisStreamReader<DB> {
                 {
                     tokio::select! {
                         _ = &mut shutdown => break 'read,
-                        _ = tokio::time::sleep(self.options.store_pause) => {}
+                        _ = tokio::time::sleep(self.options.policy.store_pause) => {}
                     }
                 }
             }
@@ -684,7 +532,7 @@ impl<DB: Backend> RedisStreamReader<DB> {
             offset,
             &mut incoming,
             work,
-            self.options.max_attempts,
+            self.options.policy.max_attempts,
             stats,
         )
         .await;
@@ -742,28 +590,9 @@ impl<DB: Backend> RedisStreamReader<DB> {
     fn read(&self, entry: &Entry) -> Result<(Offset, Incoming), String> {
         let offset = offset_of(entry.id())
             .ok_or_else(|| format!("the entry id {} is not <ms>-<seq>", entry.id()))?;
-        let body = entry.field(BODY_FIELD).unwrap_or_default();
-        let key = key_of(&self.options.key_from, entry, &body)?;
-        Ok((
-            offset,
-            Incoming {
-                key,
-                body,
-                attempt: 1,
-                redelivered: false,
-                content_type: entry
-                    .field(CONTENT_TYPE_FIELD)
-                    .and_then(|bytes| String::from_utf8(bytes).ok()),
-                trace: trace_of(entry),
-            },
-        ))
+        let incoming = crate::consumer::incoming(&self.options.policy.key_from, entry)?;
+        Ok((offset, incoming))
     }
-}
-
-/// The trace context among an entry's fields.
-fn trace_of(entry: &Entry) -> Option<TraceContext> {
-    let text = |name| String::from_utf8(entry.field(name)?).ok();
-    TraceContext::parse(&text(TRACEPARENT)?, text(TRACESTATE).as_deref())
 }
 
 /// The offset of an entry id `<ms>-<seq>`.
@@ -792,12 +621,7 @@ impl ReadEntries {
             .xread_options(&[&self.stream], &[&self.after], &read)
             .await
             .map_err(broker)?;
-        let entries: Vec<Entry> = reply
-            .into_iter()
-            .flat_map(|reply| reply.keys)
-            .flat_map(|stream| stream.ids)
-            .map(|entry| Entry { entry, attempt: 1 })
-            .collect();
+        let entries = entries_of(reply);
         if let Some(last) = entries.last() {
             self.after = last.id().to_owned();
         }
@@ -805,19 +629,39 @@ impl ReadEntries {
     }
 }
 
-/// The entries of one reader: first what other readers left pending past the claim idle
-/// time, then new ones.
-pub struct Entries<'c, DB: Backend> {
-    consumer: &'c RedisStreamConsumer<DB>,
+/// The entries of one member of a group: first what other members left pending past the
+/// claim idle time, then new ones.
+pub struct Entries<'c> {
+    group: &'c RedisStreams,
     redis: MultiplexedConnection,
     last_claim: Option<Instant>,
+    /// The entries of the last read not yet taken.
+    read: VecDeque<Entry>,
 }
 
-impl<DB: Backend> Entries<'_, DB> {
-    /// The next entries: pending ones taken over, or new ones; empty when none came within
-    /// a second.
-    pub async fn next(&mut self) -> Result<Vec<Entry>, Error> {
-        let options = &self.consumer.options;
+impl Receive for Entries<'_> {
+    type Delivery = Entry;
+
+    async fn next(&mut self) -> Result<Option<Entry>, Error> {
+        while self.read.is_empty() {
+            self.read = self.read().await?.into();
+        }
+        Ok(self.read.pop_front())
+    }
+
+    /// The entries of the same read: a batch waits for no other.
+    async fn more(&mut self, first: Entry, batch_size: usize) -> Result<Vec<Entry>, Error> {
+        let more = batch_size.saturating_sub(1).min(self.read.len());
+        Ok(std::iter::once(first)
+            .chain(self.read.drain(..more))
+            .collect())
+    }
+}
+
+impl Entries<'_> {
+    /// Pending entries taken over, or new ones; none when none came within a second.
+    async fn read(&mut self) -> Result<Vec<Entry>, Error> {
+        let options = &self.group.options;
         // Looked at every half of the idle time: a pending entry waits at most 1.5 times it.
         let claim_due = self
             .last_claim
@@ -839,18 +683,13 @@ impl<DB: Backend> Entries<'_, DB> {
             .xread_options(&[&options.stream], &[">"], &read)
             .await
             .map_err(broker)?;
-        Ok(reply
-            .into_iter()
-            .flat_map(|reply| reply.keys)
-            .flat_map(|stream| stream.ids)
-            .map(|entry| Entry { entry, attempt: 1 })
-            .collect())
+        Ok(entries_of(reply))
     }
 
     /// Takes over entries pending longer than the claim idle time, with the delivery count
     /// Redis keeps for each.
     async fn claim_pending(&mut self) -> Result<Vec<Entry>, Error> {
-        let options = &self.consumer.options;
+        let options = &self.group.options;
         let idle = u64::try_from(options.claim_idle.as_millis()).unwrap_or(u64::MAX);
         let claimed: redis::streams::StreamAutoClaimReply = self
             .redis
@@ -879,6 +718,16 @@ impl<DB: Backend> Entries<'_, DB> {
         }
         Ok(entries)
     }
+}
+
+/// The entries of a read, each on its first delivery.
+fn entries_of(reply: Option<StreamReadReply>) -> Vec<Entry> {
+    reply
+        .into_iter()
+        .flat_map(|reply| reply.keys)
+        .flat_map(|stream| stream.ids)
+        .map(|entry| Entry { entry, attempt: 1 })
+        .collect()
 }
 
 /// The relay's destination for Redis Streams: adds each outbox row to a stream as an entry
@@ -946,22 +795,6 @@ impl Destination for RedisStreamDestination {
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
         Box::pin(async move { crate::delivered(self.send(delivery).await) })
     }
-}
-
-/// The key of an entry, or why it has none.
-fn key_of(key_from: &KeyFrom, entry: &Entry, body: &[u8]) -> Result<Key, String> {
-    let text_field = |name: &str| {
-        let bytes = entry
-            .field(name)
-            .ok_or_else(|| format!("the entry has no field {name}"))?;
-        String::from_utf8(bytes).map_err(|_| format!("the field {name} is not UTF-8"))
-    };
-    let text = match key_from {
-        KeyFrom::MessageId => text_field(KEY_FIELD)?,
-        KeyFrom::Header(name) => text_field(name)?,
-        KeyFrom::Json(pointer) => crate::json_id(body, pointer)?,
-    };
-    crate::message_key(text)
 }
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {

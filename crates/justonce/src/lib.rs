@@ -252,8 +252,9 @@ pub mod http {
     pub use justonce_http::server;
 }
 
-/// What every broker's consumer shares: where a delivery's key is, what the work sees,
-/// what a run came to, the counts, the errors, and TLS to the broker.
+/// What every broker's consumer shares: the generic [`broker::Consumer`] over a
+/// [`broker::Broker`] adapter, where a delivery's key is, what the work sees, what a run
+/// came to, the counts, the errors, and TLS to the broker.
 #[cfg(any(
     feature = "amqp",
     feature = "nats",
@@ -272,7 +273,8 @@ pub mod http {
 pub mod broker {
     pub use justonce_transport::tls::{Tls, TlsError};
     pub use justonce_transport::{
-        ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, REASON_HEADER, Ran,
+        ATTEMPT_HEADER, Broker, Consumer, ConsumerStats, Deliveries, Error, Incoming, KeyFrom,
+        Policy, REASON_HEADER, Ran, Receive, Received, Settle, Work,
     };
 }
 

@@ -22,7 +22,7 @@ use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
-use justonce_transport::{ConsumerStats, KeyFrom, Ran};
+use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, Ran};
 use std::time::Instant;
 
 #[tokio::main]
@@ -92,29 +92,9 @@ async fn measure<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Consumer
     let distinct = args.distinct();
     publish_many(&connection, &queue, args.messages, distinct).await;
 
-    let work = consumer_work::<DB>(&db.prefix);
-    let mut stats = ConsumerStats::default();
     let started = Instant::now();
-    let mut deliveries = consumer.deliveries().await.expect("consuming");
-    while ((stats.processed + stats.duplicates) as usize) < args.messages {
-        let first = deliveries
-            .next()
-            .await
-            .expect("a delivery")
-            .expect("not cancelled");
-        if args.batch > 1 {
-            let batch = deliveries.more(first, args.batch).await.expect("a batch");
-            consumer
-                .settle_batch(batch, &work, &mut stats)
-                .await
-                .expect("settled");
-        } else {
-            let ran = first.run(&db.inbox, &work).await;
-            first.settle(ran, &mut stats).await.expect("settled");
-        }
-    }
+    let stats = consume_all(&consumer, &db, args).await;
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
-    deliveries.stop().await.expect("stopped");
     assert_eq!(
         db.rows("effects").await,
         distinct as i64,
@@ -176,23 +156,7 @@ async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
             count(reader.run_one(&message, &work).await, &mut stats);
         }
     } else {
-        let mut messages = consumer.messages().await.expect("consuming");
-        while ((stats.processed + stats.duplicates) as usize) < args.messages {
-            let first = messages.next().await.expect("a message").expect("a stream");
-            if args.batch > 1 {
-                let batch = messages.more(first, args.batch).await.expect("a batch");
-                consumer
-                    .settle_batch(&batch, &work, &mut stats)
-                    .await
-                    .expect("settled");
-            } else {
-                let ran = consumer.run_one(&first, &work).await;
-                consumer
-                    .settle(&first, ran, &mut stats)
-                    .await
-                    .expect("settled");
-            }
-        }
+        stats = consume_all(&consumer, &db, args).await;
     }
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     assert_eq!(
@@ -253,24 +217,7 @@ async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Co
             }
         }
     } else {
-        let mut entries = consumer.entries();
-        while ((stats.processed + stats.duplicates) as usize) < args.messages {
-            let read = entries.next().await.expect("entries");
-            if args.batch > 1 {
-                consumer
-                    .settle_batch(&read, &work, &mut stats)
-                    .await
-                    .expect("settled");
-                continue;
-            }
-            for entry in read {
-                let ran = consumer.run_one(&entry, &work).await;
-                consumer
-                    .settle(&entry, ran, &mut stats)
-                    .await
-                    .expect("settled");
-            }
-        }
+        stats = consume_all(&consumer, &db, args).await;
     }
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     assert_eq!(
@@ -285,6 +232,28 @@ async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Co
         .expect("stream deleted");
     db.cleanup().await;
     (per_second, stats)
+}
+
+/// Consumes `args.messages` messages through `consumer`, one by one or in batches.
+async fn consume_all<B: Broker, DB: TestBackend + Backend>(
+    consumer: &Consumer<B, DB>,
+    db: &TestDb<DB>,
+    args: &StreamArgs,
+) -> ConsumerStats {
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let mut deliveries = consumer.deliveries().await.expect("consuming");
+    while ((stats.processed + stats.duplicates) as usize) < args.messages {
+        let first = deliveries.next().await.expect("a delivery");
+        let first = first.expect("not cancelled");
+        let batch = deliveries.more(first, args.batch).await.expect("a batch");
+        consumer
+            .settle_batch(&batch, &work, &mut stats)
+            .await
+            .expect("settled");
+    }
+    deliveries.stop().await.expect("stopped");
+    stats
 }
 
 /// Counts what a single reader's run of one entry came to; the bench's work never fails.

@@ -20,7 +20,7 @@
 //! commits each entry's effect unless its key is claimed, then claims the key and stores
 //! the position in a second transaction, so that a kill in between doubles the effect.
 
-use justonce_sql::{Consumer, Inbox, Key, Options, Outcome};
+use justonce_sql::{Inbox, Key, Options, Outcome};
 use justonce_tests::{
     TestBackend, consumer_work, effect_unless_claimed, mqtt_options, shared_mqtt_options,
 };
@@ -30,7 +30,7 @@ use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
     KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
-use justonce_transport::{ConsumerStats, KeyFrom, Ran};
+use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, Ran};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -64,40 +64,19 @@ async fn work<DB: TestBackend>(
     let reader = kind == "reader";
     let inbox = Inbox::<DB>::connect_with(
         url,
-        Consumer::new("test")?,
+        justonce_sql::Consumer::new("test")?,
         Options::default().prefix(prefix),
     )
     .await?;
     let work = consumer_work::<DB>(prefix);
     let forever = std::future::pending::<()>();
-    let pause = mode == "pause-after-commit";
     if broker.starts_with("mqtt:") {
         let options = match kind.strip_prefix("member-") {
             Some(member) => shared_mqtt_options(queue, member),
             None => mqtt_options(queue),
         };
         let consumer = MqttConsumer::connect(broker, inbox.clone(), options).await?;
-        if mode == "ack-before-commit" {
-            let mut stats = ConsumerStats::default();
-            loop {
-                let message = consumer.next().await?;
-                consumer
-                    .settle(&message, acknowledged(), &mut stats)
-                    .await?;
-                effect_after_ack(&inbox, prefix, &mqtt_key(&message)).await?;
-            }
-        }
-        if mode == "run-batched" {
-            consumer.run_batched(forever, 20, work).await?;
-            return Ok(());
-        }
-        if !pause {
-            consumer.run(forever, work).await?;
-            return Ok(());
-        }
-        let message = consumer.next().await?;
-        let ran = consumer.run_one(&message, &work).await;
-        pause_after_commit(&mqtt_key(&message), ran).await
+        consume(&consumer, prefix, mode).await
     } else if broker.starts_with("redis:") && reader {
         let reader = RedisStreamReader::connect(
             broker,
@@ -117,7 +96,7 @@ async fn work<DB: TestBackend>(
                 }
             }
         }
-        if !pause {
+        if mode != "pause-after-commit" {
             reader.run(forever, work).await?;
             return Ok(());
         }
@@ -135,34 +114,7 @@ async fn work<DB: TestBackend>(
             .consumer(format!("worker-{}", std::process::id()))
             .claim_idle(std::time::Duration::from_millis(500));
         let consumer = RedisStreamConsumer::connect(broker, inbox.clone(), options).await?;
-        if mode == "ack-before-commit" {
-            let mut entries = consumer.entries();
-            let mut stats = ConsumerStats::default();
-            loop {
-                for entry in entries.next().await? {
-                    let key = entry.field(KEY_FIELD).ok_or("an entry without a key")?;
-                    consumer.settle(&entry, acknowledged(), &mut stats).await?;
-                    effect_after_ack(&inbox, prefix, &String::from_utf8_lossy(&key)).await?;
-                }
-            }
-        }
-        if mode == "run-batched" {
-            consumer.run_batched(forever, 20, work).await?;
-            return Ok(());
-        }
-        if !pause {
-            consumer.run(forever, work).await?;
-            return Ok(());
-        }
-        let mut entries = consumer.entries();
-        let entry = loop {
-            if let Some(entry) = entries.next().await?.into_iter().next() {
-                break entry;
-            }
-        };
-        let ran = consumer.run_one(&entry, &work).await;
-        let key = entry.field(KEY_FIELD).unwrap_or_default();
-        pause_after_commit(&String::from_utf8_lossy(&key), ran).await
+        consume(&consumer, prefix, mode).await
     } else if broker.starts_with("nats:") && reader {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
         let reader = NatsReader::connect(broker, inbox.clone(), options).await?;
@@ -175,7 +127,7 @@ async fn work<DB: TestBackend>(
             }
             return Ok(());
         }
-        if !pause {
+        if mode != "pause-after-commit" {
             reader.run(forever, work).await?;
             return Ok(());
         }
@@ -186,67 +138,59 @@ async fn work<DB: TestBackend>(
     } else if broker.starts_with("nats:") {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
         let consumer = NatsConsumer::connect(broker, inbox.clone(), options).await?;
-        if mode == "ack-before-commit" {
-            let mut messages = consumer.messages().await?;
-            let mut stats = ConsumerStats::default();
-            while let Some(message) = messages.next().await? {
-                consumer
-                    .settle(&message, acknowledged(), &mut stats)
-                    .await?;
-                effect_after_ack(&inbox, prefix, &order_id(&message)).await?;
-            }
-            return Ok(());
-        }
-        if mode == "run-batched" {
-            consumer.run_batched(forever, 20, work).await?;
-            return Ok(());
-        }
-        if !pause {
-            consumer.run(forever, work).await?;
-            return Ok(());
-        }
-        let mut messages = consumer.messages().await?;
-        let message = messages.next().await?.ok_or("no message")?;
-        let ran = consumer.run_one(&message, &work).await;
-        pause_after_commit(&order_id(&message), ran).await
+        consume(&consumer, prefix, mode).await
     } else {
         let consumer =
             AmqpConsumer::connect(broker, inbox.clone(), AmqpOptions::new(queue)).await?;
-        if mode == "ack-before-commit" {
-            return ack_before_commit(&consumer, &inbox, prefix).await;
-        }
-        if mode == "run-batched" {
+        consume(&consumer, prefix, mode).await
+    }
+}
+
+/// What a consumer of any broker does in `mode`.
+async fn consume<B: Broker, DB: TestBackend>(
+    consumer: &Consumer<B, DB>,
+    prefix: &str,
+    mode: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let work = consumer_work::<DB>(prefix);
+    let forever = std::future::pending::<()>();
+    match mode {
+        "ack-before-commit" => ack_before_commit(consumer, prefix).await,
+        "run-batched" => {
             consumer.run_batched(forever, 20, work).await?;
-            return Ok(());
+            Ok(())
         }
-        if !pause {
+        "pause-after-commit" => {
+            let mut deliveries = consumer.deliveries().await?;
+            let delivery = deliveries
+                .next()
+                .await?
+                .ok_or("the consumer was cancelled")?;
+            let key = consumer.incoming(&delivery)?.key;
+            let ran = consumer.run_one(&delivery, &work).await;
+            pause_after_commit(key.as_str(), ran).await
+        }
+        _ => {
             consumer.run(forever, work).await?;
-            return Ok(());
+            Ok(())
         }
-        let mut deliveries = consumer.deliveries().await?;
-        let delivery = deliveries
-            .next()
-            .await?
-            .ok_or("the consumer was cancelled")?;
-        let key = delivery.key().map_err(str::to_owned)?.clone();
-        let ran = delivery.run(&inbox, &work).await;
-        pause_after_commit(key.as_str(), ran).await
     }
 }
 
 /// Acknowledges each delivery first, then claims its key and writes its effect: the
 /// broken order the fault harness must catch.
-async fn ack_before_commit<DB: TestBackend>(
-    consumer: &AmqpConsumer<DB>,
-    inbox: &Inbox<DB>,
+async fn ack_before_commit<B: Broker, DB: TestBackend>(
+    consumer: &Consumer<B, DB>,
     prefix: &str,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut deliveries = consumer.deliveries().await?;
     let mut stats = ConsumerStats::default();
     while let Some(delivery) = deliveries.next().await? {
-        let key = delivery.key().map_err(str::to_owned)?.clone();
-        delivery.settle(acknowledged(), &mut stats).await?;
-        effect_after_ack(inbox, prefix, key.as_str()).await?;
+        let key = consumer.incoming(&delivery)?.key;
+        consumer
+            .settle(&delivery, acknowledged(), &mut stats)
+            .await?;
+        effect_after_ack(consumer.inbox(), prefix, key.as_str()).await?;
     }
     Ok(())
 }
@@ -301,14 +245,6 @@ fn order_id(message: &justonce_transport::nats::Message) -> String {
     (message.headers.as_ref())
         .and_then(|headers| headers.get("Order-Id"))
         .map(|id| id.as_str().to_owned())
-        .unwrap_or_default()
-}
-
-/// The key of the MQTT tests' messages.
-fn mqtt_key(message: &justonce_transport::mqtt::Message) -> String {
-    (message.properties.as_ref())
-        .and_then(|p| p.user_properties.iter().find(|(name, _)| name == "key"))
-        .map(|(_, key)| key.clone())
         .unwrap_or_default()
 }
 

@@ -3,9 +3,9 @@
 //! the relay publishing outbox rows. The proofs every broker shares, and those of batches,
 //! are in `broker`.
 
-use super::broker::{Batching, TestBroker};
+use super::broker::{Batching, TestBroker, take};
 use super::on_every_database;
-use justonce_sql::{Key, Message};
+use justonce_sql::{Inbox, Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
 use justonce_transport::ConsumerStats;
 use justonce_transport::amqp::{AmqpConsumer, AmqpDestination, AmqpOptions};
@@ -106,28 +106,6 @@ fn header(properties: &BasicProperties, name: &str) -> Option<AMQPValue> {
         .and_then(|headers| headers.inner().get(name).cloned())
 }
 
-/// Takes exactly `count` deliveries, runs and settles each, and stops.
-async fn consume<DB: TestBackend>(
-    db: &TestDb<DB>,
-    consumer: &AmqpConsumer<DB>,
-    count: usize,
-) -> ConsumerStats {
-    let work = consumer_work::<DB>(&db.prefix);
-    let mut stats = ConsumerStats::default();
-    let mut deliveries = consumer.deliveries().await.unwrap();
-    for _ in 0..count {
-        let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
-            .await
-            .expect("a delivery within 30 s")
-            .unwrap()
-            .expect("the consumer is not cancelled");
-        let ran = delivery.run(&db.inbox, &work).await;
-        delivery.settle(ran, &mut stats).await.unwrap();
-    }
-    deliveries.stop().await.unwrap();
-    stats
-}
-
 async fn connect<DB: TestBackend>(
     db: &TestDb<DB>,
     queue: &Queue,
@@ -151,7 +129,7 @@ async fn failing_work_is_retried_then_dead_lettered<DB: TestBackend>(test: &str)
         .await;
     queue.publish("bad:order", b"never succeeds").await;
     // 3 attempts of each.
-    let stats = consume(&db, &consumer, 6).await;
+    let stats = take(&consumer, &db, 6).await;
     assert_eq!(
         (stats.processed, stats.retried, stats.dead_lettered),
         (1, 4, 1)
@@ -203,7 +181,7 @@ async fn a_message_without_a_key_or_with_a_blank_one_is_dead_lettered<DB: TestBa
             .await
             .unwrap();
     }
-    let stats = consume(&db, &consumer, 2).await;
+    let stats = take(&consumer, &db, 2).await;
     assert_eq!(stats.dead_lettered, 2);
     let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
     assert_eq!(body, b"no id");
@@ -282,8 +260,13 @@ async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(
 }
 
 impl Batching for Queue {
-    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> AmqpConsumer<DB> {
-        connect(db, self, |options| options.prefetch(64).max_attempts(2)).await
+    type Adapter = justonce_transport::amqp::Amqp;
+
+    async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> AmqpConsumer<DB> {
+        let options = AmqpOptions::new(&self.name).prefetch(64).max_attempts(2);
+        AmqpConsumer::connect(&amqp_url(), inbox.clone(), options)
+            .await
+            .unwrap()
     }
 
     async fn dead_letters(&self) -> u64 {
@@ -329,7 +312,7 @@ impl TestBroker for Queue {
         db: &TestDb<DB>,
         count: usize,
     ) -> ConsumerStats {
-        consume(db, consumer, count).await
+        take(consumer, db, count).await
     }
 
     async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {

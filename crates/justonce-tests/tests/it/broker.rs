@@ -8,9 +8,9 @@
 //! batches, a failing or killed batch neither loses nor doubles the others.
 
 use super::{Xorshift, run_until};
-use justonce_sql::Key;
+use justonce_sql::{Inbox, Key, Options};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
-use justonce_transport::ConsumerStats;
+use justonce_transport::{Broker, Consumer, ConsumerStats};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -72,9 +72,10 @@ pub(crate) trait Consume<DB: TestBackend> {
     ) -> Result<ConsumerStats, justonce_transport::Error>;
 }
 
+/// Every consumer, and the single readers, which keep their offset in the database.
 macro_rules! consume_with_run {
-    ($($consumer:ty),* $(,)?) => {$(
-        impl<DB: TestBackend> Consume<DB> for $consumer {
+    ($([$($generics:tt)*] $consumer:ty),* $(,)?) => {$(
+        impl<$($generics)* DB: TestBackend> Consume<DB> for $consumer {
             async fn run_work(
                 &self,
                 db: &TestDb<DB>,
@@ -87,13 +88,33 @@ macro_rules! consume_with_run {
 }
 
 consume_with_run!(
-    justonce_transport::amqp::AmqpConsumer<DB>,
-    justonce_transport::nats::NatsConsumer<DB>,
-    justonce_transport::nats::NatsReader<DB>,
-    justonce_transport::redis_streams::RedisStreamConsumer<DB>,
-    justonce_transport::redis_streams::RedisStreamReader<DB>,
-    justonce_transport::mqtt::MqttConsumer<DB>,
+    [B: Broker,] Consumer<B, DB>,
+    [] justonce_transport::nats::NatsReader<DB>,
+    [] justonce_transport::redis_streams::RedisStreamReader<DB>,
 );
+
+/// What a consumer's `consume` does: takes exactly `count` deliveries, each within 30 s,
+/// and runs and settles each.
+pub(crate) async fn take<B: Broker, DB: TestBackend>(
+    consumer: &Consumer<B, DB>,
+    db: &TestDb<DB>,
+    count: usize,
+) -> ConsumerStats {
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let mut deliveries = consumer.deliveries().await.unwrap();
+    for taken in 0..count {
+        let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+            .await
+            .unwrap_or_else(|_| panic!("{taken} of {count} deliveries, then none for 30 s"))
+            .unwrap()
+            .expect("the consumer is not cancelled");
+        let ran = consumer.run_one(&delivery, &work).await;
+        consumer.settle(&delivery, ran, &mut stats).await.unwrap();
+    }
+    deliveries.stop().await.unwrap();
+    stats
+}
 
 /// What a single reader's `consume` does: runs it until its stored offset is the stream's
 /// last, then checks that it took exactly `count` entries.
@@ -115,44 +136,19 @@ where
 
 /// A broker whose consumer claims what has arrived in batches.
 pub(crate) trait Batching: TestBroker {
-    /// A consumer that takes up to 64 messages ahead and gives failed work 2 attempts.
-    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> Self::Consumer<DB>;
+    /// The broker's adapter.
+    type Adapter: Broker;
+
+    /// A consumer claiming in `inbox` that takes up to 64 messages ahead and gives failed
+    /// work 2 attempts.
+    async fn connect_for_batches<DB: TestBackend>(
+        &self,
+        inbox: &Inbox<DB>,
+    ) -> Consumer<Self::Adapter, DB>;
 
     /// How many messages the dead-letter queue or stream holds.
     async fn dead_letters(&self) -> u64;
 }
-
-/// What a batching consumer offers: running the tests' work in batches until stopped.
-pub(crate) trait ConsumeBatches<DB: TestBackend> {
-    async fn run_batches(
-        &self,
-        db: &TestDb<DB>,
-        stopped: tokio::sync::oneshot::Receiver<()>,
-        batch_size: usize,
-    ) -> Result<ConsumerStats, justonce_transport::Error>;
-}
-
-macro_rules! consume_batches {
-    ($($consumer:ty),* $(,)?) => {$(
-        impl<DB: TestBackend> ConsumeBatches<DB> for $consumer {
-            async fn run_batches(
-                &self,
-                db: &TestDb<DB>,
-                stopped: tokio::sync::oneshot::Receiver<()>,
-                batch_size: usize,
-            ) -> Result<ConsumerStats, justonce_transport::Error> {
-                self.run_batched(stopped, batch_size, consumer_work::<DB>(&db.prefix)).await
-            }
-        }
-    )*};
-}
-
-consume_batches!(
-    justonce_transport::amqp::AmqpConsumer<DB>,
-    justonce_transport::nats::NatsConsumer<DB>,
-    justonce_transport::redis_streams::RedisStreamConsumer<DB>,
-    justonce_transport::mqtt::MqttConsumer<DB>,
-);
 
 /// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
 pub(crate) async fn consume_until<DB, F, Fut>(
@@ -261,6 +257,7 @@ on_brokers!(batched: [
 ] (
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
+    a_database_failure_gives_the_batch_back_and_asks_for_a_pause,
 ));
 
 /// A worker process: a consumer, or the reader of a broker that keeps its offset.
@@ -448,7 +445,6 @@ async fn a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others<B, DB
 where
     B: Batching,
     DB: TestBackend,
-    B::Consumer<DB>: ConsumeBatches<DB>,
 {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
@@ -463,9 +459,9 @@ where
         }
     }
     broker.publish(&keys).await;
-    let consumer = broker.connect_for_batches(&db).await;
+    let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
-        |stopped| consumer.run_batches(&db, stopped, 20),
+        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
         || async {
             db.rows("effects").await == 41
                 && broker.dead_letters().await == 1
@@ -491,7 +487,6 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
 ) where
     B: Batching,
     DB: TestBackend,
-    B::Consumer<DB>: ConsumeBatches<DB>,
 {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
@@ -512,9 +507,9 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
     );
     batcher.kill().await.expect("SIGKILL the worker");
 
-    let consumer = broker.connect_for_batches(&db).await;
+    let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
-        |stopped| consumer.run_batches(&db, stopped, 20),
+        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
         || async { db.rows("effects").await == 21 && broker.settled(&db).await },
     )
     .await;
@@ -522,6 +517,58 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
         stats.processed, 21,
         "the whole batch again, the failpoint passed"
     );
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(broker.dead_letters().await, 0);
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// The rule after a database failure, the same on every broker: the delivery that met it and
+/// the rest of its batch go back to the broker, nothing is acknowledged, and the consumer is
+/// told to pause; a healthy consumer then gives each message one effect.
+async fn a_database_failure_gives_the_batch_back_and_asks_for_a_pause<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..3).map(|n| format!("order:{n}")).collect();
+    broker.publish(&keys).await;
+    // No tables under this prefix: every claim fails in the database.
+    let options = Options::default().prefix(format!("{}missing_", db.prefix));
+    let consumer = justonce_sql::Consumer::new("test").unwrap();
+    let broken = Inbox::<DB>::connect_with(&db.url, consumer, options)
+        .await
+        .unwrap();
+    let failing = broker.connect_for_batches(&broken).await;
+    let mut deliveries = failing.deliveries().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+        .await
+        .expect("a delivery within 30 s")
+        .unwrap()
+        .expect("the consumer is not cancelled");
+    let batch = deliveries.more(first, 3).await.unwrap();
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let pause = failing
+        .settle_batch(&batch, &work, &mut stats)
+        .await
+        .unwrap();
+    assert!(pause, "a database failure asks for a pause");
+    assert_eq!(stats.returned, batch.len() as u64, "{stats:?}");
+    assert_eq!(stats.processed + stats.retried + stats.dead_lettered, 0);
+    drop(deliveries);
+    drop(failing);
+
+    let consumer = broker.connect_for_batches(&db.inbox).await;
+    let stats = run_until(
+        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
+        || async { db.rows("effects").await == 3 && broker.settled(&db).await },
+    )
+    .await;
+    assert_eq!(stats.processed, 3, "nothing given back was lost");
     assert_eq!(db.doubled_effects().await, 0);
     assert_eq!(broker.dead_letters().await, 0);
     drop(consumer);

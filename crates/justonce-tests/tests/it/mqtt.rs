@@ -2,9 +2,9 @@
 //! database: failures published again then dead-lettered, and the relay's publisher. The
 //! proofs every broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker};
+use super::broker::{Batching, TestBroker, take};
 use super::on_every_database;
-use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
 use justonce_tests::{
     TestBackend, TestDb, consumer_work, mqtt_options, mqtt_url, shared_mqtt_options,
 };
@@ -45,28 +45,6 @@ async fn publish(topic: &str, keys: impl IntoIterator<Item = String>) {
             mqtt_url()
         );
     }
-}
-
-/// Runs and settles messages until `settled` of them have been, or none came for `quiet`
-/// after at least `settled` (when `settled` is 0: until a quiet spell), within a minute.
-async fn consume<DB: TestBackend>(
-    db: &TestDb<DB>,
-    consumer: &MqttConsumer<DB>,
-    settled: u64,
-) -> ConsumerStats {
-    let work = consumer_work::<DB>(&db.prefix);
-    let mut stats = ConsumerStats::default();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let total = |s: &ConsumerStats| s.processed + s.duplicates + s.retried + s.dead_lettered;
-    while total(&stats) < settled {
-        let message = tokio::time::timeout_at(deadline, consumer.next())
-            .await
-            .expect("the messages within a minute")
-            .unwrap();
-        let ran = consumer.run_one(&message, &work).await;
-        consumer.settle(&message, ran, &mut stats).await.unwrap();
-    }
-    stats
 }
 
 /// A plain subscriber on `topic` with a clean session, answered by the broker before it
@@ -140,7 +118,7 @@ async fn failing_work_is_published_again_then_dead_lettered<DB: TestBackend>(tes
     .unwrap();
     publish(&topic, ["fail1:order".to_owned(), "bad:order".to_owned()]).await;
     // fail1 fails once then succeeds; bad fails, then fails again and is dead-lettered.
-    let stats = consume(&db, &consumer, 4).await;
+    let stats = take(&consumer, &db, 4).await;
     assert_eq!(
         (stats.processed, stats.retried, stats.dead_lettered),
         (1, 2, 1)
@@ -184,7 +162,8 @@ async fn the_relay_publishes_with_its_key<DB: TestBackend>(test: &str) {
     assert_eq!(destination.deliver(delivery).await, Delivered::Sent);
     // The relay sends a row again when its mark was lost: two messages, one key.
     assert_eq!(destination.deliver(delivery).await, Delivered::Sent);
-    let first = consumer.next().await.unwrap();
+    let mut messages = consumer.deliveries().await.unwrap();
+    let first = messages.next().await.unwrap().unwrap();
     let properties = first.properties.clone().unwrap();
     assert_eq!(properties.content_type.as_deref(), Some("text/plain"));
     assert!(properties.user_properties.contains(&(
@@ -200,7 +179,7 @@ async fn the_relay_publishes_with_its_key<DB: TestBackend>(test: &str) {
     let mut stats = ConsumerStats::default();
     let ran = consumer.run_one(&first, &work).await;
     consumer.settle(&first, ran, &mut stats).await.unwrap();
-    let second = consumer.next().await.unwrap();
+    let second = messages.next().await.unwrap().unwrap();
     let ran = consumer.run_one(&second, &work).await;
     consumer.settle(&second, ran, &mut stats).await.unwrap();
     assert_eq!((stats.processed, stats.duplicates), (1, 1));
@@ -232,11 +211,13 @@ impl Topic {
 }
 
 impl Batching for Topic {
-    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> MqttConsumer<DB> {
+    type Adapter = justonce_transport::mqtt::Mqtt;
+
+    async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> MqttConsumer<DB> {
         let options = mqtt_options(&self.name)
             .max_attempts(2)
             .dead_letter_topic(format!("{}/dead", self.name));
-        MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), options)
+        MqttConsumer::connect(&mqtt_url(), inbox.clone(), options)
             .await
             .unwrap()
     }
@@ -298,7 +279,7 @@ impl TestBroker for Topic {
         db: &TestDb<DB>,
         count: usize,
     ) -> ConsumerStats {
-        consume(db, consumer, count as u64).await
+        take(consumer, db, count).await
     }
 
     async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {

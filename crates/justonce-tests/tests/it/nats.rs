@@ -3,10 +3,10 @@
 //! durable consumer, and the relay's publisher deduplicated by the stream. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, read_to_end};
+use super::broker::{Batching, TestBroker, consume_until, read_to_end, take};
 use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
-use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work, nats_url};
 use justonce_transport::nats::{
     MSG_ID_HEADER, NatsConsumer, NatsDestination, NatsOptions, NatsReader,
@@ -195,11 +195,13 @@ async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: Test
 }
 
 impl Batching for Stream {
-    async fn connect_for_batches<DB: TestBackend>(&self, db: &TestDb<DB>) -> NatsConsumer<DB> {
+    type Adapter = justonce_transport::nats::Nats;
+
+    async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> NatsConsumer<DB> {
         let options = options(self)
             .ack_wait(Duration::from_secs(1))
             .max_attempts(2);
-        NatsConsumer::connect(&nats_url(), db.inbox.clone(), options)
+        NatsConsumer::connect(&nats_url(), inbox.clone(), options)
             .await
             .unwrap()
     }
@@ -247,19 +249,7 @@ impl TestBroker for Stream {
         db: &TestDb<DB>,
         count: usize,
     ) -> ConsumerStats {
-        let work = consumer_work::<DB>(&db.prefix);
-        let mut stats = ConsumerStats::default();
-        let mut messages = consumer.messages().await.unwrap();
-        for _ in 0..count {
-            let message = tokio::time::timeout(Duration::from_secs(30), messages.next())
-                .await
-                .expect("a message within 30 s")
-                .unwrap()
-                .expect("the stream is open");
-            let ran = consumer.run_one(&message, &work).await;
-            consumer.settle(&message, ran, &mut stats).await.unwrap();
-        }
-        stats
+        take(consumer, db, count).await
     }
 
     async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {
@@ -357,7 +347,7 @@ async fn a_prefetch_sized_to_the_work_sees_no_message_twice() {
     }
     let work = consumer_work(&db.prefix);
     let mut stats = ConsumerStats::default();
-    let mut messages = consumer.messages().await.unwrap();
+    let mut messages = consumer.deliveries().await.unwrap();
     // Past the last message, longer than the ack wait: a late redelivery would come.
     while let Ok(next) = tokio::time::timeout(Duration::from_secs(3), messages.next()).await {
         let message = next.unwrap().expect("the stream is open");

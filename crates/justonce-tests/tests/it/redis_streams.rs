@@ -3,10 +3,10 @@
 //! dead-lettered, two workers in one group, and the relay's publisher. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, read_to_end};
+use super::broker::{Batching, TestBroker, consume_until, read_to_end, take};
 use super::on_every_database;
-use justonce_sql::{Delivered, Delivery, Destination, Key};
-use justonce_tests::{TestBackend, TestDb, consumer_work, redis_url};
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
+use justonce_tests::{TestBackend, TestDb, redis_url};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
     RedisStreamReader,
@@ -222,12 +222,14 @@ async fn a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_move
 }
 
 impl Batching for Stream {
+    type Adapter = justonce_transport::redis_streams::RedisStreams;
+
     async fn connect_for_batches<DB: TestBackend>(
         &self,
-        db: &TestDb<DB>,
+        inbox: &Inbox<DB>,
     ) -> RedisStreamConsumer<DB> {
         let options = options(self, "a").count(64).max_attempts(2);
-        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options)
+        RedisStreamConsumer::connect(&redis_url(), inbox.clone(), options)
             .await
             .unwrap()
     }
@@ -271,25 +273,7 @@ impl TestBroker for Stream {
         db: &TestDb<DB>,
         count: usize,
     ) -> ConsumerStats {
-        let work = consumer_work::<DB>(&db.prefix);
-        let mut stats = ConsumerStats::default();
-        let mut entries = consumer.entries();
-        // A bound for a stuck consumer, not a speed: 10,000 entries on MariaDB take 20 to
-        // 40 s on a busy machine.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        let mut taken = 0;
-        while taken < count {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{taken} of {count} entries in 120 s"
-            );
-            for entry in entries.next().await.unwrap() {
-                taken += 1;
-                let ran = consumer.run_one(&entry, &work).await;
-                consumer.settle(&entry, ran, &mut stats).await.unwrap();
-            }
-        }
-        stats
+        take(consumer, db, count).await
     }
 
     async fn settled<DB: TestBackend>(&self, _db: &TestDb<DB>) -> bool {

@@ -1,0 +1,527 @@
+//! The consumer written once over every broker: a [`Broker`] adapter says how to receive a
+//! delivery, what it carries and how to settle it; [`Consumer`] holds the policy (the key,
+//! attempts, dead letters, the pause after a database failure, metrics, logs, spans).
+
+use crate::{ConsumerStats, Error, Incoming, KeyFrom, Ran};
+use justonce_core::TraceContext;
+use justonce_core::trace::{TRACEPARENT, TRACESTATE};
+use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
+use std::future::Future;
+use std::time::Duration;
+use tracing::Instrument;
+
+/// How long [`Deliveries::more`] waits for deliveries that have not arrived yet: a batch
+/// takes what is there, and costs at most this when nothing more is.
+const BATCH_WAIT: Duration = Duration::from_millis(1);
+
+/// The work a consumer runs for each delivery, in the transaction its key is claimed in:
+/// any `Fn(&mut Transaction, &Incoming) -> WorkFuture` that may be shared between tasks.
+pub trait Work<DB: Backend, E>:
+    for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E> + Sync
+{
+}
+
+impl<DB: Backend, E, F> Work<DB, E> for F where
+    F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
+        + Sync
+{
+}
+
+/// The settings every consumer shares, whatever its broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Policy {
+    /// Where a delivery's key is.
+    pub key_from: KeyFrom,
+    /// How many times failed work is tried before it is dead-lettered.
+    pub max_attempts: u32,
+    /// How long the consumer takes nothing after the database failed.
+    pub store_pause: Duration,
+}
+
+impl Default for Policy {
+    /// The broker's message id as the key, 5 attempts, a pause of 1 s.
+    fn default() -> Self {
+        Self {
+            key_from: KeyFrom::MessageId,
+            max_attempts: 5,
+            store_pause: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The setters of [`Policy`] on a broker's options, which hold it in a field `policy`.
+macro_rules! policy_setters {
+    ($(#[$key_doc:meta])*) => {
+        $(#[$key_doc])*
+        pub fn key_from(mut self, key_from: $crate::KeyFrom) -> Self {
+            self.policy.key_from = key_from;
+            self
+        }
+
+        /// How many times failed work is tried before it is dead-lettered (at least 1).
+        pub fn max_attempts(mut self, attempts: u32) -> Self {
+            self.policy.max_attempts = attempts.max(1);
+            self
+        }
+
+        /// How long the consumer takes nothing after the database failed (1 s by
+        /// default). The delivery goes back to the broker at once.
+        pub fn store_pause(mut self, pause: std::time::Duration) -> Self {
+            self.policy.store_pause = pause;
+            self
+        }
+    };
+}
+pub(crate) use policy_setters;
+
+/// What a broker's delivery carries, as a consumer reads it.
+pub trait Received: Send + Sync {
+    /// The broker's own id for the message, the key of [`KeyFrom::MessageId`], or why it
+    /// has none.
+    fn message_id(&self) -> Result<String, String>;
+    /// A header (a property, a field) as text, if present.
+    fn header(&self, name: &str) -> Option<String>;
+    /// The message body.
+    fn body(&self) -> Vec<u8>;
+    /// The content type, if any.
+    fn content_type(&self) -> Option<String>;
+    /// Which attempt this is, from 1.
+    fn attempt(&self) -> u32;
+    /// Whether the broker delivered it before.
+    fn redelivered(&self) -> bool {
+        self.attempt() > 1
+    }
+}
+
+/// What a delivery's work sees, or why it has no usable key.
+pub(crate) fn incoming(key_from: &KeyFrom, delivery: &impl Received) -> Result<Incoming, String> {
+    let body = delivery.body();
+    let text = match key_from {
+        KeyFrom::MessageId => delivery.message_id()?,
+        KeyFrom::Header(name) => delivery
+            .header(name)
+            .ok_or_else(|| format!("the message has no text header {name}"))?,
+        KeyFrom::Json(pointer) => crate::json_id(&body, pointer)?,
+    };
+    let trace = delivery.header(TRACEPARENT).and_then(|traceparent| {
+        TraceContext::parse(&traceparent, delivery.header(TRACESTATE).as_deref())
+    });
+    Ok(Incoming {
+        key: crate::message_key(text)?,
+        body,
+        attempt: delivery.attempt(),
+        redelivered: delivery.redelivered(),
+        content_type: delivery.content_type(),
+        trace,
+    })
+}
+
+/// How a delivery is settled once its work has run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settle {
+    /// Done with: processed, a duplicate, or its key reused. Acknowledged.
+    Ack,
+    /// The work failed on `attempt`: delivered again later, as the next attempt.
+    Retry {
+        /// The attempt that failed.
+        attempt: u32,
+    },
+    /// Given up on `attempt`: published to the dead letters with `reason`, then
+    /// acknowledged.
+    DeadLetter {
+        /// The last attempt.
+        attempt: u32,
+        /// Why, for the dead letter's reason header.
+        reason: String,
+    },
+    /// The database failed: back to the broker at once, to be delivered again.
+    GiveBack,
+}
+
+/// The deliveries of one broker connection, one at a time.
+pub trait Receive: Send {
+    /// What the broker delivers.
+    type Delivery: Received;
+
+    /// The next delivery; `None` once the broker ended the consumer.
+    fn next(&mut self) -> impl Future<Output = Result<Option<Self::Delivery>, Error>> + Send;
+
+    /// `first` and the deliveries that arrive after it within a millisecond, up to
+    /// `batch_size` in all.
+    fn more(
+        &mut self,
+        first: Self::Delivery,
+        batch_size: usize,
+    ) -> impl Future<Output = Result<Vec<Self::Delivery>, Error>> + Send {
+        async move {
+            let mut batch = vec![first];
+            // One deadline for the batch: deliveries already there fill it at once.
+            let deadline = tokio::time::Instant::now() + BATCH_WAIT;
+            while batch.len() < batch_size {
+                match tokio::time::timeout_at(deadline, self.next()).await {
+                    Ok(next) => match next? {
+                        Some(delivery) => batch.push(delivery),
+                        None => break,
+                    },
+                    Err(_) => break,
+                }
+            }
+            Ok(batch)
+        }
+    }
+
+    /// Stops receiving; deliveries not settled go back to the broker.
+    fn stop(self) -> impl Future<Output = Result<(), Error>> + Send
+    where
+        Self: Sized,
+    {
+        async { Ok(()) }
+    }
+}
+
+/// A broker adapter: its connection, how it receives and how it settles. [`Consumer`]
+/// holds everything else.
+pub trait Broker: Send + Sync {
+    /// What the broker delivers.
+    type Delivery: Received;
+    /// The deliveries of one subscription.
+    type Receiver<'b>: Receive<Delivery = Self::Delivery> + 'b
+    where
+        Self: 'b;
+
+    /// The broker's name in metrics: `amqp`, `nats`, `redis`, `mqtt`.
+    const NAME: &'static str;
+
+    /// The consumer's settings.
+    fn policy(&self) -> &Policy;
+
+    /// Starts receiving.
+    fn receive(&self) -> impl Future<Output = Result<Self::Receiver<'_>, Error>> + Send;
+
+    /// Settles one delivery.
+    fn settle(
+        &self,
+        delivery: &Self::Delivery,
+        settle: Settle,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Acknowledges `deliveries`, in order.
+    fn ack_all(
+        &self,
+        deliveries: &[&Self::Delivery],
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        async move {
+            for delivery in deliveries {
+                self.settle(delivery, Settle::Ack).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Runs `work` while `deliveries` are being worked on: a broker that redelivers what
+    /// is not acknowledged in time is told they are in progress.
+    fn working<T: Send>(
+        &self,
+        deliveries: &[&Self::Delivery],
+        work: impl Future<Output = T> + Send,
+    ) -> impl Future<Output = T> + Send {
+        let _ = deliveries;
+        work
+    }
+}
+
+/// A consumer of broker `B` that runs each delivery's work once in effect, in a
+/// transaction with its key, and settles the delivery only after the commit.
+///
+/// After a database failure the delivery (and the rest of its batch) goes back to the
+/// broker at once, and the consumer takes nothing for the policy's `store_pause`.
+pub struct Consumer<B: Broker, DB: Backend> {
+    broker: B,
+    inbox: Inbox<DB>,
+}
+
+impl<B: Broker + std::fmt::Debug, DB: Backend> std::fmt::Debug for Consumer<B, DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("broker", &self.broker)
+            .field("inbox", &self.inbox)
+            .finish()
+    }
+}
+
+/// The deliveries of a [`Consumer`], one at a time, for callers that run and settle them
+/// themselves.
+pub struct Deliveries<'c, B: Broker + 'c> {
+    receiver: B::Receiver<'c>,
+}
+
+impl<'c, B: Broker + 'c> Deliveries<'c, B> {
+    /// The next delivery; `None` once the broker ended the consumer.
+    pub async fn next(&mut self) -> Result<Option<B::Delivery>, Error> {
+        self.receiver.next().await
+    }
+
+    /// `first` and the deliveries that have arrived after it, up to `batch_size` in all.
+    pub async fn more(
+        &mut self,
+        first: B::Delivery,
+        batch_size: usize,
+    ) -> Result<Vec<B::Delivery>, Error> {
+        self.receiver.more(first, batch_size).await
+    }
+
+    /// Stops taking deliveries; those not settled go back to the broker.
+    pub async fn stop(self) -> Result<(), Error> {
+        self.receiver.stop().await
+    }
+}
+
+impl<B: Broker, DB: Backend> Consumer<B, DB> {
+    /// A consumer of `broker` claiming keys in `inbox`.
+    pub fn new(broker: B, inbox: Inbox<DB>) -> Self {
+        Self { broker, inbox }
+    }
+
+    /// The broker adapter.
+    pub fn broker(&self) -> &B {
+        &self.broker
+    }
+
+    /// The inbox keys are claimed in.
+    pub fn inbox(&self) -> &Inbox<DB> {
+        &self.inbox
+    }
+
+    /// Takes deliveries until `shutdown` resolves or the broker ends the consumer, runs
+    /// `work` for each in a transaction with its key, and settles each only after.
+    /// Deliveries taken but not settled at shutdown go back to the broker.
+    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.run_batched(shutdown, 1, work).await
+    }
+
+    /// Like [`Consumer::run`], with the deliveries that have arrived, up to `batch_size`,
+    /// claimed with one statement and worked in one transaction, then acknowledged after
+    /// its commit; a `batch_size` of 1 is [`Consumer::run`]. If any work in a batch fails,
+    /// the batch rolls back and its deliveries are run one by one, so that one failing
+    /// message neither loses nor doubles the others. Let the broker send at least
+    /// `batch_size` ahead (its prefetch).
+    pub async fn run_batched<F, E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: F,
+    ) -> Result<ConsumerStats, Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut deliveries = self.deliveries().await?;
+        let mut stats = ConsumerStats::default();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let next = tokio::select! {
+                _ = &mut shutdown => break,
+                next = deliveries.next() => next,
+            };
+            let Some(first) = next? else { break };
+            let batch = deliveries.more(first, batch_size).await?;
+            if self.settle_batch(&batch, &work, &mut stats).await? {
+                tokio::select! {
+                    _ = &mut shutdown => break,
+                    () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+                }
+            }
+        }
+        deliveries.stop().await?;
+        Ok(stats)
+    }
+
+    /// The deliveries one at a time, for callers that run and settle them themselves.
+    pub async fn deliveries(&self) -> Result<Deliveries<'_, B>, Error> {
+        Ok(Deliveries {
+            receiver: self.broker.receive().await?,
+        })
+    }
+
+    /// What the work of `delivery` sees, or why it has no usable key.
+    pub fn incoming(&self, delivery: &B::Delivery) -> Result<Incoming, String> {
+        incoming(&self.broker.policy().key_from, delivery)
+    }
+
+    /// Runs the work of one delivery in a transaction with its key (see [`Inbox::run`]).
+    pub async fn run_one<F, E>(&self, delivery: &B::Delivery, work: &F) -> Ran<E>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let incoming = match self.incoming(delivery) {
+            Ok(incoming) => incoming,
+            Err(reason) => return Ran::NoKey(reason),
+        };
+        let run = self
+            .inbox
+            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .instrument(crate::consume_span(&incoming));
+        Ran::of(self.broker.working(&[delivery], run).await)
+    }
+
+    /// Claims the keys of `batch` with one statement, runs the work of each first claim in
+    /// one transaction, and settles every delivery, in order, after its commit; if any work
+    /// fails, rolls back and runs and settles the deliveries one by one. True when the
+    /// database failed: the delivery that met it and those after it went back to the
+    /// broker, and the caller should pause.
+    pub async fn settle_batch<F, E>(
+        &self,
+        batch: &[B::Delivery],
+        work: &F,
+        stats: &mut ConsumerStats,
+    ) -> Result<bool, Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        if batch.len() > 1 {
+            let read: Vec<Result<Incoming, String>> = batch
+                .iter()
+                .map(|delivery| self.incoming(delivery))
+                .collect();
+            let keyed: Vec<&Incoming> = read.iter().filter_map(|read| read.as_ref().ok()).collect();
+            let working: Vec<&B::Delivery> = (batch.iter().zip(&read))
+                .filter(|(_, read)| read.is_ok())
+                .map(|(delivery, _)| delivery)
+                .collect();
+            let run = self.inbox.run_batch(
+                &keyed,
+                |incoming| (&incoming.key, incoming.body.as_slice()),
+                |tx, incoming| work(tx, incoming),
+            );
+            match self.broker.working(&working, run).await {
+                Ok(outcomes) => {
+                    let mut outcomes = outcomes.into_iter();
+                    let ran = read.into_iter().map(|read| match read {
+                        Err(reason) => Ran::<E>::NoKey(reason),
+                        Ok(_) => match outcomes.next() {
+                            Some(outcome) => Ran::Outcome(outcome),
+                            // The batch answers every keyed delivery: without an answer,
+                            // nothing is acknowledged, and the broker delivers it again.
+                            None => Ran::Store(justonce_core::Error::Config(
+                                "the batch did not answer for a delivery".to_owned(),
+                            )),
+                        },
+                    });
+                    self.settle_all(batch.iter().zip(ran), stats).await?;
+                    return Ok(false);
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "a batch failed: running its deliveries one by one");
+                }
+            }
+        }
+        for (done, delivery) in batch.iter().enumerate() {
+            let ran = self.run_one(delivery, work).await;
+            if matches!(ran, Ran::Store(_)) {
+                self.settle(delivery, ran, stats).await?;
+                // Not tried: the database that just failed would fail them too.
+                for untried in &batch[done + 1..] {
+                    stats.returned += 1;
+                    self.broker.settle(untried, Settle::GiveBack).await?;
+                }
+                return Ok(true);
+            }
+            self.settle(delivery, ran, stats).await?;
+        }
+        Ok(false)
+    }
+
+    /// Acknowledges, retries, dead-letters or gives back the delivery as `ran` says, and
+    /// counts it in `stats`.
+    pub async fn settle<E: std::fmt::Display>(
+        &self,
+        delivery: &B::Delivery,
+        ran: Ran<E>,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error> {
+        self.settle_all([(delivery, ran)], stats).await
+    }
+
+    /// Settles each delivery in order, the acknowledgements of consecutive ones together.
+    async fn settle_all<'d, E: std::fmt::Display>(
+        &self,
+        settling: impl IntoIterator<Item = (&'d B::Delivery, Ran<E>)>,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error>
+    where
+        B::Delivery: 'd,
+    {
+        let mut acks: Vec<&B::Delivery> = Vec::new();
+        let mut consumed = 0;
+        for (delivery, ran) in settling {
+            let settle = self.judge(delivery, ran, stats);
+            if settle != Settle::GiveBack {
+                consumed += 1;
+            }
+            if settle == Settle::Ack {
+                acks.push(delivery);
+                continue;
+            }
+            self.broker.ack_all(&acks).await?;
+            acks.clear();
+            self.broker.settle(delivery, settle).await?;
+        }
+        self.broker.ack_all(&acks).await?;
+        crate::count_consumed(&self.inbox, B::NAME, consumed);
+        Ok(())
+    }
+
+    /// How a delivery is settled after `ran`, counted and logged.
+    fn judge<E: std::fmt::Display>(
+        &self,
+        delivery: &B::Delivery,
+        ran: Ran<E>,
+        stats: &mut ConsumerStats,
+    ) -> Settle {
+        let attempt = delivery.attempt();
+        match ran {
+            Ran::Outcome(Outcome::Processed(())) => {
+                stats.processed += 1;
+                Settle::Ack
+            }
+            Ran::Outcome(Outcome::Duplicate) => {
+                stats.duplicates += 1;
+                Settle::Ack
+            }
+            Ran::Outcome(Outcome::KeyReused { .. }) => {
+                tracing::warn!("the same key with another payload: skipped");
+                stats.key_reused += 1;
+                Settle::Ack
+            }
+            Ran::NoKey(reason) => {
+                tracing::warn!(%reason, "a delivery without a usable key: dead-lettered");
+                stats.dead_lettered += 1;
+                Settle::DeadLetter { attempt, reason }
+            }
+            Ran::Work(error) if attempt < self.broker.policy().max_attempts => {
+                tracing::debug!(attempt, %error, "work failed: retrying");
+                stats.retried += 1;
+                Settle::Retry { attempt }
+            }
+            Ran::Work(error) => {
+                let reason = format!("attempt {attempt}: {error}");
+                tracing::warn!(%reason, "work failed for the last time: dead-lettered");
+                stats.dead_lettered += 1;
+                Settle::DeadLetter { attempt, reason }
+            }
+            Ran::Store(error) => {
+                tracing::warn!(%error, "database failed: the delivery goes back to the broker");
+                stats.returned += 1;
+                Settle::GiveBack
+            }
+        }
+    }
+}
