@@ -18,7 +18,7 @@ use justonce_cli_support::shutdown_signal;
 use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
 use justonce_sql::statements::{self, ClaimMany};
 use justonce_sql::{
-    Backend, Claim, Consumer, Fingerprint, Inbox, Key, Message, Options, Retention,
+    Backend, Claim, Consumer, Fingerprint, Inbox, InboxOptions, Key, Message, Retention,
 };
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -102,7 +102,7 @@ async fn bench<DB: BenchDb>(url: &str, settings: &Settings, serve: Serve) -> Res
     let prefix = format!("justonce_bench_{}_", std::process::id());
     // A retry horizon of an hour lets the purge section purge keys a day old.
     let retention = Retention::new(Duration::from_secs(86_400), Duration::from_secs(3_600))?;
-    let options = Options::default().prefix(&prefix).retention(retention);
+    let options = InboxOptions::default().prefix(&prefix).retention(retention);
     let inbox = Inbox::<DB>::connect_with(url, Consumer::new(CONSUMER)?, options.clone())
         .await
         .context("opening the database")?;
@@ -139,7 +139,7 @@ struct Bench<'s, DB: BenchDb> {
     tables: BenchTables,
     inbox: Inbox<DB>,
     /// The inbox's options, for a fresh inbox on the same pool.
-    options: Options,
+    options: InboxOptions,
     /// The claim id of each hand-written batch: what tells its new keys on MySQL, which
     /// has no RETURNING.
     hand_claim_ids: AtomicI64,

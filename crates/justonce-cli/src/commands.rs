@@ -9,7 +9,7 @@ use justonce_cli_support::database::DatabaseKind;
 use justonce_cli_support::pacing::Pacer;
 use justonce_cli_support::progress::Progress;
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
-use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Options, Row, Scope, StoredKey};
+use justonce_sql::{Backend, Consumer, Identity, Inbox, InboxOptions, Key, Row, Scope, StoredKey};
 use std::hash::{BuildHasher, RandomState};
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Instant;
@@ -38,7 +38,7 @@ pub async fn run(settings: Settings, command: Command) -> Result<()> {
     } = command
     {
         // Printed from the dialect alone: the database need not be reachable.
-        let options = Options::default();
+        let options = InboxOptions::default();
         let script = match database_kind(&settings.database)? {
             DatabaseKind::Sqlite => Inbox::<Sqlite>::migration_sql(&options, since)?,
             DatabaseKind::Postgres => Inbox::<Postgres>::migration_sql(&options, since)?,
@@ -71,7 +71,7 @@ fn database_kind(url: &str) -> Result<DatabaseKind> {
 }
 
 async fn run_on<DB: Backend>(settings: Settings, command: Command) -> Result<()> {
-    let options = Options::default()
+    let options = InboxOptions::default()
         .retention(settings.store_retention()?)
         .pool_size(settings.pool_size)
         .acquire_timeout(settings.acquire_timeout);

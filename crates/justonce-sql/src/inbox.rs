@@ -27,7 +27,7 @@ pub type WorkFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send
 
 /// Settings shared by every [`Inbox`] made from one connection.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct InboxOptions {
     prefix: String,
     retention: Retention,
     max_attempts: u32,
@@ -36,7 +36,7 @@ pub struct Options {
     acquire_timeout: Duration,
 }
 
-impl Default for Options {
+impl Default for InboxOptions {
     fn default() -> Self {
         Self {
             prefix: "justonce_".to_owned(),
@@ -49,7 +49,7 @@ impl Default for Options {
     }
 }
 
-impl Options {
+impl InboxOptions {
     /// The prefix of justonce's table names (default `justonce_`): 1 to 40 characters of
     /// `a-z`, `0-9` and `_`, not starting with a digit.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -127,17 +127,17 @@ impl<DB: Backend> fmt::Debug for Inbox<DB> {
 }
 
 impl<DB: Backend> Inbox<DB> {
-    /// Connects to `url` with the default [`Options`]. A `sqlite://` file is created if
+    /// Connects to `url` with the default [`InboxOptions`]. A `sqlite://` file is created if
     /// missing.
     pub async fn connect(url: &str, consumer: Consumer) -> Result<Self, Error> {
-        Self::connect_with(url, consumer, Options::default()).await
+        Self::connect_with(url, consumer, InboxOptions::default()).await
     }
 
     /// Connects to `url` with `options`.
     pub async fn connect_with(
         url: &str,
         consumer: Consumer,
-        options: Options,
+        options: InboxOptions,
     ) -> Result<Self, Error> {
         let pool_options = sqlx::pool::PoolOptions::new()
             .max_connections(options.pool_size)
@@ -153,7 +153,7 @@ impl<DB: Backend> Inbox<DB> {
     pub fn from_pool(
         pool: sqlx::Pool<DB>,
         consumer: Consumer,
-        options: Options,
+        options: InboxOptions,
     ) -> Result<Self, Error> {
         let tables = Tables::new(&options.prefix)?;
         let sql = DB::statements(&tables);
@@ -196,7 +196,7 @@ impl<DB: Backend> Inbox<DB> {
     /// whose database administrators apply migrations themselves: the migrations after
     /// version `since` (0 for a new database; an existing one is at the highest version in
     /// its `migrations` table), each recorded in that table, in one transaction.
-    pub fn migration_sql(options: &Options, since: i64) -> Result<String, Error> {
+    pub fn migration_sql(options: &InboxOptions, since: i64) -> Result<String, Error> {
         Ok(DB::migration_script(&Tables::new(&options.prefix)?, since))
     }
 
@@ -360,7 +360,7 @@ impl<DB: Backend> Inbox<DB> {
     ///   with another payload returns [`Outcome::KeyReused`]. The work does not run.
     /// - A serialization failure, a deadlock or a busy database, from the claim, the work's
     ///   own statements or the commit, rolls back and runs everything again, up to
-    ///   [`Options::max_attempts`] times with a growing, jittered pause. The work must
+    ///   [`InboxOptions::max_attempts`] times with a growing, jittered pause. The work must
     ///   therefore have no effect outside the transaction.
     /// - If the connection breaks after COMMIT was sent, the next attempt's claim reads the
     ///   key back: if the row carries this run's claim id the commit happened and the run

@@ -83,7 +83,7 @@ mod tables;
 mod tls;
 
 pub use backend::{Backend, KeyCount, StoredOffset};
-pub use inbox::{Inbox, Options, RunError, WorkFuture};
+pub use inbox::{Inbox, InboxOptions, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;
 pub use outbox::{BackedOff, Message, Outbox, OutboxStats, Row};
