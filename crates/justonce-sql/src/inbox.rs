@@ -2,13 +2,12 @@
 
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
-use crate::backend::{
-    Backend, Batch, Change, ClaimRow, ForwardFailed, NewOutboxRow, OffsetRow, Stored,
-    database_error, vanished,
-};
+use crate::backend::{Backend, ForwardFailed, Queries, Reads};
+use crate::common::migration_script;
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
-use crate::shared::{Shared, in_batches, millis, random_u64};
+use crate::rows::{Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored};
+use crate::shared::{Shared, driver_error, in_batches, millis, random_u64, vanished};
 use crate::tables::Tables;
 use justonce_core::{
     Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, OffsetCommit, Outcome, Retention,
@@ -197,7 +196,11 @@ impl<DB: Backend> Inbox<DB> {
     /// version `since` (0 for a new database; an existing one is at the highest version in
     /// its `migrations` table), each recorded in that table, in one transaction.
     pub fn migration_sql(options: &InboxOptions, since: i64) -> Result<String, Error> {
-        Ok(DB::migration_script(&Tables::new(&options.prefix)?, since))
+        Ok(migration_script(
+            &DB::SCHEMA,
+            &Tables::new(&options.prefix)?,
+            since,
+        ))
     }
 
     /// The connection pool, for the application's own queries.
@@ -227,7 +230,12 @@ impl<DB: Backend> Inbox<DB> {
     /// Checks that the keys table exists with its unique constraint on (scope, consumer,
     /// key). Without the constraint, duplicates would slip through: this is an error.
     pub async fn check(&self) -> Result<(), Error> {
-        if DB::has_unique_constraint(&self.shared.pool, &self.shared.sql).await? {
+        if self
+            .shared
+            .sql
+            .has_unique_constraint(&self.shared.pool)
+            .await?
+        {
             Ok(())
         } else {
             Err(Error::Schema(format!(
@@ -245,7 +253,7 @@ impl<DB: Backend> Inbox<DB> {
             .pool
             .begin_with(DB::BEGIN)
             .await
-            .map_err(database_error::<DB>)
+            .map_err(driver_error::<DB>)
     }
 
     /// Claims `key` inside the caller's transaction, through the unique constraint.
@@ -263,16 +271,18 @@ impl<DB: Backend> Inbox<DB> {
         let fingerprint = Fingerprint::of(payload);
         let claim_id = random_claim_id();
         let identity = self.identity(key);
-        let stored = DB::claim(
-            tx,
-            &self.shared.sql,
-            ClaimRow {
-                identity: &identity,
-                fingerprint: &fingerprint,
-                claim_id,
-            },
-        )
-        .await?;
+        let stored = self
+            .shared
+            .sql
+            .claim(
+                tx,
+                ClaimRow {
+                    identity: &identity,
+                    fingerprint: &fingerprint,
+                    claim_id,
+                },
+            )
+            .await?;
         Ok(judge(
             stored.claim_id == claim_id,
             stored.fingerprint,
@@ -459,7 +469,7 @@ impl<DB: Backend> Inbox<DB> {
                     // The pool waited its whole acquire timeout for a connection: waiting
                     // as long again below would double what the caller waits.
                     Err(ForwardFailed::Connect(error @ sqlx::Error::PoolTimedOut)) => {
-                        return Err(database_error::<DB>(error));
+                        return Err(driver_error::<DB>(error));
                     }
                     // Nothing was sent: the transactions below connect as `run`'s do, and
                     // fail as theirs would.
@@ -469,7 +479,7 @@ impl<DB: Backend> Inbox<DB> {
                         let unknown = DB::is_commit_unknown(&error);
                         let transient = unknown || DB::is_retryable(&error);
                         if !transient || 1 >= self.tries_allowed(unknown) {
-                            return Err(database_error::<DB>(error));
+                            return Err(driver_error::<DB>(error));
                         }
                         if unknown {
                             unknown_commit = Some((claim_id, ()));
@@ -604,7 +614,10 @@ impl<DB: Backend> Inbox<DB> {
             fingerprint: &fingerprint,
             claim_id,
         };
-        let stored = DB::claim(&mut tx, &self.shared.sql, row)
+        let stored = self
+            .shared
+            .sql
+            .claim(&mut tx, row)
             .await
             .map_err(Failed::Store)?;
         if stored.claim_id != claim_id {
@@ -634,7 +647,7 @@ impl<DB: Backend> Inbox<DB> {
                 if DB::is_commit_unknown(&error) {
                     *unknown_commit = Some((claim_id, value));
                 }
-                Err(Failed::Store(database_error::<DB>(error)))
+                Err(Failed::Store(driver_error::<DB>(error)))
             }
         }
     }
@@ -705,7 +718,7 @@ impl<DB: Backend> Inbox<DB> {
             payload: &message.payload,
             headers: message.headers_json(),
         };
-        DB::enqueue(tx, &self.shared.sql, row).await
+        self.shared.sql.enqueue(tx, row).await
     }
 
     /// The outbox of this store: its relay, dead letters and clean-up.
@@ -737,7 +750,7 @@ impl<DB: Backend> Inbox<DB> {
             partition,
             offset,
         };
-        Ok(if DB::commit_offset(tx, &self.shared.sql, at).await? {
+        Ok(if self.shared.sql.commit_offset(tx, at).await? {
             OffsetCommit::Moved
         } else {
             OffsetCommit::AlreadyProcessed
@@ -746,13 +759,10 @@ impl<DB: Backend> Inbox<DB> {
 
     /// This consumer's stored positions in `stream`, by partition, to resume from.
     pub async fn load_offsets(&self, stream: &str) -> Result<Vec<(i32, Offset)>, Error> {
-        DB::load_offsets(
-            &self.shared.pool,
-            &self.shared.sql,
-            self.consumer.as_str(),
-            stream,
-        )
-        .await
+        self.shared
+            .sql
+            .load_offsets(&self.shared.pool, self.consumer.as_str(), stream)
+            .await
     }
 
     /// Deletes this consumer's keys, in every scope, processed more than `older_than` ago
@@ -784,7 +794,7 @@ impl<DB: Backend> Inbox<DB> {
         };
         let purged = {
             let _writer = self.shared.queue_writer().await;
-            DB::change(&self.shared.pool, &self.shared.sql, change).await
+            self.shared.sql.change(&self.shared.pool, change).await
         };
         self.shared.recent.clear();
         purged

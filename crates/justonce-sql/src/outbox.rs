@@ -1,7 +1,8 @@
 //! The transactional outbox: rows written with the work, sent afterwards by the relay with
 //! a key the receiver can deduplicate on.
 
-use crate::backend::{Backend, Change, OutboxRow, Which};
+use crate::backend::{Backend, Queries, Reads};
+use crate::rows::{Change, OutboxRow, Which};
 use crate::shared::{Shared, in_batches, millis};
 use justonce_core::Error;
 use justonce_core::trace::{self, TRACEPARENT, TRACESTATE, TraceContext};
@@ -195,13 +196,21 @@ impl<DB: Backend> Outbox<DB> {
         let which = Which::DeadLetters {
             limit: i64::from(limit),
         };
-        let rows = DB::outbox_rows(&self.shared.pool, &self.shared.sql, which).await?;
+        let rows = self
+            .shared
+            .sql
+            .outbox_rows(&self.shared.pool, which)
+            .await?;
         rows.into_iter().map(Row::decode).collect()
     }
 
     /// One row, sent, due or dead.
     pub async fn get(&self, id: i64) -> Result<Option<Row>, Error> {
-        let rows = DB::outbox_rows(&self.shared.pool, &self.shared.sql, Which::Id(id)).await?;
+        let rows = self
+            .shared
+            .sql
+            .outbox_rows(&self.shared.pool, Which::Id(id))
+            .await?;
         rows.into_iter().next().map(Row::decode).transpose()
     }
 
@@ -263,7 +272,7 @@ impl<DB: Backend> Outbox<DB> {
     /// How many rows are sent, due and dead, and how long the oldest due row has waited.
     pub async fn stats(&self) -> Result<OutboxStats, Error> {
         let (sent, due, dead, oldest_due_ms) =
-            DB::outbox_stats(&self.shared.pool, &self.shared.sql).await?;
+            self.shared.sql.outbox_stats(&self.shared.pool).await?;
         Ok(OutboxStats {
             sent,
             due,
@@ -276,7 +285,7 @@ impl<DB: Backend> Outbox<DB> {
     /// breakers; this is what the relays last wrote. A relay that stopped while its breaker
     /// was open leaves it here until another relay's breaker for it closes.
     pub async fn backed_off(&self) -> Result<Vec<BackedOff>, Error> {
-        let rows = DB::breakers(&self.shared.pool, &self.shared.sql).await?;
+        let rows = self.shared.sql.breakers(&self.shared.pool).await?;
         let duration = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
         Ok(rows
             .into_iter()
@@ -291,6 +300,6 @@ impl<DB: Backend> Outbox<DB> {
 
     pub(crate) async fn change(&self, change: Change<'_>) -> Result<u64, Error> {
         let _writer = self.shared.queue_writer().await;
-        DB::change(&self.shared.pool, &self.shared.sql, change).await
+        self.shared.sql.change(&self.shared.pool, change).await
     }
 }
