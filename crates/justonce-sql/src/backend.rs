@@ -2,8 +2,8 @@
 //! statements do.
 
 use crate::rows::{
-    Batch, Change, ClaimRow, KeyCount, LeaseState, NewOutboxRow, OffsetRow, OutboxRow, Schema,
-    Stored, StoredOffset, Wakeups, Which,
+    Batch, Change, ClaimRow, DestinationCounts, KeyCount, LeaseState, NewOutboxRow, OffsetRow,
+    OutboxRow, Schema, Stored, StoredOffset, Wakeups, Which,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -199,6 +199,13 @@ pub trait Reads<DB: sqlx::Database> {
         &'a self,
         pool: &'a sqlx::Pool<DB>,
     ) -> impl Future<Output = Result<(i64, i64, i64, i64), Error>> + Send + 'a;
+
+    /// The counts of `outbox_stats` for each destination with rows, ordered by
+    /// destination.
+    fn destination_stats<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+    ) -> impl Future<Output = Result<Vec<DestinationCounts>, Error>> + Send + 'a;
 
     /// How many keys each consumer has in each scope, and how many of them are leases not
     /// completed, ordered by consumer and scope.

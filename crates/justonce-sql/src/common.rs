@@ -4,8 +4,8 @@
 
 use crate::backend::{Backend, Reads};
 use crate::rows::{
-    Change, KeyCount, KeyCountTuple, LeaseRow, LeaseState, OffsetTuple, Schema, Stored,
-    StoredOffset,
+    Change, DestinationCounts, KeyCount, KeyCountTuple, LeaseRow, LeaseState, OffsetTuple, Schema,
+    Stored, StoredOffset,
 };
 use crate::shared::driver_error;
 use crate::tables::Tables;
@@ -36,6 +36,7 @@ pub struct Common {
     pub(crate) oldest_key_age: Arc<str>,
     pub(crate) key_counts: Arc<str>,
     pub(crate) outbox_stats: Arc<str>,
+    pub(crate) destination_stats: Arc<str>,
     pub(crate) breakers: Arc<str>,
     /// consumer, stream.
     pub(crate) load_offsets: Arc<str>,
@@ -268,6 +269,13 @@ where
             .fetch_one(pool)
             .await
             .map_err(driver_error::<DB>)
+    }
+
+    async fn destination_stats<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+    ) -> Result<Vec<DestinationCounts>, Error> {
+        fetch_all(pool, &self.as_ref().destination_stats).await
     }
 
     async fn key_counts<'a>(&'a self, pool: &'a sqlx::Pool<DB>) -> Result<Vec<KeyCount>, Error> {

@@ -76,6 +76,14 @@ impl Statements {
              sent_at IS NOT NULL AS sent, {} AS age_ms",
             (clock.age_ms)("created_at")
         );
+        // Sent, due and dead rows, and the age of the oldest due one.
+        let outbox_counts = format!(
+            "count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
+             count(CASE WHEN sent_at IS NULL AND NOT dead THEN 1 END),
+             count(CASE WHEN dead THEN 1 END),
+             coalesce(max(CASE WHEN sent_at IS NULL AND NOT dead THEN {} END), 0)",
+            (clock.age_ms)("created_at")
+        );
         let skip_locked = specific.skip_locked;
         let text = |sql: String| Arc::<str>::from(sql);
         let common = Common {
@@ -102,14 +110,10 @@ impl Statements {
                 "SELECT consumer, scope, count(*), count(lease_until) FROM {keys}
                  GROUP BY consumer, scope ORDER BY consumer, scope"
             )),
-            outbox_stats: text(format!(
-                "SELECT
-                    count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
-                    count(CASE WHEN sent_at IS NULL AND NOT dead THEN 1 END),
-                    count(CASE WHEN dead THEN 1 END),
-                    coalesce(max(CASE WHEN sent_at IS NULL AND NOT dead THEN {} END), 0)
-                 FROM {outbox}",
-                (clock.age_ms)("created_at")
+            outbox_stats: text(format!("SELECT {outbox_counts} FROM {outbox}")),
+            destination_stats: text(format!(
+                "SELECT destination, {outbox_counts} FROM {outbox}
+                 GROUP BY destination ORDER BY destination"
             )),
             breakers: text(format!(
                 "SELECT destination, failures, -{}, {} FROM {breakers} ORDER BY destination",

@@ -163,6 +163,17 @@ pub struct OutboxStats {
     pub oldest_due: Duration,
 }
 
+impl OutboxStats {
+    fn new(sent: i64, due: i64, dead: i64, oldest_due_ms: i64) -> Self {
+        Self {
+            sent,
+            due,
+            dead,
+            oldest_due: Duration::from_millis(oldest_due_ms.max(0).unsigned_abs()),
+        }
+    }
+}
+
 /// A destination a relay backed off after failures in a row, as it last wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -273,12 +284,21 @@ impl<DB: Backend> Outbox<DB> {
     pub async fn stats(&self) -> Result<OutboxStats, Error> {
         let (sent, due, dead, oldest_due_ms) =
             self.shared.sql.outbox_stats(&self.shared.pool).await?;
-        Ok(OutboxStats {
-            sent,
-            due,
-            dead,
-            oldest_due: Duration::from_millis(oldest_due_ms.max(0).unsigned_abs()),
-        })
+        Ok(OutboxStats::new(sent, due, dead, oldest_due_ms))
+    }
+
+    /// [`stats`](Self::stats) for each destination that has rows, ordered by destination.
+    pub async fn stats_by_destination(&self) -> Result<Vec<(String, OutboxStats)>, Error> {
+        let rows = self.shared.sql.destination_stats(&self.shared.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(destination, sent, due, dead, oldest_due_ms)| {
+                (
+                    destination,
+                    OutboxStats::new(sent, due, dead, oldest_due_ms),
+                )
+            })
+            .collect())
     }
 
     /// The destinations whose breaker is open or probing, by name. Each relay has its own

@@ -262,6 +262,10 @@ pub enum Change<'a> {
     },
 }
 
+/// The columns of a `destination_stats` statement as sqlx decodes them: destination, then
+/// the counts of `outbox_stats`.
+pub(crate) type DestinationCounts = (String, i64, i64, i64, i64);
+
 /// The columns of a `key_counts` statement as sqlx decodes them.
 pub(crate) type KeyCountTuple = (String, String, i64, i64);
 

@@ -62,6 +62,14 @@ impl MySqlStatements {
         );
         let this_key = "scope = ? AND consumer = ? AND `key` = ?";
         let due = "sent_at IS NULL AND dead = FALSE";
+        // Sent, due and dead rows, and the age of the oldest due one.
+        let outbox_counts = format!(
+            "count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
+             count(CASE WHEN {due} THEN 1 END),
+             count(CASE WHEN dead THEN 1 END),
+             CAST(coalesce(max(CASE WHEN {due} THEN {} END), 0) AS SIGNED)",
+            age_ms("created_at")
+        );
         let arc = |sql: String| Arc::<str>::from(sql);
         let common = Common {
             // A locking read sees the latest committed row, where a plain one would see the
@@ -135,14 +143,10 @@ impl MySqlStatements {
                 text("consumer"),
                 text("stream")
             )),
-            outbox_stats: arc(format!(
-                "SELECT
-                        count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
-                        count(CASE WHEN {due} THEN 1 END),
-                        count(CASE WHEN dead THEN 1 END),
-                        CAST(coalesce(max(CASE WHEN {due} THEN {} END), 0) AS SIGNED)
-                     FROM {outbox}",
-                age_ms("created_at")
+            outbox_stats: arc(format!("SELECT {outbox_counts} FROM {outbox}")),
+            destination_stats: arc(format!(
+                "SELECT destination, {outbox_counts} FROM {outbox}
+                 GROUP BY destination ORDER BY destination"
             )),
             lease_state: arc(format!(
                 "SELECT fingerprint, lease_until IS NULL AS done, result,
