@@ -10,7 +10,7 @@ use axum::http::{HeaderValue, Method, Request, StatusCode};
 use axum::routing::post;
 use justonce_http::server::{IDEMPOTENCY_KEY, IdempotencyLayer};
 use justonce_sql::sqlx::sqlite::{Sqlite, SqlitePoolOptions};
-use justonce_sql::{Consumer, Identity, Inbox, Key, Options, Scope};
+use justonce_sql::{Consumer, Identity, Inbox, Key, InboxOptions, Scope};
 use libfuzzer_sys::fuzz_target;
 use std::sync::LazyLock;
 use tower_service::Service;
@@ -44,7 +44,7 @@ static HARNESS: LazyLock<Harness> = LazyLock::new(|| {
             .await
             .unwrap();
         let inbox =
-            Inbox::from_pool(pool, Consumer::new("fuzz").unwrap(), Options::default()).unwrap();
+            Inbox::from_pool(pool, Consumer::new("fuzz").unwrap(), InboxOptions::default()).unwrap();
         inbox.migrate().await.unwrap();
         inbox
     });

@@ -7,7 +7,7 @@ use crate::db::{BenchDb, BenchTables};
 use crate::report::Report;
 use anyhow::Result;
 use justonce_cli_support::progress::Progress;
-use justonce_sql::{Inbox, Options};
+use justonce_sql::{Inbox, InboxOptions};
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ pub(crate) struct Bench<'s, DB: BenchDb> {
     pub(crate) tables: BenchTables,
     pub(crate) inbox: Inbox<DB>,
     /// The inbox's options, for a fresh inbox on the same pool.
-    pub(crate) options: Options,
+    pub(crate) options: InboxOptions,
     /// The claim id of each hand-written batch: what tells its new keys on MySQL, which
     /// has no RETURNING.
     pub(crate) hand_claim_ids: AtomicI64,

@@ -16,7 +16,7 @@ use futures_util::future::BoxFuture;
 use justonce_cli_support::database::DatabaseKind;
 use justonce_cli_support::shutdown_signal;
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
-use justonce_sql::{Consumer, Inbox, Options, Retention};
+use justonce_sql::{Consumer, Inbox, InboxOptions, Retention};
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
@@ -50,7 +50,7 @@ async fn run_on<DB: BenchDb>(url: &str, settings: &Settings, serve: Serve) -> Re
     let prefix = format!("justonce_bench_{}_", std::process::id());
     // A retry horizon of an hour lets the purge section purge keys a day old.
     let retention = Retention::new(Duration::from_secs(86_400), Duration::from_secs(3_600))?;
-    let options = Options::default().prefix(&prefix).retention(retention);
+    let options = InboxOptions::default().prefix(&prefix).retention(retention);
     let inbox = Inbox::<DB>::connect_with(url, Consumer::new(CONSUMER)?, options.clone())
         .await
         .context("opening the database")?;

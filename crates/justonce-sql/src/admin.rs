@@ -1,8 +1,9 @@
 //! What an operator does by hand: free or complete a lease whose holder is stuck, and count
 //! what the store holds.
 
-use crate::backend::{Backend, Change, KeyCount, StoredOffset};
+use crate::backend::{Backend, Reads};
 use crate::inbox::Inbox;
+use crate::rows::{Change, KeyCount, StoredOffset};
 use justonce_core::{Error, Identity};
 use std::time::Duration;
 
@@ -36,15 +37,17 @@ impl<DB: Backend> Inbox<DB> {
     /// counts every row of the keys table.
     pub async fn key_counts(&self) -> Result<Vec<KeyCount>, Error> {
         let shared = self.shared();
-        DB::key_counts(&shared.pool, &shared.sql).await
+        shared.sql.key_counts(&shared.pool).await
     }
 
     /// How long ago this consumer's oldest key was processed, in any scope; zero without
     /// keys. Past the retention, it is how far the purge is behind.
     pub async fn oldest_key_age(&self) -> Result<Duration, Error> {
         let shared = self.shared();
-        let age_ms =
-            DB::oldest_key_age_ms(&shared.pool, &shared.sql, self.consumer().as_str()).await?;
+        let age_ms = shared
+            .sql
+            .oldest_key_age_ms(&shared.pool, self.consumer().as_str())
+            .await?;
         Ok(Duration::from_millis(u64::try_from(age_ms).unwrap_or(0)))
     }
 
@@ -52,12 +55,12 @@ impl<DB: Backend> Inbox<DB> {
     /// partition.
     pub async fn all_offsets(&self) -> Result<Vec<StoredOffset>, Error> {
         let shared = self.shared();
-        DB::all_offsets(&shared.pool, &shared.sql).await
+        shared.sql.all_offsets(&shared.pool).await
     }
 
     async fn force(&self, change: Change<'_>) -> Result<bool, Error> {
         let shared = self.shared();
         let _writer = shared.queue_writer().await;
-        Ok(DB::change(&shared.pool, &shared.sql, change).await? > 0)
+        Ok(shared.sql.change(&shared.pool, change).await? > 0)
     }
 }

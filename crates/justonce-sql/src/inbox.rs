@@ -2,13 +2,12 @@
 
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
-use crate::backend::{
-    Backend, Batch, Change, ClaimRow, ForwardFailed, NewOutboxRow, OffsetRow, Stored,
-    database_error, vanished,
-};
+use crate::backend::{Backend, ForwardFailed, Queries, Reads};
+use crate::common::migration_script;
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
-use crate::shared::{Shared, in_batches, millis, random_u64};
+use crate::rows::{Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored};
+use crate::shared::{Shared, driver_error, in_batches, millis, random_u64, vanished};
 use crate::tables::Tables;
 use justonce_core::{
     Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, OffsetCommit, Outcome, Retention,
@@ -27,7 +26,7 @@ pub type WorkFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send
 
 /// Settings shared by every [`Inbox`] made from one connection.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct InboxOptions {
     prefix: String,
     retention: Retention,
     max_attempts: u32,
@@ -36,7 +35,7 @@ pub struct Options {
     acquire_timeout: Duration,
 }
 
-impl Default for Options {
+impl Default for InboxOptions {
     fn default() -> Self {
         Self {
             prefix: "justonce_".to_owned(),
@@ -49,7 +48,7 @@ impl Default for Options {
     }
 }
 
-impl Options {
+impl InboxOptions {
     /// The prefix of justonce's table names (default `justonce_`): 1 to 40 characters of
     /// `a-z`, `0-9` and `_`, not starting with a digit.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -127,17 +126,17 @@ impl<DB: Backend> fmt::Debug for Inbox<DB> {
 }
 
 impl<DB: Backend> Inbox<DB> {
-    /// Connects to `url` with the default [`Options`]. A `sqlite://` file is created if
+    /// Connects to `url` with the default [`InboxOptions`]. A `sqlite://` file is created if
     /// missing.
     pub async fn connect(url: &str, consumer: Consumer) -> Result<Self, Error> {
-        Self::connect_with(url, consumer, Options::default()).await
+        Self::connect_with(url, consumer, InboxOptions::default()).await
     }
 
     /// Connects to `url` with `options`.
     pub async fn connect_with(
         url: &str,
         consumer: Consumer,
-        options: Options,
+        options: InboxOptions,
     ) -> Result<Self, Error> {
         let pool_options = sqlx::pool::PoolOptions::new()
             .max_connections(options.pool_size)
@@ -153,7 +152,7 @@ impl<DB: Backend> Inbox<DB> {
     pub fn from_pool(
         pool: sqlx::Pool<DB>,
         consumer: Consumer,
-        options: Options,
+        options: InboxOptions,
     ) -> Result<Self, Error> {
         let tables = Tables::new(&options.prefix)?;
         let sql = DB::statements(&tables);
@@ -196,8 +195,12 @@ impl<DB: Backend> Inbox<DB> {
     /// whose database administrators apply migrations themselves: the migrations after
     /// version `since` (0 for a new database; an existing one is at the highest version in
     /// its `migrations` table), each recorded in that table, in one transaction.
-    pub fn migration_sql(options: &Options, since: i64) -> Result<String, Error> {
-        Ok(DB::migration_script(&Tables::new(&options.prefix)?, since))
+    pub fn migration_sql(options: &InboxOptions, since: i64) -> Result<String, Error> {
+        Ok(migration_script(
+            &DB::SCHEMA,
+            &Tables::new(&options.prefix)?,
+            since,
+        ))
     }
 
     /// The connection pool, for the application's own queries.
@@ -227,7 +230,12 @@ impl<DB: Backend> Inbox<DB> {
     /// Checks that the keys table exists with its unique constraint on (scope, consumer,
     /// key). Without the constraint, duplicates would slip through: this is an error.
     pub async fn check(&self) -> Result<(), Error> {
-        if DB::has_unique_constraint(&self.shared.pool, &self.shared.sql).await? {
+        if self
+            .shared
+            .sql
+            .has_unique_constraint(&self.shared.pool)
+            .await?
+        {
             Ok(())
         } else {
             Err(Error::Schema(format!(
@@ -245,7 +253,7 @@ impl<DB: Backend> Inbox<DB> {
             .pool
             .begin_with(DB::BEGIN)
             .await
-            .map_err(database_error::<DB>)
+            .map_err(driver_error::<DB>)
     }
 
     /// Claims `key` inside the caller's transaction, through the unique constraint.
@@ -263,16 +271,18 @@ impl<DB: Backend> Inbox<DB> {
         let fingerprint = Fingerprint::of(payload);
         let claim_id = random_claim_id();
         let identity = self.identity(key);
-        let stored = DB::claim(
-            tx,
-            &self.shared.sql,
-            ClaimRow {
-                identity: &identity,
-                fingerprint: &fingerprint,
-                claim_id,
-            },
-        )
-        .await?;
+        let stored = self
+            .shared
+            .sql
+            .claim(
+                tx,
+                ClaimRow {
+                    identity: &identity,
+                    fingerprint: &fingerprint,
+                    claim_id,
+                },
+            )
+            .await?;
         Ok(judge(
             stored.claim_id == claim_id,
             stored.fingerprint,
@@ -395,7 +405,7 @@ impl<DB: Backend> Inbox<DB> {
         }
         tx.commit()
             .await
-            .map_err(|e| RunError::Store(database_error::<DB>(e)))?;
+            .map_err(|e| RunError::Store(driver_error::<DB>(e)))?;
         Ok(claimed
             .into_iter()
             .map(|claim| match claim {
@@ -413,7 +423,7 @@ impl<DB: Backend> Inbox<DB> {
     ///   with another payload returns [`Outcome::KeyReused`]. The work does not run.
     /// - A serialization failure, a deadlock or a busy database, from the claim, the work's
     ///   own statements or the commit, rolls back and runs everything again, up to
-    ///   [`Options::max_attempts`] times with a growing, jittered pause. The work must
+    ///   [`InboxOptions::max_attempts`] times with a growing, jittered pause. The work must
     ///   therefore have no effect outside the transaction.
     /// - If the connection breaks after COMMIT was sent, the next attempt's claim reads the
     ///   key back: if the row carries this run's claim id the commit happened and the run
@@ -512,7 +522,7 @@ impl<DB: Backend> Inbox<DB> {
                     // The pool waited its whole acquire timeout for a connection: waiting
                     // as long again below would double what the caller waits.
                     Err(ForwardFailed::Connect(error @ sqlx::Error::PoolTimedOut)) => {
-                        return Err(database_error::<DB>(error));
+                        return Err(driver_error::<DB>(error));
                     }
                     // Nothing was sent: the transactions below connect as `run`'s do, and
                     // fail as theirs would.
@@ -522,7 +532,7 @@ impl<DB: Backend> Inbox<DB> {
                         let unknown = DB::is_commit_unknown(&error);
                         let transient = unknown || DB::is_retryable(&error);
                         if !transient || 1 >= self.tries_allowed(unknown) {
-                            return Err(database_error::<DB>(error));
+                            return Err(driver_error::<DB>(error));
                         }
                         if unknown {
                             unknown_commit = Some((claim_id, ()));
@@ -657,7 +667,10 @@ impl<DB: Backend> Inbox<DB> {
             fingerprint: &fingerprint,
             claim_id,
         };
-        let stored = DB::claim(&mut tx, &self.shared.sql, row)
+        let stored = self
+            .shared
+            .sql
+            .claim(&mut tx, row)
             .await
             .map_err(Failed::Store)?;
         if stored.claim_id != claim_id {
@@ -687,7 +700,7 @@ impl<DB: Backend> Inbox<DB> {
                 if DB::is_commit_unknown(&error) {
                     *unknown_commit = Some((claim_id, value));
                 }
-                Err(Failed::Store(database_error::<DB>(error)))
+                Err(Failed::Store(driver_error::<DB>(error)))
             }
         }
     }
@@ -758,7 +771,7 @@ impl<DB: Backend> Inbox<DB> {
             payload: &message.payload,
             headers: message.headers_json(),
         };
-        DB::enqueue(tx, &self.shared.sql, row).await
+        self.shared.sql.enqueue(tx, row).await
     }
 
     /// The outbox of this store: its relay, dead letters and clean-up.
@@ -790,7 +803,7 @@ impl<DB: Backend> Inbox<DB> {
             partition,
             offset,
         };
-        Ok(if DB::commit_offset(tx, &self.shared.sql, at).await? {
+        Ok(if self.shared.sql.commit_offset(tx, at).await? {
             OffsetCommit::Moved
         } else {
             OffsetCommit::AlreadyProcessed
@@ -811,21 +824,18 @@ impl<DB: Backend> Inbox<DB> {
             .commit_offset(&mut tx, stream, partition, offset)
             .await?;
         match moved {
-            OffsetCommit::Moved => tx.commit().await.map_err(database_error::<DB>)?,
-            OffsetCommit::AlreadyProcessed => tx.rollback().await.map_err(database_error::<DB>)?,
+            OffsetCommit::Moved => tx.commit().await.map_err(driver_error::<DB>)?,
+            OffsetCommit::AlreadyProcessed => tx.rollback().await.map_err(driver_error::<DB>)?,
         }
         Ok(moved)
     }
 
     /// This consumer's stored positions in `stream`, by partition, to resume from.
     pub async fn load_offsets(&self, stream: &str) -> Result<Vec<(i32, Offset)>, Error> {
-        DB::load_offsets(
-            &self.shared.pool,
-            &self.shared.sql,
-            self.consumer.as_str(),
-            stream,
-        )
-        .await
+        self.shared
+            .sql
+            .load_offsets(&self.shared.pool, self.consumer.as_str(), stream)
+            .await
     }
 
     /// Deletes this consumer's keys, in every scope, processed more than `older_than` ago
@@ -857,7 +867,7 @@ impl<DB: Backend> Inbox<DB> {
         };
         let purged = {
             let _writer = self.shared.queue_writer().await;
-            DB::change(&self.shared.pool, &self.shared.sql, change).await
+            self.shared.sql.change(&self.shared.pool, change).await
         };
         self.shared.recent.clear();
         purged

@@ -1,7 +1,8 @@
 //! Leases: keys held for work outside the transaction, in the same table as claims.
 
-use crate::backend::{Backend, Change};
+use crate::backend::{Backend, Queries, Reads};
 use crate::inbox::Inbox;
+use crate::rows::Change;
 use crate::shared::millis;
 use justonce_core::{Error, Fingerprint, Identity, Lease, LeaseClaim, LeaseFuture, Leases};
 use std::time::Duration;
@@ -22,14 +23,10 @@ impl<DB: Backend> Inbox<DB> {
         for _ in 0..CLAIM_ATTEMPTS {
             let taken = {
                 let _writer = shared.queue_writer().await;
-                DB::lease_claim(
-                    &shared.pool,
-                    &shared.sql,
-                    identity,
-                    received,
-                    millis(lease_for),
-                )
-                .await?
+                shared
+                    .sql
+                    .lease_claim(&shared.pool, identity, received, millis(lease_for))
+                    .await?
             };
             if let Some(token) = taken {
                 if token > 1 {
@@ -40,7 +37,7 @@ impl<DB: Backend> Inbox<DB> {
                     token,
                 }));
             }
-            let Some(state) = DB::lease_state(&shared.pool, &shared.sql, identity).await? else {
+            let Some(state) = shared.sql.lease_state(&shared.pool, identity).await? else {
                 continue;
             };
             if state.fingerprint != *received {
@@ -68,7 +65,7 @@ impl<DB: Backend> Inbox<DB> {
     /// What the store holds for a key, or `None` if it is not claimed.
     pub async fn lookup(&self, identity: &Identity) -> Result<Option<StoredKey>, Error> {
         let shared = self.shared();
-        let state = DB::lease_state(&shared.pool, &shared.sql, identity).await?;
+        let state = shared.sql.lease_state(&shared.pool, identity).await?;
         Ok(state.map(|state| StoredKey {
             fingerprint: state.fingerprint,
             result: state.result,
@@ -85,7 +82,7 @@ impl<DB: Backend> Inbox<DB> {
         identity: &Identity,
         result: &[u8],
     ) -> Result<(), Error> {
-        DB::store_result(tx, &self.shared().sql, identity, result).await
+        self.shared().sql.store_result(tx, identity, result).await
     }
 
     /// Runs one change to a lease; no row changed means another holder has the key.
@@ -93,7 +90,7 @@ impl<DB: Backend> Inbox<DB> {
         let shared = self.shared();
         let changed = {
             let _writer = shared.queue_writer().await;
-            DB::change(&shared.pool, &shared.sql, change).await?
+            shared.sql.change(&shared.pool, change).await?
         };
         if changed == 0 {
             return Err(lease.lost());

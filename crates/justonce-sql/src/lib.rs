@@ -64,15 +64,19 @@
 
 mod admin;
 mod backend;
+mod common;
 mod inbox;
 mod leases;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod numbered;
 mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod recent;
 mod relay;
+mod rows;
 mod shared;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -82,12 +86,13 @@ mod tables;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod tls;
 
-pub use backend::{Backend, KeyCount, StoredOffset};
-pub use inbox::{Inbox, Options, RunError, WorkFuture};
+pub use backend::Backend;
+pub use inbox::{Inbox, InboxOptions, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;
 pub use outbox::{BackedOff, Message, Outbox, OutboxStats, Row};
 pub use relay::{DELIVERED_SECONDS, Relay, RelayOptions, RelayRound};
+pub use rows::{KeyCount, StoredOffset};
 /// The sqlx this crate is built with, so that your queries use the same version.
 pub use sqlx;
 

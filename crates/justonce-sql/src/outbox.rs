@@ -1,7 +1,8 @@
 //! The transactional outbox: rows written with the work, sent afterwards by the relay with
 //! a key the receiver can deduplicate on.
 
-use crate::backend::{Backend, Change, OutboxRow, Which};
+use crate::backend::{Backend, Queries, Reads};
+use crate::rows::{Change, OutboxRow, Which};
 use crate::shared::{Shared, in_batches, millis};
 use justonce_core::Error;
 use justonce_core::trace::{self, TRACEPARENT, TRACESTATE, TraceContext};
@@ -162,6 +163,17 @@ pub struct OutboxStats {
     pub oldest_due: Duration,
 }
 
+impl OutboxStats {
+    fn new(sent: i64, due: i64, dead: i64, oldest_due_ms: i64) -> Self {
+        Self {
+            sent,
+            due,
+            dead,
+            oldest_due: Duration::from_millis(oldest_due_ms.max(0).unsigned_abs()),
+        }
+    }
+}
+
 /// A destination a relay backed off after failures in a row, as it last wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -195,13 +207,21 @@ impl<DB: Backend> Outbox<DB> {
         let which = Which::DeadLetters {
             limit: i64::from(limit),
         };
-        let rows = DB::outbox_rows(&self.shared.pool, &self.shared.sql, which).await?;
+        let rows = self
+            .shared
+            .sql
+            .outbox_rows(&self.shared.pool, which)
+            .await?;
         rows.into_iter().map(Row::decode).collect()
     }
 
     /// One row, sent, due or dead.
     pub async fn get(&self, id: i64) -> Result<Option<Row>, Error> {
-        let rows = DB::outbox_rows(&self.shared.pool, &self.shared.sql, Which::Id(id)).await?;
+        let rows = self
+            .shared
+            .sql
+            .outbox_rows(&self.shared.pool, Which::Id(id))
+            .await?;
         rows.into_iter().next().map(Row::decode).transpose()
     }
 
@@ -263,20 +283,29 @@ impl<DB: Backend> Outbox<DB> {
     /// How many rows are sent, due and dead, and how long the oldest due row has waited.
     pub async fn stats(&self) -> Result<OutboxStats, Error> {
         let (sent, due, dead, oldest_due_ms) =
-            DB::outbox_stats(&self.shared.pool, &self.shared.sql).await?;
-        Ok(OutboxStats {
-            sent,
-            due,
-            dead,
-            oldest_due: Duration::from_millis(oldest_due_ms.max(0).unsigned_abs()),
-        })
+            self.shared.sql.outbox_stats(&self.shared.pool).await?;
+        Ok(OutboxStats::new(sent, due, dead, oldest_due_ms))
+    }
+
+    /// [`stats`](Self::stats) for each destination that has rows, ordered by destination.
+    pub async fn stats_by_destination(&self) -> Result<Vec<(String, OutboxStats)>, Error> {
+        let rows = self.shared.sql.destination_stats(&self.shared.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(destination, sent, due, dead, oldest_due_ms)| {
+                (
+                    destination,
+                    OutboxStats::new(sent, due, dead, oldest_due_ms),
+                )
+            })
+            .collect())
     }
 
     /// The destinations whose breaker is open or probing, by name. Each relay has its own
     /// breakers; this is what the relays last wrote. A relay that stopped while its breaker
     /// was open leaves it here until another relay's breaker for it closes.
     pub async fn backed_off(&self) -> Result<Vec<BackedOff>, Error> {
-        let rows = DB::breakers(&self.shared.pool, &self.shared.sql).await?;
+        let rows = self.shared.sql.breakers(&self.shared.pool).await?;
         let duration = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
         Ok(rows
             .into_iter()
@@ -291,6 +320,6 @@ impl<DB: Backend> Outbox<DB> {
 
     pub(crate) async fn change(&self, change: Change<'_>) -> Result<u64, Error> {
         let _writer = self.shared.queue_writer().await;
-        DB::change(&self.shared.pool, &self.shared.sql, change).await
+        self.shared.sql.change(&self.shared.pool, change).await
     }
 }

@@ -1,8 +1,9 @@
 //! The relay: takes due outbox rows, hands each to its destination, and records what came
 //! of it.
 
-use crate::backend::{Backend, Change, OutboxRow, Wakeups, Which};
+use crate::backend::{Backend, Queries};
 use crate::outbox::{Outbox, headers_of, is_trace_header, parse_headers};
+use crate::rows::{Change, OutboxRow, Wakeups, Which};
 use crate::shared::{in_batches, millis, random_u64};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -189,7 +190,7 @@ impl<DB: Backend> Relay<DB> {
         };
         let rows = {
             let _writer = shared.queue_writer().await;
-            DB::outbox_rows(&shared.pool, &shared.sql, which).await?
+            shared.sql.outbox_rows(&shared.pool, which).await?
         };
         Ok(Taken {
             rows,

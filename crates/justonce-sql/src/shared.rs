@@ -1,10 +1,10 @@
-//! What the inbox, the outbox and the relay share: one store's pool and statements, and
-//! small helpers for durations, randomness and batched deletes.
+//! What the inbox, the outbox and the relay share: one store's pool and statements, the
+//! errors of the store, and small helpers for durations, randomness and batched deletes.
 
 use crate::backend::Backend;
 use crate::recent::RecentKeys;
 use crate::tables::Tables;
-use justonce_core::{Error, Retention};
+use justonce_core::{Error, Identity, Retention};
 use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::BuildHasher;
@@ -64,4 +64,21 @@ where
             return Ok(deleted);
         }
     }
+}
+
+/// Wraps a driver error, noting whether a new transaction may succeed.
+pub(crate) fn driver_error<DB: Backend>(error: sqlx::Error) -> Error {
+    Error::database(DB::is_retryable(&error), error)
+}
+
+/// A key that conflicted on insert but was gone when read back: purged in between. The
+/// claim can simply be tried again.
+pub(crate) fn vanished(identity: &Identity) -> Error {
+    Error::database(
+        true,
+        format!(
+            "key {} conflicted but was gone when read back",
+            identity.key
+        ),
+    )
 }

@@ -75,8 +75,8 @@ pub fn sqlite(prefix: &str) -> Result<ClaimMany, Error> {
 pub fn mysql(prefix: &str) -> Result<ClaimMany, Error> {
     let statements = sqlx::MySql::statements(&Tables::new(prefix)?);
     Ok(ClaimMany {
-        insert_many: statements.insert_many.clone(),
-        find_many: statements.find_many.clone(),
+        insert_many: statements.insert_many.to_string(),
+        find_many: statements.find_many.to_string(),
         row: crate::mysql::insert_many_row(),
     })
 }

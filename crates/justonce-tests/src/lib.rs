@@ -16,7 +16,7 @@ pub use mqtt::publish_while_consuming;
 pub use redis::{TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 
-use justonce_sql::{Backend, Consumer, Inbox, Key, Options, Relay, WorkFuture};
+use justonce_sql::{Backend, Consumer, Inbox, InboxOptions, Key, Relay, WorkFuture};
 use justonce_transport::Incoming;
 use sqlx::{AssertSqlSafe, MySql, Postgres, Sqlite};
 use std::future::Future;
@@ -524,7 +524,7 @@ impl<DB: TestBackend> TestDb<DB> {
         let inbox = Inbox::<DB>::connect_with(
             &url,
             Consumer::new("test").unwrap(),
-            Options::default().prefix(&prefix),
+            InboxOptions::default().prefix(&prefix),
         )
         .await
         .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"));
@@ -546,7 +546,7 @@ impl<DB: TestBackend> TestDb<DB> {
         let inbox = Inbox::<DB>::connect_with(
             url,
             Consumer::new("test").unwrap(),
-            Options::default().prefix(prefix),
+            InboxOptions::default().prefix(prefix),
         )
         .await
         .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"));

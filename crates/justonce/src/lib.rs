@@ -172,11 +172,11 @@
 
 pub use justonce_core::*;
 pub use justonce_sql::Message as OutboxMessage;
-pub use justonce_sql::Options as InboxOptions;
+
 pub use justonce_sql::Row as OutboxRow;
 pub use justonce_sql::{
-    BackedOff, Backend, DELIVERED_SECONDS, Inbox, KeyCount, Outbox, OutboxStats, Relay,
-    RelayOptions, RelayRound, RunError, StoredKey, StoredOffset, WorkFuture, sqlx,
+    BackedOff, Backend, DELIVERED_SECONDS, Inbox, InboxOptions, KeyCount, Outbox, OutboxStats,
+    Relay, RelayOptions, RelayRound, RunError, StoredKey, StoredOffset, WorkFuture, sqlx,
 };
 
 /// The Rust blocks of the README and of every page under `docs/`, compiled as doc tests:

@@ -4,12 +4,12 @@ use super::output::counted;
 use anyhow::Result;
 use justonce_cli_support::database::DatabaseKind;
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
-use justonce_sql::{Backend, Inbox, Options};
+use justonce_sql::{Backend, Inbox, InboxOptions};
 
 /// `--print-sql`: the migrations after `since`, printed from the dialect alone, so that the
 /// database need not be reachable.
 pub fn print_sql(kind: DatabaseKind, since: i64) -> Result<()> {
-    let options = Options::default();
+    let options = InboxOptions::default();
     let script = match kind {
         DatabaseKind::Sqlite => Inbox::<Sqlite>::migration_sql(&options, since)?,
         DatabaseKind::Postgres => Inbox::<Postgres>::migration_sql(&options, since)?,

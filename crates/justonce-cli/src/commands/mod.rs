@@ -16,7 +16,7 @@ use crate::errors::{opening_failed, sqlite_file};
 use anyhow::Result;
 use justonce_cli_support::database::DatabaseKind;
 use justonce_sql::sqlx::{MySql, Postgres, Sqlite};
-use justonce_sql::{Backend, Consumer, Inbox, Options};
+use justonce_sql::{Backend, Consumer, Inbox, InboxOptions};
 
 /// A command that works on the store, which [`run`] opens for it.
 enum OnStore {
@@ -92,7 +92,7 @@ fn database_kind(url: &str) -> Result<DatabaseKind> {
 }
 
 async fn run_on<DB: Backend>(settings: Settings, command: OnStore) -> Result<()> {
-    let options = Options::default()
+    let options = InboxOptions::default()
         .retention(settings.store_retention()?)
         .pool_size(settings.pool_size)
         .acquire_timeout(settings.acquire_timeout);

@@ -20,7 +20,7 @@
 //! commits each entry's effect unless its key is claimed, then claims the key and stores
 //! the position in a second transaction, so that a kill in between doubles the effect.
 
-use justonce_sql::{Inbox, Key, Options, Outcome};
+use justonce_sql::{Inbox, InboxOptions, Key, Outcome};
 use justonce_tests::{
     TestBackend, consumer_work, effect_unless_claimed, mqtt_options, shared_mqtt_options,
 };
@@ -65,7 +65,7 @@ async fn work<DB: TestBackend>(
     let inbox = Inbox::<DB>::connect_with(
         url,
         justonce_sql::Consumer::new("test")?,
-        Options::default().prefix(prefix),
+        InboxOptions::default().prefix(prefix),
     )
     .await?;
     let work = consumer_work::<DB>(prefix);

@@ -10,7 +10,7 @@
 //! to be killed. Otherwise it prints `processed <key>`, `duplicate <key>` or
 //! `reused <key>` for each key.
 
-use justonce_sql::{Consumer, Inbox, Key, Options, Outcome};
+use justonce_sql::{Consumer, Inbox, InboxOptions, Key, Outcome};
 use justonce_tests::TestBackend;
 use std::io::Write;
 use std::process::ExitCode;
@@ -40,8 +40,12 @@ async fn work<DB: TestBackend>(
     keys: &[String],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let consumer = Consumer::new(consumer)?;
-    let inbox =
-        Inbox::<DB>::connect_with(url, consumer.clone(), Options::default().prefix(prefix)).await?;
+    let inbox = Inbox::<DB>::connect_with(
+        url,
+        consumer.clone(),
+        InboxOptions::default().prefix(prefix),
+    )
+    .await?;
     if pause_at == "go" {
         inbox.check().await?;
         println!("ready");

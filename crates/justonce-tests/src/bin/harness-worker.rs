@@ -4,7 +4,7 @@
 //!
 //! `harness-worker <database-url> <prefix> <mode> <lanes> <max-attempts>`
 //!
-//! `lanes` keys are in flight at once; `max-attempts` is `Options::max_attempts`. Lines written: `ready` once connected, then per key
+//! `lanes` keys are in flight at once; `max-attempts` is `InboxOptions::max_attempts`. Lines written: `ready` once connected, then per key
 //! `ack processed <key> <runs>` (`runs`: how many times the work ran), `ack duplicate <key>`,
 //! or `nack <key> <reason>` (`commit-unknown` or `error`): not acknowledged, for the broker
 //! to deliver again. `mode` is `correct`, or one of two deliberately broken variants that
@@ -16,7 +16,7 @@
 //! stops at its failpoint: the first key it processes is committed and never acknowledged; it
 //! prints `paused committed-not-acknowledged` and waits to be killed. The other lanes go on.
 
-use justonce_sql::{Consumer, Error, Inbox, Key, Options, Outcome, RunError};
+use justonce_sql::{Consumer, Error, Inbox, InboxOptions, Key, Outcome, RunError};
 use justonce_tests::{TestBackend, WORKER_FAILPOINT};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -36,7 +36,9 @@ async fn main() -> ExitCode {
     else {
         return usage();
     };
-    let options = Options::default().prefix(prefix).max_attempts(attempts);
+    let options = InboxOptions::default()
+        .prefix(prefix)
+        .max_attempts(attempts);
     let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, options, prefix, mode, lanes).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -81,7 +83,7 @@ type Keys = Arc<Mutex<Lines<BufReader<Stdin>>>>;
 
 async fn work<DB: TestBackend>(
     url: &str,
-    options: Options,
+    options: InboxOptions,
     prefix: &str,
     mode: Mode,
     lanes: usize,
@@ -108,7 +110,7 @@ async fn work<DB: TestBackend>(
 /// keeps trying, as a deployed consumer would.
 async fn connect<DB: TestBackend>(
     url: &str,
-    options: Options,
+    options: InboxOptions,
 ) -> Result<Inbox<DB>, justonce_sql::Error> {
     let consumer = Consumer::new("test").expect("a valid consumer name");
     let mut tries = 0;

@@ -11,7 +11,7 @@
 
 use justonce_core::{Consumer, Fingerprint, Identity, Key, LeaseClaim, Leases, Retention, Scope};
 use justonce_redis::RedisLeases;
-use justonce_sql::{Inbox, Options};
+use justonce_sql::{Inbox, InboxOptions};
 use sqlx::{MySql, Postgres, Sqlite};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -57,7 +57,7 @@ async fn sql<DB: justonce_sql::Backend>(
     prefix: &str,
 ) -> Result<Inbox<DB>, justonce_core::Error> {
     let consumer = Consumer::new("test")?;
-    Inbox::<DB>::connect_with(url, consumer, Options::default().prefix(prefix)).await
+    Inbox::<DB>::connect_with(url, consumer, InboxOptions::default().prefix(prefix)).await
 }
 
 async fn work(

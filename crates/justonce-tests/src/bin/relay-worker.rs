@@ -12,7 +12,7 @@
 //! sent again.
 
 use justonce_http::HttpDestination;
-use justonce_sql::{Consumer, Delivered, Delivery, Destination, Inbox, Options, RelayOptions};
+use justonce_sql::{Consumer, Delivered, Delivery, Destination, Inbox, InboxOptions, RelayOptions};
 use justonce_tests::TestBackend;
 use std::future::Future;
 use std::io::Write;
@@ -100,7 +100,7 @@ async fn relay<DB: TestBackend>(
     let inbox = Inbox::<DB>::connect_with(
         url,
         Consumer::new("relay")?,
-        Options::default().prefix(prefix),
+        InboxOptions::default().prefix(prefix),
     )
     .await?;
     let destination = PausingAfterSend {

@@ -4,7 +4,7 @@
 //!
 //! `stream-worker <database-url> <prefix> <entries>`: prints `done` after the last entry.
 
-use justonce_sql::{Consumer, Inbox, Offset, OffsetCommit, Options};
+use justonce_sql::{Consumer, Inbox, InboxOptions, Offset, OffsetCommit};
 use justonce_tests::TestBackend;
 use std::process::ExitCode;
 
@@ -37,7 +37,7 @@ async fn read<DB: TestBackend>(
     let inbox = Inbox::<DB>::connect_with(
         url,
         Consumer::new("stream")?,
-        Options::default().prefix(prefix),
+        InboxOptions::default().prefix(prefix),
     )
     .await?;
     let resume_at = match inbox.load_offsets("orders").await?.first() {

@@ -8,7 +8,7 @@
 //! batches, a failing or killed batch neither loses nor doubles the others.
 
 use super::{Xorshift, run_until};
-use justonce_sql::{Inbox, Key, Options};
+use justonce_sql::{Inbox, InboxOptions, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
 use justonce_transport::{Broker, Consumer, ConsumerStats};
 use std::process::Stdio;
@@ -537,7 +537,7 @@ where
     let keys: Vec<String> = (0..3).map(|n| format!("order:{n}")).collect();
     broker.publish(&keys).await;
     // No tables under this prefix: every claim fails in the database.
-    let options = Options::default().prefix(format!("{}missing_", db.prefix));
+    let options = InboxOptions::default().prefix(format!("{}missing_", db.prefix));
     let consumer = justonce_sql::Consumer::new("test").unwrap();
     let broken = Inbox::<DB>::connect_with(&db.url, consumer, options)
         .await

@@ -3,7 +3,7 @@
 //! for `run_forward`'s one statement, which commits on its own.
 
 use super::key;
-use justonce_sql::{Consumer, Error, Inbox, Message, Options, Outcome, RunError};
+use justonce_sql::{Consumer, Error, Inbox, InboxOptions, Message, Outcome, RunError};
 use justonce_tests::{TestBackend, TestDb, postgres_url};
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
@@ -116,7 +116,7 @@ async fn inbox_through_proxy(
     let inbox = Inbox::<Postgres>::from_pool(
         pool,
         Consumer::new("test").unwrap(),
-        Options::default().prefix(&db.prefix).max_attempts(2),
+        InboxOptions::default().prefix(&db.prefix).max_attempts(2),
     )
     .unwrap();
     (db, inbox)

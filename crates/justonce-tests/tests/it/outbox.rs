@@ -25,6 +25,7 @@ on_every_database!(
     a_row_past_its_delivery_window_is_dead_lettered,
     run_forward_writes_one_row_with_the_key_and_skips_what_was_seen,
     run_forward_racing_on_one_key_writes_one_row,
+    stats_count_each_destination_apart,
 );
 
 /// One delivery as the destination saw it: row id, key, payload.
@@ -222,6 +223,62 @@ async fn dead_letters_are_replayed_in_batches_oldest_first<DB: TestBackend>(test
     assert_eq!(outbox.replay_batch(2).await.unwrap(), 0);
     assert!(due(&outbox).await.is_empty());
     assert_eq!(outbox.stats().await.unwrap().due, 5);
+    db.cleanup().await;
+}
+
+/// The outbox's counts split by destination add up to its counts for all rows.
+async fn stats_count_each_destination_apart<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    for (key, destination) in [("evt_1", "alpha"), ("evt_2", "alpha"), ("evt_3", "beta")] {
+        let key = justonce_sql::Key::new(key).unwrap();
+        db.inbox
+            .run(&key, b"payload", |tx| {
+                Box::pin(
+                    db.inbox
+                        .enqueue(tx, &key, "step", Message::new(destination, "payload")),
+                )
+            })
+            .await
+            .expect("run")
+            .processed()
+            .expect("a new key");
+    }
+    let outbox = db.inbox.outbox();
+    let counts = |stats: &justonce_sql::OutboxStats| (stats.sent, stats.due, stats.dead);
+    let by_destination = |outbox: justonce_sql::Outbox<DB>| async move {
+        let stats = outbox.stats_by_destination().await.unwrap();
+        stats
+            .iter()
+            .map(|(destination, stats)| (destination.clone(), counts(stats)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        by_destination(outbox.clone()).await,
+        [
+            ("alpha".to_owned(), (0, 2, 0)),
+            ("beta".to_owned(), (0, 1, 0))
+        ]
+    );
+    let refusal = Delivered::Reject {
+        reason: "410 Gone".to_owned(),
+    };
+    let round = outbox
+        .relay()
+        .options(eager())
+        .destination("alpha", Recorder::default())
+        .destination("beta", Recorder::answering([refusal]))
+        .relay_once()
+        .await
+        .unwrap();
+    assert_eq!((round.sent, round.dead), (2, 1));
+    assert_eq!(
+        by_destination(outbox.clone()).await,
+        [
+            ("alpha".to_owned(), (2, 0, 0)),
+            ("beta".to_owned(), (0, 0, 1))
+        ]
+    );
+    assert_eq!(counts(&outbox.stats().await.unwrap()), (2, 0, 1));
     db.cleanup().await;
 }
 

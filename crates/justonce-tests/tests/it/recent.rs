@@ -3,7 +3,7 @@
 //! the database every time.
 
 use super::{key, on_every_database, process};
-use justonce_sql::{Consumer, Fingerprint, Inbox, Options, Outcome};
+use justonce_sql::{Consumer, Fingerprint, Inbox, InboxOptions, Outcome};
 use justonce_tests::{TestBackend, TestDb};
 
 on_every_database!(
@@ -46,7 +46,7 @@ async fn an_inbox_that_remembers_nothing_asks_the_database<DB: TestBackend>(test
     let forgetful = Inbox::<DB>::from_pool(
         db.inbox.pool().clone(),
         Consumer::new("test").unwrap(),
-        Options::default().prefix(&db.prefix).recent_keys(0),
+        InboxOptions::default().prefix(&db.prefix).recent_keys(0),
     )
     .unwrap();
     let outcome = process(&db, &forgetful, &key("order:1"), b"first").await;

@@ -1,7 +1,7 @@
 //! Migrations and the checks that keep the unique constraint in place.
 
 use super::on_every_database;
-use justonce_sql::{Consumer, Error, Inbox, Options};
+use justonce_sql::{Consumer, Error, Inbox, InboxOptions};
 use justonce_tests::{TestBackend, TestDb};
 
 on_every_database!(
@@ -17,7 +17,7 @@ async fn concurrent_migrations_apply_once<DB: TestBackend>(test: &str) {
         .map(|_| {
             let (url, prefix) = (db.url.clone(), fresh.clone());
             tokio::spawn(async move {
-                let options = Options::default().prefix(prefix);
+                let options = InboxOptions::default().prefix(prefix);
                 let inbox = Inbox::<DB>::connect_with(&url, Consumer::new("m").unwrap(), options)
                     .await
                     .unwrap();
@@ -57,7 +57,7 @@ async fn a_keys_table_without_its_constraint_is_refused<DB: TestBackend>(test: &
     let inbox = Inbox::<DB>::from_pool(
         db.inbox.pool().clone(),
         Consumer::new("c").unwrap(),
-        Options::default().prefix(&bare),
+        InboxOptions::default().prefix(&bare),
     )
     .unwrap();
     assert!(matches!(inbox.migrate().await, Err(Error::Schema(_))));
@@ -99,7 +99,7 @@ async fn a_prefix_that_is_not_an_identifier_is_refused() {
         let error = Inbox::<sqlx::Sqlite>::from_pool(
             pool.clone(),
             Consumer::new("c").unwrap(),
-            Options::default().prefix(prefix),
+            InboxOptions::default().prefix(prefix),
         )
         .unwrap_err();
         assert!(matches!(error, Error::Config(_)), "{prefix:?}: {error}");

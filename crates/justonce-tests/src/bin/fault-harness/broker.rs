@@ -37,7 +37,7 @@ pub struct Workers {
     pub lanes: usize,
     /// Deliveries each process holds unacknowledged at most.
     pub window: usize,
-    /// Transactions `Inbox::run` tries per key (`Options::max_attempts`).
+    /// Transactions `Inbox::run` tries per key (`InboxOptions::max_attempts`).
     pub max_attempts: u32,
 }
 

@@ -1,0 +1,432 @@
+//! What the three databases share: the statements they bind and decode alike (each
+//! database writes their text; their parameters come in the order of MariaDB's `?`), and
+//! how migrations are applied and written out.
+
+use crate::backend::{Backend, Reads};
+use crate::rows::{
+    Change, DestinationCounts, KeyCount, KeyCountTuple, LeaseRow, LeaseState, OffsetTuple, Schema,
+    Stored, StoredOffset,
+};
+use crate::shared::driver_error;
+use crate::tables::Tables;
+use justonce_core::{Error, Identity, Lease, Offset};
+use sqlx::{AssertSqlSafe, Database, Decode, Encode, Executor, IntoArguments, Type};
+use std::sync::Arc;
+
+/// A statement of the database `DB`, ready for its parameters.
+pub(crate) type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
+
+/// `text` as a statement.
+pub(crate) fn statement<'q, DB: Database>(text: &Arc<str>) -> Query<'q, DB> {
+    sqlx::query(AssertSqlSafe(text.clone()))
+}
+
+/// The texts of the statements every database binds and decodes alike, for one table
+/// prefix. Parameters come in the order [`Reads`] binds them, which is the order in which
+/// MariaDB's `?` appear; PostgreSQL and SQLite number theirs to match.
+#[derive(Debug)]
+pub struct Common {
+    /// scope, consumer, key.
+    pub(crate) find: Arc<str>,
+    /// scope, consumer, key.
+    pub(crate) lease_state: Arc<str>,
+    /// result, scope, consumer, key.
+    pub(crate) store_result: Arc<str>,
+    /// consumer.
+    pub(crate) oldest_key_age: Arc<str>,
+    pub(crate) key_counts: Arc<str>,
+    pub(crate) outbox_stats: Arc<str>,
+    pub(crate) destination_stats: Arc<str>,
+    pub(crate) breakers: Arc<str>,
+    /// consumer, stream.
+    pub(crate) load_offsets: Arc<str>,
+    pub(crate) all_offsets: Arc<str>,
+    pub(crate) has_unique_constraint: Arc<str>,
+    /// The statement of each [`Change`], bound as [`Common::change`] says.
+    pub(crate) purge_keys: Arc<str>,
+    pub(crate) mark_sent: Arc<str>,
+    pub(crate) mark_retry: Arc<str>,
+    pub(crate) mark_dead: Arc<str>,
+    pub(crate) untake: Arc<str>,
+    pub(crate) expire: Arc<str>,
+    pub(crate) breaker_open: Arc<str>,
+    pub(crate) breaker_close: Arc<str>,
+    pub(crate) replay: Arc<str>,
+    pub(crate) purge_dead: Arc<str>,
+    pub(crate) purge_sent: Arc<str>,
+    pub(crate) lease_complete: Arc<str>,
+    pub(crate) lease_release: Arc<str>,
+    pub(crate) lease_renew: Arc<str>,
+    pub(crate) force_release: Arc<str>,
+    pub(crate) force_complete: Arc<str>,
+}
+
+impl Common {
+    /// The statement of `change` with its parameters bound: the one place their order is
+    /// written.
+    fn change<'q, DB>(&self, change: Change<'q>) -> Query<'q, DB>
+    where
+        DB: Database,
+        &'q str: Encode<'q, DB> + Type<DB>,
+        &'q [u8]: Encode<'q, DB> + Type<DB>,
+        Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
+        i64: Encode<'q, DB> + Type<DB>,
+        Option<i64>: Encode<'q, DB> + Type<DB>,
+    {
+        match change {
+            Change::PurgeKeys {
+                consumer,
+                older_than_ms,
+                limit,
+            } => statement(&self.purge_keys)
+                .bind(consumer)
+                .bind(older_than_ms)
+                .bind(limit),
+            Change::MarkSent { id } => statement(&self.mark_sent).bind(id),
+            Change::MarkRetry {
+                id,
+                after_ms,
+                reason,
+                token,
+            } => statement(&self.mark_retry)
+                .bind(after_ms)
+                .bind(reason)
+                .bind(id)
+                .bind(token),
+            Change::MarkDead { id, reason, token } => {
+                statement(&self.mark_dead).bind(reason).bind(id).bind(token)
+            }
+            Change::Untake {
+                id,
+                after_ms,
+                token,
+            } => statement(&self.untake).bind(after_ms).bind(id).bind(token),
+            Change::Expire {
+                destination,
+                older_than_ms,
+                reason,
+                limit,
+            } => statement(&self.expire)
+                .bind(reason)
+                .bind(destination)
+                .bind(older_than_ms)
+                .bind(limit),
+            Change::BreakerOpen {
+                destination,
+                failures,
+                pause_ms,
+            } => statement(&self.breaker_open)
+                .bind(destination)
+                .bind(failures)
+                .bind(pause_ms),
+            Change::BreakerClose { destination } => {
+                statement(&self.breaker_close).bind(destination)
+            }
+            // Every dead letter when `id` is none: it is bound twice for MariaDB's `?`.
+            Change::Replay { id, limit } => statement(&self.replay).bind(id).bind(id).bind(limit),
+            Change::PurgeDead => statement(&self.purge_dead),
+            Change::PurgeSent {
+                older_than_ms,
+                limit,
+            } => statement(&self.purge_sent).bind(older_than_ms).bind(limit),
+            Change::LeaseComplete { lease, result } => {
+                bind_lease(statement(&self.lease_complete).bind(result), lease)
+            }
+            Change::LeaseRelease { lease } => bind_lease(statement(&self.lease_release), lease),
+            Change::LeaseRenew { lease, lease_ms } => {
+                bind_lease(statement(&self.lease_renew).bind(lease_ms), lease)
+            }
+            Change::ForceRelease { identity } => {
+                bind_identity(statement(&self.force_release), identity)
+            }
+            Change::ForceComplete { identity, result } => {
+                bind_identity(statement(&self.force_complete).bind(result), identity)
+            }
+        }
+    }
+}
+
+/// Binds the identity every statement about one key names: scope, consumer, key.
+pub(crate) fn bind_identity<'q, DB>(query: Query<'q, DB>, identity: &'q Identity) -> Query<'q, DB>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+{
+    query
+        .bind(identity.scope.as_str())
+        .bind(identity.consumer.as_str())
+        .bind(identity.key.as_str())
+}
+
+/// Binds the identity and token every change to a lease names.
+fn bind_lease<'q, DB>(query: Query<'q, DB>, lease: &'q Lease) -> Query<'q, DB>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+{
+    bind_identity(query, &lease.identity).bind(lease.token)
+}
+
+impl<DB, S> Reads<DB> for S
+where
+    DB: Backend,
+    S: AsRef<Common> + Sync,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
+    for<'q, 'r> i64: Encode<'q, DB> + Decode<'r, DB> + Type<DB>,
+    for<'r> i32: Decode<'r, DB> + Type<DB>,
+    for<'r> bool: Decode<'r, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> Vec<u8>: Decode<'r, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    async fn find<'a>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+        identity: &'a Identity,
+    ) -> Result<Option<Stored>, Error> {
+        let find = sqlx::query_as(AssertSqlSafe(self.as_ref().find.clone()));
+        let row: Option<(i64, Vec<u8>)> = bind_identity_as(find, identity)
+            .fetch_optional(conn)
+            .await
+            .map_err(driver_error::<DB>)?;
+        row.map(|(claim_id, fingerprint)| Stored::decode(claim_id, fingerprint))
+            .transpose()
+    }
+
+    async fn lease_state<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        identity: &'a Identity,
+    ) -> Result<Option<LeaseState>, Error> {
+        let read = sqlx::query_as(AssertSqlSafe(self.as_ref().lease_state.clone()));
+        let row: Option<LeaseRow> = bind_identity_as(read, identity)
+            .fetch_optional(pool)
+            .await
+            .map_err(driver_error::<DB>)?;
+        row.map(LeaseState::decode).transpose()
+    }
+
+    async fn store_result<'a>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+        identity: &'a Identity,
+        result: &'a [u8],
+    ) -> Result<(), Error> {
+        bind_identity(
+            statement(&self.as_ref().store_result).bind(result),
+            identity,
+        )
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(driver_error::<DB>)
+    }
+
+    async fn change<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        change: Change<'a>,
+    ) -> Result<u64, Error> {
+        let done = self
+            .as_ref()
+            .change(change)
+            .execute(pool)
+            .await
+            .map_err(driver_error::<DB>)?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn load_offsets<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        consumer: &'a str,
+        stream: &'a str,
+    ) -> Result<Vec<(i32, Offset)>, Error> {
+        let rows: Vec<(i32, i64, i64)> =
+            sqlx::query_as(AssertSqlSafe(self.as_ref().load_offsets.clone()))
+                .bind(consumer)
+                .bind(stream)
+                .fetch_all(pool)
+                .await
+                .map_err(driver_error::<DB>)?;
+        Ok(rows
+            .into_iter()
+            .map(|(partition, position, sequence)| (partition, Offset::new(position, sequence)))
+            .collect())
+    }
+
+    async fn outbox_stats<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+    ) -> Result<(i64, i64, i64, i64), Error> {
+        sqlx::query_as(AssertSqlSafe(self.as_ref().outbox_stats.clone()))
+            .fetch_one(pool)
+            .await
+            .map_err(driver_error::<DB>)
+    }
+
+    async fn destination_stats<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+    ) -> Result<Vec<DestinationCounts>, Error> {
+        fetch_all(pool, &self.as_ref().destination_stats).await
+    }
+
+    async fn key_counts<'a>(&'a self, pool: &'a sqlx::Pool<DB>) -> Result<Vec<KeyCount>, Error> {
+        let rows: Vec<KeyCountTuple> = fetch_all(pool, &self.as_ref().key_counts).await?;
+        Ok(rows.into_iter().map(KeyCount::from).collect())
+    }
+
+    async fn oldest_key_age_ms<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        consumer: &'a str,
+    ) -> Result<i64, Error> {
+        sqlx::query_scalar(AssertSqlSafe(self.as_ref().oldest_key_age.clone()))
+            .bind(consumer)
+            .fetch_one(pool)
+            .await
+            .map_err(driver_error::<DB>)
+    }
+
+    async fn breakers<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+    ) -> Result<Vec<(String, i64, i64, i64)>, Error> {
+        fetch_all(pool, &self.as_ref().breakers).await
+    }
+
+    async fn all_offsets<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+    ) -> Result<Vec<StoredOffset>, Error> {
+        let rows: Vec<OffsetTuple> = fetch_all(pool, &self.as_ref().all_offsets).await?;
+        Ok(rows.into_iter().map(StoredOffset::from).collect())
+    }
+
+    async fn has_unique_constraint<'a>(&'a self, pool: &'a sqlx::Pool<DB>) -> Result<bool, Error> {
+        let found: i64 =
+            sqlx::query_scalar(AssertSqlSafe(self.as_ref().has_unique_constraint.clone()))
+                .fetch_one(pool)
+                .await
+                .map_err(driver_error::<DB>)?;
+        Ok(found > 0)
+    }
+}
+
+/// [`bind_identity`] for a statement that reads rows.
+fn bind_identity_as<'q, DB, O>(
+    query: sqlx::query::QueryAs<'q, DB, O, DB::Arguments>,
+    identity: &'q Identity,
+) -> sqlx::query::QueryAs<'q, DB, O, DB::Arguments>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+{
+    query
+        .bind(identity.scope.as_str())
+        .bind(identity.consumer.as_str())
+        .bind(identity.key.as_str())
+}
+
+/// Every row of a statement without parameters.
+async fn fetch_all<DB, O>(pool: &sqlx::Pool<DB>, text: &Arc<str>) -> Result<Vec<O>, Error>
+where
+    DB: Backend,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    O: for<'r> sqlx::FromRow<'r, DB::Row> + Send + Unpin,
+{
+    sqlx::query_as(AssertSqlSafe(text.clone()))
+        .fetch_all(pool)
+        .await
+        .map_err(driver_error::<DB>)
+}
+
+/// Applies the migrations newer than the record on `conn`, and records them; returns how
+/// many ran. The caller holds what keeps other migrators out.
+pub(crate) async fn apply_migrations<DB>(
+    conn: &mut DB::Connection,
+    tables: &Tables,
+) -> Result<usize, Error>
+where
+    DB: Backend,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q, 'r> i64: Encode<'q, DB> + Decode<'r, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let schema = &DB::SCHEMA;
+    for setup in schema.setup {
+        sqlx::raw_sql(AssertSqlSafe(tables.render(setup)))
+            .execute(&mut *conn)
+            .await
+            .map_err(driver_error::<DB>)?;
+    }
+    let current: i64 = sqlx::query_scalar(AssertSqlSafe(tables.render(schema.current_version)))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(driver_error::<DB>)?;
+    let newest = schema.migrations.last().map_or(0, |m| m.version);
+    if current > newest {
+        return Err(Error::Schema(format!(
+            "table {} is at version {current}, newer than the {newest} this version of \
+             justonce knows: upgrade justonce",
+            tables.migrations
+        )));
+    }
+    let pending: Vec<_> = schema
+        .migrations
+        .iter()
+        .filter(|m| m.version > current)
+        .collect();
+    for migration in &pending {
+        if !migration.sql.trim().is_empty() {
+            sqlx::raw_sql(AssertSqlSafe(tables.render(migration.sql)))
+                .execute(&mut *conn)
+                .await
+                .map_err(driver_error::<DB>)?;
+        }
+        sqlx::query(AssertSqlSafe(tables.render(schema.record)))
+            .bind(migration.version)
+            .bind(migration.description)
+            .execute(&mut *conn)
+            .await
+            .map_err(driver_error::<DB>)?;
+    }
+    Ok(pending.len())
+}
+
+/// The migrations after version `since` as one script, for those who apply them by hand.
+pub(crate) fn migration_script(schema: &Schema, tables: &Tables, since: i64) -> String {
+    let mut script = schema.script_head.to_owned();
+    for statement in schema.setup {
+        script.push_str(&tables.render(statement));
+        script.push_str(";\n");
+    }
+    for migration in schema.migrations.iter().filter(|m| m.version > since) {
+        script.push_str(&format!(
+            "\n-- {}: {}\n",
+            migration.version, migration.description
+        ));
+        let body = tables.render(migration.sql);
+        if !body.trim().is_empty() {
+            script.push_str(body.trim());
+            script.push('\n');
+        }
+        script.push_str(&tables.render(&format!(
+            "INSERT INTO {{prefix}}migrations (version, description) VALUES ({}, '{}');\n",
+            migration.version,
+            migration.description.replace('\'', "''")
+        )));
+    }
+    script.push_str(schema.script_tail);
+    script
+}

@@ -1,0 +1,94 @@
+//! MariaDB's and MySQL's tables, version by version.
+
+use crate::rows::{Migration, Schema};
+
+/// MariaDB's and MySQL's migrations. Their DDL commits at once, so there is no transaction
+/// around them: a named lock keeps migrators apart instead.
+pub(super) const SCHEMA: Schema = Schema {
+    script_head: "-- MariaDB and MySQL commit each CREATE TABLE at once: apply this script whole.\n",
+    script_tail: "",
+    setup: &[MIGRATION_TABLE],
+    current_version: "SELECT CAST(coalesce(max(version), 0) AS SIGNED) FROM {prefix}migrations",
+    record: "INSERT INTO {prefix}migrations (version, description) VALUES (?, ?)",
+    migrations: MIGRATIONS,
+};
+
+/// How long a migrator waits for another one to finish, in seconds.
+pub(super) const MIGRATION_LOCK_SECONDS: u32 = 60;
+
+const MIGRATION_TABLE: &str = "CREATE TABLE IF NOT EXISTS {prefix}migrations (
+    version BIGINT NOT NULL PRIMARY KEY,
+    description TEXT NOT NULL,
+    applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
+
+// Keys, scopes, consumers and streams are VARBINARY: they compare byte for byte, as
+// documented, and without the trailing-space padding of MariaDB's `_bin` collations, under
+// which `a` and `a ` would be one key. Every time is set by the statements from the store's
+// clock, in UTC, never by a column default in the session's time zone.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "keys, outbox and offsets",
+        // The lease columns of version 2 come with the table: MySQL's DDL commits at once,
+        // and has no `ADD COLUMN IF NOT EXISTS` with which to repeat a half-applied step.
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}keys (
+    scope VARBINARY(128) NOT NULL,
+    consumer VARBINARY(128) NOT NULL,
+    `key` VARBINARY(255) NOT NULL,
+    fingerprint BINARY(32) NOT NULL,
+    claim_id BIGINT NOT NULL,
+    processed_at DATETIME(6) NOT NULL,
+    token BIGINT NOT NULL DEFAULT 0,
+    lease_until DATETIME(6) NULL,
+    result LONGBLOB NULL,
+    PRIMARY KEY (scope, consumer, `key`),
+    KEY keys_purge (consumer, processed_at)
+) ENGINE=InnoDB;
+CREATE TABLE IF NOT EXISTS {prefix}outbox (
+    id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    scope TEXT NOT NULL,
+    `key` TEXT NOT NULL,
+    destination TEXT NOT NULL,
+    payload LONGBLOB NOT NULL,
+    headers MEDIUMTEXT NOT NULL,
+    created_at DATETIME(6) NOT NULL,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    next_attempt_at DATETIME(6) NOT NULL,
+    sent_at DATETIME(6) NULL,
+    last_error TEXT NULL,
+    lease_token BIGINT NULL,
+    dead BOOLEAN NOT NULL DEFAULT FALSE,
+    KEY outbox_due (dead, sent_at, next_attempt_at, id),
+    KEY outbox_sent (sent_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS {prefix}offsets (
+    consumer VARBINARY(128) NOT NULL,
+    stream VARBINARY(1024) NOT NULL,
+    partition_id INT NOT NULL,
+    position BIGINT NOT NULL,
+    sequence BIGINT NOT NULL,
+    updated_at DATETIME(6) NOT NULL,
+    PRIMARY KEY (consumer, stream, partition_id)
+) ENGINE=InnoDB;
+",
+    },
+    Migration {
+        version: 2,
+        description: "leases: fencing token, expiry and result on keys",
+        sql: "",
+    },
+    Migration {
+        version: 3,
+        description: "breakers: the destinations a relay backed off",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}breakers (
+    destination VARCHAR(255) NOT NULL PRIMARY KEY,
+    failures BIGINT NOT NULL,
+    open_until DATETIME(6) NOT NULL,
+    updated_at DATETIME(6) NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+",
+    },
+];

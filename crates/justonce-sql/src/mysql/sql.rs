@@ -1,0 +1,293 @@
+//! MariaDB's and MySQL's statements, with `?` for their parameters, bound in the order
+//! they appear.
+
+use crate::common::Common;
+use crate::tables::Tables;
+use std::sync::Arc;
+
+/// The store's clock. UTC whatever the session's time zone, since DATETIME holds none.
+const NOW: &str = "UTC_TIMESTAMP(6)";
+
+/// `NOW` moved forward by the milliseconds of the next parameter.
+const LATER: &str = "(UTC_TIMESTAMP(6) + INTERVAL (? * 1000) MICROSECOND)";
+
+/// `NOW` moved back by the milliseconds of the next parameter.
+const EARLIER: &str = "(UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND)";
+
+/// Milliseconds from a time column to now.
+fn age_ms(column: &str) -> String {
+    format!("CAST(TIMESTAMPDIFF(MICROSECOND, {column}, {NOW}) DIV 1000 AS SIGNED)")
+}
+
+/// The statements of one table prefix on MariaDB or MySQL, built once. Those that take a
+/// list have `{list}` where its placeholders go.
+#[derive(Debug)]
+pub struct MySqlStatements {
+    pub(crate) common: Common,
+    pub(crate) claim: Arc<str>,
+    pub(crate) insert_many: Arc<str>,
+    pub(crate) find_many: Arc<str>,
+    pub(crate) enqueue: Arc<str>,
+    pub(crate) due_ids: Arc<str>,
+    pub(crate) take_ids: Arc<str>,
+    pub(crate) rows_by_id: Arc<str>,
+    pub(crate) outbox_row: Arc<str>,
+    pub(crate) dead_letters: Arc<str>,
+    pub(crate) ensure_offset: Arc<str>,
+    pub(crate) move_offset: Arc<str>,
+    pub(crate) ensure_lease: Arc<str>,
+    pub(crate) lease_take_over: Arc<str>,
+    pub(crate) lease_token: Arc<str>,
+}
+
+impl AsRef<Common> for MySqlStatements {
+    fn as_ref(&self) -> &Common {
+        &self.common
+    }
+}
+
+impl MySqlStatements {
+    pub(super) fn new(tables: &Tables) -> Self {
+        let Tables {
+            keys,
+            outbox,
+            offsets,
+            breakers,
+            ..
+        } = tables;
+        let columns = format!(
+            "id, scope, `key`, destination, payload, headers, attempts, last_error, dead, \
+             sent_at IS NOT NULL AS sent, {} AS age_ms",
+            age_ms("created_at")
+        );
+        let this_key = "scope = ? AND consumer = ? AND `key` = ?";
+        let due = "sent_at IS NULL AND dead = FALSE";
+        // Sent, due and dead rows, and the age of the oldest due one.
+        let outbox_counts = format!(
+            "count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
+             count(CASE WHEN {due} THEN 1 END),
+             count(CASE WHEN dead THEN 1 END),
+             CAST(coalesce(max(CASE WHEN {due} THEN {} END), 0) AS SIGNED)",
+            age_ms("created_at")
+        );
+        let arc = |sql: String| Arc::<str>::from(sql);
+        let common = Common {
+            // A locking read sees the latest committed row, where a plain one would see the
+            // transaction's snapshot, which may predate the holder's commit.
+            find: arc(format!(
+                "SELECT claim_id, fingerprint FROM {keys} WHERE {this_key} LOCK IN SHARE MODE"
+            )),
+            has_unique_constraint: arc(format!(
+                "SELECT count(*) FROM (
+                        SELECT index_name FROM information_schema.statistics
+                        WHERE table_schema = DATABASE() AND table_name = '{keys}'
+                          AND non_unique = 0
+                        GROUP BY index_name
+                        HAVING group_concat(column_name ORDER BY column_name) = 'consumer,key,scope'
+                     ) AS found"
+            )),
+            purge_keys: arc(format!(
+                "DELETE FROM {keys} WHERE consumer = ? AND processed_at < {EARLIER} LIMIT ?"
+            )),
+            mark_sent: arc(format!(
+                "UPDATE {outbox} SET sent_at = {NOW}, dead = FALSE, last_error = NULL WHERE id = ?"
+            )),
+            mark_retry: arc(format!(
+                "UPDATE {outbox} SET next_attempt_at = {LATER}, last_error = ?
+                     WHERE id = ? AND lease_token = ? AND {due}"
+            )),
+            mark_dead: arc(format!(
+                "UPDATE {outbox} SET dead = TRUE, last_error = ?
+                     WHERE id = ? AND lease_token = ? AND {due}"
+            )),
+            untake: arc(format!(
+                "UPDATE {outbox} SET next_attempt_at = {LATER}, attempts = attempts - 1
+                     WHERE id = ? AND lease_token = ? AND {due}"
+            )),
+            breaker_open: arc(format!(
+                "INSERT INTO {breakers} (destination, failures, open_until, updated_at)
+                     VALUES (?, ?, {LATER}, {NOW})
+                     ON DUPLICATE KEY UPDATE failures = VALUES(failures),
+                        open_until = VALUES(open_until), updated_at = VALUES(updated_at)"
+            )),
+            breaker_close: arc(format!("DELETE FROM {breakers} WHERE destination = ?")),
+            breakers: arc(format!(
+                "SELECT destination, failures, -{}, {} FROM {breakers} ORDER BY destination",
+                age_ms("open_until"),
+                age_ms("updated_at")
+            )),
+            // Leased rows too: should one be sent meanwhile, `mark_sent` outranks this.
+            expire: arc(format!(
+                "UPDATE {outbox} SET dead = TRUE, last_error = ?
+                     WHERE {due} AND destination = ? AND created_at <= {EARLIER}
+                     ORDER BY id LIMIT ?"
+            )),
+            replay: arc(format!(
+                "UPDATE {outbox}
+                     SET dead = FALSE, attempts = 0, next_attempt_at = {NOW}, created_at = {NOW},
+                         last_error = NULL
+                     WHERE dead AND sent_at IS NULL AND (? IS NULL OR id = ?)
+                     ORDER BY id LIMIT ?"
+            )),
+            purge_dead: arc(format!("DELETE FROM {outbox} WHERE dead")),
+            purge_sent: arc(format!(
+                "DELETE FROM {outbox} WHERE sent_at < {EARLIER} LIMIT ?"
+            )),
+            load_offsets: arc(format!(
+                "SELECT partition_id, position, sequence FROM {offsets}
+                     WHERE consumer = ? AND stream = ? ORDER BY partition_id"
+            )),
+            all_offsets: arc(format!(
+                "SELECT {}, {}, partition_id, position, sequence FROM {offsets}
+                     ORDER BY consumer, stream, partition_id",
+                text("consumer"),
+                text("stream")
+            )),
+            outbox_stats: arc(format!("SELECT {outbox_counts} FROM {outbox}")),
+            destination_stats: arc(format!(
+                "SELECT destination, {outbox_counts} FROM {outbox}
+                 GROUP BY destination ORDER BY destination"
+            )),
+            lease_state: arc(format!(
+                "SELECT fingerprint, lease_until IS NULL AS done, result,
+                            CASE WHEN lease_until IS NULL THEN 0 ELSE -{} END AS remaining_ms
+                     FROM {keys} WHERE {this_key}",
+                age_ms("lease_until")
+            )),
+            // Each change to a lease names its token: a holder whose lease was taken over
+            // changes nothing.
+            lease_complete: arc(format!(
+                "UPDATE {keys} SET lease_until = NULL, result = ?, processed_at = {NOW}
+                     WHERE {this_key} AND token = ? AND lease_until IS NOT NULL"
+            )),
+            lease_release: arc(format!(
+                "UPDATE {keys} SET lease_until = {NOW}
+                     WHERE {this_key} AND token = ? AND lease_until IS NOT NULL"
+            )),
+            lease_renew: arc(format!(
+                "UPDATE {keys} SET lease_until = {LATER}
+                     WHERE {this_key} AND token = ? AND lease_until IS NOT NULL"
+            )),
+            // An operator's release is the lease running out now: the holder keeps its
+            // token until the next claim takes the key over with a larger one.
+            force_release: arc(format!(
+                "UPDATE {keys} SET lease_until = {NOW}
+                     WHERE {this_key} AND lease_until IS NOT NULL"
+            )),
+            // An operator's completion takes the key from its holder: the new token refuses
+            // the holder's late complete, renew or release.
+            force_complete: arc(format!(
+                "UPDATE {keys}
+                     SET lease_until = NULL, result = ?, token = token + 1, processed_at = {NOW}
+                     WHERE {this_key} AND lease_until IS NOT NULL"
+            )),
+            store_result: arc(format!("UPDATE {keys} SET result = ? WHERE {this_key}")),
+            oldest_key_age: arc(format!(
+                "SELECT CAST(coalesce({}, 0) AS SIGNED) FROM {keys} WHERE consumer = ?",
+                age_ms("min(processed_at)")
+            )),
+            key_counts: arc(format!(
+                "SELECT {}, {}, count(*), count(lease_until) FROM {keys}
+                     GROUP BY consumer, scope ORDER BY consumer, scope",
+                text("consumer"),
+                text("scope")
+            )),
+        };
+        Self {
+            common,
+            claim: arc(format!(
+                "INSERT INTO {keys} (scope, consumer, `key`, fingerprint, claim_id, processed_at)
+                 VALUES (?, ?, ?, ?, ?, {NOW})"
+            )),
+            // The no-op update locks a present key as the insert locks a new one, in key
+            // order; which keys were new is read back by the batch's claim id.
+            insert_many: arc(format!(
+                "INSERT INTO {keys} (scope, consumer, `key`, fingerprint, claim_id, processed_at)
+                 VALUES {{list}}
+                 ON DUPLICATE KEY UPDATE claim_id = claim_id"
+            )),
+            find_many: arc(format!(
+                "SELECT {}, claim_id, fingerprint FROM {keys}
+                 WHERE scope = ? AND consumer = ? AND `key` IN ({{list}})
+                 LOCK IN SHARE MODE",
+                text("`key`")
+            )),
+            enqueue: arc(format!(
+                "INSERT INTO {outbox}
+                    (scope, `key`, destination, payload, headers, created_at, next_attempt_at)
+                 VALUES (?, ?, ?, ?, ?, {NOW}, {NOW})"
+            )),
+            // Taking due rows is three statements in one short transaction: MariaDB's UPDATE
+            // returns no rows. No lock is held while the rows are sent.
+            due_ids: arc(format!(
+                "SELECT id FROM {outbox}
+                 WHERE {due} AND next_attempt_at <= {NOW}
+                   AND NOT JSON_CONTAINS(?, JSON_QUOTE(destination))
+                 ORDER BY next_attempt_at, id
+                 LIMIT ?
+                 FOR UPDATE SKIP LOCKED"
+            )),
+            take_ids: arc(format!(
+                "UPDATE {outbox}
+                 SET next_attempt_at = {LATER}, attempts = attempts + 1, lease_token = ?
+                 WHERE id IN ({{list}})"
+            )),
+            rows_by_id: arc(format!("SELECT {columns} FROM {outbox} WHERE id IN ({{list}}) ORDER BY id")),
+            outbox_row: arc(format!("SELECT {columns} FROM {outbox} WHERE id = ?")),
+            dead_letters: arc(format!("SELECT {columns} FROM {outbox} WHERE dead ORDER BY id LIMIT ?")),
+            // A stream's first offset starts below any real one, in this transaction only.
+            ensure_offset: arc(format!(
+                "INSERT INTO {offsets}
+                    (consumer, stream, partition_id, position, sequence, updated_at)
+                 VALUES (?, ?, ?, {MIN}, {MIN}, {NOW})
+                 ON DUPLICATE KEY UPDATE position = position",
+                MIN = i64::MIN
+            )),
+            // The WHERE makes an older offset a no-op, whatever order commits come in.
+            move_offset: arc(format!(
+                "UPDATE {offsets} SET position = ?, sequence = ?, updated_at = {NOW}
+                 WHERE consumer = ? AND stream = ? AND partition_id = ?
+                   AND (position, sequence) < (?, ?)"
+            )),
+            // A new key starts as an expired lease that nobody held, in this transaction only.
+            ensure_lease: arc(format!(
+                "INSERT INTO {keys}
+                    (scope, consumer, `key`, fingerprint, claim_id, processed_at, token, lease_until)
+                 VALUES (?, ?, ?, ?, 0, {NOW}, 0, '1970-01-01')
+                 ON DUPLICATE KEY UPDATE token = token"
+            )),
+            // An expired lease with the same payload is taken, with a larger token than the
+            // last holder's, by the store's clock; a key in any other state changes nothing.
+            lease_take_over: arc(format!(
+                "UPDATE {keys}
+                 SET token = token + 1, lease_until = {LATER}, processed_at = {NOW}
+                 WHERE {this_key} AND fingerprint = ?
+                   AND lease_until IS NOT NULL AND lease_until <= {NOW}"
+            )),
+            lease_token: arc(format!("SELECT token FROM {keys} WHERE {this_key}")),
+        }
+    }
+}
+
+/// A VARBINARY column read as text: the bytes were UTF-8 when they were written, and sqlx
+/// decodes only text columns as strings.
+fn text(column: &str) -> String {
+    format!("CAST({column} AS CHAR CHARACTER SET utf8mb4)")
+}
+
+/// The most placeholders MariaDB and MySQL take in one statement.
+pub(crate) const MAX_PARAMETERS: usize = 65_535;
+
+/// The most keys one statement carries: a batch insert binds five per key, within
+/// [`MAX_PARAMETERS`].
+pub(crate) const KEYS_PER_STATEMENT: usize = 10_000;
+
+/// One key's row in the list of the batch insert.
+pub(crate) fn insert_many_row() -> String {
+    format!("(?, ?, ?, ?, ?, {NOW})")
+}
+
+/// `template` with `{list}` replaced by `count` copies of `item`, comma separated.
+pub(super) fn with_list(template: &str, item: &str, count: usize) -> String {
+    template.replace("{list}", &vec![item; count].join(", "))
+}

@@ -1,0 +1,454 @@
+//! What PostgreSQL and SQLite write alike: numbered parameters, `ON CONFLICT` and
+//! `RETURNING`. The statements here differ between the two only in their clock, which
+//! each supplies with its own statements; so do the steps that send them.
+
+use crate::backend::{Backend, Queries, Reads};
+use crate::common::{Common, apply_migrations, statement};
+use crate::rows::{ClaimRow, NewOutboxRow, OffsetRow, OutboxRow, OutboxTuple, Stored, Which};
+use crate::shared::{driver_error, vanished};
+use crate::tables::Tables;
+use justonce_core::{Consumer, Error, Fingerprint, Identity, Scope};
+use sqlx::{AssertSqlSafe, Decode, Encode, Executor, IntoArguments, Type};
+use std::sync::Arc;
+
+/// The statements of one table prefix on PostgreSQL or SQLite, built once.
+#[derive(Debug)]
+pub struct Statements {
+    pub(crate) common: Common,
+    pub(crate) claim: Arc<str>,
+    pub(crate) claim_and_forward: Option<Arc<str>>,
+    pub(crate) insert_many: Arc<str>,
+    pub(crate) find_many: Arc<str>,
+    pub(crate) enqueue: Arc<str>,
+    pub(crate) take_due: Arc<str>,
+    pub(crate) outbox_row: Arc<str>,
+    pub(crate) dead_letters: Arc<str>,
+    pub(crate) commit_offset: Arc<str>,
+    pub(crate) lease_claim: Arc<str>,
+}
+
+impl AsRef<Common> for Statements {
+    fn as_ref(&self) -> &Common {
+        &self.common
+    }
+}
+
+/// The statements whose text differs between PostgreSQL and SQLite beyond the clock.
+pub(crate) struct Specific {
+    pub(crate) claim: String,
+    /// The claim and a forwarding outbox row in one statement, where the database can.
+    pub(crate) claim_and_forward: Option<String>,
+    pub(crate) insert_many: String,
+    pub(crate) find_many: String,
+    pub(crate) has_unique_constraint: String,
+    /// consumer, milliseconds, limit.
+    pub(crate) purge_keys: String,
+    pub(crate) enqueue: String,
+    /// What makes concurrent relays skip each other's rows: `FOR UPDATE SKIP LOCKED`.
+    pub(crate) skip_locked: &'static str,
+    /// A query of the texts in a JSON array given as the parameter named.
+    pub(crate) texts_of: fn(&str) -> String,
+}
+
+/// The store's clock in a database's SQL: times are compared there, never in the worker.
+pub(crate) struct Clock {
+    pub(crate) now: &'static str,
+    /// `now` moved by a number of milliseconds given as a parameter, such as `$2`.
+    pub(crate) later_by: fn(&str) -> String,
+    pub(crate) earlier_by: fn(&str) -> String,
+    /// Milliseconds from a time column to now.
+    pub(crate) age_ms: fn(&str) -> String,
+}
+
+impl Statements {
+    pub(crate) fn new(tables: &Tables, clock: &Clock, specific: Specific) -> Self {
+        let Tables {
+            keys,
+            outbox,
+            offsets,
+            breakers,
+            ..
+        } = tables;
+        let now = clock.now;
+        // Every outbox read returns these columns, decoded as an `OutboxTuple`.
+        let columns = format!(
+            "id, scope, key, destination, payload, headers, attempts, last_error, dead, \
+             sent_at IS NOT NULL AS sent, {} AS age_ms",
+            (clock.age_ms)("created_at")
+        );
+        // Sent, due and dead rows, and the age of the oldest due one.
+        let outbox_counts = format!(
+            "count(CASE WHEN sent_at IS NOT NULL THEN 1 END),
+             count(CASE WHEN sent_at IS NULL AND NOT dead THEN 1 END),
+             count(CASE WHEN dead THEN 1 END),
+             coalesce(max(CASE WHEN sent_at IS NULL AND NOT dead THEN {} END), 0)",
+            (clock.age_ms)("created_at")
+        );
+        let skip_locked = specific.skip_locked;
+        let text = |sql: String| Arc::<str>::from(sql);
+        let common = Common {
+            find: text(format!(
+                "SELECT claim_id, fingerprint FROM {keys}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3"
+            )),
+            lease_state: text(format!(
+                "SELECT fingerprint, lease_until IS NULL AS done, result,
+                        CASE WHEN lease_until IS NULL THEN 0 ELSE -{} END AS remaining_ms
+                 FROM {keys} WHERE scope = $1 AND consumer = $2 AND key = $3",
+                (clock.age_ms)("lease_until")
+            )),
+            store_result: text(format!(
+                "UPDATE {keys} SET result = $1
+                 WHERE scope = $2 AND consumer = $3 AND key = $4"
+            )),
+            // The minimum, not the greatest age: the purge index finds it at once.
+            oldest_key_age: text(format!(
+                "SELECT coalesce({}, 0) FROM {keys} WHERE consumer = $1",
+                (clock.age_ms)("min(processed_at)")
+            )),
+            key_counts: text(format!(
+                "SELECT consumer, scope, count(*), count(lease_until) FROM {keys}
+                 GROUP BY consumer, scope ORDER BY consumer, scope"
+            )),
+            outbox_stats: text(format!("SELECT {outbox_counts} FROM {outbox}")),
+            destination_stats: text(format!(
+                "SELECT destination, {outbox_counts} FROM {outbox}
+                 GROUP BY destination ORDER BY destination"
+            )),
+            breakers: text(format!(
+                "SELECT destination, failures, -{}, {} FROM {breakers} ORDER BY destination",
+                (clock.age_ms)("open_until"),
+                (clock.age_ms)("updated_at")
+            )),
+            load_offsets: text(format!(
+                "SELECT partition_id, position, sequence FROM {offsets}
+                 WHERE consumer = $1 AND stream = $2 ORDER BY partition_id"
+            )),
+            all_offsets: text(format!(
+                "SELECT consumer, stream, partition_id, position, sequence FROM {offsets}
+                 ORDER BY consumer, stream, partition_id"
+            )),
+            has_unique_constraint: text(specific.has_unique_constraint),
+            purge_keys: text(specific.purge_keys),
+            // A receiver took the row: that is true whoever holds the lease now, and it
+            // outranks another relay's dead-lettering.
+            mark_sent: text(format!(
+                "UPDATE {outbox} SET sent_at = {now}, dead = FALSE, last_error = NULL
+                 WHERE id = $1"
+            )),
+            // Failures are recorded only by the relay that holds the lease: one whose lease
+            // ran out must not cut short the new holder's attempt.
+            mark_retry: text(format!(
+                "UPDATE {outbox} SET next_attempt_at = {}, last_error = $2
+                 WHERE id = $3 AND lease_token = $4 AND sent_at IS NULL AND NOT dead",
+                (clock.later_by)("$1")
+            )),
+            mark_dead: text(format!(
+                "UPDATE {outbox} SET dead = TRUE, last_error = $1
+                 WHERE id = $2 AND lease_token = $3 AND sent_at IS NULL AND NOT dead"
+            )),
+            untake: text(format!(
+                "UPDATE {outbox} SET next_attempt_at = {}, attempts = attempts - 1
+                 WHERE id = $2 AND lease_token = $3 AND sent_at IS NULL AND NOT dead",
+                (clock.later_by)("$1")
+            )),
+            // Leased rows too: should one be sent meanwhile, `mark_sent` outranks this.
+            expire: text(format!(
+                "UPDATE {outbox} SET dead = TRUE, last_error = $1
+                 WHERE id IN (
+                    SELECT id FROM {outbox}
+                    WHERE sent_at IS NULL AND NOT dead AND destination = $2
+                      AND created_at <= {}
+                    ORDER BY id LIMIT $4
+                 )",
+                (clock.earlier_by)("$3")
+            )),
+            breaker_open: text(format!(
+                "INSERT INTO {breakers} (destination, failures, open_until, updated_at)
+                 VALUES ($1, $2, {}, {now})
+                 ON CONFLICT (destination) DO UPDATE SET failures = excluded.failures,
+                    open_until = excluded.open_until, updated_at = excluded.updated_at",
+                (clock.later_by)("$3")
+            )),
+            breaker_close: text(format!("DELETE FROM {breakers} WHERE destination = $1")),
+            // A replay starts a new delivery window.
+            replay: text(format!(
+                "UPDATE {outbox}
+                 SET dead = FALSE, attempts = 0, next_attempt_at = {now}, created_at = {now},
+                     last_error = NULL
+                 WHERE id IN (
+                    SELECT id FROM {outbox}
+                    WHERE dead AND sent_at IS NULL AND ($1 IS NULL OR id = $2)
+                    ORDER BY id LIMIT $3
+                 )"
+            )),
+            purge_dead: text(format!("DELETE FROM {outbox} WHERE dead")),
+            purge_sent: text(format!(
+                "DELETE FROM {outbox} WHERE id IN (
+                    SELECT id FROM {outbox} WHERE sent_at < {} LIMIT $2
+                 )",
+                (clock.earlier_by)("$1")
+            )),
+            // Each change to a lease names its token: a holder whose lease was taken over
+            // changes nothing.
+            lease_complete: text(format!(
+                "UPDATE {keys} SET lease_until = NULL, result = $1, processed_at = {now}
+                 WHERE scope = $2 AND consumer = $3 AND key = $4 AND token = $5
+                   AND lease_until IS NOT NULL"
+            )),
+            // A released key keeps its row, expired, so that the next holder's token is
+            // still larger than this one's.
+            lease_release: text(format!(
+                "UPDATE {keys} SET lease_until = {now}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3 AND token = $4
+                   AND lease_until IS NOT NULL"
+            )),
+            lease_renew: text(format!(
+                "UPDATE {keys} SET lease_until = {}
+                 WHERE scope = $2 AND consumer = $3 AND key = $4 AND token = $5
+                   AND lease_until IS NOT NULL",
+                (clock.later_by)("$1")
+            )),
+            // An operator's release is the lease running out now: the holder keeps its
+            // token until the next claim takes the key over with a larger one.
+            force_release: text(format!(
+                "UPDATE {keys} SET lease_until = {now}
+                 WHERE scope = $1 AND consumer = $2 AND key = $3 AND lease_until IS NOT NULL"
+            )),
+            // An operator's completion takes the key from its holder: the new token refuses
+            // the holder's late complete, renew or release.
+            force_complete: text(format!(
+                "UPDATE {keys}
+                 SET lease_until = NULL, result = $1, token = token + 1, processed_at = {now}
+                 WHERE scope = $2 AND consumer = $3 AND key = $4 AND lease_until IS NOT NULL"
+            )),
+        };
+        Self {
+            common,
+            claim: text(specific.claim),
+            claim_and_forward: specific.claim_and_forward.map(text),
+            insert_many: text(specific.insert_many),
+            find_many: text(specific.find_many),
+            enqueue: text(specific.enqueue),
+            // Taking a row hides it until the lease ends, in one short statement: no lock
+            // is held while it is sent, and a relay that dies leaves it due again. Rows are
+            // chosen by due time, never by a cursor over ids, so a row committed after a
+            // higher-numbered one is not skipped. Destinations the relay holds back ($4, a
+            // JSON array) are left out, so that their rows do not crowd out the others'.
+            take_due: text(format!(
+                "UPDATE {outbox}
+                 SET next_attempt_at = {}, attempts = attempts + 1, lease_token = $3
+                 WHERE id IN (
+                    SELECT id FROM {outbox}
+                    WHERE sent_at IS NULL AND NOT dead AND next_attempt_at <= {now}
+                      AND destination NOT IN ({})
+                    ORDER BY next_attempt_at, id
+                    LIMIT $2
+                    {skip_locked}
+                 )
+                 RETURNING {columns}",
+                (clock.later_by)("$1"),
+                (specific.texts_of)("$4")
+            )),
+            outbox_row: text(format!("SELECT {columns} FROM {outbox} WHERE id = $1")),
+            dead_letters: text(format!(
+                "SELECT {columns} FROM {outbox} WHERE dead ORDER BY id LIMIT $1"
+            )),
+            // The WHERE makes an older offset a no-op in SQL, whatever order commits come in.
+            commit_offset: text(format!(
+                "INSERT INTO {offsets} (consumer, stream, partition_id, position, sequence, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, {now})
+                 ON CONFLICT (consumer, stream, partition_id) DO UPDATE
+                 SET position = excluded.position, sequence = excluded.sequence,
+                     updated_at = excluded.updated_at
+                 WHERE ({offsets}.position, {offsets}.sequence)
+                     < (excluded.position, excluded.sequence)"
+            )),
+            // Takes a free key, or an expired lease on it with the same payload, with a
+            // larger token than the last holder's. A key in any other state returns no
+            // row, and `lease_state` says which.
+            lease_claim: text(format!(
+                "INSERT INTO {keys}
+                    (scope, consumer, key, fingerprint, claim_id, processed_at, token, lease_until)
+                 VALUES ($1, $2, $3, $4, 0, {now}, 1, {later})
+                 ON CONFLICT (scope, consumer, key) DO UPDATE
+                 SET token = {keys}.token + 1, lease_until = excluded.lease_until,
+                     processed_at = excluded.processed_at
+                 WHERE {keys}.lease_until IS NOT NULL AND {keys}.lease_until <= {now}
+                   AND {keys}.fingerprint = excluded.fingerprint
+                 RETURNING token",
+                later = (clock.later_by)("$5")
+            )),
+        }
+    }
+}
+
+impl<DB> Queries<DB> for Statements
+where
+    DB: Backend<Statements = Statements>,
+    Statements: Reads<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+    for<'q, 'r> i64: Encode<'q, DB> + Decode<'r, DB> + Type<DB>,
+    for<'q> i32: Encode<'q, DB> + Type<DB>,
+    for<'r> OutboxTuple: sqlx::FromRow<'r, DB::Row>,
+    for<'r> (i64, Vec<u8>): sqlx::FromRow<'r, DB::Row>,
+    for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+{
+    async fn claim<'a>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+        row: ClaimRow<'a>,
+    ) -> Result<Stored, Error> {
+        let id = row.identity;
+        let holder: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(self.claim.clone()))
+            .bind(id.scope.as_str())
+            .bind(id.consumer.as_str())
+            .bind(id.key.as_str())
+            .bind(row.fingerprint.as_bytes().as_slice())
+            .bind(row.claim_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(driver_error::<DB>)?;
+        match holder {
+            Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
+            // No row: a holder committed after the statement's snapshot was taken
+            // (PostgreSQL), or the insert found the key taken (SQLite, whose write lock
+            // keeps the holder in place). Read it now.
+            None => self.find(conn, id).await?.ok_or_else(|| vanished(id)),
+        }
+    }
+
+    async fn lease_claim<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        identity: &'a Identity,
+        fingerprint: &'a Fingerprint,
+        lease_ms: i64,
+    ) -> Result<Option<i64>, Error> {
+        let token: Option<(i64,)> = sqlx::query_as(AssertSqlSafe(self.lease_claim.clone()))
+            .bind(identity.scope.as_str())
+            .bind(identity.consumer.as_str())
+            .bind(identity.key.as_str())
+            .bind(fingerprint.as_bytes().as_slice())
+            .bind(lease_ms)
+            .fetch_optional(pool)
+            .await
+            .map_err(driver_error::<DB>)?;
+        Ok(token.map(|(token,)| token))
+    }
+
+    async fn enqueue<'a>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+        row: NewOutboxRow<'a>,
+    ) -> Result<i64, Error> {
+        let (id,): (i64,) = sqlx::query_as(AssertSqlSafe(self.enqueue.clone()))
+            .bind(row.scope)
+            .bind(row.key)
+            .bind(row.destination)
+            .bind(row.payload)
+            .bind(row.headers)
+            .fetch_one(conn)
+            .await
+            .map_err(driver_error::<DB>)?;
+        Ok(id)
+    }
+
+    async fn outbox_rows<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        which: Which,
+    ) -> Result<Vec<OutboxRow>, Error> {
+        let query = match which {
+            Which::Due {
+                lease_ms,
+                limit,
+                token,
+                held_back,
+            } => sqlx::query_as(AssertSqlSafe(self.take_due.clone()))
+                .bind(lease_ms)
+                .bind(limit)
+                .bind(token)
+                .bind(held_back),
+            Which::Id(id) => sqlx::query_as(AssertSqlSafe(self.outbox_row.clone())).bind(id),
+            Which::DeadLetters { limit } => {
+                sqlx::query_as(AssertSqlSafe(self.dead_letters.clone())).bind(limit)
+            }
+        };
+        let rows: Vec<OutboxTuple> = query.fetch_all(pool).await.map_err(driver_error::<DB>)?;
+        Ok(rows.into_iter().map(OutboxRow::from).collect())
+    }
+
+    async fn commit_offset<'a>(
+        &'a self,
+        conn: &'a mut DB::Connection,
+        at: OffsetRow<'a>,
+    ) -> Result<bool, Error> {
+        let done = statement(&self.commit_offset)
+            .bind(at.consumer)
+            .bind(at.stream)
+            .bind(at.partition)
+            .bind(at.offset.position)
+            .bind(at.offset.sequence)
+            .execute(conn)
+            .await
+            .map_err(driver_error::<DB>)?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+}
+
+/// Applies the missing migrations in one transaction, begun as the database's writers
+/// begin theirs, which keeps concurrent migrators apart.
+pub(crate) async fn migrate_in_transaction<DB>(
+    pool: &sqlx::Pool<DB>,
+    tables: &Tables,
+) -> Result<usize, Error>
+where
+    DB: Backend,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q, 'r> i64: Encode<'q, DB> + Decode<'r, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let mut tx = pool
+        .begin_with(DB::BEGIN)
+        .await
+        .map_err(driver_error::<DB>)?;
+    let applied = apply_migrations::<DB>(&mut tx, tables).await?;
+    tx.commit().await.map_err(driver_error::<DB>)?;
+    Ok(applied)
+}
+
+/// The stored rows of a batch's keys, given as `keys`: an array on PostgreSQL, a JSON
+/// array on SQLite.
+pub(crate) async fn find_many<DB, Keys>(
+    conn: &mut DB::Connection,
+    sql: &Statements,
+    scope: &Scope,
+    consumer: &Consumer,
+    keys: Keys,
+) -> Result<Vec<(String, Stored)>, Error>
+where
+    DB: Backend,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Keys: Encode<'q, DB> + Type<DB>,
+    for<'r> (String, i64, Vec<u8>): sqlx::FromRow<'r, DB::Row>,
+{
+    let rows: Vec<(String, i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(sql.find_many.clone()))
+        .bind(scope.as_str())
+        .bind(consumer.as_str())
+        .bind(keys)
+        .fetch_all(conn)
+        .await
+        .map_err(driver_error::<DB>)?;
+    rows.into_iter()
+        .map(|(key, claim_id, fingerprint)| Ok((key, Stored::decode(claim_id, fingerprint)?)))
+        .collect()
+}

@@ -1,0 +1,95 @@
+//! PostgreSQL's tables, version by version.
+
+use crate::rows::{Migration, Schema};
+
+/// PostgreSQL's migrations, applied in one transaction.
+pub(super) const SCHEMA: Schema = Schema {
+    script_head: "BEGIN;\n",
+    script_tail: "COMMIT;\n",
+    setup: MIGRATION_SETUP,
+    current_version: "SELECT coalesce(max(version), 0) FROM {prefix}migrations",
+    record: "INSERT INTO {prefix}migrations (version, description) VALUES ($1, $2)",
+    migrations: MIGRATIONS,
+};
+
+const MIGRATION_SETUP: &[&str] = &[
+    // Each `IF NOT EXISTS` that finds its object says so in a notice, at every start.
+    "SET LOCAL client_min_messages = warning",
+    // Serialises migrators of one prefix across processes until the transaction ends.
+    "SELECT pg_advisory_xact_lock(hashtext('justonce:{prefix}'))",
+    "CREATE TABLE IF NOT EXISTS {prefix}migrations (
+        version bigint PRIMARY KEY,
+        description text NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now()
+    )",
+];
+
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "keys, outbox and offsets",
+        // "C" collation: keys compare byte for byte, as documented, and index faster.
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}keys (
+    scope text COLLATE \"C\" NOT NULL,
+    consumer text COLLATE \"C\" NOT NULL,
+    key text COLLATE \"C\" NOT NULL,
+    fingerprint bytea NOT NULL,
+    claim_id bigint NOT NULL,
+    processed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (scope, consumer, key)
+);
+CREATE INDEX IF NOT EXISTS {prefix}keys_purge ON {prefix}keys (consumer, processed_at);
+CREATE TABLE IF NOT EXISTS {prefix}outbox (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    scope text NOT NULL,
+    key text NOT NULL,
+    destination text NOT NULL,
+    payload bytea NOT NULL,
+    headers text NOT NULL DEFAULT '[]',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    attempts bigint NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    sent_at timestamptz,
+    last_error text,
+    lease_token bigint,
+    dead boolean NOT NULL DEFAULT false
+);
+CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at, id)
+    WHERE sent_at IS NULL AND NOT dead;
+CREATE INDEX IF NOT EXISTS {prefix}outbox_sent ON {prefix}outbox (sent_at)
+    WHERE sent_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {prefix}offsets (
+    consumer text COLLATE \"C\" NOT NULL,
+    stream text COLLATE \"C\" NOT NULL,
+    partition_id integer NOT NULL,
+    position bigint NOT NULL,
+    sequence bigint NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, stream, partition_id)
+);
+",
+    },
+    Migration {
+        version: 2,
+        description: "leases: fencing token, expiry and result on keys",
+        sql: "
+ALTER TABLE {prefix}keys
+    ADD COLUMN token bigint NOT NULL DEFAULT 0,
+    ADD COLUMN lease_until timestamptz,
+    ADD COLUMN result bytea;
+",
+    },
+    Migration {
+        version: 3,
+        description: "breakers: the destinations a relay backed off",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}breakers (
+    destination text COLLATE \"C\" PRIMARY KEY,
+    failures bigint NOT NULL,
+    open_until timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL
+);
+",
+    },
+];

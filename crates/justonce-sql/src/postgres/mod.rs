@@ -1,0 +1,164 @@
+//! PostgreSQL: one round trip per claim, `unnest` for batches, an advisory lock for
+//! migrations.
+
+mod migrations;
+mod sql;
+mod tls;
+
+use crate::backend::{Backend, ClaimAndForward, ForwardFailed, Sealed};
+use crate::numbered::{self, Statements, migrate_in_transaction};
+use crate::rows::{Batch, ClaimRow, NewOutboxRow, Schema, Stored, Wakeups};
+use crate::shared::driver_error;
+use crate::tables::Tables;
+use crate::tls::Target;
+use justonce_core::{Consumer, Error, Scope};
+use sqlx::postgres::{PgConnectOptions, PgListener};
+use sqlx::{AssertSqlSafe, Postgres};
+
+impl Sealed for Postgres {}
+
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl Backend for Postgres {
+    const BEGIN: &'static str = "BEGIN";
+    const ONE_WRITER: bool = false;
+
+    const SCHEMA: Schema = migrations::SCHEMA;
+
+    type Statements = Statements;
+
+    fn statements(tables: &Tables) -> Statements {
+        sql::statements(tables)
+    }
+
+    async fn outbox_wakeups<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        tables: &'a Tables,
+    ) -> Result<Wakeups, Error> {
+        let mut listener = PgListener::connect_with(pool)
+            .await
+            .map_err(driver_error::<Self>)?;
+        listener
+            .listen(&tables.outbox)
+            .await
+            .map_err(driver_error::<Self>)?;
+        Ok(Wakeups {
+            listener: Some(listener),
+        })
+    }
+
+    async fn connect(
+        url: &str,
+        pool: sqlx::pool::PoolOptions<Self>,
+    ) -> Result<sqlx::Pool<Self>, Error> {
+        let target = Target::<PgConnectOptions>::parse(url, &tls::TLS)?;
+        target.connect_pool(pool, driver_error::<Self>).await
+    }
+
+    fn claim_and_forward<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        row: ClaimRow<'a>,
+        outbox: NewOutboxRow<'a>,
+    ) -> Option<ClaimAndForward<'a>> {
+        let statement = sql.claim_and_forward.clone()?;
+        Some(Box::pin(async move {
+            let id = row.identity;
+            let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
+            sqlx::query_as(AssertSqlSafe(statement))
+                .bind(id.scope.as_str())
+                .bind(id.consumer.as_str())
+                .bind(id.key.as_str())
+                .bind(row.fingerprint.as_bytes().as_slice())
+                .bind(row.claim_id)
+                .bind(outbox.destination)
+                .bind(outbox.payload)
+                .bind(outbox.headers)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(ForwardFailed::Statement)
+        }))
+    }
+
+    async fn insert_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        batch: &'a Batch<'a>,
+    ) -> Result<Vec<(String, Stored)>, Error> {
+        let fingerprints: Vec<&[u8]> = batch
+            .fingerprints
+            .iter()
+            .map(|fingerprint| fingerprint.as_bytes().as_slice())
+            .collect();
+        // An inserted key comes back without its row: the batch knows it.
+        let rows: Vec<(String, Option<i64>, Option<Vec<u8>>)> =
+            sqlx::query_as(AssertSqlSafe(sql.insert_many.clone()))
+                .bind(batch.scope.as_str())
+                .bind(batch.consumer.as_str())
+                .bind(&batch.keys)
+                .bind(&fingerprints)
+                .bind(batch.claim_id)
+                .fetch_all(conn)
+                .await
+                .map_err(driver_error::<Self>)?;
+        let mut inserted = Vec::new();
+        let mut known = Vec::with_capacity(rows.len());
+        for (key, claim_id, fingerprint) in rows {
+            match claim_id.zip(fingerprint) {
+                Some((claim_id, fingerprint)) => {
+                    known.push((key, Stored::decode(claim_id, fingerprint)?));
+                }
+                None => inserted.push(key),
+            }
+        }
+        known.extend(batch.inserted(inserted));
+        Ok(known)
+    }
+
+    async fn find_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        scope: &'a Scope,
+        consumer: &'a Consumer,
+        keys: &'a [&'a str],
+    ) -> Result<Vec<(String, Stored)>, Error> {
+        numbered::find_many::<Self, _>(conn, sql, scope, consumer, keys).await
+    }
+
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn is_retryable(error: &sqlx::Error) -> bool {
+        // 40001 serialization_failure, 40P01 deadlock_detected, 55P03 lock_not_available.
+        let code = error.as_database_error().and_then(|e| e.code());
+        matches!(code.as_deref(), Some("40001" | "40P01" | "55P03"))
+    }
+
+    async fn bound_lock_waits(conn: &mut Self::Connection) -> Result<(), Error> {
+        // A lock timeout (55P03) is retried like any transient failure.
+        sqlx::raw_sql("SET LOCAL lock_timeout = '10s'")
+            .execute(conn)
+            .await
+            .map(drop)
+            .map_err(driver_error::<Self>)
+    }
+
+    fn is_commit_unknown(error: &sqlx::Error) -> bool {
+        match error {
+            // 08: connection exception; 57P01-57P03: the server is shutting down or
+            // restarting. Either may come after the commit was made durable.
+            sqlx::Error::Database(error) => error
+                .code()
+                .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed => true,
+            _ => false,
+        }
+    }
+
+    async fn migrate<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a Tables) -> Result<usize, Error> {
+        migrate_in_transaction(pool, tables).await
+    }
+}

@@ -1,0 +1,88 @@
+//! SQLite's tables, version by version.
+
+use crate::rows::{Migration, Schema};
+
+/// SQLite's migrations, applied in one transaction.
+pub(super) const SCHEMA: Schema = Schema {
+    script_head: "BEGIN IMMEDIATE;\n",
+    script_tail: "COMMIT;\n",
+    setup: MIGRATION_SETUP,
+    current_version: "SELECT coalesce(max(version), 0) FROM {prefix}migrations",
+    record: "INSERT INTO {prefix}migrations (version, description) VALUES ($1, $2)",
+    migrations: MIGRATIONS,
+};
+
+// BEGIN IMMEDIATE already holds the database's only write lock.
+const MIGRATION_SETUP: &[&str] = &["CREATE TABLE IF NOT EXISTS {prefix}migrations (
+    version INTEGER PRIMARY KEY,
+    description TEXT NOT NULL,
+    applied_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER))
+)"];
+
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "keys, outbox and offsets",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}keys (
+    scope TEXT NOT NULL,
+    consumer TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint BLOB NOT NULL,
+    claim_id INTEGER NOT NULL,
+    processed_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+    PRIMARY KEY (scope, consumer, key)
+);
+CREATE INDEX IF NOT EXISTS {prefix}keys_purge ON {prefix}keys (consumer, processed_at);
+CREATE TABLE IF NOT EXISTS {prefix}outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    destination TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    headers TEXT NOT NULL DEFAULT '[]',
+    created_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+    sent_at INTEGER,
+    last_error TEXT,
+    lease_token INTEGER,
+    dead BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE INDEX IF NOT EXISTS {prefix}outbox_due ON {prefix}outbox (next_attempt_at, id)
+    WHERE sent_at IS NULL AND NOT dead;
+CREATE INDEX IF NOT EXISTS {prefix}outbox_sent ON {prefix}outbox (sent_at)
+    WHERE sent_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {prefix}offsets (
+    consumer TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    partition_id INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    sequence INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (consumer, stream, partition_id)
+);
+",
+    },
+    Migration {
+        version: 2,
+        description: "leases: fencing token, expiry and result on keys",
+        sql: "
+ALTER TABLE {prefix}keys ADD COLUMN token INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE {prefix}keys ADD COLUMN lease_until INTEGER;
+ALTER TABLE {prefix}keys ADD COLUMN result BLOB;
+",
+    },
+    Migration {
+        version: 3,
+        description: "breakers: the destinations a relay backed off",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}breakers (
+    destination TEXT PRIMARY KEY,
+    failures INTEGER NOT NULL,
+    open_until INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+",
+    },
+];
