@@ -191,6 +191,8 @@ pub mod docs {
     pub struct Brokers;
     #[doc = include_str!("../../../docs/check.md")]
     pub struct Check;
+    #[doc = include_str!("../../../docs/contributing.md")]
+    pub struct Contributing;
     #[doc = include_str!("../../../docs/configuration.md")]
     pub struct Configuration;
     #[doc = include_str!("../../../docs/deploy.md")]
