@@ -61,6 +61,28 @@ impl Queue {
         assert_eq!(self.publisher.deliver(delivery).await, Delivered::Sent);
     }
 
+    /// Publishes each body with its properties as they are, straight to the queue.
+    async fn publish_raw<'m>(
+        &self,
+        messages: impl IntoIterator<Item = (&'m [u8], BasicProperties)>,
+    ) {
+        let channel = self.connection.create_channel().await.unwrap();
+        for (body, properties) in messages {
+            channel
+                .basic_publish(
+                    "".into(),
+                    self.name.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    properties,
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    }
+
     /// Messages ready in the queue: neither delivered to a consumer nor acknowledged.
     async fn ready(&self) -> u32 {
         self.ready_in(&self.name).await
@@ -162,26 +184,14 @@ async fn a_message_without_a_key_or_with_a_blank_one_is_dead_lettered<DB: TestBa
     let db = TestDb::<DB>::new(test).await;
     let queue = Queue::new(&db).await;
     let consumer = connect(&db, &queue, |options| options).await;
-    let channel = queue.connection.create_channel().await.unwrap();
     // A blank id is no key either: as a key, every blank id would be one message.
     let blank = BasicProperties::default().with_message_id("  ".into());
-    for (body, properties) in [
-        (b"no id".as_slice(), BasicProperties::default()),
-        (b"blank id".as_slice(), blank),
-    ] {
-        channel
-            .basic_publish(
-                "".into(),
-                queue.name.as_str().into(),
-                BasicPublishOptions::default(),
-                body,
-                properties,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
+    queue
+        .publish_raw([
+            (b"no id".as_slice(), BasicProperties::default()),
+            (b"blank id".as_slice(), blank),
+        ])
+        .await;
     let stats = take(&consumer, &db, 2).await;
     assert_eq!(stats.dead_lettered, 2);
     let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
@@ -218,30 +228,18 @@ async fn a_key_header_missing_or_not_utf8_is_dead_lettered_with_its_reason<DB: T
         options.key_from(KeyFrom::Header("order-id".into()))
     })
     .await;
-    let channel = queue.connection.create_channel().await.unwrap();
     let mut not_utf8 = lapin::types::FieldTable::default();
     not_utf8.insert(
         "order-id".into(),
         AMQPValue::LongString(b"\xff\xfe".as_slice().into()),
     );
     let not_utf8 = BasicProperties::default().with_headers(not_utf8);
-    for (body, properties) in [
-        (b"missing".as_slice(), BasicProperties::default()),
-        (b"not utf-8".as_slice(), not_utf8),
-    ] {
-        channel
-            .basic_publish(
-                "".into(),
-                queue.name.as_str().into(),
-                BasicPublishOptions::default(),
-                body,
-                properties,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
+    queue
+        .publish_raw([
+            (b"missing".as_slice(), BasicProperties::default()),
+            (b"not utf-8".as_slice(), not_utf8),
+        ])
+        .await;
     let stats = take(&consumer, &db, 2).await;
     assert_eq!(stats.dead_lettered, 2);
     for (expected_body, expected_reason) in [
