@@ -207,6 +207,18 @@ impl Received for lapin::message::Delivery {
         }
     }
 
+    fn no_header(&self, name: &str) -> String {
+        let headers = self.properties.headers().as_ref().map(FieldTable::inner);
+        match headers.and_then(|headers| headers.get(name)) {
+            Some(AMQPValue::LongString(_)) => format!("header {name} is not UTF-8"),
+            _ => format!("the message has no text header {name}"),
+        }
+    }
+
+    fn log_id(&self) -> String {
+        format!("delivery tag {}", self.delivery_tag)
+    }
+
     fn body(&self) -> Vec<u8> {
         self.data.clone()
     }

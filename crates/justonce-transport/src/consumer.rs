@@ -82,6 +82,11 @@ pub trait Received: Send + Sync {
     fn message_id(&self) -> Result<String, String>;
     /// A header (a property, a field) as text, if present.
     fn header(&self, name: &str) -> Option<String>;
+    /// Why [`Received::header`] gives no text for `name`, in the broker's own words: the
+    /// reason a dead letter carries.
+    fn no_header(&self, name: &str) -> String;
+    /// What names the delivery in logs, such as its subject or its entry id.
+    fn log_id(&self) -> String;
     /// The message body.
     fn body(&self) -> Vec<u8>;
     /// The content type, if any.
@@ -101,7 +106,7 @@ pub(crate) fn incoming(key_from: &KeyFrom, delivery: &impl Received) -> Result<I
         KeyFrom::MessageId => delivery.message_id()?,
         KeyFrom::Header(name) => delivery
             .header(name)
-            .ok_or_else(|| format!("the message has no text header {name}"))?,
+            .ok_or_else(|| delivery.no_header(name))?,
         KeyFrom::Json(pointer) => crate::json_id(&body, pointer)?,
     };
     let trace = delivery.header(TRACEPARENT).and_then(|traceparent| {
@@ -207,14 +212,17 @@ pub trait Broker: Send + Sync {
         settle: Settle,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Acknowledges `deliveries`, in order.
+    /// Acknowledges `deliveries`, in order, adding each one acknowledged to `acked`: on an
+    /// error, those before it are counted as settled.
     fn ack_all(
         &self,
         deliveries: &[&Self::Delivery],
+        acked: &mut u64,
     ) -> impl Future<Output = Result<(), Error>> + Send {
         async move {
             for delivery in deliveries {
                 self.settle(delivery, Settle::Ack).await?;
+                *acked += 1;
             }
             Ok(())
         }
@@ -408,8 +416,9 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                         Err(reason) => Ran::<E>::NoKey(reason),
                         Ok(_) => match outcomes.next() {
                             Some(outcome) => Ran::Outcome(outcome),
-                            // The batch answers every keyed delivery: without an answer,
-                            // nothing is acknowledged, and the broker delivers it again.
+                            // The batch answers every keyed delivery. Without an answer the
+                            // delivery is given back (on MQTT a copy is published and the
+                            // original acknowledged), and delivered again.
                             None => Ran::Store(justonce_core::Error::Config(
                                 "the batch did not answer for a delivery".to_owned(),
                             )),
@@ -430,7 +439,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                 // Not tried: the database that just failed would fail them too.
                 for untried in &batch[done + 1..] {
                     stats.returned += 1;
-                    self.broker.settle(untried, Settle::GiveBack).await?;
+                    self.settle_counted(untried, Settle::GiveBack).await?;
                 }
                 return Ok(true);
             }
@@ -460,23 +469,40 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         B::Delivery: 'd,
     {
         let mut acks: Vec<&B::Delivery> = Vec::new();
-        let mut consumed = 0;
         for (delivery, ran) in settling {
             let settle = self.judge(delivery, ran, stats);
-            if settle != Settle::GiveBack {
-                consumed += 1;
-            }
             if settle == Settle::Ack {
                 acks.push(delivery);
                 continue;
             }
-            self.broker.ack_all(&acks).await?;
+            self.ack_counted(&acks).await?;
             acks.clear();
-            self.broker.settle(delivery, settle).await?;
+            self.settle_counted(delivery, settle).await?;
         }
-        self.broker.ack_all(&acks).await?;
-        crate::count_consumed(&self.inbox, B::NAME, consumed);
+        self.ack_counted(&acks).await
+    }
+
+    /// Acknowledges `deliveries` and counts those acknowledged as consumed.
+    async fn ack_counted(&self, deliveries: &[&B::Delivery]) -> Result<(), Error> {
+        let mut acked = 0;
+        let result = self.broker.ack_all(deliveries, &mut acked).await;
+        crate::count_consumed(&self.inbox, B::NAME, acked);
+        result
+    }
+
+    /// Settles one delivery and counts it as consumed, whatever the settlement.
+    async fn settle_counted(&self, delivery: &B::Delivery, settle: Settle) -> Result<(), Error> {
+        self.broker.settle(delivery, settle).await?;
+        crate::count_consumed(&self.inbox, B::NAME, 1);
         Ok(())
+    }
+
+    /// The key of `delivery` for a log line, or nothing if it has none; read again only
+    /// when the line is logged.
+    fn logged_key(&self, delivery: &B::Delivery) -> String {
+        self.incoming(delivery)
+            .map(|incoming| incoming.key.as_str().to_owned())
+            .unwrap_or_default()
     }
 
     /// How a delivery is settled after `ran`, counted and logged.
@@ -487,6 +513,8 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         stats: &mut ConsumerStats,
     ) -> Settle {
         let attempt = delivery.attempt();
+        let id = || delivery.log_id();
+        let key = || self.logged_key(delivery);
         match ran {
             Ran::Outcome(Outcome::Processed(())) => {
                 stats.processed += 1;
@@ -497,28 +525,32 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                 Settle::Ack
             }
             Ran::Outcome(Outcome::KeyReused { .. }) => {
-                tracing::warn!("the same key with another payload: skipped");
+                tracing::warn!(
+                    key = key(),
+                    delivery = id(),
+                    "the same key with another payload: skipped"
+                );
                 stats.key_reused += 1;
                 Settle::Ack
             }
             Ran::NoKey(reason) => {
-                tracing::warn!(%reason, "a delivery without a usable key: dead-lettered");
+                tracing::warn!(%reason, delivery = id(), "a delivery without a usable key: dead-lettered");
                 stats.dead_lettered += 1;
                 Settle::DeadLetter { attempt, reason }
             }
             Ran::Work(error) if attempt < self.broker.policy().max_attempts => {
-                tracing::debug!(attempt, %error, "work failed: retrying");
+                tracing::debug!(key = key(), delivery = id(), attempt, %error, "work failed: retrying");
                 stats.retried += 1;
                 Settle::Retry { attempt }
             }
             Ran::Work(error) => {
                 let reason = format!("attempt {attempt}: {error}");
-                tracing::warn!(%reason, "work failed for the last time: dead-lettered");
+                tracing::warn!(key = key(), delivery = id(), %reason, "work failed for the last time: dead-lettered");
                 stats.dead_lettered += 1;
                 Settle::DeadLetter { attempt, reason }
             }
             Ran::Store(error) => {
-                tracing::warn!(%error, "database failed: the delivery goes back to the broker");
+                tracing::warn!(key = key(), delivery = id(), %error, "database failed: the delivery goes back to the broker");
                 stats.returned += 1;
                 Settle::GiveBack
             }

@@ -445,6 +445,14 @@ impl Received for Message {
         user_property(self, name).map(str::to_owned)
     }
 
+    fn no_header(&self, name: &str) -> String {
+        format!("the message has no user property {name}")
+    }
+
+    fn log_id(&self) -> String {
+        format!("topic {}", String::from_utf8_lossy(&self.topic))
+    }
+
     fn body(&self) -> Vec<u8> {
         self.payload.to_vec()
     }

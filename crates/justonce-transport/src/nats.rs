@@ -203,6 +203,14 @@ impl Received for jetstream::Message {
         Some(value.as_str().to_owned())
     }
 
+    fn no_header(&self, name: &str) -> String {
+        format!("the message has no header {name}")
+    }
+
+    fn log_id(&self) -> String {
+        format!("subject {}", self.subject)
+    }
+
     fn body(&self) -> Vec<u8> {
         self.payload.to_vec()
     }
@@ -330,7 +338,6 @@ async fn dead_letter(
     attempt: u32,
     reason: &str,
 ) -> Result<(), Error> {
-    tracing::warn!(%reason, "dead-lettered");
     let mut headers = message.headers.clone().unwrap_or_default();
     headers.insert(ATTEMPT_HEADER, attempt.to_string().as_str());
     headers.insert(REASON_HEADER, truncate(reason, REASON_BYTES));
@@ -354,9 +361,6 @@ async fn dead_letter(
         .map(drop)
         .map_err(broker)
 }
-
-/// How long a reader waits after the database failed before it runs the entry again.
-const STORE_PAUSE: Duration = Duration::from_secs(1);
 
 /// A single reader of a JetStream subject that keeps its position in the database: each
 /// message's stream sequence is stored as an offset in the same transaction as its work, and
@@ -435,7 +439,7 @@ impl<DB: Backend> NatsReader<DB> {
             {
                 tokio::select! {
                     _ = &mut shutdown => break 'read,
-                    _ = tokio::time::sleep(STORE_PAUSE) => {}
+                    _ = tokio::time::sleep(self.options.policy.store_pause) => {}
                 }
             }
         }
@@ -499,11 +503,7 @@ impl<DB: Backend> NatsReader<DB> {
         crate::count_consumed(&self.inbox, "nats", 1);
         let (offset, mut incoming) = match self.read(message) {
             Ok(read) => read,
-            Err(reason) => {
-                dead_letter(&self.jetstream, &self.options, message, 1, &reason).await?;
-                stats.dead_lettered += 1;
-                return self.skip(message).await;
-            }
+            Err(reason) => return self.give_up(message, 1, &reason, stats).await,
         };
         let ran = in_order::run_with_retries(
             &self.inbox,
@@ -522,22 +522,11 @@ impl<DB: Backend> NatsReader<DB> {
             }
             Ran::Work(error) => {
                 let reason = format!("attempt {}: {error}", incoming.attempt);
-                dead_letter(
-                    &self.jetstream,
-                    &self.options,
-                    message,
-                    incoming.attempt,
-                    &reason,
-                )
-                .await?;
-                stats.dead_lettered += 1;
-                return self.skip(message).await;
+                return self
+                    .give_up(message, incoming.attempt, &reason, stats)
+                    .await;
             }
-            Ran::NoKey(reason) => {
-                dead_letter(&self.jetstream, &self.options, message, 1, &reason).await?;
-                stats.dead_lettered += 1;
-                return self.skip(message).await;
-            }
+            Ran::NoKey(reason) => return self.give_up(message, 1, &reason, stats).await,
             Ran::Store(error) => {
                 tracing::warn!(%error, "database failed: the message runs again");
                 stats.returned += 1;
@@ -545,6 +534,21 @@ impl<DB: Backend> NatsReader<DB> {
             }
         }
         Ok(true)
+    }
+
+    /// Publishes the message to the dead-letter subject and moves the offset past it; false
+    /// if the database failed.
+    async fn give_up(
+        &self,
+        message: &jetstream::Message,
+        attempt: u32,
+        reason: &str,
+        stats: &mut ConsumerStats,
+    ) -> Result<bool, Error> {
+        tracing::warn!(%reason, subject = %message.subject, "dead-lettered");
+        dead_letter(&self.jetstream, &self.options, message, attempt, reason).await?;
+        stats.dead_lettered += 1;
+        self.skip(message).await
     }
 
     /// Moves the offset past a message given up; false if the database failed.

@@ -205,11 +205,22 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
 impl Received for Entry {
     fn message_id(&self) -> Result<String, String> {
         self.header(KEY_FIELD)
-            .ok_or_else(|| format!("the entry has no text field {KEY_FIELD}"))
+            .ok_or_else(|| self.no_header(KEY_FIELD))
     }
 
     fn header(&self, name: &str) -> Option<String> {
         String::from_utf8(self.field(name)?).ok()
+    }
+
+    fn no_header(&self, name: &str) -> String {
+        match self.field(name) {
+            Some(_) => format!("the field {name} is not UTF-8"),
+            None => format!("the entry has no field {name}"),
+        }
+    }
+
+    fn log_id(&self) -> String {
+        format!("entry {}", self.id())
     }
 
     fn body(&self) -> Vec<u8> {
@@ -248,7 +259,7 @@ impl Broker for RedisStreams {
     /// in one transaction on the server.
     async fn settle(&self, entry: &Entry, settle: Settle) -> Result<(), Error> {
         match settle {
-            Settle::Ack => self.ack_all(&[entry]).await,
+            Settle::Ack => self.ack_all(&[entry], &mut 0).await,
             Settle::Retry { .. } | Settle::GiveBack => Ok(()),
             Settle::DeadLetter { reason, .. } => {
                 let mut redis = self.redis.clone();
@@ -270,7 +281,7 @@ impl Broker for RedisStreams {
     }
 
     /// One `XACK` for them all.
-    async fn ack_all(&self, entries: &[&Entry]) -> Result<(), Error> {
+    async fn ack_all(&self, entries: &[&Entry], acked: &mut u64) -> Result<(), Error> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -280,6 +291,7 @@ impl Broker for RedisStreams {
             .xack(&self.options.stream, &self.options.group, &ids)
             .await
             .map_err(broker)?;
+        *acked += entries.len() as u64;
         Ok(())
     }
 }

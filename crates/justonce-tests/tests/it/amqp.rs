@@ -9,7 +9,7 @@ use justonce_sql::{Inbox, Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
 use justonce_transport::ConsumerStats;
 use justonce_transport::amqp::{AmqpConsumer, AmqpDestination, AmqpOptions};
-use justonce_transport::{ATTEMPT_HEADER, REASON_HEADER};
+use justonce_transport::{ATTEMPT_HEADER, KeyFrom, REASON_HEADER};
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeleteOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -18,6 +18,7 @@ use std::time::Duration;
 on_every_database!(
     failing_work_is_retried_then_dead_lettered,
     a_message_without_a_key_or_with_a_blank_one_is_dead_lettered,
+    a_key_header_missing_or_not_utf8_is_dead_lettered_with_its_reason,
     run_stops_on_shutdown_after_settling_what_it_took,
     the_relay_publishes_rows_with_their_key_as_message_id,
 );
@@ -58,6 +59,28 @@ impl Queue {
             attempt: 1,
         };
         assert_eq!(self.publisher.deliver(delivery).await, Delivered::Sent);
+    }
+
+    /// Publishes each body with its properties as they are, straight to the queue.
+    async fn publish_raw<'m>(
+        &self,
+        messages: impl IntoIterator<Item = (&'m [u8], BasicProperties)>,
+    ) {
+        let channel = self.connection.create_channel().await.unwrap();
+        for (body, properties) in messages {
+            channel
+                .basic_publish(
+                    "".into(),
+                    self.name.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    properties,
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
     }
 
     /// Messages ready in the queue: neither delivered to a consumer nor acknowledged.
@@ -161,31 +184,19 @@ async fn a_message_without_a_key_or_with_a_blank_one_is_dead_lettered<DB: TestBa
     let db = TestDb::<DB>::new(test).await;
     let queue = Queue::new(&db).await;
     let consumer = connect(&db, &queue, |options| options).await;
-    let channel = queue.connection.create_channel().await.unwrap();
     // A blank id is no key either: as a key, every blank id would be one message.
     let blank = BasicProperties::default().with_message_id("  ".into());
-    for (body, properties) in [
-        (b"no id".as_slice(), BasicProperties::default()),
-        (b"blank id".as_slice(), blank),
-    ] {
-        channel
-            .basic_publish(
-                "".into(),
-                queue.name.as_str().into(),
-                BasicPublishOptions::default(),
-                body,
-                properties,
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
+    queue
+        .publish_raw([
+            (b"no id".as_slice(), BasicProperties::default()),
+            (b"blank id".as_slice(), blank),
+        ])
+        .await;
     let stats = take(&consumer, &db, 2).await;
     assert_eq!(stats.dead_lettered, 2);
     let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
     assert_eq!(body, b"no id");
-    assert!(header(&properties, REASON_HEADER).is_some());
+    assert_eq!(reason(&properties), "the message has no message_id");
     let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
     assert_eq!(body, b"blank id");
     let Some(AMQPValue::LongString(reason)) = header(&properties, REASON_HEADER) else {
@@ -194,6 +205,54 @@ async fn a_message_without_a_key_or_with_a_blank_one_is_dead_lettered<DB: TestBa
     let reason = String::from_utf8_lossy(reason.as_bytes()).into_owned();
     assert!(reason.contains("blank"), "{reason}");
     assert_eq!(db.rows("effects").await, 0);
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+/// The dead letter's reason header, as text.
+fn reason(properties: &BasicProperties) -> String {
+    let Some(AMQPValue::LongString(reason)) = header(properties, REASON_HEADER) else {
+        panic!("a reason: {properties:?}");
+    };
+    String::from_utf8_lossy(reason.as_bytes()).into_owned()
+}
+
+/// The reason tells a missing header from one that is not text.
+async fn a_key_header_missing_or_not_utf8_is_dead_lettered_with_its_reason<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| {
+        options.key_from(KeyFrom::Header("order-id".into()))
+    })
+    .await;
+    let mut not_utf8 = lapin::types::FieldTable::default();
+    not_utf8.insert(
+        "order-id".into(),
+        AMQPValue::LongString(b"\xff\xfe".as_slice().into()),
+    );
+    let not_utf8 = BasicProperties::default().with_headers(not_utf8);
+    queue
+        .publish_raw([
+            (b"missing".as_slice(), BasicProperties::default()),
+            (b"not utf-8".as_slice(), not_utf8),
+        ])
+        .await;
+    let stats = take(&consumer, &db, 2).await;
+    assert_eq!(stats.dead_lettered, 2);
+    for (expected_body, expected_reason) in [
+        (
+            b"missing".as_slice(),
+            "the message has no text header order-id",
+        ),
+        (b"not utf-8".as_slice(), "header order-id is not UTF-8"),
+    ] {
+        let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
+        assert_eq!(body, expected_body);
+        assert_eq!(reason(&properties), expected_reason);
+    }
     consumer.close().await.unwrap();
     queue.delete().await;
     db.cleanup().await;

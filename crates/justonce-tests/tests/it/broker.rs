@@ -524,9 +524,28 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
     db.cleanup().await;
 }
 
+/// What `justonce_deliveries_consumed_total` holds for `consumer`, from a recorder installed
+/// for the whole test binary on the first call (deliveries settled before it are not seen).
+fn consumed(consumer: &str) -> u64 {
+    static RECORDER: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    let handle = RECORDER.get_or_init(|| {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .expect("no other recorder in the test binary")
+    });
+    let label = format!("consumer=\"{consumer}\"");
+    (handle.render().lines())
+        .filter(|line| line.starts_with("justonce_deliveries_consumed_total{"))
+        .filter(|line| line.contains(&label))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
 /// The rule after a database failure, the same on every broker: the delivery that met it and
-/// the rest of its batch go back to the broker, nothing is acknowledged, and the consumer is
-/// told to pause; a healthy consumer then gives each message one effect.
+/// the rest of its batch go back to the broker, nothing is acknowledged, each counts as
+/// consumed, and the consumer is told to pause; a healthy consumer then gives each message
+/// one effect.
 async fn a_database_failure_gives_the_batch_back_and_asks_for_a_pause<B, DB>(test: &str)
 where
     B: Batching,
@@ -538,7 +557,10 @@ where
     broker.publish(&keys).await;
     // No tables under this prefix: every claim fails in the database.
     let options = InboxOptions::default().prefix(format!("{}missing_", db.prefix));
-    let consumer = justonce_sql::Consumer::new("test").unwrap();
+    // A consumer of this test alone, for its metric.
+    let consumer_name = format!("{}broken", db.prefix);
+    assert_eq!(consumed(&consumer_name), 0);
+    let consumer = justonce_sql::Consumer::new(consumer_name.as_str()).unwrap();
     let broken = Inbox::<DB>::connect_with(&db.url, consumer, options)
         .await
         .unwrap();
@@ -559,6 +581,11 @@ where
     assert!(pause, "a database failure asks for a pause");
     assert_eq!(stats.returned, batch.len() as u64, "{stats:?}");
     assert_eq!(stats.processed + stats.retried + stats.dead_lettered, 0);
+    assert_eq!(
+        consumed(&consumer_name),
+        batch.len() as u64,
+        "every delivery given back is settled, and counted"
+    );
     drop(deliveries);
     drop(failing);
 

@@ -9,7 +9,7 @@ use justonce_tests::{
     TestBackend, TestDb, consumer_work, mqtt_options, mqtt_url, shared_mqtt_options,
 };
 use justonce_transport::mqtt::{KEY_PROPERTY, Message, MqttConsumer, MqttDestination};
-use justonce_transport::{ConsumerStats, REASON_HEADER};
+use justonce_transport::{ConsumerStats, KeyFrom, REASON_HEADER};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Packet;
 use std::time::Duration;
@@ -17,6 +17,7 @@ use std::time::Duration;
 on_every_database!(
     ten_thousand_messages_a_fifth_repeated_take_effect_once_per_key,
     failing_work_is_published_again_then_dead_lettered,
+    a_message_without_its_key_property_is_dead_lettered_with_the_reason,
     the_relay_publishes_with_its_key,
 );
 
@@ -129,14 +130,43 @@ async fn failing_work_is_published_again_then_dead_lettered<DB: TestBackend>(tes
         .await
         .expect("a dead letter")
         .unwrap();
-    let property = |name: &str| {
-        let properties = letter.properties.as_ref().unwrap();
-        let found = properties.user_properties.iter().find(|(n, _)| n == name);
-        found.map(|(_, value)| value.clone()).unwrap_or_default()
-    };
-    assert_eq!(property(KEY_PROPERTY), "bad:order");
-    assert!(property(REASON_HEADER).contains("refused on attempt 2"));
+    assert_eq!(property(&letter, KEY_PROPERTY), "bad:order");
+    assert!(property(&letter, REASON_HEADER).contains("refused on attempt 2"));
     assert_eq!(&letter.payload[..], b"x");
+    db.cleanup().await;
+}
+
+/// A user property of `message`, or nothing.
+fn property(message: &Message, name: &str) -> String {
+    let properties = message.properties.as_ref().unwrap();
+    let found = properties.user_properties.iter().find(|(n, _)| n == name);
+    found.map(|(_, value)| value.clone()).unwrap_or_default()
+}
+
+async fn a_message_without_its_key_property_is_dead_lettered_with_the_reason<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = topic(&db);
+    let dead_topic = format!("{topic}/dead");
+    let mut dead = subscriber(&dead_topic).await;
+    let options = mqtt_options(&topic)
+        .key_from(KeyFrom::Header("order-id".into()))
+        .dead_letter_topic(&dead_topic);
+    let consumer = MqttConsumer::connect(&mqtt_url(), db.inbox.clone(), options)
+        .await
+        .unwrap();
+    publish(&topic, ["order:1".to_owned()]).await;
+    let stats = take(&consumer, &db, 1).await;
+    assert_eq!(stats.dead_lettered, 1);
+    let letter = tokio::time::timeout(Duration::from_secs(10), dead.recv())
+        .await
+        .expect("a dead letter")
+        .unwrap();
+    assert_eq!(
+        property(&letter, REASON_HEADER),
+        "the message has no user property order-id"
+    );
     db.cleanup().await;
 }
 

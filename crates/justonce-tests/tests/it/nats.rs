@@ -16,6 +16,7 @@ use std::time::Duration;
 
 on_every_database!(
     failing_work_is_redelivered_then_dead_lettered,
+    a_message_without_its_key_header_is_dead_lettered_with_the_reason,
     a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on,
     the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat,
 );
@@ -108,6 +109,36 @@ async fn failing_work_is_redelivered_then_dead_lettered<DB: TestBackend>(test: &
         .as_str()
         .to_owned();
     assert!(reason.contains("refused on attempt 2"), "{reason}");
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+async fn a_message_without_its_key_header_is_dead_lettered_with_the_reason<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let consumer = NatsConsumer::connect(&nats_url(), db.inbox.clone(), options(&stream))
+        .await
+        .unwrap();
+    (stream.jetstream)
+        .publish(stream.name.clone(), b"no key".as_slice().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let dead = format!("{}_DEAD", stream.name);
+    let stats = consume_until(&db, &consumer, || async {
+        stream.messages_in(&dead).await == 1
+    })
+    .await;
+    assert_eq!(stats.dead_lettered, 1);
+    let letter = (stream.jetstream.get_stream(&dead).await.unwrap())
+        .get_raw_message(1)
+        .await
+        .unwrap();
+    let reason = letter.headers.get(REASON_HEADER).unwrap().as_str();
+    assert_eq!(reason, "the message has no header Order-Id");
     stream.delete().await;
     db.cleanup().await;
 }

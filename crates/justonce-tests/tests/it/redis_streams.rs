@@ -17,6 +17,7 @@ use std::time::Duration;
 
 on_every_database!(
     failing_work_is_taken_over_again_then_dead_lettered,
+    an_entry_without_a_text_key_field_is_dead_lettered_with_the_reason,
     a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on,
     the_relay_adds_each_row_with_its_key,
 );
@@ -125,6 +126,41 @@ async fn failing_work_is_taken_over_again_then_dead_lettered<DB: TestBackend>(te
     );
     let reason: String = letter.get(REASON_HEADER).unwrap();
     assert!(reason.contains("refused on attempt 2"), "{reason}");
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+/// The reason tells a missing field from one that is not text.
+async fn an_entry_without_a_text_key_field_is_dead_lettered_with_the_reason<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let consumer =
+        RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options(&stream, "a"))
+            .await
+            .unwrap();
+    let mut redis = stream.redis.clone();
+    let _: String = redis
+        .xadd(&stream.name, "*", &[(BODY_FIELD, b"missing".as_slice())])
+        .await
+        .unwrap();
+    let not_utf8: &[(&str, &[u8])] = &[(KEY_FIELD, b"\xff\xfe"), (BODY_FIELD, b"not utf-8")];
+    let _: String = redis.xadd(&stream.name, "*", not_utf8).await.unwrap();
+    let dead = format!("{}.dead", stream.name);
+    let stats = consume_until(&db, &consumer, || async {
+        stream.unsettled().await == 0 && stream.length(&dead).await == 2
+    })
+    .await;
+    assert_eq!(stats.dead_lettered, 2);
+    let letters: redis::streams::StreamRangeReply = redis.xrange_all(&dead).await.unwrap();
+    let reasons: Vec<String> = (letters.ids.iter())
+        .map(|letter| letter.get(REASON_HEADER).unwrap())
+        .collect();
+    assert_eq!(
+        reasons,
+        ["the entry has no field key", "the field key is not UTF-8"]
+    );
     stream.delete().await;
     db.cleanup().await;
 }
