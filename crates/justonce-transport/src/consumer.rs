@@ -10,8 +10,8 @@ use std::future::Future;
 use std::time::Duration;
 use tracing::Instrument;
 
-/// How long [`Deliveries::more`] waits for deliveries that have not arrived yet: a batch
-/// takes what is there, and costs at most this when nothing more is.
+/// How long [`Deliveries::more`] waits for each further delivery: a batch takes what is
+/// there, and costs at most this once nothing more comes.
 const BATCH_WAIT: Duration = Duration::from_millis(1);
 
 /// The work a consumer runs for each delivery, in the transaction its key is claimed in:
@@ -153,8 +153,8 @@ pub trait Receive: Send {
     /// The next delivery; `None` once the broker ended the consumer.
     fn next(&mut self) -> impl Future<Output = Result<Option<Self::Delivery>, Error>> + Send;
 
-    /// `first` and the deliveries that arrive after it within a millisecond, up to
-    /// `batch_size` in all.
+    /// `first` and the deliveries that follow it, each within a millisecond of the one
+    /// before, up to `batch_size` in all.
     fn more(
         &mut self,
         first: Self::Delivery,
@@ -162,10 +162,10 @@ pub trait Receive: Send {
     ) -> impl Future<Output = Result<Vec<Self::Delivery>, Error>> + Send {
         async move {
             let mut batch = vec![first];
-            // One deadline for the batch: deliveries already there fill it at once.
-            let deadline = tokio::time::Instant::now() + BATCH_WAIT;
+            // A wait per delivery, not per batch: a busy process still takes whole bursts,
+            // and a millisecond without a delivery ends the batch.
             while batch.len() < batch_size {
-                match tokio::time::timeout_at(deadline, self.next()).await {
+                match tokio::time::timeout(BATCH_WAIT, self.next()).await {
                     Ok(next) => match next? {
                         Some(delivery) => batch.push(delivery),
                         None => break,
