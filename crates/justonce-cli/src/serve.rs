@@ -374,29 +374,27 @@ where
     match options {
         BrokerOptions::Amqp(options) => {
             let consumer = AmqpConsumer::connect(from, inbox, options.clone()).await?;
-            let ran = run_consumer(&consumer, connected, stopped, work).await;
-            let _ = consumer.close().await;
-            ran
+            run_consumer(consumer, connected, stopped, work).await
         }
         BrokerOptions::Nats(options) => {
             let consumer = NatsConsumer::connect(from, inbox, options.clone()).await?;
-            run_consumer(&consumer, connected, stopped, work).await
+            run_consumer(consumer, connected, stopped, work).await
         }
         BrokerOptions::Mqtt(options) => {
             let consumer = MqttConsumer::connect(from, inbox, options.clone()).await?;
-            run_consumer(&consumer, connected, stopped, work).await
+            run_consumer(consumer, connected, stopped, work).await
         }
         BrokerOptions::Redis(options) => {
             let consumer = RedisStreamConsumer::connect(from, inbox, options.clone()).await?;
-            run_consumer(&consumer, connected, stopped, work).await
+            run_consumer(consumer, connected, stopped, work).await
         }
     }
 }
 
-/// Says the consumer is connected and runs it until `stopped` resolves or the broker fails:
-/// the same for every broker.
+/// Says the consumer is connected, runs it until `stopped` resolves or the broker fails,
+/// then closes it: the same for every broker.
 async fn run_consumer<B: Broker, DB: Backend, E>(
-    consumer: &justonce_transport::Consumer<B, DB>,
+    consumer: justonce_transport::Consumer<B, DB>,
     connected: impl FnOnce(),
     stopped: impl std::future::Future,
     work: impl Work<DB, E>,
@@ -405,7 +403,10 @@ where
     E: std::error::Error + Send + Sync + 'static,
 {
     connected();
-    consumer.run(stopped, work).await
+    let ran = consumer.run(stopped, work).await;
+    // Unacknowledged deliveries go back either way; a failed goodbye changes nothing.
+    let _ = consumer.close().await;
+    ran
 }
 
 /// A refused TLS handshake in plain words, with the consumer and the setting to look at.

@@ -149,20 +149,6 @@ impl<DB: Backend> AmqpConsumer<DB> {
         };
         Ok(Self::new(amqp, inbox))
     }
-
-    /// Closes the channel and the connection; deliveries not acknowledged go back to the
-    /// broker.
-    pub async fn close(self) -> Result<(), Error> {
-        let amqp = self.broker();
-        amqp.channel
-            .close(200, "bye".into())
-            .await
-            .map_err(broker)?;
-        amqp.connection
-            .close(200, "bye".into())
-            .await
-            .map_err(broker)
-    }
 }
 
 /// The deliveries of one `basic.consume`.
@@ -247,6 +233,17 @@ impl Broker for Amqp {
 
     fn policy(&self) -> &Policy {
         &self.options.policy
+    }
+
+    async fn close(&self) -> Result<(), Error> {
+        self.channel
+            .close(200, "bye".into())
+            .await
+            .map_err(broker)?;
+        self.connection
+            .close(200, "bye".into())
+            .await
+            .map_err(broker)
     }
 
     async fn receive(&self) -> Result<AmqpReceiver<'_>, Error> {

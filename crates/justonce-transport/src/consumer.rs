@@ -228,6 +228,12 @@ pub trait Broker: Send + Sync {
         }
     }
 
+    /// Closes the connection; deliveries not acknowledged go back to the broker. Brokers
+    /// that need no goodbye leave this to the drop.
+    fn close(&self) -> impl Future<Output = Result<(), Error>> + Send {
+        async { Ok(()) }
+    }
+
     /// Runs `work` while `deliveries` are being worked on: a broker that redelivers what
     /// is not acknowledged in time is told they are in progress.
     fn working<T: Send>(
@@ -348,6 +354,11 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         }
         deliveries.stop().await?;
         Ok(stats)
+    }
+
+    /// Closes the broker connection; deliveries not acknowledged go back to the broker.
+    pub async fn close(self) -> Result<(), Error> {
+        self.broker.close().await
     }
 
     /// The deliveries one at a time, for callers that run and settle them themselves.
