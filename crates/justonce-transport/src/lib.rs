@@ -70,7 +70,8 @@
 //!
 //! A single reader ([`nats::NatsReader`], [`redis_streams::RedisStreamReader`]) acknowledges
 //! nothing: it stores each entry's position as an offset in the same transaction as the work,
-//! and starts after the stored offset.
+//! and starts after the stored offset. Each is the one generic [`Reader`] over its broker's
+//! adapter ([`OrderedBroker`]): `NatsReader<DB>` is `Reader<NatsStream, DB>`.
 //!
 //! Every broker connects over TLS the same way: an `amqps://`, `rediss://` or `mqtts://` URL
 //! (a NATS server that requires TLS, or any NATS URL given [`tls::Tls`] settings), checked
@@ -88,14 +89,14 @@ pub mod amqp;
     feature = "redis"
 ))]
 mod consumer;
-#[cfg(any(feature = "nats", feature = "redis"))]
-mod in_order;
 #[cfg(feature = "mqtt")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub mod mqtt;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
+#[cfg(any(feature = "nats", feature = "redis"))]
+mod reader;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis_streams;
@@ -112,6 +113,8 @@ pub mod tls;
 pub use consumer::{Broker, Consumer, Deliveries, Policy, Receive, Received, Settle, Work};
 use justonce_core::{Key, TraceContext};
 use justonce_sql::Outcome;
+#[cfg(any(feature = "nats", feature = "redis"))]
+pub use reader::{OrderedBroker, Position, Reader, ReaderDeliveries, StoredOffsets};
 
 /// How long a broker's `probe` (such as [`amqp::probe`]) waits for the broker before it
 /// gives up: a broker that does not answer is as unusable as one that refuses.
@@ -250,19 +253,6 @@ impl<E> Ran<E> {
             Err(error) => Ran::Store(justonce_core::Error::Config(format!(
                 "the run failed in a way this consumer does not know: {error}"
             ))),
-        }
-    }
-}
-
-/// Counts a delivery's outcome in `stats`.
-#[cfg(any(feature = "nats", feature = "redis"))]
-pub(crate) fn count(outcome: &Outcome<()>, stats: &mut ConsumerStats) {
-    match outcome {
-        Outcome::Processed(()) => stats.processed += 1,
-        Outcome::Duplicate => stats.duplicates += 1,
-        Outcome::KeyReused { .. } => {
-            tracing::warn!("the same key with another payload: skipped");
-            stats.key_reused += 1;
         }
     }
 }
