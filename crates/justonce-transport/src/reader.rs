@@ -138,6 +138,12 @@ impl<'r, O: OrderedBroker + 'r> ReaderDeliveries<'r, O> {
     pub async fn next(&mut self) -> Result<Option<O::Entry>, Error> {
         self.entries.next().await
     }
+
+    /// Stops reading. Nothing is settled with the broker: what was not stored is read
+    /// again by the next reader.
+    pub async fn stop(self) -> Result<(), Error> {
+        self.entries.stop().await
+    }
 }
 
 impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
@@ -190,7 +196,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             }
         }
         unstored.store(&self.inbox).await;
-        entries.entries.stop().await?;
+        entries.stop().await?;
         Ok(stats)
     }
 
