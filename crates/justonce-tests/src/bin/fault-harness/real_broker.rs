@@ -48,7 +48,8 @@ pub const BROKERS: [&str; 6] = [
     "nats-reader",
 ];
 
-/// What `broker-kill` asks of a queue of the run's own on a real broker.
+/// What `broker-kill`, `broker-restart` and `pause` ask of a queue of the run's own on a real
+/// broker.
 pub trait RealQueue: Sized {
     /// The machine's shared broker, where `broker-kill` and `pause` make their queues.
     fn shared_url() -> String;
