@@ -93,21 +93,16 @@ async fn restart<DB: TestBackend, Q: RealQueue>(
         let restarting = async {
             consumer.start()?;
             let mut faults = Faults::default();
-            // When the last kill began and the effects once its broker was back.
-            let mut unrecovered: Option<(Instant, i64)> = None;
+            let mut unrecovered: Option<Unrecovered> = None;
             for point in points {
                 loop {
                     if Instant::now() >= deadline {
                         return Err(format!("the run reached {point} effects too late"));
                     }
-                    faults.consumer_restarts += u64::from(consumer.restart_if_exited()?);
                     let committed = db.rows("effects").await;
-                    if let Some((began, before)) = unrecovered
-                        && committed > before
-                    {
-                        faults.recovery.push(began.elapsed());
-                        unrecovered = None;
-                    }
+                    faults
+                        .watch(&mut consumer, &mut unrecovered, committed)
+                        .await?;
                     if committed >= point && unrecovered.is_none() {
                         break;
                     }
@@ -119,17 +114,20 @@ async fn restart<DB: TestBackend, Q: RealQueue>(
                 faults.count += 1;
                 tokio::time::sleep(Duration::from_millis(100 + rng.below(900))).await;
                 server.start_again().await?;
-                unrecovered = Some((began, db.rows("effects").await));
+                unrecovered = Some(Unrecovered {
+                    began,
+                    back: Instant::now(),
+                    effects: db.rows("effects").await,
+                });
             }
-            while let Some((began, before)) = unrecovered {
+            while unrecovered.is_some() {
                 if Instant::now() >= deadline {
                     return Err("no effect was committed after the last restart".to_owned());
                 }
-                faults.consumer_restarts += u64::from(consumer.restart_if_exited()?);
-                if db.rows("effects").await > before {
-                    faults.recovery.push(began.elapsed());
-                    unrecovered = None;
-                }
+                let committed = db.rows("effects").await;
+                faults
+                    .watch(&mut consumer, &mut unrecovered, committed)
+                    .await?;
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             Ok::<_, String>(faults)
@@ -149,6 +147,14 @@ async fn restart<DB: TestBackend, Q: RealQueue>(
         let mut report = check(title, &queue, db, keys, sent, drained.settled).await?;
         report.faults = faults.count;
         report.recovery = faults.recovery;
+        if faults.hung > 0 {
+            report.breaches.push(format!(
+                "{} time(s) the consumer neither consumed nor exited for {} s after its broker \
+                 came back: killed and started again",
+                faults.hung,
+                HUNG.as_secs()
+            ));
+        }
         report.details = vec![
             (
                 "messages published again, unconfirmed when the broker went".to_owned(),
@@ -177,6 +183,47 @@ struct Faults {
     recovery: Vec<Duration>,
     /// How often a consumer exited on its own and was started again.
     consumer_restarts: u64,
+    /// How often a consumer hung after its broker came back, and was killed.
+    hung: u64,
+}
+
+/// A restart not yet recovered from.
+struct Unrecovered {
+    /// When the kill began.
+    began: Instant,
+    /// When the broker listened again, or the hung consumer was last killed.
+    back: Instant,
+    /// The effects then.
+    effects: i64,
+}
+
+/// How long a consumer may commit nothing after its broker came back before it is taken to
+/// hang: far beyond a restart's recovery, and the ack waits of the brokers.
+const HUNG: Duration = Duration::from_secs(30);
+
+impl Faults {
+    /// Starts the consumer again if it exited, kills it if it hangs, and counts the
+    /// recovery once `committed` passes the effects at the broker's return.
+    async fn watch<DB: TestBackend>(
+        &mut self,
+        consumer: &mut Consumer<'_, DB>,
+        unrecovered: &mut Option<Unrecovered>,
+        committed: i64,
+    ) -> Result<(), String> {
+        self.consumer_restarts += u64::from(consumer.restart_if_exited()?);
+        let Some(restart) = unrecovered else {
+            return Ok(());
+        };
+        if committed > restart.effects {
+            self.recovery.push(restart.began.elapsed());
+            *unrecovered = None;
+        } else if restart.back.elapsed() >= HUNG {
+            consumer.kill().await?;
+            self.hung += 1;
+            restart.back = Instant::now();
+        }
+        Ok(())
+    }
 }
 
 /// Publishes the messages of `plan` in chunks, each confirmed by the broker before the

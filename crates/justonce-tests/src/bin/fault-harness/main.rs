@@ -55,7 +55,9 @@
 //!   published again until the broker confirms it, and one `broker-worker` consumes.
 //!   Nothing confirmed may be lost and nothing doubled. The consumer exits when its broker
 //!   goes away, and the harness starts it again (the details count how often); the recovery
-//!   is from the kill to the first effect committed after the broker is back. Mosquitto
+//!   is from the kill to the first effect committed after the broker is back. A consumer
+//!   that commits nothing for 30 s after the broker is back hangs: it is killed and
+//!   started again, and the run reports a breach. Mosquitto
 //!   writes its store at its autosaves, after the PUBACK: a SIGKILL in between loses a
 //!   confirmed message, a limit of the broker's own that the run reports as lost keys.
 //!   Kafka has no restart: its test broker keeps its data in memory.
