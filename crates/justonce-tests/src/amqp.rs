@@ -23,11 +23,25 @@ pub async fn publish_many(connection: &Connection, queue: &str, count: usize, di
 /// exchange, all at once, and waits for every confirm. The key is the `message_id` and the
 /// body.
 pub async fn publish_keys(connection: &Connection, queue: &str, keys: &[String]) {
-    let channel = connection.create_channel().await.expect("a channel");
+    try_publish_keys(connection, queue, keys)
+        .await
+        .expect("the broker took every message")
+}
+
+/// [`publish_keys`], or why the broker did not confirm every message.
+pub async fn try_publish_keys(
+    connection: &Connection,
+    queue: &str,
+    keys: &[String],
+) -> Result<(), String> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| format!("a channel: {e}"))?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
-        .expect("publisher confirms");
+        .map_err(|e| format!("publisher confirms: {e}"))?;
     let mut confirms = Vec::with_capacity(keys.len());
     for key in keys {
         let properties = BasicProperties::default()
@@ -42,13 +56,14 @@ pub async fn publish_keys(connection: &Connection, queue: &str, keys: &[String])
                 properties,
             )
             .await
-            .expect("publish");
+            .map_err(|e| format!("publish: {e}"))?;
         confirms.push(confirm);
     }
     for confirm in confirms {
-        assert!(
-            confirm.await.expect("a confirm").is_ack(),
-            "the broker took it"
-        );
+        let confirmation = confirm.await.map_err(|e| format!("a confirm: {e}"))?;
+        if !confirmation.is_ack() {
+            return Err("the broker refused a message".to_owned());
+        }
     }
+    Ok(())
 }

@@ -11,7 +11,7 @@ pub mod servers;
 mod sink;
 pub mod tls;
 
-pub use amqp::{amqp_url, publish_keys, publish_many};
+pub use amqp::{amqp_url, publish_keys, publish_many, try_publish_keys};
 pub use mqtt::publish_while_consuming;
 pub use redis::{TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};

@@ -13,7 +13,8 @@
 //! the queue with others: on MQTT, client `<queue>-m<n>` in the shared subscription of group
 //! `test`; elsewhere a plain consumer. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
-//! consumes until it is killed. `run-batched`: the same in batches of 20.
+//! consumes until it is killed, or until SIGTERM, and then prints `processed <n> duplicates
+//! <n>` as a consumer counted them. `run-batched`: the same in batches of 20.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
@@ -115,13 +116,11 @@ async fn consume<B: Broker, DB: TestBackend>(
     mode: &str,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let work = consumer_work::<DB>(prefix);
-    let forever = std::future::pending::<()>();
-    match mode {
-        "ack-before-commit" => ack_before_commit(consumer, prefix).await,
-        "run-batched" => {
-            consumer.run_batched(forever, 20, work).await?;
-            Ok(())
-        }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let terminated = async move { terminate.recv().await };
+    let batch_size = match mode {
+        "ack-before-commit" => return ack_before_commit(consumer, prefix).await,
+        "run-batched" => 20,
         "pause-after-commit" => {
             let mut deliveries = consumer.deliveries().await?;
             let delivery = deliveries
@@ -130,13 +129,16 @@ async fn consume<B: Broker, DB: TestBackend>(
                 .ok_or("the consumer was cancelled")?;
             let key = consumer.incoming(&delivery)?.key;
             let ran = consumer.run_one(&delivery, &work).await;
-            pause_after_commit(key.as_str(), ran).await
+            return pause_after_commit(key.as_str(), ran).await;
         }
-        _ => {
-            consumer.run(forever, work).await?;
-            Ok(())
-        }
-    }
+        _ => 1,
+    };
+    let stats = consumer.run_batched(terminated, batch_size, work).await?;
+    println!(
+        "processed {} duplicates {}",
+        stats.processed, stats.duplicates
+    );
+    Ok(())
 }
 
 /// What a single reader of any broker does in `mode`.

@@ -130,6 +130,81 @@ async fn a_nats_jetstream_reader_killed_ten_times_loses_and_doubles_nothing() {
     killed_consumer_on("nats-reader").await
 }
 
+/// broker-restart through `broker`: a broker of the harness's own killed twice under load
+/// loses and doubles nothing it confirmed, and the consumer is consuming again after each.
+async fn restarted_broker(broker: &str) {
+    let args = ["--scenario", "broker-restart", "--broker", broker];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    assert_eq!(figures["faults"], 2, "{figures}");
+    assert_eq!(figures["drained"], true, "{figures}");
+    // Each restart is followed by an effect committed through the broker that came back.
+    assert!(figures["recovery_max_ms"].as_u64().is_some(), "{figures}");
+    assert!(
+        figures["details"]["consumer processes started again after exiting"]
+            .as_u64()
+            .is_some(),
+        "{figures}"
+    );
+}
+
+#[tokio::test]
+async fn a_rabbitmq_node_killed_twice_under_load_loses_and_doubles_nothing_confirmed() {
+    restarted_broker("amqp").await
+}
+
+#[tokio::test]
+async fn a_nats_server_killed_twice_under_load_loses_and_doubles_nothing_confirmed() {
+    restarted_broker("nats").await
+}
+
+#[tokio::test]
+async fn a_redis_server_killed_twice_under_load_loses_and_doubles_nothing_confirmed() {
+    restarted_broker("redis").await
+}
+
+#[tokio::test]
+async fn a_mosquitto_killed_twice_under_load_loses_and_doubles_nothing_confirmed() {
+    restarted_broker("mqtt").await
+}
+
+/// pause through `broker`: a consumer stopped past the broker's wait loses its deliveries to
+/// the other, and its late commits are duplicates.
+async fn paused_consumer(broker: &str) {
+    let args = ["--scenario", "pause", "--broker", broker];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    assert_eq!(figures["faults"], 2, "{figures}");
+    assert_eq!(figures["drained"], true, "{figures}");
+    let detail = |name: &str| figures["details"][name].as_u64().expect(name);
+    // Each key is published once: every duplicate is a delivery the broker made again,
+    // and the keys were processed once between the two consumers.
+    assert_eq!(
+        detail("paused consumer: acknowledged as processed")
+            + detail("other consumer: acknowledged as processed"),
+        1_000,
+        "{figures}"
+    );
+    assert!(
+        detail("paused consumer: acknowledged as duplicates")
+            + detail("other consumer: acknowledged as duplicates")
+            > 0,
+        "{figures}"
+    );
+}
+
+#[tokio::test]
+async fn a_nats_jetstream_consumer_paused_past_its_ack_wait_doubles_nothing() {
+    paused_consumer("nats").await
+}
+
+#[tokio::test]
+async fn a_redis_streams_consumer_paused_past_claim_idle_doubles_nothing() {
+    paused_consumer("redis").await
+}
+
 #[tokio::test]
 async fn the_check_reports_losses_when_acknowledging_before_commit() {
     let (code, figures) = harness(&["--scenario", "kill", "--broken", "ack-before-commit"]).await;

@@ -44,6 +44,33 @@
 //!   holds nothing unacknowledged. Its broken mode is `ack-before-commit`, and for the
 //!   single readers `separate-claim` (each entry's effect committed unless its key is
 //!   claimed, then the key claimed and the position stored in a second transaction).
+//! - `broker-restart`: the broker itself fails. A throwaway broker of the harness's own, on
+//!   its own ports and in its own temporary folder (`amqp`: a second RabbitMQ node, `nats`:
+//!   a NATS server with JetStream, `redis`: a Redis server with `appendfsync always`,
+//!   `mqtt`: a Mosquitto with persistence, autosaving on every change), never the
+//!   machine's shared one, is SIGKILLed 5 times (short: 2) at random moments and started
+//!   again after up to a second, while 10,000 keys, a tenth of them twice (short: 1,000),
+//!   are published with confirms (RabbitMQ's publisher confirms, JetStream's acks, XADD's
+//!   replies, MQTT's PUBACKs), in chunks kept 300 keys ahead of the effects, each chunk
+//!   published again until the broker confirms it, and one `broker-worker` consumes.
+//!   Nothing confirmed may be lost and nothing doubled. The consumer exits when its broker
+//!   goes away, and the harness starts it again (the details count how often); the recovery
+//!   is from the kill to the first effect committed after the broker is back. A consumer
+//!   that commits nothing for 30 s after the broker is back hangs: it is killed and
+//!   started again, and the run reports a breach. Mosquitto
+//!   writes its store at its autosaves, after the PUBACK: a SIGKILL in between loses a
+//!   confirmed message, a limit of the broker's own that the run reports as lost keys.
+//!   Kafka has no restart: its test broker keeps its data in memory.
+//! - `pause`: a consumer pauses. 10,000 keys (short: 1,000) on a queue of the run's own on
+//!   the machine's broker, read by two `broker-worker`s; one is stopped with SIGSTOP 10
+//!   times (short: 2) for three times the broker's wait before it gives an unacknowledged
+//!   delivery to another consumer (`nats`: the consumer's `ack_wait`, 2 s; `redis`: the
+//!   consumer's `claim_idle`, 0.5 s, after which the other takes the entries over with
+//!   `XAUTOCLAIM`), then resumed with SIGCONT. What it held is processed by the other, and
+//!   its late commits are acknowledged as duplicates: no effect doubles. RabbitMQ waits
+//!   `consumer_timeout` (30 minutes) and Mosquitto for the session's end: each gives a
+//!   paused consumer's deliveries to another only once its connection is closed, which
+//!   `broker-kill` covers.
 //! - `relay-kill`: 20,000 outbox rows (short: 2,000) delivered by the project's relay, a
 //!   `relay-worker` process, to an HTTP receiver inside the harness; the relay SIGKILLed 100
 //!   times (short: 10), every fourth time at its failpoint (a row accepted, not yet marked
@@ -71,6 +98,8 @@
 //! fails on the way.
 
 mod broker;
+mod broker_faults;
+mod own_broker;
 mod proxy;
 mod real_broker;
 mod relay_kill;
@@ -87,13 +116,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 12] = [
     "kill",
     "storm",
     "hot-keys",
     "commit-cut",
     "pg-immediate",
     "broker-kill",
+    "broker-restart",
+    "pause",
     "relay-kill",
     "serve-kill",
     "slow-clients",
@@ -258,7 +289,7 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     let broken_modes: &[&str] = match args.scenario.as_str() {
         "relay-kill" => &["key-per-try"],
         "serve-kill" => &["answer-before-store"],
-        "slow-clients" | "slow-target" => &[],
+        "slow-clients" | "slow-target" | "broker-restart" | "pause" => &[],
         _ => &["ack-before-commit", "separate-claim"],
     };
     if args.mode != "correct" && !broken_modes.contains(&args.mode.as_str()) {
@@ -295,7 +326,7 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     let title = format!(
         "fault-harness: {}{}{} on {} ({}), seed {}",
         args.scenario,
-        if args.scenario == "broker-kill" {
+        if ["broker-kill", "broker-restart", "pause"].contains(&args.scenario.as_str()) {
             format!(" through {}", args.broker)
         } else {
             String::new()
@@ -312,6 +343,8 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     let started = std::time::Instant::now();
     let result = match args.scenario.as_str() {
         "broker-kill" => real_broker::broker_kill(args, &db, &mut rng, title).await,
+        "broker-restart" => broker_faults::broker_restart(args, &db, &mut rng, title).await,
+        "pause" => broker_faults::pause(args, &db, &mut rng, title).await,
         "relay-kill" => relay_kill::relay_kill(args, &db, &mut rng, title).await,
         "serve-kill" => serve_kill::serve_kill::<DB>(args, &mut rng, title).await,
         "slow-clients" => slow_clients::slow_clients::<DB>(args, &mut rng, title).await,

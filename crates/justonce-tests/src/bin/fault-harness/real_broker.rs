@@ -48,9 +48,18 @@ pub const BROKERS: [&str; 6] = [
     "nats-reader",
 ];
 
-/// What `broker-kill` asks of a queue of the run's own on a real broker.
-trait RealQueue: Sized {
-    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String>;
+/// What `broker-kill`, `broker-restart` and `pause` ask of a queue of the run's own on a real
+/// broker.
+pub trait RealQueue: Sized {
+    /// The machine's shared broker, where `broker-kill` and `pause` make their queues.
+    fn shared_url() -> String;
+
+    /// Creates the run's queue on the broker at `url`, as the consumer finds it, and
+    /// connects to it.
+    async fn open<DB: TestBackend>(db: &TestDb<DB>, url: &str) -> Result<Self, String>;
+
+    /// Connects again, after the broker was restarted.
+    async fn reconnect(&mut self) -> Result<(), String>;
 
     /// The broker's URL, as `broker-worker` takes it.
     fn url(&self) -> &str;
@@ -89,11 +98,15 @@ trait RealQueue: Sized {
     /// position in the database.
     const KIND: &str = "consumer";
 
+    /// How long a delivery may stay unacknowledged before the broker gives it to another
+    /// consumer of the queue; `None` if it never does while the consumer's connection lives.
+    const TAKEN_OVER_AFTER: Option<Duration> = None;
+
     async fn delete(self) -> Result<(), String>;
 }
 
 /// A RabbitMQ queue, and its dead-letter queue.
-struct AmqpQueue {
+pub struct AmqpQueue {
     url: String,
     name: String,
     connection: Connection,
@@ -138,23 +151,39 @@ impl AmqpQueue {
     }
 }
 
+async fn amqp_connection(url: &str) -> Result<Connection, String> {
+    Connection::connect(url, ConnectionProperties::default())
+        .await
+        .map_err(|e| format!("RabbitMQ at {url}: {e}"))
+}
+
+/// The name of the run's queue (stream, topic).
+fn queue_name<DB: TestBackend>(db: &TestDb<DB>) -> String {
+    format!("{}real_queue", db.prefix)
+}
+
 impl RealQueue for AmqpQueue {
+    fn shared_url() -> String {
+        justonce_tests::amqp_url()
+    }
+
     /// Declares the queues as the consumer does.
-    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
-        let url = justonce_tests::amqp_url();
-        let name = format!("{}broker_kill", db.prefix);
-        let consumer = AmqpConsumer::connect(&url, db.inbox.clone(), AmqpOptions::new(&name))
+    async fn open<DB: TestBackend>(db: &TestDb<DB>, url: &str) -> Result<Self, String> {
+        let name = queue_name(db);
+        let consumer = AmqpConsumer::connect(url, db.inbox.clone(), AmqpOptions::new(&name))
             .await
             .map_err(|e| format!("RabbitMQ at {url}: {e}"))?;
         consumer.close().await.map_err(|e| e.to_string())?;
-        let connection = Connection::connect(&url, ConnectionProperties::default())
-            .await
-            .map_err(|e| format!("RabbitMQ at {url}: {e}"))?;
         Ok(Self {
-            url,
+            url: url.to_owned(),
             name,
-            connection,
+            connection: amqp_connection(url).await?,
         })
+    }
+
+    async fn reconnect(&mut self) -> Result<(), String> {
+        self.connection = amqp_connection(&self.url).await?;
+        Ok(())
     }
 
     fn url(&self) -> &str {
@@ -165,10 +194,9 @@ impl RealQueue for AmqpQueue {
         &self.name
     }
 
-    /// The key is the `message_id`.
+    /// The key is the `message_id`; persistent, each confirmed by the broker.
     async fn publish(&self, keys: &[String]) -> Result<(), String> {
-        justonce_tests::publish_keys(&self.connection, &self.name, keys).await;
-        Ok(())
+        justonce_tests::try_publish_keys(&self.connection, &self.name, keys).await
     }
 
     async fn nothing_waiting<DB: TestBackend>(
@@ -213,7 +241,7 @@ impl RealQueue for AmqpQueue {
 }
 
 /// A Redis stream read by consumer group `test`, and its dead-letter stream.
-struct RedisStream {
+pub struct RedisStream {
     url: String,
     name: String,
     redis: MultiplexedConnection,
@@ -243,21 +271,40 @@ fn entry_id(id: &str) -> (u64, u64) {
     (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
 }
 
+async fn redis_connection(url: &str) -> Result<MultiplexedConnection, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("Redis at {url}: {e}"))
+}
+
 impl RealQueue for RedisStream {
+    /// `broker-worker`'s `claim_idle`.
+    const TAKEN_OVER_AFTER: Option<Duration> = Some(Duration::from_millis(500));
+
+    fn shared_url() -> String {
+        justonce_tests::redis_url()
+    }
+
     /// Creates the stream and its group, reading from the start.
-    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
-        let url = justonce_tests::redis_url();
-        let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
-        let mut redis = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| format!("Redis at {url}: {e}"))?;
-        let name = format!("{}broker_kill", db.prefix);
+    async fn open<DB: TestBackend>(db: &TestDb<DB>, url: &str) -> Result<Self, String> {
+        let mut redis = redis_connection(url).await?;
+        let name = queue_name(db);
         let () = redis
             .xgroup_create_mkstream(&name, "test", "0")
             .await
             .map_err(|e| e.to_string())?;
-        Ok(Self { url, name, redis })
+        Ok(Self {
+            url: url.to_owned(),
+            name,
+            redis,
+        })
+    }
+
+    async fn reconnect(&mut self) -> Result<(), String> {
+        self.redis = redis_connection(&self.url).await?;
+        Ok(())
     }
 
     fn url(&self) -> &str {
@@ -371,7 +418,7 @@ fn range_after(after: Option<Offset>) -> String {
 
 /// A JetStream stream with the subject and durable consumer of the same name, and its
 /// dead-letter stream, as `broker-worker` reads them.
-struct NatsStream {
+pub struct NatsStream {
     url: String,
     name: String,
     jetstream: jetstream::Context,
@@ -416,27 +463,42 @@ impl NatsStream {
     }
 }
 
+async fn nats_connection(url: &str) -> Result<jetstream::Context, String> {
+    let client = async_nats::connect(url)
+        .await
+        .map_err(|e| format!("NATS at {url}: {e}"))?;
+    Ok(jetstream::new(client))
+}
+
 impl RealQueue for NatsStream {
+    const TAKEN_OVER_AFTER: Option<Duration> = Some(NATS_ACK_WAIT);
+
+    fn shared_url() -> String {
+        justonce_tests::nats_url()
+    }
+
     /// Creates the streams and the durable consumer with a short ack wait; `broker-worker`
     /// binds to the consumer as it finds it.
-    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
-        let url = justonce_tests::nats_url();
-        let name = format!("{}broker_kill", db.prefix);
+    async fn open<DB: TestBackend>(db: &TestDb<DB>, url: &str) -> Result<Self, String> {
+        let name = queue_name(db);
         let options = NatsOptions::new(&name, &name)
             .key_from(KeyFrom::Header(NATS_KEY_HEADER.into()))
             .ack_wait(NATS_ACK_WAIT);
         // Connected first: an unreachable server leaves no stream behind.
-        let client = async_nats::connect(&url)
-            .await
-            .map_err(|e| format!("NATS at {url}: {e}"))?;
-        NatsConsumer::connect(&url, db.inbox.clone(), options)
+        let jetstream = nats_connection(url).await?;
+        NatsConsumer::connect(url, db.inbox.clone(), options)
             .await
             .map_err(|e| format!("NATS at {url}: {e}"))?;
         Ok(Self {
-            url,
+            url: url.to_owned(),
             name,
-            jetstream: jetstream::new(client),
+            jetstream,
         })
+    }
+
+    async fn reconnect(&mut self) -> Result<(), String> {
+        self.jetstream = nats_connection(&self.url).await?;
+        Ok(())
     }
 
     fn url(&self) -> &str {
@@ -587,7 +649,7 @@ async fn last_sequence(stream: &mut jetstream::stream::Stream) -> Result<u64, St
 
 /// An MQTT topic, consumed on `broker-worker`'s persistent session (client `<topic>-c`,
 /// QoS 1).
-struct MqttTopic {
+pub struct MqttTopic {
     url: String,
     name: String,
     publisher: MqttDestination,
@@ -602,19 +664,24 @@ const MQTT_SESSION_EXPIRY: u32 = 300;
 const MQTT_QUIET: Duration = Duration::from_secs(1);
 
 impl MqttTopic {
-    /// Connects as the consumer's client id, on its session (`resume`) or a clean one, which
-    /// discards it. A resumed session is sent what it holds: messages delivered and never
-    /// acknowledged, and those queued for it. Returns their keys once the broker has sent
-    /// nothing for [`MQTT_QUIET`], acknowledging each if `acknowledge`; unacknowledged, they
-    /// stay in the session.
-    async fn session(&self, resume: bool, acknowledge: bool) -> Result<Vec<String>, String> {
+    /// The broker's host and port.
+    fn address(&self) -> Result<(&str, u16), String> {
         let bad_url = || format!("MQTT URL {}: expected mqtt://host[:port]", self.url);
         let address = self.url.strip_prefix("mqtt://").ok_or_else(bad_url)?;
         let (host, port) = address
             .trim_end_matches('/')
             .rsplit_once(':')
             .unwrap_or((address, "1883"));
-        let port = port.parse().map_err(|_| bad_url())?;
+        Ok((host, port.parse().map_err(|_| bad_url())?))
+    }
+
+    /// Connects as the consumer's client id, on its session (`resume`) or a clean one, which
+    /// discards it. A resumed session is sent what it holds: messages delivered and never
+    /// acknowledged, and those queued for it. Returns their keys once the broker has sent
+    /// nothing for [`MQTT_QUIET`], acknowledging each if `acknowledge`; unacknowledged, they
+    /// stay in the session.
+    async fn session(&self, resume: bool, acknowledge: bool) -> Result<Vec<String>, String> {
+        let (host, port) = self.address()?;
         let mut options = rumqttc::v5::MqttOptions::new(format!("{}-c", self.name), host, port);
         options.set_clean_start(!resume).set_manual_acks(true);
         if resume {
@@ -661,21 +728,34 @@ impl MqttTopic {
 }
 
 impl RealQueue for MqttTopic {
+    fn shared_url() -> String {
+        justonce_tests::mqtt_url()
+    }
+
     /// Opens the consumer's session and its subscription, so that the broker queues what is
     /// published before the first consumer runs.
-    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
-        let url = justonce_tests::mqtt_url();
-        let name = format!("{}broker_kill", db.prefix);
-        MqttConsumer::connect(&url, db.inbox.clone(), justonce_tests::mqtt_options(&name))
+    async fn open<DB: TestBackend>(db: &TestDb<DB>, url: &str) -> Result<Self, String> {
+        let name = queue_name(db);
+        MqttConsumer::connect(url, db.inbox.clone(), justonce_tests::mqtt_options(&name))
             .await
             .map_err(|e| format!("MQTT at {url}: {e}"))?;
         let publisher =
-            MqttDestination::new(&url, &name, &format!("{name}-p")).map_err(|e| e.to_string())?;
+            MqttDestination::new(url, &name, &format!("{name}-p")).map_err(|e| e.to_string())?;
         Ok(Self {
-            url,
+            url: url.to_owned(),
             name,
             publisher,
         })
+    }
+
+    /// The publisher opens a new connection on its next delivery after a failure: this
+    /// only waits for the broker to listen.
+    async fn reconnect(&mut self) -> Result<(), String> {
+        let (host, port) = self.address()?;
+        tokio::net::TcpStream::connect((host, port))
+            .await
+            .map(drop)
+            .map_err(|e| format!("MQTT at {}: {e}", self.url))
     }
 
     fn url(&self) -> &str {
@@ -769,8 +849,16 @@ impl<Q: Ordered> Read<Q> {
 impl<Q: Ordered> RealQueue for Read<Q> {
     const KIND: &str = "reader";
 
-    async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Result<Self, String> {
-        Q::open(db).await.map(Self)
+    fn shared_url() -> String {
+        Q::shared_url()
+    }
+
+    async fn open<DB: TestBackend>(db: &TestDb<DB>, url: &str) -> Result<Self, String> {
+        Q::open(db, url).await.map(Self)
+    }
+
+    async fn reconnect(&mut self) -> Result<(), String> {
+        self.0.reconnect().await
     }
 
     fn url(&self) -> &str {
@@ -809,18 +897,82 @@ impl<Q: Ordered> RealQueue for Read<Q> {
 }
 
 /// The consumer process, replaced by a new one when it is killed.
-struct Consumer<'a, DB: TestBackend, Q> {
+pub struct Consumer<'a, DB: TestBackend> {
     db: &'a TestDb<DB>,
-    queue: &'a Q,
+    /// The queue's broker URL, name and `broker-worker` kind.
+    url: String,
+    name: String,
+    kind: &'static str,
     /// `broker-worker`'s mode: `run`, or a deliberately broken one.
     mode: &'a str,
     running: Option<Child>,
 }
 
-impl<DB: TestBackend, Q: RealQueue> Consumer<'_, DB, Q> {
-    fn start(&mut self) -> Result<(), String> {
-        self.running = Some(self.spawn(self.mode, Stdio::null())?);
+impl<'a, DB: TestBackend> Consumer<'a, DB> {
+    /// A consumer of `queue` in `mode`, not started.
+    pub fn of<Q: RealQueue>(db: &'a TestDb<DB>, queue: &Q, mode: &'a str) -> Self {
+        Self {
+            db,
+            url: queue.url().to_owned(),
+            name: queue.name().to_owned(),
+            kind: Q::KIND,
+            mode,
+            running: None,
+        }
+    }
+
+    /// Starts the consumer; in mode `run` it prints its counts when it is terminated.
+    pub fn start(&mut self) -> Result<(), String> {
+        self.running = Some(self.spawn(self.mode, Stdio::piped())?);
         Ok(())
+    }
+
+    /// Starts the consumer again if it exited on its own, as a consumer does when its
+    /// broker goes away; true if it did.
+    pub fn restart_if_exited(&mut self) -> Result<bool, String> {
+        let exited = match &mut self.running {
+            Some(child) => child.try_wait().map_err(|e| e.to_string())?.is_some(),
+            None => true,
+        };
+        if exited {
+            self.start()?;
+        }
+        Ok(exited)
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the running consumer.
+    pub async fn signal(&self, signal: &str) -> Result<(), String> {
+        let pid = (self.running.as_ref())
+            .and_then(Child::id)
+            .ok_or("no consumer runs")?;
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .await
+            .map_err(|e| e.to_string())?;
+        status
+            .success()
+            .then_some(())
+            .ok_or_else(|| format!("cannot send SIG{signal} to the consumer"))
+    }
+
+    /// Stops the consumer with SIGTERM, and returns its counts: how many deliveries it
+    /// acknowledged as processed and as duplicates.
+    pub async fn terminate(&mut self) -> Result<(u64, u64), String> {
+        self.signal("TERM").await?;
+        let child = self.running.take().ok_or("no consumer runs")?;
+        let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+            .await
+            .map_err(|_| "the consumer did not stop on SIGTERM".to_owned())?
+            .map_err(|e| e.to_string())?;
+        let printed = String::from_utf8_lossy(&output.stdout);
+        let counts: Vec<u64> = (printed.split_whitespace())
+            .filter_map(|word| word.parse().ok())
+            .collect();
+        match counts.as_slice() {
+            [processed, duplicates] => Ok((*processed, *duplicates)),
+            _ => Err(format!("the consumer printed no counts: {printed:?}")),
+        }
     }
 
     /// Starts a consumer armed to stop at its failpoint, and returns once it has: it took
@@ -838,14 +990,13 @@ impl<DB: TestBackend, Q: RealQueue> Consumer<'_, DB, Q> {
     }
 
     fn spawn(&self, mode: &str, stdout: Stdio) -> Result<Child, String> {
-        let queue = self.queue;
         Command::new(sibling("broker-worker"))
             .args([
                 &self.db.url,
                 &self.db.prefix,
-                queue.url(),
-                queue.name(),
-                Q::KIND,
+                &self.url,
+                &self.name,
+                self.kind,
                 mode,
             ])
             .stdout(stdout)
@@ -856,7 +1007,7 @@ impl<DB: TestBackend, Q: RealQueue> Consumer<'_, DB, Q> {
 
     /// SIGKILLs the consumer and waits until it is gone: what it held goes back to the
     /// queue.
-    async fn kill(&mut self) -> Result<(), String> {
+    pub async fn kill(&mut self) -> Result<(), String> {
         if let Some(mut child) = self.running.take() {
             child
                 .kill()
@@ -908,17 +1059,13 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
     let deadline = Instant::now() + Duration::from_secs(args.size(50, 900) as u64);
     let mut plan: Vec<u32> = (0..keys as u32).chain(0..keys as u32 / 10).collect();
     rng.shuffle(&mut plan);
-    let queue = Q::open(db).await?;
-    let mut consumer = Consumer {
-        db,
-        queue: &queue,
-        mode: if args.mode == "correct" {
-            "run"
-        } else {
-            &args.mode
-        },
-        running: None,
+    let queue = Q::open(db, &Q::shared_url()).await?;
+    let mode = if args.mode == "correct" {
+        "run"
+    } else {
+        &args.mode
     };
+    let mut consumer = Consumer::of(db, &queue, mode);
     let checked = async {
         let messages: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
         let published = AtomicUsize::new(0);
@@ -1063,7 +1210,7 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
 
 /// How long without a new effect before the harness looks in a broker that cannot tell what
 /// waits for what is left.
-const STALLED: Duration = Duration::from_secs(2);
+pub const STALLED: Duration = Duration::from_secs(2);
 
 /// The latest position in the plan at which a key with an effect was first published.
 async fn furthest_effect<DB: TestBackend>(

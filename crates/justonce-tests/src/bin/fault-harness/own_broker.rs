@@ -1,0 +1,254 @@
+//! A throwaway broker of the harness's own, on its own ports and in its own temporary
+//! folder: the one `broker-restart` kills with SIGKILL and starts again. The machine's
+//! shared brokers are never touched.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+/// How long a broker may take to listen after it was started: RabbitMQ recovering its
+/// queues after a SIGKILL takes the longest.
+const STARTUP: Duration = Duration::from_secs(90);
+
+/// A broker server of the harness's own; killed, and its folder removed, when dropped.
+pub struct OwnBroker {
+    /// `amqp`, `nats`, `redis` or `mqtt`.
+    kind: &'static str,
+    folder: PathBuf,
+    port: u16,
+    /// RabbitMQ's distribution port, for the node's Erlang peers.
+    dist_port: u16,
+    running: Option<Child>,
+}
+
+impl OwnBroker {
+    /// Prepares the folder of broker `kind` and starts it.
+    pub async fn start(kind: &str) -> Result<Self, String> {
+        let kind = ["amqp", "nats", "redis", "mqtt"]
+            .into_iter()
+            .find(|known| *known == kind)
+            .ok_or_else(|| format!("no broker of the harness's own for {kind}"))?;
+        let folder =
+            std::env::temp_dir().join(format!("justonce-own-{kind}-{}", justonce_tests::unique()));
+        std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+        let mut broker = Self {
+            kind,
+            folder,
+            port: free_port()?,
+            dist_port: free_port()?,
+            running: None,
+        };
+        broker.configure()?;
+        broker.start_again().await?;
+        Ok(broker)
+    }
+
+    /// The URL clients reach it at.
+    pub fn url(&self) -> String {
+        let port = self.port;
+        match self.kind {
+            "amqp" => format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            kind => format!("{kind}://127.0.0.1:{port}"),
+        }
+    }
+
+    /// Writes the configuration files the broker reads.
+    fn configure(&self) -> Result<(), String> {
+        let write = |name: &str, text: String| {
+            let path = self.folder.join(name);
+            std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        match self.kind {
+            "amqp" => {
+                write("enabled_plugins", "[].\n".to_owned())?;
+                write(
+                    "rabbitmq.conf",
+                    format!("listeners.tcp.default = {}\n", self.port),
+                )?;
+                for folder in ["mnesia", "log"] {
+                    let path = self.folder.join(folder);
+                    std::fs::create_dir_all(&path)
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                }
+                // The node runs as the rabbitmq user, with the machine node's Erlang cookie.
+                let chown = std::process::Command::new("chown")
+                    .args(["-R", "rabbitmq:rabbitmq"])
+                    .arg(&self.folder)
+                    .status()
+                    .map_err(|e| format!("chown: {e}"))?;
+                chown
+                    .success()
+                    .then_some(())
+                    .ok_or_else(|| format!("cannot give {} to rabbitmq", self.folder.display()))
+            }
+            // Mosquitto writes its database at shutdown and at autosaves only: every change
+            // is saved at once, which still leaves a window between a PUBACK and the save.
+            "mqtt" => write(
+                "mosquitto.conf",
+                format!(
+                    "listener {} 127.0.0.1\nallow_anonymous true\npersistence true\n\
+                     persistence_location {}/\nautosave_interval 1\nautosave_on_changes true\n\
+                     max_queued_messages 0\nuser root\n",
+                    self.port,
+                    self.folder.display()
+                ),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// The command that runs the broker in the foreground.
+    fn command(&self) -> Command {
+        let folder = self.folder.display().to_string();
+        let port = self.port.to_string();
+        let mut command = match self.kind {
+            "amqp" => {
+                let mut command = Command::new("rabbitmq-server");
+                let file = |name: &str| self.folder.join(name);
+                command
+                    .env("RABBITMQ_NODENAME", format!("{}@localhost", self.node()))
+                    .env("RABBITMQ_NODE_PORT", &port)
+                    .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+                    .env("RABBITMQ_MNESIA_BASE", file("mnesia"))
+                    .env("RABBITMQ_LOG_BASE", file("log"))
+                    .env("RABBITMQ_CONFIG_FILE", file("rabbitmq.conf"))
+                    .env("RABBITMQ_ENABLED_PLUGINS_FILE", file("enabled_plugins"))
+                    .env("RABBITMQ_PID_FILE", file("beam.pid"));
+                command
+            }
+            "nats" => {
+                let mut command = Command::new("nats-server");
+                command.args(["-a", "127.0.0.1", "-p", &port, "-js", "-sd", &folder]);
+                command
+            }
+            "redis" => {
+                let mut command = Command::new("redis-server");
+                command.args([
+                    "--port",
+                    &port,
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    &folder,
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                    "--save",
+                    "",
+                ]);
+                command
+            }
+            _ => {
+                let mut command = Command::new("mosquitto");
+                command.arg("-c").arg(self.folder.join("mosquitto.conf"));
+                command
+            }
+        };
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+        command
+    }
+
+    /// The RabbitMQ node's name, unique to the folder.
+    fn node(&self) -> String {
+        let name = self.folder.file_name().unwrap_or_default();
+        name.to_string_lossy().replace('-', "_")
+    }
+
+    /// Starts the broker and returns once it listens.
+    pub async fn start_again(&mut self) -> Result<(), String> {
+        let child = self
+            .command()
+            .spawn()
+            .map_err(|e| format!("cannot start the {} broker: {e}", self.kind))?;
+        self.running = Some(child);
+        let given_up = Instant::now() + STARTUP;
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .is_err()
+        {
+            if let Some(child) = &mut self.running
+                && let Some(status) = child.try_wait().map_err(|e| e.to_string())?
+            {
+                return Err(format!("the {} broker exited: {status}", self.kind));
+            }
+            if Instant::now() >= given_up {
+                return Err(format!("the {} broker did not listen in time", self.kind));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs the broker and waits until it is gone.
+    pub async fn kill(&mut self) -> Result<(), String> {
+        if self.kind == "amqp" {
+            kill_node(&self.folder.join("beam.pid")).await;
+        }
+        if let Some(mut child) = self.running.take() {
+            child
+                .kill()
+                .await
+                .map_err(|e| format!("cannot kill the {} broker: {e}", self.kind))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        if let Some((_, group)) = node_process(&self.folder.join("beam.pid")) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{group}")])
+                .status();
+        }
+        if let Some(child) = &mut self.running {
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.folder);
+    }
+}
+
+/// SIGKILLs the RabbitMQ node whose process id is in `pid_file`, with the scripts that
+/// started it: `su` runs them in a session of their own, so their process group goes. Waits
+/// until the node is gone.
+async fn kill_node(pid_file: &Path) {
+    let Some((pid, group)) = node_process(pid_file) else {
+        return;
+    };
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{group}")])
+        .status()
+        .await;
+    let given_up = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < given_up {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The next start writes its own; a stale one must never name another process.
+    let _ = std::fs::remove_file(pid_file);
+}
+
+/// The process id in `pid_file` and its process group, if it runs.
+fn node_process(pid_file: &Path) -> Option<(u32, u32)> {
+    let pid: u32 = std::fs::read_to_string(pid_file)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name in parentheses: state, parent, group.
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some((pid, rest.split_whitespace().nth(2)?.parse().ok()?))
+}
+
+/// A port nothing listens on now.
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+}
