@@ -23,7 +23,12 @@ async fn main() -> std::process::ExitCode {
     let (mut backend, mut messages, mut json, mut burst) =
         ("postgres".to_owned(), 500_usize, false, false);
     while let Some(arg) = args.next() {
-        match (arg.as_str(), args.next()) {
+        // Flags take no value: only the options read the next argument.
+        let value = match arg.as_str() {
+            "--backend" | "--messages" => args.next(),
+            _ => None,
+        };
+        match (arg.as_str(), value) {
             ("--backend", Some(name)) if justonce_tests::BACKENDS.contains(&name.as_str()) => {
                 backend = name
             }
