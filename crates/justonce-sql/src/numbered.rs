@@ -163,8 +163,8 @@ impl Statements {
             )),
             purge_keys: text(specific.purge_keys),
             // A receiver took the row: that is true whoever holds the lease now, and it
-            // outranks another relay's dead-lettering.
-            // Each outcome appends its attempt to the history in the same statement.
+            // outranks another relay's dead-lettering. Like each outcome, it appends its
+            // attempt to the history in the same statement.
             mark_sent: text(format!(
                 "UPDATE {outbox} SET {}, sent_at = {now}, dead = FALSE, last_error = NULL
                  WHERE id = $4",
