@@ -99,6 +99,11 @@ pub enum Configured {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// See deliveries waiting for their target, and each delivery's attempts.
+    Deliveries {
+        #[command(subcommand)]
+        command: DeliveriesCommand,
+    },
     /// Inspect claimed keys; free or complete a lease whose worker is stuck.
     Keys {
         #[command(subcommand)]
@@ -285,13 +290,54 @@ pub struct KeyArgs {
     pub scope: Option<String>,
 }
 
+/// Which deliveries a listing shows, and how.
+#[derive(Args)]
+pub struct ListArgs {
+    /// Only the deliveries to this destination: a target's or a consumer's name.
+    #[arg(long)]
+    pub destination: Option<String>,
+    /// Only deliveries written (or last replayed) at most this long ago, such as 2h.
+    #[arg(long, value_parser = duration)]
+    pub since: Option<std::time::Duration>,
+    /// Only deliveries written (or last replayed) at least this long ago, such as 30m.
+    #[arg(long, value_parser = duration)]
+    pub until: Option<std::time::Duration>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    /// Print one JSON array, for scripts, instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum DeliveriesCommand {
+    /// List deliveries waiting for their target, oldest first, with their attempts and
+    /// last error: a first delivery not yet made, or a retry after a failure.
+    List {
+        /// The deliveries that are waiting (the only kind listed for now).
+        #[arg(long, required = true)]
+        due: bool,
+        #[command(flatten)]
+        filter: ListArgs,
+    },
+    /// Show one delivery with its state, its body and its last attempts (up to 25).
+    Show {
+        /// The delivery's id.
+        #[arg(required_unless_present = "key", conflicts_with = "key")]
+        id: Option<i64>,
+        /// Every delivery written with this key (the Idempotency-Key the target receives).
+        #[arg(long)]
+        key: Option<String>,
+    },
+}
+
 #[derive(Subcommand)]
 pub enum DlqCommand {
     /// List dead letters, oldest first.
     List {
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
-        limit: u32,
+        #[command(flatten)]
+        filter: ListArgs,
     },
     /// Show one delivery with its body and last error.
     Show {
@@ -307,6 +353,10 @@ pub enum DlqCommand {
         #[arg(long)]
         all: bool,
     },
-    /// Delete every dead letter.
-    Purge,
+    /// Delete every dead letter. Asks for confirmation unless --yes.
+    Purge {
+        /// Do not ask for confirmation; needed when stdin is not a terminal.
+        #[arg(long)]
+        yes: bool,
+    },
 }

@@ -41,6 +41,28 @@ pub enum Delivered {
     },
 }
 
+/// What the receiver answered to one delivery, for the row's history: an HTTP status and
+/// the start of the body. A broker's publish has neither.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Answer {
+    /// The status code, where the receiver speaks HTTP.
+    pub status: Option<u16>,
+    /// The start of the answer's body as the receiver sent it; the relay keeps at most
+    /// 512 bytes of it, as text.
+    pub body_start: Option<String>,
+}
+
+impl Answer {
+    /// An HTTP answer: its status and the start of its body.
+    pub fn http(status: u16, body_start: impl Into<String>) -> Self {
+        Self {
+            status: Some(status),
+            body_start: Some(body_start.into()),
+        }
+    }
+}
+
 /// Where outbox rows go: an HTTP endpoint, a broker, anything that can take a message with
 /// a key. Registered with the relay under the name rows are written with.
 pub trait Destination: Send + Sync {
@@ -50,4 +72,16 @@ pub trait Destination: Send + Sync {
         &'a self,
         delivery: Delivery<'a>,
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>>;
+
+    /// [`deliver`](Self::deliver), with what the receiver answered, which the relay keeps
+    /// in the row's history. A destination whose receiver answers with more than "taken"
+    /// or an error (an HTTP status, a body) says it here; the others keep this default,
+    /// which records no answer.
+    fn deliver_answered<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = (Delivered, Answer)> + Send + 'a>> {
+        let delivered = self.deliver(delivery);
+        Box::pin(async move { (delivered.await, Answer::default()) })
+    }
 }

@@ -47,7 +47,7 @@ mod outcome;
 mod retention;
 pub mod trace;
 
-pub use destination::{Delivered, Delivery, Destination};
+pub use destination::{Answer, Delivered, Delivery, Destination};
 pub use error::{BoxError, Error, Invalid};
 pub use fingerprint::Fingerprint;
 pub use identity::{Consumer, DerivedKey, Identity, Key, Scope};

@@ -1,13 +1,14 @@
 use crate::retry_after::{is_in_progress, parse_retry_after};
 use crate::standard_webhooks;
-use justonce_core::{Delivered, Delivery, Destination, Error};
+use justonce_core::{Answer, Delivered, Delivery, Destination, Error};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Client, StatusCode};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
-/// How much of a refusing answer's body is kept as the dead letter's reason.
+/// How much of an answer's body is read: kept in the row's history, and as the reason of
+/// a refusal.
 const REASON_BODY_BYTES: usize = 512;
 
 /// How long `resolve` waits for the resolver.
@@ -150,24 +151,23 @@ impl HttpDestination {
         self.url.origin().ascii_serialization()
     }
 
-    async fn post(&self, delivery: Delivery<'_>) -> Delivered {
+    /// Posts one delivery: what became of it, and what the target answered.
+    async fn post(&self, delivery: Delivery<'_>) -> (Delivered, Answer) {
         let mut headers = HeaderMap::new();
         for (name, value) in delivery.headers {
             let (Ok(name), Ok(value)) = (
                 HeaderName::try_from(name.as_str()),
                 HeaderValue::try_from(value.as_str()),
             ) else {
-                return Delivered::Reject {
-                    reason: format!("header {name:?} is not a valid HTTP header"),
-                };
+                let reason = format!("header {name:?} is not a valid HTTP header");
+                return (Delivered::Reject { reason }, Answer::default());
             };
             headers.append(name, value);
         }
         let key = key_header(delivery.key);
         let Ok(key_value) = HeaderValue::try_from(key.as_ref()) else {
-            return Delivered::Reject {
-                reason: format!("key {:?} cannot be sent as a header", delivery.key),
-            };
+            let reason = format!("key {:?} cannot be sent as a header", delivery.key);
+            return (Delivered::Reject { reason }, Answer::default());
         };
         headers.insert("idempotency-key", key_value);
         self.signature_headers(&key, delivery.payload, &mut headers);
@@ -181,28 +181,29 @@ impl HttpDestination {
         let response = match sent {
             Ok(response) => response,
             Err(error) => {
-                return Delivered::Retry {
-                    after: None,
-                    reason: format!(
-                        "POST {}: {}",
-                        self.origin(),
-                        error_chain(&error.without_url())
-                    ),
-                };
+                let reason = format!(
+                    "POST {}: {}",
+                    self.origin(),
+                    error_chain(&error.without_url())
+                );
+                return (
+                    Delivered::Retry {
+                        after: None,
+                        reason,
+                    },
+                    Answer::default(),
+                );
             }
         };
         let status = response.status();
-        if status.is_success() {
-            return Delivered::Sent;
-        }
         let retry_after = response
             .headers()
             .get(RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
             .and_then(parse_retry_after);
         let in_progress = is_in_progress(status, response.headers());
-        // Only the start of the body is read: it is kept as the reason, and a hostile
-        // receiver must not make the relay buffer a large answer.
+        // Only the start of the body is read: it is kept in the history and as the reason,
+        // and a hostile receiver must not make the relay buffer a large answer.
         let mut start = Vec::new();
         let mut response = response;
         while start.len() < REASON_BODY_BYTES {
@@ -213,15 +214,20 @@ impl HttpDestination {
         }
         start.truncate(REASON_BODY_BYTES);
         let start = String::from_utf8_lossy(&start);
+        let answer = Answer::http(status.as_u16(), start.as_ref());
+        if status.is_success() {
+            return (Delivered::Sent, answer);
+        }
         let reason = format!("POST {} answered {status}: {start}", self.origin());
-        if is_transient(status) || in_progress {
+        let delivered = if is_transient(status) || in_progress {
             Delivered::Retry {
                 after: retry_after,
                 reason,
             }
         } else {
             Delivered::Reject { reason }
-        }
+        };
+        (delivered, answer)
     }
 }
 
@@ -230,6 +236,13 @@ impl Destination for HttpDestination {
         &'a self,
         delivery: Delivery<'a>,
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
+        Box::pin(async move { self.post(delivery).await.0 })
+    }
+
+    fn deliver_answered<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = (Delivered, Answer)> + Send + 'a>> {
         Box::pin(self.post(delivery))
     }
 }

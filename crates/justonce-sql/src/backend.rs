@@ -2,8 +2,8 @@
 //! statements do.
 
 use crate::rows::{
-    Batch, Change, ClaimRow, DestinationCounts, KeyCount, LeaseState, NewOutboxRow, OffsetRow,
-    OutboxRow, Schema, Stored, StoredOffset, Wakeups, Which,
+    Batch, Change, ClaimRow, DestinationCounts, KeyCount, LeaseState, ListedTuple, Listing,
+    NewOutboxRow, OffsetRow, OutboxRow, Schema, Stored, StoredOffset, Wakeups, Which,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -233,6 +233,27 @@ pub trait Reads<DB: sqlx::Database> {
         &'a self,
         pool: &'a sqlx::Pool<DB>,
     ) -> impl Future<Output = Result<Vec<StoredOffset>, Error>> + Send + 'a;
+
+    /// The rows due or dead that `listing` selects, oldest first, without their bodies.
+    fn list<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        listing: Listing<'a>,
+    ) -> impl Future<Output = Result<Vec<ListedTuple>, Error>> + Send + 'a;
+
+    /// One row's delivery history as stored, a JSON array; `None` for a row without one.
+    fn history<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<String>, Error>> + Send + 'a;
+
+    /// The ids of the rows written with `key`, in order.
+    fn ids_by_key<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Vec<i64>, Error>> + Send + 'a;
 
     /// Whether the keys table exists with its unique constraint on (scope, consumer, key).
     fn has_unique_constraint<'a>(

@@ -4,8 +4,8 @@
 
 use crate::backend::{Backend, Reads};
 use crate::rows::{
-    Change, DestinationCounts, KeyCount, KeyCountTuple, LeaseRow, LeaseState, OffsetTuple, Schema,
-    Stored, StoredOffset,
+    Change, DestinationCounts, KeyCount, KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing,
+    OffsetTuple, Schema, Stored, StoredOffset, Tried, Waiting,
 };
 use crate::shared::driver_error;
 use crate::tables::Tables;
@@ -42,6 +42,14 @@ pub struct Common {
     pub(crate) load_offsets: Arc<str>,
     pub(crate) all_offsets: Arc<str>,
     pub(crate) has_unique_constraint: Arc<str>,
+    /// Rows due, oldest first, then dead letters, oldest first: destination twice, since
+    /// twice, until twice, limit.
+    pub(crate) list_due: Arc<str>,
+    pub(crate) list_dead: Arc<str>,
+    /// One row's history as JSON text: id.
+    pub(crate) history: Arc<str>,
+    /// The ids of the rows with one key: key.
+    pub(crate) ids_by_key: Arc<str>,
     /// The statement of each [`Change`], bound as [`Common::change`] says.
     pub(crate) purge_keys: Arc<str>,
     pub(crate) mark_sent: Arc<str>,
@@ -68,6 +76,7 @@ impl Common {
     where
         DB: Database,
         &'q str: Encode<'q, DB> + Type<DB>,
+        Option<&'q str>: Encode<'q, DB> + Type<DB>,
         &'q [u8]: Encode<'q, DB> + Type<DB>,
         Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
         i64: Encode<'q, DB> + Type<DB>,
@@ -82,20 +91,33 @@ impl Common {
                 .bind(consumer)
                 .bind(older_than_ms)
                 .bind(limit),
-            Change::MarkSent { id } => statement(&self.mark_sent).bind(id),
+            // The attempt appended to the history comes first in each: its duration,
+            // status, answer and, for a failure, reason.
+            Change::MarkSent { id, tried } => {
+                bind_tried(statement(&self.mark_sent), tried).bind(id)
+            }
             Change::MarkRetry {
                 id,
                 after_ms,
                 reason,
                 token,
-            } => statement(&self.mark_retry)
+                tried,
+            } => bind_tried(statement(&self.mark_retry), tried)
+                .bind(reason)
                 .bind(after_ms)
                 .bind(reason)
                 .bind(id)
                 .bind(token),
-            Change::MarkDead { id, reason, token } => {
-                statement(&self.mark_dead).bind(reason).bind(id).bind(token)
-            }
+            Change::MarkDead {
+                id,
+                reason,
+                token,
+                tried,
+            } => bind_tried(statement(&self.mark_dead), tried)
+                .bind(reason)
+                .bind(reason)
+                .bind(id)
+                .bind(token),
             Change::Untake {
                 id,
                 after_ms,
@@ -146,6 +168,20 @@ impl Common {
     }
 }
 
+/// Binds what one attempt adds to its row's history: duration, status, answer.
+fn bind_tried<'q, DB>(query: Query<'q, DB>, tried: Tried<'q>) -> Query<'q, DB>
+where
+    DB: Database,
+    Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+    Option<i64>: Encode<'q, DB> + Type<DB>,
+{
+    query
+        .bind(tried.duration_ms)
+        .bind(tried.status)
+        .bind(tried.answer)
+}
+
 /// Binds the identity every statement about one key names: scope, consumer, key.
 pub(crate) fn bind_identity<'q, DB>(query: Query<'q, DB>, identity: &'q Identity) -> Query<'q, DB>
 where
@@ -175,6 +211,7 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
     for<'q> Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
     for<'q> Option<i64>: Encode<'q, DB> + Type<DB>,
@@ -182,7 +219,9 @@ where
     for<'r> i32: Decode<'r, DB> + Type<DB>,
     for<'r> bool: Decode<'r, DB> + Type<DB>,
     for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
     for<'r> Vec<u8>: Decode<'r, DB> + Type<DB>,
+    for<'r> ListedTuple: sqlx::FromRow<'r, DB::Row>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     async fn find<'a>(
@@ -308,6 +347,55 @@ where
     ) -> Result<Vec<StoredOffset>, Error> {
         let rows: Vec<OffsetTuple> = fetch_all(pool, &self.as_ref().all_offsets).await?;
         Ok(rows.into_iter().map(StoredOffset::from).collect())
+    }
+
+    async fn list<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        listing: Listing<'a>,
+    ) -> Result<Vec<ListedTuple>, Error> {
+        let text = match listing.state {
+            Waiting::Due => &self.as_ref().list_due,
+            Waiting::Dead => &self.as_ref().list_dead,
+        };
+        // Each filter is bound twice, for MariaDB's `?`: once to test for none.
+        sqlx::query_as(AssertSqlSafe(text.clone()))
+            .bind(listing.destination)
+            .bind(listing.destination)
+            .bind(listing.since_ms)
+            .bind(listing.since_ms)
+            .bind(listing.until_ms)
+            .bind(listing.until_ms)
+            .bind(listing.limit)
+            .fetch_all(pool)
+            .await
+            .map_err(driver_error::<DB>)
+    }
+
+    async fn history<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        id: i64,
+    ) -> Result<Option<String>, Error> {
+        let found: Option<Option<String>> =
+            sqlx::query_scalar(AssertSqlSafe(self.as_ref().history.clone()))
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+                .map_err(driver_error::<DB>)?;
+        Ok(found.flatten())
+    }
+
+    async fn ids_by_key<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        key: &'a str,
+    ) -> Result<Vec<i64>, Error> {
+        sqlx::query_scalar(AssertSqlSafe(self.as_ref().ids_by_key.clone()))
+            .bind(key)
+            .fetch_all(pool)
+            .await
+            .map_err(driver_error::<DB>)
     }
 
     async fn has_unique_constraint<'a>(&'a self, pool: &'a sqlx::Pool<DB>) -> Result<bool, Error> {

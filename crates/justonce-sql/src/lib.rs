@@ -90,7 +90,7 @@ pub use backend::Backend;
 pub use inbox::{Inbox, InboxOptions, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;
-pub use outbox::{BackedOff, Message, Outbox, OutboxStats, Row};
+pub use outbox::{Attempt, BackedOff, Message, Outbox, OutboxStats, Row, RowFilter, RowSummary};
 pub use relay::{DELIVERED_SECONDS, Relay, RelayOptions, RelayRound};
 pub use rows::{KeyCount, StoredOffset};
 /// The sqlx this crate is built with, so that your queries use the same version.

@@ -48,6 +48,12 @@ pub(crate) struct Specific {
     pub(crate) skip_locked: &'static str,
     /// A query of the texts in a JSON array given as the parameter named.
     pub(crate) texts_of: fn(&str) -> String,
+    /// The assignment that appends one attempt to a row's history, keeping the last
+    /// [`HISTORY_LENGTH`](crate::rows::HISTORY_LENGTH): its duration, status, answer and
+    /// error as the parameters (or `NULL`) named.
+    pub(crate) append_attempt: fn(&str, &str, &str, &str) -> String,
+    /// The history column read as JSON text.
+    pub(crate) history_text: &'static str,
 }
 
 /// The store's clock in a database's SQL: times are compared there, never in the worker.
@@ -85,6 +91,23 @@ impl Statements {
             (clock.age_ms)("created_at")
         );
         let skip_locked = specific.skip_locked;
+        let append = specific.append_attempt;
+        // Rows of one state, by destination and by when they were written (or replayed).
+        let list = |state: &str, order: &str| {
+            format!(
+                "SELECT id, scope, key, destination, attempts, last_error, {} AS age_ms,
+                        -{} AS next_in_ms
+                 FROM {outbox}
+                 WHERE {state} AND ($1 IS NULL OR destination = $2)
+                   AND ($3 IS NULL OR created_at >= {})
+                   AND ($5 IS NULL OR created_at <= {})
+                 ORDER BY {order} LIMIT $7",
+                (clock.age_ms)("created_at"),
+                (clock.age_ms)("next_attempt_at"),
+                (clock.earlier_by)("$4"),
+                (clock.earlier_by)("$6"),
+            )
+        };
         let text = |sql: String| Arc::<str>::from(sql);
         let common = Common {
             find: text(format!(
@@ -129,23 +152,36 @@ impl Statements {
                  ORDER BY consumer, stream, partition_id"
             )),
             has_unique_constraint: text(specific.has_unique_constraint),
+            list_due: text(list("sent_at IS NULL AND NOT dead", "created_at, id")),
+            list_dead: text(list("dead", "id")),
+            history: text(format!(
+                "SELECT {} FROM {outbox} WHERE id = $1",
+                specific.history_text
+            )),
+            ids_by_key: text(format!(
+                "SELECT id FROM {outbox} WHERE key = $1 ORDER BY id"
+            )),
             purge_keys: text(specific.purge_keys),
             // A receiver took the row: that is true whoever holds the lease now, and it
-            // outranks another relay's dead-lettering.
+            // outranks another relay's dead-lettering. Like each outcome, it appends its
+            // attempt to the history in the same statement.
             mark_sent: text(format!(
-                "UPDATE {outbox} SET sent_at = {now}, dead = FALSE, last_error = NULL
-                 WHERE id = $1"
+                "UPDATE {outbox} SET {}, sent_at = {now}, dead = FALSE, last_error = NULL
+                 WHERE id = $4",
+                append("$1", "$2", "$3", "NULL")
             )),
             // Failures are recorded only by the relay that holds the lease: one whose lease
             // ran out must not cut short the new holder's attempt.
             mark_retry: text(format!(
-                "UPDATE {outbox} SET next_attempt_at = {}, last_error = $2
-                 WHERE id = $3 AND lease_token = $4 AND sent_at IS NULL AND NOT dead",
-                (clock.later_by)("$1")
+                "UPDATE {outbox} SET {}, next_attempt_at = {}, last_error = $6
+                 WHERE id = $7 AND lease_token = $8 AND sent_at IS NULL AND NOT dead",
+                append("$1", "$2", "$3", "$4"),
+                (clock.later_by)("$5")
             )),
             mark_dead: text(format!(
-                "UPDATE {outbox} SET dead = TRUE, last_error = $1
-                 WHERE id = $2 AND lease_token = $3 AND sent_at IS NULL AND NOT dead"
+                "UPDATE {outbox} SET {}, dead = TRUE, last_error = $5
+                 WHERE id = $6 AND lease_token = $7 AND sent_at IS NULL AND NOT dead",
+                append("$1", "$2", "$3", "$4")
             )),
             untake: text(format!(
                 "UPDATE {outbox} SET next_attempt_at = {}, attempts = attempts - 1

@@ -2,12 +2,13 @@
 //! a key the receiver can deduplicate on.
 
 use crate::backend::{Backend, Queries, Reads};
-use crate::rows::{Change, OutboxRow, Which};
+use crate::rows::{Change, ListedTuple, Listing, OutboxRow, Waiting, Which};
 use crate::shared::{Shared, in_batches, millis};
 use justonce_core::Error;
 use justonce_core::trace::{self, TRACEPARENT, TRACESTATE, TraceContext};
+use serde_json::Value;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// A message to send once the transaction that writes it has committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +150,154 @@ impl Row {
     }
 }
 
+/// Which rows a listing shows: of one destination, written (or last replayed) within a
+/// window of time, at most a number of them (50 by default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowFilter {
+    destination: Option<String>,
+    since: Option<Duration>,
+    until: Option<Duration>,
+    limit: u32,
+}
+
+impl Default for RowFilter {
+    fn default() -> Self {
+        Self {
+            destination: None,
+            since: None,
+            until: None,
+            limit: 50,
+        }
+    }
+}
+
+impl RowFilter {
+    /// Only the rows of this destination.
+    pub fn destination(mut self, destination: impl Into<String>) -> Self {
+        self.destination = Some(destination.into());
+        self
+    }
+
+    /// Only rows written at most this long ago, by the store's clock.
+    pub fn since(mut self, ago: Duration) -> Self {
+        self.since = Some(ago);
+        self
+    }
+
+    /// Only rows written at least this long ago, by the store's clock.
+    pub fn until(mut self, ago: Duration) -> Self {
+        self.until = Some(ago);
+        self
+    }
+
+    justonce_core::setters!(
+        /// At most this many rows.
+        limit: u32,
+    );
+
+    fn listing(&self, state: Waiting) -> Listing<'_> {
+        Listing {
+            state,
+            destination: self.destination.as_deref(),
+            since_ms: self.since.map(millis),
+            until_ms: self.until.map(millis),
+            limit: i64::from(self.limit),
+        }
+    }
+}
+
+/// An outbox row as a listing shows it: without its body, with its attempts and why the
+/// last one failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RowSummary {
+    /// The row's id.
+    pub id: i64,
+    /// The tenant the row was written for; empty for none.
+    pub scope: String,
+    /// The downstream idempotency key.
+    pub key: String,
+    /// The destination's name.
+    pub destination: String,
+    /// How many deliveries were tried since the row was written or last replayed.
+    pub attempts: u32,
+    /// Why the last delivery failed.
+    pub last_error: Option<String>,
+    /// How long ago the row was written or last replayed, by the store's clock.
+    pub age: Duration,
+    /// How long until the next delivery is tried; zero when it is due now.
+    pub next_attempt_in: Duration,
+}
+
+impl From<ListedTuple> for RowSummary {
+    fn from(row: ListedTuple) -> Self {
+        let (id, scope, key, destination, attempts, last_error, age_ms, next_in_ms) = row;
+        let duration = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        Self {
+            id,
+            scope,
+            key,
+            destination,
+            attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+            last_error,
+            age: duration(age_ms),
+            next_attempt_in: duration(next_in_ms),
+        }
+    }
+}
+
+/// One delivery attempt, as the relay recorded it in the row's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Attempt {
+    /// The row's attempt it was, counting from 1; a replay counts again from 1.
+    pub attempt: u32,
+    /// When it started, by the store's clock.
+    pub started_at: SystemTime,
+    /// How long the destination took to answer or fail.
+    pub duration: Duration,
+    /// The HTTP status the receiver answered, if it speaks HTTP and answered.
+    pub status: Option<u16>,
+    /// The start of the receiver's answer, at most 512 bytes, as safe text.
+    pub answer: Option<String>,
+    /// Why the attempt failed (a connection error, a refusing status); `None` when the
+    /// destination took the row.
+    pub error: Option<String>,
+}
+
+impl Attempt {
+    /// The attempts of a history as stored, oldest first.
+    fn parse_history(json: &str) -> Result<Vec<Self>, Error> {
+        let malformed = |what: &str| Error::Schema(format!("a stored delivery history {what}"));
+        let entries: Vec<Value> =
+            serde_json::from_str(json).map_err(|e| malformed(&format!("is not a list: {e}")))?;
+        entries
+            .iter()
+            .map(|entry| {
+                let number = |name: &str| entry.get(name).and_then(Value::as_i64);
+                let text = |name: &str| entry.get(name).and_then(Value::as_str).map(str::to_owned);
+                let (Some(attempt), Some(at_ms), Some(duration_ms)) =
+                    (number("attempt"), number("at"), number("ms"))
+                else {
+                    return Err(malformed("has an attempt without its number or time"));
+                };
+                let duration = Duration::from_millis(u64::try_from(duration_ms).unwrap_or(0));
+                // The time stored is when the attempt was recorded, at its end.
+                let ended = SystemTime::UNIX_EPOCH
+                    + Duration::from_millis(u64::try_from(at_ms).unwrap_or(0));
+                Ok(Self {
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                    started_at: ended.checked_sub(duration).unwrap_or(ended),
+                    duration,
+                    status: number("status").and_then(|status| u16::try_from(status).ok()),
+                    answer: text("answer"),
+                    error: text("error"),
+                })
+            })
+            .collect()
+    }
+}
+
 /// Counts of outbox rows by state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -213,6 +362,34 @@ impl<DB: Backend> Outbox<DB> {
             .outbox_rows(&self.shared.pool, which)
             .await?;
         rows.into_iter().map(Row::decode).collect()
+    }
+
+    /// Rows waiting for a delivery (a first one or a retry), the oldest first.
+    pub async fn list_due(&self, filter: &RowFilter) -> Result<Vec<RowSummary>, Error> {
+        self.list(filter.listing(Waiting::Due)).await
+    }
+
+    /// Dead letters, oldest first.
+    pub async fn list_dead(&self, filter: &RowFilter) -> Result<Vec<RowSummary>, Error> {
+        self.list(filter.listing(Waiting::Dead)).await
+    }
+
+    async fn list(&self, listing: Listing<'_>) -> Result<Vec<RowSummary>, Error> {
+        let rows = self.shared.sql.list(&self.shared.pool, listing).await?;
+        Ok(rows.into_iter().map(RowSummary::from).collect())
+    }
+
+    /// A row's last delivery attempts, oldest first: at most the last 25 since it was
+    /// written, replays included. Empty for a row never tried or not stored.
+    pub async fn attempts(&self, id: i64) -> Result<Vec<Attempt>, Error> {
+        let history = self.shared.sql.history(&self.shared.pool, id).await?;
+        history.map_or(Ok(Vec::new()), |json| Attempt::parse_history(&json))
+    }
+
+    /// The ids of the rows written with this downstream `key`, in order: one per
+    /// destination the work wrote to. The key is not indexed: this reads the whole outbox.
+    pub async fn ids_with_key(&self, key: &str) -> Result<Vec<i64>, Error> {
+        self.shared.sql.ids_by_key(&self.shared.pool, key).await
     }
 
     /// One row, sent, due or dead.

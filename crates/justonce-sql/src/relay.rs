@@ -3,12 +3,12 @@
 
 use crate::backend::{Backend, Queries};
 use crate::outbox::{Outbox, headers_of, is_trace_header, parse_headers};
-use crate::rows::{Change, OutboxRow, Wakeups, Which};
+use crate::rows::{Change, OutboxRow, Tried, Wakeups, Which};
 use crate::shared::{in_batches, millis, random_u64};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use justonce_core::trace::{self, TraceContext};
-use justonce_core::{Delivered, Delivery, Destination, Error};
+use justonce_core::{Answer, Delivered, Delivery, Destination, Error};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
@@ -374,14 +374,26 @@ impl<DB: Backend> Relay<DB> {
         if let Some(stored) = &stored {
             trace::set_parent(&span, stored);
         }
-        let delivered = self.deliver(row, headers).instrument(span).await;
+        let started = Instant::now();
+        let (delivered, answer) = self.deliver(row, headers).instrument(span).await;
+        let answer_start = answer
+            .body_start
+            .as_deref()
+            .map(|body| safe_text(body, ANSWER_BYTES));
+        let tried = Tried {
+            duration_ms: millis(started.elapsed()),
+            status: answer.status.map(i64::from),
+            answer: answer_start.as_deref(),
+        };
         // A destination that did not answer, or answered "not now"; an unknown one is no
         // destination's failure.
         let unwell = matches!(delivered, Delivered::Retry { .. })
             && self.destinations.contains_key(&row.destination);
         let recorded = match delivered {
             Delivered::Sent => {
-                self.outbox.change(Change::MarkSent { id: row.id }).await?;
+                self.outbox
+                    .change(Change::MarkSent { id: row.id, tried })
+                    .await?;
                 let waited =
                     Duration::from_millis(row.age_ms.max(0).unsigned_abs()) + taken_at.elapsed();
                 metrics::histogram!(DELIVERED_SECONDS, "destination" => row.destination.clone())
@@ -421,7 +433,8 @@ impl<DB: Backend> Relay<DB> {
                 let failure = Failure::Retry {
                     after_ms: millis(wait),
                 };
-                self.record_failure(row.id, token, failure, &reason).await?;
+                self.record_failure(row.id, token, failure, &reason, tried)
+                    .await?;
                 Recorded::Retried
             }
             Delivered::Retry { reason, .. } | Delivered::Reject { reason } => {
@@ -433,7 +446,7 @@ impl<DB: Backend> Relay<DB> {
                     %reason,
                     "delivery dead-lettered"
                 );
-                self.record_failure(row.id, token, Failure::Dead, &reason)
+                self.record_failure(row.id, token, Failure::Dead, &reason, tried)
                     .await?;
                 Recorded::Dead
             }
@@ -441,34 +454,45 @@ impl<DB: Backend> Relay<DB> {
         Ok(Some(Settled { recorded, unwell }))
     }
 
-    /// Records a failed delivery with its reason, made safe to store. Should the database
-    /// refuse it still, the failure is recorded again with a plain reason: a row whose failure goes unrecorded
-    /// would be sent again when its lease ends, outside its schedule, and never reach its
-    /// dead letter.
+    /// Records a failed delivery with its reason, made safe to store, and its attempt.
+    /// Should the database refuse it still, the failure is recorded again with a plain
+    /// reason and no answer: a row whose failure goes unrecorded would be sent again when its
+    /// lease ends, outside its schedule, and never reach its dead letter.
     async fn record_failure(
         &self,
         id: i64,
         token: i64,
         failure: Failure,
         reason: &str,
+        tried: Tried<'_>,
     ) -> Result<(), Error> {
-        let change = |reason| match failure {
+        let change = |reason, tried| match failure {
             Failure::Retry { after_ms } => Change::MarkRetry {
                 id,
                 after_ms,
                 reason,
                 token,
+                tried,
             },
-            Failure::Dead => Change::MarkDead { id, reason, token },
+            Failure::Dead => Change::MarkDead {
+                id,
+                reason,
+                token,
+                tried,
+            },
         };
-        let reason = safe_text(reason);
-        let Err(error) = self.outbox.change(change(&reason)).await else {
+        let reason = safe_text(reason, REASON_BYTES);
+        let Err(error) = self.outbox.change(change(&reason, tried)).await else {
             return Ok(());
         };
         metrics::counter!("justonce_relay_record_failures_total").increment(1);
         tracing::warn!(id, %error, "a failed delivery's reason could not be recorded: recording the failure without it");
+        let bare = Tried {
+            answer: None,
+            ..tried
+        };
         self.outbox
-            .change(change(UNRECORDED_REASON))
+            .change(change(UNRECORDED_REASON, bare))
             .await
             .map(drop)
     }
@@ -557,29 +581,32 @@ impl<DB: Backend> Relay<DB> {
 
     /// Hands `row`, with its stored `headers`, to its destination, under the delivery's
     /// span: the trace context sent is the span's own when it is exported, else the stored
-    /// one unchanged.
+    /// one unchanged. Says what became of it and what the receiver answered.
     async fn deliver(
         &self,
         row: &OutboxRow,
         headers: Result<Vec<(String, String)>, Error>,
-    ) -> Delivered {
+    ) -> (Delivered, Answer) {
         // A row for a destination this relay does not know may be for one that a newer
         // configuration adds: retry it rather than dead-letter it at once.
         let Some(route) = self.destinations.get(&row.destination) else {
-            return Delivered::Retry {
-                after: None,
-                reason: format!(
-                    "no destination named {:?} is registered with the relay",
-                    row.destination
-                ),
-            };
+            let reason = format!(
+                "no destination named {:?} is registered with the relay",
+                row.destination
+            );
+            return (
+                Delivered::Retry {
+                    after: None,
+                    reason,
+                },
+                Answer::default(),
+            );
         };
         let mut headers = match headers {
             Ok(headers) => headers,
             Err(error) => {
-                return Delivered::Reject {
-                    reason: error.to_string(),
-                };
+                let reason = error.to_string();
+                return (Delivered::Reject { reason }, Answer::default());
             }
         };
         if let Some(own) = trace::context_to_send(&tracing::Span::current(), None) {
@@ -595,7 +622,7 @@ impl<DB: Backend> Relay<DB> {
             headers: &headers,
             attempt: u32::try_from(row.attempts).unwrap_or(u32::MAX),
         };
-        route.destination.deliver(delivery).await
+        route.destination.deliver_answered(delivery).await
     }
 
     fn exhausted(&self, row: &OutboxRow) -> bool {
@@ -644,18 +671,21 @@ const UNRECORDED_REASON: &str = "the delivery failed; its reason could not be st
 /// The longest reason kept, in bytes.
 const REASON_BYTES: usize = 1_024;
 
-/// `reason` as text every database stores: control characters but newlines and tabs (NUL
-/// among them, which PostgreSQL's `text` refuses) replaced by U+FFFD, at most
-/// `REASON_BYTES` long. A target's answer is anyone's bytes.
-fn safe_text(reason: &str) -> String {
-    let mut safe = String::with_capacity(reason.len().min(REASON_BYTES));
-    for c in reason.chars() {
+/// The longest start of an answer kept in a row's history, in bytes.
+const ANSWER_BYTES: usize = 512;
+
+/// `text` as text every database stores: control characters but newlines and tabs (NUL
+/// among them, which PostgreSQL's `text` refuses) replaced by U+FFFD, at most `limit`
+/// bytes long. A target's answer is anyone's bytes.
+fn safe_text(text: &str, limit: usize) -> String {
+    let mut safe = String::with_capacity(text.len().min(limit));
+    for c in text.chars() {
         let c = if c.is_control() && c != '\n' && c != '\t' {
             char::REPLACEMENT_CHARACTER
         } else {
             c
         };
-        if safe.len() + c.len_utf8() > REASON_BYTES {
+        if safe.len() + c.len_utf8() > limit {
             break;
         }
         safe.push(c);
@@ -884,11 +914,11 @@ mod tests {
     #[test]
     fn reasons_are_made_safe_to_store() {
         assert_eq!(
-            safe_text("answered 400: a\0b\nc"),
+            safe_text("answered 400: a\0b\nc", REASON_BYTES),
             "answered 400: a\u{FFFD}b\nc"
         );
         let long = "é".repeat(1_000);
-        let safe = safe_text(&long);
+        let safe = safe_text(&long, REASON_BYTES);
         assert!(safe.len() <= REASON_BYTES && safe.len() > REASON_BYTES - 2);
         assert!(safe.chars().all(|c| c == 'é'));
     }

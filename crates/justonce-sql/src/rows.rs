@@ -169,6 +169,42 @@ impl From<OutboxTuple> for OutboxRow {
     }
 }
 
+/// What one delivery attempt adds to its row's history beside its outcome: how long it
+/// took and what the receiver answered, made safe to store. The statement that records
+/// the outcome appends it, keeping the row's last [`HISTORY_LENGTH`] attempts.
+#[derive(Clone, Copy)]
+pub struct Tried<'a> {
+    pub(crate) duration_ms: i64,
+    pub(crate) status: Option<i64>,
+    pub(crate) answer: Option<&'a str>,
+}
+
+/// How many attempts a row's history keeps: the last ones.
+pub const HISTORY_LENGTH: usize = 25;
+
+/// Which rows a listing reads: those of one state, of a destination, written (or last
+/// replayed) within a window that ends some milliseconds ago, at most `limit`.
+pub struct Listing<'a> {
+    pub(crate) state: Waiting,
+    pub(crate) destination: Option<&'a str>,
+    /// Written at most this many milliseconds ago.
+    pub(crate) since_ms: Option<i64>,
+    /// Written at least this many milliseconds ago.
+    pub(crate) until_ms: Option<i64>,
+    pub(crate) limit: i64,
+}
+
+/// The rows a listing is about: those waiting for a delivery, or the dead letters.
+#[derive(Clone, Copy)]
+pub(crate) enum Waiting {
+    Due,
+    Dead,
+}
+
+/// The columns of a listing as sqlx decodes them: id, scope, key, destination, attempts,
+/// last error, milliseconds since written, milliseconds until the next attempt.
+pub(crate) type ListedTuple = (i64, String, String, String, i64, Option<String>, i64, i64);
+
 /// Which outbox rows to read.
 pub enum Which {
     /// Due rows, at most `limit`, hidden for `lease_ms` under `token` and counted as one
@@ -194,17 +230,20 @@ pub enum Change<'a> {
     },
     MarkSent {
         id: i64,
+        tried: Tried<'a>,
     },
     MarkRetry {
         id: i64,
         after_ms: i64,
         reason: &'a str,
         token: i64,
+        tried: Tried<'a>,
     },
     MarkDead {
         id: i64,
         reason: &'a str,
         token: i64,
+        tried: Tried<'a>,
     },
     /// A row taken and not tried: due again after `after_ms`, its attempt given back.
     Untake {

@@ -1,10 +1,11 @@
 //! `justonce dlq`: list, show, replay and purge dead letters.
 
-use super::output::{counted, print_table};
+use super::deliveries::{Listed, print_json, print_row};
+use super::output::{confirm, counted, print_table};
 use crate::cli::DlqCommand;
 use anyhow::{Context, Result};
 use justonce_cli_support::progress::Progress;
-use justonce_sql::{Backend, Outbox, Row};
+use justonce_sql::{Backend, Outbox};
 
 /// Dead letters replayed per statement by `dlq replay --all`.
 const REPLAY_BATCH: u32 = 1_000;
@@ -12,8 +13,12 @@ const REPLAY_BATCH: u32 = 1_000;
 /// Runs one `dlq` command on the outbox.
 pub async fn run<DB: Backend>(outbox: &Outbox<DB>, command: DlqCommand) -> Result<()> {
     match command {
-        DlqCommand::List { limit } => {
-            let rows = outbox.dead_letters(limit).await?;
+        DlqCommand::List { filter } => {
+            let rows = outbox.list_dead(&filter.row_filter()).await?;
+            if filter.json {
+                print_json(&rows, Listed::Dead);
+                return Ok(());
+            }
             print_table(
                 "dead letters",
                 &["id", "destination", "key", "attempts", "last error"],
@@ -33,7 +38,7 @@ pub async fn run<DB: Backend>(outbox: &Outbox<DB>, command: DlqCommand) -> Resul
                 .get(id)
                 .await?
                 .with_context(|| format!("no delivery has id {id}"))?;
-            print_row(&row);
+            print_row(&row, &outbox.attempts(id).await?);
         }
         DlqCommand::Replay { id: Some(id), .. } => {
             if !outbox.replay(id).await? {
@@ -61,7 +66,15 @@ pub async fn run<DB: Backend>(outbox: &Outbox<DB>, command: DlqCommand) -> Resul
                 _ => println!("{replayed} dead letters are due again"),
             }
         }
-        DlqCommand::Purge => {
+        DlqCommand::Purge { yes } => {
+            let dead = outbox.stats().await?.dead;
+            confirm(
+                &format!(
+                    "Delete {} for good?",
+                    counted(dead, "dead letter", "dead letters")
+                ),
+                yes,
+            )?;
             let deleted = outbox.purge_dead_letters().await?;
             println!(
                 "{} deleted",
@@ -70,29 +83,4 @@ pub async fn run<DB: Backend>(outbox: &Outbox<DB>, command: DlqCommand) -> Resul
         }
     }
     Ok(())
-}
-
-fn print_row(row: &Row) {
-    let state = if row.sent {
-        "sent"
-    } else if row.dead {
-        "dead"
-    } else {
-        "due"
-    };
-    println!("id:          {}", row.id);
-    println!("destination: {}", row.destination);
-    println!("key:         {}", row.key);
-    println!(
-        "state:       {state} after {}",
-        counted(row.attempts, "attempt", "attempts")
-    );
-    if let Some(error) = &row.last_error {
-        println!("last error:  {error}");
-    }
-    for (name, value) in &row.headers {
-        println!("header:      {name}: {value}");
-    }
-    println!();
-    println!("{}", String::from_utf8_lossy(&row.payload));
 }

@@ -1,11 +1,10 @@
 //! `justonce keys`: show a claimed key; release or complete a lease whose worker is stuck.
 
-use super::output::scope_or_none;
+use super::output::{confirm, scope_or_none};
 use crate::cli::{KeyArgs, KeysCommand};
 use anyhow::{Context, Result};
 use justonce_cli_support::Usage;
 use justonce_sql::{Backend, Consumer, Identity, Inbox, Key, Scope, StoredKey};
-use std::io::{BufRead, IsTerminal, Write};
 
 /// Runs one `keys` command on the inbox; `release` and `complete` ask first.
 pub async fn run<DB: Backend>(inbox: &Inbox<DB>, command: KeysCommand) -> Result<()> {
@@ -90,31 +89,6 @@ async fn show_lease_in_progress<DB: Backend>(
     }
     print_key(identity, &stored);
     Ok(())
-}
-
-/// Asks `question` on the terminal unless `yes`, and fails unless the answer is yes. With
-/// no terminal to ask on, only `--yes` goes ahead.
-fn confirm(question: &str, yes: bool) -> Result<()> {
-    if yes {
-        return Ok(());
-    }
-    let stdin = std::io::stdin();
-    if !stdin.is_terminal() {
-        return Err(Usage(
-            "stdin is not a terminal to confirm on: pass --yes to go ahead; nothing changed"
-                .to_owned(),
-        )
-        .into());
-    }
-    eprint!("{question} [y/N] ");
-    std::io::stderr().flush()?;
-    let mut answer = String::new();
-    stdin.lock().read_line(&mut answer)?;
-    if matches!(answer.trim().to_lowercase().as_str(), "y" | "yes") {
-        Ok(())
-    } else {
-        anyhow::bail!("not confirmed: nothing changed")
-    }
 }
 
 fn print_key(identity: &Identity, stored: &StoredKey) {

@@ -3,6 +3,7 @@
 
 mod bench;
 mod check;
+mod deliveries;
 mod dlq;
 mod keys;
 mod migrate;
@@ -10,7 +11,7 @@ mod output;
 mod purge;
 mod stats;
 
-use crate::cli::{Configured, DlqCommand, KeysCommand};
+use crate::cli::{Configured, DeliveriesCommand, DlqCommand, KeysCommand};
 use crate::config::Settings;
 use crate::errors::{opening_failed, sqlite_file};
 use anyhow::Result;
@@ -32,6 +33,7 @@ enum OnStore {
         json: bool,
     },
     Dlq(DlqCommand),
+    Deliveries(DeliveriesCommand),
     Keys(KeysCommand),
 }
 
@@ -66,6 +68,7 @@ pub async fn run(settings: Settings, command: Configured) -> Result<()> {
         Configured::Purge { batch_size, pause } => OnStore::Purge { batch_size, pause },
         Configured::Stats { json } => OnStore::Stats { json },
         Configured::Dlq { command } => OnStore::Dlq(command),
+        Configured::Deliveries { command } => OnStore::Deliveries(command),
         Configured::Keys { command } => OnStore::Keys(command),
     };
     if let Some(file) = sqlite_file(&settings.database)
@@ -116,6 +119,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: OnStore) -> Result<()>
         }
         OnStore::Stats { json } => stats::print(&inbox, json).await,
         OnStore::Dlq(command) => dlq::run(&inbox.outbox(), command).await,
+        OnStore::Deliveries(command) => deliveries::run(&inbox.outbox(), command).await,
         OnStore::Keys(command) => keys::run(&inbox, command).await,
     }
 }

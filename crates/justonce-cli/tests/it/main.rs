@@ -35,6 +35,7 @@ macro_rules! on_every_database {
 mod bench;
 mod broker_tls;
 mod check;
+mod deliveries;
 mod environment;
 mod first_run;
 mod folder;

@@ -182,7 +182,7 @@ target = "{target}"
         }
     }
 
-    async fn run(&self, args: &[&str]) -> (i32, String) {
+    pub(crate) async fn run(&self, args: &[&str]) -> (i32, String) {
         let output = self.command(args).output().await.unwrap();
         (
             output.status.code().unwrap_or(-1),
@@ -1245,14 +1245,14 @@ async fn stats_json(server: &Server) -> serde_json::Value {
 }
 
 /// A migrated database of a server's own, and a worker's inbox on it for consumer `worker`.
-async fn server_and_worker<DB: TestBackend>(
+pub(crate) async fn server_and_worker<DB: TestBackend>(
     test: &str,
 ) -> (TestDb<DB>, String, Server, justonce_sql::Inbox<DB>) {
     let (db, url) = database::<DB>(test).await;
     let server = Server::configure(&url, "http://127.0.0.1:1/unused");
     assert_eq!(
         server.run(&["migrate"]).await,
-        (0, "3 migrations applied\n".to_owned())
+        (0, "4 migrations applied\n".to_owned())
     );
     let worker =
         justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("worker").unwrap())
@@ -1526,7 +1526,7 @@ impl justonce_sql::Destination for Answering {
 }
 
 /// Claims `key` for `inbox` in a transaction with one outbox row for `destination`.
-async fn claim_with_delivery<DB: TestBackend>(
+pub(crate) async fn claim_with_delivery<DB: TestBackend>(
     inbox: &justonce_sql::Inbox<DB>,
     key: &str,
     destination: &str,

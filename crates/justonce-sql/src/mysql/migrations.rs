@@ -91,4 +91,11 @@ CREATE TABLE IF NOT EXISTS {prefix}breakers (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 ",
     },
+    Migration {
+        version: 4,
+        description: "history: each outbox row's last delivery attempts",
+        sql: "
+ALTER TABLE {prefix}outbox ADD COLUMN history LONGTEXT NULL;
+",
+    },
 ];

@@ -2,6 +2,7 @@
 //! they appear.
 
 use crate::common::Common;
+use crate::rows::HISTORY_LENGTH;
 use crate::tables::Tables;
 use std::sync::Arc;
 
@@ -17,6 +18,21 @@ const EARLIER: &str = "(UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND)";
 /// Milliseconds from a time column to now.
 fn age_ms(column: &str) -> String {
     format!("CAST(TIMESTAMPDIFF(MICROSECOND, {column}, {NOW}) DIV 1000 AS SIGNED)")
+}
+
+/// The assignment that appends one attempt to a row's history, its duration, status,
+/// answer and error the next parameters (or `NULL` for no error). The oldest attempt is
+/// dropped once the history is full.
+fn append_attempt(error: &str) -> String {
+    format!(
+        "history = JSON_ARRAY_APPEND(
+            CASE WHEN JSON_LENGTH(coalesce(history, '[]')) >= {HISTORY_LENGTH}
+                 THEN JSON_REMOVE(history, '$[0]') ELSE coalesce(history, '[]') END,
+            '$',
+            JSON_OBJECT('attempt', attempts,
+                        'at', CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', {NOW}) DIV 1000 AS SIGNED),
+                        'ms', ?, 'status', ?, 'answer', ?, 'error', {error}))"
+    )
 }
 
 /// The statements of one table prefix on MariaDB or MySQL, built once. Those that take a
@@ -70,6 +86,20 @@ impl MySqlStatements {
              CAST(coalesce(max(CASE WHEN {due} THEN {} END), 0) AS SIGNED)",
             age_ms("created_at")
         );
+        // Rows of one state, by destination and by when they were written (or replayed).
+        let list = |state: &str, order: &str| {
+            format!(
+                "SELECT id, scope, `key`, destination, attempts, last_error, {} AS age_ms,
+                        -{} AS next_in_ms
+                 FROM {outbox}
+                 WHERE {state} AND (? IS NULL OR destination = ?)
+                   AND (? IS NULL OR created_at >= {EARLIER})
+                   AND (? IS NULL OR created_at <= {EARLIER})
+                 ORDER BY {order} LIMIT ?",
+                age_ms("created_at"),
+                age_ms("next_attempt_at"),
+            )
+        };
         let arc = |sql: String| Arc::<str>::from(sql);
         let common = Common {
             // A locking read sees the latest committed row, where a plain one would see the
@@ -89,16 +119,28 @@ impl MySqlStatements {
             purge_keys: arc(format!(
                 "DELETE FROM {keys} WHERE consumer = ? AND processed_at < {EARLIER} LIMIT ?"
             )),
+            // Each outcome appends its attempt to the history in the same statement, first:
+            // MariaDB's assignments see the ones before them.
             mark_sent: arc(format!(
-                "UPDATE {outbox} SET sent_at = {NOW}, dead = FALSE, last_error = NULL WHERE id = ?"
+                "UPDATE {outbox} SET {}, sent_at = {NOW}, dead = FALSE, last_error = NULL
+                     WHERE id = ?",
+                append_attempt("NULL")
             )),
             mark_retry: arc(format!(
-                "UPDATE {outbox} SET next_attempt_at = {LATER}, last_error = ?
-                     WHERE id = ? AND lease_token = ? AND {due}"
+                "UPDATE {outbox} SET {}, next_attempt_at = {LATER}, last_error = ?
+                     WHERE id = ? AND lease_token = ? AND {due}",
+                append_attempt("?")
             )),
             mark_dead: arc(format!(
-                "UPDATE {outbox} SET dead = TRUE, last_error = ?
-                     WHERE id = ? AND lease_token = ? AND {due}"
+                "UPDATE {outbox} SET {}, dead = TRUE, last_error = ?
+                     WHERE id = ? AND lease_token = ? AND {due}",
+                append_attempt("?")
+            )),
+            list_due: arc(list(due, "created_at, id")),
+            list_dead: arc(list("dead", "id")),
+            history: arc(format!("SELECT history FROM {outbox} WHERE id = ?")),
+            ids_by_key: arc(format!(
+                "SELECT id FROM {outbox} WHERE `key` = ? ORDER BY id"
             )),
             untake: arc(format!(
                 "UPDATE {outbox} SET next_attempt_at = {LATER}, attempts = attempts - 1

@@ -92,4 +92,11 @@ CREATE TABLE IF NOT EXISTS {prefix}breakers (
 );
 ",
     },
+    Migration {
+        version: 4,
+        description: "history: each outbox row's last delivery attempts",
+        sql: "
+ALTER TABLE {prefix}outbox ADD COLUMN IF NOT EXISTS history jsonb;
+",
+    },
 ];

@@ -2,6 +2,7 @@
 //! as SQLite does.
 
 use crate::numbered::{Clock, Specific, Statements};
+use crate::rows::HISTORY_LENGTH;
 use crate::tables::Tables;
 
 const CLOCK: Clock = Clock {
@@ -116,6 +117,18 @@ pub(super) fn statements(tables: &Tables) -> Statements {
         ),
         skip_locked: "FOR UPDATE SKIP LOCKED",
         texts_of: |array| format!("SELECT json_array_elements_text({array}::json)"),
+        // The oldest attempt is dropped once the history is full.
+        append_attempt: |duration, status, answer, error| {
+            format!(
+                "history = (CASE WHEN jsonb_array_length(coalesce(history, '[]')) >= {HISTORY_LENGTH}
+                                 THEN history - 0 ELSE coalesce(history, '[]') END)
+                    || jsonb_build_array(jsonb_build_object(
+                        'attempt', attempts, 'at', (extract(epoch FROM now()) * 1000)::bigint,
+                        'ms', {duration}::bigint, 'status', {status}::bigint,
+                        'answer', {answer}::text, 'error', {error}::text))"
+            )
+        },
+        history_text: "history::text",
     };
     Statements::new(tables, &CLOCK, specific)
 }

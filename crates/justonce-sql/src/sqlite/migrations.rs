@@ -85,4 +85,11 @@ CREATE TABLE IF NOT EXISTS {prefix}breakers (
 );
 ",
     },
+    Migration {
+        version: 4,
+        description: "history: each outbox row's last delivery attempts",
+        sql: "
+ALTER TABLE {prefix}outbox ADD COLUMN history TEXT;
+",
+    },
 ];

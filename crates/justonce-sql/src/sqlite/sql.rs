@@ -2,6 +2,7 @@
 //! PostgreSQL does.
 
 use crate::numbered::{Clock, Specific, Statements};
+use crate::rows::HISTORY_LENGTH;
 use crate::tables::Tables;
 
 /// The store's clock, in milliseconds since the Unix epoch.
@@ -62,6 +63,18 @@ pub(super) fn statements(tables: &Tables) -> Statements {
         // The single writer already keeps two relays from taking one row.
         skip_locked: "",
         texts_of: |array| format!("SELECT value FROM json_each({array})"),
+        // The oldest attempt is dropped once the history is full.
+        append_attempt: |duration, status, answer, error| {
+            format!(
+                "history = json_insert(
+                    CASE WHEN json_array_length(coalesce(history, '[]')) >= {HISTORY_LENGTH}
+                         THEN json_remove(history, '$[0]') ELSE coalesce(history, '[]') END,
+                    '$[#]',
+                    json_object('attempt', attempts, 'at', {NOW_MS}, 'ms', {duration},
+                                'status', {status}, 'answer', {answer}, 'error', {error}))"
+            )
+        },
+        history_text: "history",
     };
     Statements::new(tables, &CLOCK, specific)
 }

@@ -12,6 +12,7 @@ mod crash;
 mod daily_report;
 mod docs;
 mod harness;
+mod history;
 mod hostile;
 mod http;
 mod idempotency;

@@ -30,8 +30,8 @@ async fn concurrent_migrations_apply_once<DB: TestBackend>(test: &str) {
         applied += task.await.unwrap();
     }
     assert_eq!(
-        applied, 3,
-        "each of the three migrations applied by one migrator"
+        applied, 4,
+        "each of the four migrations applied by one migrator"
     );
     for table in ["keys", "outbox", "offsets", "breakers", "migrations"] {
         DB::execute(db.inbox.pool(), format!("DROP TABLE {fresh}{table}"))
