@@ -180,7 +180,6 @@ fn prefetch(args: &StreamArgs) -> usize {
     match args.broker.as_str() {
         "mqtt" => 20,
         "redis" | "redis-reader" => args.batch.max(16),
-        "nats" | "nats-reader" => 64,
         _ => args.batch.max(64),
     }
 }
