@@ -182,3 +182,30 @@ pub enum Section {
     /// peak RSS of each tenth of the run. Only when asked for.
     Sustained,
 }
+
+impl Settings {
+    /// The throughput section's `claim_many` alone, at one batch size, in one round; every
+    /// other setting is `justonce bench`'s default.
+    pub(crate) fn claim_many_once(
+        messages: usize,
+        duplicates: usize,
+        batch: usize,
+    ) -> Result<Self> {
+        #[derive(clap::Parser)]
+        struct Bench {
+            #[command(flatten)]
+            args: Args,
+        }
+        let args = [
+            "bench".to_owned(),
+            "--only=throughput".to_owned(),
+            "--batched-only".to_owned(),
+            "--rounds=1".to_owned(),
+            format!("--messages={messages}"),
+            format!("--duplicates={duplicates}"),
+            format!("--batch={batch}"),
+        ];
+        let bench = <Bench as clap::Parser>::try_parse_from(args)?;
+        Self::try_from(bench.args)
+    }
+}

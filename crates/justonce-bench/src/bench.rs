@@ -1,7 +1,6 @@
 //! The bench's state: its inbox, its tables and its report, and how it fills and empties
 //! the tables.
 
-use crate::Serve;
 use crate::args::Settings;
 use crate::db::{BenchDb, BenchTables};
 use crate::report::Report;
@@ -21,7 +20,6 @@ pub(crate) struct Bench<'s, DB: BenchDb> {
     /// has no RETURNING.
     pub(crate) hand_claim_ids: AtomicI64,
     pub(crate) settings: &'s Settings,
-    pub(crate) serve: Serve,
     pub(crate) report: Report,
 }
 
@@ -39,7 +37,6 @@ impl<DB: BenchDb> Bench<'_, DB> {
             options: self.options.clone(),
             hand_claim_ids: AtomicI64::new(1),
             settings: self.settings,
-            serve: self.serve,
             report: self.report.clone(),
         })
     }

@@ -10,6 +10,7 @@
 
 use crate::bench::Bench;
 use crate::db::{BenchDb, BenchTables, CONSUMER};
+use crate::modes::Mode;
 use crate::report::Report;
 use anyhow::{Context, Result};
 use futures_util::future::BoxFuture;
@@ -47,7 +48,58 @@ pub async fn run(url: &str, settings: &Settings, serve: Serve) -> Result<()> {
 
 /// The bench on the database at `url`, in tables of its own that it drops at the end.
 async fn run_on<DB: BenchDb>(url: &str, settings: &Settings, serve: Serve) -> Result<()> {
-    let prefix = format!("justonce_bench_{}_", std::process::id());
+    let bench = open::<DB>(url, settings).await?;
+    // Interrupted, the bench still drops its tables: a stopped section is not worth a
+    // million rows left behind.
+    let result = tokio::select! {
+        result = bench.sections(serve) => result,
+        () = shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
+    };
+    // A second signal while dropping stops at once, and says what it leaves.
+    let dropped = tokio::select! {
+        dropped = bench.drop_tables() => dropped,
+        () = shutdown_signal() => Err(anyhow::anyhow!(
+            "interrupted again: the tables {}* are left",
+            tables_prefix()
+        )),
+    };
+    result?;
+    dropped?;
+    bench.report.memory();
+    Ok(())
+}
+
+/// Messages per second through `claim_many` on the database at `url`, as the throughput
+/// section measures it, once: `messages` messages, `duplicates` percent of them repeating
+/// an earlier key, in batches of `batch`, each batch one transaction with one effect row
+/// per first claim. It works in tables of its own and drops them. This is the database's
+/// own limit for batched work, which other programs hold their batches against.
+pub async fn claim_many_per_second(
+    url: &str,
+    messages: usize,
+    duplicates: usize,
+    batch: usize,
+) -> Result<f64> {
+    let settings = Settings::claim_many_once(messages, duplicates, batch)?;
+    match DatabaseKind::named_by(url, "--database")? {
+        DatabaseKind::Sqlite => claim_many_on::<Sqlite>(url, &settings, batch).await,
+        DatabaseKind::MySql => claim_many_on::<MySql>(url, &settings, batch).await,
+        DatabaseKind::Postgres => claim_many_on::<Postgres>(url, &settings, batch).await,
+    }
+}
+
+async fn claim_many_on<DB: BenchDb>(url: &str, settings: &Settings, batch: usize) -> Result<f64> {
+    let bench = open::<DB>(url, settings).await?;
+    let (keys, distinct) = sections::stream(settings.messages, settings.duplicates);
+    let measured = bench.measure(Mode::ClaimMany(batch), &keys, distinct).await;
+    bench.drop_tables().await?;
+    let per_second = measured?.first().map(|&(_, per_second)| per_second);
+    per_second.context("claim_many was not measured")
+}
+
+/// The bench's inbox on the database at `url`, its tables made, migrated and empty.
+async fn open<'s, DB: BenchDb>(url: &str, settings: &'s Settings) -> Result<Bench<'s, DB>> {
+    let prefix = tables_prefix();
     // A retry horizon of an hour lets the purge section purge keys a day old.
     let retention = Retention::new(Duration::from_secs(86_400), Duration::from_secs(3_600))?;
     let options = InboxOptions::default().prefix(&prefix).retention(retention);
@@ -55,30 +107,19 @@ async fn run_on<DB: BenchDb>(url: &str, settings: &Settings, serve: Serve) -> Re
         .await
         .context("opening the database")?;
     inbox.migrate().await?;
-    let bench = Bench {
-        tables: BenchTables::new(&prefix, DB::claim_many(&prefix)?),
+    let tables = BenchTables::new(&prefix, DB::claim_many(&prefix)?);
+    DB::create_effects(inbox.pool(), &tables.effects).await?;
+    Ok(Bench {
+        tables,
         inbox,
         options,
         hand_claim_ids: AtomicI64::new(1),
         settings,
-        serve,
         report: Report::new(settings.json, DB::LABEL),
-    };
-    // Interrupted, the bench still drops its tables: a stopped section is not worth a
-    // million rows left behind.
-    let result = tokio::select! {
-        result = bench.sections() => result,
-        () = shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
-    };
-    // A second signal while dropping stops at once, and says what it leaves.
-    let dropped = tokio::select! {
-        dropped = bench.drop_tables() => dropped,
-        () = shutdown_signal() => Err(anyhow::anyhow!(
-            "interrupted again: the tables {prefix}* are left"
-        )),
-    };
-    result?;
-    dropped?;
-    bench.report.memory();
-    Ok(())
+    })
+}
+
+/// The prefix of the bench's tables: this process's own.
+fn tables_prefix() -> String {
+    format!("justonce_bench_{}_", std::process::id())
 }

@@ -8,6 +8,7 @@
 //! Every answer must be `200 accepted`; then the store must hold one key and one outbox row
 //! per event. No relay runs: delivering the rows onward is not part of the time to 2xx.
 
+use crate::Serve;
 use crate::bench::Bench;
 use crate::db::BenchDb;
 use crate::modes::Load;
@@ -27,7 +28,7 @@ const MAX_IN_FLIGHT: usize = 256;
 
 impl<DB: BenchDb> Bench<'_, DB> {
     /// Accepted events per second and the time to 2xx, under each load.
-    pub(crate) async fn receiver(&self) -> Result<()> {
+    pub(crate) async fn receiver(&self, serve: Serve) -> Result<()> {
         // The relay's reqwest is built without a TLS provider of its own (the workspace
         // picks ring), and a client panics without one, even for plain HTTP.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -39,7 +40,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
             self.empty().await?;
             let mut progress = Progress::new();
             progress.update(format!("receiver: {requests} events {}", load.described()));
-            let (per_second, latencies) = self.receive(load).await?;
+            let (per_second, latencies) = self.receive(serve, load).await?;
             progress.finish();
             let keys = DB::count(self.inbox.pool(), &self.tables.keys).await?;
             let rows = DB::count(self.inbox.pool(), &self.tables.outbox).await?;
@@ -52,8 +53,9 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
-    /// Serves the receiver on a loopback port and sends it the events under `load`.
-    async fn receive(&self, load: Load) -> Result<(f64, Vec<Duration>)> {
+    /// Serves the receiver on a loopback port with `serve` and sends it the events under
+    /// `load`.
+    async fn receive(&self, serve: Serve, load: Load) -> Result<(f64, Vec<Duration>)> {
         let scheme = Scheme::HmacSha256 {
             secrets: vec![SECRET.to_vec()],
             header: SIGNATURE_HEADER.to_owned(),
@@ -65,7 +67,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
             .context("listening on loopback")?;
         let url = format!("http://{}/webhooks/{SOURCE}", listener.local_addr()?);
         // Stopped when this returns, or when an interrupted bench drops it before its tables.
-        let _server = AbortOnDrop(tokio::spawn((self.serve)(listener, app)));
+        let _server = AbortOnDrop(tokio::spawn(serve(listener, app)));
         let sender = Sender {
             client: reqwest::Client::new(),
             url,

@@ -1,6 +1,7 @@
 //! The sections of the bench: throughput beside the hand-written client, latency as the
 //! key table grows, a purge under load, and memory over a long run.
 
+use crate::Serve;
 use crate::args::Section;
 use crate::bench::Bench;
 use crate::db::{BenchDb, check_held};
@@ -14,15 +15,15 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 impl<DB: BenchDb> Bench<'_, DB> {
-    pub(crate) async fn sections(&self) -> Result<()> {
-        DB::create_effects(self.inbox.pool(), &self.tables.effects).await?;
+    /// Runs the sections of the settings; the receiver's behind `serve`.
+    pub(crate) async fn sections(&self, serve: Serve) -> Result<()> {
         let mut figures = Figures::default();
         for section in &self.settings.sections {
             match section {
                 Section::Throughput => self.throughput(&mut figures).await?,
                 Section::Latency => self.latency(&mut figures).await?,
                 Section::Purge => self.purge().await?,
-                Section::Receiver => self.receiver().await?,
+                Section::Receiver => self.receiver(serve).await?,
                 Section::Sustained => self.sustained().await?,
             }
         }

@@ -4,6 +4,7 @@
 
 mod amqp;
 pub mod cluster;
+mod consume;
 pub mod mariadb;
 mod mqtt;
 mod redis;
@@ -12,7 +13,8 @@ mod sink;
 pub mod tls;
 
 pub use amqp::{amqp_url, publish_keys, publish_many, try_publish_keys};
-pub use mqtt::publish_while_consuming;
+pub use consume::{acknowledge, consume};
+pub use mqtt::{publish_while, publish_while_consuming};
 pub use redis::{TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 

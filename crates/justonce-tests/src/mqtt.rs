@@ -1,9 +1,10 @@
 //! Many messages through Mosquitto, which drops what passes its queue of 1,000 per session.
 
-use crate::{TestBackend, consumer_work};
+use crate::{TestBackend, consume};
 use justonce_sql::{Delivered, Delivery, Destination};
 use justonce_transport::ConsumerStats;
 use justonce_transport::mqtt::{MqttConsumer, MqttDestination};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Publishes `count` messages for keys `order:0` to `order:<distinct - 1>` in turn to `topic`
@@ -16,9 +17,22 @@ pub async fn publish_while_consuming<DB: TestBackend>(
     (count, distinct): (usize, usize),
     batch: usize,
 ) -> ConsumerStats {
+    let settled = AtomicU64::new(0);
+    let consuming = consume(consumer, prefix, (count, batch), &settled);
+    publish_while(topic, (count, distinct), &settled, consuming).await
+}
+
+/// Publishes `count` messages for keys `order:0` to `order:<distinct - 1>` in turn to `topic`
+/// while `consuming` runs, never more than 500 ahead of what it has `settled`, and returns
+/// what `consuming` does.
+pub async fn publish_while<T>(
+    topic: &str,
+    (count, distinct): (usize, usize),
+    settled: &AtomicU64,
+    consuming: impl Future<Output = T>,
+) -> T {
     let url = crate::mqtt_url();
     let publisher = MqttDestination::new(&url, topic, &format!("{topic}-p")).expect("an MQTT URL");
-    let settled = AtomicU64::new(0);
     let publishing = async {
         for n in 0..count {
             while n as u64 >= settled.load(Ordering::Relaxed) + 500 {
@@ -40,22 +54,6 @@ pub async fn publish_while_consuming<DB: TestBackend>(
             );
         }
     };
-    let consuming = async {
-        let work = consumer_work::<DB>(prefix);
-        let mut stats = ConsumerStats::default();
-        let mut messages = consumer.deliveries().await.expect("subscribed");
-        while ((stats.processed + stats.duplicates) as usize) < count {
-            let message = messages.next().await.expect("a message");
-            let message = message.expect("the session is open");
-            let batch = messages.more(message, batch).await.expect("a batch");
-            consumer
-                .settle_batch(&batch, &work, &mut stats)
-                .await
-                .expect("settled");
-            settled.store(stats.processed + stats.duplicates, Ordering::Relaxed);
-        }
-        stats
-    };
-    let ((), stats) = tokio::join!(publishing, consuming);
-    stats
+    let ((), consumed) = tokio::join!(publishing, consuming);
+    consumed
 }

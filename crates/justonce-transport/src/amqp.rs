@@ -295,6 +295,20 @@ impl Broker for Amqp {
             .map(drop)
             .map_err(broker)
     }
+
+    /// The acknowledgements of a batch are handed to the connection all at once, then
+    /// awaited together: one trip through the client for the batch, not one per delivery.
+    /// Each is still its own `basic.ack`, so no delivery outside the batch is acknowledged.
+    async fn ack_all(&self, deliveries: &[&Self::Delivery], acked: &mut u64) -> Result<(), Error> {
+        let acks = deliveries
+            .iter()
+            .map(|delivery| delivery.ack(BasicAckOptions::default()));
+        for done in futures_util::future::join_all(acks).await {
+            done.map_err(broker)?;
+            *acked += 1;
+        }
+        Ok(())
+    }
 }
 
 impl Amqp {

@@ -1,5 +1,5 @@
 //! Messages per second through a broker consumer, one transaction per message and in
-//! batches, with a share of them repeated.
+//! batches, with a share of them repeated, beside the broker's own limit and the database's.
 //!
 //! `broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt]
 //! [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] [--batch N] [--json]`
@@ -14,16 +14,63 @@
 //! reader). On MQTT the messages are published while they are consumed, never more than 500
 //! ahead: Mosquitto drops what passes its queue of 1,000 per session, and the clock runs from
 //! the first publish. Before it prints, it checks that effect rows equal distinct keys.
+//!
+//! Each run measures, one after the other and each on a fresh queue (stream, topic) with the
+//! same messages and prefetch: the baseline, which takes the deliveries in the same batches
+//! and only acknowledges them, with no database work (the broker's own limit); one by one;
+//! and, with `--batch` above 1, batched. Then `claim_many` on the same database at the same
+//! batch size (the database's own limit, as `justonce bench` measures it). It prints each
+//! figure, and the consumer's against both limits.
 
 use justonce_sql::{Backend, Outcome};
-use justonce_tests::{StreamArgs, TestBackend, TestDb, amqp_url, consumer_work, publish_many};
+use justonce_tests::{
+    StreamArgs, TestBackend, TestDb, acknowledge, amqp_url, consume, consumer_work, publish_many,
+};
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
 use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, OrderedBroker, Ran, Reader};
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
+
+/// How a run takes the messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// Only acknowledged, in batches of `--batch`, with no database work.
+    Baseline,
+    /// The work, a transaction per message (on the readers, the reader's own path).
+    OneByOne,
+    /// The work, a transaction per batch of up to `--batch`.
+    Batched,
+}
+
+impl Path {
+    /// The most deliveries this path takes at once.
+    fn batch(self, args: &StreamArgs) -> usize {
+        match self {
+            Path::OneByOne => 1,
+            Path::Baseline | Path::Batched => args.batch,
+        }
+    }
+}
+
+/// The messages per second of each path of one run.
+#[derive(Default)]
+struct Figures {
+    baseline: f64,
+    one_by_one: f64,
+    batched: Option<f64>,
+    claim_many: f64,
+}
+
+impl Figures {
+    /// The consumer's figure at `--batch`: batched, or one by one when the batch is 1.
+    fn consumer(&self) -> f64 {
+        self.batched.unwrap_or(self.one_by_one)
+    }
+}
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -45,43 +92,146 @@ async fn main() -> std::process::ExitCode {
         );
         return std::process::ExitCode::from(2);
     };
-    let (per_second, stats) = if args.broker.starts_with("nats") {
-        justonce_tests::with_backend!(args.backend, DB => measure_nats::<DB>(&args).await)
-    } else if args.broker == "mqtt" {
-        justonce_tests::with_backend!(args.backend, DB => measure_mqtt::<DB>(&args).await)
-    } else if args.broker.starts_with("redis") {
-        justonce_tests::with_backend!(args.backend, DB => measure_redis::<DB>(&args).await)
-    } else {
-        justonce_tests::with_backend!(args.backend, DB => measure::<DB>(&args).await)
-    };
-    let rss = justonce_tests::peak_rss_mib(None);
-    let mode = match (args.batch, args.broker.as_str()) {
-        (1, _) => "one by one".to_owned(),
-        (batch, "redis-reader") => format!("reads of {batch}"),
-        (batch, _) => format!("batches of {batch}"),
-    };
-    if args.json {
-        println!(
-            "{{\"bench\":\"broker_throughput\",\"broker\":\"{}\",\"database\":\"{}\",\"batch\":{},\"messages\":{},\
-             \"duplicates_percent\":{},\"messages_per_second\":{per_second:.0},\
-             \"effects\":{},\"peak_rss_mib\":{rss:.1}}}",
-            args.broker, args.backend, args.batch, args.messages, args.duplicates, stats.processed
-        );
-    } else {
-        println!(
-            "{:<5} {:<10} {mode:<16} {per_second:>8.0} msg/s   effects {} = distinct keys, \
-             duplicates {}, peak RSS {rss:.1} MiB",
-            args.broker, args.backend, stats.processed, stats.duplicates
-        );
+    let reader = args.broker.ends_with("-reader");
+    let mut paths = vec![Path::Baseline, Path::OneByOne];
+    if args.batch > 1 && !reader {
+        paths.push(Path::Batched);
     }
+    let mut figures = Figures::default();
+    let mut effects = ConsumerStats::default();
+    for path in paths {
+        let (per_second, stats) = if args.broker.starts_with("nats") {
+            justonce_tests::with_backend!(args.backend, DB => measure_nats::<DB>(&args, path).await)
+        } else if args.broker == "mqtt" {
+            justonce_tests::with_backend!(args.backend, DB => measure_mqtt::<DB>(&args, path).await)
+        } else if args.broker.starts_with("redis") {
+            justonce_tests::with_backend!(args.backend, DB => measure_redis::<DB>(&args, path).await)
+        } else {
+            justonce_tests::with_backend!(args.backend, DB => measure::<DB>(&args, path).await)
+        };
+        match path {
+            Path::Baseline => figures.baseline = per_second,
+            Path::OneByOne => figures.one_by_one = per_second,
+            Path::Batched => figures.batched = Some(per_second),
+        }
+        if path != Path::Baseline {
+            effects = stats;
+        }
+    }
+    figures.claim_many =
+        justonce_tests::with_backend!(args.backend, DB => claim_many::<DB>(&args).await);
+    let rss = justonce_tests::peak_rss_mib(None);
+    report(&args, &figures, &effects, rss);
     std::process::ExitCode::SUCCESS
 }
 
-async fn measure<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
+/// Prints the run's figures: a line, or a JSON object with `--json`.
+fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64) {
+    let against_baseline = figures.consumer() / figures.baseline;
+    let against_claim_many = figures.consumer() / figures.claim_many;
+    let prefetch = prefetch(args);
+    if args.json {
+        let hundredths = |r: f64| (r * 100.0).round() / 100.0;
+        let result = serde_json::json!({
+            "bench": "broker_throughput",
+            "broker": args.broker,
+            "database": args.backend,
+            "batch": args.batch,
+            "prefetch": prefetch,
+            "messages": args.messages,
+            "duplicates_percent": args.duplicates,
+            "messages_per_second": figures.consumer().round(),
+            "baseline_messages_per_second": figures.baseline.round(),
+            "one_by_one_messages_per_second": figures.one_by_one.round(),
+            "batched_messages_per_second": figures.batched.map(f64::round),
+            "against_baseline": hundredths(against_baseline),
+            "claim_many_keys_per_second": figures.claim_many.round(),
+            "against_claim_many": hundredths(against_claim_many),
+            "effects": stats.processed,
+            "peak_rss_mib": (rss * 10.0).round() / 10.0,
+        });
+        println!("{result}");
+        return;
+    }
+    let batched = match (figures.batched, args.broker.as_str()) {
+        (Some(per_second), _) => format!("batches of {}: {per_second:.0}", args.batch),
+        (None, "redis-reader") => format!("(reads of {})", args.batch),
+        (None, _) => String::new(),
+    };
+    println!(
+        "{:<12} {:<8} prefetch {prefetch:<4} baseline {:.0}  one by one {:.0}  {batched} msg/s   \
+         {against_baseline:.2}x baseline   claim_many ({}) {:.0} keys/s, {against_claim_many:.2}x   \
+         effects {} = distinct keys, duplicates {}, peak RSS {rss:.1} MiB",
+        args.broker,
+        args.backend,
+        figures.baseline,
+        figures.one_by_one,
+        args.batch,
+        figures.claim_many,
+        stats.processed,
+        stats.duplicates,
+    );
+}
+
+/// How many deliveries the broker sends ahead of the acknowledgements, as this program
+/// sets it: at least the batch, so that a batch can fill (on Redis, the entries one read
+/// takes; on MQTT, Mosquitto's `max_inflight_messages`, 20 by default).
+fn prefetch(args: &StreamArgs) -> usize {
+    match args.broker.as_str() {
+        "mqtt" => 20,
+        "redis" | "redis-reader" => args.batch.max(16),
+        _ => args.batch.max(64),
+    }
+}
+
+/// Messages per second through `claim_many` in batches of `--batch` on a fresh database of
+/// the backend, the same number of messages with the same share repeated.
+async fn claim_many<DB: TestBackend + Backend>(args: &StreamArgs) -> f64 {
+    let db = TestDb::<DB>::new("claim-many").await;
+    let per_second =
+        justonce_bench::claim_many_per_second(&db.url, args.messages, args.duplicates, args.batch)
+            .await
+            .expect("claim_many measured");
+    db.cleanup().await;
+    per_second
+}
+
+/// Takes `args.messages` deliveries from `consumer` by `path`, and returns what it counted
+/// (nothing on the baseline). Stores how many are settled in `settled` as it goes.
+async fn take<B: Broker, DB: TestBackend + Backend>(
+    consumer: &Consumer<B, DB>,
+    db: &TestDb<DB>,
+    (args, path): (&StreamArgs, Path),
+    settled: &AtomicU64,
+) -> ConsumerStats {
+    let taking = (args.messages, path.batch(args));
+    if path == Path::Baseline {
+        acknowledge(consumer.broker(), taking, settled).await;
+        ConsumerStats::default()
+    } else {
+        consume(consumer, &db.prefix, taking, settled).await
+    }
+}
+
+/// After the work, checks that effect rows equal distinct keys; the baseline has none.
+async fn check<DB: TestBackend + Backend>(db: &TestDb<DB>, args: &StreamArgs, path: Path) {
+    let expected = if path == Path::Baseline {
+        0
+    } else {
+        args.distinct() as i64
+    };
+    assert_eq!(
+        db.rows("effects").await,
+        expected,
+        "effects = distinct keys"
+    );
+}
+
+async fn measure<DB: TestBackend + Backend>(args: &StreamArgs, path: Path) -> (f64, ConsumerStats) {
     let db = TestDb::<DB>::new("amqp-throughput").await;
     let queue = format!("{}bench", db.prefix);
     let options =
-        AmqpOptions::new(&queue).prefetch(u16::try_from(args.batch.max(64)).unwrap_or(u16::MAX));
+        AmqpOptions::new(&queue).prefetch(u16::try_from(prefetch(args)).unwrap_or(u16::MAX));
     let consumer = AmqpConsumer::connect(&amqp_url(), db.inbox.clone(), options)
         .await
         .expect("RabbitMQ");
@@ -89,18 +239,12 @@ async fn measure<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Consumer
         lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
             .await
             .expect("RabbitMQ");
-    let distinct = args.distinct();
-    publish_many(&connection, &queue, args.messages, distinct).await;
+    publish_many(&connection, &queue, args.messages, args.distinct()).await;
 
     let started = Instant::now();
-    let stats = consume_all(&consumer, &db, args).await;
+    let stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
-    assert_eq!(
-        db.rows("effects").await,
-        distinct as i64,
-        "effects = distinct keys"
-    );
-    assert_eq!(stats.processed as usize, distinct);
+    check(&db, args, path).await;
     let channel = connection.create_channel().await.expect("a channel");
     for name in [format!("{queue}.dead"), queue] {
         channel
@@ -113,12 +257,17 @@ async fn measure<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Consumer
     (per_second, stats)
 }
 
-async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
+async fn measure_nats<DB: TestBackend + Backend>(
+    args: &StreamArgs,
+    path: Path,
+) -> (f64, ConsumerStats) {
     let db = TestDb::<DB>::new("nats-throughput").await;
     let stream = format!("{}BENCH", db.prefix);
     let url = std::env::var("JUSTONCE_TEST_NATS_URL")
         .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
-    let options = NatsOptions::new(&stream, &stream).key_from(KeyFrom::Header("Order-Id".into()));
+    let options = NatsOptions::new(&stream, &stream)
+        .key_from(KeyFrom::Header("Order-Id".into()))
+        .prefetch(prefetch(args));
     let consumer = NatsConsumer::connect(&url, db.inbox.clone(), options.clone())
         .await
         .expect("NATS");
@@ -143,21 +292,18 @@ async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
         }
     }
 
+    let mut stats = ConsumerStats::default();
     let started = Instant::now();
-    let stats = if args.broker == "nats-reader" {
+    if args.broker == "nats-reader" && path == Path::OneByOne {
         let reader = NatsReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("NATS");
-        read_all(&reader, &db, args).await
+        stats = read_all(&reader, &db, args).await;
     } else {
-        consume_all(&consumer, &db, args).await
-    };
+        stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
+    }
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
-    assert_eq!(
-        db.rows("effects").await,
-        distinct as i64,
-        "effects = distinct keys"
-    );
+    check(&db, args, path).await;
     for name in [format!("{stream}_DEAD"), stream] {
         jetstream
             .delete_stream(&name)
@@ -168,11 +314,14 @@ async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
     (per_second, stats)
 }
 
-async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
+async fn measure_redis<DB: TestBackend + Backend>(
+    args: &StreamArgs,
+    path: Path,
+) -> (f64, ConsumerStats) {
     let db = TestDb::<DB>::new("redis-throughput").await;
     let stream = format!("{}bench", db.prefix);
     let url = justonce_tests::redis_url();
-    let options = RedisStreamOptions::new(&stream, "bench").count(args.batch.max(16));
+    let options = RedisStreamOptions::new(&stream, "bench").count(prefetch(args));
     let consumer = RedisStreamConsumer::connect(&url, db.inbox.clone(), options)
         .await
         .expect("Redis");
@@ -196,22 +345,19 @@ async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Co
         pipe.query_async::<()>(&mut redis).await.expect("added");
     }
 
+    let mut stats = ConsumerStats::default();
     let started = Instant::now();
-    let stats = if args.broker == "redis-reader" {
-        let options = RedisStreamOptions::new(&stream, "bench").count(args.batch.max(16));
+    if args.broker == "redis-reader" && path == Path::OneByOne {
+        let options = RedisStreamOptions::new(&stream, "bench").count(prefetch(args));
         let reader = RedisStreamReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("Redis");
-        read_all(&reader, &db, args).await
+        stats = read_all(&reader, &db, args).await;
     } else {
-        consume_all(&consumer, &db, args).await
-    };
+        stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
+    }
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
-    assert_eq!(
-        db.rows("effects").await,
-        distinct as i64,
-        "effects = distinct keys"
-    );
+    check(&db, args, path).await;
     redis::cmd("DEL")
         .arg(&stream)
         .query_async::<()>(&mut redis)
@@ -219,28 +365,6 @@ async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Co
         .expect("stream deleted");
     db.cleanup().await;
     (per_second, stats)
-}
-
-/// Consumes `args.messages` messages through `consumer`, one by one or in batches.
-async fn consume_all<B: Broker, DB: TestBackend + Backend>(
-    consumer: &Consumer<B, DB>,
-    db: &TestDb<DB>,
-    args: &StreamArgs,
-) -> ConsumerStats {
-    let work = consumer_work::<DB>(&db.prefix);
-    let mut stats = ConsumerStats::default();
-    let mut deliveries = consumer.deliveries().await.expect("consuming");
-    while ((stats.processed + stats.duplicates) as usize) < args.messages {
-        let first = deliveries.next().await.expect("a delivery");
-        let first = first.expect("not cancelled");
-        let batch = deliveries.more(first, args.batch).await.expect("a batch");
-        consumer
-            .settle_batch(&batch, &work, &mut stats)
-            .await
-            .expect("settled");
-    }
-    deliveries.stop().await.expect("stopped");
-    stats
 }
 
 /// Reads `args.messages` entries through `reader`, one by one.
@@ -268,7 +392,10 @@ fn count<E: std::fmt::Debug>(ran: Ran<E>, stats: &mut ConsumerStats) {
     }
 }
 
-async fn measure_mqtt<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, ConsumerStats) {
+async fn measure_mqtt<DB: TestBackend + Backend>(
+    args: &StreamArgs,
+    path: Path,
+) -> (f64, ConsumerStats) {
     use justonce_transport::mqtt::MqttConsumer;
 
     let db = TestDb::<DB>::new("mqtt-throughput").await;
@@ -278,22 +405,14 @@ async fn measure_mqtt<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
         MqttConsumer::connect(&url, db.inbox.clone(), justonce_tests::mqtt_options(&topic))
             .await
             .expect("MQTT");
-    let distinct = args.distinct();
+    let settled = AtomicU64::new(0);
     let started = Instant::now();
-    let stats = justonce_tests::publish_while_consuming(
-        &db.prefix,
-        &consumer,
-        &topic,
-        (args.messages, distinct),
-        args.batch,
-    )
-    .await;
+    let taking = take(&consumer, &db, (args, path), &settled);
+    let stats =
+        justonce_tests::publish_while(&topic, (args.messages, args.distinct()), &settled, taking)
+            .await;
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
-    assert_eq!(
-        db.rows("effects").await,
-        distinct as i64,
-        "effects = distinct keys"
-    );
+    check(&db, args, path).await;
     db.cleanup().await;
     (per_second, stats)
 }
