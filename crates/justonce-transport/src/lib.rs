@@ -41,6 +41,7 @@
 //! | `nats`  | NATS JetStream, through async-nats: [`nats::NatsConsumer`], the single reader [`nats::NatsReader`] and [`nats::NatsDestination`] |
 //! | `redis` | Redis Streams, through redis: [`redis_streams::RedisStreamConsumer`], the single reader [`redis_streams::RedisStreamReader`] and [`redis_streams::RedisStreamDestination`] |
 //! | `mqtt`  | MQTT 5, through rumqttc: [`mqtt::MqttConsumer`] and [`mqtt::MqttDestination`] |
+//! | `kafka` | Kafka, through rdkafka: the consumer-group member [`kafka::KafkaReader`] and [`kafka::KafkaDestination`] |
 //! | `tls`   | on with any broker: [`tls::Tls`], the TLS settings every broker takes |
 //!
 //! Each consumer is the one generic [`Consumer`] over its broker's adapter ([`Broker`]):
@@ -63,14 +64,15 @@
 //! Nothing is acknowledged before its transaction has committed.
 //!
 //! Each broker's module has a `probe` ([`amqp::probe`], [`nats::probe`],
-//! [`redis_streams::probe`], [`mqtt::probe`]): it connects with a consumer's settings, proves
+//! [`redis_streams::probe`], [`mqtt::probe`], [`kafka::probe`]): it connects with a consumer's settings, proves
 //! that the broker answers and accepts the credentials, and disconnects, without declaring,
 //! subscribing or consuming anything, within [`PROBE_TIMEOUT`]. A deployment check calls it
 //! before it starts consumers.
 //!
 //! A single reader ([`nats::NatsReader`], [`redis_streams::RedisStreamReader`]) acknowledges
 //! nothing: it stores each entry's position as an offset in the same transaction as the work,
-//! and starts after the stored offset.
+//! and starts after the stored offset. The Kafka reader ([`kafka::KafkaReader`]) does the
+//! same for each partition the consumer group assigns it.
 //!
 //! Every broker connects over TLS the same way: an `amqps://`, `rediss://` or `mqtts://` URL
 //! (a NATS server that requires TLS, or any NATS URL given [`tls::Tls`] settings), checked
@@ -83,13 +85,17 @@
 pub mod amqp;
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
 ))]
 mod consumer;
-#[cfg(any(feature = "nats", feature = "redis"))]
+#[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
 mod in_order;
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub mod kafka;
 #[cfg(feature = "mqtt")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub mod mqtt;
@@ -105,6 +111,7 @@ pub mod tls;
 
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -120,6 +127,7 @@ pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5)
 /// `probe` within [`PROBE_TIMEOUT`].
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -179,6 +187,7 @@ pub struct Incoming {
 /// carries, when a [`justonce_core::trace::TracePropagator`] is installed.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -207,6 +216,7 @@ pub fn describe_metrics() {
 /// Counts `messages` consumed by the consumer of `inbox` from `broker`.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -255,7 +265,7 @@ impl<E> Ran<E> {
 }
 
 /// Counts a delivery's outcome in `stats`.
-#[cfg(any(feature = "nats", feature = "redis"))]
+#[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
 pub(crate) fn count(outcome: &Outcome<()>, stats: &mut ConsumerStats) {
     match outcome {
         Outcome::Processed(()) => stats.processed += 1,
@@ -270,6 +280,7 @@ pub(crate) fn count(outcome: &Outcome<()>, stats: &mut ConsumerStats) {
 /// A publisher's answer to the relay: sent, or to be tried again for `reason`.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -289,6 +300,7 @@ pub(crate) fn delivered(sent: Result<(), String>) -> justonce_core::Delivered {
 /// skipped as duplicates.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -312,6 +324,7 @@ pub(crate) fn truncate(text: &str, bytes: usize) -> &str {
 /// The id at a JSON pointer in `body`: a string or a number.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"

@@ -480,7 +480,15 @@ impl<DB: Backend> NatsReader<DB> {
     {
         match self.read(message) {
             Ok((offset, incoming)) => {
-                in_order::run_at(&self.inbox, self.offset_stream(), offset, &incoming, work).await
+                in_order::run_at(
+                    &self.inbox,
+                    self.offset_stream(),
+                    in_order::PARTITION,
+                    offset,
+                    &incoming,
+                    work,
+                )
+                .await
             }
             Err(reason) => Ran::NoKey(reason),
         }
@@ -508,6 +516,7 @@ impl<DB: Backend> NatsReader<DB> {
         let ran = in_order::run_with_retries(
             &self.inbox,
             self.offset_stream(),
+            in_order::PARTITION,
             offset,
             &mut incoming,
             work,
@@ -518,7 +527,7 @@ impl<DB: Backend> NatsReader<DB> {
         match ran {
             Ran::Outcome(outcome) => {
                 crate::count(&outcome, stats);
-                unstored.after(&outcome, offset);
+                unstored.after(&outcome, in_order::PARTITION, offset);
             }
             Ran::Work(error) => {
                 let reason = format!("attempt {}: {error}", incoming.attempt);
@@ -557,7 +566,14 @@ impl<DB: Backend> NatsReader<DB> {
             return Ok(true);
         };
         let offset = Offset::from(i64::try_from(info.stream_sequence).unwrap_or(i64::MAX));
-        match in_order::skip(&self.inbox, self.offset_stream(), offset).await {
+        match in_order::skip(
+            &self.inbox,
+            self.offset_stream(),
+            in_order::PARTITION,
+            offset,
+        )
+        .await
+        {
             Ok(()) => Ok(true),
             Err(error) => {
                 tracing::warn!(%error, "database failed: the offset did not move past a dead letter");

@@ -513,7 +513,15 @@ impl<DB: Backend> RedisStreamReader<DB> {
     {
         match self.read(entry) {
             Ok((offset, incoming)) => {
-                in_order::run_at(&self.inbox, self.offset_stream(), offset, &incoming, work).await
+                in_order::run_at(
+                    &self.inbox,
+                    self.offset_stream(),
+                    in_order::PARTITION,
+                    offset,
+                    &incoming,
+                    work,
+                )
+                .await
             }
             Err(reason) => Ran::NoKey(reason),
         }
@@ -541,6 +549,7 @@ impl<DB: Backend> RedisStreamReader<DB> {
         let ran = in_order::run_with_retries(
             &self.inbox,
             self.offset_stream(),
+            in_order::PARTITION,
             offset,
             &mut incoming,
             work,
@@ -551,7 +560,7 @@ impl<DB: Backend> RedisStreamReader<DB> {
         match ran {
             Ran::Outcome(outcome) => {
                 crate::count(&outcome, stats);
-                unstored.after(&outcome, offset);
+                unstored.after(&outcome, in_order::PARTITION, offset);
                 Ok(true)
             }
             Ran::Work(error) => {
@@ -589,7 +598,14 @@ impl<DB: Backend> RedisStreamReader<DB> {
         let Some(offset) = offset_of(entry.id()) else {
             return Ok(true);
         };
-        match in_order::skip(&self.inbox, self.offset_stream(), offset).await {
+        match in_order::skip(
+            &self.inbox,
+            self.offset_stream(),
+            in_order::PARTITION,
+            offset,
+        )
+        .await
+        {
             Ok(()) => Ok(true),
             Err(error) => {
                 tracing::warn!(%error, "database failed: the offset did not move past a dead letter");

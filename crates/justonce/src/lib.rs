@@ -5,7 +5,7 @@
 //! database transaction as the work, and skips a key it has already processed.
 //!
 //! This crate is the one to depend on. Each part is a feature, and each feature adds a
-//! module of its name: [`http`], [`amqp`], [`nats`], [`redis`], [`mqtt`].
+//! module of its name: [`http`], [`amqp`], [`nats`], [`redis`], [`mqtt`], [`kafka`].
 //!
 //! # What it promises
 //!
@@ -76,6 +76,7 @@
 //! | `nats`             | [`nats`]: a NATS JetStream consumer, reader and publisher            |
 //! | `redis`            | [`redis`]: a Redis Streams consumer, reader and publisher; leases    |
 //! | `mqtt`             | [`mqtt`]: an MQTT 5 subscriber and publisher                         |
+//! | `kafka`            | [`kafka`]: a Kafka group member with offsets in the database, and an idempotent publisher |
 //!
 //! Any broker feature adds [`broker`]: what every broker's consumer shares, TLS included.
 //! Pick the database features you run on; the HTTP parts and the brokers work with each.
@@ -261,7 +262,8 @@ pub mod http {
     feature = "amqp",
     feature = "nats",
     feature = "redis",
-    feature = "mqtt"
+    feature = "mqtt",
+    feature = "kafka"
 ))]
 #[cfg_attr(
     docsrs,
@@ -269,7 +271,8 @@ pub mod http {
         feature = "amqp",
         feature = "nats",
         feature = "redis",
-        feature = "mqtt"
+        feature = "mqtt",
+        feature = "kafka"
     )))
 )]
 pub mod broker {
@@ -291,6 +294,10 @@ pub use justonce_transport::nats;
 #[cfg(feature = "mqtt")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub use justonce_transport::mqtt;
+
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use justonce_transport::kafka;
 
 /// Redis: a Redis Streams consumer group reader, a single reader that keeps its position
 /// in the database, the relay's publisher, and leases kept on Redis.
@@ -316,7 +323,8 @@ pub fn describe_metrics() {
         feature = "amqp",
         feature = "nats",
         feature = "redis",
-        feature = "mqtt"
+        feature = "mqtt",
+        feature = "kafka"
     ))]
     justonce_transport::describe_metrics();
 }
