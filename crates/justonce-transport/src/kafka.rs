@@ -49,9 +49,10 @@ use crate::{
 use justonce_core::{Delivered, Delivery, Destination};
 use justonce_sql::{Backend, Inbox, Offset, WorkFuture, sqlx};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -269,52 +270,61 @@ impl KafkaOptions {
     }
 }
 
-/// A change of the partitions the group assigned, as the rebalance callback saw it.
+/// A change of the partitions the group assigned, as the rebalance callback saw it. The
+/// group hands out whole assignments (its eager protocol): each replaces the one before.
 #[derive(Debug, Clone)]
 enum Change {
     Assigned(Vec<i32>),
-    Revoked(Vec<i32>),
+    Revoked,
 }
 
 /// What the reader's loop and librdkafka's rebalance callback share: the changes the
-/// callback saw and the loop has not yet applied, oldest first.
-type Changes = Arc<Mutex<VecDeque<Change>>>;
+/// callback saw and the loop has not yet applied, oldest first, and a wake-up for the loop,
+/// which waits for a record that an unassigned consumer never fetches.
+#[derive(Default)]
+struct Changes {
+    queued: Mutex<VecDeque<Change>>,
+    changed: tokio::sync::Notify,
+}
 
 /// The consumer's context: forwards each rebalance to the reader's loop.
 ///
 /// librdkafka calls the rebalance callback synchronously, inside the poll that receives the
-/// next record; it cannot wait for the database. So the callback lets librdkafka assign as
-/// usual, pauses the new partitions at once (nothing of them is handed out from wherever
-/// librdkafka would start), and queues the change. Before it takes another record, the loop
-/// loads the stored offsets, seeks each new partition after its own, and resumes it; a
-/// record of a partition not yet positioned is dropped, and fetched again after the seek.
-/// Revocations come in the same poll, between two records, so no work is in flight when a
-/// partition is released.
+/// next record; it cannot wait for the database. So the callback assigns nothing: it queues
+/// the group's assignment, and before it takes another record the loop loads the stored
+/// offsets and assigns each partition from after its own (librdkafka waits for that call).
+/// Nothing is fetched before: no record comes from where the broker would start. A
+/// revocation is applied in the callback at once; it comes in a poll, between two
+/// records, so no work is in flight when a partition is released.
 struct Rebalancing {
     topic: String,
-    changes: Changes,
+    changes: Arc<Changes>,
 }
 
 impl ClientContext for Rebalancing {}
 
 impl ConsumerContext for Rebalancing {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(list) = rebalance {
-            self.queue(Change::Revoked(self.partitions(list)));
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        event: RDKafkaRespErr,
+        list: &mut TopicPartitionList,
+    ) {
+        if event == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS {
+            self.queue(Change::Assigned(self.partitions(list)));
+            return;
         }
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(list) => {
-                if let Err(error) = consumer.pause(list) {
-                    // Still safe: its records are dropped until the loop has sought.
-                    tracing::warn!(%error, "pausing assigned partitions failed");
-                }
-                self.queue(Change::Assigned(self.partitions(list)));
-            }
-            Rebalance::Revoke(_) => {}
-            Rebalance::Error(error) => tracing::warn!(%error, "the group's rebalance failed"),
+        if event == RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS {
+            self.queue(Change::Revoked);
+        } else {
+            tracing::warn!(
+                ?event,
+                "the group's rebalance failed: giving up the partitions"
+            );
+            self.queue(Change::Revoked);
+        }
+        if let Err(error) = consumer.unassign() {
+            tracing::warn!(%error, "giving up the partitions failed");
         }
     }
 }
@@ -327,7 +337,8 @@ impl Rebalancing {
     }
 
     fn queue(&self, change: Change) {
-        lock(&self.changes).push_back(change);
+        lock(&self.changes.queued).push_back(change);
+        self.changes.changed.notify_one();
     }
 }
 
@@ -344,7 +355,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct KafkaReader<DB: Backend> {
     inbox: Inbox<DB>,
     consumer: StreamConsumer<Rebalancing>,
-    changes: Changes,
+    changes: Arc<Changes>,
     /// The next offset expected of each positioned partition: records below it, fetched
     /// before a seek, are dropped.
     positioned: Mutex<HashMap<i32, i64>>,
@@ -369,7 +380,7 @@ impl<DB: Backend> KafkaReader<DB> {
             return Err(Error::Config(NO_MESSAGE_ID.to_owned()));
         }
         let config = options.security.client_config(url)?;
-        let changes = Changes::default();
+        let changes = Arc::new(Changes::default());
         let context = Rebalancing {
             topic: options.topic.clone(),
             changes: Arc::clone(&changes),
@@ -441,24 +452,22 @@ impl<DB: Backend> KafkaReader<DB> {
     }
 
     /// The next record of an assigned partition, after the partition's stored offset, for
-    /// callers that run records themselves. Cancelling it loses nothing: a change of the
-    /// assignment is applied again, and a record is only taken when it is returned.
+    /// callers that run records themselves. Cancelling it loses nothing: an assignment is
+    /// applied again, and a record is only taken when it is returned.
     pub async fn next(&self) -> Result<OwnedMessage, Error> {
         loop {
             self.apply_changes().await;
-            let record = self.consumer.recv().await.map_err(broker)?.detach();
-            // Nothing is awaited from here on: the record is either returned or dropped.
-            let partition = record.partition();
-            let pending = lock(&self.changes).iter().any(|change| match change {
-                Change::Assigned(partitions) | Change::Revoked(partitions) => {
-                    partitions.contains(&partition)
-                }
-            });
-            if pending {
+            let record = tokio::select! {
+                record = self.consumer.recv() => record.map_err(broker)?.detach(),
+                () = self.changes.changed.notified() => continue,
+            };
+            // Nothing is awaited from here on: the record is either returned or dropped. A
+            // change queued during this poll makes the assignment it came from stale.
+            if !lock(&self.changes.queued).is_empty() {
                 continue;
             }
             let mut positioned = lock(&self.positioned);
-            match positioned.get_mut(&partition) {
+            match positioned.get_mut(&record.partition()) {
                 Some(next) if record.offset() >= *next => {
                     *next = record.offset() + 1;
                     return Ok(record);
@@ -468,41 +477,40 @@ impl<DB: Backend> KafkaReader<DB> {
         }
     }
 
-    /// Applies the assignment changes the rebalance callback queued, oldest first. Each is
-    /// removed once applied, so that a cancelled call leaves it for the next.
+    /// Applies the latest change the rebalance callback queued, which replaces those before
+    /// it; the queue is emptied only once it is applied, so that a cancelled call leaves it
+    /// for the next.
     async fn apply_changes(&self) {
         loop {
-            let Some(change) = lock(&self.changes).front().cloned() else {
-                return;
-            };
-            match change {
-                Change::Revoked(partitions) => {
-                    let mut positioned = lock(&self.positioned);
-                    for partition in partitions {
-                        positioned.remove(&partition);
-                    }
+            let (latest, queued) = {
+                let changes = lock(&self.changes.queued);
+                match changes.back() {
+                    Some(latest) => (latest.clone(), changes.len()),
+                    None => return,
                 }
+            };
+            match latest {
+                Change::Revoked => lock(&self.positioned).clear(),
                 Change::Assigned(partitions) => {
-                    while let Err(error) = self.position(&partitions).await {
-                        tracing::warn!(%error, "positioning assigned partitions failed: trying again");
+                    while let Err(error) = self.assign(&partitions).await {
+                        tracing::warn!(%error, "assigning partitions failed: trying again");
                         tokio::time::sleep(self.options.policy.store_pause).await;
                     }
                 }
             }
-            lock(&self.changes).pop_front();
+            lock(&self.changes.queued).drain(..queued);
         }
     }
 
-    /// Seeks each of `partitions` after its stored offset, or to the configured start, and
-    /// resumes it.
-    async fn position(&self, partitions: &[i32]) -> Result<(), Error> {
+    /// Assigns `partitions`, each from after its stored offset or at the configured start.
+    async fn assign(&self, partitions: &[i32]) -> Result<(), Error> {
         let topic = &self.options.topic;
         let stored: HashMap<i32, Offset> = (self.inbox.load_offsets(topic).await)
             .map_err(Error::Store)?
             .into_iter()
             .collect();
         let mut list = TopicPartitionList::new();
-        let mut next_of = Vec::with_capacity(partitions.len());
+        let mut positioned = HashMap::with_capacity(partitions.len());
         for &partition in partitions {
             let (start, next) = match stored.get(&partition) {
                 Some(offset) => (
@@ -516,20 +524,13 @@ impl<DB: Backend> KafkaReader<DB> {
             };
             list.add_partition_offset(topic, partition, start)
                 .map_err(broker)?;
-            next_of.push((partition, next));
+            positioned.insert(partition, next);
         }
-        let sought = self
-            .consumer
-            .seek_partitions(list.clone(), BROKER_TIMEOUT)
-            .map_err(broker)?;
-        for element in sought.elements() {
-            element.error().map_err(broker)?;
-        }
-        lock(&self.positioned).extend(next_of);
-        self.consumer.resume(&list).map_err(broker)?;
+        self.consumer.assign(&list).map_err(broker)?;
+        *lock(&self.positioned) = positioned;
         tracing::debug!(
             ?partitions,
-            "positioned assigned partitions after their stored offsets"
+            "assigned partitions after their stored offsets"
         );
         Ok(())
     }

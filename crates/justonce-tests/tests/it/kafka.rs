@@ -11,6 +11,7 @@ use justonce_transport::kafka::{
     IDEMPOTENCY_KEY_HEADER, KafkaDestination, KafkaOptions, KafkaReader,
 };
 use justonce_transport::{ConsumerStats, KeyFrom, REASON_HEADER};
+use rdkafka::TopicPartitionList;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -134,18 +135,18 @@ impl Topic {
     }
 }
 
-/// Reads `count` records of `topic` from its start, as a plain consumer does.
+/// Reads `count` records of partition 0 of `topic` from its start, as a plain consumer does
+/// (assigned the partition: no group to join).
 async fn read_records(topic: &str, count: usize) -> Vec<OwnedMessage> {
     let consumer: StreamConsumer = client_config()
         .set("group.id", format!("{topic}-reader"))
-        .set("auto.offset.reset", "earliest")
-        .set(
-            "session.timeout.ms",
-            SESSION_TIMEOUT.as_millis().to_string(),
-        )
         .create()
         .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    let mut partition = TopicPartitionList::new();
+    partition
+        .add_partition_offset(topic, 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    consumer.assign(&partition).unwrap();
     let mut records = Vec::with_capacity(count);
     while records.len() < count {
         let record = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
