@@ -523,48 +523,66 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         ran: Ran<E>,
         stats: &mut ConsumerStats,
     ) -> Settle {
-        let attempt = delivery.attempt();
-        let id = || delivery.log_id();
-        let key = || self.logged_key(delivery);
-        match ran {
-            Ran::Outcome(Outcome::Processed(())) => {
-                stats.processed += 1;
-                Settle::Ack
-            }
-            Ran::Outcome(Outcome::Duplicate) => {
-                stats.duplicates += 1;
-                Settle::Ack
-            }
-            Ran::Outcome(Outcome::KeyReused { .. }) => {
-                tracing::warn!(
-                    key = key(),
-                    delivery = id(),
-                    "the same key with another payload: skipped"
-                );
-                stats.key_reused += 1;
-                Settle::Ack
-            }
-            Ran::NoKey(reason) => {
-                tracing::warn!(%reason, delivery = id(), "a delivery without a usable key: dead-lettered");
-                stats.dead_lettered += 1;
-                Settle::DeadLetter { attempt, reason }
-            }
-            Ran::Work(error) if attempt < self.broker.policy().max_attempts => {
-                tracing::debug!(key = key(), delivery = id(), attempt, %error, "work failed: retrying");
-                stats.retried += 1;
-                Settle::Retry { attempt }
-            }
-            Ran::Work(error) => {
-                let reason = format!("attempt {attempt}: {error}");
-                tracing::warn!(key = key(), delivery = id(), %reason, "work failed for the last time: dead-lettered");
-                stats.dead_lettered += 1;
-                Settle::DeadLetter { attempt, reason }
-            }
-            Ran::Store(error) => {
-                tracing::warn!(key = key(), delivery = id(), %error, "database failed: the delivery goes back to the broker");
-                stats.returned += 1;
-                Settle::GiveBack
-            }
+        judge(
+            ran,
+            delivery.attempt(),
+            self.broker.policy().max_attempts,
+            stats,
+            || self.logged_key(delivery),
+            || delivery.log_id(),
+        )
+    }
+}
+
+/// How a delivery is settled after `ran` on `attempt`, counted in `stats` and logged, the
+/// same for consumers and readers; `key` and `id` name it in a log line, read only when one
+/// is logged.
+pub(crate) fn judge<E: std::fmt::Display>(
+    ran: Ran<E>,
+    attempt: u32,
+    max_attempts: u32,
+    stats: &mut ConsumerStats,
+    key: impl Fn() -> String,
+    id: impl Fn() -> String,
+) -> Settle {
+    match ran {
+        Ran::Outcome(Outcome::Processed(())) => {
+            stats.processed += 1;
+            Settle::Ack
+        }
+        Ran::Outcome(Outcome::Duplicate) => {
+            stats.duplicates += 1;
+            Settle::Ack
+        }
+        Ran::Outcome(Outcome::KeyReused { .. }) => {
+            tracing::warn!(
+                key = key(),
+                delivery = id(),
+                "the same key with another payload: skipped"
+            );
+            stats.key_reused += 1;
+            Settle::Ack
+        }
+        Ran::NoKey(reason) => {
+            tracing::warn!(%reason, delivery = id(), "a delivery without a usable key: dead-lettered");
+            stats.dead_lettered += 1;
+            Settle::DeadLetter { attempt, reason }
+        }
+        Ran::Work(error) if attempt < max_attempts => {
+            tracing::debug!(key = key(), delivery = id(), attempt, %error, "work failed: retrying");
+            stats.retried += 1;
+            Settle::Retry { attempt }
+        }
+        Ran::Work(error) => {
+            let reason = format!("attempt {attempt}: {error}");
+            tracing::warn!(key = key(), delivery = id(), %reason, "work failed for the last time: dead-lettered");
+            stats.dead_lettered += 1;
+            Settle::DeadLetter { attempt, reason }
+        }
+        Ran::Store(error) => {
+            tracing::warn!(key = key(), delivery = id(), %error, "database failed: the delivery goes back to the broker");
+            stats.returned += 1;
+            Settle::GiveBack
         }
     }
 }

@@ -40,14 +40,14 @@
 //! many messages share it. The id must come from a header or a JSON pointer
 //! ([`KafkaOptions::key_from`]); [`KeyFrom::MessageId`] is refused.
 
-use crate::consumer::{Received, policy_setters};
+use crate::consumer::{Receive, Received, policy_setters};
 use crate::tls::Tls;
 use crate::{
-    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, KeyFrom, Policy, REASON_BYTES, REASON_HEADER,
-    Ran, in_order, truncate,
+    ATTEMPT_HEADER, Error, KeyFrom, OrderedBroker, Policy, Position, REASON_BYTES, REASON_HEADER,
+    StoredOffsets, truncate,
 };
 use justonce_core::{Delivered, Delivery, Destination};
-use justonce_sql::{Backend, Inbox, Offset, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Offset};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message as _, OwnedHeaders};
@@ -347,26 +347,28 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A Kafka consumer-group member that runs each record's work once in effect, with the
-/// record's key claimed and its partition's offset stored in the same transaction.
+/// record's key claimed and its partition's offset stored in the same transaction: the one
+/// generic [`Reader`](crate::Reader) over the [`Kafka`] adapter.
 ///
 /// Records are read in order within each partition. Members of one group share the
 /// partitions; give each the same inbox consumer name, since the offsets are stored under
 /// it. The broker's committed offsets are neither read nor written.
-pub struct KafkaReader<DB: Backend> {
-    inbox: Inbox<DB>,
+pub type KafkaReader<DB> = crate::Reader<Kafka, DB>;
+
+/// The Kafka adapter of [`KafkaReader`]: a consumer-group member that assigns each partition
+/// it is given from after its stored offset.
+pub struct Kafka {
     consumer: StreamConsumer<Rebalancing>,
     changes: Arc<Changes>,
-    /// The next offset expected of each positioned partition: records below it, fetched
-    /// before a seek, are dropped.
+    /// The next offset expected of each assigned partition: a record below it is dropped.
     positioned: Mutex<HashMap<i32, i64>>,
     producer: FutureProducer,
     options: KafkaOptions,
 }
 
-impl<DB: Backend> std::fmt::Debug for KafkaReader<DB> {
+impl std::fmt::Debug for Kafka {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaReader")
-            .field("inbox", &self.inbox)
+        f.debug_struct("Kafka")
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -405,119 +407,94 @@ impl<DB: Backend> KafkaReader<DB> {
         consumer
             .subscribe(&[&options.topic])
             .map_err(|e| Error::Config(format!("subscribing to {}: {e}", options.topic)))?;
-        Ok(Self {
-            inbox,
+        let kafka = Kafka {
             consumer,
             changes,
             positioned: Mutex::default(),
             producer: producer(&config)?,
             options,
-        })
+        };
+        Ok(Self::new(kafka, inbox))
     }
+}
 
-    /// Reads records until `shutdown` resolves, and runs `work` for each in a transaction
-    /// with its key and its partition's offset. A record whose transaction had not committed
-    /// at shutdown is read again by the member that gets its partition.
-    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
-            + Sync,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let mut stats = ConsumerStats::default();
-        let mut unstored = in_order::Unstored::default();
-        let mut shutdown = std::pin::pin!(shutdown);
-        'read: loop {
-            let next = tokio::select! {
-                _ = &mut shutdown => break,
-                _ = tokio::time::sleep(in_order::IDLE), if unstored.is_some() => {
-                    unstored.store(&self.inbox, &self.options.topic).await;
-                    continue;
-                }
-                next = self.next() => next,
-            };
-            let record = next?;
-            while !self
-                .process(&record, &work, &mut stats, &mut unstored)
-                .await?
-            {
-                tokio::select! {
-                    _ = &mut shutdown => break 'read,
-                    _ = tokio::time::sleep(self.options.policy.store_pause) => {}
-                }
-            }
-        }
-        unstored.store(&self.inbox, &self.options.topic).await;
-        Ok(stats)
-    }
+/// The records of the partitions assigned to a [`Kafka`] member, each partition in order.
+pub struct Records<'k> {
+    kafka: &'k Kafka,
+    stored: StoredOffsets,
+}
 
-    /// The next record of an assigned partition, after the partition's stored offset, for
-    /// callers that run records themselves. Cancelling it loses nothing: an assignment is
-    /// applied again, and a record is only taken when it is returned.
-    pub async fn next(&self) -> Result<OwnedMessage, Error> {
+impl Receive for Records<'_> {
+    type Delivery = OwnedMessage;
+
+    /// The next record of an assigned partition, after the partition's stored offset.
+    /// Cancelling it loses nothing: an assignment is applied again, and a record is only
+    /// taken when it is returned.
+    async fn next(&mut self) -> Result<Option<OwnedMessage>, Error> {
+        let kafka = self.kafka;
         loop {
             self.apply_changes().await;
             let record = tokio::select! {
-                record = self.consumer.recv() => record.map_err(broker)?.detach(),
-                () = self.changes.changed.notified() => continue,
+                record = kafka.consumer.recv() => record.map_err(broker)?.detach(),
+                () = kafka.changes.changed.notified() => continue,
             };
             // Nothing is awaited from here on: the record is either returned or dropped. A
             // change queued during this poll makes the assignment it came from stale.
-            if !lock(&self.changes.queued).is_empty() {
+            if !lock(&kafka.changes.queued).is_empty() {
                 continue;
             }
-            let mut positioned = lock(&self.positioned);
+            let mut positioned = lock(&kafka.positioned);
             match positioned.get_mut(&record.partition()) {
                 Some(next) if record.offset() >= *next => {
                     *next = record.offset() + 1;
-                    return Ok(record);
+                    return Ok(Some(record));
                 }
                 _ => continue,
             }
         }
     }
+}
 
+impl Records<'_> {
     /// Applies the latest change the rebalance callback queued, which replaces those before
     /// it; the queue is emptied only once it is applied, so that a cancelled call leaves it
     /// for the next.
     async fn apply_changes(&self) {
+        let kafka = self.kafka;
         loop {
             let (latest, queued) = {
-                let changes = lock(&self.changes.queued);
+                let changes = lock(&kafka.changes.queued);
                 match changes.back() {
                     Some(latest) => (latest.clone(), changes.len()),
                     None => return,
                 }
             };
             match latest {
-                Change::Revoked => lock(&self.positioned).clear(),
+                Change::Revoked => lock(&kafka.positioned).clear(),
                 Change::Assigned(partitions) => {
                     while let Err(error) = self.assign(&partitions).await {
                         tracing::warn!(%error, "assigning partitions failed: trying again");
-                        tokio::time::sleep(self.options.policy.store_pause).await;
+                        tokio::time::sleep(kafka.options.policy.store_pause).await;
                     }
                 }
             }
-            lock(&self.changes.queued).drain(..queued);
+            lock(&kafka.changes.queued).drain(..queued);
         }
     }
 
     /// Assigns `partitions`, each from after its stored offset or at the configured start.
     async fn assign(&self, partitions: &[i32]) -> Result<(), Error> {
-        let topic = &self.options.topic;
-        let stored: HashMap<i32, Offset> = (self.inbox.load_offsets(topic).await)
-            .map_err(Error::Store)?
-            .into_iter()
-            .collect();
+        let kafka = self.kafka;
+        let topic = &kafka.options.topic;
         let mut list = TopicPartitionList::new();
         let mut positioned = HashMap::with_capacity(partitions.len());
         for &partition in partitions {
-            let (start, next) = match stored.get(&partition) {
+            let (start, next) = match self.stored.offset(topic, partition).await? {
                 Some(offset) => (
                     rdkafka::Offset::Offset(offset.position + 1),
                     offset.position + 1,
                 ),
-                None => match self.options.start {
+                None => match kafka.options.start {
                     Start::Earliest => (rdkafka::Offset::Beginning, 0),
                     Start::Latest => (rdkafka::Offset::End, 0),
                 },
@@ -526,73 +503,43 @@ impl<DB: Backend> KafkaReader<DB> {
                 .map_err(broker)?;
             positioned.insert(partition, next);
         }
-        self.consumer.assign(&list).map_err(broker)?;
-        *lock(&self.positioned) = positioned;
+        kafka.consumer.assign(&list).map_err(broker)?;
+        *lock(&kafka.positioned) = positioned;
         tracing::debug!(
             ?partitions,
             "assigned partitions after their stored offsets"
         );
         Ok(())
     }
+}
 
-    /// Runs the work of one record once, in a transaction with its key and its offset.
-    pub async fn run_one<F, E>(&self, record: &OwnedMessage, work: &F) -> Ran<E>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
-            + Sync,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        match self.incoming(record) {
-            Ok(incoming) => {
-                in_order::run_at(
-                    &self.inbox,
-                    &self.options.topic,
-                    record.partition(),
-                    Offset::from(record.offset()),
-                    &incoming,
-                    work,
-                )
-                .await
-            }
-            Err(reason) => Ran::NoKey(reason),
-        }
+impl OrderedBroker for Kafka {
+    type Entry = OwnedMessage;
+    type Entries<'b> = Records<'b>;
+    const NAME: &'static str = "kafka";
+
+    fn policy(&self) -> &Policy {
+        &self.options.policy
     }
 
-    /// Runs a record's work with its retries and gives up on it or counts it; false when
-    /// the database failed and the record must be run again.
-    async fn process<F, E>(
-        &self,
-        record: &OwnedMessage,
-        work: &F,
-        stats: &mut ConsumerStats,
-        unstored: &mut in_order::Unstored,
-    ) -> Result<bool, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
-            + Sync,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        crate::count_consumed(&self.inbox, "kafka", 1);
-        let place = (
-            self.options.topic.as_str(),
-            record.partition(),
-            Offset::from(record.offset()),
-        );
-        in_order::process(
-            &self.inbox,
-            place,
-            self.incoming(record),
-            work,
-            self.options.policy.max_attempts,
-            stats,
-            unstored,
-            |attempt, reason| async move { self.dead_letter(record, attempt, &reason).await },
-        )
-        .await
+    /// Each partition starts after its stored offset when the group assigns it.
+    async fn read(&self, stored: StoredOffsets) -> Result<Records<'_>, Error> {
+        Ok(Records {
+            kafka: self,
+            stored,
+        })
     }
 
-    /// Produces the record, with its key, its headers, the attempt and the reason, to the
-    /// dead-letter topic, and waits for the brokers to acknowledge it. A reader that dies
+    fn position<'e>(&'e self, record: &'e OwnedMessage) -> Result<Position<'e>, String> {
+        Ok(Position {
+            stream: &self.options.topic,
+            partition: record.partition(),
+            offset: Offset::from(record.offset()),
+        })
+    }
+
+    /// Produces the record, with its key, its headers, the attempt and the reason, to
+    /// `<topic>.dead`, and waits for the brokers to acknowledge it. A reader that dies
     /// before it moves the offset produces it again.
     async fn dead_letter(
         &self,
@@ -633,11 +580,6 @@ impl<DB: Backend> KafkaReader<DB> {
             .await
             .map(drop)
             .map_err(|(error, _)| broker(error))
-    }
-
-    /// What a record's work sees, or why it has no key.
-    fn incoming(&self, record: &OwnedMessage) -> Result<Incoming, String> {
-        crate::consumer::incoming(&self.options.policy.key_from, record)
     }
 }
 

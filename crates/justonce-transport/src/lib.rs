@@ -71,8 +71,10 @@
 //!
 //! A single reader ([`nats::NatsReader`], [`redis_streams::RedisStreamReader`]) acknowledges
 //! nothing: it stores each entry's position as an offset in the same transaction as the work,
-//! and starts after the stored offset. The Kafka reader ([`kafka::KafkaReader`]) does the
-//! same for each partition the consumer group assigns it.
+//! and starts after the stored offset. Each is the one generic [`Reader`] over its broker's
+//! adapter ([`OrderedBroker`]): `NatsReader<DB>` is `Reader<NatsStream, DB>`. The Kafka
+//! reader ([`kafka::KafkaReader`]) does the same for each partition the consumer group
+//! assigns it.
 //!
 //! Every broker connects over TLS the same way: an `amqps://`, `rediss://` or `mqtts://` URL
 //! (a NATS server that requires TLS, or any NATS URL given [`tls::Tls`] settings), checked
@@ -91,8 +93,6 @@ pub mod amqp;
     feature = "redis"
 ))]
 mod consumer;
-#[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
-mod in_order;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;
@@ -102,6 +102,8 @@ pub mod mqtt;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
+#[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
+mod reader;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis_streams;
@@ -119,6 +121,8 @@ pub mod tls;
 pub use consumer::{Broker, Consumer, Deliveries, Policy, Receive, Received, Settle, Work};
 use justonce_core::{Key, TraceContext};
 use justonce_sql::Outcome;
+#[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
+pub use reader::{OrderedBroker, Position, Reader, ReaderDeliveries, StoredOffsets};
 
 /// How long a broker's `probe` (such as [`amqp::probe`]) waits for the broker before it
 /// gives up: a broker that does not answer is as unusable as one that refuses.
@@ -260,19 +264,6 @@ impl<E> Ran<E> {
             Err(error) => Ran::Store(justonce_core::Error::Config(format!(
                 "the run failed in a way this consumer does not know: {error}"
             ))),
-        }
-    }
-}
-
-/// Counts a delivery's outcome in `stats`.
-#[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
-pub(crate) fn count(outcome: &Outcome<()>, stats: &mut ConsumerStats) {
-    match outcome {
-        Outcome::Processed(()) => stats.processed += 1,
-        Outcome::Duplicate => stats.duplicates += 1,
-        Outcome::KeyReused { .. } => {
-            tracing::warn!("the same key with another payload: skipped");
-            stats.key_reused += 1;
         }
     }
 }

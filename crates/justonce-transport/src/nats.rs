@@ -33,17 +33,18 @@
 //! server and checked against the CA given.
 
 use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
+use crate::reader::{PARTITION, retry_delay};
 use crate::tls::Tls;
 use crate::{
-    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, Policy, REASON_BYTES, REASON_HEADER, Ran,
-    in_order, truncate,
+    ATTEMPT_HEADER, Error, OrderedBroker, Policy, Position, REASON_BYTES, REASON_HEADER,
+    StoredOffsets, truncate,
 };
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use justonce_core::{Delivered, Delivery, Destination};
-use justonce_sql::{Backend, Inbox, Offset, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Offset};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -179,12 +180,17 @@ impl<DB: Backend> NatsConsumer<DB> {
     }
 }
 
-/// The messages of one pull consumer.
-pub struct Messages {
-    stream: pull::Stream,
+/// The messages of one pull consumer: a durable one, or the ordered one of a
+/// [`NatsReader`].
+pub struct Messages<S = pull::Stream> {
+    stream: S,
 }
 
-impl Receive for Messages {
+impl<S, E> Receive for Messages<S>
+where
+    S: futures_util::Stream<Item = Result<jetstream::Message, E>> + Unpin + Send,
+    E: std::error::Error + Send + Sync + 'static,
+{
     type Delivery = jetstream::Message;
 
     async fn next(&mut self) -> Result<Option<jetstream::Message>, Error> {
@@ -261,7 +267,7 @@ impl Broker for Nats {
     async fn settle(&self, message: &jetstream::Message, settle: Settle) -> Result<(), Error> {
         let kind = match settle {
             Settle::Ack => AckKind::Ack,
-            Settle::Retry { attempt } => AckKind::Nak(Some(in_order::retry_delay(attempt))),
+            Settle::Retry { attempt } => AckKind::Nak(Some(retry_delay(attempt))),
             Settle::DeadLetter { attempt, reason } => {
                 dead_letter(&self.jetstream, &self.options, message, attempt, &reason).await?;
                 AckKind::Term
@@ -369,12 +375,14 @@ async fn dead_letter(
 /// goes.
 ///
 /// Use it where one process reads a subject in order; readers that share the messages need
-/// [`NatsConsumer`]. Failed work is run again in place after a growing delay, holding up
-/// the messages after it, up to the attempt limit; then the message is published to the
-/// dead-letter subject with its reason and the offset moves past it. The durable name and
-/// the ack wait of [`NatsOptions`] do not apply.
-pub struct NatsReader<DB: Backend> {
-    inbox: Inbox<DB>,
+/// [`NatsConsumer`]. It is the generic [`Reader`](crate::Reader) over [`NatsStream`]: failed
+/// work runs again in place, up to the attempt limit, then goes to the dead-letter subject
+/// with its reason. The durable name and the ack wait of [`NatsOptions`] do not apply.
+pub type NatsReader<DB> = crate::Reader<NatsStream, DB>;
+
+/// The NATS JetStream adapter of [`NatsReader`]: a stream read through ordered consumers.
+#[derive(Debug)]
+pub struct NatsStream {
     jetstream: jetstream::Context,
     stream: jetstream::stream::Stream,
     /// See [`NatsReader::offset_stream`].
@@ -382,77 +390,37 @@ pub struct NatsReader<DB: Backend> {
     options: NatsOptions,
 }
 
-impl<DB: Backend> std::fmt::Debug for NatsReader<DB> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsReader")
-            .field("inbox", &self.inbox)
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
 impl<DB: Backend> NatsReader<DB> {
     /// Connects to `url` and creates the streams unless they exist elsewhere.
     pub async fn connect(url: &str, inbox: Inbox<DB>, options: NatsOptions) -> Result<Self, Error> {
         let (jetstream, stream) = open_stream(url, &options).await?;
-        Ok(Self {
-            inbox,
+        let nats = NatsStream {
             jetstream,
             stream,
             offset_stream: format!("{}:{}", options.stream, options.subject),
             options,
-        })
+        };
+        Ok(Self::new(nats, inbox))
     }
 
     /// The name the position is stored under for the inbox's consumer: the stream and the
     /// subject, such as `ORDERS:orders.*`, since two subjects of one stream are read apart.
     pub fn offset_stream(&self) -> &str {
-        &self.offset_stream
+        &self.broker().offset_stream
+    }
+}
+
+impl OrderedBroker for NatsStream {
+    type Entry = jetstream::Message;
+    type Entries<'b> = Messages<pull::Ordered>;
+    const NAME: &'static str = "nats";
+
+    fn policy(&self) -> &Policy {
+        &self.options.policy
     }
 
-    /// Reads messages after the stored offset until `shutdown` resolves, and runs `work` for
-    /// each in a transaction with its key and its offset. A message whose transaction had not
-    /// committed at shutdown is read again by the next reader.
-    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
-            + Sync,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let mut messages = self.messages().await?;
-        let mut stats = ConsumerStats::default();
-        let mut unstored = in_order::Unstored::default();
-        let mut shutdown = std::pin::pin!(shutdown);
-        'read: loop {
-            let next = tokio::select! {
-                _ = &mut shutdown => break,
-                _ = tokio::time::sleep(in_order::IDLE), if unstored.is_some() => {
-                    unstored.store(&self.inbox, self.offset_stream()).await;
-                    continue;
-                }
-                next = messages.next() => next,
-            };
-            let Some(message) = next? else { break };
-            while !self
-                .process(&message, &work, &mut stats, &mut unstored)
-                .await?
-            {
-                tokio::select! {
-                    _ = &mut shutdown => break 'read,
-                    _ = tokio::time::sleep(self.options.policy.store_pause) => {}
-                }
-            }
-        }
-        unstored.store(&self.inbox, self.offset_stream()).await;
-        Ok(stats)
-    }
-
-    /// The messages after the stored offset, for callers that run them themselves.
-    pub async fn messages(&self) -> Result<ReadMessages, Error> {
-        let stored = in_order::stored_offset(&self.inbox, self.offset_stream())
-            .await
-            .map_err(Error::Store)?;
-        let deliver_policy = match stored {
+    async fn read(&self, stored: StoredOffsets) -> Result<Messages<pull::Ordered>, Error> {
+        let deliver_policy = match stored.offset(&self.offset_stream, PARTITION).await? {
             Some(offset) => DeliverPolicy::ByStartSequence {
                 start_sequence: u64::try_from(offset.position).unwrap_or(0) + 1,
             },
@@ -468,142 +436,27 @@ impl<DB: Backend> NatsReader<DB> {
             .await
             .map_err(|e| Error::Config(format!("reading stream {}: {e}", self.options.stream)))?;
         let stream = consumer.messages().await.map_err(broker)?;
-        Ok(ReadMessages { stream })
+        Ok(Messages { stream })
     }
 
-    /// Runs the work of one message once, in a transaction with its key and its offset.
-    pub async fn run_one<F, E>(&self, message: &jetstream::Message, work: &F) -> Ran<E>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
-            + Sync,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        match self.read(message) {
-            Ok((offset, incoming)) => {
-                in_order::run_at(
-                    &self.inbox,
-                    self.offset_stream(),
-                    in_order::PARTITION,
-                    offset,
-                    &incoming,
-                    work,
-                )
-                .await
-            }
-            Err(reason) => Ran::NoKey(reason),
-        }
+    fn position<'e>(&'e self, message: &'e jetstream::Message) -> Result<Position<'e>, String> {
+        let info = message
+            .info()
+            .map_err(|e| format!("the message has no stream position: {e}"))?;
+        Ok(Position {
+            stream: &self.offset_stream,
+            partition: PARTITION,
+            offset: Offset::from(i64::try_from(info.stream_sequence).unwrap_or(i64::MAX)),
+        })
     }
 
-    /// Runs a message's work with its retries and gives up on it or counts it; false when
-    /// the database failed and the message must be run again.
-    async fn process<F, E>(
-        &self,
-        message: &jetstream::Message,
-        work: &F,
-        stats: &mut ConsumerStats,
-        unstored: &mut in_order::Unstored,
-    ) -> Result<bool, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
-            + Sync,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        crate::count_consumed(&self.inbox, "nats", 1);
-        let (offset, mut incoming) = match self.read(message) {
-            Ok(read) => read,
-            Err(reason) => return self.give_up(message, 1, &reason, stats).await,
-        };
-        let ran = in_order::run_with_retries(
-            &self.inbox,
-            self.offset_stream(),
-            in_order::PARTITION,
-            offset,
-            &mut incoming,
-            work,
-            self.options.policy.max_attempts,
-            stats,
-        )
-        .await;
-        match ran {
-            Ran::Outcome(outcome) => {
-                crate::count(&outcome, stats);
-                unstored.after(&outcome, in_order::PARTITION, offset);
-            }
-            Ran::Work(error) => {
-                let reason = format!("attempt {}: {error}", incoming.attempt);
-                return self
-                    .give_up(message, incoming.attempt, &reason, stats)
-                    .await;
-            }
-            Ran::NoKey(reason) => return self.give_up(message, 1, &reason, stats).await,
-            Ran::Store(error) => {
-                tracing::warn!(%error, "database failed: the message runs again");
-                stats.returned += 1;
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// Publishes the message to the dead-letter subject and moves the offset past it; false
-    /// if the database failed.
-    async fn give_up(
+    async fn dead_letter(
         &self,
         message: &jetstream::Message,
         attempt: u32,
         reason: &str,
-        stats: &mut ConsumerStats,
-    ) -> Result<bool, Error> {
-        tracing::warn!(%reason, subject = %message.subject, "dead-lettered");
-        dead_letter(&self.jetstream, &self.options, message, attempt, reason).await?;
-        stats.dead_lettered += 1;
-        self.skip(message).await
-    }
-
-    /// Moves the offset past a message given up; false if the database failed.
-    async fn skip(&self, message: &jetstream::Message) -> Result<bool, Error> {
-        let Ok(info) = message.info() else {
-            return Ok(true);
-        };
-        let offset = Offset::from(i64::try_from(info.stream_sequence).unwrap_or(i64::MAX));
-        match in_order::skip(
-            &self.inbox,
-            self.offset_stream(),
-            in_order::PARTITION,
-            offset,
-        )
-        .await
-        {
-            Ok(()) => Ok(true),
-            Err(error) => {
-                tracing::warn!(%error, "database failed: the offset did not move past a dead letter");
-                Ok(false)
-            }
-        }
-    }
-
-    /// A message's offset and what its work sees, or why it has no key.
-    fn read(&self, message: &jetstream::Message) -> Result<(Offset, Incoming), String> {
-        let info = message
-            .info()
-            .map_err(|e| format!("the message has no stream position: {e}"))?;
-        let offset = Offset::from(i64::try_from(info.stream_sequence).unwrap_or(i64::MAX));
-        let mut incoming = crate::consumer::incoming(&self.options.policy.key_from, message)?;
-        // A reader runs an entry again in place: the server delivered it once.
-        (incoming.attempt, incoming.redelivered) = (1, false);
-        Ok((offset, incoming))
-    }
-}
-
-/// The messages of a [`NatsReader`], in stream order.
-pub struct ReadMessages {
-    stream: pull::Ordered,
-}
-
-impl ReadMessages {
-    /// The next message; `None` if the server ended the stream.
-    pub async fn next(&mut self) -> Result<Option<jetstream::Message>, Error> {
-        self.stream.next().await.transpose().map_err(broker)
+    ) -> Result<(), Error> {
+        dead_letter(&self.jetstream, &self.options, message, attempt, reason).await
     }
 }
 

@@ -42,13 +42,14 @@
 //! restart loses the stream, its pending lists and its acknowledgements.
 
 use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
+use crate::reader::PARTITION;
 use crate::tls::Tls;
 use crate::{
-    ATTEMPT_HEADER, ConsumerStats, Error, Incoming, Policy, REASON_BYTES, REASON_HEADER, Ran,
-    in_order, truncate,
+    ATTEMPT_HEADER, Error, OrderedBroker, Policy, Position, REASON_BYTES, REASON_HEADER,
+    StoredOffsets, truncate,
 };
 use justonce_core::{Delivered, Delivery, Destination};
-use justonce_sql::{Backend, Inbox, Offset, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Offset};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, IntoConnectionInfo};
@@ -139,7 +140,8 @@ impl RedisStreamOptions {
 /// A Redis Streams consumer group reader that runs each entry's work once in effect.
 pub type RedisStreamConsumer<DB> = crate::Consumer<RedisStreams, DB>;
 
-/// The Redis Streams adapter of [`RedisStreamConsumer`]: a member of a consumer group.
+/// The Redis Streams adapter of [`RedisStreamConsumer`], a member of a consumer group, and
+/// of [`RedisStreamReader`], a single reader.
 pub struct RedisStreams {
     redis: MultiplexedConnection,
     options: RedisStreamOptions,
@@ -246,12 +248,7 @@ impl Broker for RedisStreams {
     }
 
     async fn receive(&self) -> Result<Entries<'_>, Error> {
-        Ok(Entries {
-            group: self,
-            redis: self.redis.clone(),
-            last_claim: None,
-            read: VecDeque::new(),
-        })
+        Ok(self.entries(Cursor::Group { last_claim: None }))
     }
 
     /// A retry, or an entry given back, is left pending: a reader takes it over after the
@@ -261,14 +258,14 @@ impl Broker for RedisStreams {
         match settle {
             Settle::Ack => self.ack_all(&[entry], &mut 0).await,
             Settle::Retry { .. } | Settle::GiveBack => Ok(()),
-            Settle::DeadLetter { reason, .. } => {
+            Settle::DeadLetter { attempt, reason } => {
                 let mut redis = self.redis.clone();
                 redis::pipe()
                     .atomic()
                     .xadd(
                         self.options.dead_letter_stream(),
                         "*",
-                        &dead_letter_fields(entry, &reason),
+                        &dead_letter_fields(entry, attempt, &reason),
                     )
                     .ignore()
                     .xack(&self.options.stream, &self.options.group, &[entry.id()])
@@ -296,15 +293,27 @@ impl Broker for RedisStreams {
     }
 }
 
-/// An entry's fields, with its attempt count and the reason it was given up.
-fn dead_letter_fields(entry: &Entry, reason: &str) -> Vec<(String, Vec<u8>)> {
+impl RedisStreams {
+    /// The entries from `cursor` on.
+    fn entries(&self, cursor: Cursor) -> Entries<'_> {
+        Entries {
+            streams: self,
+            redis: self.redis.clone(),
+            cursor,
+            read: VecDeque::new(),
+        }
+    }
+}
+
+/// An entry's fields, with the attempt it was given up on and why.
+fn dead_letter_fields(entry: &Entry, attempt: u32, reason: &str) -> Vec<(String, Vec<u8>)> {
     let mut fields: Vec<(String, Vec<u8>)> = entry
         .entry
         .map
         .keys()
         .filter_map(|name| Some((name.clone(), entry.field(name)?)))
         .collect();
-    fields.push((ATTEMPT_HEADER.to_owned(), entry.attempt.to_string().into()));
+    fields.push((ATTEMPT_HEADER.to_owned(), attempt.to_string().into()));
     fields.push((
         REASON_HEADER.to_owned(),
         truncate(reason, REASON_BYTES).as_bytes().to_vec(),
@@ -414,24 +423,11 @@ fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
 /// acknowledge.
 ///
 /// Use it where one process reads a stream in order; readers that share the entries need
-/// [`RedisStreamConsumer`]. Failed work is run again in place after a growing delay,
-/// holding up the entries after it, up to the attempt limit; then the entry is added to
-/// `<stream>.dead` with its reason and the offset moves past it. The group, the consumer
-/// name and the claim idle time of [`RedisStreamOptions`] do not apply.
-pub struct RedisStreamReader<DB: Backend> {
-    inbox: Inbox<DB>,
-    redis: MultiplexedConnection,
-    options: RedisStreamOptions,
-}
-
-impl<DB: Backend> std::fmt::Debug for RedisStreamReader<DB> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStreamReader")
-            .field("inbox", &self.inbox)
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
+/// [`RedisStreamConsumer`]. It is the generic [`Reader`](crate::Reader) over
+/// [`RedisStreams`]: failed work runs again in place, up to the attempt limit, then goes to
+/// `<stream>.dead` with its reason. The group, the consumer name and the claim idle time of
+/// [`RedisStreamOptions`] do not apply.
+pub type RedisStreamReader<DB> = crate::Reader<RedisStreams, DB>;
 
 impl<DB: Backend> RedisStreamReader<DB> {
     /// Connects to `url`.
@@ -440,186 +436,56 @@ impl<DB: Backend> RedisStreamReader<DB> {
         inbox: Inbox<DB>,
         options: RedisStreamOptions,
     ) -> Result<Self, Error> {
-        Ok(Self {
-            inbox,
-            redis: connect(url, options.tls.as_ref()).await?,
-            options,
-        })
+        let redis = connect(url, options.tls.as_ref()).await?;
+        Ok(Self::new(RedisStreams { redis, options }, inbox))
     }
 
     /// The name the position is stored under for the inbox's consumer: the stream's.
     pub fn offset_stream(&self) -> &str {
-        &self.options.stream
+        &self.broker().options.stream
+    }
+}
+
+/// A single reader reads with `XREAD` after the last entry it read; a dead letter is added
+/// to the dead-letter stream.
+impl OrderedBroker for RedisStreams {
+    type Entry = Entry;
+    type Entries<'b> = Entries<'b>;
+    const NAME: &'static str = "redis";
+
+    fn policy(&self) -> &Policy {
+        &self.options.policy
     }
 
-    /// Reads entries after the stored offset until `shutdown` resolves, and runs `work`
-    /// for each in a transaction with its key and its offset. An entry whose transaction
-    /// had not committed at shutdown is read again by the next reader.
-    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
-            + Sync,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let mut stats = ConsumerStats::default();
-        let mut unstored = in_order::Unstored::default();
-        let mut shutdown = std::pin::pin!(shutdown);
-        let mut entries = self.entries().await?;
-        'read: loop {
-            let next = tokio::select! {
-                _ = &mut shutdown => break,
-                next = entries.next() => next?,
-            };
-            if next.is_empty() && unstored.is_some() {
-                unstored.store(&self.inbox, self.offset_stream()).await;
-            }
-            for entry in next {
-                while !self
-                    .process(&entry, &work, &mut stats, &mut unstored)
-                    .await?
-                {
-                    tokio::select! {
-                        _ = &mut shutdown => break 'read,
-                        _ = tokio::time::sleep(self.options.policy.store_pause) => {}
-                    }
-                }
-            }
-        }
-        unstored.store(&self.inbox, self.offset_stream()).await;
-        Ok(stats)
+    async fn read(&self, stored: StoredOffsets) -> Result<Entries<'_>, Error> {
+        let after = (stored.offset(&self.options.stream, PARTITION).await?).unwrap_or_default();
+        Ok(self.entries(Cursor::After(format!(
+            "{}-{}",
+            after.position, after.sequence
+        ))))
     }
 
-    /// The entries after the stored offset, in reads of up to
-    /// [`RedisStreamOptions::count`], for callers that run them themselves.
-    pub async fn entries(&self) -> Result<ReadEntries, Error> {
-        let stored = in_order::stored_offset(&self.inbox, self.offset_stream())
-            .await
-            .map_err(Error::Store)?;
-        let after = stored.unwrap_or_default();
-        Ok(ReadEntries {
-            redis: self.redis.clone(),
-            stream: self.options.stream.clone(),
-            count: self.options.count,
-            after: format!("{}-{}", after.position, after.sequence),
+    fn position<'e>(&'e self, entry: &'e Entry) -> Result<Position<'e>, String> {
+        let offset = offset_of(entry.id())
+            .ok_or_else(|| format!("the entry id {} is not <ms>-<seq>", entry.id()))?;
+        Ok(Position {
+            stream: &self.options.stream,
+            partition: PARTITION,
+            offset,
         })
     }
 
-    /// Runs the work of one entry once, in a transaction with its key and its offset.
-    pub async fn run_one<F, E>(&self, entry: &Entry, work: &F) -> Ran<E>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
-            + Sync,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        match self.read(entry) {
-            Ok((offset, incoming)) => {
-                in_order::run_at(
-                    &self.inbox,
-                    self.offset_stream(),
-                    in_order::PARTITION,
-                    offset,
-                    &incoming,
-                    work,
-                )
-                .await
-            }
-            Err(reason) => Ran::NoKey(reason),
-        }
-    }
-
-    /// Runs an entry's work with its retries and gives up on it or counts it; false when
-    /// the database failed and the entry must be run again.
-    async fn process<F, E>(
-        &self,
-        entry: &Entry,
-        work: &F,
-        stats: &mut ConsumerStats,
-        unstored: &mut in_order::Unstored,
-    ) -> Result<bool, Error>
-    where
-        F: for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t Incoming) -> WorkFuture<'t, (), E>
-            + Sync,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        crate::count_consumed(&self.inbox, "redis", 1);
-        let (offset, mut incoming) = match self.read(entry) {
-            Ok(read) => read,
-            Err(reason) => return self.give_up(entry, &reason, stats).await,
-        };
-        let ran = in_order::run_with_retries(
-            &self.inbox,
-            self.offset_stream(),
-            in_order::PARTITION,
-            offset,
-            &mut incoming,
-            work,
-            self.options.policy.max_attempts,
-            stats,
-        )
-        .await;
-        match ran {
-            Ran::Outcome(outcome) => {
-                crate::count(&outcome, stats);
-                unstored.after(&outcome, in_order::PARTITION, offset);
-                Ok(true)
-            }
-            Ran::Work(error) => {
-                let reason = format!("attempt {}: {error}", incoming.attempt);
-                self.give_up(entry, &reason, stats).await
-            }
-            Ran::NoKey(reason) => self.give_up(entry, &reason, stats).await,
-            Ran::Store(error) => {
-                tracing::warn!(%error, "database failed: the entry runs again");
-                stats.returned += 1;
-                Ok(false)
-            }
-        }
-    }
-
-    /// Adds the entry to the dead-letter stream and moves the offset past it; false if the
-    /// database failed. A reader that dies in between adds the entry again.
-    async fn give_up(
-        &self,
-        entry: &Entry,
-        reason: &str,
-        stats: &mut ConsumerStats,
-    ) -> Result<bool, Error> {
-        tracing::warn!(%reason, id = entry.id(), "dead-lettered");
+    async fn dead_letter(&self, entry: &Entry, attempt: u32, reason: &str) -> Result<(), Error> {
         let mut redis = self.redis.clone();
-        let _: String = redis
-            .xadd(
+        redis
+            .xadd::<_, _, _, _, String>(
                 self.options.dead_letter_stream(),
                 "*",
-                &dead_letter_fields(entry, reason),
+                &dead_letter_fields(entry, attempt, reason),
             )
             .await
-            .map_err(broker)?;
-        stats.dead_lettered += 1;
-        let Some(offset) = offset_of(entry.id()) else {
-            return Ok(true);
-        };
-        match in_order::skip(
-            &self.inbox,
-            self.offset_stream(),
-            in_order::PARTITION,
-            offset,
-        )
-        .await
-        {
-            Ok(()) => Ok(true),
-            Err(error) => {
-                tracing::warn!(%error, "database failed: the offset did not move past a dead letter");
-                Ok(false)
-            }
-        }
-    }
-
-    /// An entry's offset and what its work sees, or why it has no key.
-    fn read(&self, entry: &Entry) -> Result<(Offset, Incoming), String> {
-        let offset = offset_of(entry.id())
-            .ok_or_else(|| format!("the entry id {} is not <ms>-<seq>", entry.id()))?;
-        let incoming = crate::consumer::incoming(&self.options.policy.key_from, entry)?;
-        Ok((offset, incoming))
+            .map(drop)
+            .map_err(broker)
     }
 }
 
@@ -629,40 +495,20 @@ fn offset_of(id: &str) -> Option<Offset> {
     Some(Offset::new(ms.parse().ok()?, seq.parse().ok()?))
 }
 
-/// The entries of a [`RedisStreamReader`], in stream order.
-pub struct ReadEntries {
-    redis: MultiplexedConnection,
-    stream: String,
-    count: usize,
-    /// The id of the last entry read.
-    after: String,
+/// Where a reader of the stream takes entries from.
+enum Cursor {
+    /// As a member of the group: first what other members left pending past the claim idle
+    /// time (looked at when this was last done), then new ones.
+    Group { last_claim: Option<Instant> },
+    /// After this entry id, with no group: a single reader.
+    After(String),
 }
 
-impl ReadEntries {
-    /// The next entries; empty when none came within a second.
-    pub async fn next(&mut self) -> Result<Vec<Entry>, Error> {
-        let read = StreamReadOptions::default()
-            .count(self.count)
-            .block(usize::try_from(READ_BLOCK.as_millis()).unwrap_or(1_000));
-        let reply: Option<StreamReadReply> = self
-            .redis
-            .xread_options(&[&self.stream], &[&self.after], &read)
-            .await
-            .map_err(broker)?;
-        let entries = entries_of(reply);
-        if let Some(last) = entries.last() {
-            self.after = last.id().to_owned();
-        }
-        Ok(entries)
-    }
-}
-
-/// The entries of one member of a group: first what other members left pending past the
-/// claim idle time, then new ones.
+/// The entries of one member of a group, or of a single reader, in the order read.
 pub struct Entries<'c> {
-    group: &'c RedisStreams,
+    streams: &'c RedisStreams,
     redis: MultiplexedConnection,
-    last_claim: Option<Instant>,
+    cursor: Cursor,
     /// The entries of the last read not yet taken.
     read: VecDeque<Entry>,
 }
@@ -689,35 +535,46 @@ impl Receive for Entries<'_> {
 impl Entries<'_> {
     /// Pending entries taken over, or new ones; none when none came within a second.
     async fn read(&mut self) -> Result<Vec<Entry>, Error> {
-        let options = &self.group.options;
-        // Looked at every half of the idle time: a pending entry waits at most 1.5 times it.
-        let claim_due = self
-            .last_claim
-            .is_none_or(|at| at.elapsed() >= options.claim_idle / 2);
-        if claim_due {
-            let claimed = self.claim_pending().await?;
-            if claimed.is_empty() {
-                self.last_claim = Some(Instant::now());
-            } else {
-                return Ok(claimed);
-            }
-        }
+        let options = &self.streams.options;
         let read = StreamReadOptions::default()
-            .group(&options.group, &options.consumer)
             .count(options.count)
             .block(usize::try_from(READ_BLOCK.as_millis()).unwrap_or(1_000));
+        let (read, after) = match &self.cursor {
+            Cursor::After(after) => (read, after.clone()),
+            Cursor::Group { last_claim } => {
+                // Looked at every half of the idle time: a pending entry waits at most 1.5
+                // times it.
+                if last_claim.is_none_or(|at| at.elapsed() >= options.claim_idle / 2) {
+                    let claimed = self.claim_pending().await?;
+                    if !claimed.is_empty() {
+                        return Ok(claimed);
+                    }
+                    self.cursor = Cursor::Group {
+                        last_claim: Some(Instant::now()),
+                    };
+                }
+                (
+                    read.group(&options.group, &options.consumer),
+                    ">".to_owned(),
+                )
+            }
+        };
         let reply: Option<StreamReadReply> = self
             .redis
-            .xread_options(&[&options.stream], &[">"], &read)
+            .xread_options(&[&options.stream], &[&after], &read)
             .await
             .map_err(broker)?;
-        Ok(entries_of(reply))
+        let entries = entries_of(reply);
+        if let (Cursor::After(after), Some(last)) = (&mut self.cursor, entries.last()) {
+            last.id().clone_into(after);
+        }
+        Ok(entries)
     }
 
     /// Takes over entries pending longer than the claim idle time, with the delivery count
     /// Redis keeps for each.
     async fn claim_pending(&mut self) -> Result<Vec<Entry>, Error> {
-        let options = &self.group.options;
+        let options = &self.streams.options;
         let idle = u64::try_from(options.claim_idle.as_millis()).unwrap_or(u64::MAX);
         let claimed: redis::streams::StreamAutoClaimReply = self
             .redis

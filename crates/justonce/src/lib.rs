@@ -257,7 +257,8 @@ pub mod http {
 
 /// What every broker's consumer shares: the generic [`broker::Consumer`] over a
 /// [`broker::Broker`] adapter, where a delivery's key is, what the work sees, what a run
-/// came to, the counts, the errors, and TLS to the broker.
+/// came to, the counts, the errors, and TLS to the broker. With NATS or Redis, the generic
+/// single reader `Reader` over an `OrderedBroker` adapter too.
 #[cfg(any(
     feature = "amqp",
     feature = "nats",
@@ -280,6 +281,10 @@ pub mod broker {
     pub use justonce_transport::{
         ATTEMPT_HEADER, Broker, Consumer, ConsumerStats, Deliveries, Error, Incoming, KeyFrom,
         Policy, REASON_HEADER, Ran, Receive, Received, Settle, Work,
+    };
+    #[cfg(any(feature = "nats", feature = "redis"))]
+    pub use justonce_transport::{
+        OrderedBroker, Position, Reader, ReaderDeliveries, StoredOffsets,
     };
 }
 

@@ -22,7 +22,7 @@ use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
-use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, Ran};
+use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, OrderedBroker, Ran, Reader};
 use std::time::Instant;
 
 #[tokio::main]
@@ -143,21 +143,15 @@ async fn measure_nats<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Con
         }
     }
 
-    let work = consumer_work::<DB>(&db.prefix);
-    let mut stats = ConsumerStats::default();
     let started = Instant::now();
-    if args.broker == "nats-reader" {
+    let stats = if args.broker == "nats-reader" {
         let reader = NatsReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("NATS");
-        let mut messages = reader.messages().await.expect("reading");
-        while ((stats.processed + stats.duplicates) as usize) < args.messages {
-            let message = messages.next().await.expect("a message").expect("a stream");
-            count(reader.run_one(&message, &work).await, &mut stats);
-        }
+        read_all(&reader, &db, args).await
     } else {
-        stats = consume_all(&consumer, &db, args).await;
-    }
+        consume_all(&consumer, &db, args).await
+    };
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     assert_eq!(
         db.rows("effects").await,
@@ -202,23 +196,16 @@ async fn measure_redis<DB: TestBackend + Backend>(args: &StreamArgs) -> (f64, Co
         pipe.query_async::<()>(&mut redis).await.expect("added");
     }
 
-    let work = consumer_work::<DB>(&db.prefix);
-    let mut stats = ConsumerStats::default();
     let started = Instant::now();
-    if args.broker == "redis-reader" {
+    let stats = if args.broker == "redis-reader" {
         let options = RedisStreamOptions::new(&stream, "bench").count(args.batch.max(16));
         let reader = RedisStreamReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("Redis");
-        let mut entries = reader.entries().await.expect("reading");
-        while ((stats.processed + stats.duplicates) as usize) < args.messages {
-            for entry in entries.next().await.expect("entries") {
-                count(reader.run_one(&entry, &work).await, &mut stats);
-            }
-        }
+        read_all(&reader, &db, args).await
     } else {
-        stats = consume_all(&consumer, &db, args).await;
-    }
+        consume_all(&consumer, &db, args).await
+    };
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     assert_eq!(
         db.rows("effects").await,
@@ -253,6 +240,22 @@ async fn consume_all<B: Broker, DB: TestBackend + Backend>(
             .expect("settled");
     }
     deliveries.stop().await.expect("stopped");
+    stats
+}
+
+/// Reads `args.messages` entries through `reader`, one by one.
+async fn read_all<O: OrderedBroker, DB: TestBackend + Backend>(
+    reader: &Reader<O, DB>,
+    db: &TestDb<DB>,
+    args: &StreamArgs,
+) -> ConsumerStats {
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let mut entries = reader.deliveries().await.expect("reading");
+    while ((stats.processed + stats.duplicates) as usize) < args.messages {
+        let entry = entries.next().await.expect("an entry").expect("a stream");
+        count(reader.run_one(&entry, &work).await, &mut stats);
+    }
     stats
 }
 

@@ -30,9 +30,9 @@ use justonce_transport::kafka::{KafkaOptions, KafkaReader};
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
-    KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
+    RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
-use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, Ran};
+use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, OrderedBroker, Ran, Reader};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -70,8 +70,6 @@ async fn work<DB: TestBackend>(
         InboxOptions::default().prefix(prefix),
     )
     .await?;
-    let work = consumer_work::<DB>(prefix);
-    let forever = std::future::pending::<()>();
     if broker.starts_with("mqtt:") {
         let options = match kind.strip_prefix("member-") {
             Some(member) => shared_mqtt_options(queue, member),
@@ -84,47 +82,15 @@ async fn work<DB: TestBackend>(
         let options = KafkaOptions::new(queue, queue)
             .key_from(KeyFrom::Header("ce_id".into()))
             .session_timeout(std::time::Duration::from_secs(3));
-        let reader = KafkaReader::connect(broker, inbox.clone(), options)?;
-        if mode != "pause-after-commit" {
-            reader.run(forever, work).await?;
-            return Ok(());
-        }
-        let record = reader.next().await?;
-        let key = justonce_transport::Received::header(&record, "ce_id").unwrap_or_default();
-        let ran = reader.run_one(&record, &work).await;
-        pause_after_commit(&key, ran).await
+        read(&KafkaReader::connect(broker, inbox, options)?, prefix, mode).await
     } else if broker.starts_with("redis:") && reader {
-        let reader = RedisStreamReader::connect(
-            broker,
-            inbox.clone(),
-            RedisStreamOptions::new(queue, "test"),
+        let options = RedisStreamOptions::new(queue, "test");
+        read(
+            &RedisStreamReader::connect(broker, inbox, options).await?,
+            prefix,
+            mode,
         )
-        .await?;
-        if mode == "separate-claim" {
-            let mut entries = reader.entries().await?;
-            loop {
-                for entry in entries.next().await? {
-                    let key = entry.field(KEY_FIELD).ok_or("an entry without a key")?;
-                    let key = String::from_utf8_lossy(&key);
-                    effect_unless_claimed(&inbox, prefix, &key).await?;
-                    tokio::time::sleep(SEPARATE_CLAIM_GAP).await;
-                    settled(reader.run_one(&entry, &nothing::<DB>).await)?;
-                }
-            }
-        }
-        if mode != "pause-after-commit" {
-            reader.run(forever, work).await?;
-            return Ok(());
-        }
-        let mut entries = reader.entries().await?;
-        let entry = loop {
-            if let Some(entry) = entries.next().await?.into_iter().next() {
-                break entry;
-            }
-        };
-        let ran = reader.run_one(&entry, &work).await;
-        let key = entry.field(KEY_FIELD).unwrap_or_default();
-        pause_after_commit(&String::from_utf8_lossy(&key), ran).await
+        .await
     } else if broker.starts_with("redis:") {
         let options = RedisStreamOptions::new(queue, "test")
             .consumer(format!("worker-{}", std::process::id()))
@@ -133,24 +99,12 @@ async fn work<DB: TestBackend>(
         consume(&consumer, prefix, mode).await
     } else if broker.starts_with("nats:") && reader {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
-        let reader = NatsReader::connect(broker, inbox.clone(), options).await?;
-        if mode == "separate-claim" {
-            let mut messages = reader.messages().await?;
-            while let Some(message) = messages.next().await? {
-                effect_unless_claimed(&inbox, prefix, &order_id(&message)).await?;
-                tokio::time::sleep(SEPARATE_CLAIM_GAP).await;
-                settled(reader.run_one(&message, &nothing::<DB>).await)?;
-            }
-            return Ok(());
-        }
-        if mode != "pause-after-commit" {
-            reader.run(forever, work).await?;
-            return Ok(());
-        }
-        let mut messages = reader.messages().await?;
-        let message = messages.next().await?.ok_or("no message")?;
-        let ran = reader.run_one(&message, &work).await;
-        pause_after_commit(&order_id(&message), ran).await
+        read(
+            &NatsReader::connect(broker, inbox, options).await?,
+            prefix,
+            mode,
+        )
+        .await
     } else if broker.starts_with("nats:") {
         let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
         let consumer = NatsConsumer::connect(broker, inbox.clone(), options).await?;
@@ -188,6 +142,38 @@ async fn consume<B: Broker, DB: TestBackend>(
         }
         _ => {
             consumer.run(forever, work).await?;
+            Ok(())
+        }
+    }
+}
+
+/// What a single reader of any broker does in `mode`.
+async fn read<O: OrderedBroker, DB: TestBackend>(
+    reader: &Reader<O, DB>,
+    prefix: &str,
+    mode: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let work = consumer_work::<DB>(prefix);
+    match mode {
+        "separate-claim" => {
+            let mut entries = reader.deliveries().await?;
+            while let Some(entry) = entries.next().await? {
+                let key = reader.incoming(&entry)?.key;
+                effect_unless_claimed(reader.inbox(), prefix, key.as_str()).await?;
+                tokio::time::sleep(SEPARATE_CLAIM_GAP).await;
+                settled(reader.run_one(&entry, &nothing::<DB>).await)?;
+            }
+            Ok(())
+        }
+        "pause-after-commit" => {
+            let mut entries = reader.deliveries().await?;
+            let entry = entries.next().await?.ok_or("the stream ended")?;
+            let key = reader.incoming(&entry)?.key;
+            let ran = reader.run_one(&entry, &work).await;
+            pause_after_commit(key.as_str(), ran).await
+        }
+        _ => {
+            reader.run(std::future::pending::<()>(), work).await?;
             Ok(())
         }
     }
@@ -254,14 +240,6 @@ fn settled(
         Ran::Outcome(_) => Ok(()),
         other => Err(format!("{other:?}").into()),
     }
-}
-
-/// The key of the NATS tests' messages.
-fn order_id(message: &justonce_transport::nats::Message) -> String {
-    (message.headers.as_ref())
-        .and_then(|headers| headers.get("Order-Id"))
-        .map(|id| id.as_str().to_owned())
-        .unwrap_or_default()
 }
 
 /// Says that the work of `key` committed, then waits to be killed: the message is never

@@ -10,7 +10,7 @@
 use super::{Xorshift, run_until};
 use justonce_sql::{Inbox, InboxOptions, Key};
 use justonce_tests::{TestBackend, TestDb, consumer_work};
-use justonce_transport::{Broker, Consumer, ConsumerStats};
+use justonce_transport::{Broker, Consumer, ConsumerStats, OrderedBroker, Reader};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -89,9 +89,7 @@ macro_rules! consume_with_run {
 
 consume_with_run!(
     [B: Broker,] Consumer<B, DB>,
-    [] justonce_transport::nats::NatsReader<DB>,
-    [] justonce_transport::redis_streams::RedisStreamReader<DB>,
-    [] justonce_transport::kafka::KafkaReader<DB>,
+    [O: OrderedBroker,] Reader<O, DB>,
 );
 
 /// What a consumer's `consume` does: takes exactly `count` deliveries, each within 30 s,
@@ -268,6 +266,13 @@ on_brokers!(batched: [
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
     a_database_failure_gives_the_batch_back_and_asks_for_a_pause,
+));
+
+on_brokers!(reading: [
+    nats_reader = crate::nats::ReadStream,
+    redis_reader = crate::redis_streams::ReadStream,
+] (
+    a_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_failure,
 ));
 
 /// A worker process: a consumer, or the reader of a broker that keeps its offset.
@@ -609,6 +614,65 @@ where
     assert_eq!(db.doubled_effects().await, 0);
     assert_eq!(broker.dead_letters().await, 0);
     drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// The rule after a database failure, for a single reader: the entry that met it is neither
+/// skipped nor dead-lettered; the reader pauses, then runs the same entry again, and once
+/// the database answers each entry takes effect once and the stored offset is the last.
+async fn a_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_failure<B, DB>(
+    test: &str,
+) where
+    B: TestBroker,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..3).map(|n| format!("order:{n}")).collect();
+    broker.publish(&keys).await;
+    // A consumer of this test alone, for its metric, on the test's tables.
+    let name = format!("{}paused", db.prefix);
+    assert_eq!(consumed(&name), 0);
+    let reading = TestDb {
+        url: db.url.clone(),
+        prefix: db.prefix.clone(),
+        inbox: db.consumer(&name),
+    };
+    let rename = |from: &str, to: &str| {
+        let sql = format!("ALTER TABLE {0}{from} RENAME TO {0}{to}", db.prefix);
+        DB::execute(db.inbox.pool(), sql)
+    };
+    // No key can be claimed, while offsets still load: every run fails in the database.
+    rename("keys", "keys_away").await.unwrap();
+    let reader = broker.connect(&reading).await;
+    let restored = std::sync::atomic::AtomicBool::new(false);
+    let stats = consume_until(&reading, &reader, || async {
+        if restored.load(std::sync::atomic::Ordering::Relaxed) {
+            return reading.rows("effects").await == 3 && broker.settled(&reading).await;
+        }
+        // The third run of the first entry has begun: two have failed, each followed by
+        // the pause.
+        if consumed(&name) >= 3 {
+            rename("keys_away", "keys").await.unwrap();
+            restored.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        false
+    })
+    .await;
+    assert!(stats.returned >= 2, "{stats:?}");
+    assert_eq!(
+        (stats.processed, stats.duplicates),
+        (3, 0),
+        "each entry once: {stats:?}"
+    );
+    assert_eq!(
+        (stats.retried, stats.dead_lettered),
+        (0, 0),
+        "a database failure is no failure of the work: {stats:?}"
+    );
+    assert_eq!(db.doubled_effects().await, 0);
+    drop(reader);
     broker.delete().await;
     db.cleanup().await;
 }

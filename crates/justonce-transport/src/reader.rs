@@ -1,0 +1,404 @@
+//! The reader written once over every broker that hands out entries in order: an
+//! [`OrderedBroker`] adapter says where reading starts, where each entry sits and how to
+//! dead-letter one; [`Reader`] holds the loop (retries in place, dead letters, the pause
+//! after a database failure, metrics, logs).
+//!
+//! The broker keeps no acknowledgement state for such a reader: the database does. Each
+//! entry's position is stored as an offset, per stream and partition, in the same
+//! transaction as its work. An entry whose transaction committed is never read again,
+//! because the reader starts after the stored offset; an entry whose transaction did not
+//! commit is read again. The key is still claimed, because a publisher may have sent the
+//! same key twice at two positions.
+
+use crate::consumer::{Receive, Received, Settle, Work, judge};
+use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
+use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::Instrument;
+
+/// The partition a stream with one partition keeps its offset in.
+pub(crate) const PARTITION: i32 = 0;
+
+/// How long a reader waits without a new entry before it stores the offsets of the
+/// duplicates it read last.
+const IDLE: Duration = Duration::from_secs(1);
+
+/// Where an entry sits: its stream (or topic), its partition, and its offset there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position<'a> {
+    /// The name offsets of the stream are stored under.
+    pub stream: &'a str,
+    /// The partition; 0 on a stream that has one.
+    pub partition: i32,
+    /// The entry's offset in the partition.
+    pub offset: Offset,
+}
+
+/// The offsets a [`Reader`] has stored, for its adapter to start reading after. An adapter
+/// whose partitions are assigned while it reads asks again at each assignment.
+#[derive(Clone)]
+pub struct StoredOffsets {
+    inbox: Arc<dyn LoadOffsets>,
+}
+
+impl std::fmt::Debug for StoredOffsets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredOffsets").finish_non_exhaustive()
+    }
+}
+
+impl StoredOffsets {
+    /// The offset stored for `partition` of `stream`: the last entry processed or given
+    /// up there, if any.
+    pub async fn offset(&self, stream: &str, partition: i32) -> Result<Option<Offset>, Error> {
+        let stored = self.inbox.load(stream).await.map_err(Error::Store)?;
+        Ok(stored
+            .into_iter()
+            .find(|(stored, _)| *stored == partition)
+            .map(|(_, offset)| offset))
+    }
+}
+
+/// The offsets stored for each partition of a stream.
+type Loading<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<(i32, Offset)>, justonce_sql::Error>> + Send + 'a>>;
+
+/// An inbox's stored offsets, whatever its database.
+trait LoadOffsets: Send + Sync {
+    fn load<'a>(&'a self, stream: &'a str) -> Loading<'a>;
+}
+
+impl<DB: Backend> LoadOffsets for Inbox<DB> {
+    fn load<'a>(&'a self, stream: &'a str) -> Loading<'a> {
+        Box::pin(self.load_offsets(stream))
+    }
+}
+
+/// A broker adapter that hands out entries in order: where reading starts, where each entry
+/// sits, and how to dead-letter one. [`Reader`] holds everything else.
+pub trait OrderedBroker: Send + Sync {
+    /// What the broker hands out.
+    type Entry: Received;
+    /// The entries, in order.
+    type Entries<'b>: Receive<Delivery = Self::Entry> + 'b
+    where
+        Self: 'b;
+
+    /// The broker's name in metrics: `nats`, `redis`.
+    const NAME: &'static str;
+
+    /// The reader's settings.
+    fn policy(&self) -> &Policy;
+
+    /// Starts reading each partition after its offset in `stored`, or at its start when
+    /// none is stored.
+    fn read(
+        &self,
+        stored: StoredOffsets,
+    ) -> impl Future<Output = Result<Self::Entries<'_>, Error>> + Send;
+
+    /// Where `entry` sits, or why it has no position.
+    fn position<'e>(&'e self, entry: &'e Self::Entry) -> Result<Position<'e>, String>;
+
+    /// Publishes `entry` to the dead letters with the attempt it was given up on and why,
+    /// and waits for the broker to store it.
+    fn dead_letter(
+        &self,
+        entry: &Self::Entry,
+        attempt: u32,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// A single reader of broker `O` that runs each entry's work once in effect, in a
+/// transaction with its key and its offset, and starts after the stored offsets.
+///
+/// Failed work runs again in place after a growing delay, holding up the entries after it,
+/// up to the attempt limit; then the entry is dead-lettered with its reason and the offset
+/// moves past it. After a database failure the reader takes nothing for the policy's
+/// `store_pause`, then runs the same entry again.
+#[derive(Debug)]
+pub struct Reader<O: OrderedBroker, DB: Backend> {
+    broker: O,
+    inbox: Inbox<DB>,
+}
+
+/// The entries of a [`Reader`], one at a time, in order, for callers that run them
+/// themselves.
+pub struct ReaderDeliveries<'r, O: OrderedBroker + 'r> {
+    entries: O::Entries<'r>,
+}
+
+impl<'r, O: OrderedBroker + 'r> ReaderDeliveries<'r, O> {
+    /// The next entry; `None` once the broker ended the stream.
+    pub async fn next(&mut self) -> Result<Option<O::Entry>, Error> {
+        self.entries.next().await
+    }
+
+    /// Stops reading. Nothing is settled with the broker: what was not stored is read
+    /// again by the next reader.
+    pub async fn stop(self) -> Result<(), Error> {
+        self.entries.stop().await
+    }
+}
+
+impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
+    /// A reader of `broker` claiming keys and storing offsets in `inbox`.
+    pub fn new(broker: O, inbox: Inbox<DB>) -> Self {
+        Self { broker, inbox }
+    }
+
+    /// The broker adapter.
+    pub fn broker(&self) -> &O {
+        &self.broker
+    }
+
+    /// The inbox keys are claimed and offsets stored in.
+    pub fn inbox(&self) -> &Inbox<DB> {
+        &self.inbox
+    }
+
+    /// Reads entries after the stored offsets until `shutdown` resolves or the broker ends
+    /// the stream, and runs `work` for each in a transaction with its key and its offset.
+    /// An entry whose transaction had not committed at shutdown is read again by the next
+    /// reader.
+    pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut entries = self.deliveries().await?;
+        let mut stats = ConsumerStats::default();
+        let mut unstored = Unstored::default();
+        let mut shutdown = std::pin::pin!(shutdown);
+        'read: loop {
+            let next = tokio::select! {
+                _ = &mut shutdown => break,
+                () = tokio::time::sleep(IDLE), if unstored.is_some() => {
+                    unstored.store(&self.inbox).await;
+                    continue;
+                }
+                next = entries.next() => next,
+            };
+            let Some(entry) = next? else { break };
+            while !self
+                .process(&entry, &work, &mut stats, &mut unstored)
+                .await?
+            {
+                tokio::select! {
+                    _ = &mut shutdown => break 'read,
+                    () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+                }
+            }
+        }
+        unstored.store(&self.inbox).await;
+        entries.stop().await?;
+        Ok(stats)
+    }
+
+    /// The entries after the stored offsets, for callers that run them themselves.
+    pub async fn deliveries(&self) -> Result<ReaderDeliveries<'_, O>, Error> {
+        let stored = StoredOffsets {
+            inbox: Arc::new(self.inbox.clone()),
+        };
+        Ok(ReaderDeliveries {
+            entries: self.broker.read(stored).await?,
+        })
+    }
+
+    /// Runs the work of one entry once, in a transaction with its key and its offset.
+    pub async fn run_one<F, E>(&self, entry: &O::Entry, work: &F) -> Ran<E>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        match self.read(entry) {
+            Ok((position, incoming)) => self.run_at(position, &incoming, work).await,
+            Err(reason) => Ran::NoKey(reason),
+        }
+    }
+
+    /// What the work of `entry` sees, or why it has no usable key.
+    pub fn incoming(&self, entry: &O::Entry) -> Result<Incoming, String> {
+        let mut incoming = crate::consumer::incoming(&self.broker.policy().key_from, entry)?;
+        // A reader runs an entry again in place: the broker handed it out once.
+        (incoming.attempt, incoming.redelivered) = (1, false);
+        Ok(incoming)
+    }
+
+    /// An entry's position and what its work sees, or why it has neither.
+    fn read<'e>(&'e self, entry: &'e O::Entry) -> Result<(Position<'e>, Incoming), String> {
+        Ok((self.broker.position(entry)?, self.incoming(entry)?))
+    }
+
+    /// Runs an entry's work with its retries, and gives up on it or counts it; false when
+    /// the database failed and the entry must run again after the pause.
+    async fn process<F, E>(
+        &self,
+        entry: &O::Entry,
+        work: &F,
+        stats: &mut ConsumerStats,
+        unstored: &mut Unstored,
+    ) -> Result<bool, Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        crate::count_consumed(&self.inbox, O::NAME, 1);
+        let id = || entry.log_id();
+        let (position, mut incoming) = match self.read(entry) {
+            Ok(read) => read,
+            Err(reason) => {
+                let settle = judge::<E>(Ran::NoKey(reason), 1, 1, stats, String::new, id);
+                return self.settle(entry, settle).await;
+            }
+        };
+        let key = || incoming.key.as_str().to_owned();
+        let max_attempts = self.broker.policy().max_attempts;
+        loop {
+            let ran = self.run_at(position, &incoming, work).await;
+            match &ran {
+                Ran::Outcome(outcome) => unstored.after(outcome, position),
+                Ran::Store(error) => {
+                    tracing::warn!(key = key(), delivery = id(), %error, "database failed: the entry runs again after the pause");
+                    stats.returned += 1;
+                    return Ok(false);
+                }
+                Ran::NoKey(_) | Ran::Work(_) => {}
+            }
+            let attempt = incoming.attempt;
+            match judge(ran, attempt, max_attempts, stats, key, id) {
+                // Failed work holds up the entries after it: the price of reading in order.
+                Settle::Retry { attempt } => {
+                    tokio::time::sleep(retry_delay(attempt)).await;
+                    incoming.attempt += 1;
+                    incoming.redelivered = true;
+                }
+                settle => return self.settle(entry, settle).await,
+            }
+        }
+    }
+
+    /// Dead-letters an entry given up and moves the offset past it; false if the database
+    /// failed. A reader that dies in between dead-letters the entry again.
+    async fn settle(&self, entry: &O::Entry, settle: Settle) -> Result<bool, Error> {
+        let Settle::DeadLetter { attempt, reason } = settle else {
+            return Ok(true);
+        };
+        self.broker.dead_letter(entry, attempt, &reason).await?;
+        let Ok(position) = self.broker.position(entry) else {
+            return Ok(true);
+        };
+        match self.skip(position).await {
+            Ok(()) => Ok(true),
+            Err(error) => {
+                tracing::warn!(%error, delivery = entry.log_id(), "database failed: the offset did not move past a dead letter");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Runs `work` for `incoming`, at `position`, in one transaction with its key and the
+    /// offset (see [`Inbox::run`]). A duplicate key commits nothing, so that a burst of
+    /// duplicates costs no writes: the offset moves with the next processed entry or when
+    /// the reader is idle ([`Unstored`]), and a reader restarted before then reads those
+    /// duplicates again, as duplicates.
+    async fn run_at<F, E>(&self, at: Position<'_>, incoming: &Incoming, work: &F) -> Ran<E>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let inbox = &self.inbox;
+        let run = inbox
+            .run(&incoming.key, &incoming.body, |tx| {
+                Box::pin(async move {
+                    work(tx, incoming).await.map_err(InOrderError::Work)?;
+                    match inbox
+                        .commit_offset(tx, at.stream, at.partition, at.offset)
+                        .await
+                        .map_err(InOrderError::Offset)?
+                    {
+                        OffsetCommit::Moved => Ok(()),
+                        OffsetCommit::AlreadyProcessed => Err(InOrderError::AlreadyProcessed),
+                    }
+                })
+            })
+            .instrument(crate::consume_span(incoming))
+            .await;
+        match run {
+            Ok(outcome) => Ran::Outcome(outcome),
+            Err(RunError::Work(InOrderError::Work(error))) => Ran::Work(error),
+            Err(RunError::Work(InOrderError::AlreadyProcessed)) => Ran::Outcome(Outcome::Duplicate),
+            Err(RunError::Work(InOrderError::Offset(error)) | RunError::Store(error)) => {
+                Ran::Store(error)
+            }
+            Err(error) => Ran::Store(justonce_sql::Error::Config(format!(
+                "the run failed in a way this reader does not know: {error}"
+            ))),
+        }
+    }
+
+    /// Moves the offset past an entry given up, in a transaction of its own.
+    async fn skip(&self, at: Position<'_>) -> Result<(), justonce_sql::Error> {
+        (self.inbox)
+            .move_offset(at.stream, at.partition, at.offset)
+            .await
+            .map(drop)
+    }
+}
+
+/// Why the transaction of an entry read in order did not commit.
+#[derive(Debug, thiserror::Error)]
+enum InOrderError<E> {
+    #[error("the work failed")]
+    Work(#[source] E),
+    /// A reader that died after sending its COMMIT committed this entry after this reader
+    /// loaded the offset.
+    #[error("the entry was processed before")]
+    AlreadyProcessed,
+    /// A source, so that [`Inbox::run`] sees a retryable database error through it.
+    #[error("storing the offset")]
+    Offset(#[source] justonce_sql::Error),
+}
+
+/// The offset of the last entry read in each partition, when its transaction did not store
+/// it (a duplicate).
+#[derive(Debug, Default)]
+struct Unstored(BTreeMap<(String, i32), Offset>);
+
+impl Unstored {
+    /// Notes what running the entry at `at` came to.
+    fn after(&mut self, outcome: &Outcome<()>, at: Position<'_>) {
+        let partition = (at.stream.to_owned(), at.partition);
+        match outcome {
+            Outcome::Processed(()) => self.0.remove(&partition),
+            Outcome::Duplicate | Outcome::KeyReused { .. } => self.0.insert(partition, at.offset),
+        };
+    }
+
+    fn is_some(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// Stores each offset in a transaction of its own. A failure leaves it for the next
+    /// time: until then, a restarted reader reads those duplicates again.
+    async fn store<DB: Backend>(&mut self, inbox: &Inbox<DB>) {
+        let mut failed = BTreeMap::new();
+        for ((stream, partition), offset) in std::mem::take(&mut self.0) {
+            if let Err(error) = inbox.move_offset(&stream, partition, offset).await {
+                tracing::warn!(%error, "storing the offset of duplicates failed");
+                failed.insert((stream, partition), offset);
+            }
+        }
+        self.0 = failed;
+    }
+}
+
+/// 1 s after the first failure, doubling to at most a minute.
+pub(crate) fn retry_delay(attempt: u32) -> Duration {
+    Duration::from_secs(1 << attempt.saturating_sub(1).min(6)).min(Duration::from_secs(60))
+}
