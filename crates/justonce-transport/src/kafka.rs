@@ -34,7 +34,7 @@
 //!
 //! Failed work runs again in place after a growing delay, holding up its partition, up to
 //! the attempt limit; then the record goes to `<topic>.dead` with the reason in the
-//! [`REASON_HEADER`](crate::REASON_HEADER) header, and the offset moves past it.
+//! [`REASON_HEADER`] header, and the offset moves past it.
 //!
 //! A Kafka record carries no message id: its key names an entity, such as an order, and
 //! many messages share it. The id must come from a header or a JSON pointer
