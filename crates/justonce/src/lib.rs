@@ -257,8 +257,8 @@ pub mod http {
 
 /// What every broker's consumer shares: the generic [`broker::Consumer`] over a
 /// [`broker::Broker`] adapter, where a delivery's key is, what the work sees, what a run
-/// came to, the counts, the errors, and TLS to the broker. With NATS or Redis, the generic
-/// single reader `Reader` over an `OrderedBroker` adapter too.
+/// came to, the counts, the errors, and TLS to the broker. With NATS, Redis or Kafka, the
+/// generic single reader `Reader` over an `OrderedBroker` adapter too.
 #[cfg(any(
     feature = "amqp",
     feature = "nats",
@@ -282,7 +282,7 @@ pub mod broker {
         ATTEMPT_HEADER, Broker, Consumer, ConsumerStats, Deliveries, Error, Incoming, KeyFrom,
         Policy, REASON_HEADER, Ran, Receive, Received, Settle, Work,
     };
-    #[cfg(any(feature = "nats", feature = "redis"))]
+    #[cfg(any(feature = "nats", feature = "redis", feature = "kafka"))]
     pub use justonce_transport::{
         OrderedBroker, Position, Reader, ReaderDeliveries, StoredOffsets,
     };
