@@ -746,5 +746,5 @@ pub async fn probe(url: &str, options: &KafkaOptions) -> Result<(), Error> {
 }
 
 fn broker(error: rdkafka::error::KafkaError) -> Error {
-    Error::Broker(error.into())
+    crate::tls::broker_error(error)
 }
