@@ -17,6 +17,7 @@ use justonce_sql::sqlx::{
 };
 use justonce_sql::{Backend, Delivered, Delivery, Destination};
 use justonce_transport::amqp::AmqpDestination;
+use justonce_transport::kafka::KafkaDestination;
 use justonce_transport::mqtt::MqttDestination;
 use justonce_transport::nats::NatsDestination;
 use justonce_transport::redis_streams::RedisStreamDestination;
@@ -73,9 +74,10 @@ impl Target {
                     MqttDestination::new(url, broker("MQTT topic")?, &client_id).map_err(usage)?,
                 )
             }
+            "kafka" => Box::new(KafkaDestination::new(url, broker("Kafka topic")?)),
             _ => {
                 return Err(usage(format!(
-                    "target {url:?}: expected an http(s), amqp, nats, redis or mqtt URL"
+                    "target {url:?}: expected an http(s), amqp, nats, redis, mqtt or kafka URL"
                 )));
             }
         };

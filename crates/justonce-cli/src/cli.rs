@@ -121,7 +121,7 @@ pub enum Configured {
 #[command(group(clap::ArgGroup::new("subject").args(["target", "run"])))]
 pub struct CheckArgs {
     /// The endpoint or broker to check: an http(s) URL, where each try is a POST with the
-    /// event's key as `Idempotency-Key`; or an amqp, nats, redis or mqtt URL with --to,
+    /// event's key as `Idempotency-Key`; or an amqp, nats, redis, mqtt or kafka URL with --to,
     /// where each try is a message with the key as its id, published as the relay does.
     pub target: Option<String>,
     // The help of each option that takes `{n}` goes through `with_placeholders`.
@@ -130,7 +130,8 @@ pub struct CheckArgs {
          `{key}` and `{n}` replaced and the key in JUSTONCE_CHECK_KEY"
     ))]
     pub run: Option<String>,
-    /// The queue (RabbitMQ), subject (NATS), stream (Redis) or topic (MQTT) to publish to.
+    /// The queue (RabbitMQ), subject (NATS), stream (Redis) or topic (MQTT, Kafka) to publish
+    /// to.
     #[arg(long, requires = "target")]
     pub to: Option<String>,
     /// A query listing the effects: one row per effect, its first column the event's key

@@ -17,6 +17,7 @@ use justonce_sql::{
     Backend, Consumer, Inbox, Key, Message, Outbox, RelayOptions, WorkFuture, trace,
 };
 use justonce_transport::amqp::AmqpConsumer;
+use justonce_transport::kafka::KafkaReader;
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::NatsConsumer;
 use justonce_transport::redis_streams::RedisStreamConsumer;
@@ -387,6 +388,12 @@ where
         BrokerOptions::Redis(options) => {
             let consumer = RedisStreamConsumer::connect(from, inbox, options.clone()).await?;
             run_consumer(consumer, connected, stopped, work).await
+        }
+        // A group member keeps its partitions' offsets in the database, as a reader does.
+        BrokerOptions::Kafka(options) => {
+            let reader = KafkaReader::connect(from, inbox, options.clone())?;
+            connected();
+            reader.run(stopped, work).await
         }
     }
 }

@@ -37,6 +37,13 @@ pub fn nats_url() -> String {
     std::env::var("JUSTONCE_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
 }
 
+/// The Kafka-protocol broker the tests use (`scripts/test` starts nisshi there); they fail if
+/// it is down.
+pub fn kafka_url() -> String {
+    std::env::var("JUSTONCE_TEST_KAFKA_URL")
+        .unwrap_or_else(|_| "kafka://127.0.0.1:19092".to_owned())
+}
+
 /// The MQTT broker the tests use; they fail if it is down.
 pub fn mqtt_url() -> String {
     std::env::var("JUSTONCE_TEST_MQTT_URL").unwrap_or_else(|_| "mqtt://127.0.0.1:1883".to_owned())

@@ -41,6 +41,7 @@
 //! | `nats`  | NATS JetStream, through async-nats: [`nats::NatsConsumer`], the single reader [`nats::NatsReader`] and [`nats::NatsDestination`] |
 //! | `redis` | Redis Streams, through redis: [`redis_streams::RedisStreamConsumer`], the single reader [`redis_streams::RedisStreamReader`] and [`redis_streams::RedisStreamDestination`] |
 //! | `mqtt`  | MQTT 5, through rumqttc: [`mqtt::MqttConsumer`] and [`mqtt::MqttDestination`] |
+//! | `kafka` | Kafka, through rdkafka: the consumer-group member [`kafka::KafkaReader`] and [`kafka::KafkaDestination`] |
 //! | `tls`   | on with any broker: [`tls::Tls`], the TLS settings every broker takes |
 //!
 //! Each consumer is the one generic [`Consumer`] over its broker's adapter ([`Broker`]):
@@ -63,7 +64,7 @@
 //! Nothing is acknowledged before its transaction has committed.
 //!
 //! Each broker's module has a `probe` ([`amqp::probe`], [`nats::probe`],
-//! [`redis_streams::probe`], [`mqtt::probe`]): it connects with a consumer's settings, proves
+//! [`redis_streams::probe`], [`mqtt::probe`], [`kafka::probe`]): it connects with a consumer's settings, proves
 //! that the broker answers and accepts the credentials, and disconnects, without declaring,
 //! subscribing or consuming anything, within [`PROBE_TIMEOUT`]. A deployment check calls it
 //! before it starts consumers.
@@ -71,7 +72,9 @@
 //! A single reader ([`nats::NatsReader`], [`redis_streams::RedisStreamReader`]) acknowledges
 //! nothing: it stores each entry's position as an offset in the same transaction as the work,
 //! and starts after the stored offset. Each is the one generic [`Reader`] over its broker's
-//! adapter ([`OrderedBroker`]): `NatsReader<DB>` is `Reader<NatsStream, DB>`.
+//! adapter ([`OrderedBroker`]): `NatsReader<DB>` is `Reader<NatsStream, DB>`. The Kafka
+//! reader ([`kafka::KafkaReader`]) does the same for each partition the consumer group
+//! assigns it.
 //!
 //! Every broker connects over TLS the same way: an `amqps://`, `rediss://` or `mqtts://` URL
 //! (a NATS server that requires TLS, or any NATS URL given [`tls::Tls`] settings), checked
@@ -84,18 +87,22 @@
 pub mod amqp;
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
 ))]
 mod consumer;
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub mod kafka;
 #[cfg(feature = "mqtt")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub mod mqtt;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
-#[cfg(any(feature = "nats", feature = "redis"))]
+#[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
 mod reader;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -106,6 +113,7 @@ pub mod tls;
 
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -113,7 +121,7 @@ pub mod tls;
 pub use consumer::{Broker, Consumer, Deliveries, Policy, Receive, Received, Settle, Work};
 use justonce_core::{Key, TraceContext};
 use justonce_sql::Outcome;
-#[cfg(any(feature = "nats", feature = "redis"))]
+#[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
 pub use reader::{OrderedBroker, Position, Reader, ReaderDeliveries, StoredOffsets};
 
 /// How long a broker's `probe` (such as [`amqp::probe`]) waits for the broker before it
@@ -123,6 +131,7 @@ pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5)
 /// `probe` within [`PROBE_TIMEOUT`].
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -182,6 +191,7 @@ pub struct Incoming {
 /// carries, when a [`justonce_core::trace::TracePropagator`] is installed.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -210,6 +220,7 @@ pub fn describe_metrics() {
 /// Counts `messages` consumed by the consumer of `inbox` from `broker`.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -260,6 +271,7 @@ impl<E> Ran<E> {
 /// A publisher's answer to the relay: sent, or to be tried again for `reason`.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -279,6 +291,7 @@ pub(crate) fn delivered(sent: Result<(), String>) -> justonce_core::Delivered {
 /// skipped as duplicates.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"
@@ -302,6 +315,7 @@ pub(crate) fn truncate(text: &str, bytes: usize) -> &str {
 /// The id at a JSON pointer in `body`: a string or a number.
 #[cfg(any(
     feature = "amqp",
+    feature = "kafka",
     feature = "mqtt",
     feature = "nats",
     feature = "redis"

@@ -21,6 +21,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 /// The partition a stream with one partition keeps its offset in.
+#[cfg(any(feature = "nats", feature = "redis"))]
 pub(crate) const PARTITION: i32 = 0;
 
 /// How long a reader waits without a new entry before it stores the offsets of the

@@ -95,6 +95,21 @@ impl Tls {
         self.insecure
     }
 
+    /// The trusted CAs as given, PEM; `None`: the system's roots. For a client that brings
+    /// its own TLS (librdkafka's OpenSSL).
+    #[cfg(feature = "kafka")]
+    pub(crate) fn ca_pem(&self) -> Option<&[u8]> {
+        self.ca.as_deref()
+    }
+
+    /// The client certificate chain and key as given, PEM.
+    #[cfg(feature = "kafka")]
+    pub(crate) fn client_pem(&self) -> Option<(&[u8], &[u8])> {
+        self.client
+            .as_ref()
+            .map(|(certificate, key)| (certificate.as_slice(), key.as_slice()))
+    }
+
     /// The rustls configuration of a connection, with the *ring* provider.
     pub fn client_config(&self) -> Result<ClientConfig, Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());

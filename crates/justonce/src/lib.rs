@@ -5,7 +5,7 @@
 //! database transaction as the work, and skips a key it has already processed.
 //!
 //! This crate is the one to depend on. Each part is a feature, and each feature adds a
-//! module of its name: [`http`], [`amqp`], [`nats`], [`redis`], [`mqtt`].
+//! module of its name: [`http`], [`amqp`], [`nats`], [`redis`], [`mqtt`], [`kafka`].
 //!
 //! # What it promises
 //!
@@ -76,6 +76,7 @@
 //! | `nats`             | [`nats`]: a NATS JetStream consumer, reader and publisher            |
 //! | `redis`            | [`redis`]: a Redis Streams consumer, reader and publisher; leases    |
 //! | `mqtt`             | [`mqtt`]: an MQTT 5 subscriber and publisher                         |
+//! | `kafka`            | [`kafka`]: a Kafka group member with offsets in the database, and an idempotent publisher |
 //!
 //! Any broker feature adds [`broker`]: what every broker's consumer shares, TLS included.
 //! Pick the database features you run on; the HTTP parts and the brokers work with each.
@@ -256,13 +257,14 @@ pub mod http {
 
 /// What every broker's consumer shares: the generic [`broker::Consumer`] over a
 /// [`broker::Broker`] adapter, where a delivery's key is, what the work sees, what a run
-/// came to, the counts, the errors, and TLS to the broker. With NATS or Redis, the generic
-/// single reader `Reader` over an `OrderedBroker` adapter too.
+/// came to, the counts, the errors, and TLS to the broker. With NATS, Redis or Kafka, the
+/// generic single reader `Reader` over an `OrderedBroker` adapter too.
 #[cfg(any(
     feature = "amqp",
     feature = "nats",
     feature = "redis",
-    feature = "mqtt"
+    feature = "mqtt",
+    feature = "kafka"
 ))]
 #[cfg_attr(
     docsrs,
@@ -270,7 +272,8 @@ pub mod http {
         feature = "amqp",
         feature = "nats",
         feature = "redis",
-        feature = "mqtt"
+        feature = "mqtt",
+        feature = "kafka"
     )))
 )]
 pub mod broker {
@@ -279,7 +282,7 @@ pub mod broker {
         ATTEMPT_HEADER, Broker, Consumer, ConsumerStats, Deliveries, Error, Incoming, KeyFrom,
         Policy, REASON_HEADER, Ran, Receive, Received, Settle, Work,
     };
-    #[cfg(any(feature = "nats", feature = "redis"))]
+    #[cfg(any(feature = "nats", feature = "redis", feature = "kafka"))]
     pub use justonce_transport::{
         OrderedBroker, Position, Reader, ReaderDeliveries, StoredOffsets,
     };
@@ -296,6 +299,10 @@ pub use justonce_transport::nats;
 #[cfg(feature = "mqtt")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mqtt")))]
 pub use justonce_transport::mqtt;
+
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use justonce_transport::kafka;
 
 /// Redis: a Redis Streams consumer group reader, a single reader that keeps its position
 /// in the database, the relay's publisher, and leases kept on Redis.
@@ -321,7 +328,8 @@ pub fn describe_metrics() {
         feature = "amqp",
         feature = "nats",
         feature = "redis",
-        feature = "mqtt"
+        feature = "mqtt",
+        feature = "kafka"
     ))]
     justonce_transport::describe_metrics();
 }

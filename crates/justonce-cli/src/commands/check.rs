@@ -87,6 +87,7 @@ async fn probe_broker(consumer: &ConsumerSettings) -> Result<(), justonce_transp
             justonce_transport::redis_streams::probe(url, options).await
         }
         BrokerOptions::Mqtt(options) => justonce_transport::mqtt::probe(url, options).await,
+        BrokerOptions::Kafka(options) => justonce_transport::kafka::probe(url, options).await,
     }
 }
 

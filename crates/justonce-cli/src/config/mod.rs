@@ -261,9 +261,9 @@ mod tests {
                 "http or https",
             ),
             (
-                edit("env:ORDERS_BROKER", "kafka://127.0.0.1:9092"),
+                edit("env:ORDERS_BROKER", "pulsar://127.0.0.1:6650"),
                 "consumers.orders.from (line 12)",
-                "amqp://, nats://, redis:// or mqtt://",
+                "amqp://, nats://, redis://, mqtt:// or kafka://",
             ),
             (
                 edit("127.0.0.1:8080", "localhost"),

@@ -5,6 +5,7 @@ use justonce_http::HttpDestination;
 use justonce_http::receiver::Source;
 use justonce_sql::Retention;
 use justonce_transport::amqp::AmqpOptions;
+use justonce_transport::kafka::KafkaOptions;
 use justonce_transport::mqtt::MqttOptions;
 use justonce_transport::nats::NatsOptions;
 use justonce_transport::redis_streams::RedisStreamOptions;
@@ -116,6 +117,7 @@ pub enum BrokerOptions {
     Nats(NatsOptions),
     Redis(RedisStreamOptions),
     Mqtt(MqttOptions),
+    Kafka(KafkaOptions),
 }
 
 impl Settings {

@@ -126,6 +126,46 @@ async fn check_reaches_the_broker_of_every_consumer() {
     drop_database(db, &url).await;
 }
 
+/// A Kafka consumer: `check` asks its brokers for the topic's metadata, and counts them
+/// reached.
+#[tokio::test]
+async fn check_reaches_the_kafka_brokers_of_a_consumer() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let (db, url) = database::<Sqlite>("check-kafka").await;
+    let kafka = justonce_tests::kafka_url();
+    let topic = format!("{}orders", db.prefix);
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.trim_start_matches("kafka://"))
+        .create()
+        .unwrap();
+    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
+    for created in admin
+        .create_topics([&new], &AdminOptions::new())
+        .await
+        .expect("Kafka")
+    {
+        created.unwrap();
+    }
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{kafka}\"\ntopic = \"{topic}\"\nid = \"header:ce_id\"\n\
+         target = \"http://127.0.0.1:1/x\"\n"
+    );
+    let server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
+    assert_eq!(run_capturing(&server, &["migrate"]).await.0, 0);
+    let (code, stdout, stderr) = run_capturing(&server, &["check"]).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("1 source, 1 consumer, 1 broker reached"),
+        "{stdout}"
+    );
+    admin
+        .delete_topics(&[&topic], &AdminOptions::new())
+        .await
+        .unwrap();
+    drop_database(db, &url).await;
+}
+
 /// A NATS server of the test's own, without JetStream, on a free port; stopped when dropped.
 async fn nats_without_jetstream() -> (tokio::process::Child, String) {
     let port = free_port();

@@ -15,6 +15,7 @@ on_every_database!(
     a_stream_consumed_by_the_service_reaches_its_target_once_per_key,
     a_redis_stream_consumed_by_the_service_reaches_its_target_once_per_key,
     an_mqtt_topic_consumed_by_the_service_reaches_its_target_once_per_key,
+    a_kafka_topic_consumed_by_the_service_reaches_its_target_once_per_key,
     the_printed_migrations_make_a_schema_the_service_accepts,
     purge_deletes_only_keys_past_retention_and_reports_its_progress,
     serve_purges_keys_past_retention_on_its_schedule,
@@ -1029,6 +1030,102 @@ async fn a_redis_stream_consumed_by_the_service_reaches_its_target_once_per_key<
     assert_each_order_delivered_once(&sink).await;
     server.stop().await;
     let _: () = redis.del(&stream).await.unwrap();
+    drop_database(db, &url).await;
+}
+
+/// `serve` consuming a Kafka topic as a group member: 120 records for 100 ids (in the
+/// CloudEvents `ce_id` header) reach the target once per id, and `stats` shows the
+/// partition's stored offset at the topic's last record.
+async fn a_kafka_topic_consumed_by_the_service_reaches_its_target_once_per_key<DB: TestBackend>(
+    test: &str,
+) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let kafka = justonce_tests::kafka_url();
+    let topic = format!("{}orders", db.prefix);
+    let mut client = rdkafka::ClientConfig::new();
+    client.set("bootstrap.servers", kafka.trim_start_matches("kafka://"));
+    let admin: AdminClient<DefaultClientContext> = client.create().unwrap();
+    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1));
+    for created in admin
+        .create_topics([&new], &AdminOptions::new())
+        .await
+        .expect("Kafka")
+    {
+        created.unwrap();
+    }
+    let producer: FutureProducer = client.create().unwrap();
+    // Produced before the service starts: a partition with no stored offset starts at its
+    // first record.
+    for n in 0..120 {
+        let id = format!("order-{}", n % 100);
+        let mut headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "ce_id",
+                value: Some(id.as_str()),
+            })
+            .insert(Header {
+                key: "content-type",
+                value: Some("application/json"),
+            });
+        for (name, value) in SENDERS_TRACE {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value),
+            });
+        }
+        let body = format!(r#"{{"order":"{id}"}}"#);
+        let record = FutureRecord::to(&topic)
+            .key("customer:1")
+            .payload(&body)
+            .headers(headers);
+        producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{kafka}\"\ntopic = \"{topic}\"\n\
+         id = \"header:ce_id\"\ntarget = \"{}\"\n",
+        sink.url()
+    );
+    let mut server = Server::configure_with(&url, &sink.url(), &consumer);
+    server.start().await;
+    assert_each_order_delivered_once(&sink).await;
+    // The last 20 records are duplicates: their offset is stored once the reader is idle.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = stats_json(&server).await;
+        let offsets = stats["offsets"].as_array().unwrap().clone();
+        let stored = offsets
+            .iter()
+            .find(|offset| offset["stream"] == topic.as_str())
+            .map(|offset| {
+                (
+                    offset["consumer"].clone(),
+                    offset["partition"].clone(),
+                    offset["position"].clone(),
+                )
+            });
+        if stored == Some(("orders".into(), 0.into(), 119.into())) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "offsets: {offsets:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.stop().await;
+    admin
+        .delete_topics(&[&topic], &AdminOptions::new())
+        .await
+        .unwrap();
     drop_database(db, &url).await;
 }
 

@@ -1,6 +1,6 @@
 //! A broker consumer for the crash tests, writing one effect row per key: RabbitMQ for an
 //! `amqp://` URL, NATS JetStream for a `nats://` one, Redis Streams for a `redis://` one,
-//! MQTT for an `mqtt://` one.
+//! MQTT for an `mqtt://` one, Kafka for a `kafka://` one.
 //!
 //! `broker-worker <database-url> <prefix> <broker-url> <queue> <kind> <mode>`
 //!
@@ -8,8 +8,9 @@
 //! subject and durable consumer of that name (the key is the `Order-Id` header), or the
 //! Redis stream of that name, read in group `test` (the key is the `key` field), or the
 //! MQTT topic of that name, on the persistent session of client `<queue>-c` (the key is the
-//! `key` user property). `kind` is `consumer`, or `reader` for the single readers of NATS and
-//! Redis, which keep their offset in the database, or `member-<n>` for a consumer that shares
+//! `key` user property), or the Kafka topic of that name, read in the group of that name (the
+//! key is the `ce_id` header). `kind` is `consumer`, or `reader` for the single readers of NATS and
+//! Redis and for Kafka, which keep their offset in the database, or `member-<n>` for a consumer that shares
 //! the queue with others: on MQTT, client `<queue>-m<n>` in the shared subscription of group
 //! `test`; elsewhere a plain consumer. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
@@ -26,6 +27,7 @@ use justonce_tests::{
     TestBackend, consumer_work, effect_unless_claimed, mqtt_options, shared_mqtt_options,
 };
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::kafka::{KafkaOptions, KafkaReader};
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
@@ -76,6 +78,12 @@ async fn work<DB: TestBackend>(
         };
         let consumer = MqttConsumer::connect(broker, inbox.clone(), options).await?;
         consume(&consumer, prefix, mode).await
+    } else if broker.starts_with("kafka:") {
+        // A short session timeout: the tests replace a killed member within seconds.
+        let options = KafkaOptions::new(queue, queue)
+            .key_from(KeyFrom::Header("ce_id".into()))
+            .session_timeout(std::time::Duration::from_secs(3));
+        read(&KafkaReader::connect(broker, inbox, options)?, prefix, mode).await
     } else if broker.starts_with("redis:") && reader {
         let options = RedisStreamOptions::new(queue, "test");
         read(

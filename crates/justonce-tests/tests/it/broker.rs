@@ -216,6 +216,15 @@ on_brokers!(every: [
     a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
 ));
 
+// Kafka has its own list: a member killed holds its partitions until the group's session
+// timeout, so twenty kills would cost twenty timeouts.
+on_brokers!(every_kafka: [
+    kafka = crate::kafka::Topic,
+] (
+    each_message_delivered_twice_takes_effect_once,
+    a_worker_killed_between_commit_and_ack_leaves_one_effect,
+));
+
 // NATS is left out: its stream drops a message published again with the same
 // `Nats-Msg-Id` within its duplicate window, so the second tries would not reach the
 // consumer.

@@ -17,6 +17,7 @@ mod hostile;
 mod http;
 mod idempotency;
 mod invoices;
+mod kafka;
 mod lease;
 mod lease_process;
 mod mqtt;

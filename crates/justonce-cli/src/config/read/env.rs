@@ -288,7 +288,7 @@ mod tests {
             ),
             (
                 "JUSTONCE_CONSUMERS_ORDERS_FROM",
-                "kafka://x",
+                "pulsar://x",
                 "consumers.orders.from (from JUSTONCE_CONSUMERS_ORDERS_FROM)",
                 "amqp://",
             ),

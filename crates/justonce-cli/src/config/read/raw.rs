@@ -44,6 +44,9 @@ pub struct RawConsumer {
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
     pub tls_verify: Option<String>,
+    pub sasl_mechanism: Option<String>,
+    pub sasl_username: Option<String>,
+    pub sasl_password: Option<String>,
 }
 
 /// The `[server]` table, as written.

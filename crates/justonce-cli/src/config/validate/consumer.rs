@@ -9,6 +9,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use justonce_sql::Consumer;
 use justonce_transport::KeyFrom;
 use justonce_transport::amqp::AmqpOptions;
+use justonce_transport::kafka::{KafkaOptions, Sasl, SaslMechanism};
 use justonce_transport::mqtt::MqttOptions;
 use justonce_transport::nats::NatsOptions;
 use justonce_transport::redis_streams::RedisStreamOptions;
@@ -23,11 +24,13 @@ enum Broker {
     Nats,
     Redis,
     Mqtt,
+    Kafka,
 }
 
 impl Broker {
-    /// The broker of `url`'s scheme, and whether the scheme connects over TLS or, for NATS,
-    /// may (the TLS settings then require it of the server); `None` for another scheme.
+    /// The broker of `url`'s scheme, and whether the scheme connects over TLS or, for NATS
+    /// and Kafka, may (the TLS settings then require it of the server); `None` for another
+    /// scheme.
     fn of(url: &str) -> Option<(Self, bool)> {
         let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
         Some(match scheme {
@@ -38,6 +41,7 @@ impl Broker {
             "rediss" => (Broker::Redis, true),
             "mqtt" => (Broker::Mqtt, false),
             "mqtts" => (Broker::Mqtt, true),
+            "kafka" => (Broker::Kafka, true),
             _ => return None,
         })
     }
@@ -49,6 +53,7 @@ impl Broker {
             Broker::Nats => "NATS",
             Broker::Redis => "Redis Streams",
             Broker::Mqtt => "MQTT",
+            Broker::Kafka => "Kafka",
         }
     }
 }
@@ -77,15 +82,15 @@ pub fn validate_consumer(
     };
     let Some((broker, over_tls)) = Broker::of(&from) else {
         bail!(
-            "{}: must be an amqp://, nats://, redis:// or mqtt:// URL (amqps://, rediss:// \
-             and mqtts:// over TLS), or env:VARIABLE holding one: RabbitMQ, NATS JetStream, \
-             Redis Streams and MQTT are the brokers this version consumes",
+            "{}: must be an amqp://, nats://, redis://, mqtt:// or kafka:// URL (amqps://, \
+             rediss:// and mqtts:// over TLS), or env:VARIABLE holding one: RabbitMQ, NATS \
+             JetStream, Redis Streams, MQTT and Kafka are the brokers this version consumes",
             at("from")
         );
     };
     let tls = consumer_tls(&raw, over_tls, env, &at)?;
     // The keys that only some brokers take, in the order they are checked.
-    let broker_keys: [(&'static str, bool, &[Broker]); 8] = [
+    let broker_keys: [(&'static str, bool, &[Broker]); 11] = [
         ("queue", raw.queue.is_some(), &[Broker::RabbitMq]),
         (
             "prefetch",
@@ -94,14 +99,33 @@ pub fn validate_consumer(
         ),
         ("subject", raw.subject.is_some(), &[Broker::Nats]),
         ("durable", raw.durable.is_some(), &[Broker::Nats]),
-        ("group", raw.group.is_some(), &[Broker::Redis]),
+        (
+            "group",
+            raw.group.is_some(),
+            &[Broker::Redis, Broker::Kafka],
+        ),
         (
             "stream",
             raw.stream.is_some(),
             &[Broker::Nats, Broker::Redis],
         ),
-        ("topic", raw.topic.is_some(), &[Broker::Mqtt]),
+        ("topic", raw.topic.is_some(), &[Broker::Mqtt, Broker::Kafka]),
         ("client_id", raw.client_id.is_some(), &[Broker::Mqtt]),
+        (
+            "sasl_mechanism",
+            raw.sasl_mechanism.is_some(),
+            &[Broker::Kafka],
+        ),
+        (
+            "sasl_username",
+            raw.sasl_username.is_some(),
+            &[Broker::Kafka],
+        ),
+        (
+            "sasl_password",
+            raw.sasl_password.is_some(),
+            &[Broker::Kafka],
+        ),
     ];
     for (key, present, brokers) in broker_keys {
         if present && !brokers.contains(&broker) {
@@ -113,6 +137,7 @@ pub fn validate_consumer(
             );
         }
     }
+    let sasl = kafka_sasl(&raw, env, &at)?;
     let key_from = match entry.or_default("id", raw.id.as_deref(), "message_id") {
         "message_id" => KeyFrom::MessageId,
         id => match id.split_once(':') {
@@ -147,7 +172,32 @@ pub fn validate_consumer(
             .filter(|s| !s.is_empty())
             .with_context(|| format!("{}: must name a stream", at("stream")))
     };
+    let topic = || {
+        raw.topic
+            .clone()
+            .filter(|t| !t.is_empty())
+            .with_context(|| format!("{}: must name a topic", at("topic")))
+    };
     let options = match broker {
+        Broker::Kafka => {
+            if key_from == KeyFrom::MessageId {
+                bail!(
+                    "{}: a Kafka record carries no message id (its key names an entity, not a \
+                     message): set id = \"header:NAME\" (such as header:ce_id) or \
+                     \"json:/POINTER\"",
+                    at("id")
+                );
+            }
+            let group = or_name(raw.group.as_deref(), "group");
+            let mut options = KafkaOptions::new(topic()?, group).key_from(key_from);
+            if let Some(attempts) = max_attempts {
+                options = options.max_attempts(attempts);
+            }
+            if let Some(sasl) = sasl {
+                options = options.sasl(sasl);
+            }
+            BrokerOptions::Kafka(with_tls(options, &tls, KafkaOptions::tls))
+        }
         Broker::Nats => {
             let stream = stream()?;
             let subject = entry.or_default("subject", raw.subject.as_deref(), &stream);
@@ -171,11 +221,7 @@ pub fn validate_consumer(
             BrokerOptions::Redis(with_tls(options, &tls, RedisStreamOptions::tls))
         }
         Broker::Mqtt => {
-            let topic = raw
-                .topic
-                .clone()
-                .filter(|t| !t.is_empty())
-                .with_context(|| format!("{}: must name a topic filter", at("topic")))?;
+            let topic = topic()?;
             let default_client_id = format!("justonce-{name}");
             let client_id =
                 entry.or_default("client_id", raw.client_id.as_deref(), &default_client_id);
@@ -212,6 +258,41 @@ pub fn validate_consumer(
     })
 }
 
+/// The SASL settings of a Kafka consumer: all three, or none. The password is a reference
+/// to an environment variable, never written in the file.
+fn kafka_sasl(
+    raw: &RawConsumer,
+    env: &Env,
+    at: &dyn Fn(&'static str) -> String,
+) -> Result<Option<Sasl>> {
+    let (mechanism, username, password) =
+        match (&raw.sasl_mechanism, &raw.sasl_username, &raw.sasl_password) {
+            (None, None, None) => return Ok(None),
+            (Some(mechanism), Some(username), Some(password)) => (mechanism, username, password),
+            _ => bail!(
+                "{}: SASL needs sasl_mechanism, sasl_username and sasl_password together",
+                at("sasl_mechanism")
+            ),
+        };
+    let mechanism = match mechanism.as_str() {
+        "PLAIN" => SaslMechanism::Plain,
+        "SCRAM-SHA-256" => SaslMechanism::ScramSha256,
+        "SCRAM-SHA-512" => SaslMechanism::ScramSha512,
+        other => bail!(
+            "{}: {other:?} must be \"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\"",
+            at("sasl_mechanism")
+        ),
+    };
+    if !password.starts_with("env:") {
+        bail!(
+            "{}: must be env:VARIABLE, the variable that holds the password",
+            at("sasl_password")
+        );
+    }
+    let password = resolve_secret(password, env).with_context(|| at("sasl_password"))?;
+    Ok(Some(Sasl::new(mechanism, username, password)))
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::testing::{ORDERS, SHOP, env_of, error_of, load_text};
@@ -230,10 +311,43 @@ mod tests {
         assert_eq!(orders.name, "orders");
         assert_eq!(orders.from, "amqp://guest:hunter2@127.0.0.1:5672/%2f");
         assert!(format!("{:?}", orders.options).contains("orders-eu"));
+        let kafka = ORDERS
+            .replace("env:ORDERS_BROKER", "kafka://127.0.0.1:9092")
+            .replace(
+                "queue = \"orders\"",
+                "topic = \"orders\"\ngroup = \"billing\"\nsasl_mechanism = \"SCRAM-SHA-512\"\n\
+                 sasl_username = \"u\"\nsasl_password = \"env:KAFKA_PASSWORD\"",
+            );
+        let env_kafka = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("KAFKA_PASSWORD", "hunter2"),
+        ]);
+        let settings = load_text(&format!("{SHOP}{kafka}"), &env_kafka).unwrap();
+        let options = format!("{:?}", settings.consumers[0].options);
+        for part in ["Kafka", "\"orders\"", "\"billing\"", "ScramSha512"] {
+            assert!(options.contains(part), "{part} not in {options}");
+        }
+        assert!(!options.contains("hunter2"), "a password was printed");
         let cases = [
             (
-                ORDERS.replace("env:ORDERS_BROKER", "kafka://127.0.0.1:9092"),
-                "amqp://, nats://, redis:// or mqtt://",
+                ORDERS.replace("env:ORDERS_BROKER", "pulsar://127.0.0.1:6650"),
+                "amqp://, nats://, redis://, mqtt:// or kafka://",
+            ),
+            (
+                ORDERS
+                    .replace("env:ORDERS_BROKER", "kafka://127.0.0.1:9092")
+                    .replace("queue = \"orders\"", "topic = \"orders\"")
+                    .replace("header:X-Order-Id", "message_id"),
+                "a Kafka record carries no message id",
+            ),
+            (
+                ORDERS
+                    .replace("env:ORDERS_BROKER", "kafka://127.0.0.1:9092")
+                    .replace(
+                        "queue = \"orders\"",
+                        "topic = \"orders\"\nsasl_username = \"u\"",
+                    ),
+                "SASL needs sasl_mechanism, sasl_username and sasl_password together",
             ),
             (
                 ORDERS.replace("env:ORDERS_BROKER", "redis://127.0.0.1:6379"),

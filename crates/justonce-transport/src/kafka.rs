@@ -1,0 +1,750 @@
+//! Kafka: a consumer-group member that keeps each partition's offset in the database, and
+//! the relay's idempotent producer.
+//!
+//! ```no_run
+//! # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), justonce_transport::Error> {
+//! use justonce_sql::sqlx;
+//! use justonce_transport::KeyFrom;
+//! use justonce_transport::kafka::{KafkaOptions, KafkaReader};
+//!
+//! // A record's Kafka key names an entity; the message id is in the CloudEvents header.
+//! let options = KafkaOptions::new("orders", "billing").key_from(KeyFrom::Header("ce_id".into()));
+//! let reader = KafkaReader::connect("kafka://127.0.0.1:9092", inbox, options)?;
+//! reader
+//!     .run(tokio::signal::ctrl_c(), |tx, message| {
+//!         Box::pin(async move {
+//!             sqlx::query("INSERT INTO shipments (order_key) VALUES ($1)")
+//!                 .bind(message.key.as_str())
+//!                 .execute(&mut **tx)
+//!                 .await
+//!                 .map(drop)
+//!         })
+//!     })
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The reader never relies on the offsets committed to the broker. It stores each record's
+//! offset in the same transaction as the record's work, under the topic's name and the
+//! record's partition, and claims the record's key too (a producer may send one message
+//! twice). When the group assigns it a partition, it starts after the stored offset, or at
+//! the configured start when none is stored. A record whose transaction committed is
+//! therefore never run again, across crashes and rebalances.
+//!
+//! Failed work runs again in place after a growing delay, holding up its partition, up to
+//! the attempt limit; then the record goes to `<topic>.dead` with the reason in the
+//! [`REASON_HEADER`] header, and the offset moves past it.
+//!
+//! A Kafka record carries no message id: its key names an entity, such as an order, and
+//! many messages share it. The id must come from a header or a JSON pointer
+//! ([`KafkaOptions::key_from`]); [`KeyFrom::MessageId`] is refused.
+
+use crate::consumer::{Receive, Received, policy_setters};
+use crate::tls::Tls;
+use crate::{
+    ATTEMPT_HEADER, Error, KeyFrom, OrderedBroker, Policy, Position, REASON_BYTES, REASON_HEADER,
+    StoredOffsets, truncate,
+};
+use justonce_core::{Delivered, Delivery, Destination};
+use justonce_sql::{Backend, Inbox, Offset};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, StreamConsumer};
+use rdkafka::message::{Header, Headers, Message as _, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, TopicPartitionList};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+pub use rdkafka::message::OwnedMessage;
+
+/// The header the relay's records carry their key in, beside the record's Kafka key.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// How long a seek or a produced record may take before it counts as failed.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why [`KeyFrom::MessageId`] is refused.
+const NO_MESSAGE_ID: &str = "a Kafka record carries no message id (its key names an entity, \
+                             not a message): take the id from a header or a JSON pointer";
+
+/// Where a partition with no stored offset starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Start {
+    /// The partition's first record still kept.
+    Earliest,
+    /// Records produced after the partition was assigned.
+    Latest,
+}
+
+/// A SASL mechanism a broker takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SaslMechanism {
+    /// `PLAIN`: the password as it is; use it over TLS only.
+    Plain,
+    /// `SCRAM-SHA-256`.
+    ScramSha256,
+    /// `SCRAM-SHA-512`.
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    fn name(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+}
+
+/// The user and password a broker asks for.
+#[derive(Clone)]
+pub struct Sasl {
+    mechanism: SaslMechanism,
+    username: String,
+    password: String,
+}
+
+impl std::fmt::Debug for Sasl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password is a secret: never shown.
+        f.debug_struct("Sasl")
+            .field("mechanism", &self.mechanism)
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sasl {
+    /// Authenticates as `username` with `password` by `mechanism`.
+    pub fn new(
+        mechanism: SaslMechanism,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        Self {
+            mechanism,
+            username: username.into(),
+            password: password.into(),
+        }
+    }
+}
+
+/// How a client reaches the brokers: TLS and SASL, each optional.
+#[derive(Debug, Clone, Default)]
+struct Security {
+    tls: Option<Tls>,
+    sasl: Option<Sasl>,
+}
+
+impl Security {
+    /// librdkafka's settings for `url`: the bootstrap servers, TLS and SASL.
+    fn client_config(&self, url: &str) -> Result<ClientConfig, Error> {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", bootstrap_servers(url)?);
+        let protocol = match (&self.tls, &self.sasl) {
+            (None, None) => "plaintext",
+            (Some(_), None) => "ssl",
+            (None, Some(_)) => "sasl_plaintext",
+            (Some(_), Some(_)) => "sasl_ssl",
+        };
+        config.set("security.protocol", protocol);
+        if let Some(tls) = &self.tls {
+            if let Some(ca) = tls.ca_pem() {
+                config.set("ssl.ca.pem", pem_text(ca)?);
+            }
+            if let Some((certificate, key)) = tls.client_pem() {
+                config.set("ssl.certificate.pem", pem_text(certificate)?);
+                config.set("ssl.key.pem", pem_text(key)?);
+            }
+            if tls.is_insecure() {
+                config.set("enable.ssl.certificate.verification", "false");
+                config.set("ssl.endpoint.identification.algorithm", "none");
+            }
+        }
+        if let Some(sasl) = &self.sasl {
+            config.set("sasl.mechanism", sasl.mechanism.name());
+            config.set("sasl.username", &sasl.username);
+            config.set("sasl.password", &sasl.password);
+        }
+        Ok(config)
+    }
+}
+
+/// The bootstrap servers of a `kafka://host:port[,host:port...]` URL.
+fn bootstrap_servers(url: &str) -> Result<&str, Error> {
+    let servers = url
+        .strip_prefix("kafka://")
+        .ok_or_else(|| Error::Config("a Kafka URL starts with kafka://".to_owned()))?
+        .trim_end_matches('/');
+    if servers.contains('@') {
+        return Err(Error::Config(
+            "a Kafka URL holds no credentials: give them as SASL settings".to_owned(),
+        ));
+    }
+    if servers.is_empty() || servers.split(',').any(|server| !server.contains(':')) {
+        return Err(Error::Config(
+            "a Kafka URL names each bootstrap server as host:port, such as kafka://127.0.0.1:9092"
+                .to_owned(),
+        ));
+    }
+    Ok(servers)
+}
+
+fn pem_text(pem: &[u8]) -> Result<&str, Error> {
+    std::str::from_utf8(pem).map_err(|_| Error::Config("a PEM file is not text".to_owned()))
+}
+
+/// Settings of a [`KafkaReader`].
+#[derive(Debug, Clone)]
+pub struct KafkaOptions {
+    topic: String,
+    group: String,
+    policy: Policy,
+    start: Start,
+    session_timeout: Duration,
+    security: Security,
+}
+
+impl KafkaOptions {
+    /// Consumes `topic` as a member of consumer group `group`: partitions with no stored
+    /// offset start at their earliest record, failed work gets 5 attempts before it is
+    /// produced to `<topic>.dead`, and the group's session timeout is 45 s. The id must be
+    /// set with [`KafkaOptions::key_from`].
+    pub fn new(topic: impl Into<String>, group: impl Into<String>) -> Self {
+        Self {
+            topic: topic.into(),
+            group: group.into(),
+            policy: Policy::default(),
+            start: Start::Earliest,
+            session_timeout: Duration::from_secs(45),
+            security: Security::default(),
+        }
+    }
+
+    policy_setters!(
+        /// Where the message id is: a header (such as CloudEvents' `ce_id`) or a JSON
+        /// pointer. [`KeyFrom::MessageId`] is refused by [`KafkaReader::connect`].
+    );
+
+    /// Where a partition with no stored offset starts.
+    pub fn start(mut self, start: Start) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// How long the group waits for a silent member before it gives its partitions to the
+    /// others.
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Connects over TLS, checked with these settings.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.security.tls = Some(tls);
+        self
+    }
+
+    /// Authenticates with SASL.
+    pub fn sasl(mut self, sasl: Sasl) -> Self {
+        self.security.sasl = Some(sasl);
+        self
+    }
+
+    /// The topic consumed, and the name its offsets are stored under.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The topic dead letters are produced to: `<topic>.dead`.
+    pub fn dead_letter_topic(&self) -> String {
+        format!("{}.dead", self.topic)
+    }
+}
+
+/// A change of the partitions the group assigned, as the rebalance callback saw it. The
+/// group hands out whole assignments (its eager protocol): each replaces the one before.
+#[derive(Debug, Clone)]
+enum Change {
+    Assigned(Vec<i32>),
+    Revoked,
+}
+
+/// What the reader's loop and librdkafka's rebalance callback share: the changes the
+/// callback saw and the loop has not yet applied, oldest first, and a wake-up for the loop,
+/// which waits for a record that an unassigned consumer never fetches.
+#[derive(Default)]
+struct Changes {
+    queued: Mutex<VecDeque<Change>>,
+    changed: tokio::sync::Notify,
+}
+
+/// The consumer's context: forwards each rebalance to the reader's loop.
+///
+/// librdkafka calls the rebalance callback synchronously, inside the poll that receives the
+/// next record; it cannot wait for the database. So the callback assigns nothing: it queues
+/// the group's assignment, and before it takes another record the loop loads the stored
+/// offsets and assigns each partition from after its own (librdkafka waits for that call).
+/// Nothing is fetched before: no record comes from where the broker would start. A
+/// revocation is applied in the callback at once; it comes in a poll, between two
+/// records, so no work is in flight when a partition is released.
+struct Rebalancing {
+    topic: String,
+    changes: Arc<Changes>,
+}
+
+impl ClientContext for Rebalancing {}
+
+impl ConsumerContext for Rebalancing {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        event: RDKafkaRespErr,
+        list: &mut TopicPartitionList,
+    ) {
+        if event == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS {
+            self.queue(Change::Assigned(self.partitions(list)));
+            return;
+        }
+        if event == RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS {
+            self.queue(Change::Revoked);
+        } else {
+            tracing::warn!(
+                ?event,
+                "the group's rebalance failed: giving up the partitions"
+            );
+            self.queue(Change::Revoked);
+        }
+        if let Err(error) = consumer.unassign() {
+            tracing::warn!(%error, "giving up the partitions failed");
+        }
+    }
+}
+
+impl Rebalancing {
+    fn partitions(&self, list: &TopicPartitionList) -> Vec<i32> {
+        (list.elements_for_topic(&self.topic).iter())
+            .map(|element| element.partition())
+            .collect()
+    }
+
+    fn queue(&self, change: Change) {
+        lock(&self.changes.queued).push_back(change);
+        self.changes.changed.notify_one();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A Kafka consumer-group member that runs each record's work once in effect, with the
+/// record's key claimed and its partition's offset stored in the same transaction: the one
+/// generic [`Reader`](crate::Reader) over the [`Kafka`] adapter.
+///
+/// Records are read in order within each partition. Members of one group share the
+/// partitions; give each the same inbox consumer name, since the offsets are stored under
+/// it. The broker's committed offsets are neither read nor written.
+pub type KafkaReader<DB> = crate::Reader<Kafka, DB>;
+
+/// The Kafka adapter of [`KafkaReader`]: a consumer-group member that assigns each partition
+/// it is given from after its stored offset.
+pub struct Kafka {
+    consumer: StreamConsumer<Rebalancing>,
+    changes: Arc<Changes>,
+    /// The next offset expected of each assigned partition: a record below it is dropped.
+    positioned: Mutex<HashMap<i32, i64>>,
+    producer: FutureProducer,
+    options: KafkaOptions,
+}
+
+impl std::fmt::Debug for Kafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kafka")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> KafkaReader<DB> {
+    /// Joins the group and subscribes to the topic; the brokers are reached when reading
+    /// starts. Refuses [`KeyFrom::MessageId`] and a bad URL.
+    pub fn connect(url: &str, inbox: Inbox<DB>, options: KafkaOptions) -> Result<Self, Error> {
+        if options.policy.key_from == KeyFrom::MessageId {
+            return Err(Error::Config(NO_MESSAGE_ID.to_owned()));
+        }
+        let config = options.security.client_config(url)?;
+        let changes = Arc::new(Changes::default());
+        let context = Rebalancing {
+            topic: options.topic.clone(),
+            changes: Arc::clone(&changes),
+        };
+        let start = match options.start {
+            Start::Earliest => "earliest",
+            Start::Latest => "latest",
+        };
+        let consumer: StreamConsumer<Rebalancing> = config
+            .clone()
+            .set("group.id", &options.group)
+            // The offsets live in the database: the broker's are neither stored nor read.
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", start)
+            .set(
+                "session.timeout.ms",
+                options.session_timeout.as_millis().to_string(),
+            )
+            .create_with_context(context)
+            .map_err(|e| Error::Config(format!("Kafka consumer: {e}")))?;
+        consumer
+            .subscribe(&[&options.topic])
+            .map_err(|e| Error::Config(format!("subscribing to {}: {e}", options.topic)))?;
+        let kafka = Kafka {
+            consumer,
+            changes,
+            positioned: Mutex::default(),
+            producer: producer(&config)?,
+            options,
+        };
+        Ok(Self::new(kafka, inbox))
+    }
+}
+
+/// The records of the partitions assigned to a [`Kafka`] member, each partition in order.
+pub struct Records<'k> {
+    kafka: &'k Kafka,
+    stored: StoredOffsets,
+}
+
+impl Receive for Records<'_> {
+    type Delivery = OwnedMessage;
+
+    /// The next record of an assigned partition, after the partition's stored offset.
+    /// Cancelling it loses nothing: an assignment is applied again, and a record is only
+    /// taken when it is returned.
+    async fn next(&mut self) -> Result<Option<OwnedMessage>, Error> {
+        let kafka = self.kafka;
+        loop {
+            self.apply_changes().await;
+            let record = tokio::select! {
+                record = kafka.consumer.recv() => record.map_err(broker)?.detach(),
+                () = kafka.changes.changed.notified() => continue,
+            };
+            // Nothing is awaited from here on: the record is either returned or dropped. A
+            // change queued during this poll makes the assignment it came from stale.
+            if !lock(&kafka.changes.queued).is_empty() {
+                continue;
+            }
+            let mut positioned = lock(&kafka.positioned);
+            match positioned.get_mut(&record.partition()) {
+                Some(next) if record.offset() >= *next => {
+                    *next = record.offset() + 1;
+                    return Ok(Some(record));
+                }
+                _ => continue,
+            }
+        }
+    }
+}
+
+impl Records<'_> {
+    /// Applies the latest change the rebalance callback queued, which replaces those before
+    /// it; the queue is emptied only once it is applied, so that a cancelled call leaves it
+    /// for the next.
+    async fn apply_changes(&self) {
+        let kafka = self.kafka;
+        loop {
+            let (latest, queued) = {
+                let changes = lock(&kafka.changes.queued);
+                match changes.back() {
+                    Some(latest) => (latest.clone(), changes.len()),
+                    None => return,
+                }
+            };
+            match latest {
+                Change::Revoked => lock(&kafka.positioned).clear(),
+                Change::Assigned(partitions) => {
+                    while let Err(error) = self.assign(&partitions).await {
+                        tracing::warn!(%error, "assigning partitions failed: trying again");
+                        tokio::time::sleep(kafka.options.policy.store_pause).await;
+                    }
+                }
+            }
+            lock(&kafka.changes.queued).drain(..queued);
+        }
+    }
+
+    /// Assigns `partitions`, each from after its stored offset or at the configured start.
+    async fn assign(&self, partitions: &[i32]) -> Result<(), Error> {
+        let kafka = self.kafka;
+        let topic = &kafka.options.topic;
+        let mut list = TopicPartitionList::new();
+        let mut positioned = HashMap::with_capacity(partitions.len());
+        for &partition in partitions {
+            let (start, next) = match self.stored.offset(topic, partition).await? {
+                Some(offset) => (
+                    rdkafka::Offset::Offset(offset.position + 1),
+                    offset.position + 1,
+                ),
+                None => match kafka.options.start {
+                    Start::Earliest => (rdkafka::Offset::Beginning, 0),
+                    Start::Latest => (rdkafka::Offset::End, 0),
+                },
+            };
+            list.add_partition_offset(topic, partition, start)
+                .map_err(broker)?;
+            positioned.insert(partition, next);
+        }
+        kafka.consumer.assign(&list).map_err(broker)?;
+        *lock(&kafka.positioned) = positioned;
+        tracing::debug!(
+            ?partitions,
+            "assigned partitions after their stored offsets"
+        );
+        Ok(())
+    }
+}
+
+impl OrderedBroker for Kafka {
+    type Entry = OwnedMessage;
+    type Entries<'b> = Records<'b>;
+    const NAME: &'static str = "kafka";
+
+    fn policy(&self) -> &Policy {
+        &self.options.policy
+    }
+
+    /// Each partition starts after its stored offset when the group assigns it.
+    async fn read(&self, stored: StoredOffsets) -> Result<Records<'_>, Error> {
+        Ok(Records {
+            kafka: self,
+            stored,
+        })
+    }
+
+    fn position<'e>(&'e self, record: &'e OwnedMessage) -> Result<Position<'e>, String> {
+        Ok(Position {
+            stream: &self.options.topic,
+            partition: record.partition(),
+            offset: Offset::from(record.offset()),
+        })
+    }
+
+    /// Produces the record, with its key, its headers, the attempt and the reason, to
+    /// `<topic>.dead`, and waits for the brokers to acknowledge it. A reader that dies
+    /// before it moves the offset produces it again.
+    async fn dead_letter(
+        &self,
+        record: &OwnedMessage,
+        attempt: u32,
+        reason: &str,
+    ) -> Result<(), Error> {
+        let mut headers = OwnedHeaders::new();
+        for header in record
+            .headers()
+            .into_iter()
+            .flat_map(|headers| headers.iter())
+        {
+            if header.key != ATTEMPT_HEADER && header.key != REASON_HEADER {
+                headers = headers.insert(header);
+            }
+        }
+        let attempt = attempt.to_string();
+        let headers = headers
+            .insert(Header {
+                key: ATTEMPT_HEADER,
+                value: Some(attempt.as_str()),
+            })
+            .insert(Header {
+                key: REASON_HEADER,
+                value: Some(truncate(reason, REASON_BYTES)),
+            });
+        let topic = self.options.dead_letter_topic();
+        let mut letter = FutureRecord::<[u8], [u8]>::to(&topic).headers(headers);
+        if let Some(key) = record.key() {
+            letter = letter.key(key);
+        }
+        if let Some(payload) = record.payload() {
+            letter = letter.payload(payload);
+        }
+        self.producer
+            .send(letter, BROKER_TIMEOUT)
+            .await
+            .map(drop)
+            .map_err(|(error, _)| broker(error))
+    }
+}
+
+impl Received for OwnedMessage {
+    fn message_id(&self) -> Result<String, String> {
+        Err(NO_MESSAGE_ID.to_owned())
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        let header = self.headers()?.iter().find(|header| header.key == name)?;
+        String::from_utf8(header.value?.to_vec()).ok()
+    }
+
+    fn no_header(&self, name: &str) -> String {
+        format!("the record has no header {name}")
+    }
+
+    fn log_id(&self) -> String {
+        format!(
+            "{} partition {} offset {}",
+            self.topic(),
+            self.partition(),
+            self.offset()
+        )
+    }
+
+    fn body(&self) -> Vec<u8> {
+        self.payload().unwrap_or_default().to_vec()
+    }
+
+    fn content_type(&self) -> Option<String> {
+        self.header("content-type")
+    }
+
+    /// A reader runs a record again in place: the broker delivered it once.
+    fn attempt(&self) -> u32 {
+        1
+    }
+}
+
+/// An idempotent producer with `acks=all`: a record is acknowledged only once every in-sync
+/// replica holds it, and a retried send is not written twice.
+fn producer(config: &ClientConfig) -> Result<FutureProducer, Error> {
+    config
+        .clone()
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", BROKER_TIMEOUT.as_millis().to_string())
+        .create()
+        .map_err(|e| Error::Config(format!("Kafka producer: {e}")))
+}
+
+/// The relay's destination for Kafka: produces each outbox row to a topic with the row's
+/// key as the record's key (so one key's rows stay in one partition, in order) and as the
+/// [`IDEMPOTENCY_KEY_HEADER`] header, through an idempotent producer with `acks=all`, and
+/// marks the row sent once the brokers acknowledge it.
+pub struct KafkaDestination {
+    url: String,
+    topic: String,
+    security: Security,
+    /// The producer, made on the first delivery.
+    producer: tokio::sync::OnceCell<FutureProducer>,
+}
+
+impl std::fmt::Debug for KafkaDestination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaDestination")
+            .field("topic", &self.topic)
+            .field("security", &self.security)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaDestination {
+    /// Produces to `topic`, which must exist. Connects on the first delivery.
+    pub fn new(url: &str, topic: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            topic: topic.to_owned(),
+            security: Security::default(),
+            producer: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Connects over TLS, checked with these settings.
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.security.tls = Some(tls);
+        self
+    }
+
+    /// Authenticates with SASL.
+    pub fn sasl(mut self, sasl: Sasl) -> Self {
+        self.security.sasl = Some(sasl);
+        self
+    }
+
+    async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
+        let producer = self
+            .producer
+            .get_or_try_init(|| async { producer(&self.security.client_config(&self.url)?) })
+            .await
+            .map_err(|e: Error| e.to_string())?;
+        let mut headers = OwnedHeaders::new().insert(Header {
+            key: IDEMPOTENCY_KEY_HEADER,
+            value: Some(delivery.key),
+        });
+        for (name, value) in delivery.headers {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value),
+            });
+        }
+        let record = FutureRecord::to(&self.topic)
+            .key(delivery.key)
+            .payload(delivery.payload)
+            .headers(headers);
+        producer
+            .send(record, BROKER_TIMEOUT)
+            .await
+            .map(drop)
+            .map_err(|(error, _)| error.to_string())
+    }
+}
+
+impl Destination for KafkaDestination {
+    fn deliver<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
+        Box::pin(async move { crate::delivered(self.send(delivery).await) })
+    }
+}
+
+/// Proves that the brokers at `url` take a reader with `options`: connects with its TLS and
+/// SASL settings, and asks for the topic's metadata, which fails on refused credentials and
+/// says whether the topic exists. Joins no group and consumes nothing. Gives up after
+/// [`PROBE_TIMEOUT`](crate::PROBE_TIMEOUT).
+pub async fn probe(url: &str, options: &KafkaOptions) -> Result<(), Error> {
+    let config = options.security.client_config(url)?;
+    let topic = options.topic.clone();
+    crate::within_probe_timeout(async move {
+        // librdkafka's metadata request blocks its caller.
+        tokio::task::spawn_blocking(move || {
+            let client: BaseConsumer = config
+                .create()
+                .map_err(|e| Error::Config(format!("Kafka client: {e}")))?;
+            let metadata = client
+                .fetch_metadata(Some(&topic), crate::PROBE_TIMEOUT)
+                .map_err(broker)?;
+            let found = metadata.topics().iter().find(|found| found.name() == topic);
+            match found.map(|found| found.error()) {
+                Some(None) => Ok(()),
+                Some(Some(error)) => Err(Error::Config(format!(
+                    "topic {topic}: {}",
+                    rdkafka::error::RDKafkaErrorCode::from(error)
+                ))),
+                None => Err(Error::Config(format!("topic {topic} does not exist"))),
+            }
+        })
+        .await
+        .map_err(|e| Error::Broker(e.into()))?
+    })
+    .await
+}
+
+fn broker(error: rdkafka::error::KafkaError) -> Error {
+    crate::tls::broker_error(error)
+}
