@@ -292,16 +292,15 @@ async fn measure_nats<DB: TestBackend + Backend>(
         }
     }
 
-    let mut stats = ConsumerStats::default();
     let started = Instant::now();
-    if args.broker == "nats-reader" && path == Path::OneByOne {
+    let stats = if args.broker == "nats-reader" && path == Path::OneByOne {
         let reader = NatsReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("NATS");
-        stats = read_all(&reader, &db, args).await;
+        read_all(&reader, &db, args).await
     } else {
-        stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
-    }
+        take(&consumer, &db, (args, path), &AtomicU64::new(0)).await
+    };
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     check(&db, args, path).await;
     for name in [format!("{stream}_DEAD"), stream] {
@@ -345,17 +344,16 @@ async fn measure_redis<DB: TestBackend + Backend>(
         pipe.query_async::<()>(&mut redis).await.expect("added");
     }
 
-    let mut stats = ConsumerStats::default();
     let started = Instant::now();
-    if args.broker == "redis-reader" && path == Path::OneByOne {
+    let stats = if args.broker == "redis-reader" && path == Path::OneByOne {
         let options = RedisStreamOptions::new(&stream, "bench").count(prefetch(args));
         let reader = RedisStreamReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("Redis");
-        stats = read_all(&reader, &db, args).await;
+        read_all(&reader, &db, args).await
     } else {
-        stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
-    }
+        take(&consumer, &db, (args, path), &AtomicU64::new(0)).await
+    };
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     check(&db, args, path).await;
     redis::cmd("DEL")
