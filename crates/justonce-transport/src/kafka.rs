@@ -435,7 +435,15 @@ impl Receive for Records<'_> {
         loop {
             self.apply_changes().await;
             let record = tokio::select! {
-                record = kafka.consumer.recv() => record.map_err(broker)?.detach(),
+                record = kafka.consumer.recv() => match record {
+                    Ok(record) => record.detach(),
+                    Err(error) if recovers_by_itself(&error) => {
+                        tracing::warn!(%error, "Kafka client error: the client recovers by itself");
+                        tokio::time::sleep(RECOVERY_POLL).await;
+                        continue;
+                    }
+                    Err(error) => return Err(broker(error)),
+                },
                 () = kafka.changes.changed.notified() => continue,
             };
             // Nothing is awaited from here on: the record is either returned or dropped. A
@@ -743,6 +751,28 @@ pub async fn probe(url: &str, options: &KafkaOptions) -> Result<(), Error> {
         .map_err(|e| Error::Broker(e.into()))?
     })
     .await
+}
+
+/// How long the reader waits after an error the client recovers from, so that a broker
+/// that is down costs no busy loop.
+const RECOVERY_POLL: Duration = Duration::from_millis(100);
+
+/// Whether librdkafka goes on after `error` by itself: a broker down or a transport failure
+/// is reported through the consumer too, and reconnecting is the client's job. A fatal
+/// error or a refused login ends the reader.
+fn recovers_by_itself(error: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    !matches!(
+        error.rdkafka_error_code(),
+        Some(
+            Code::Fatal
+                | Code::Authentication
+                | Code::SaslAuthenticationFailed
+                | Code::TopicAuthorizationFailed
+                | Code::GroupAuthorizationFailed
+                | Code::ClusterAuthorizationFailed
+        )
+    )
 }
 
 fn broker(error: rdkafka::error::KafkaError) -> Error {

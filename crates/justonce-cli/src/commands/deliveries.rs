@@ -1,7 +1,7 @@
 //! `justonce deliveries`: the deliveries waiting for their target, and each delivery's
 //! attempts.
 
-use super::output::{counted, print_table, utc_text};
+use super::output::{counted, one_line, print_table, utc_text};
 use crate::cli::{DeliveriesCommand, ListArgs};
 use anyhow::{Context, Result};
 use justonce_cli_support::Usage;
@@ -166,9 +166,4 @@ pub fn print_row(row: &Row, attempts: &[Attempt]) {
         }),
     );
     println!("{}", String::from_utf8_lossy(&row.payload));
-}
-
-/// `text` on one line of a table: each run of whitespace, newlines among them, one space.
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -1,7 +1,7 @@
 //! `justonce dlq`: list, show, replay and purge dead letters.
 
 use super::deliveries::{Listed, print_json, print_row};
-use super::output::{confirm, counted, print_table};
+use super::output::{confirm, counted, one_line, print_table};
 use crate::cli::DlqCommand;
 use anyhow::{Context, Result};
 use justonce_cli_support::progress::Progress;
@@ -28,7 +28,7 @@ pub async fn run<DB: Backend>(outbox: &Outbox<DB>, command: DlqCommand) -> Resul
                         row.destination,
                         row.key,
                         row.attempts.to_string(),
-                        row.last_error.unwrap_or_default(),
+                        one_line(row.last_error.as_deref().unwrap_or_default()),
                     ]
                 }),
             );

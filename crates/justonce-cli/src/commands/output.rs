@@ -47,6 +47,11 @@ pub fn print_table(title: &str, header: &[&str], rows: impl IntoIterator<Item = 
     println!();
 }
 
+/// `text` on one line of a table: each run of whitespace, newlines among them, one space.
+pub fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// A tenant scope as the tables and `keys show` print it: `(none)` for no scope.
 pub fn scope_or_none(scope: &str) -> &str {
     match scope {

@@ -94,8 +94,18 @@ CREATE TABLE IF NOT EXISTS {prefix}breakers (
     Migration {
         version: 4,
         description: "history: each outbox row's last delivery attempts",
+        // MySQL has no `ADD COLUMN IF NOT EXISTS` and commits DDL at once: a migrator that
+        // died after the ALTER and before recording the version must find nothing to do.
         sql: "
-ALTER TABLE {prefix}outbox ADD COLUMN history LONGTEXT NULL;
+SET @justonce_add_history = IF(
+    (SELECT count(*) FROM information_schema.columns
+     WHERE table_schema = DATABASE() AND table_name = '{prefix}outbox'
+       AND column_name = 'history') = 0,
+    'ALTER TABLE {prefix}outbox ADD COLUMN history LONGTEXT NULL',
+    'DO 0');
+PREPARE justonce_add_history FROM @justonce_add_history;
+EXECUTE justonce_add_history;
+DEALLOCATE PREPARE justonce_add_history;
 ",
     },
 ];

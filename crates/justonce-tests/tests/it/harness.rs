@@ -139,14 +139,9 @@ async fn restarted_broker(broker: &str) {
     let figures = &run.1;
     assert_eq!(figures["faults"], 2, "{figures}");
     assert_eq!(figures["drained"], true, "{figures}");
-    // Each restart is followed by an effect committed through the broker that came back.
+    // Each restart is followed by an effect committed through the broker that came back: a
+    // consumer that hangs instead is a breach, which `assert_clean` refuses.
     assert!(figures["recovery_max_ms"].as_u64().is_some(), "{figures}");
-    assert!(
-        figures["details"]["consumer processes started again after exiting"]
-            .as_u64()
-            .is_some(),
-        "{figures}"
-    );
 }
 
 #[tokio::test]

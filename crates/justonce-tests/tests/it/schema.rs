@@ -105,3 +105,37 @@ async fn a_prefix_that_is_not_an_identifier_is_refused() {
         assert!(matches!(error, Error::Config(_)), "{prefix:?}: {error}");
     }
 }
+
+/// MySQL commits DDL at once: a migrator that died after adding the history column, before
+/// recording version 4, leaves the column without the record. The next migrator records it.
+#[tokio::test]
+async fn mysql_a_migration_cut_off_before_its_record_is_applied_again() {
+    let db = TestDb::<sqlx::MySql>::new("mysql_cut_off_migration").await;
+    let forget = format!("DELETE FROM {}migrations WHERE version = 4", db.prefix);
+    <sqlx::MySql as TestBackend>::execute(db.inbox.pool(), forget)
+        .await
+        .unwrap();
+    assert_eq!(
+        db.inbox.migrate().await.unwrap(),
+        1,
+        "version 4 recorded again"
+    );
+    let (version,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT max(version) FROM {}migrations",
+        db.prefix
+    )))
+    .fetch_one(db.inbox.pool())
+    .await
+    .unwrap();
+    assert_eq!(version, 4);
+    let with_history = <sqlx::MySql as TestBackend>::count(
+        db.inbox.pool(),
+        format!(
+            "SELECT count(*) FROM {}outbox WHERE history IS NULL",
+            db.prefix
+        ),
+    )
+    .await;
+    assert_eq!(with_history, 0, "one history column, no rows yet");
+    db.cleanup().await;
+}
