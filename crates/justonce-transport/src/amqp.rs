@@ -236,8 +236,8 @@ impl Broker for Amqp {
         &self.options.policy
     }
 
-    /// Each goodbye waits at most [`GOODBYE_WAIT`]: a close marks the channel closing at
-    /// once, so [`while_open`] cannot watch it.
+    /// Waits at most 5 s for each goodbye: a close marks the channel closing at once, so
+    /// the watch of the other calls, which fail once it is not open, cannot be used.
     async fn close(&self) -> Result<(), Error> {
         within_goodbye_wait(self.channel.close(200, "bye".into())).await?;
         within_goodbye_wait(self.connection.close(200, "bye".into())).await
