@@ -33,7 +33,7 @@
 use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
 use crate::tls::Tls;
 use crate::{ATTEMPT_HEADER, Error, Policy, REASON_BYTES, REASON_HEADER, truncate};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use justonce_core::{Delivered, Delivery, Destination};
 use justonce_sql::{Backend, Inbox};
 use lapin::options::{
@@ -47,6 +47,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Settings of an [`AmqpConsumer`].
 #[derive(Debug, Clone)]
@@ -162,14 +163,14 @@ impl Receive for AmqpReceiver<'_> {
     type Delivery = lapin::message::Delivery;
 
     async fn next(&mut self) -> Result<Option<Self::Delivery>, Error> {
-        self.consumer.next().await.transpose().map_err(broker)
+        while_open(self.channel, self.consumer.next().map(Option::transpose)).await
     }
 
     async fn stop(self) -> Result<(), Error> {
-        self.channel
-            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default())
-            .await
-            .map_err(broker)
+        let cancel = self
+            .channel
+            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default());
+        while_open(self.channel, cancel).await
     }
 }
 
@@ -235,29 +236,22 @@ impl Broker for Amqp {
         &self.options.policy
     }
 
+    /// Waits at most 5 s for each goodbye: a close marks the channel closing at once, so
+    /// the watch of the other calls, which fail once it is not open, cannot be used.
     async fn close(&self) -> Result<(), Error> {
-        self.channel
-            .close(200, "bye".into())
-            .await
-            .map_err(broker)?;
-        self.connection
-            .close(200, "bye".into())
-            .await
-            .map_err(broker)
+        within_goodbye_wait(self.channel.close(200, "bye".into())).await?;
+        within_goodbye_wait(self.connection.close(200, "bye".into())).await
     }
 
     async fn receive(&self) -> Result<AmqpReceiver<'_>, Error> {
         let tag = format!("justonce-{}", std::process::id());
-        let consumer = self
-            .channel
-            .basic_consume(
-                self.options.queue.as_str().into(),
-                tag.as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(broker)?;
+        let consume = self.channel.basic_consume(
+            self.options.queue.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        );
+        let consumer = while_open(&self.channel, consume).await?;
         Ok(AmqpReceiver {
             channel: &self.channel,
             consumer,
@@ -286,14 +280,14 @@ impl Broker for Amqp {
                     multiple: false,
                     requeue: true,
                 };
-                return delivery.nack(requeue).await.map(drop).map_err(broker);
+                return while_open(&self.channel, delivery.nack(requeue))
+                    .await
+                    .map(drop);
             }
         }
-        delivery
-            .ack(BasicAckOptions::default())
+        while_open(&self.channel, delivery.ack(BasicAckOptions::default()))
             .await
             .map(drop)
-            .map_err(broker)
     }
 
     /// The acknowledgements of a batch are handed to the connection all at once, then
@@ -303,7 +297,8 @@ impl Broker for Amqp {
         let acks = deliveries
             .iter()
             .map(|delivery| delivery.ack(BasicAckOptions::default()));
-        for done in futures_util::future::join_all(acks).await {
+        let all = futures_util::future::join_all(acks).map(Ok);
+        for done in while_open(&self.channel, all).await? {
             done.map_err(broker)?;
             *acked += 1;
         }
@@ -507,18 +502,15 @@ async fn publish(
         mandatory: true,
         ..BasicPublishOptions::default()
     };
-    let confirm = channel
-        .basic_publish(
-            exchange.into(),
-            routing_key.into(),
-            mandatory,
-            payload,
-            properties.with_delivery_mode(2),
-        )
-        .await
-        .map_err(broker)?
-        .await
-        .map_err(broker)?;
+    let publish = channel.basic_publish(
+        exchange.into(),
+        routing_key.into(),
+        mandatory,
+        payload,
+        properties.with_delivery_mode(2),
+    );
+    let confirm = while_open(channel, publish).await?;
+    let confirm = while_open(channel, confirm).await?;
     match confirm {
         lapin::Confirmation::Ack(None) => Ok(()),
         lapin::Confirmation::Ack(Some(_)) => Err(Error::Broker(
@@ -531,6 +523,47 @@ async fn publish(
             format!("the broker did not confirm the message: {other:?}").into(),
         )),
     }
+}
+
+/// How often a pending call checks that its channel is still open.
+const OPEN_CHECK: Duration = Duration::from_millis(200);
+
+/// How long [`Broker::close`] waits for each goodbye.
+const GOODBYE_WAIT: Duration = Duration::from_secs(5);
+
+/// Awaits `call`, failing once `channel` is no longer open. When the connection dies under
+/// it, lapin can leave a call (an ack, a confirm, a `basic.cancel`) pending for ever: the
+/// consumer would then neither consume nor exit.
+async fn while_open<T>(
+    channel: &Channel,
+    call: impl Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, Error> {
+    let closed = async {
+        while channel.status().connected() {
+            tokio::time::sleep(OPEN_CHECK).await;
+        }
+    };
+    tokio::select! {
+        biased;
+        done = call => done.map_err(broker),
+        () = closed => Err(Error::Broker(
+            "the channel to RabbitMQ closed with a call pending".into(),
+        )),
+    }
+}
+
+/// Awaits a goodbye for at most [`GOODBYE_WAIT`].
+async fn within_goodbye_wait(
+    goodbye: impl Future<Output = Result<(), lapin::Error>>,
+) -> Result<(), Error> {
+    tokio::time::timeout(GOODBYE_WAIT, goodbye)
+        .await
+        .map_err(|_| {
+            Error::Broker(
+                format!("RabbitMQ did not answer the close within {GOODBYE_WAIT:?}").into(),
+            )
+        })?
+        .map_err(broker)
 }
 
 fn broker(error: lapin::Error) -> Error {
