@@ -165,7 +165,8 @@ async fn a_mosquitto_killed_twice_under_load_loses_and_doubles_nothing_confirmed
 }
 
 /// pause through `broker`: a consumer stopped past the broker's wait loses its deliveries to
-/// the other, and its late commits are duplicates.
+/// the other, and no effect doubles. Whether the paused one held a delivery at that moment
+/// depends on timing, so how many late commits were duplicates is reported, not asserted.
 async fn paused_consumer(broker: &str) {
     let args = ["--scenario", "pause", "--broker", broker];
     let run = harness(&args).await;
@@ -180,12 +181,6 @@ async fn paused_consumer(broker: &str) {
         detail("paused consumer: acknowledged as processed")
             + detail("other consumer: acknowledged as processed"),
         1_000,
-        "{figures}"
-    );
-    assert!(
-        detail("paused consumer: acknowledged as duplicates")
-            + detail("other consumer: acknowledged as duplicates")
-            > 0,
         "{figures}"
     );
 }
