@@ -14,10 +14,8 @@
 //! On PostgreSQL `insert_many` also returns the keys it did not insert that were held
 //! before it began, with their claim id and fingerprint.
 
-use crate::backend::Backend as _;
-use crate::tables::Tables;
-use justonce_core::Error;
-
+// Each constructor names its backend's items itself: the crate builds with any set of
+// backend features, none included.
 /// The statements that claim a batch of keys under one table prefix.
 #[derive(Debug, Clone)]
 pub struct ClaimMany {
@@ -50,8 +48,10 @@ fn with_list(template: &str, item: &str, count: usize) -> String {
 
 /// PostgreSQL's statements for tables under `prefix`.
 #[cfg(feature = "postgres")]
-pub fn postgres(prefix: &str) -> Result<ClaimMany, Error> {
-    let statements = sqlx::Postgres::statements(&Tables::new(prefix)?);
+pub fn postgres(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
+    let statements = <sqlx::Postgres as crate::backend::Backend>::statements(
+        &crate::tables::Tables::new(prefix)?,
+    );
     Ok(ClaimMany {
         insert_many: statements.insert_many.to_string(),
         find_many: statements.find_many.to_string(),
@@ -61,8 +61,10 @@ pub fn postgres(prefix: &str) -> Result<ClaimMany, Error> {
 
 /// SQLite's statements for tables under `prefix`.
 #[cfg(feature = "sqlite")]
-pub fn sqlite(prefix: &str) -> Result<ClaimMany, Error> {
-    let statements = sqlx::Sqlite::statements(&Tables::new(prefix)?);
+pub fn sqlite(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
+    let statements = <sqlx::Sqlite as crate::backend::Backend>::statements(
+        &crate::tables::Tables::new(prefix)?,
+    );
     Ok(ClaimMany {
         insert_many: statements.insert_many.to_string(),
         find_many: statements.find_many.to_string(),
@@ -72,8 +74,10 @@ pub fn sqlite(prefix: &str) -> Result<ClaimMany, Error> {
 
 /// MariaDB's and MySQL's statements for tables under `prefix`.
 #[cfg(feature = "mysql")]
-pub fn mysql(prefix: &str) -> Result<ClaimMany, Error> {
-    let statements = sqlx::MySql::statements(&Tables::new(prefix)?);
+pub fn mysql(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
+    let statements = <sqlx::MySql as crate::backend::Backend>::statements(
+        &crate::tables::Tables::new(prefix)?,
+    );
     Ok(ClaimMany {
         insert_many: statements.insert_many.to_string(),
         find_many: statements.find_many.to_string(),
