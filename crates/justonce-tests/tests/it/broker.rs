@@ -541,7 +541,7 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
 
 /// What `justonce_deliveries_consumed_total` holds for `consumer`, from a recorder installed
 /// for the whole test binary on the first call (deliveries settled before it are not seen).
-fn consumed(consumer: &str) -> u64 {
+pub(crate) fn consumed(consumer: &str) -> u64 {
     static RECORDER: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
         std::sync::OnceLock::new();
     let handle = RECORDER.get_or_init(|| {
