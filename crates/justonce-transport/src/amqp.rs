@@ -327,12 +327,11 @@ impl Broker for Amqp {
             while let Some(done) = acks.next().await {
                 match done.map_err(broker).and_then(taken) {
                     Ok(()) => *acked += 1,
-                    Err(error) => {
-                        failed.get_or_insert(error);
-                    }
+                    Err(error) if failed.is_none() => failed = Some(error),
+                    Err(_) => {}
                 }
             }
-            Ok(())
+            Ok::<(), lapin::Error>(())
         };
         while_open(&channel, all).await?;
         failed.map_or(Ok(()), Err)
