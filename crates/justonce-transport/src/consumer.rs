@@ -381,7 +381,13 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         let mut stats = ConsumerStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            let consumed = self.consume(&mut deliveries, &mut shutdown, batch_size, &work, &mut stats);
+            let consumed = self.consume(
+                &mut deliveries,
+                &mut shutdown,
+                batch_size,
+                &work,
+                &mut stats,
+            );
             match consumed.await {
                 Ok(()) => break,
                 Err(lost) if lost_connection(&lost) => {

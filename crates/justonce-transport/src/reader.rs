@@ -200,7 +200,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let mut unstored = Unstored::default();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            let read = self.read_on(&mut entries, &mut shutdown, &work, &mut stats, &mut unstored);
+            let read = self.read_on(
+                &mut entries,
+                &mut shutdown,
+                &work,
+                &mut stats,
+                &mut unstored,
+            );
             match read.await {
                 Ok(()) => break,
                 Err(lost) if lost_connection(&lost) => {
@@ -254,7 +260,10 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             };
             let Some(entry) = next? else { return Ok(()) };
             loop {
-                match self.process(&entry, work, stats, unstored, shutdown).await? {
+                match self
+                    .process(&entry, work, stats, unstored, shutdown)
+                    .await?
+                {
                     Processed::Done => break,
                     Processed::Stopped => return Ok(()),
                     Processed::StoreFailed => tokio::select! {

@@ -135,8 +135,14 @@ mod tests {
     #[test]
     fn the_wait_doubles_from_100_ms_to_its_cap_with_up_to_half_taken_off() {
         let max = Duration::from_secs(5);
-        for (attempt, full) in [(1, 100), (2, 200), (3, 400), (6, 3_200), (7, 5_000), (40, 5_000)]
-        {
+        for (attempt, full) in [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (6, 3_200),
+            (7, 5_000),
+            (40, 5_000),
+        ] {
             for _ in 0..50 {
                 let wait = reconnect_wait(attempt, max).as_millis();
                 assert!(

@@ -3,15 +3,15 @@
 //! dead-lettered, two workers in one group, and the relay's publisher. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, consumed, read_to_end, take};
-use super::on_every_database;
+use super::broker::{Batching, TestBroker, consume_until, consumed, counted, read_to_end, take};
+use super::{on_every_database, run_until};
 use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
 use justonce_tests::{TestBackend, TestDb, redis_url};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
     RedisStreamReader,
 };
-use justonce_transport::{ConsumerStats, REASON_HEADER};
+use justonce_transport::{ConsumerStats, Link, REASON_HEADER};
 use redis::AsyncCommands;
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ on_every_database!(
     a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on,
     a_reader_stopped_while_failing_work_waits_to_run_again_stops_at_once,
     a_reader_that_cannot_move_its_offset_past_a_dead_letter_publishes_it_once,
+    a_consumer_whose_connection_breaks_connects_again_and_goes_on,
     the_relay_adds_each_row_with_its_key,
 );
 
@@ -270,24 +271,20 @@ fn read_as<DB: TestBackend>(db: &TestDb<DB>, name: &str) -> TestDb<DB> {
 
 /// A stop while failing work waits to run again ends the wait at once: the work does not
 /// run again, nothing is dead-lettered, and the offset stays before the entry.
-async fn a_reader_stopped_while_failing_work_waits_to_run_again_stops_at_once<
-    DB: TestBackend,
->(
+async fn a_reader_stopped_while_failing_work_waits_to_run_again_stops_at_once<DB: TestBackend>(
     test: &str,
 ) {
     let db = TestDb::<DB>::new(test).await;
     let stream = ReadStream::open(&db).await;
     stream.0.add(["bad:order".to_owned()]).await;
     let name = format!("{}stopped", db.prefix);
+    assert_eq!(consumed(&name), 0);
     let reading = read_as(&db, &name);
     // Five attempts: waits of 1, 2, 4 and 8 s between them, unless the stop ends them.
-    let reader = RedisStreamReader::connect(
-        &redis_url(),
-        reading.inbox.clone(),
-        options(&stream.0, "a"),
-    )
-    .await
-    .unwrap();
+    let reader =
+        RedisStreamReader::connect(&redis_url(), reading.inbox.clone(), options(&stream.0, "a"))
+            .await
+            .unwrap();
     // Stopped once the entry is taken: during its first run, or the wait after it.
     let stats = consume_until(&reading, &reader, || async { consumed(&name) >= 1 }).await;
     assert_eq!(
@@ -297,7 +294,10 @@ async fn a_reader_stopped_while_failing_work_waits_to_run_again_stops_at_once<
     );
     let dead = format!("{}.dead", stream.0.name);
     assert_eq!(stream.0.length(&dead).await, 0);
-    assert!(!stream.settled(&reading).await, "the offset stays before it");
+    assert!(
+        !stream.settled(&reading).await,
+        "the offset stays before it"
+    );
     stream.delete().await;
     db.cleanup().await;
 }
@@ -316,6 +316,7 @@ async fn a_reader_that_cannot_move_its_offset_past_a_dead_letter_publishes_it_on
         .add(["bad:order".to_owned(), "order:after".to_owned()])
         .await;
     let name = format!("{}offset", db.prefix);
+    assert_eq!(consumed(&name), 0);
     let reading = read_as(&db, &name);
     let rename = |from: &str, to: &str| {
         let sql = format!("ALTER TABLE {0}{from} RENAME TO {0}{to}", db.prefix);
@@ -356,10 +357,98 @@ async fn a_reader_that_cannot_move_its_offset_past_a_dead_letter_publishes_it_on
         "the work of the entry given up ran twice, no more: {stats:?}"
     );
     assert_eq!(stream.0.length(&dead).await, 1, "one dead letter");
-    assert_eq!(
-        db.effects_of(&Key::new("order:after").unwrap()).await,
-        1
-    );
+    assert_eq!(db.effects_of(&Key::new("order:after").unwrap()).await, 1);
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+/// A TCP proxy to the Redis server whose connections are broken, and new ones refused,
+/// while it is down: the broker going away and coming back, as a consumer sees it.
+struct Breakable {
+    port: u16,
+    up: tokio::sync::watch::Sender<bool>,
+}
+
+impl Breakable {
+    async fn start() -> Self {
+        let upstream = redis_url().trim_start_matches("redis://").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = tokio::sync::watch::Sender::new(true);
+        let state = up.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let (mut client, _) = listener.accept().await.unwrap();
+                if !*state.borrow() {
+                    continue; // dropping `client` refuses it
+                }
+                let (upstream, mut down) = (upstream.clone(), state.clone());
+                tokio::spawn(async move {
+                    let mut server = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = down.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Self { port, up }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
+
+/// A consumer whose connection breaks connects again by itself and goes on: its link says
+/// it is connecting again, its run does not end, the reconnection is counted, and what was
+/// published meanwhile takes effect once.
+async fn a_consumer_whose_connection_breaks_connects_again_and_goes_on<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let proxy = Breakable::start().await;
+    let name = format!("{}reconnecting", db.prefix);
+    assert_eq!(counted("justonce_broker_reconnects_total", &name), 0);
+    let reading = read_as(&db, &name);
+    let options = options(&stream, "a").reconnect_max_wait(Duration::from_millis(200));
+    let consumer = RedisStreamConsumer::connect(&proxy.url(), reading.inbox.clone(), options)
+        .await
+        .unwrap();
+    let link = consumer.link();
+    stream.add(["order:1".to_owned()]).await;
+    // 0: before the break; 1: broken; 2: up again, with a message published meanwhile.
+    let step = std::sync::atomic::AtomicU8::new(0);
+    let work = justonce_tests::consumer_work::<DB>(&db.prefix);
+    let stats = run_until(
+        |stopped| consumer.run(stopped, work),
+        || async {
+            use std::sync::atomic::Ordering::Relaxed;
+            match step.load(Relaxed) {
+                0 if db.rows("effects").await == 1 => {
+                    proxy.set_up(false);
+                    step.store(1, Relaxed);
+                }
+                1 if matches!(*link.borrow(), Link::Reconnecting { .. }) => {
+                    stream.add(["order:2".to_owned()]).await;
+                    proxy.set_up(true);
+                    step.store(2, Relaxed);
+                }
+                2 => return db.rows("effects").await == 2 && *link.borrow() == Link::Connected,
+                _ => {}
+            }
+            false
+        },
+    )
+    .await;
+    assert_eq!((stats.processed, stats.duplicates), (2, 0), "{stats:?}");
+    assert_eq!(db.doubled_effects().await, 0);
+    assert!(counted("justonce_broker_reconnects_total", &name) >= 1);
     stream.delete().await;
     db.cleanup().await;
 }

@@ -64,7 +64,10 @@ impl OwnBroker {
                 write("enabled_plugins", "[].\n".to_owned())?;
                 // In place of the machine's environment file, which would name the machine
                 // node: the node's Erlang peers are reached on this machine only.
-                write("rabbitmq-env.conf", "ERL_EPMD_ADDRESS=127.0.0.1\n".to_owned())?;
+                write(
+                    "rabbitmq-env.conf",
+                    "ERL_EPMD_ADDRESS=127.0.0.1\n".to_owned(),
+                )?;
                 write("advanced.config", "[].\n".to_owned())?;
                 write(
                     "rabbitmq.conf",
