@@ -6,7 +6,7 @@
 use super::broker::{Batching, TestBroker, consume_until, consumed, counted, read_to_end, take};
 use super::{on_every_database, run_until};
 use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
-use justonce_tests::{TestBackend, TestDb, redis_url};
+use justonce_tests::{BreakableRedis, TestBackend, TestDb, redis_url};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
     RedisStreamReader,
@@ -362,48 +362,6 @@ async fn a_reader_that_cannot_move_its_offset_past_a_dead_letter_publishes_it_on
     db.cleanup().await;
 }
 
-/// A TCP proxy to the Redis server whose connections are broken, and new ones refused,
-/// while it is down: the broker going away and coming back, as a consumer sees it.
-struct Breakable {
-    port: u16,
-    up: tokio::sync::watch::Sender<bool>,
-}
-
-impl Breakable {
-    async fn start() -> Self {
-        let upstream = redis_url().trim_start_matches("redis://").to_owned();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let up = tokio::sync::watch::Sender::new(true);
-        let state = up.subscribe();
-        tokio::spawn(async move {
-            loop {
-                let (mut client, _) = listener.accept().await.unwrap();
-                if !*state.borrow() {
-                    continue; // dropping `client` refuses it
-                }
-                let (upstream, mut down) = (upstream.clone(), state.clone());
-                tokio::spawn(async move {
-                    let mut server = tokio::net::TcpStream::connect(upstream).await.unwrap();
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = down.wait_for(|up| !*up) => {}
-                    }
-                });
-            }
-        });
-        Self { port, up }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn set_up(&self, up: bool) {
-        self.up.send_replace(up);
-    }
-}
-
 /// A consumer whose connection breaks connects again by itself and goes on: its link says
 /// it is connecting again, its run does not end, the reconnection is counted, and what was
 /// published meanwhile takes effect once.
@@ -412,7 +370,7 @@ async fn a_consumer_whose_connection_breaks_connects_again_and_goes_on<DB: TestB
 ) {
     let db = TestDb::<DB>::new(test).await;
     let stream = Stream::new(&db).await;
-    let proxy = Breakable::start().await;
+    let proxy = BreakableRedis::start().await;
     let name = format!("{}reconnecting", db.prefix);
     assert_eq!(counted("justonce_broker_reconnects_total", &name), 0);
     let reading = read_as(&db, &name);
