@@ -21,7 +21,7 @@ use justonce_transport::kafka::KafkaReader;
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::NatsConsumer;
 use justonce_transport::redis_streams::RedisStreamConsumer;
-use justonce_transport::{Broker, Incoming, Work};
+use justonce_transport::{Broker, Incoming, Link, Work};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -310,8 +310,9 @@ async fn purge_on_schedule<DB: Backend>(plan: &purge::Plan, inbox: &Inbox<DB>, e
 
 /// Consumes one queue until `stopped` resolves: each message is claimed under the consumer
 /// and written to the outbox for the consumer's target with the key `<consumer>:<id>`, in
-/// one transaction, and acknowledged after the commit. A broker that cannot be reached is
-/// tried again every few seconds. A TLS handshake refused at the first connection is a
+/// one transaction, and acknowledged after the commit. A broker that cannot be reached at
+/// the first connection is tried again every few seconds; a connection lost later, the
+/// consumer makes again by itself. A TLS handshake refused at the first connection is a
 /// setting to fix: it is sent to `misconfigured`, and the service stops; refused later (a
 /// broker that was down came back with another certificate), it is retried.
 async fn consume<DB: Backend>(
@@ -331,10 +332,13 @@ async fn consume<DB: Backend>(
             let mut stopped = stopped;
             let _ = stopped.wait_for(|stop| *stop).await;
         };
-        // A stop during a connection attempt is seen once it ends; the drain deadline
-        // bounds it.
-        let connected = || states.connected(&name);
-        match consume_once(&from, &options, inbox.clone(), connected, stopped, work).await {
+        // A stop during a first connection attempt is seen once it ends; the drain
+        // deadline bounds it.
+        let link = |link: &Link| match link {
+            Link::Connected => states.connected(&name),
+            Link::Reconnecting { error } => states.failed(&name, error.clone()),
+        };
+        match consume_once(&from, &options, inbox.clone(), link, stopped, work).await {
             Ok(stats) if *stopping.borrow() => {
                 tracing::info!(?stats, "stopped consuming");
                 return;
@@ -359,13 +363,14 @@ async fn consume<DB: Backend>(
     }
 }
 
-/// Connects once, says so through `connected`, and consumes until `stopped` resolves or the
-/// broker fails.
+/// Connects once, and consumes until `stopped` resolves or the broker fails in a way that
+/// connecting again does not mend, telling `link` of each change of the connection: the
+/// consumer connects again by itself after a lost connection.
 async fn consume_once<DB: Backend, E>(
     from: &str,
     options: &BrokerOptions,
     inbox: Inbox<DB>,
-    connected: impl FnOnce(),
+    link: impl Fn(&Link),
     stopped: impl std::future::Future,
     work: impl Work<DB, E>,
 ) -> Result<justonce_transport::ConsumerStats, justonce_transport::Error>
@@ -375,45 +380,62 @@ where
     match options {
         BrokerOptions::Amqp(options) => {
             let consumer = AmqpConsumer::connect(from, inbox, options.clone()).await?;
-            run_consumer(consumer, connected, stopped, work).await
+            run_consumer(consumer, link, stopped, work).await
         }
         BrokerOptions::Nats(options) => {
             let consumer = NatsConsumer::connect(from, inbox, options.clone()).await?;
-            run_consumer(consumer, connected, stopped, work).await
+            run_consumer(consumer, link, stopped, work).await
         }
         BrokerOptions::Mqtt(options) => {
             let consumer = MqttConsumer::connect(from, inbox, options.clone()).await?;
-            run_consumer(consumer, connected, stopped, work).await
+            run_consumer(consumer, link, stopped, work).await
         }
         BrokerOptions::Redis(options) => {
             let consumer = RedisStreamConsumer::connect(from, inbox, options.clone()).await?;
-            run_consumer(consumer, connected, stopped, work).await
+            run_consumer(consumer, link, stopped, work).await
         }
         // A group member keeps its partitions' offsets in the database, as a reader does.
         BrokerOptions::Kafka(options) => {
             let reader = KafkaReader::connect(from, inbox, options.clone())?;
-            connected();
-            reader.run(stopped, work).await
+            following(reader.link(), link, reader.run(stopped, work)).await
         }
     }
 }
 
-/// Says the consumer is connected, runs it until `stopped` resolves or the broker fails,
-/// then closes it: the same for every broker.
+/// Runs the consumer until `stopped` resolves or the broker fails, telling `link` of its
+/// connection, then closes it: the same for every broker.
 async fn run_consumer<B: Broker, DB: Backend, E>(
     consumer: justonce_transport::Consumer<B, DB>,
-    connected: impl FnOnce(),
+    link: impl Fn(&Link),
     stopped: impl std::future::Future,
     work: impl Work<DB, E>,
 ) -> Result<justonce_transport::ConsumerStats, justonce_transport::Error>
 where
     E: std::error::Error + Send + Sync + 'static,
 {
-    connected();
-    let ran = consumer.run(stopped, work).await;
+    let ran = following(consumer.link(), link, consumer.run(stopped, work)).await;
     // Unacknowledged deliveries go back either way; a failed goodbye changes nothing.
     let _ = consumer.close().await;
     ran
+}
+
+/// Runs `run`, telling `report` the connection's state now and at each change.
+async fn following<T>(
+    mut link: watch::Receiver<Link>,
+    report: impl Fn(&Link),
+    run: impl std::future::Future<Output = T>,
+) -> T {
+    let mut run = std::pin::pin!(run);
+    loop {
+        let state = link.borrow_and_update().clone();
+        report(&state);
+        tokio::select! {
+            ran = &mut run => return ran,
+            changed = link.changed() => if changed.is_err() {
+                return run.await;
+            },
+        }
+    }
 }
 
 /// A refused TLS handshake in plain words, with the consumer and the setting to look at.

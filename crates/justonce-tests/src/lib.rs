@@ -15,7 +15,7 @@ pub mod tls;
 pub use amqp::{amqp_url, publish_keys, publish_many, try_publish_keys};
 pub use consume::{acknowledge, consume};
 pub use mqtt::{publish_while, publish_while_consuming};
-pub use redis::{TestRedis, redis_url};
+pub use redis::{BreakableRedis, TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 
 use justonce_sql::{Backend, Consumer, Inbox, InboxOptions, Key, Relay, WorkFuture};

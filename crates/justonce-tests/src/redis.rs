@@ -55,3 +55,52 @@ impl TestRedis {
         }
     }
 }
+
+/// A TCP proxy to the Redis server whose connections are broken, and new ones refused,
+/// while it is down: the server going away and coming back, as a client sees it, without
+/// touching the server the other tests share.
+pub struct BreakableRedis {
+    port: u16,
+    up: tokio::sync::watch::Sender<bool>,
+}
+
+impl BreakableRedis {
+    /// Listens on a free port, up.
+    pub async fn start() -> Self {
+        let upstream = redis_url().trim_start_matches("redis://").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let port = listener.local_addr().expect("its address").port();
+        let up = tokio::sync::watch::Sender::new(true);
+        let state = up.subscribe();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !*state.borrow() {
+                    continue; // dropping `client` refuses it
+                }
+                let (upstream, mut down) = (upstream.clone(), state.clone());
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = down.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Self { port, up }
+    }
+
+    /// The URL that reaches Redis through it.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Down breaks every connection and refuses new ones; up forwards them again.
+    pub fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}

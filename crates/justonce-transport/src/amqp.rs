@@ -115,8 +115,9 @@ pub type AmqpConsumer<DB> = crate::Consumer<Amqp, DB>;
 /// The RabbitMQ adapter of [`AmqpConsumer`]: a channel with publisher confirms (for
 /// retries and dead letters) and the prefetch.
 pub struct Amqp {
-    connection: Connection,
-    channel: Channel,
+    url: String,
+    /// The connection and its channel, replaced when the consumer connects again.
+    open: std::sync::Mutex<(Arc<Connection>, Channel)>,
     options: AmqpOptions,
 }
 
@@ -132,45 +133,58 @@ impl<DB: Backend> AmqpConsumer<DB> {
     /// Connects to `url` and prepares the channel: publisher confirms (for retries and dead
     /// letters), the prefetch, and the queues unless they are declared elsewhere.
     pub async fn connect(url: &str, inbox: Inbox<DB>, options: AmqpOptions) -> Result<Self, Error> {
-        let connection = connect(url, options.tls.as_ref()).await?;
-        let channel = open_channel(&connection).await?;
-        channel
-            .basic_qos(options.prefetch, BasicQosOptions::default())
-            .await
-            .map_err(broker)?;
-        if options.declare {
-            for queue in [&options.queue, &options.dead_letter_queue] {
-                declare(&channel, queue).await?;
-            }
-        }
+        let open = open(url, &options).await?;
         let amqp = Amqp {
-            connection,
-            channel,
+            url: url.to_owned(),
+            open: std::sync::Mutex::new(open),
             options,
         };
         Ok(Self::new(amqp, inbox))
     }
 }
 
+/// Connects to `url` and prepares a consumer's channel: publisher confirms, the prefetch,
+/// and the queues unless they are declared elsewhere.
+async fn open(url: &str, options: &AmqpOptions) -> Result<(Arc<Connection>, Channel), Error> {
+    let connection = connect(url, options.tls.as_ref()).await?;
+    let channel = open_channel(&connection).await?;
+    channel
+        .basic_qos(options.prefetch, BasicQosOptions::default())
+        .await
+        .map_err(broker)?;
+    if options.declare {
+        for queue in [&options.queue, &options.dead_letter_queue] {
+            declare(&connection, &channel, queue).await?;
+        }
+    }
+    Ok((Arc::new(connection), channel))
+}
+
 /// The deliveries of one `basic.consume`.
-pub struct AmqpReceiver<'a> {
-    channel: &'a Channel,
+pub struct AmqpReceiver {
+    channel: Channel,
     consumer: lapin::Consumer,
     tag: String,
 }
 
-impl Receive for AmqpReceiver<'_> {
+impl Receive for AmqpReceiver {
     type Delivery = lapin::message::Delivery;
 
+    /// An end of the deliveries on a channel that closed is a lost connection, not the
+    /// broker ending the consumer.
     async fn next(&mut self) -> Result<Option<Self::Delivery>, Error> {
-        while_open(self.channel, self.consumer.next().map(Option::transpose)).await
+        let next = while_open(&self.channel, self.consumer.next().map(Option::transpose)).await?;
+        if next.is_none() && !self.channel.status().connected() {
+            return Err(channel_closed());
+        }
+        Ok(next)
     }
 
     async fn stop(self) -> Result<(), Error> {
         let cancel = self
             .channel
             .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default());
-        while_open(self.channel, cancel).await
+        while_open(&self.channel, cancel).await
     }
 }
 
@@ -229,7 +243,7 @@ impl Received for lapin::message::Delivery {
 
 impl Broker for Amqp {
     type Delivery = lapin::message::Delivery;
-    type Receiver<'b> = AmqpReceiver<'b>;
+    type Receiver<'b> = AmqpReceiver;
     const NAME: &'static str = "amqp";
 
     fn policy(&self) -> &Policy {
@@ -239,24 +253,33 @@ impl Broker for Amqp {
     /// Waits at most 5 s for each goodbye: a close marks the channel closing at once, so
     /// the watch of the other calls, which fail once it is not open, cannot be used.
     async fn close(&self) -> Result<(), Error> {
-        within_goodbye_wait(self.channel.close(200, "bye".into())).await?;
-        within_goodbye_wait(self.connection.close(200, "bye".into())).await
+        let (connection, channel) = self.open();
+        within_goodbye_wait(channel.close(200, "bye".into())).await?;
+        within_goodbye_wait(connection.close(200, "bye".into())).await
     }
 
-    async fn receive(&self) -> Result<AmqpReceiver<'_>, Error> {
+    async fn receive(&self) -> Result<AmqpReceiver, Error> {
+        let (_, channel) = self.open();
         let tag = format!("justonce-{}", std::process::id());
-        let consume = self.channel.basic_consume(
+        let consume = channel.basic_consume(
             self.options.queue.as_str().into(),
             tag.as_str().into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),
         );
-        let consumer = while_open(&self.channel, consume).await?;
+        let consumer = while_open(&channel, consume).await?;
         Ok(AmqpReceiver {
-            channel: &self.channel,
+            channel,
             consumer,
             tag,
         })
+    }
+
+    /// A new connection and channel, prepared as at connect. The one lost is dropped.
+    async fn reconnect(&self) -> Result<(), Error> {
+        let open = open(&self.url, &self.options).await?;
+        *crate::lock(&self.open) = open;
+        Ok(())
     }
 
     /// A retry or a dead letter is a copy published, confirmed, then the original
@@ -264,15 +287,16 @@ impl Broker for Amqp {
     /// the second one a duplicate. Given back is a requeueing nack.
     async fn settle(&self, delivery: &Self::Delivery, settle: Settle) -> Result<(), Error> {
         let options = &self.options;
+        let (_, channel) = self.open();
         match settle {
             Settle::Ack => {}
             Settle::Retry { attempt } => {
-                self.publish_copy(delivery, &options.queue, attempt + 1, None)
+                self.publish_copy(&channel, delivery, &options.queue, attempt + 1, None)
                     .await?;
             }
             Settle::DeadLetter { attempt, reason } => {
                 let queue = &options.dead_letter_queue;
-                self.publish_copy(delivery, queue, attempt, Some(&reason))
+                self.publish_copy(&channel, delivery, queue, attempt, Some(&reason))
                     .await?;
             }
             Settle::GiveBack => {
@@ -280,37 +304,52 @@ impl Broker for Amqp {
                     multiple: false,
                     requeue: true,
                 };
-                return while_open(&self.channel, delivery.nack(requeue))
-                    .await
-                    .map(drop);
+                return taken(while_open(&channel, delivery.nack(requeue)).await?);
             }
         }
-        while_open(&self.channel, delivery.ack(BasicAckOptions::default()))
-            .await
-            .map(drop)
+        taken(while_open(&channel, delivery.ack(BasicAckOptions::default())).await?)
     }
 
     /// The acknowledgements of a batch are handed to the connection all at once, then
     /// awaited together: one trip through the client for the batch, not one per delivery.
     /// Each is still its own `basic.ack`, so no delivery outside the batch is acknowledged.
+    /// Each one taken is counted, whichever failed; the first failure is returned. Those
+    /// still pending when the channel closes are not counted: the broker delivers them
+    /// again.
     async fn ack_all(&self, deliveries: &[&Self::Delivery], acked: &mut u64) -> Result<(), Error> {
-        let acks = deliveries
+        let (_, channel) = self.open();
+        let mut acks: futures_util::stream::FuturesOrdered<_> = deliveries
             .iter()
-            .map(|delivery| delivery.ack(BasicAckOptions::default()));
-        let all = futures_util::future::join_all(acks).map(Ok);
-        for done in while_open(&self.channel, all).await? {
-            done.map_err(broker)?;
-            *acked += 1;
-        }
-        Ok(())
+            .map(|delivery| delivery.ack(BasicAckOptions::default()))
+            .collect();
+        let mut failed = None;
+        let all = async {
+            while let Some(done) = acks.next().await {
+                match done.map_err(broker).and_then(taken) {
+                    Ok(()) => *acked += 1,
+                    Err(error) if failed.is_none() => failed = Some(error),
+                    Err(_) => {}
+                }
+            }
+            Ok::<(), lapin::Error>(())
+        };
+        while_open(&channel, all).await?;
+        failed.map_or(Ok(()), Err)
     }
 }
 
 impl Amqp {
+    /// The connection and channel in use.
+    fn open(&self) -> (Arc<Connection>, Channel) {
+        let open = crate::lock(&self.open);
+        (Arc::clone(&open.0), open.1.clone())
+    }
+
     /// Publishes the delivery again, with its properties, to `queue` through the default
     /// exchange, and waits for the broker's confirm.
     async fn publish_copy(
         &self,
+        channel: &Channel,
         delivery: &lapin::message::Delivery,
         queue: &str,
         attempt: u32,
@@ -326,7 +365,7 @@ impl Amqp {
             headers.insert(REASON_HEADER.into(), AMQPValue::LongString(reason.into()));
         }
         let properties = delivery.properties.clone().with_headers(headers);
-        publish(&self.channel, "", queue, &delivery.data, properties).await
+        publish(channel, "", queue, &delivery.data, properties).await
     }
 }
 
@@ -477,16 +516,33 @@ async fn open_channel(connection: &Connection) -> Result<Channel, Error> {
     Ok(channel)
 }
 
-async fn declare(channel: &Channel, queue: &str) -> Result<(), Error> {
+/// Declares `queue` durable. A refusal is a setting to fix; a connection lost meanwhile is
+/// not.
+async fn declare(connection: &Connection, channel: &Channel, queue: &str) -> Result<(), Error> {
     let durable = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
     };
-    channel
+    let declared = channel
         .queue_declare(queue.into(), durable, FieldTable::default())
-        .await
-        .map(drop)
-        .map_err(|e| Error::Config(format!("declaring queue {queue}: {e}")))
+        .await;
+    match declared {
+        Ok(_) => Ok(()),
+        Err(error) if !connection.status().connected() => Err(broker(error)),
+        Err(error) => Err(Error::Config(format!("declaring queue {queue}: {error}"))),
+    }
+}
+
+/// The answer lapin gives a settlement: false when it did not send it, because its channel
+/// closed (or it was settled before).
+fn taken(sent: bool) -> Result<(), Error> {
+    if sent {
+        Ok(())
+    } else {
+        Err(Error::Broker(
+            "the delivery was not settled: its channel closed, or it was settled before".into(),
+        ))
+    }
 }
 
 /// Publishes persistently with `mandatory`, and waits for the broker's confirm: a nack or
@@ -546,10 +602,12 @@ async fn while_open<T>(
     tokio::select! {
         biased;
         done = call => done.map_err(broker),
-        () = closed => Err(Error::Broker(
-            "the channel to RabbitMQ closed with a call pending".into(),
-        )),
+        () = closed => Err(channel_closed()),
     }
+}
+
+fn channel_closed() -> Error {
+    Error::Broker("the channel to RabbitMQ closed with a call pending".into())
 }
 
 /// Awaits a goodbye for at most [`GOODBYE_WAIT`].

@@ -2,12 +2,14 @@
 //! delivery, what it carries and how to settle it; [`Consumer`] holds the policy (the key,
 //! attempts, dead letters, the pause after a database failure, metrics, logs, spans).
 
+use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, KeyFrom, Ran};
 use justonce_core::TraceContext;
 use justonce_core::trace::{TRACEPARENT, TRACESTATE};
 use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
 use std::future::Future;
 use std::time::Duration;
+use tokio::sync::watch;
 use tracing::Instrument;
 
 /// How long [`Deliveries::more`] waits for each further delivery: a batch takes what is
@@ -37,15 +39,19 @@ pub struct Policy {
     pub max_attempts: u32,
     /// How long the consumer takes nothing after the database failed.
     pub store_pause: Duration,
+    /// The longest wait between two attempts to connect again to a broker that went away.
+    pub reconnect_max_wait: Duration,
 }
 
 impl Default for Policy {
-    /// The broker's message id as the key, 5 attempts, a pause of 1 s.
+    /// The broker's message id as the key, 5 attempts, a pause of 1 s, waits of at most 5 s
+    /// between attempts to connect again.
     fn default() -> Self {
         Self {
             key_from: KeyFrom::MessageId,
             max_attempts: 5,
             store_pause: Duration::from_secs(1),
+            reconnect_max_wait: Duration::from_secs(5),
         }
     }
 }
@@ -69,6 +75,14 @@ macro_rules! policy_setters {
         /// default). The delivery goes back to the broker at once.
         pub fn store_pause(mut self, pause: std::time::Duration) -> Self {
             self.policy.store_pause = pause;
+            self
+        }
+
+        /// The longest wait between two attempts to connect again after the broker went
+        /// away (5 s by default): the first waits 100 ms, each next one twice as long, less
+        /// a random share up to half.
+        pub fn reconnect_max_wait(mut self, wait: std::time::Duration) -> Self {
+            self.policy.reconnect_max_wait = wait;
             self
         }
     };
@@ -205,6 +219,13 @@ pub trait Broker: Send + Sync {
     /// Starts receiving.
     fn receive(&self) -> impl Future<Output = Result<Self::Receiver<'_>, Error>> + Send;
 
+    /// Connects again after the connection was lost (receiving or settling failed with
+    /// [`Error::Broker`] or [`Error::Tls`]), with the adapter's own connection code: what
+    /// [`Broker::receive`] and [`Broker::settle`] use next is the new connection. The
+    /// deliveries of the lost one are not settled: the broker delivers them again. A
+    /// client that connects again by itself waits for it.
+    fn reconnect(&self) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// Settles one delivery.
     fn settle(
         &self,
@@ -213,7 +234,7 @@ pub trait Broker: Send + Sync {
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Acknowledges `deliveries`, in order, adding each one acknowledged to `acked`: on an
-    /// error, those before it are counted as settled.
+    /// error, those acknowledged are counted as settled, and no other.
     fn ack_all(
         &self,
         deliveries: &[&Self::Delivery],
@@ -251,9 +272,14 @@ pub trait Broker: Send + Sync {
 ///
 /// After a database failure the delivery (and the rest of its batch) goes back to the
 /// broker at once, and the consumer takes nothing for the policy's `store_pause`.
+///
+/// When the connection to the broker is lost, the consumer connects again by itself, after
+/// a growing wait (see [`Link`]); the deliveries it had not settled come again from the
+/// broker, and their claimed keys make any whose work committed duplicates.
 pub struct Consumer<B: Broker, DB: Backend> {
     broker: B,
     inbox: Inbox<DB>,
+    connection: Connection,
 }
 
 impl<B: Broker + std::fmt::Debug, DB: Backend> std::fmt::Debug for Consumer<B, DB> {
@@ -261,6 +287,7 @@ impl<B: Broker + std::fmt::Debug, DB: Backend> std::fmt::Debug for Consumer<B, D
         f.debug_struct("Consumer")
             .field("broker", &self.broker)
             .field("inbox", &self.inbox)
+            .field("connection", &self.connection)
             .finish()
     }
 }
@@ -295,7 +322,17 @@ impl<'c, B: Broker + 'c> Deliveries<'c, B> {
 impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// A consumer of `broker` claiming keys in `inbox`.
     pub fn new(broker: B, inbox: Inbox<DB>) -> Self {
-        Self { broker, inbox }
+        Self {
+            broker,
+            inbox,
+            connection: Connection::default(),
+        }
+    }
+
+    /// The state of the connection to the broker while [`Consumer::run`] runs: each change
+    /// between connected and connecting again, with the error that lost it.
+    pub fn link(&self) -> watch::Receiver<Link> {
+        self.connection.follow()
     }
 
     /// The broker adapter.
@@ -311,6 +348,11 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// Takes deliveries until `shutdown` resolves or the broker ends the consumer, runs
     /// `work` for each in a transaction with its key, and settles each only after.
     /// Deliveries taken but not settled at shutdown go back to the broker.
+    ///
+    /// A lost connection does not end it: it connects again, waiting 100 ms, then twice as
+    /// long after each failed attempt up to the policy's `reconnect_max_wait`, and goes on.
+    /// A shutdown ends the wait at once. A refused setting or a database failure met while
+    /// connecting again ends it with that error.
     pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
     where
         F: Work<DB, E>,
@@ -339,21 +381,66 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         let mut stats = ConsumerStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            let next = tokio::select! {
-                _ = &mut shutdown => break,
-                next = deliveries.next() => next,
-            };
-            let Some(first) = next? else { break };
-            let batch = deliveries.more(first, batch_size).await?;
-            if self.settle_batch(&batch, &work, &mut stats).await? {
-                tokio::select! {
-                    _ = &mut shutdown => break,
-                    () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+            let consumed = self.consume(
+                &mut deliveries,
+                &mut shutdown,
+                batch_size,
+                &work,
+                &mut stats,
+            );
+            match consumed.await {
+                Ok(()) => break,
+                Err(lost) if lost_connection(&lost) => {
+                    let names = (self.inbox.consumer().as_str(), B::NAME);
+                    let connect = || async {
+                        self.broker.reconnect().await?;
+                        self.deliveries().await
+                    };
+                    let policy = self.broker.policy();
+                    match (self.connection)
+                        .reconnect(lost, policy, names, &mut shutdown, connect)
+                        .await?
+                    {
+                        Some(again) => deliveries = again,
+                        // Nothing to stop: the receiver's connection is gone.
+                        None => return Ok(stats),
+                    }
                 }
+                Err(error) => return Err(error),
             }
         }
         deliveries.stop().await?;
         Ok(stats)
+    }
+
+    /// Takes, runs and settles batches until `shutdown` resolves or the broker ends the
+    /// consumer, counting each in `stats`; an error once receiving or settling fails.
+    async fn consume<F, E>(
+        &self,
+        deliveries: &mut Deliveries<'_, B>,
+        shutdown: &mut (impl Future + Unpin),
+        batch_size: usize,
+        work: &F,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        loop {
+            let next = tokio::select! {
+                _ = &mut *shutdown => return Ok(()),
+                next = deliveries.next() => next,
+            };
+            let Some(first) = next? else { return Ok(()) };
+            let batch = deliveries.more(first, batch_size).await?;
+            if self.settle_batch(&batch, work, stats).await? {
+                tokio::select! {
+                    _ = &mut *shutdown => return Ok(()),
+                    () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+                }
+            }
+        }
     }
 
     /// Closes the broker connection; deliveries not acknowledged go back to the broker.

@@ -57,7 +57,7 @@ use rdkafka::{ClientContext, TopicPartitionList};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use rdkafka::message::OwnedMessage;
@@ -337,13 +337,9 @@ impl Rebalancing {
     }
 
     fn queue(&self, change: Change) {
-        lock(&self.changes.queued).push_back(change);
+        crate::lock(&self.changes.queued).push_back(change);
         self.changes.changed.notify_one();
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A Kafka consumer-group member that runs each record's work once in effect, with the
@@ -448,10 +444,10 @@ impl Receive for Records<'_> {
             };
             // Nothing is awaited from here on: the record is either returned or dropped. A
             // change queued during this poll makes the assignment it came from stale.
-            if !lock(&kafka.changes.queued).is_empty() {
+            if !crate::lock(&kafka.changes.queued).is_empty() {
                 continue;
             }
-            let mut positioned = lock(&kafka.positioned);
+            let mut positioned = crate::lock(&kafka.positioned);
             match positioned.get_mut(&record.partition()) {
                 Some(next) if record.offset() >= *next => {
                     *next = record.offset() + 1;
@@ -471,14 +467,14 @@ impl Records<'_> {
         let kafka = self.kafka;
         loop {
             let (latest, queued) = {
-                let changes = lock(&kafka.changes.queued);
+                let changes = crate::lock(&kafka.changes.queued);
                 match changes.back() {
                     Some(latest) => (latest.clone(), changes.len()),
                     None => return,
                 }
             };
             match latest {
-                Change::Revoked => lock(&kafka.positioned).clear(),
+                Change::Revoked => crate::lock(&kafka.positioned).clear(),
                 Change::Assigned(partitions) => {
                     while let Err(error) = self.assign(&partitions).await {
                         tracing::warn!(%error, "assigning partitions failed: trying again");
@@ -486,7 +482,7 @@ impl Records<'_> {
                     }
                 }
             }
-            lock(&kafka.changes.queued).drain(..queued);
+            crate::lock(&kafka.changes.queued).drain(..queued);
         }
     }
 
@@ -512,7 +508,7 @@ impl Records<'_> {
             positioned.insert(partition, next);
         }
         kafka.consumer.assign(&list).map_err(broker)?;
-        *lock(&kafka.positioned) = positioned;
+        *crate::lock(&kafka.positioned) = positioned;
         tracing::debug!(
             ?partitions,
             "assigned partitions after their stored offsets"
@@ -536,6 +532,12 @@ impl OrderedBroker for Kafka {
             kafka: self,
             stored,
         })
+    }
+
+    /// librdkafka connects again by itself, and a partition it reassigns starts after its
+    /// stored offset: nothing to do.
+    async fn reconnect(&self) -> Result<(), Error> {
+        Ok(())
     }
 
     fn position<'e>(&'e self, record: &'e OwnedMessage) -> Result<Position<'e>, String> {

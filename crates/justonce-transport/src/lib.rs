@@ -63,6 +63,13 @@
 //!
 //! Nothing is acknowledged before its transaction has committed.
 //!
+//! A consumer or reader whose connection is lost connects again by itself, after a growing,
+//! jittered wait (100 ms doubling to the options' `reconnect_max_wait`, 5 s by default),
+//! each adapter with its own connection code ([`Broker::reconnect`],
+//! [`OrderedBroker::reconnect`]). What it had not settled comes again from the broker and
+//! is judged by its claimed key. `Consumer::link` follows the connection, for readiness
+//! probes; `justonce_broker_reconnects_total` counts the reconnections.
+//!
 //! Each broker's module has a `probe` ([`amqp::probe`], [`nats::probe`],
 //! [`redis_streams::probe`], [`mqtt::probe`], [`kafka::probe`]): it connects with a consumer's settings, proves
 //! that the broker answers and accepts the credentials, and disconnects, without declaring,
@@ -104,6 +111,14 @@ pub mod mqtt;
 pub mod nats;
 #[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
 mod reader;
+#[cfg(any(
+    feature = "amqp",
+    feature = "kafka",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+mod reconnect;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis_streams;
@@ -123,6 +138,14 @@ use justonce_core::{Key, TraceContext};
 use justonce_sql::Outcome;
 #[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
 pub use reader::{OrderedBroker, Position, Reader, ReaderDeliveries, StoredOffsets};
+#[cfg(any(
+    feature = "amqp",
+    feature = "kafka",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+pub use reconnect::Link;
 
 /// How long a broker's `probe` (such as [`amqp::probe`]) waits for the broker before it
 /// gives up: a broker that does not answer is as unusable as one that refuses.
@@ -146,6 +169,19 @@ pub(crate) async fn within_probe_timeout(
                 format!("no answer within {} s", PROBE_TIMEOUT.as_secs()).into(),
             ))
         })
+}
+
+/// Locks `mutex`. A panic elsewhere while it was held leaves the value whole: it is used.
+#[cfg(any(
+    feature = "amqp",
+    feature = "kafka",
+    feature = "mqtt",
+    feature = "redis"
+))]
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The header that counts a message's attempts: absent on the first.
@@ -214,6 +250,10 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         CONSUMED,
         "Messages consumed from a broker and settled, by consumer and broker"
+    );
+    metrics::describe_counter!(
+        "justonce_broker_reconnects_total",
+        "Times a consumer connected again after losing its broker, by consumer and broker"
     );
 }
 

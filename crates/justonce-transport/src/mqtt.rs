@@ -53,7 +53,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, MutexGuard, mpsc};
+use tokio::sync::{Mutex, OwnedMutexGuard, mpsc};
 
 pub use rumqttc::v5::mqttbytes::v5::Publish as Message;
 
@@ -191,7 +191,7 @@ enum Confirm {
 struct Connection {
     client: AsyncClient,
     confirms: Mutex<mpsc::UnboundedReceiver<Confirm>>,
-    messages: Mutex<mpsc::UnboundedReceiver<Result<Message, Failure>>>,
+    messages: Arc<Mutex<mpsc::UnboundedReceiver<Result<Message, Failure>>>>,
     driver: tokio::task::JoinHandle<()>,
 }
 
@@ -252,7 +252,7 @@ impl Connection {
         Ok(Self {
             client,
             confirms: Mutex::new(confirms),
-            messages: Mutex::new(messages),
+            messages: Arc::new(Mutex::new(messages)),
             driver,
         })
     }
@@ -306,7 +306,7 @@ fn ended(
 }
 
 /// Polls the event loop, passing on messages, publish confirmations and subscriptions,
-/// until the connection fails; the failure ends the consumer, whose caller connects again.
+/// until the connection fails; the consumer then connects again with a new one.
 async fn drive(
     mut events: EventLoop,
     confirms: mpsc::UnboundedSender<Confirm>,
@@ -358,7 +358,9 @@ pub type MqttConsumer<DB> = crate::Consumer<Mqtt, DB>;
 
 /// The MQTT adapter of [`MqttConsumer`]: a persistent session subscribed at QoS 1.
 pub struct Mqtt {
-    connection: Connection,
+    url: String,
+    /// The connection, replaced when the consumer connects again.
+    connection: std::sync::Mutex<Arc<Connection>>,
     options: MqttOptions,
 }
 
@@ -374,56 +376,62 @@ impl<DB: Backend> MqttConsumer<DB> {
     /// Connects to `url` (`mqtt://[user:password@]host[:port]`) on the client's persistent
     /// session and subscribes to the topic at QoS 1, waiting for the broker's answer.
     pub async fn connect(url: &str, inbox: Inbox<DB>, options: MqttOptions) -> Result<Self, Error> {
-        let connection = Connection::open(
-            url,
-            options.tls.as_ref(),
-            &options.client_id,
-            Some(options.session_expiry),
-        )?;
-        let subscription = options.subscription();
-        if let Err(error) = connection
-            .client
-            .subscribe(subscription.clone(), QoS::AtLeastOnce)
-            .await
-        {
-            return Err(ended(&mut *connection.confirms.lock().await, error));
-        }
-        let subscribed = tokio::time::timeout(BROKER_ANSWER, async {
-            let mut confirms = connection.confirms.lock().await;
-            loop {
-                match confirms.recv().await {
-                    Some(Confirm::Subscribed(answer)) => {
-                        return answer.map_err(|reason| {
-                            Error::Config(format!("subscribing to {subscription}: {reason}"))
-                        });
-                    }
-                    Some(Confirm::Failed(failure)) => return Err(failure.error()),
-                    Some(_) => {}
-                    None => return Err(Error::Broker("the connection closed".into())),
-                }
-            }
-        })
-        .await
-        .map_err(|_| {
-            Error::Broker(format!("no answer to the subscription to {}", options.topic).into())
-        })?;
-        subscribed?;
-        Ok(Self::new(
-            Mqtt {
-                connection,
-                options,
-            },
-            inbox,
-        ))
+        let connection = subscribed(url, &options).await?;
+        let mqtt = Mqtt {
+            url: url.to_owned(),
+            connection: std::sync::Mutex::new(Arc::new(connection)),
+            options,
+        };
+        Ok(Self::new(mqtt, inbox))
     }
 }
 
-/// The messages of the session, one taker at a time.
-pub struct MqttReceiver<'a> {
-    messages: MutexGuard<'a, mpsc::UnboundedReceiver<Result<Message, Failure>>>,
+/// Connects on the client's persistent session and subscribes to the topic at QoS 1,
+/// waiting for the broker's answer.
+async fn subscribed(url: &str, options: &MqttOptions) -> Result<Connection, Error> {
+    let connection = Connection::open(
+        url,
+        options.tls.as_ref(),
+        &options.client_id,
+        Some(options.session_expiry),
+    )?;
+    let subscription = options.subscription();
+    if let Err(error) = connection
+        .client
+        .subscribe(subscription.clone(), QoS::AtLeastOnce)
+        .await
+    {
+        return Err(ended(&mut *connection.confirms.lock().await, error));
+    }
+    let subscribed = tokio::time::timeout(BROKER_ANSWER, async {
+        let mut confirms = connection.confirms.lock().await;
+        loop {
+            match confirms.recv().await {
+                Some(Confirm::Subscribed(answer)) => {
+                    return answer.map_err(|reason| {
+                        Error::Config(format!("subscribing to {subscription}: {reason}"))
+                    });
+                }
+                Some(Confirm::Failed(failure)) => return Err(failure.error()),
+                Some(_) => {}
+                None => return Err(Error::Broker("the connection closed".into())),
+            }
+        }
+    })
+    .await
+    .map_err(|_| {
+        Error::Broker(format!("no answer to the subscription to {}", options.topic).into())
+    })?;
+    subscribed?;
+    Ok(connection)
 }
 
-impl Receive for MqttReceiver<'_> {
+/// The messages of the session, one taker at a time.
+pub struct MqttReceiver {
+    messages: OwnedMutexGuard<mpsc::UnboundedReceiver<Result<Message, Failure>>>,
+}
+
+impl Receive for MqttReceiver {
     type Delivery = Message;
 
     async fn next(&mut self) -> Result<Option<Message>, Error> {
@@ -476,17 +484,26 @@ impl Received for Message {
 
 impl Broker for Mqtt {
     type Delivery = Message;
-    type Receiver<'b> = MqttReceiver<'b>;
+    type Receiver<'b> = MqttReceiver;
     const NAME: &'static str = "mqtt";
 
     fn policy(&self) -> &Policy {
         &self.options.policy
     }
 
-    async fn receive(&self) -> Result<MqttReceiver<'_>, Error> {
+    async fn receive(&self) -> Result<MqttReceiver, Error> {
+        let messages = Arc::clone(&self.connection().messages);
         Ok(MqttReceiver {
-            messages: self.connection.messages.lock().await,
+            messages: messages.lock_owned().await,
         })
+    }
+
+    /// A new connection on the same persistent session, subscribed again. The broker sends
+    /// again what the session holds unacknowledged.
+    async fn reconnect(&self) -> Result<(), Error> {
+        let connection = subscribed(&self.url, &self.options).await?;
+        *crate::lock(&self.connection) = Arc::new(connection);
+        Ok(())
     }
 
     /// MQTT has no negative acknowledgement: a retry, a dead letter or a message given back
@@ -509,11 +526,16 @@ impl Broker for Mqtt {
                     .await?;
             }
         }
-        self.connection.client.ack(message).await.map_err(broker)
+        self.connection().client.ack(message).await.map_err(broker)
     }
 }
 
 impl Mqtt {
+    /// The connection in use.
+    fn connection(&self) -> Arc<Connection> {
+        Arc::clone(&crate::lock(&self.connection))
+    }
+
     /// Publishes the message to `topic` with its properties, the attempt and the reason, and
     /// waits for the broker to acknowledge it.
     async fn publish_copy(
@@ -538,7 +560,7 @@ impl Mqtt {
                 truncate(reason, REASON_BYTES).to_owned(),
             ));
         }
-        self.connection
+        self.connection()
             .publish_confirmed(topic, message.payload.to_vec(), properties)
             .await
     }

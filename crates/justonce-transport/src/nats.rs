@@ -262,6 +262,10 @@ impl Broker for Nats {
         Ok(Messages { stream })
     }
 
+    async fn reconnect(&self) -> Result<(), Error> {
+        connected(&self.jetstream)
+    }
+
     /// A retry is a NAK with a growing delay, counted by the server; a dead letter is
     /// published, then the original terminated; given back is a NAK without delay.
     async fn settle(&self, message: &jetstream::Message, settle: Settle) -> Result<(), Error> {
@@ -333,6 +337,17 @@ async fn open_stream(
         .await
         .map_err(|e| Error::Config(format!("stream {}: {e}", options.stream)))?;
     Ok((jetstream, stream))
+}
+
+/// Whether the client is connected: async-nats connects again by itself, so connecting
+/// again is waiting for it.
+fn connected(jetstream: &jetstream::Context) -> Result<(), Error> {
+    match jetstream.client().connection_state() {
+        async_nats::connection::State::Connected => Ok(()),
+        state => Err(Error::Broker(
+            format!("the client has not connected again yet ({state:?})").into(),
+        )),
+    }
 }
 
 /// Publishes the message, with its headers and the reason, to the dead-letter subject and
@@ -437,6 +452,10 @@ impl OrderedBroker for NatsStream {
             .map_err(|e| Error::Config(format!("reading stream {}: {e}", self.options.stream)))?;
         let stream = consumer.messages().await.map_err(broker)?;
         Ok(Messages { stream })
+    }
+
+    async fn reconnect(&self) -> Result<(), Error> {
+        connected(&self.jetstream)
     }
 
     fn position<'e>(&'e self, message: &'e jetstream::Message) -> Result<Position<'e>, String> {

@@ -11,6 +11,7 @@
 //! same key twice at two positions.
 
 use crate::consumer::{Receive, Received, Settle, Work, judge};
+use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
 use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError};
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use tracing::Instrument;
 
 /// The partition a stream with one partition keeps its offset in.
@@ -105,6 +107,12 @@ pub trait OrderedBroker: Send + Sync {
     /// Where `entry` sits, or why it has no position.
     fn position<'e>(&'e self, entry: &'e Self::Entry) -> Result<Position<'e>, String>;
 
+    /// Connects again after the connection was lost (reading or dead-lettering failed with
+    /// [`Error::Broker`] or [`Error::Tls`]), with the adapter's own connection code: the
+    /// next [`OrderedBroker::read`] reads through the new connection. A client that
+    /// connects again by itself waits for it.
+    fn reconnect(&self) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// Publishes `entry` to the dead letters with the attempt it was given up on and why,
     /// and waits for the broker to store it.
     fn dead_letter(
@@ -122,10 +130,14 @@ pub trait OrderedBroker: Send + Sync {
 /// up to the attempt limit; then the entry is dead-lettered with its reason and the offset
 /// moves past it. After a database failure the reader takes nothing for the policy's
 /// `store_pause`, then runs the same entry again.
+///
+/// When the connection to the broker is lost, the reader connects again by itself, as a
+/// [`Consumer`](crate::Consumer) does, and reads again after the stored offsets.
 #[derive(Debug)]
 pub struct Reader<O: OrderedBroker, DB: Backend> {
     broker: O,
     inbox: Inbox<DB>,
+    connection: Connection,
 }
 
 /// The entries of a [`Reader`], one at a time, in order, for callers that run them
@@ -150,7 +162,17 @@ impl<'r, O: OrderedBroker + 'r> ReaderDeliveries<'r, O> {
 impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// A reader of `broker` claiming keys and storing offsets in `inbox`.
     pub fn new(broker: O, inbox: Inbox<DB>) -> Self {
-        Self { broker, inbox }
+        Self {
+            broker,
+            inbox,
+            connection: Connection::default(),
+        }
+    }
+
+    /// The state of the connection to the broker while [`Reader::run`] runs: each change
+    /// between connected and connecting again, with the error that lost it.
+    pub fn link(&self) -> watch::Receiver<Link> {
+        self.connection.follow()
     }
 
     /// The broker adapter.
@@ -166,7 +188,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// Reads entries after the stored offsets until `shutdown` resolves or the broker ends
     /// the stream, and runs `work` for each in a transaction with its key and its offset.
     /// An entry whose transaction had not committed at shutdown is read again by the next
-    /// reader.
+    /// reader. A lost connection does not end it: it connects again as
+    /// [`Consumer::run`](crate::Consumer::run) does, and reads on after the stored offsets.
     pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
     where
         F: Work<DB, E>,
@@ -176,29 +199,80 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let mut stats = ConsumerStats::default();
         let mut unstored = Unstored::default();
         let mut shutdown = std::pin::pin!(shutdown);
-        'read: loop {
+        loop {
+            let read = self.read_on(
+                &mut entries,
+                &mut shutdown,
+                &work,
+                &mut stats,
+                &mut unstored,
+            );
+            match read.await {
+                Ok(()) => break,
+                Err(lost) if lost_connection(&lost) => {
+                    // The new read starts after the stored offsets: those of the
+                    // duplicates read last too, so that they are not read again.
+                    unstored.store(&self.inbox).await;
+                    let names = (self.inbox.consumer().as_str(), O::NAME);
+                    let connect = || async {
+                        self.broker.reconnect().await?;
+                        self.deliveries().await
+                    };
+                    let policy = self.broker.policy();
+                    match (self.connection)
+                        .reconnect(lost, policy, names, &mut shutdown, connect)
+                        .await?
+                    {
+                        Some(again) => entries = again,
+                        None => return Ok(stats),
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        unstored.store(&self.inbox).await;
+        entries.stop().await?;
+        Ok(stats)
+    }
+
+    /// Reads and processes entries until `shutdown` resolves or the broker ends the stream;
+    /// an error once reading or dead-lettering fails.
+    async fn read_on<F, E>(
+        &self,
+        entries: &mut ReaderDeliveries<'_, O>,
+        shutdown: &mut (impl Future + Unpin),
+        work: &F,
+        stats: &mut ConsumerStats,
+        unstored: &mut Unstored,
+    ) -> Result<(), Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        loop {
             let next = tokio::select! {
-                _ = &mut shutdown => break,
+                _ = &mut *shutdown => return Ok(()),
                 () = tokio::time::sleep(IDLE), if unstored.is_some() => {
                     unstored.store(&self.inbox).await;
                     continue;
                 }
                 next = entries.next() => next,
             };
-            let Some(entry) = next? else { break };
-            while !self
-                .process(&entry, &work, &mut stats, &mut unstored)
-                .await?
-            {
-                tokio::select! {
-                    _ = &mut shutdown => break 'read,
-                    () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+            let Some(entry) = next? else { return Ok(()) };
+            loop {
+                match self
+                    .process(&entry, work, stats, unstored, shutdown)
+                    .await?
+                {
+                    Processed::Done => break,
+                    Processed::Stopped => return Ok(()),
+                    Processed::StoreFailed => tokio::select! {
+                        _ = &mut *shutdown => return Ok(()),
+                        () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+                    },
                 }
             }
         }
-        unstored.store(&self.inbox).await;
-        entries.stop().await?;
-        Ok(stats)
     }
 
     /// The entries after the stored offsets, for callers that run them themselves.
@@ -236,15 +310,16 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         Ok((self.broker.position(entry)?, self.incoming(entry)?))
     }
 
-    /// Runs an entry's work with its retries, and gives up on it or counts it; false when
-    /// the database failed and the entry must run again after the pause.
+    /// Runs an entry's work with its retries, and gives up on it or counts it. A shutdown
+    /// ends the wait before a retry at once.
     async fn process<F, E>(
         &self,
         entry: &O::Entry,
         work: &F,
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
-    ) -> Result<bool, Error>
+        shutdown: &mut (impl Future + Unpin),
+    ) -> Result<Processed, Error>
     where
         F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
@@ -255,7 +330,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             Ok(read) => read,
             Err(reason) => {
                 let settle = judge::<E>(Ran::NoKey(reason), 1, 1, stats, String::new, id);
-                return self.settle(entry, settle).await;
+                return self.settle(entry, settle, shutdown).await;
             }
         };
         let key = || incoming.key.as_str().to_owned();
@@ -267,7 +342,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 Ran::Store(error) => {
                     tracing::warn!(key = key(), delivery = id(), %error, "database failed: the entry runs again after the pause");
                     stats.returned += 1;
-                    return Ok(false);
+                    return Ok(Processed::StoreFailed);
                 }
                 Ran::NoKey(_) | Ran::Work(_) => {}
             }
@@ -275,32 +350,43 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             match judge(ran, attempt, max_attempts, stats, key, id) {
                 // Failed work holds up the entries after it: the price of reading in order.
                 Settle::Retry { attempt } => {
-                    tokio::time::sleep(retry_delay(attempt)).await;
+                    tokio::select! {
+                        _ = &mut *shutdown => return Ok(Processed::Stopped),
+                        () = tokio::time::sleep(retry_delay(attempt)) => {}
+                    }
                     incoming.attempt += 1;
                     incoming.redelivered = true;
                 }
-                settle => return self.settle(entry, settle).await,
+                settle => return self.settle(entry, settle, shutdown).await,
             }
         }
     }
 
-    /// Dead-letters an entry given up and moves the offset past it; false if the database
-    /// failed. A reader that dies in between dead-letters the entry again.
-    async fn settle(&self, entry: &O::Entry, settle: Settle) -> Result<bool, Error> {
+    /// Dead-letters an entry given up and moves the offset past it. A database failure
+    /// moving the offset is tried again after each pause, alone: the entry's work is not
+    /// run again, and the dead letter is published once. A reader that stops or dies before
+    /// the offset moved dead-letters the entry again.
+    async fn settle(
+        &self,
+        entry: &O::Entry,
+        settle: Settle,
+        shutdown: &mut (impl Future + Unpin),
+    ) -> Result<Processed, Error> {
         let Settle::DeadLetter { attempt, reason } = settle else {
-            return Ok(true);
+            return Ok(Processed::Done);
         };
         self.broker.dead_letter(entry, attempt, &reason).await?;
         let Ok(position) = self.broker.position(entry) else {
-            return Ok(true);
+            return Ok(Processed::Done);
         };
-        match self.skip(position).await {
-            Ok(()) => Ok(true),
-            Err(error) => {
-                tracing::warn!(%error, delivery = entry.log_id(), "database failed: the offset did not move past a dead letter");
-                Ok(false)
+        while let Err(error) = self.skip(position).await {
+            tracing::warn!(%error, delivery = entry.log_id(), "database failed: the offset did not move past a dead letter; trying again after the pause");
+            tokio::select! {
+                _ = &mut *shutdown => return Ok(Processed::Stopped),
+                () = tokio::time::sleep(self.broker.policy().store_pause) => {}
             }
         }
+        Ok(Processed::Done)
     }
 
     /// Runs `work` for `incoming`, at `position`, in one transaction with its key and the
@@ -350,6 +436,17 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .await
             .map(drop)
     }
+}
+
+/// What processing an entry came to.
+enum Processed {
+    /// Processed, a duplicate, or given up with the offset past it.
+    Done,
+    /// The database failed: the entry runs again after the pause.
+    StoreFailed,
+    /// The shutdown came while the entry waited: what was not stored is read again by the
+    /// next reader.
+    Stopped,
 }
 
 /// Why the transaction of an entry read in order did not commit.

@@ -143,7 +143,9 @@ pub type RedisStreamConsumer<DB> = crate::Consumer<RedisStreams, DB>;
 /// The Redis Streams adapter of [`RedisStreamConsumer`], a member of a consumer group, and
 /// of [`RedisStreamReader`], a single reader.
 pub struct RedisStreams {
-    redis: MultiplexedConnection,
+    url: String,
+    /// The connection, replaced when the consumer connects again.
+    redis: std::sync::Mutex<MultiplexedConnection>,
     options: RedisStreamOptions,
 }
 
@@ -187,20 +189,28 @@ impl<DB: Backend> RedisStreamConsumer<DB> {
         options: RedisStreamOptions,
     ) -> Result<Self, Error> {
         let mut redis = connect(url, options.tls.as_ref()).await?;
-        let created: redis::RedisResult<()> = redis
-            .xgroup_create_mkstream(&options.stream, &options.group, "0")
-            .await;
-        match created {
-            Ok(()) => {}
-            Err(error) if error.code() == Some("BUSYGROUP") => {}
-            Err(error) => {
-                return Err(Error::Config(format!(
-                    "creating group {} on stream {}: {error}",
-                    options.group, options.stream
-                )));
-            }
-        }
-        Ok(Self::new(RedisStreams { redis, options }, inbox))
+        create_group(&mut redis, &options).await?;
+        Ok(Self::new(RedisStreams::new(url, redis, options), inbox))
+    }
+}
+
+/// Creates the group (and the stream) unless it exists. A refusal is a setting to fix; a
+/// connection lost meanwhile, or a server still loading its data, is not.
+async fn create_group(
+    redis: &mut MultiplexedConnection,
+    options: &RedisStreamOptions,
+) -> Result<(), Error> {
+    let created: redis::RedisResult<()> = redis
+        .xgroup_create_mkstream(&options.stream, &options.group, "0")
+        .await;
+    match created {
+        Ok(()) => Ok(()),
+        Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
+        Err(error) if error.code().is_none_or(|code| code == "LOADING") => Err(broker(error)),
+        Err(error) => Err(Error::Config(format!(
+            "creating group {} on stream {}: {error}",
+            options.group, options.stream
+        ))),
     }
 }
 
@@ -251,6 +261,14 @@ impl Broker for RedisStreams {
         Ok(self.entries(Cursor::Group { last_claim: None }))
     }
 
+    /// A new connection, and the group made again if the server lost it.
+    async fn reconnect(&self) -> Result<(), Error> {
+        let mut redis = connect(&self.url, self.options.tls.as_ref()).await?;
+        create_group(&mut redis, &self.options).await?;
+        *crate::lock(&self.redis) = redis;
+        Ok(())
+    }
+
     /// A retry, or an entry given back, is left pending: a reader takes it over after the
     /// claim idle time. A dead letter is added to the dead-letter stream and acknowledged
     /// in one transaction on the server.
@@ -259,7 +277,7 @@ impl Broker for RedisStreams {
             Settle::Ack => self.ack_all(&[entry], &mut 0).await,
             Settle::Retry { .. } | Settle::GiveBack => Ok(()),
             Settle::DeadLetter { attempt, reason } => {
-                let mut redis = self.redis.clone();
+                let mut redis = self.redis();
                 redis::pipe()
                     .atomic()
                     .xadd(
@@ -283,7 +301,7 @@ impl Broker for RedisStreams {
             return Ok(());
         }
         let ids: Vec<&str> = entries.iter().map(|entry| entry.id()).collect();
-        let mut redis = self.redis.clone();
+        let mut redis = self.redis();
         let _: usize = redis
             .xack(&self.options.stream, &self.options.group, &ids)
             .await
@@ -294,11 +312,24 @@ impl Broker for RedisStreams {
 }
 
 impl RedisStreams {
+    fn new(url: &str, redis: MultiplexedConnection, options: RedisStreamOptions) -> Self {
+        Self {
+            url: url.to_owned(),
+            redis: std::sync::Mutex::new(redis),
+            options,
+        }
+    }
+
+    /// The connection in use.
+    fn redis(&self) -> MultiplexedConnection {
+        crate::lock(&self.redis).clone()
+    }
+
     /// The entries from `cursor` on.
     fn entries(&self, cursor: Cursor) -> Entries<'_> {
         Entries {
             streams: self,
-            redis: self.redis.clone(),
+            redis: self.redis(),
             cursor,
             read: VecDeque::new(),
         }
@@ -437,7 +468,7 @@ impl<DB: Backend> RedisStreamReader<DB> {
         options: RedisStreamOptions,
     ) -> Result<Self, Error> {
         let redis = connect(url, options.tls.as_ref()).await?;
-        Ok(Self::new(RedisStreams { redis, options }, inbox))
+        Ok(Self::new(RedisStreams::new(url, redis, options), inbox))
     }
 
     /// The name the position is stored under for the inbox's consumer: the stream's.
@@ -465,6 +496,13 @@ impl OrderedBroker for RedisStreams {
         ))))
     }
 
+    /// A new connection; the next read starts after the stored offset.
+    async fn reconnect(&self) -> Result<(), Error> {
+        let redis = connect(&self.url, self.options.tls.as_ref()).await?;
+        *crate::lock(&self.redis) = redis;
+        Ok(())
+    }
+
     fn position<'e>(&'e self, entry: &'e Entry) -> Result<Position<'e>, String> {
         let offset = offset_of(entry.id())
             .ok_or_else(|| format!("the entry id {} is not <ms>-<seq>", entry.id()))?;
@@ -476,7 +514,7 @@ impl OrderedBroker for RedisStreams {
     }
 
     async fn dead_letter(&self, entry: &Entry, attempt: u32, reason: &str) -> Result<(), Error> {
-        let mut redis = self.redis.clone();
+        let mut redis = self.redis();
         redis
             .xadd::<_, _, _, _, String>(
                 self.options.dead_letter_stream(),

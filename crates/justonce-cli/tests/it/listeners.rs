@@ -328,3 +328,55 @@ async fn readyz_names_a_consumer_that_cannot_connect() {
     server.stop().await;
     drop_database(db, &url).await;
 }
+
+/// A consumer whose broker connection breaks turns `/readyz` to 503, naming it as
+/// connecting with the error that lost it, and connects again by itself: `/readyz` returns
+/// to 200 and `justonce_broker_reconnects_total` counts it, without the service restarting
+/// anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_consumer_while_it_connects_again_after_losing_its_broker() {
+    let (db, url) = database::<Sqlite>("readyz-reconnect").await;
+    let proxy = justonce_tests::BreakableRedis::start().await;
+    // The stream under keys of this test's own, deleted at the end.
+    let redis = justonce_tests::TestRedis::new("readyz-reconnect").await;
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{}\"\nstream = \"{}orders\"\ntarget = \"http://127.0.0.1:1/x\"\n",
+        proxy.url(),
+        redis.prefix
+    );
+    let mut server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
+    server.start().await;
+    let client = client();
+    let readyz = format!("{}/readyz", server.admin);
+    let answers = |wanted: u16| {
+        let (client, readyz) = (client.clone(), readyz.clone());
+        async move {
+            for _ in 0..150 {
+                let (status, body, _) = timed_get(&client, &readyz).await;
+                if status == wanted {
+                    return body;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("/readyz never answered {wanted}");
+        }
+    };
+    answers(200).await;
+    proxy.set_up(false);
+    let named = answers(503).await;
+    let problem: serde_json::Value = serde_json::from_str(&named).unwrap();
+    assert_eq!(problem["consumers"]["orders"], "connecting", "{named}");
+    assert!(problem["last_errors"]["orders"].is_string(), "{named}");
+    proxy.set_up(true);
+    answers(200).await;
+    let (_, metrics, _) = timed_get(&client, &format!("{}/metrics", server.admin)).await;
+    let reconnected = metrics.lines().any(|line| {
+        line.starts_with("justonce_broker_reconnects_total{")
+            && line.contains("consumer=\"orders\"")
+            && !line.ends_with(" 0")
+    });
+    assert!(reconnected, "{metrics}");
+    server.stop().await;
+    redis.cleanup().await;
+    drop_database(db, &url).await;
+}

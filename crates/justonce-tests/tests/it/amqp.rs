@@ -7,9 +7,9 @@ use super::broker::{Batching, TestBroker, take};
 use super::on_every_database;
 use justonce_sql::{Inbox, Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
-use justonce_transport::ConsumerStats;
 use justonce_transport::amqp::{AmqpConsumer, AmqpDestination, AmqpOptions};
 use justonce_transport::{ATTEMPT_HEADER, KeyFrom, REASON_HEADER};
+use justonce_transport::{Broker, ConsumerStats, Settle};
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeleteOptions};
 use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -281,6 +281,38 @@ async fn run_stops_on_shutdown_after_settling_what_it_took<DB: TestBackend>(test
     assert_eq!(stats.processed, 10);
     assert_eq!(db.rows("effects").await, 10);
     consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+/// Acknowledging a batch counts each delivery acknowledged and no other: one settled
+/// before is not taken again, and the one after it is acknowledged and counted all the same.
+#[tokio::test]
+async fn acknowledging_a_batch_counts_the_deliveries_acknowledged_whichever_failed() {
+    let db = TestDb::<sqlx::Postgres>::new("ack_all_counts").await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options).await;
+    for key in ["order:1", "order:2"] {
+        queue.publish(key, b"x").await;
+    }
+    let mut deliveries = consumer.deliveries().await.unwrap();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+            .await
+            .expect("a delivery within 30 s")
+            .unwrap()
+            .expect("the consumer is not cancelled")
+    };
+    let (first, second) = (next().await, next().await);
+    drop(deliveries);
+    let broker = consumer.broker();
+    broker.settle(&first, Settle::Ack).await.unwrap();
+    let mut acked = 0;
+    let all = broker.ack_all(&[&first, &second], &mut acked).await;
+    assert!(all.is_err(), "the first was settled before: {all:?}");
+    assert_eq!(acked, 1, "the second alone");
+    consumer.close().await.unwrap();
+    assert_eq!(queue.ready().await, 0, "both acknowledged");
     queue.delete().await;
     db.cleanup().await;
 }

@@ -541,7 +541,13 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
 
 /// What `justonce_deliveries_consumed_total` holds for `consumer`, from a recorder installed
 /// for the whole test binary on the first call (deliveries settled before it are not seen).
-fn consumed(consumer: &str) -> u64 {
+pub(crate) fn consumed(consumer: &str) -> u64 {
+    counted("justonce_deliveries_consumed_total", consumer)
+}
+
+/// What counter `metric` holds for `consumer`, from the test binary's recorder (see
+/// [`consumed`]).
+pub(crate) fn counted(metric: &str, consumer: &str) -> u64 {
     static RECORDER: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
         std::sync::OnceLock::new();
     let handle = RECORDER.get_or_init(|| {
@@ -550,8 +556,9 @@ fn consumed(consumer: &str) -> u64 {
             .expect("no other recorder in the test binary")
     });
     let label = format!("consumer=\"{consumer}\"");
+    let start = format!("{metric}{{");
     (handle.render().lines())
-        .filter(|line| line.starts_with("justonce_deliveries_consumed_total{"))
+        .filter(|line| line.starts_with(&start))
         .filter(|line| line.contains(&label))
         .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
         .sum()

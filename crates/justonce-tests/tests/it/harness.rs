@@ -131,7 +131,8 @@ async fn a_nats_jetstream_reader_killed_ten_times_loses_and_doubles_nothing() {
 }
 
 /// broker-restart through `broker`: a broker of the harness's own killed twice under load
-/// loses and doubles nothing it confirmed, and the consumer is consuming again after each.
+/// loses and doubles nothing it confirmed, and the consumer, never started again, is
+/// consuming again after each: it connected again by itself.
 async fn restarted_broker(broker: &str) {
     let args = ["--scenario", "broker-restart", "--broker", broker];
     let run = harness(&args).await;
@@ -139,6 +140,10 @@ async fn restarted_broker(broker: &str) {
     let figures = &run.1;
     assert_eq!(figures["faults"], 2, "{figures}");
     assert_eq!(figures["drained"], true, "{figures}");
+    assert_eq!(
+        figures["details"]["consumer processes started again after exiting"], 0,
+        "{figures}"
+    );
     // Each restart is followed by an effect committed through the broker that came back: a
     // consumer that hangs instead is a breach, which `assert_clean` refuses.
     assert!(figures["recovery_max_ms"].as_u64().is_some(), "{figures}");

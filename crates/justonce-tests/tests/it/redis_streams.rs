@@ -3,15 +3,15 @@
 //! dead-lettered, two workers in one group, and the relay's publisher. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, read_to_end, take};
-use super::on_every_database;
+use super::broker::{Batching, TestBroker, consume_until, consumed, counted, read_to_end, take};
+use super::{on_every_database, run_until};
 use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
-use justonce_tests::{TestBackend, TestDb, redis_url};
+use justonce_tests::{BreakableRedis, TestBackend, TestDb, redis_url};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
     RedisStreamReader,
 };
-use justonce_transport::{ConsumerStats, REASON_HEADER};
+use justonce_transport::{ConsumerStats, Link, REASON_HEADER};
 use redis::AsyncCommands;
 use std::time::Duration;
 
@@ -19,6 +19,9 @@ on_every_database!(
     failing_work_is_taken_over_again_then_dead_lettered,
     an_entry_without_a_text_key_field_is_dead_lettered_with_the_reason,
     a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on,
+    a_reader_stopped_while_failing_work_waits_to_run_again_stops_at_once,
+    a_reader_that_cannot_move_its_offset_past_a_dead_letter_publishes_it_once,
+    a_consumer_whose_connection_breaks_connects_again_and_goes_on,
     the_relay_adds_each_row_with_its_key,
 );
 
@@ -253,6 +256,157 @@ async fn a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_move
     );
     let reason: String = letter.get(REASON_HEADER).unwrap();
     assert!(reason.contains("attempt 2: "), "{reason}");
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+/// The test's tables, read through a consumer of the test's own, for its metric.
+fn read_as<DB: TestBackend>(db: &TestDb<DB>, name: &str) -> TestDb<DB> {
+    TestDb {
+        url: db.url.clone(),
+        prefix: db.prefix.clone(),
+        inbox: db.consumer(name),
+    }
+}
+
+/// A stop while failing work waits to run again ends the wait at once: the work does not
+/// run again, nothing is dead-lettered, and the offset stays before the entry.
+async fn a_reader_stopped_while_failing_work_waits_to_run_again_stops_at_once<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = ReadStream::open(&db).await;
+    stream.0.add(["bad:order".to_owned()]).await;
+    let name = format!("{}stopped", db.prefix);
+    assert_eq!(consumed(&name), 0);
+    let reading = read_as(&db, &name);
+    // Five attempts: waits of 1, 2, 4 and 8 s between them, unless the stop ends them.
+    let reader =
+        RedisStreamReader::connect(&redis_url(), reading.inbox.clone(), options(&stream.0, "a"))
+            .await
+            .unwrap();
+    // Stopped once the entry is taken: during its first run, or the wait after it.
+    let stats = consume_until(&reading, &reader, || async { consumed(&name) >= 1 }).await;
+    assert_eq!(
+        (stats.retried, stats.dead_lettered, stats.processed),
+        (1, 0, 0),
+        "{stats:?}"
+    );
+    let dead = format!("{}.dead", stream.0.name);
+    assert_eq!(stream.0.length(&dead).await, 0);
+    assert!(
+        !stream.settled(&reading).await,
+        "the offset stays before it"
+    );
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+/// An offset that cannot be moved past a dead letter is moved again alone after the pause:
+/// the entry's work does not run again, and its dead letter is published once.
+async fn a_reader_that_cannot_move_its_offset_past_a_dead_letter_publishes_it_once<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = ReadStream::open(&db).await;
+    stream
+        .0
+        .add(["bad:order".to_owned(), "order:after".to_owned()])
+        .await;
+    let name = format!("{}offset", db.prefix);
+    assert_eq!(consumed(&name), 0);
+    let reading = read_as(&db, &name);
+    let rename = |from: &str, to: &str| {
+        let sql = format!("ALTER TABLE {0}{from} RENAME TO {0}{to}", db.prefix);
+        DB::execute(db.inbox.pool(), sql)
+    };
+    let options = options(&stream.0, "a")
+        .max_attempts(2)
+        .store_pause(Duration::from_millis(100));
+    let reader = RedisStreamReader::connect(&redis_url(), reading.inbox.clone(), options)
+        .await
+        .unwrap();
+    let dead = format!("{}.dead", stream.0.name);
+    // 0: offsets in place; 1: moved away; 2: the dead letter seen; 3: back in place.
+    let step = std::sync::atomic::AtomicU8::new(0);
+    let stats = consume_until(&reading, &reader, || async {
+        use std::sync::atomic::Ordering::Relaxed;
+        match step.load(Relaxed) {
+            // In the wait before the second attempt, the offsets go: no offset can move.
+            0 if consumed(&name) >= 1 => {
+                rename("offsets", "offsets_away").await.unwrap();
+                step.store(1, Relaxed);
+            }
+            1 if stream.0.length(&dead).await >= 1 => step.store(2, Relaxed),
+            // A poll after the dead letter: the move past it has failed by now.
+            2 => {
+                rename("offsets_away", "offsets").await.unwrap();
+                step.store(3, Relaxed);
+            }
+            3 => return stream.settled(&reading).await,
+            _ => {}
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        (stats.retried, stats.dead_lettered, stats.processed),
+        (1, 1, 1),
+        "the work of the entry given up ran twice, no more: {stats:?}"
+    );
+    assert_eq!(stream.0.length(&dead).await, 1, "one dead letter");
+    assert_eq!(db.effects_of(&Key::new("order:after").unwrap()).await, 1);
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+/// A consumer whose connection breaks connects again by itself and goes on: its link says
+/// it is connecting again, its run does not end, the reconnection is counted, and what was
+/// published meanwhile takes effect once.
+async fn a_consumer_whose_connection_breaks_connects_again_and_goes_on<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let proxy = BreakableRedis::start().await;
+    let name = format!("{}reconnecting", db.prefix);
+    assert_eq!(counted("justonce_broker_reconnects_total", &name), 0);
+    let reading = read_as(&db, &name);
+    let options = options(&stream, "a").reconnect_max_wait(Duration::from_millis(200));
+    let consumer = RedisStreamConsumer::connect(&proxy.url(), reading.inbox.clone(), options)
+        .await
+        .unwrap();
+    let link = consumer.link();
+    stream.add(["order:1".to_owned()]).await;
+    // 0: before the break; 1: broken; 2: up again, with a message published meanwhile.
+    let step = std::sync::atomic::AtomicU8::new(0);
+    let work = justonce_tests::consumer_work::<DB>(&db.prefix);
+    let stats = run_until(
+        |stopped| consumer.run(stopped, work),
+        || async {
+            use std::sync::atomic::Ordering::Relaxed;
+            match step.load(Relaxed) {
+                0 if db.rows("effects").await == 1 => {
+                    proxy.set_up(false);
+                    step.store(1, Relaxed);
+                }
+                1 if matches!(*link.borrow(), Link::Reconnecting { .. }) => {
+                    stream.add(["order:2".to_owned()]).await;
+                    proxy.set_up(true);
+                    step.store(2, Relaxed);
+                }
+                2 => return db.rows("effects").await == 2 && *link.borrow() == Link::Connected,
+                _ => {}
+            }
+            false
+        },
+    )
+    .await;
+    assert_eq!((stats.processed, stats.duplicates), (2, 0), "{stats:?}");
+    assert_eq!(db.doubled_effects().await, 0);
+    assert!(counted("justonce_broker_reconnects_total", &name) >= 1);
     stream.delete().await;
     db.cleanup().await;
 }

@@ -3,9 +3,9 @@
 //! `broker-restart`: a broker of the harness's own ([`OwnBroker`]) is SIGKILLed and started
 //! again under load, while a publisher publishes with confirms and publishes again what the
 //! broker did not confirm, and a `broker-worker` consumes. Nothing confirmed may be lost and
-//! nothing doubled. The consumer exits when its broker goes away; the harness starts it
-//! again, and the recovery is the time from the kill to the first effect committed after the
-//! broker is back.
+//! nothing doubled. The consumer connects again by itself; one that exits all the same is
+//! started again and counted, and the tests expect none. The recovery is the time from the
+//! kill to the first effect committed after the broker is back.
 //!
 //! `pause`: two `broker-worker`s share a queue on the machine's broker; one is stopped with
 //! SIGSTOP for three times the broker's wait before it gives an unacknowledged delivery to

@@ -257,7 +257,8 @@ async fn main() -> ExitCode {
                 .display()
         ),
     };
-    let result = justonce_tests::with_backend!(url, DB => run::<DB>(&args, &url).await);
+    let result =
+        justonce_tests::with_backend!(url, DB => interruptible(run::<DB>(&args, &url)).await);
     match result {
         Ok(report) => {
             if args.json {
@@ -275,6 +276,22 @@ async fn main() -> ExitCode {
             eprintln!("fault-harness: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs `run` until it ends or the harness is interrupted (SIGINT or SIGTERM). Then the
+/// run is dropped, and the processes and brokers it started are killed with it: a broker
+/// of the harness's own must not outlive it.
+async fn interruptible(
+    run: impl std::future::Future<Output = Result<Report, String>>,
+) -> Result<Report, String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    tokio::select! {
+        report = run => report,
+        _ = interrupt.recv() => Err("interrupted: the processes it started are stopped".to_owned()),
+        _ = terminate.recv() => Err("terminated: the processes it started are stopped".to_owned()),
     }
 }
 

@@ -62,6 +62,13 @@ impl OwnBroker {
         match self.kind {
             "amqp" => {
                 write("enabled_plugins", "[].\n".to_owned())?;
+                // In place of the machine's environment file, which would name the machine
+                // node: the node's Erlang peers are reached on this machine only.
+                write(
+                    "rabbitmq-env.conf",
+                    "ERL_EPMD_ADDRESS=127.0.0.1\n".to_owned(),
+                )?;
+                write("advanced.config", "[].\n".to_owned())?;
                 write(
                     "rabbitmq.conf",
                     format!("listeners.tcp.default = {}\n", self.port),
@@ -113,6 +120,8 @@ impl OwnBroker {
                     .env("RABBITMQ_MNESIA_BASE", file("mnesia"))
                     .env("RABBITMQ_LOG_BASE", file("log"))
                     .env("RABBITMQ_CONFIG_FILE", file("rabbitmq.conf"))
+                    .env("RABBITMQ_CONF_ENV_FILE", file("rabbitmq-env.conf"))
+                    .env("RABBITMQ_ADVANCED_CONFIG_FILE", file("advanced.config"))
                     .env("RABBITMQ_ENABLED_PLUGINS_FILE", file("enabled_plugins"))
                     .env("RABBITMQ_PID_FILE", file("beam.pid"));
                 command
