@@ -4,7 +4,7 @@
 use crate::rows::{
     Batch, Change, ClaimRow, DestinationCounts, EventBy, EventDetailTuple, EventListing,
     EventTuple, KeyCount, LeaseState, ListedTuple, Listing, NewOutboxRow, NewReplay, OffsetRow,
-    OutboxRow, Replays, ReplayTuple, Schema, Stored, StoredOffset, Wakeups, Which,
+    OutboxRow, ReplayTuple, Replays, Schema, Stored, StoredOffset, Wakeups, Which,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};

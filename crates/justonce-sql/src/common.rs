@@ -5,8 +5,8 @@
 use crate::backend::{Backend, Reads};
 use crate::rows::{
     Change, DestinationCounts, EventBy, EventDetailTuple, EventListing, EventTuple, KeyCount,
-    KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing, NewReplay, OffsetTuple, Replays,
-    ReplayTuple, Schema, Stored, StoredOffset, Tried, Waiting,
+    KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing, NewReplay, OffsetTuple, ReplayTuple,
+    Replays, Schema, Stored, StoredOffset, Tried, Waiting,
 };
 use crate::shared::driver_error;
 use crate::tables::Tables;
@@ -20,8 +20,7 @@ pub(crate) const EVENT_STATE: &str =
 
 /// What a replay sets on an event's outbox row: due, its attempts counted anew. The
 /// history stays, and a replay starts a new delivery window (`created_at`).
-pub(crate) const REPLAYED: &str =
-    "sent_at = NULL, dead = FALSE, attempts = 0, last_error = NULL";
+pub(crate) const REPLAYED: &str = "sent_at = NULL, dead = FALSE, attempts = 0, last_error = NULL";
 
 /// A statement of the database `DB`, ready for its parameters.
 pub(crate) type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
@@ -519,14 +518,13 @@ where
             statement(lock).execute(&mut *tx).await.map_err(failed)?;
         }
         // Under the lock, two replays of one window cannot both find none running.
-        let running: Option<i64> =
-            sqlx::query_scalar(AssertSqlSafe(common.running_replay.clone()))
-                .bind(replay.origin)
-                .bind(replay.until_us)
-                .bind(replay.since_us)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(failed)?;
+        let running: Option<i64> = sqlx::query_scalar(AssertSqlSafe(common.running_replay.clone()))
+            .bind(replay.origin)
+            .bind(replay.until_us)
+            .bind(replay.since_us)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(failed)?;
         if let Some(window) = running {
             tx.rollback().await.map_err(failed)?;
             return Ok(Err(window));

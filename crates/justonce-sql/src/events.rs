@@ -448,7 +448,9 @@ fn counted(origin: &str, how: &'static str, events: u64) {
 
 /// Microseconds since the Unix epoch; 0 before it.
 fn micros(time: SystemTime) -> i64 {
-    let since = time.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let since = time
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
     i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
 }
 
@@ -461,7 +463,10 @@ fn parse_cursor(cursor: &str) -> Result<(i64, i64), Error> {
     let invalid = || Error::InvalidCursor(format!("{cursor:?} is not a cursor a listing gave"));
     let (time, id) = cursor.split_once('.').ok_or_else(invalid)?;
     let number = |hex: &str| i64::from_str_radix(hex, 16).ok().filter(|n| *n >= 0);
-    Ok((number(time).ok_or_else(invalid)?, number(id).ok_or_else(invalid)?))
+    Ok((
+        number(time).ok_or_else(invalid)?,
+        number(id).ok_or_else(invalid)?,
+    ))
 }
 
 #[cfg(test)]

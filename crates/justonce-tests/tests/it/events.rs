@@ -5,7 +5,7 @@
 use super::on_every_database;
 use justonce_http::HttpDestination;
 use justonce_sql::{
-    Error, EventFilter, EventState, Inbox, Key, Message, Outbox, Outcome, ReplayRange, Relay,
+    Error, EventFilter, EventState, Inbox, Key, Message, Outbox, Outcome, Relay, ReplayRange,
 };
 use justonce_tests::{Answer, Sink, TestBackend, TestDb};
 use std::collections::HashMap;
@@ -57,9 +57,7 @@ fn per_key(sink: &Sink) -> HashMap<String, usize> {
     counts
 }
 
-async fn events_are_listed_by_origin_key_prefix_time_and_state_a_page_at_a_time<
-    DB: TestBackend,
->(
+async fn events_are_listed_by_origin_key_prefix_time_and_state_a_page_at_a_time<DB: TestBackend>(
     test: &str,
 ) {
     let db = TestDb::<DB>::new(test).await;
@@ -97,7 +95,9 @@ async fn events_are_listed_by_origin_key_prefix_time_and_state_a_page_at_a_time<
     assert!(crm.next.is_none());
     assert_eq!(
         keys(EventFilter::default().key_prefix("shop:order-")).await,
-        (0..5).map(|n| format!("shop:order-{n}")).collect::<Vec<_>>()
+        (0..5)
+            .map(|n| format!("shop:order-{n}"))
+            .collect::<Vec<_>>()
     );
     assert_eq!(
         keys(EventFilter::default().state(EventState::Dead)).await,
@@ -134,9 +134,7 @@ async fn events_are_listed_by_origin_key_prefix_time_and_state_a_page_at_a_time<
     db.cleanup().await;
 }
 
-async fn an_event_is_shown_whole_with_its_attempts_by_id_and_by_key<DB: TestBackend>(
-    test: &str,
-) {
+async fn an_event_is_shown_whole_with_its_attempts_by_id_and_by_key<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let outbox = db.inbox.outbox();
     let key = receive(&db.inbox, "shop", "order-1").await;
@@ -165,14 +163,24 @@ async fn an_event_is_shown_whole_with_its_attempts_by_id_and_by_key<DB: TestBack
     );
     let statuses: Vec<Option<u16>> = shown.attempts.iter().map(|a| a.status).collect();
     assert_eq!(statuses, [Some(503), Some(200)]);
-    assert!(outbox.event(shown.event.id + 1_000).await.unwrap().is_none());
-    assert!(outbox.events_with_key("shop:none").await.unwrap().is_empty());
+    assert!(
+        outbox
+            .event(shown.event.id + 1_000)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        outbox
+            .events_with_key("shop:none")
+            .await
+            .unwrap()
+            .is_empty()
+    );
     db.cleanup().await;
 }
 
-async fn a_delivered_event_replayed_reaches_its_target_again_with_the_same_key<
-    DB: TestBackend,
->(
+async fn a_delivered_event_replayed_reaches_its_target_again_with_the_same_key<DB: TestBackend>(
     test: &str,
 ) {
     let db = TestDb::<DB>::new(test).await;
@@ -277,9 +285,7 @@ async fn a_range_replay_delivers_each_event_once_more_and_refuses_an_overlapping
     db.cleanup().await;
 }
 
-async fn delivered_events_are_purged_by_their_origins_retention_only<DB: TestBackend>(
-    test: &str,
-) {
+async fn delivered_events_are_purged_by_their_origins_retention_only<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let outbox = db.inbox.outbox();
     let old = receive(&db.inbox, "shop", "old").await;
@@ -299,9 +305,19 @@ async fn delivered_events_are_purged_by_their_origins_retention_only<DB: TestBac
     let hour = Duration::from_secs(3_600);
     assert_eq!(outbox.purge_events("shop", 3 * hour, 10).await.unwrap(), 0);
     assert_eq!(outbox.purge_events("shop", hour, 1).await.unwrap(), 1);
-    assert!(outbox.events_with_key(old.as_str()).await.unwrap().is_empty());
+    assert!(
+        outbox
+            .events_with_key(old.as_str())
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(
-        outbox.events_with_key(waiting.as_str()).await.unwrap().len(),
+        outbox
+            .events_with_key(waiting.as_str())
+            .await
+            .unwrap()
+            .len(),
         1,
         "an event waiting for its delivery stays"
     );

@@ -33,7 +33,14 @@ async fn concurrent_migrations_apply_once<DB: TestBackend>(test: &str) {
         applied, 5,
         "each of the five migrations applied by one migrator"
     );
-    for table in ["keys", "outbox", "offsets", "breakers", "replays", "migrations"] {
+    for table in [
+        "keys",
+        "outbox",
+        "offsets",
+        "breakers",
+        "replays",
+        "migrations",
+    ] {
         DB::execute(db.inbox.pool(), format!("DROP TABLE {fresh}{table}"))
             .await
             .unwrap();
@@ -62,7 +69,14 @@ async fn a_keys_table_without_its_constraint_is_refused<DB: TestBackend>(test: &
     .unwrap();
     assert!(matches!(inbox.migrate().await, Err(Error::Schema(_))));
     assert!(matches!(inbox.check().await, Err(Error::Schema(_))));
-    for table in ["keys", "outbox", "offsets", "breakers", "replays", "migrations"] {
+    for table in [
+        "keys",
+        "outbox",
+        "offsets",
+        "breakers",
+        "replays",
+        "migrations",
+    ] {
         DB::execute(
             db.inbox.pool(),
             format!("DROP TABLE IF EXISTS {bare}{table}"),
