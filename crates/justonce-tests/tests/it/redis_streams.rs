@@ -3,7 +3,7 @@
 //! dead-lettered, two workers in one group, and the relay's publisher. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, read_to_end, take};
+use super::broker::{Batching, GivingBack, TestBroker, consume_until, read_to_end, take};
 use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
 use justonce_tests::{TestBackend, TestDb, redis_url};
@@ -257,9 +257,15 @@ async fn a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_move
     db.cleanup().await;
 }
 
-impl Batching for Stream {
+impl GivingBack for Stream {
     type Adapter = justonce_transport::redis_streams::RedisStreams;
 
+    fn generic<DB: TestBackend>(consumer: &RedisStreamConsumer<DB>) -> &RedisStreamConsumer<DB> {
+        consumer
+    }
+}
+
+impl Batching for Stream {
     async fn connect_for_batches<DB: TestBackend>(
         &self,
         inbox: &Inbox<DB>,
@@ -323,6 +329,22 @@ impl TestBroker for Stream {
 
 /// The stream of a test read by a single reader that keeps its offset in the database.
 pub(crate) struct ReadStream(Stream);
+
+impl Batching for ReadStream {
+    async fn connect_for_batches<DB: TestBackend>(
+        &self,
+        inbox: &Inbox<DB>,
+    ) -> RedisStreamReader<DB> {
+        let options = options(&self.0, "a").count(64).max_attempts(2);
+        RedisStreamReader::connect(&redis_url(), inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        self.0.dead_letters().await
+    }
+}
 
 impl TestBroker for ReadStream {
     type Consumer<DB: TestBackend> = RedisStreamReader<DB>;
