@@ -384,6 +384,73 @@ impl<DB: Backend> Inbox<DB> {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
+        let (mut tx, claimed) = self.begin_batch(messages, claim).await?;
+        for (message, claim) in messages.iter().zip(&claimed) {
+            if *claim == Claim::First
+                && let Err(error) = work(&mut tx, message).await
+            {
+                return Err(rolled_back(tx, RunError::Work(error)).await);
+            }
+        }
+        commit_batch(tx, claimed).await
+    }
+
+    /// [`Inbox::run_batch`] with `work` run once for the whole batch, in its transaction
+    /// before the commit: it gets the messages whose key the batch claimed first, in order
+    /// (none when every key was claimed before), so that it can write them with one
+    /// statement, and write what goes with the whole batch, such as a stream's position.
+    ///
+    /// ```no_run
+    /// # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use justonce_sql::{Key, sqlx};
+    ///
+    /// let orders = [(Key::new("order:1")?, b"1".to_vec()), (Key::new("order:2")?, b"2".to_vec())];
+    /// inbox
+    ///     .run_batch_at_once(&orders, |(key, body)| (key, body.as_slice()), |tx, firsts| {
+    ///         let keys: Vec<String> = firsts.iter().map(|(key, _)| key.as_str().to_owned()).collect();
+    ///         Box::pin(async move {
+    ///             sqlx::query("INSERT INTO shipments (order_key) SELECT * FROM UNNEST($1::text[])")
+    ///                 .bind(keys)
+    ///                 .execute(&mut **tx)
+    ///                 .await
+    ///                 .map(drop)
+    ///         })
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_batch_at_once<'env, M, E, F>(
+        &self,
+        messages: &[M],
+        claim: impl Fn(&M) -> (&Key, &[u8]),
+        work: F,
+    ) -> Result<Vec<Outcome<()>>, RunError<E>>
+    where
+        F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (tx, claimed) = self.begin_batch(messages, claim).await?;
+        // 'env, not 'static: the work may borrow what outlives the call.
+        let mut tx: sqlx::Transaction<'env, DB> = tx;
+        let firsts: Vec<&M> = (messages.iter().zip(&claimed))
+            .filter(|(_, claim)| **claim == Claim::First)
+            .map(|(message, _)| message)
+            .collect();
+        if let Err(error) = work(&mut tx, firsts).await {
+            return Err(rolled_back(tx, RunError::Work(error)).await);
+        }
+        commit_batch(tx, claimed).await
+    }
+
+    /// Begins a batch's transaction and claims the keys of `messages` in it.
+    async fn begin_batch<M, E>(
+        &self,
+        messages: &[M],
+        claim: impl Fn(&M) -> (&Key, &[u8]),
+    ) -> Result<(sqlx::Transaction<'static, DB>, Vec<Claim>), RunError<E>> {
         let claims: Vec<(Key, &[u8])> = messages
             .iter()
             .map(|message| {
@@ -392,28 +459,10 @@ impl<DB: Backend> Inbox<DB> {
             })
             .collect();
         let mut tx = self.begin().await.map_err(RunError::Store)?;
-        let claimed = match self.claim_many(&mut tx, &claims).await {
-            Ok(claimed) => claimed,
-            Err(error) => return Err(rolled_back(tx, RunError::Store(error)).await),
-        };
-        for (message, claim) in messages.iter().zip(&claimed) {
-            if *claim == Claim::First
-                && let Err(error) = work(&mut tx, message).await
-            {
-                return Err(rolled_back(tx, RunError::Work(error)).await);
-            }
+        match self.claim_many(&mut tx, &claims).await {
+            Ok(claimed) => Ok((tx, claimed)),
+            Err(error) => Err(rolled_back(tx, RunError::Store(error)).await),
         }
-        tx.commit()
-            .await
-            .map_err(|e| RunError::Store(driver_error::<DB>(e)))?;
-        Ok(claimed
-            .into_iter()
-            .map(|claim| match claim {
-                Claim::First => Outcome::Processed(()),
-                Claim::Duplicate => Outcome::Duplicate,
-                Claim::KeyReused { stored, received } => Outcome::KeyReused { stored, received },
-            })
-            .collect())
     }
 
     /// Runs `work` once for `key`: opens a transaction, claims the key, runs the work with
@@ -960,13 +1009,31 @@ pub enum RunError<E> {
 /// `error`, after rolling `tx` back; a failed rollback is logged, since the connection
 /// ending rolls it back anyway.
 async fn rolled_back<DB: Backend, E>(
-    tx: sqlx::Transaction<'static, DB>,
+    tx: sqlx::Transaction<'_, DB>,
     error: RunError<E>,
 ) -> RunError<E> {
     if let Err(rollback) = tx.rollback().await {
         tracing::debug!(error = %rollback, "rolling a failed batch back");
     }
     error
+}
+
+/// Commits a batch's transaction; what each message came to, in order.
+async fn commit_batch<DB: Backend, E>(
+    tx: sqlx::Transaction<'_, DB>,
+    claimed: Vec<Claim>,
+) -> Result<Vec<Outcome<()>>, RunError<E>> {
+    tx.commit()
+        .await
+        .map_err(|e| RunError::Store(driver_error::<DB>(e)))?;
+    Ok(claimed
+        .into_iter()
+        .map(|claim| match claim {
+            Claim::First => Outcome::Processed(()),
+            Claim::Duplicate => Outcome::Duplicate,
+            Claim::KeyReused { stored, received } => Outcome::KeyReused { stored, received },
+        })
+        .collect())
 }
 
 /// Whether the work failed because of its transaction rather than its logic: a

@@ -62,9 +62,8 @@ pub fn postgres(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
 /// SQLite's statements for tables under `prefix`.
 #[cfg(feature = "sqlite")]
 pub fn sqlite(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
-    let statements = <sqlx::Sqlite as crate::backend::Backend>::statements(
-        &crate::tables::Tables::new(prefix)?,
-    );
+    let statements =
+        <sqlx::Sqlite as crate::backend::Backend>::statements(&crate::tables::Tables::new(prefix)?);
     Ok(ClaimMany {
         insert_many: statements.insert_many.to_string(),
         find_many: statements.find_many.to_string(),
@@ -75,9 +74,8 @@ pub fn sqlite(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
 /// MariaDB's and MySQL's statements for tables under `prefix`.
 #[cfg(feature = "mysql")]
 pub fn mysql(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
-    let statements = <sqlx::MySql as crate::backend::Backend>::statements(
-        &crate::tables::Tables::new(prefix)?,
-    );
+    let statements =
+        <sqlx::MySql as crate::backend::Backend>::statements(&crate::tables::Tables::new(prefix)?);
     Ok(ClaimMany {
         insert_many: statements.insert_many.to_string(),
         find_many: statements.find_many.to_string(),

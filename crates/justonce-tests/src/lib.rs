@@ -23,7 +23,7 @@ use justonce_transport::Incoming;
 use sqlx::{AssertSqlSafe, MySql, Postgres, Sqlite};
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The MariaDB (or MySQL) server the tests use; they fail if it is down.
@@ -110,10 +110,21 @@ pub async fn effect_unless_claimed<DB: TestBackend>(
     Ok(true)
 }
 
+/// Whether [`consumer_work`] stops at its `hang` failpoint in this process.
+static HANGS: AtomicBool = AtomicBool::new(false);
+
+/// Makes [`consumer_work`] in this process stop at its `hang` failpoint: for a worker
+/// process that a test kills there. A test's own consumer passes it, so that it can run
+/// what the killed worker left, even on a reader, which cannot tell an entry read again.
+pub fn hang_at_failpoints() {
+    HANGS.store(true, Ordering::Relaxed);
+}
+
 /// The broker tests' work: one effect row for the message's key, failing for keys that start
 /// with `fail` on attempts up to the digit after it (`fail2:` fails twice), and always
-/// for keys that start with `bad`. A key that starts with `hang`, on its first delivery,
-/// prints `hanging <key>` and never finishes: a failpoint inside an open transaction.
+/// for keys that start with `bad`. A key that starts with `hang`, on its first delivery in
+/// a process that asked for it ([`hang_at_failpoints`]), prints `hanging <key>` and never
+/// finishes: a failpoint inside an open transaction.
 pub fn consumer_work<DB: TestBackend>(
     prefix: &str,
 ) -> impl for<'e, 't> Fn(
@@ -137,7 +148,7 @@ pub fn consumer_work<DB: TestBackend>(
                     message.attempt
                 )));
             }
-            if key.starts_with("hang") && !message.redelivered {
+            if key.starts_with("hang") && !message.redelivered && HANGS.load(Ordering::Relaxed) {
                 use std::io::Write;
                 let mut stdout = std::io::stdout();
                 writeln!(stdout, "hanging {key}").and_then(|()| stdout.flush())?;

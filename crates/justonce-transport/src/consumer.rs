@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 /// How long [`Deliveries::more`] waits for each further delivery: a batch takes what is
 /// there, and costs at most this once nothing more comes.
-const BATCH_WAIT: Duration = Duration::from_millis(1);
+pub(crate) const BATCH_WAIT: Duration = Duration::from_millis(1);
 
 /// The work a consumer runs for each delivery, in the transaction its key is claimed in:
 /// any `Fn(&mut Transaction, &Incoming) -> WorkFuture` that may be shared between tasks.

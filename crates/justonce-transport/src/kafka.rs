@@ -418,6 +418,8 @@ impl<DB: Backend> KafkaReader<DB> {
 pub struct Records<'k> {
     kafka: &'k Kafka,
     stored: StoredOffsets,
+    /// How many changes of the assignment this reader has applied.
+    applied: u64,
 }
 
 impl Receive for Records<'_> {
@@ -457,13 +459,41 @@ impl Receive for Records<'_> {
             }
         }
     }
+
+    /// `first` and the records already fetched after it, as every receiver takes them; none
+    /// if the assignment changed meanwhile. A rebalance comes in a poll, and polls happen
+    /// here while the batch waits to run: a partition released in one may already be read
+    /// by another member, from its stored offset, so its records must not run here. They
+    /// are read again by whoever holds the partition next.
+    async fn more(
+        &mut self,
+        first: OwnedMessage,
+        batch_size: usize,
+    ) -> Result<Vec<OwnedMessage>, Error> {
+        let applied = self.applied;
+        let mut batch = vec![first];
+        while batch.len() < batch_size {
+            let next = tokio::time::timeout(crate::consumer::BATCH_WAIT, self.next()).await;
+            if self.applied != applied || !crate::lock(&self.kafka.changes.queued).is_empty() {
+                return Ok(Vec::new());
+            }
+            match next {
+                Ok(next) => match next? {
+                    Some(record) => batch.push(record),
+                    None => break,
+                },
+                Err(_) => break,
+            }
+        }
+        Ok(batch)
+    }
 }
 
 impl Records<'_> {
     /// Applies the latest change the rebalance callback queued, which replaces those before
     /// it; the queue is emptied only once it is applied, so that a cancelled call leaves it
     /// for the next.
-    async fn apply_changes(&self) {
+    async fn apply_changes(&mut self) {
         let kafka = self.kafka;
         loop {
             let (latest, queued) = {
@@ -483,6 +513,7 @@ impl Records<'_> {
                 }
             }
             crate::lock(&kafka.changes.queued).drain(..queued);
+            self.applied += 1;
         }
     }
 
@@ -531,6 +562,7 @@ impl OrderedBroker for Kafka {
         Ok(Records {
             kafka: self,
             stored,
+            applied: 0,
         })
     }
 

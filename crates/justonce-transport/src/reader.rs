@@ -13,7 +13,7 @@
 use crate::consumer::{Receive, Received, Settle, Work, judge};
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
-use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError};
+use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError, sqlx};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -152,6 +152,17 @@ impl<'r, O: OrderedBroker + 'r> ReaderDeliveries<'r, O> {
         self.entries.next().await
     }
 
+    /// `first` and the entries that have arrived after it, up to `batch_size` in all; none
+    /// when the broker took back a partition they came from (Kafka's rebalance), since the
+    /// partition's next reader reads them again.
+    pub async fn more(
+        &mut self,
+        first: O::Entry,
+        batch_size: usize,
+    ) -> Result<Vec<O::Entry>, Error> {
+        self.entries.more(first, batch_size).await
+    }
+
     /// Stops reading. Nothing is settled with the broker: what was not stored is read
     /// again by the next reader.
     pub async fn stop(self) -> Result<(), Error> {
@@ -195,6 +206,26 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        self.run_batched(shutdown, 1, work).await
+    }
+
+    /// Like [`Reader::run`], with the entries that have arrived, up to `batch_size`, run in
+    /// one transaction: their keys claimed with one statement, the work of each first claim,
+    /// and the offset of each partition's last entry in the batch; a `batch_size` of 1 is
+    /// [`Reader::run`]. If any work or the database fails, the batch rolls back and its
+    /// entries run one by one, with their retries in place and dead letters, so that one
+    /// failing entry neither loses nor doubles the others and each partition stays in
+    /// order. A batch never holds an entry of a partition the broker took back.
+    pub async fn run_batched<F, E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: F,
+    ) -> Result<ConsumerStats, Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let mut entries = self.deliveries().await?;
         let mut stats = ConsumerStats::default();
         let mut unstored = Unstored::default();
@@ -203,6 +234,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             let read = self.read_on(
                 &mut entries,
                 &mut shutdown,
+                batch_size,
                 &work,
                 &mut stats,
                 &mut unstored,
@@ -235,12 +267,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         Ok(stats)
     }
 
-    /// Reads and processes entries until `shutdown` resolves or the broker ends the stream;
-    /// an error once reading or dead-lettering fails.
+    /// Reads and processes entries, up to `batch_size` at a time, until `shutdown` resolves
+    /// or the broker ends the stream; an error once reading or dead-lettering fails.
     async fn read_on<F, E>(
         &self,
         entries: &mut ReaderDeliveries<'_, O>,
         shutdown: &mut (impl Future + Unpin),
+        batch_size: usize,
         work: &F,
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
@@ -258,12 +291,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 }
                 next = entries.next() => next,
             };
-            let Some(entry) = next? else { return Ok(()) };
+            let Some(first) = next? else { return Ok(()) };
+            let batch = entries.more(first, batch_size).await?;
+            let mut rest = batch.as_slice();
             loop {
-                match self
-                    .process(&entry, work, stats, unstored, shutdown)
-                    .await?
-                {
+                let (done, ended) =
+                    (self.run_entries(rest, work, stats, unstored, shutdown)).await?;
+                rest = &rest[done..];
+                match ended {
                     Processed::Done => break,
                     Processed::Stopped => return Ok(()),
                     Processed::StoreFailed => tokio::select! {
@@ -273,6 +308,30 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 }
             }
         }
+    }
+
+    /// Runs `batch`, entries the caller took in order (with [`ReaderDeliveries::more`]), as
+    /// [`Reader::run_batched`] does, and counts each in `stats`. Returns how many entries,
+    /// from the first, are done with: fewer than all when the database failed on the next,
+    /// which the caller runs again, with those after it, after the policy's `store_pause`.
+    /// Once it returns, the stored offset of each partition is that of its last entry done
+    /// with.
+    pub async fn run_batch<F, E>(
+        &self,
+        batch: &[O::Entry],
+        work: &F,
+        stats: &mut ConsumerStats,
+    ) -> Result<usize, Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut unstored = Unstored::default();
+        // Nothing stops the caller's batch halfway: it runs until done or the database fails.
+        let mut running = std::pin::pin!(std::future::pending::<()>());
+        let (done, _) = (self.run_entries(batch, work, stats, &mut unstored, &mut running)).await?;
+        unstored.store(&self.inbox).await;
+        Ok(done)
     }
 
     /// The entries after the stored offsets, for callers that run them themselves.
@@ -308,6 +367,91 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// An entry's position and what its work sees, or why it has neither.
     fn read<'e>(&'e self, entry: &'e O::Entry) -> Result<(Position<'e>, Incoming), String> {
         Ok((self.broker.position(entry)?, self.incoming(entry)?))
+    }
+
+    /// Runs `batch` in one transaction, or its entries one by one if that did not commit;
+    /// how many entries, from the first, are done with, and how the next one ended (see
+    /// [`Reader::run_batch`]).
+    async fn run_entries<F, E>(
+        &self,
+        batch: &[O::Entry],
+        work: &F,
+        stats: &mut ConsumerStats,
+        unstored: &mut Unstored,
+        shutdown: &mut (impl Future + Unpin),
+    ) -> Result<(usize, Processed), Error>
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        if batch.len() > 1 && self.run_together(batch, work, stats, unstored).await {
+            return Ok((batch.len(), Processed::Done));
+        }
+        for (done, entry) in batch.iter().enumerate() {
+            match self.process(entry, work, stats, unstored, shutdown).await? {
+                Processed::Done => {}
+                ended => return Ok((done, ended)),
+            }
+        }
+        Ok((batch.len(), Processed::Done))
+    }
+
+    /// Claims the keys of `batch` with one statement, runs the work of each first claim and
+    /// stores the offset of each partition's last entry, in one transaction; false, with
+    /// nothing counted, when it did not commit.
+    async fn run_together<F, E>(
+        &self,
+        batch: &[O::Entry],
+        work: &F,
+        stats: &mut ConsumerStats,
+        unstored: &mut Unstored,
+    ) -> bool
+    where
+        F: Work<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        // An entry without a key is dead-lettered before the offset moves past it: the
+        // batch runs one by one.
+        let Ok(read) = batch
+            .iter()
+            .map(|entry| self.read(entry))
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            return false;
+        };
+        let spans = Spans::of(read.iter().map(|(position, _)| *position));
+        let (inbox, spans) = (&self.inbox, &spans);
+        let run = inbox
+            .run_batch_at_once(
+                &read,
+                |(_, incoming)| (&incoming.key, incoming.body.as_slice()),
+                |tx, firsts| {
+                    Box::pin(async move {
+                        for (_, incoming) in firsts {
+                            work(tx, incoming).await.map_err(InOrderError::Work)?;
+                        }
+                        spans.commit(inbox, tx).await
+                    })
+                },
+            )
+            .await;
+        let outcomes = match run {
+            Ok(outcomes) => outcomes,
+            Err(error) => {
+                tracing::debug!(%error, "a batch failed: running its entries one by one");
+                return false;
+            }
+        };
+        crate::count_consumed(&self.inbox, O::NAME, batch.len() as u64);
+        let max_attempts = self.broker.policy().max_attempts;
+        for ((entry, (_, incoming)), outcome) in batch.iter().zip(&read).zip(outcomes) {
+            let key = || incoming.key.as_str().to_owned();
+            judge::<E>(Ran::Outcome(outcome), 1, max_attempts, stats, key, || {
+                entry.log_id()
+            });
+        }
+        unstored.stored(spans);
+        true
     }
 
     /// Runs an entry's work with its retries, and gives up on it or counts it. A shutdown
@@ -463,6 +607,48 @@ enum InOrderError<E> {
     Offset(#[source] justonce_sql::Error),
 }
 
+/// The first and the last offset of a batch's entries in each partition.
+struct Spans<'a>(BTreeMap<(&'a str, i32), (Offset, Offset)>);
+
+impl<'a> Spans<'a> {
+    fn of(positions: impl IntoIterator<Item = Position<'a>>) -> Self {
+        let mut spans = BTreeMap::new();
+        for at in positions {
+            spans
+                .entry((at.stream, at.partition))
+                .and_modify(|(_, last)| *last = at.offset)
+                .or_insert((at.offset, at.offset));
+        }
+        Self(spans)
+    }
+
+    /// Stores each partition's last offset in `tx`. The first is stored before it: the
+    /// stored offset must be below it, or a reader before this one moved past an entry of
+    /// the batch (gave it up) after this one loaded the offsets, as [`Inbox::commit_offset`]
+    /// says of a single entry.
+    async fn commit<DB: Backend, E>(
+        &self,
+        inbox: &Inbox<DB>,
+        tx: &mut sqlx::Transaction<'_, DB>,
+    ) -> Result<(), InOrderError<E>> {
+        for (&(stream, partition), &(first, last)) in &self.0 {
+            let offsets = if first == last {
+                &[first][..]
+            } else {
+                &[first, last][..]
+            };
+            for &offset in offsets {
+                let moved = inbox.commit_offset(tx, stream, partition, offset).await;
+                match moved.map_err(InOrderError::Offset)? {
+                    OffsetCommit::Moved => {}
+                    OffsetCommit::AlreadyProcessed => return Err(InOrderError::AlreadyProcessed),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The offset of the last entry read in each partition, when its transaction did not store
 /// it (a duplicate).
 #[derive(Debug, Default)]
@@ -476,6 +662,13 @@ impl Unstored {
             Outcome::Processed(()) => self.0.remove(&partition),
             Outcome::Duplicate | Outcome::KeyReused { .. } => self.0.insert(partition, at.offset),
         };
+    }
+
+    /// Forgets the partitions of a batch that stored its offsets.
+    fn stored(&mut self, spans: &Spans<'_>) {
+        for &(stream, partition) in spans.0.keys() {
+            self.0.remove(&(stream.to_owned(), partition));
+        }
     }
 
     fn is_some(&self) -> bool {

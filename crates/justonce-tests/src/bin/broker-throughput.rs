@@ -1,39 +1,46 @@
 //! Messages per second through a broker consumer, one transaction per message and in
 //! batches, with a share of them repeated, beside the broker's own limit and the database's.
 //!
-//! `broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt]
+//! `broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt|kafka]
 //! [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] [--batch N] [--json]`
 //!
-//! The program publishes the messages to a fresh durable queue, file-stored stream or Redis
-//! stream and waits for the broker's confirms, then starts the clock and consumes them all:
-//! each message's key is claimed and one effect row written in a transaction, and the
-//! message acknowledged after the commit; the single readers (`nats-reader`,
-//! `redis-reader`) store each entry's offset in that transaction instead. With `--batch`, up
-//! to that many deliveries share one claim statement and one transaction; on Redis, it is
-//! also how many entries one read takes (each entry still in its own transaction on the
-//! reader). On MQTT the messages are published while they are consumed, never more than 500
-//! ahead: Mosquitto drops what passes its queue of 1,000 per session, and the clock runs from
-//! the first publish. Before it prints, it checks that effect rows equal distinct keys.
+//! The program publishes the messages to a fresh durable queue, file-stored stream, Redis
+//! stream or Kafka topic (of three partitions) and waits for the broker's confirms, then
+//! starts the clock and consumes them all: each message's key is claimed and one effect row
+//! written in a transaction, and the message acknowledged after the commit; the single
+//! readers (`nats-reader`, `redis-reader`, and `kafka`, a group member) store each entry's
+//! offset in that transaction instead, and their clock starts at the first entry read, so
+//! that Kafka's group join is not counted. With `--batch`, up to that many deliveries share
+//! one claim statement and one transaction (on a reader, with the offset of each
+//! partition's last entry); on Redis, it is also how many entries one read takes. On MQTT
+//! the messages are published while they are consumed, never more than 500 ahead: Mosquitto
+//! drops what passes its queue of 1,000 per session, and the clock runs from the first
+//! publish. Before it prints, it checks that effect rows equal distinct keys.
 //!
 //! Each run measures, one after the other and each on a fresh queue (stream, topic) with the
 //! same messages and prefetch: the baseline, which takes the deliveries in the same batches
-//! and only acknowledges them, with no database work (the broker's own limit); one by one;
-//! and, with `--batch` above 1, batched. Then `claim_many` on the same database at the same
-//! batch size (the database's own limit, as `justonce bench` measures it). It prints each
-//! figure, and the consumer's against both limits.
+//! and only acknowledges them (a reader: only reads them), with no database work (the
+//! broker's own limit); one by one; and, with `--batch` above 1, batched. Then `claim_many`
+//! on the same database at the same batch size (the database's own limit, as `justonce
+//! bench` measures it). It prints each figure, and the consumer's against both limits.
 
 use justonce_sql::{Backend, Outcome};
 use justonce_tests::{
     StreamArgs, TestBackend, TestDb, acknowledge, amqp_url, consume, consumer_work, publish_many,
 };
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::kafka::{KafkaOptions, KafkaReader};
 use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
 use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, OrderedBroker, Ran, Reader};
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The partitions of the Kafka topic: a batch holds entries of several, each partition's
+/// offset stored in its transaction.
+const KAFKA_PARTITIONS: i32 = 3;
 
 /// How a run takes the messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,26 +88,26 @@ async fn main() -> std::process::ExitCode {
         "redis",
         "redis-reader",
         "mqtt",
+        "kafka",
     ];
-    let args = StreamArgs::from_args(10_000, 1, &brokers)
-        .filter(|args| args.broker != "nats-reader" || args.batch == 1);
-    let Some(args) = args else {
+    let Some(args) = StreamArgs::from_args(10_000, 1, &brokers) else {
         eprintln!(
-            "usage: broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt] \
+            "usage: broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt|kafka] \
              [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] \
-             [--batch N (reads on redis-reader; not nats-reader)] [--json]"
+             [--batch N] [--json]"
         );
         return std::process::ExitCode::from(2);
     };
-    let reader = args.broker.ends_with("-reader");
     let mut paths = vec![Path::Baseline, Path::OneByOne];
-    if args.batch > 1 && !reader {
+    if args.batch > 1 {
         paths.push(Path::Batched);
     }
     let mut figures = Figures::default();
     let mut effects = ConsumerStats::default();
     for path in paths {
-        let (per_second, stats) = if args.broker.starts_with("nats") {
+        let (per_second, stats) = if args.broker == "kafka" {
+            justonce_tests::with_backend!(args.backend, DB => measure_kafka::<DB>(&args, path).await)
+        } else if args.broker.starts_with("nats") {
             justonce_tests::with_backend!(args.backend, DB => measure_nats::<DB>(&args, path).await)
         } else if args.broker == "mqtt" {
             justonce_tests::with_backend!(args.backend, DB => measure_mqtt::<DB>(&args, path).await)
@@ -153,10 +160,9 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
         println!("{result}");
         return;
     }
-    let batched = match (figures.batched, args.broker.as_str()) {
-        (Some(per_second), _) => format!("batches of {}: {per_second:.0}", args.batch),
-        (None, "redis-reader") => format!("(reads of {})", args.batch),
-        (None, _) => String::new(),
+    let batched = match figures.batched {
+        Some(per_second) => format!("batches of {}: {per_second:.0}", args.batch),
+        None => String::new(),
     };
     println!(
         "{:<12} {:<8} prefetch {prefetch:<4} baseline {:.0}  one by one {:.0}  {batched} msg/s   \
@@ -179,6 +185,8 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
 fn prefetch(args: &StreamArgs) -> usize {
     match args.broker.as_str() {
         "mqtt" => 20,
+        // librdkafka fetches ahead by bytes, not records: this is only reported.
+        "kafka" => args.batch,
         "redis" | "redis-reader" => args.batch.max(16),
         _ => args.batch.max(64),
     }
@@ -292,16 +300,19 @@ async fn measure_nats<DB: TestBackend + Backend>(
         }
     }
 
-    let started = Instant::now();
-    let stats = if args.broker == "nats-reader" && path == Path::OneByOne {
+    let (per_second, stats) = if args.broker == "nats-reader" {
         let reader = NatsReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("NATS");
-        read_all(&reader, &db, args).await
+        read(&reader, &db, (args, path)).await
     } else {
-        take(&consumer, &db, (args, path), &AtomicU64::new(0)).await
+        let started = Instant::now();
+        let stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
+        (
+            args.messages as f64 / started.elapsed().as_secs_f64(),
+            stats,
+        )
     };
-    let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     check(&db, args, path).await;
     for name in [format!("{stream}_DEAD"), stream] {
         jetstream
@@ -344,17 +355,20 @@ async fn measure_redis<DB: TestBackend + Backend>(
         pipe.query_async::<()>(&mut redis).await.expect("added");
     }
 
-    let started = Instant::now();
-    let stats = if args.broker == "redis-reader" && path == Path::OneByOne {
+    let (per_second, stats) = if args.broker == "redis-reader" {
         let options = RedisStreamOptions::new(&stream, "bench").count(prefetch(args));
         let reader = RedisStreamReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("Redis");
-        read_all(&reader, &db, args).await
+        read(&reader, &db, (args, path)).await
     } else {
-        take(&consumer, &db, (args, path), &AtomicU64::new(0)).await
+        let started = Instant::now();
+        let stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
+        (
+            args.messages as f64 / started.elapsed().as_secs_f64(),
+            stats,
+        )
     };
-    let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     check(&db, args, path).await;
     redis::cmd("DEL")
         .arg(&stream)
@@ -365,20 +379,48 @@ async fn measure_redis<DB: TestBackend + Backend>(
     (per_second, stats)
 }
 
-/// Reads `args.messages` entries through `reader`, one by one.
-async fn read_all<O: OrderedBroker, DB: TestBackend + Backend>(
+/// Reads `args.messages` entries through `reader` by `path`: only reading them, in batches
+/// of `--batch`, on the baseline; one by one; or in batches run with [`Reader::run_batch`].
+/// Returns the entries per second from the first entry read, and what the reader counted
+/// (nothing on the baseline).
+async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
     reader: &Reader<O, DB>,
     db: &TestDb<DB>,
-    args: &StreamArgs,
-) -> ConsumerStats {
+    (args, path): (&StreamArgs, Path),
+) -> (f64, ConsumerStats) {
     let work = consumer_work::<DB>(&db.prefix);
     let mut stats = ConsumerStats::default();
     let mut entries = reader.deliveries().await.expect("reading");
-    while ((stats.processed + stats.duplicates) as usize) < args.messages {
-        let entry = entries.next().await.expect("an entry").expect("a stream");
-        count(reader.run_one(&entry, &work).await, &mut stats);
+    let mut started = None;
+    let mut taken = 0;
+    while taken < args.messages {
+        let first = entries.next().await.expect("an entry").expect("a stream");
+        started.get_or_insert_with(Instant::now);
+        let batch = entries
+            .more(first, path.batch(args))
+            .await
+            .expect("a batch");
+        match path {
+            Path::Baseline => {}
+            Path::OneByOne => {
+                for entry in &batch {
+                    count(reader.run_one(entry, &work).await, &mut stats);
+                }
+            }
+            Path::Batched => {
+                let done = reader.run_batch(&batch, &work, &mut stats).await;
+                assert_eq!(
+                    done.expect("a batch run"),
+                    batch.len(),
+                    "the database failed"
+                );
+            }
+        }
+        taken += batch.len();
     }
-    stats
+    let elapsed = started.map_or(Duration::ZERO, |started| started.elapsed());
+    entries.stop().await.expect("stopped");
+    (args.messages as f64 / elapsed.as_secs_f64(), stats)
 }
 
 /// Counts what a single reader's run of one entry came to; the bench's work never fails.
@@ -388,6 +430,69 @@ fn count<E: std::fmt::Debug>(ran: Ran<E>, stats: &mut ConsumerStats) {
         Ran::Outcome(_) => stats.duplicates += 1,
         other => panic!("the bench's work failed: {other:?}"),
     }
+}
+
+/// The Kafka topic of `args.messages` records over [`KAFKA_PARTITIONS`] partitions, the id
+/// in the `ce_id` header, read by a group member of its own.
+async fn measure_kafka<DB: TestBackend + Backend>(
+    args: &StreamArgs,
+    path: Path,
+) -> (f64, ConsumerStats) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let db = TestDb::<DB>::new("kafka-throughput").await;
+    let topic = format!("{}bench", db.prefix);
+    let url = justonce_tests::kafka_url();
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", url.trim_start_matches("kafka://"));
+    let admin: AdminClient<_> = config.create().expect("a Kafka admin client");
+    let dead = format!("{topic}.dead");
+    let topics = [(&topic, KAFKA_PARTITIONS), (&dead, 1)]
+        .map(|(name, count)| NewTopic::new(name, count, TopicReplication::Fixed(1)));
+    for created in (admin.create_topics(&topics, &AdminOptions::new()).await).expect("Kafka") {
+        created.expect("topic created");
+    }
+    let producer: FutureProducer = (config.clone())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("a Kafka producer");
+    let distinct = args.distinct();
+    // Enqueued a thousand at a time, then each confirmed.
+    for round in (0..args.messages).collect::<Vec<_>>().chunks(1_000) {
+        let mut confirms = Vec::with_capacity(round.len());
+        for n in round {
+            let key = format!("order:{}", n % distinct);
+            let headers = OwnedHeaders::new().insert(Header {
+                key: "ce_id",
+                value: Some(key.as_str()),
+            });
+            let partition = i32::try_from(n % KAFKA_PARTITIONS as usize).unwrap_or(0);
+            let record = FutureRecord::<(), _>::to(&topic)
+                .partition(partition)
+                .payload(key.as_bytes())
+                .headers(headers);
+            let confirm = producer.send_result(record).map_err(|(error, _)| error);
+            confirms.push(confirm.expect("enqueued"));
+        }
+        for confirm in confirms {
+            let stored = confirm.await.expect("a confirm");
+            stored.map_err(|(error, _)| error).expect("stored");
+        }
+    }
+    let options = KafkaOptions::new(&topic, &topic).key_from(KeyFrom::Header("ce_id".into()));
+    let reader = KafkaReader::connect(&url, db.inbox.clone(), options).expect("Kafka");
+    let (per_second, stats) = read(&reader, &db, (args, path)).await;
+    check(&db, args, path).await;
+    drop(reader);
+    (admin
+        .delete_topics(&[&topic, &dead], &AdminOptions::new())
+        .await)
+        .expect("topics deleted");
+    db.cleanup().await;
+    (per_second, stats)
 }
 
 async fn measure_mqtt<DB: TestBackend + Backend>(

@@ -15,7 +15,8 @@
 //! `test`; elsewhere a plain consumer. `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed, or until SIGTERM, and then prints `processed <n> duplicates
-//! <n>` as a consumer counted them. `run-batched`: the same in batches of 20.
+//! <n>` as a consumer counted them (a reader runs until it is killed). `run-batched`: the
+//! same in batches of 20. The work stops at its `hang` failpoint in this process.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
@@ -64,6 +65,7 @@ async fn work<DB: TestBackend>(
     kind: &str,
     mode: &str,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    justonce_tests::hang_at_failpoints();
     let reader = kind == "reader";
     let inbox = Inbox::<DB>::connect_with(
         url,
@@ -175,7 +177,9 @@ async fn read<O: OrderedBroker, DB: TestBackend>(
             pause_after_commit(key.as_str(), ran).await
         }
         _ => {
-            reader.run(std::future::pending::<()>(), work).await?;
+            let batch_size = if mode == "run-batched" { 20 } else { 1 };
+            let forever = std::future::pending::<()>();
+            reader.run_batched(forever, batch_size, work).await?;
             Ok(())
         }
     }

@@ -3,7 +3,7 @@
 //! the relay publishing outbox rows. The proofs every broker shares, and those of batches,
 //! are in `broker`.
 
-use super::broker::{Batching, TestBroker, take};
+use super::broker::{Batching, GivingBack, TestBroker, take};
 use super::on_every_database;
 use justonce_sql::{Inbox, Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
@@ -350,9 +350,15 @@ async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(
     db.cleanup().await;
 }
 
-impl Batching for Queue {
+impl GivingBack for Queue {
     type Adapter = justonce_transport::amqp::Amqp;
 
+    fn generic<DB: TestBackend>(consumer: &AmqpConsumer<DB>) -> &AmqpConsumer<DB> {
+        consumer
+    }
+}
+
+impl Batching for Queue {
     async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> AmqpConsumer<DB> {
         let options = AmqpOptions::new(&self.name).prefetch(64).max_attempts(2);
         AmqpConsumer::connect(&amqp_url(), inbox.clone(), options)

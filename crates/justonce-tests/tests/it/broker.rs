@@ -63,12 +63,21 @@ pub(crate) trait TestBroker: Sized {
     async fn delete(self);
 }
 
-/// What the consumer of every broker offers: running the tests' work until stopped.
+/// What the consumer of every broker offers: running the tests' work until stopped, one
+/// message at a time or in batches.
 pub(crate) trait Consume<DB: TestBackend> {
     async fn run_work(
         &self,
         db: &TestDb<DB>,
         stopped: tokio::sync::oneshot::Receiver<()>,
+    ) -> Result<ConsumerStats, justonce_transport::Error>;
+
+    /// `run_batched` with batches of up to `batch_size`.
+    async fn run_work_batched(
+        &self,
+        db: &TestDb<DB>,
+        stopped: tokio::sync::oneshot::Receiver<()>,
+        batch_size: usize,
     ) -> Result<ConsumerStats, justonce_transport::Error>;
 }
 
@@ -82,6 +91,16 @@ macro_rules! consume_with_run {
                 stopped: tokio::sync::oneshot::Receiver<()>,
             ) -> Result<ConsumerStats, justonce_transport::Error> {
                 self.run(stopped, consumer_work::<DB>(&db.prefix)).await
+            }
+
+            async fn run_work_batched(
+                &self,
+                db: &TestDb<DB>,
+                stopped: tokio::sync::oneshot::Receiver<()>,
+                batch_size: usize,
+            ) -> Result<ConsumerStats, justonce_transport::Error> {
+                let work = consumer_work::<DB>(&db.prefix);
+                self.run_batched(stopped, batch_size, work).await
             }
         }
     )*};
@@ -133,20 +152,23 @@ where
     stats
 }
 
-/// A broker whose consumer claims what has arrived in batches.
+/// A broker whose consumer (or reader) claims what has arrived in batches.
 pub(crate) trait Batching: TestBroker {
-    /// The broker's adapter.
-    type Adapter: Broker;
-
     /// A consumer claiming in `inbox` that takes up to 64 messages ahead and gives failed
     /// work 2 attempts.
-    async fn connect_for_batches<DB: TestBackend>(
-        &self,
-        inbox: &Inbox<DB>,
-    ) -> Consumer<Self::Adapter, DB>;
+    async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> Self::Consumer<DB>;
 
     /// How many messages the dead-letter queue or stream holds.
     async fn dead_letters(&self) -> u64;
+}
+
+/// A broker whose consumer gives deliveries back to it: every one but the single readers.
+pub(crate) trait GivingBack: Batching {
+    /// The broker's adapter.
+    type Adapter: Broker;
+
+    /// The consumer as the generic [`Consumer`] it is.
+    fn generic<DB: TestBackend>(consumer: &Self::Consumer<DB>) -> &Consumer<Self::Adapter, DB>;
 }
 
 /// Runs `consumer` until `done` holds, then stops it, and returns what it counted.
@@ -160,7 +182,14 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    run_until(|stopped| consumer.run_work(db, stopped), done).await
+    run_until(|stopped| consumer.run_work(db, stopped), done, effects(db)).await
+}
+
+/// The effect rows of `db`: the progress a stalled test is judged by.
+pub(crate) fn effects<'d, DB: TestBackend>(
+    db: &'d TestDb<DB>,
+) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = i64> + 'd>> + 'd {
+    move || Box::pin(db.rows("effects"))
 }
 
 /// Whether the broker is settled within 10 s: NATS takes acks without answering them, so
@@ -260,11 +289,22 @@ on_brokers!(competing: [
 on_brokers!(batched: [
     amqp = crate::amqp::Queue,
     nats = crate::nats::Stream,
+    nats_reader = crate::nats::ReadStream,
     redis = crate::redis_streams::Stream,
+    redis_reader = crate::redis_streams::ReadStream,
     mqtt = crate::mqtt::Topic,
+    kafka = crate::kafka::Topic,
 ] (
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
+));
+
+on_brokers!(giving_back: [
+    amqp = crate::amqp::Queue,
+    nats = crate::nats::Stream,
+    redis = crate::redis_streams::Stream,
+    mqtt = crate::mqtt::Topic,
+] (
     a_database_failure_gives_the_batch_back_and_asks_for_a_pause,
 ));
 
@@ -273,6 +313,7 @@ on_brokers!(reading: [
     redis_reader = crate::redis_streams::ReadStream,
 ] (
     a_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_failure,
+    a_batched_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_failure,
 ));
 
 /// A worker process: a consumer, or the reader of a broker that keeps its offset.
@@ -420,6 +461,7 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<
     run_until(
         |stopped| consumer.run_work(&db, stopped),
         || async { db.rows("effects").await == 400 && broker.settled(&db).await },
+        effects(&db),
     )
     .await;
     assert_eq!(db.rows("effects").await, 400, "nothing lost");
@@ -476,12 +518,13 @@ where
     broker.publish(&keys).await;
     let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
-        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
+        |stopped| consumer.run_work_batched(&db, stopped, 20),
         || async {
             db.rows("effects").await == 41
                 && broker.dead_letters().await == 1
                 && broker.settled(&db).await
         },
+        effects(&db),
     )
     .await;
     assert_eq!(stats.processed, 41, "40 keys and the one that failed once");
@@ -496,7 +539,7 @@ where
 
 /// A batch worker killed while a message in the middle of its batch runs, with the work of
 /// the ones before it written in the batch's open transaction: nothing of the batch was
-/// committed, and its redelivery takes effect once per key.
+/// committed, and its redelivery (a reader: reading it again) takes effect once per key.
 async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing<B, DB>(
     test: &str,
 ) where
@@ -524,8 +567,9 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
 
     let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
-        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
+        |stopped| consumer.run_work_batched(&db, stopped, 20),
         || async { db.rows("effects").await == 21 && broker.settled(&db).await },
+        effects(&db),
     )
     .await;
     assert_eq!(
@@ -570,7 +614,7 @@ pub(crate) fn counted(metric: &str, consumer: &str) -> u64 {
 /// one effect.
 async fn a_database_failure_gives_the_batch_back_and_asks_for_a_pause<B, DB>(test: &str)
 where
-    B: Batching,
+    B: GivingBack,
     DB: TestBackend,
 {
     let db = TestDb::<DB>::new(test).await;
@@ -586,7 +630,8 @@ where
     let broken = Inbox::<DB>::connect_with(&db.url, consumer, options)
         .await
         .unwrap();
-    let failing = broker.connect_for_batches(&broken).await;
+    let connected = broker.connect_for_batches(&broken).await;
+    let failing = B::generic(&connected);
     let mut deliveries = failing.deliveries().await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
         .await
@@ -609,12 +654,13 @@ where
         "every delivery given back is settled, and counted"
     );
     drop(deliveries);
-    drop(failing);
+    drop(connected);
 
     let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
-        |stopped| consumer.run_batched(stopped, 20, consumer_work::<DB>(&db.prefix)),
+        |stopped| consumer.run_work_batched(&db, stopped, 20),
         || async { db.rows("effects").await == 3 && broker.settled(&db).await },
+        effects(&db),
     )
     .await;
     assert_eq!(stats.processed, 3, "nothing given back was lost");
@@ -634,6 +680,27 @@ async fn a_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_fa
     B: TestBroker,
     DB: TestBackend,
 {
+    run_again_after_a_database_failure::<B, DB>(test, 1).await
+}
+
+/// The same rule for a reader that runs batches: the batch that met the failure runs one by
+/// one, and the entry that met it runs again after the pause.
+async fn a_batched_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_failure<
+    B,
+    DB,
+>(
+    test: &str,
+) where
+    B: TestBroker,
+    DB: TestBackend,
+{
+    run_again_after_a_database_failure::<B, DB>(test, 20).await
+}
+
+async fn run_again_after_a_database_failure<B: TestBroker, DB: TestBackend>(
+    test: &str,
+    batch_size: usize,
+) {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
     let keys: Vec<String> = (0..3).map(|n| format!("order:{n}")).collect();
@@ -654,7 +721,7 @@ async fn a_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_fa
     rename("keys", "keys_away").await.unwrap();
     let reader = broker.connect(&reading).await;
     let restored = std::sync::atomic::AtomicBool::new(false);
-    let stats = consume_until(&reading, &reader, || async {
+    let done = || async {
         if restored.load(std::sync::atomic::Ordering::Relaxed) {
             return reading.rows("effects").await == 3 && broker.settled(&reading).await;
         }
@@ -665,7 +732,12 @@ async fn a_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_fa
             restored.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         false
-    })
+    };
+    let stats = run_until(
+        |stopped| reader.run_work_batched(&reading, stopped, batch_size),
+        done,
+        effects(&reading),
+    )
     .await;
     assert!(stats.returned >= 2, "{stats:?}");
     assert_eq!(

@@ -3,10 +3,11 @@
 //! dead-lettered with its reason, the id required of the configuration, and the relay's
 //! records seen once each with their key. The proofs every broker shares are in `broker`.
 
-use super::broker::{TestBroker, consume_until, read_to_end};
+use super::broker::{Batching, TestBroker, consume_until, effects, read_to_end};
 use super::on_every_database;
-use justonce_sql::{Delivered, Delivery, Destination, Key};
-use justonce_tests::{TestBackend, TestDb, kafka_url};
+use super::run_until;
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
+use justonce_tests::{TestBackend, TestDb, consumer_work, kafka_url};
 use justonce_transport::kafka::{
     IDEMPOTENCY_KEY_HEADER, KafkaDestination, KafkaOptions, KafkaReader,
 };
@@ -18,12 +19,15 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 on_every_database!(
     failing_work_runs_again_in_place_then_is_dead_lettered_with_the_reason,
     the_relay_produces_each_row_once_with_its_key_as_record_key_and_header,
+    a_batch_stores_the_offset_of_its_last_record_in_each_partition,
+    two_members_running_batches_through_rebalances_take_effect_once_per_key,
 );
 
 /// The header the tests' records carry their id in, as CloudEvents' binary mode does.
@@ -43,8 +47,8 @@ fn client_config() -> ClientConfig {
     config
 }
 
-/// A topic named after the test's prefix, with one partition, and its dead-letter topic;
-/// deleted at the end.
+/// A topic named after the test's prefix, with one partition unless the test asks for
+/// more, and its dead-letter topic; deleted at the end.
 pub(crate) struct Topic {
     name: String,
     admin: AdminClient<DefaultClientContext>,
@@ -55,11 +59,15 @@ pub(crate) struct Topic {
 
 impl Topic {
     async fn create<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        Self::with_partitions(db, 1).await
+    }
+
+    async fn with_partitions<DB: TestBackend>(db: &TestDb<DB>, partitions: i32) -> Self {
         let name = format!("{}orders", db.prefix);
         let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
         let dead = format!("{name}.dead");
-        let topics =
-            [&name, &dead].map(|topic| NewTopic::new(topic, 1, TopicReplication::Fixed(1)));
+        let topics = [(&name, partitions), (&dead, 1)]
+            .map(|(topic, count)| NewTopic::new(topic, count, TopicReplication::Fixed(1)));
         for created in admin
             .create_topics(&topics, &AdminOptions::new())
             .await
@@ -83,6 +91,11 @@ impl Topic {
     /// Produces `body` with the id in the `ce_id` header (and a Kafka key naming the entity,
     /// shared by many records) and waits for the broker to acknowledge it.
     async fn produce(&self, id: Option<&str>, body: &[u8]) {
+        self.produce_to(None, id, body).await
+    }
+
+    /// [`Topic::produce`] into `partition`, or the one the record's Kafka key picks.
+    async fn produce_to(&self, partition: Option<i32>, id: Option<&str>, body: &[u8]) {
         let mut headers = OwnedHeaders::new();
         if let Some(id) = id {
             headers = headers.insert(Header {
@@ -90,10 +103,13 @@ impl Topic {
                 value: Some(id),
             });
         }
-        let record = FutureRecord::to(&self.name)
+        let mut record = FutureRecord::to(&self.name)
             .key("customer:1")
             .payload(body)
             .headers(headers);
+        if let Some(partition) = partition {
+            record = record.partition(partition);
+        }
         self.producer
             .send(record, Duration::from_secs(30))
             .await
@@ -103,15 +119,35 @@ impl Topic {
 
     /// The high watermark of partition 0 of `topic`: how many records it has held.
     async fn high_watermark(&self, topic: String) -> i64 {
+        self.high_watermark_of(topic, 0).await
+    }
+
+    /// The high watermark of `partition` of `topic`.
+    async fn high_watermark_of(&self, topic: String, partition: i32) -> i64 {
         let client = Arc::clone(&self.client);
         tokio::task::spawn_blocking(move || {
             client
-                .fetch_watermarks(&topic, 0, Duration::from_secs(10))
+                .fetch_watermarks(&topic, partition, Duration::from_secs(10))
                 .unwrap()
                 .1
         })
         .await
         .unwrap()
+    }
+
+    /// The last offset of each of the first `partitions` partitions, and the reader's stored
+    /// offsets, by partition.
+    async fn all_positions<DB: TestBackend>(
+        &self,
+        db: &TestDb<DB>,
+        partitions: i32,
+    ) -> (BTreeMap<i32, i64>, BTreeMap<i32, i64>) {
+        let mut last = BTreeMap::new();
+        for partition in 0..partitions {
+            let high = self.high_watermark_of(self.name.clone(), partition).await;
+            last.insert(partition, high - 1);
+        }
+        (last, stored_offsets(db, &self.name).await)
     }
 
     /// The records of the dead-letter topic, read from its start by a consumer of its own.
@@ -161,6 +197,14 @@ async fn read_records(topic: &str, count: usize) -> Vec<OwnedMessage> {
         records.push(record.detach());
     }
     records
+}
+
+/// The reader's stored offset of each partition of `topic`.
+async fn stored_offsets<DB: TestBackend>(db: &TestDb<DB>, topic: &str) -> BTreeMap<i32, i64> {
+    let stored = db.inbox.load_offsets(topic).await.unwrap();
+    (stored.into_iter())
+        .map(|(partition, offset)| (partition, offset.position))
+        .collect()
 }
 
 fn header(record: &OwnedMessage, name: &str) -> Option<String> {
@@ -213,6 +257,104 @@ async fn failing_work_runs_again_in_place_then_is_dead_lettered_with_the_reason<
     assert_eq!(reason, "the record has no header ce_id");
     assert_eq!(topic.positions(&db).await, (3, Some(3)));
     drop(reader);
+    topic.remove().await;
+    db.cleanup().await;
+}
+
+/// Records of three partitions, 24 keys over 30 records, taken in batches as they come and
+/// run with `run_batch`: after each batch, the stored offset of each partition it held is
+/// that of its last record there; in the end, each partition's last, with one effect per
+/// key.
+async fn a_batch_stores_the_offset_of_its_last_record_in_each_partition<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = Topic::with_partitions(&db, 3).await;
+    for n in 0..30 {
+        let key = format!("order:{}", n % 24);
+        topic.produce_to(Some(n % 3), Some(&key), b"x").await;
+    }
+    let reader = KafkaReader::connect(&kafka_url(), db.inbox.clone(), options(&topic)).unwrap();
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let mut records = reader.deliveries().await.unwrap();
+    let mut taken = 0;
+    while taken < 30 {
+        let first = tokio::time::timeout(Duration::from_secs(30), records.next())
+            .await
+            .unwrap_or_else(|_| panic!("{taken} of 30 records, then none for 30 s"))
+            .unwrap()
+            .expect("the reader is not cancelled");
+        let batch = records.more(first, 20).await.unwrap();
+        let mut last = BTreeMap::new();
+        for record in &batch {
+            let offset = last.entry(record.partition()).or_insert(record.offset());
+            assert!(*offset <= record.offset(), "each partition in order");
+            *offset = record.offset();
+        }
+        let done = reader.run_batch(&batch, &work, &mut stats).await.unwrap();
+        assert_eq!(done, batch.len(), "the database answered");
+        let stored = stored_offsets(&db, &topic.name).await;
+        for (partition, offset) in &last {
+            assert_eq!(stored.get(partition), Some(offset), "partition {partition}");
+        }
+        taken += batch.len();
+    }
+    assert_eq!((stats.processed, stats.duplicates), (24, 6), "{stats:?}");
+    assert_eq!(db.rows("effects").await, 24);
+    assert_eq!(db.doubled_effects().await, 0);
+    let (last, stored) = topic.all_positions(&db, 3).await;
+    assert_eq!(stored, last, "each partition's last record");
+    records.stop().await.unwrap();
+    drop(reader);
+    topic.remove().await;
+    db.cleanup().await;
+}
+
+/// Two member processes of one group read a topic of three partitions in batches, the
+/// second joining while the first runs, so that the group takes partitions back from the
+/// first and hands them out again: every key takes effect once, and the stored offsets
+/// reach each partition's last record.
+async fn two_members_running_batches_through_rebalances_take_effect_once_per_key<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = Topic::with_partitions(&db, 3).await;
+    let member = || {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
+            .args([&db.url, &db.prefix, &kafka_url(), &topic.name])
+            .args(["reader", "run-batched"])
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start broker-worker")
+    };
+    let mut members = vec![member()];
+    for n in 0..300 {
+        let key = format!("order:{}", n % 240);
+        topic.produce_to(Some(n % 3), Some(&key), b"x").await;
+        if n == 100 {
+            // Joins while the first member runs: the group takes its partitions back.
+            members.push(member());
+        }
+    }
+    let settled = || async {
+        let (last, stored) = topic.all_positions(&db, 3).await;
+        db.rows("effects").await == 240 && stored == last
+    };
+    // Nothing runs here: the members do, and the guard watches their effects.
+    let idle = |stopped: tokio::sync::oneshot::Receiver<()>| async move {
+        let _ = stopped.await;
+        Ok(ConsumerStats::default())
+    };
+    run_until(idle, settled, effects(&db)).await;
+    for member in &mut members {
+        member.kill().await.expect("SIGKILL a member");
+    }
+    assert_eq!(db.rows("effects").await, 240, "effects = distinct keys");
+    assert_eq!(db.doubled_effects().await, 0);
     topic.remove().await;
     db.cleanup().await;
 }
@@ -281,6 +423,16 @@ async fn a_reader_without_an_id_setting_is_refused_with_a_typed_error() {
         other => panic!("not refused as configuration: {other:?}"),
     }
     db.cleanup().await;
+}
+
+impl Batching for Topic {
+    async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> KafkaReader<DB> {
+        KafkaReader::connect(&kafka_url(), inbox.clone(), options(self).max_attempts(2)).unwrap()
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        self.high_watermark(format!("{}.dead", self.name)).await as u64
+    }
 }
 
 impl TestBroker for Topic {

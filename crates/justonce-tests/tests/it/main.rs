@@ -159,11 +159,14 @@ macro_rules! on_every_lease_store {
 }
 pub(crate) use on_every_lease_store;
 
-/// Runs a broker consumer until `done` holds, within a minute, then stops it and returns
-/// what it counted. `run` starts the consumer with the signal that stops it.
-pub(crate) async fn run_until<R, F, Fut>(
+/// Runs a broker consumer until `done` holds, then stops it and returns what it counted.
+/// `run` starts the consumer with the signal that stops it. A liveness guard, not a timer:
+/// it fails once what `progress` measures (such as effect rows) has not changed for a
+/// minute, however long a busy machine takes in all.
+pub(crate) async fn run_until<R, F, Fut, P, PFut>(
     run: impl FnOnce(tokio::sync::oneshot::Receiver<()>) -> R,
     done: F,
+    progress: P,
 ) -> justonce_transport::ConsumerStats
 where
     R: std::future::Future<
@@ -171,15 +174,23 @@ where
         >,
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
+    P: Fn() -> PFut,
+    PFut: std::future::Future<Output = i64>,
 {
+    const STALL: std::time::Duration = std::time::Duration::from_secs(60);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = run(stopped);
     let waiting = async {
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut measured = progress().await;
+        let mut moved_at = tokio::time::Instant::now();
         while !done().await {
+            let now = progress().await;
+            if now != measured {
+                (measured, moved_at) = (now, tokio::time::Instant::now());
+            }
             assert!(
-                tokio::time::Instant::now() < deadline,
-                "not done within a minute"
+                moved_at.elapsed() < STALL,
+                "no progress for a minute: still {measured}"
             );
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }

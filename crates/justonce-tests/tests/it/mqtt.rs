@@ -2,7 +2,7 @@
 //! database: failures published again then dead-lettered, and the relay's publisher. The
 //! proofs every broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, take};
+use super::broker::{Batching, GivingBack, TestBroker, take};
 use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
 use justonce_tests::{
@@ -240,9 +240,15 @@ impl Topic {
     }
 }
 
-impl Batching for Topic {
+impl GivingBack for Topic {
     type Adapter = justonce_transport::mqtt::Mqtt;
 
+    fn generic<DB: TestBackend>(consumer: &MqttConsumer<DB>) -> &MqttConsumer<DB> {
+        consumer
+    }
+}
+
+impl Batching for Topic {
     async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> MqttConsumer<DB> {
         let options = mqtt_options(&self.name)
             .max_attempts(2)

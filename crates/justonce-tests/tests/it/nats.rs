@@ -3,7 +3,7 @@
 //! durable consumer, and the relay's publisher deduplicated by the stream. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, read_to_end, take};
+use super::broker::{Batching, GivingBack, TestBroker, consume_until, read_to_end, take};
 use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
@@ -225,9 +225,15 @@ async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: Test
     db.cleanup().await;
 }
 
-impl Batching for Stream {
+impl GivingBack for Stream {
     type Adapter = justonce_transport::nats::Nats;
 
+    fn generic<DB: TestBackend>(consumer: &NatsConsumer<DB>) -> &NatsConsumer<DB> {
+        consumer
+    }
+}
+
+impl Batching for Stream {
     async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> NatsConsumer<DB> {
         let options = options(self)
             .ack_wait(Duration::from_secs(1))
@@ -294,6 +300,19 @@ impl TestBroker for Stream {
 
 /// The stream of a test read by a single reader that keeps its offset in the database.
 pub(crate) struct ReadStream(Stream);
+
+impl Batching for ReadStream {
+    async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> NatsReader<DB> {
+        let options = options(&self.0).max_attempts(2);
+        NatsReader::connect(&nats_url(), inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        self.0.dead_letters().await
+    }
+}
 
 impl ReadStream {
     /// The stream's last sequence, and the reader's stored offset.

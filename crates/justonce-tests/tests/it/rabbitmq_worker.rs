@@ -65,6 +65,7 @@ async fn settle(connection: &Connection, url: &str, queue: &str, count: u64) -> 
         let stats = super::run_until(
             |stop| example::work(&amqp, inbox, queue, stop),
             || async { ready(connection, queue).await == 0 },
+            || async { i64::from(ready(connection, queue).await) },
         )
         .await;
         assert_eq!((stats.retried, stats.dead_lettered), (0, 0));

@@ -3,7 +3,9 @@
 //! dead-lettered, two workers in one group, and the relay's publisher. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, consumed, counted, read_to_end, take};
+use super::broker::{
+    Batching, GivingBack, TestBroker, consume_until, consumed, counted, read_to_end, take,
+};
 use super::{on_every_database, run_until};
 use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
 use justonce_tests::{BreakableRedis, TestBackend, TestDb, redis_url};
@@ -402,6 +404,7 @@ async fn a_consumer_whose_connection_breaks_connects_again_and_goes_on<DB: TestB
             }
             false
         },
+        || async { i64::from(step.load(std::sync::atomic::Ordering::Relaxed)) },
     )
     .await;
     assert_eq!((stats.processed, stats.duplicates), (2, 0), "{stats:?}");
@@ -411,9 +414,15 @@ async fn a_consumer_whose_connection_breaks_connects_again_and_goes_on<DB: TestB
     db.cleanup().await;
 }
 
-impl Batching for Stream {
+impl GivingBack for Stream {
     type Adapter = justonce_transport::redis_streams::RedisStreams;
 
+    fn generic<DB: TestBackend>(consumer: &RedisStreamConsumer<DB>) -> &RedisStreamConsumer<DB> {
+        consumer
+    }
+}
+
+impl Batching for Stream {
     async fn connect_for_batches<DB: TestBackend>(
         &self,
         inbox: &Inbox<DB>,
@@ -477,6 +486,22 @@ impl TestBroker for Stream {
 
 /// The stream of a test read by a single reader that keeps its offset in the database.
 pub(crate) struct ReadStream(Stream);
+
+impl Batching for ReadStream {
+    async fn connect_for_batches<DB: TestBackend>(
+        &self,
+        inbox: &Inbox<DB>,
+    ) -> RedisStreamReader<DB> {
+        let options = options(&self.0, "a").count(64).max_attempts(2);
+        RedisStreamReader::connect(&redis_url(), inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn dead_letters(&self) -> u64 {
+        self.0.dead_letters().await
+    }
+}
 
 impl TestBroker for ReadStream {
     type Consumer<DB: TestBackend> = RedisStreamReader<DB>;
