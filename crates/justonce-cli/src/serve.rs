@@ -390,8 +390,11 @@ where
             run_consumer(consumer, connected, stopped, work).await
         }
         // A group member keeps its partitions' offsets in the database, as a reader does.
+        // Its client reaches the brokers only once it reads: connected once they answered
+        // with the topic's metadata, through the consumer's TLS and SASL settings.
         BrokerOptions::Kafka(options) => {
             let reader = KafkaReader::connect(from, inbox, options.clone())?;
+            justonce_transport::kafka::probe(from, options).await?;
             connected();
             reader.run(stopped, work).await
         }

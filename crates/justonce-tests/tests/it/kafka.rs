@@ -6,11 +6,12 @@
 use super::broker::{TestBroker, consume_until, read_to_end};
 use super::on_every_database;
 use justonce_sql::{Delivered, Delivery, Destination, Key};
+use justonce_sql::WorkFuture;
 use justonce_tests::{TestBackend, TestDb, kafka_url};
 use justonce_transport::kafka::{
     IDEMPOTENCY_KEY_HEADER, KafkaDestination, KafkaOptions, KafkaReader,
 };
-use justonce_transport::{ConsumerStats, KeyFrom, REASON_HEADER};
+use justonce_transport::{ConsumerStats, Incoming, KeyFrom, REASON_HEADER};
 use rdkafka::TopicPartitionList;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -24,6 +25,7 @@ use std::time::Duration;
 on_every_database!(
     failing_work_runs_again_in_place_then_is_dead_lettered_with_the_reason,
     the_relay_produces_each_row_once_with_its_key_as_record_key_and_header,
+    a_member_joining_and_another_leaving_mid_run_leave_one_effect_per_key_and_offsets_at_the_end,
 );
 
 /// The header the tests' records carry their id in, as CloudEvents' binary mode does.
@@ -43,10 +45,11 @@ fn client_config() -> ClientConfig {
     config
 }
 
-/// A topic named after the test's prefix, with one partition, and its dead-letter topic;
-/// deleted at the end.
+/// A topic named after the test's prefix, with one partition unless said otherwise, and its
+/// dead-letter topic; deleted at the end.
 pub(crate) struct Topic {
     name: String,
+    partitions: i32,
     admin: AdminClient<DefaultClientContext>,
     producer: FutureProducer,
     /// Asks for the partitions' high watermarks.
@@ -55,11 +58,15 @@ pub(crate) struct Topic {
 
 impl Topic {
     async fn create<DB: TestBackend>(db: &TestDb<DB>) -> Self {
+        Self::with_partitions(db, 1).await
+    }
+
+    async fn with_partitions<DB: TestBackend>(db: &TestDb<DB>, partitions: i32) -> Self {
         let name = format!("{}orders", db.prefix);
         let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
         let dead = format!("{name}.dead");
-        let topics =
-            [&name, &dead].map(|topic| NewTopic::new(topic, 1, TopicReplication::Fixed(1)));
+        let topics = [(&name, partitions), (&dead, 1)]
+            .map(|(topic, partitions)| NewTopic::new(topic, partitions, TopicReplication::Fixed(1)));
         for created in admin
             .create_topics(&topics, &AdminOptions::new())
             .await
@@ -74,9 +81,31 @@ impl Topic {
         let client = Arc::new(client_config().create().unwrap());
         Self {
             name,
+            partitions,
             admin,
             producer,
             client,
+        }
+    }
+
+    /// Produces one record per key, the key in the `ce_id` header, to the partitions in
+    /// turn from `first`, and waits for the broker to acknowledge each.
+    async fn produce_spread(&self, keys: &[String], first: usize) {
+        let mut sent = Vec::with_capacity(keys.len());
+        for (n, key) in keys.iter().enumerate() {
+            let headers = OwnedHeaders::new().insert(Header {
+                key: ID_HEADER,
+                value: Some(key.as_str()),
+            });
+            let record = FutureRecord::to(&self.name)
+                .partition((first + n) as i32 % self.partitions)
+                .key("customer:1")
+                .payload(key.as_str())
+                .headers(headers);
+            sent.push(self.producer.send_result(record).map_err(|(e, _)| e).unwrap());
+        }
+        for delivery in sent {
+            delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
         }
     }
 
@@ -103,15 +132,32 @@ impl Topic {
 
     /// The high watermark of partition 0 of `topic`: how many records it has held.
     async fn high_watermark(&self, topic: String) -> i64 {
+        self.high_watermark_of(topic, 0).await
+    }
+
+    /// The high watermark of `partition` of `topic`.
+    async fn high_watermark_of(&self, topic: String, partition: i32) -> i64 {
         let client = Arc::clone(&self.client);
         tokio::task::spawn_blocking(move || {
             client
-                .fetch_watermarks(&topic, 0, Duration::from_secs(10))
+                .fetch_watermarks(&topic, partition, Duration::from_secs(10))
                 .unwrap()
                 .1
         })
         .await
         .unwrap()
+    }
+
+    /// Each partition's last offset beside the offset stored for it, by partition.
+    async fn every_position<DB: TestBackend>(&self, db: &TestDb<DB>) -> Vec<(i64, Option<i64>)> {
+        let stored = db.inbox.load_offsets(&self.name).await.unwrap();
+        let mut positions = Vec::new();
+        for partition in 0..self.partitions {
+            let last = self.high_watermark_of(self.name.clone(), partition).await - 1;
+            let offset = stored.iter().find(|(p, _)| *p == partition);
+            positions.push((last, offset.map(|(_, offset)| offset.position)));
+        }
+        positions
     }
 
     /// The records of the dead-letter topic, read from its start by a consumer of its own.
@@ -261,6 +307,117 @@ async fn the_relay_produces_each_row_once_with_its_key_as_record_key_and_header<
         3,
         "each row once"
     );
+    topic.remove().await;
+    db.cleanup().await;
+}
+
+/// The tests' work for a member of a group: one effect row for the record's key, under the
+/// member's name.
+fn member_work<DB: TestBackend>(
+    prefix: &str,
+    member: &'static str,
+) -> impl for<'e, 't> Fn(
+    &'t mut sqlx::Transaction<'e, DB>,
+    &'t Incoming,
+) -> WorkFuture<'t, (), sqlx::Error>
++ Sync
++ use<DB> {
+    let prefix = prefix.to_owned();
+    move |tx, message| {
+        let prefix = prefix.clone();
+        Box::pin(async move { DB::insert_effect(tx, &prefix, member, message.key.as_str()).await })
+    }
+}
+
+/// Two live members of one group on four partitions and a rebalance each way: a second
+/// member joins while the first consumes, and once it consumes its share the first leaves
+/// cleanly; what is produced after that is the second's alone, in every partition. 2,000
+/// records for 1,600 keys take effect once per key between the two, and each partition's
+/// stored offset is its last record's.
+async fn a_member_joining_and_another_leaving_mid_run_leave_one_effect_per_key_and_offsets_at_the_end<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = Topic::with_partitions(&db, 4).await;
+    let keys: Vec<String> = (0..2_000).map(|n| format!("order:{}", n % 1_600)).collect();
+    let effects_of = |member: &str| {
+        DB::count(
+            db.inbox.pool(),
+            format!(
+                "SELECT count(*) FROM {}effects WHERE consumer = '{member}'",
+                db.prefix
+            ),
+        )
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let before_deadline = |what: &str| {
+        assert!(tokio::time::Instant::now() < deadline, "{what} within 90 s");
+    };
+    topic.produce_spread(&keys[..800], 0).await;
+    let first = KafkaReader::connect(&kafka_url(), db.inbox.clone(), options(&topic)).unwrap();
+    let (leave, left) = tokio::sync::oneshot::channel::<()>();
+    let (gone, first_gone) = tokio::sync::oneshot::channel::<()>();
+    let (join, joined) = tokio::sync::oneshot::channel::<()>();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let prefix = db.prefix.as_str();
+    let first_run = async move {
+        let stats = first.run(left, member_work::<DB>(prefix, "first")).await;
+        // Dropped, the member leaves the group.
+        drop(first);
+        gone.send(()).unwrap();
+        stats
+    };
+    let second_run = async {
+        joined.await.unwrap();
+        let second =
+            KafkaReader::connect(&kafka_url(), db.inbox.clone(), options(&topic)).unwrap();
+        second.run(stopped, member_work::<DB>(prefix, "second")).await
+    };
+    let driving = async {
+        while effects_of("first").await < 200 {
+            before_deadline("the first member consumes");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        join.send(()).unwrap();
+        // Records keep coming, spread over the partitions, until the second has its share.
+        let mut produced = 800;
+        while effects_of("second").await == 0 {
+            before_deadline("the second member consumes");
+            if produced < 1_200 {
+                (topic.produce_spread(&keys[produced..produced + 20], produced)).await;
+                produced += 20;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        leave.send(()).unwrap();
+        first_gone.await.unwrap();
+        // The rest is the second's alone, in every partition.
+        topic.produce_spread(&keys[produced..], produced).await;
+        while (topic.every_position(&db).await.iter()).any(|(last, stored)| *stored != Some(*last)) {
+            before_deadline("every partition read to its end");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.send(()).unwrap();
+    };
+    let (first_stats, second_stats, ()) = tokio::join!(first_run, second_run, driving);
+    let (first_stats, second_stats) = (first_stats.unwrap(), second_stats.unwrap());
+    assert_eq!(db.rows("effects").await, 1_600, "effects = distinct keys");
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(
+        (first_stats.processed, second_stats.processed),
+        (
+            effects_of("first").await as u64,
+            effects_of("second").await as u64
+        )
+    );
+    assert!(
+        first_stats.processed > 0 && second_stats.processed > 0,
+        "both took part: {first_stats:?} {second_stats:?}"
+    );
+    // 500 records in each partition, the last at offset 499.
+    assert_eq!(topic.every_position(&db).await, vec![(499, Some(499)); 4]);
     topic.remove().await;
     db.cleanup().await;
 }
