@@ -249,7 +249,7 @@ async fn auto_commit<DB: TestBackend>(
         )
         .create()?;
     consumer.subscribe(&[topic])?;
-    let (queue, mut taken) = tokio::sync::mpsc::channel(256);
+    let (queue, mut taken) = tokio::sync::mpsc::channel::<String>(256);
     let working = async {
         let said = AtomicBool::new(false);
         while let Some(key) = taken.recv().await {

@@ -20,7 +20,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -33,6 +33,12 @@ const ID_HEADER: &str = "ce_id";
 
 /// How long a call to the broker may take, a record's delivery too.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Records published at once.
+const CHUNK: usize = 100;
+
+/// How many records the publisher keeps ahead of what the group has read.
+const AHEAD: i64 = 400;
 
 /// How long no effect must come, once every partition is read to its end, before the run
 /// ends: a broken member may still work through what it took.
@@ -65,8 +71,8 @@ impl Topic {
         let admin: AdminClient<DefaultClientContext> =
             client_config().create().map_err(kafka_error)?;
         let new = NewTopic::new(&name, PARTITIONS as i32, TopicReplication::Fixed(1));
-        for created in (admin.create_topics([&new], &AdminOptions::new()).await)
-            .map_err(kafka_error)?
+        for created in
+            (admin.create_topics([&new], &AdminOptions::new()).await).map_err(kafka_error)?
         {
             created.map_err(|(topic, error)| kafka_error(format!("creating {topic}: {error}")))?;
         }
@@ -87,46 +93,30 @@ impl Topic {
         })
     }
 
-    /// One record per key, the key in its `ce_id` header, the partitions taken in turn;
-    /// each acknowledged by the broker.
-    async fn publish(&self, keys: &[String]) -> Result<(), String> {
-        for (chunk, keys) in keys.chunks(1_000).enumerate() {
-            let mut sent = Vec::with_capacity(keys.len());
-            for (n, key) in keys.iter().enumerate() {
-                let headers = OwnedHeaders::new().insert(Header {
-                    key: ID_HEADER,
-                    value: Some(key.as_str()),
-                });
-                let record = FutureRecord::<str, str>::to(&self.name)
-                    .partition(((chunk * 1_000 + n) % PARTITIONS) as i32)
-                    .payload(key)
-                    .headers(headers);
-                let delivery = (self.producer.send_result(record))
-                    .map_err(|(error, _)| kafka_error(error))?;
-                sent.push(delivery);
-            }
-            for delivery in sent {
-                (delivery.await.map_err(|_| kafka_error("the producer went away"))?)
-                    .map_err(|(error, _)| kafka_error(error))?;
-            }
+    /// One record per key, the key in its `ce_id` header, the partitions taken in turn from
+    /// the `first`th; each acknowledged by the broker.
+    async fn publish(&self, keys: &[String], first: usize) -> Result<(), String> {
+        let mut sent = Vec::with_capacity(keys.len());
+        for (n, key) in keys.iter().enumerate() {
+            let headers = OwnedHeaders::new().insert(Header {
+                key: ID_HEADER,
+                value: Some(key.as_str()),
+            });
+            let record = FutureRecord::<str, str>::to(&self.name)
+                .partition(((first + n) % PARTITIONS) as i32)
+                .payload(key)
+                .headers(headers);
+            let delivery =
+                (self.producer.send_result(record)).map_err(|(error, _)| kafka_error(error))?;
+            sent.push(delivery);
+        }
+        for delivery in sent {
+            (delivery
+                .await
+                .map_err(|_| kafka_error("the producer went away"))?)
+            .map_err(|(error, _)| kafka_error(error))?;
         }
         Ok(())
-    }
-
-    /// Each partition's end: the offset after its last record.
-    async fn ends(&self) -> Result<[i64; PARTITIONS], String> {
-        let (client, topic) = (Arc::clone(&self.client), self.name.clone());
-        tokio::task::spawn_blocking(move || {
-            let mut ends = [0; PARTITIONS];
-            for (partition, end) in ends.iter_mut().enumerate() {
-                (_, *end) = client
-                    .fetch_watermarks(&topic, partition as i32, BROKER_TIMEOUT)
-                    .map_err(kafka_error)?;
-            }
-            Ok(ends)
-        })
-        .await
-        .map_err(|e| e.to_string())?
     }
 
     /// The offset stored in the database for each partition: the last record the members
@@ -229,6 +219,18 @@ impl Topic {
         }
         Ok(())
     }
+}
+
+/// Each partition's end once the first `published` records of the run are: the partitions
+/// are taken in turn, from a topic created empty.
+fn ends(published: usize) -> [i64; PARTITIONS] {
+    std::array::from_fn(|partition| {
+        (published / PARTITIONS + usize::from(partition < published % PARTITIONS)) as i64
+    })
+}
+
+fn sum(positions: [i64; PARTITIONS]) -> i64 {
+    positions.iter().sum()
 }
 
 /// A member of the group: a `broker-worker` process, replaced by a new one when it is
@@ -337,58 +339,80 @@ pub async fn group_kill<DB: TestBackend>(
     let mut members = [1, 2].map(|number| Member::new(db, &topic, number, mode));
     let checked = async {
         let messages: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
-        topic.publish(&messages).await?;
-        let ends = topic.ends().await?;
+        let published = AtomicUsize::new(0);
+        let publishing = async {
+            for first in (0..messages.len()).step_by(CHUNK) {
+                // Kept close ahead of the group, so that a member holds few records it has
+                // not read, and a partition taken over is read on at once.
+                while first as i64 - sum(topic.positions(db).await?) >= AHEAD {
+                    if Instant::now() >= deadline {
+                        return Err("the group fell behind the publisher".to_owned());
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let last = (first + CHUNK).min(messages.len());
+                topic.publish(&messages[first..last], first).await?;
+                published.store(last, Ordering::Relaxed);
+            }
+            Ok(())
+        };
         let [victim, survivor] = &mut members;
-        victim.start()?;
-        survivor.start()?;
-        let mut takeovers = Vec::new();
-        let mut rejoins = Vec::new();
-        for point in points {
-            // Killed while it consumes: past the point, and holding partitions.
-            while db.rows("effects").await < point || !victim.took() {
-                victim.failed()?;
-                survivor.failed()?;
-                if Instant::now() >= deadline {
-                    return Err(format!("the run reached {point} effects too late"));
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
-            let began = Instant::now();
-            victim.kill().await?;
-            // A COMMIT the killed member sent may still land: read the positions after it.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let before = topic.positions(db).await?;
-            // Taken over once every partition is read on past where it stood at the kill.
-            loop {
-                survivor.failed()?;
-                let now = topic.positions(db).await?;
-                if (0..PARTITIONS).all(|p| now[p] > before[p] || now[p] >= ends[p]) {
-                    takeovers.push(began.elapsed());
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    return Err("the other member never took the partitions over".to_owned());
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let restarted = Instant::now();
+        let ends_now = || ends(published.load(Ordering::Relaxed));
+        let consuming = async {
             victim.start()?;
-            // Back once it consumes again, unless nothing is left for it.
-            loop {
-                victim.failed()?;
-                survivor.failed()?;
-                if victim.took() {
-                    rejoins.push(restarted.elapsed());
-                    break;
+            survivor.start()?;
+            let mut takeovers = Vec::new();
+            let mut rejoins = Vec::new();
+            for point in points {
+                // Killed while it consumes: past the point, and holding partitions.
+                while db.rows("effects").await < point || !victim.took() {
+                    victim.failed()?;
+                    survivor.failed()?;
+                    if Instant::now() >= deadline {
+                        return Err(format!("the run reached {point} effects too late"));
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                if topic.positions(db).await? == ends || Instant::now() >= deadline {
-                    break;
+                tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+                let began = Instant::now();
+                victim.kill().await?;
+                // A COMMIT the killed member sent may still land: read the positions after.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let before = topic.positions(db).await?;
+                // Taken over once every partition is read on past where it stood at the kill.
+                loop {
+                    survivor.failed()?;
+                    let (now, ends) = (topic.positions(db).await?, ends_now());
+                    if (0..PARTITIONS).all(|p| now[p] > before[p] || now[p] >= ends[p]) {
+                        takeovers.push(began.elapsed());
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        return Err("the other member never took the partitions over".to_owned());
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                let restarted = Instant::now();
+                victim.start()?;
+                // Back once it consumes again, unless nothing is left for it.
+                loop {
+                    victim.failed()?;
+                    survivor.failed()?;
+                    if victim.took() {
+                        rejoins.push(restarted.elapsed());
+                        break;
+                    }
+                    let everything = ends(messages.len());
+                    if topic.positions(db).await? == everything || Instant::now() >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
-        }
+            Ok((takeovers, rejoins))
+        };
+        let ((), (takeovers, rejoins)) = tokio::try_join!(publishing, consuming)?;
+        let ends = ends(messages.len());
         let mut drained = false;
         let mut last_effect = (db.rows("effects").await, Instant::now());
         while Instant::now() < deadline {
