@@ -395,8 +395,11 @@ where
             run_consumer(consumer, link, stopped, work).await
         }
         // A group member keeps its partitions' offsets in the database, as a reader does.
+        // Its client reaches the brokers only once it reads: connected once they answered
+        // with the topic's metadata, through the consumer's TLS and SASL settings.
         BrokerOptions::Kafka(options) => {
             let reader = KafkaReader::connect(from, inbox, options.clone())?;
+            justonce_transport::kafka::probe(from, options).await?;
             following(reader.link(), link, reader.run(stopped, work)).await
         }
     }

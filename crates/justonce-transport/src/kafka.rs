@@ -398,6 +398,12 @@ impl<DB: Backend> KafkaReader<DB> {
                 "session.timeout.ms",
                 options.session_timeout.as_millis().to_string(),
             )
+            // Three heartbeats per session, as Kafka advises: librdkafka's default of 3 s
+            // would let a short session lapse between two heartbeats of a live member.
+            .set(
+                "heartbeat.interval.ms",
+                (options.session_timeout / 3).as_millis().max(1).to_string(),
+            )
             .create_with_context(context)
             .map_err(|e| Error::Config(format!("Kafka consumer: {e}")))?;
         consumer

@@ -380,3 +380,36 @@ async fn readyz_names_a_consumer_while_it_connects_again_after_losing_its_broker
     redis.cleanup().await;
     drop_database(db, &url).await;
 }
+
+/// A Kafka client reaches its brokers only once it reads: a consumer whose brokers do not
+/// answer is not connected, and `/readyz` stays at 503 until it names the consumer's last
+/// error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_never_reports_connected_a_kafka_consumer_whose_brokers_do_not_answer() {
+    let (db, url) = database::<Sqlite>("readyz-kafka").await;
+    let nowhere = super::serve::free_port();
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"kafka://127.0.0.1:{nowhere}\"\ntopic = \"{}orders\"\n\
+         id = \"header:ce_id\"\ntarget = \"http://127.0.0.1:1/x\"\n",
+        db.prefix
+    );
+    let mut server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
+    server.start().await;
+    let client = client();
+    let mut named = String::new();
+    // Past the probe's 5 s: every answer until the error is named is a 503.
+    for _ in 0..150 {
+        let (status, body, _) = timed_get(&client, &format!("{}/readyz", server.admin)).await;
+        assert_eq!(status, 503, "{body}");
+        if body.contains("not connected:") {
+            named = body;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let problem: serde_json::Value = serde_json::from_str(&named).unwrap();
+    assert_eq!(problem["consumers"]["orders"], "connecting", "{named}");
+    assert!(problem["last_errors"]["orders"].is_string(), "{named}");
+    server.stop().await;
+    drop_database(db, &url).await;
+}

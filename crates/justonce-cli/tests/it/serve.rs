@@ -1097,6 +1097,16 @@ async fn a_kafka_topic_consumed_by_the_service_reaches_its_target_once_per_key<D
     let mut server = Server::configure_with(&url, &sink.url(), &consumer);
     server.start().await;
     assert_each_order_delivered_once(&sink).await;
+    let ready = (self::client()
+        .get(format!("{}/readyz", server.public))
+        .send()
+        .await)
+        .unwrap();
+    assert_eq!(
+        ready.status(),
+        200,
+        "the consumer is connected once the broker answered"
+    );
     // The last 20 records are duplicates: their offset is stored once the reader is idle.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {

@@ -12,16 +12,23 @@
 //! key is the `ce_id` header). `kind` is `consumer`, or `reader` for the single readers of NATS and
 //! Redis and for Kafka, which keep their offset in the database, or `member-<n>` for a consumer that shares
 //! the queue with others: on MQTT, client `<queue>-m<n>` in the shared subscription of group
-//! `test`; elsewhere a plain consumer. `pause-after-commit`: takes one message, runs its work and commits, prints
+//! `test`; elsewhere a plain consumer (on Kafka, every kind is a member of the group).
+//! `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed, or until SIGTERM, and then prints `processed <n> duplicates
-//! <n>` as a consumer counted them (a reader runs until it is killed). `run-batched`: the
-//! same in batches of 20. The work stops at its `hang` failpoint in this process.
+//! <n>` as a consumer counted them; a reader runs until it is killed, and prints `took
+//! <key>` as it runs its first entry (a Kafka member: once the group assigned it
+//! partitions). `run-batched`: the same in batches of 20. The work stops at its `hang`
+//! failpoint in this process.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
 //! commits each entry's effect unless its key is claimed, then claims the key and stores
 //! the position in a second transaction, so that a kill in between doubles the effect.
+//! `auto-commit` (Kafka): deliberately broken as Kafka's clients are by default: the
+//! broker's auto-commit commits each record's offset as it is taken, an assigned partition
+//! starts at the offset committed there, and taken records wait in memory for the
+//! database, so that a kill loses them.
 
 use justonce_sql::{Inbox, InboxOptions, Key, Outcome};
 use justonce_tests::{
@@ -35,8 +42,12 @@ use justonce_transport::redis_streams::{
     RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
 use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, OrderedBroker, Ran, Reader};
+use justonce_transport::{Incoming, Work};
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::message::{Headers, Message};
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -81,10 +92,12 @@ async fn work<DB: TestBackend>(
         let consumer = MqttConsumer::connect(broker, inbox.clone(), options).await?;
         consume(&consumer, prefix, mode).await
     } else if broker.starts_with("kafka:") {
-        // A short session timeout: the tests replace a killed member within seconds.
+        if mode == "auto-commit" {
+            return auto_commit(broker, &inbox, prefix, queue).await;
+        }
         let options = KafkaOptions::new(queue, queue)
-            .key_from(KeyFrom::Header("ce_id".into()))
-            .session_timeout(std::time::Duration::from_secs(3));
+            .key_from(KeyFrom::Header(KAFKA_ID_HEADER.into()))
+            .session_timeout(KAFKA_SESSION_TIMEOUT);
         read(&KafkaReader::connect(broker, inbox, options)?, prefix, mode).await
     } else if broker.starts_with("redis:") && reader {
         let options = RedisStreamOptions::new(queue, "test");
@@ -178,10 +191,96 @@ async fn read<O: OrderedBroker, DB: TestBackend>(
         }
         _ => {
             let batch_size = if mode == "run-batched" { 20 } else { 1 };
+            let said = AtomicBool::new(false);
             let forever = std::future::pending::<()>();
-            reader.run_batched(forever, batch_size, work).await?;
+            (reader)
+                .run_batched(forever, batch_size, telling_first(&work, &said))
+                .await?;
             Ok(())
         }
+    }
+}
+
+/// `work`, printing `took <key>` before the first entry's: a group member says so once the
+/// group assigned it partitions and it consumes them.
+fn telling_first<'w, DB: TestBackend>(
+    work: &'w (impl Work<DB, sqlx::Error> + 'w),
+    said: &'w AtomicBool,
+) -> impl for<'e, 't> Fn(
+    &'t mut sqlx::Transaction<'e, DB>,
+    &'t Incoming,
+) -> justonce_sql::WorkFuture<'t, (), sqlx::Error>
++ Sync
++ 'w {
+    move |tx, message| {
+        if !said.swap(true, Ordering::Relaxed) {
+            println!("took {}", message.key.as_str());
+        }
+        work(tx, message)
+    }
+}
+
+/// The header a Kafka record carries its key in, as CloudEvents' binary mode does.
+const KAFKA_ID_HEADER: &str = "ce_id";
+
+/// A short session timeout: the tests replace a killed member within seconds.
+const KAFKA_SESSION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Deliberately broken, for the fault harness's own test: a group member that keeps its
+/// offsets the way Kafka's clients do by default. The broker's auto-commit commits the
+/// offset of each record taken, every few milliseconds, and an assigned partition starts at
+/// the offset committed there; records taken wait in memory until the database commits
+/// their key and effect. A kill loses those waiting.
+async fn auto_commit<DB: TestBackend>(
+    broker: &str,
+    inbox: &Inbox<DB>,
+    prefix: &str,
+    topic: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", broker.trim_start_matches("kafka://"))
+        .set("group.id", topic)
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "10")
+        .set("auto.offset.reset", "earliest")
+        .set(
+            "session.timeout.ms",
+            KAFKA_SESSION_TIMEOUT.as_millis().to_string(),
+        )
+        .set(
+            "heartbeat.interval.ms",
+            (KAFKA_SESSION_TIMEOUT / 3).as_millis().to_string(),
+        )
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let (queue, mut taken) = tokio::sync::mpsc::channel::<String>(256);
+    let working = async {
+        let said = AtomicBool::new(false);
+        while let Some(key) = taken.recv().await {
+            if !said.swap(true, Ordering::Relaxed) {
+                println!("took {key}");
+            }
+            effect_after_ack(inbox, prefix, &key).await?;
+        }
+        Ok(())
+    };
+    tokio::try_join!(take_records(&consumer, queue), working).map(drop)
+}
+
+/// Takes each record's key into `queue`; the broker counts the record consumed at once.
+async fn take_records(
+    consumer: &StreamConsumer,
+    queue: tokio::sync::mpsc::Sender<String>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    loop {
+        let record = consumer.recv().await?;
+        let key = (record.headers().into_iter())
+            .flat_map(|headers| headers.iter())
+            .find(|header| header.key == KAFKA_ID_HEADER)
+            .and_then(|header| header.value)
+            .map(|value| String::from_utf8_lossy(value).into_owned())
+            .ok_or("a record without its key")?;
+        queue.send(key).await?;
     }
 }
 

@@ -200,6 +200,37 @@ async fn a_redis_streams_consumer_paused_past_claim_idle_doubles_nothing() {
     paused_consumer("redis").await
 }
 
+/// group-kill: two Kafka members on four partitions, one SIGKILLed five times while it
+/// consumes and the other taking its partitions: every key once, and every partition's
+/// stored offset at its last record.
+#[tokio::test]
+async fn a_kafka_member_killed_five_times_while_the_other_takes_its_partitions_loses_and_doubles_nothing()
+ {
+    let args = ["--scenario", "group-kill"];
+    let run = harness(&args).await;
+    assert_clean(&args, &run);
+    let figures = &run.1;
+    assert_eq!(figures["keys"], 8_000, "{figures}");
+    assert_eq!(figures["deliveries"], 10_000, "{figures}");
+    assert_eq!(figures["faults"], 5, "{figures}");
+    assert_eq!(figures["drained"], true, "{figures}");
+    // Each kill was followed by the other member reading on in every partition.
+    assert!(figures["recovery_max_ms"].as_u64().is_some(), "{figures}");
+    assert_eq!(
+        figures["details"]["partitions whose stored offset is their last record's"], 4,
+        "{figures}"
+    );
+}
+
+/// group-kill with members that rely on the broker's auto-committed offsets: the offsets
+/// of records taken are committed before their effects, and a kill loses those.
+#[tokio::test]
+async fn the_check_reports_losses_when_kafka_members_rely_on_auto_committed_offsets() {
+    let (code, figures) = harness(&["--scenario", "group-kill", "--broken", "auto-commit"]).await;
+    assert!(figures["lost"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(code, 1, "{figures}");
+}
+
 #[tokio::test]
 async fn the_check_reports_losses_when_acknowledging_before_commit() {
     let (code, figures) = harness(&["--scenario", "kill", "--broken", "ack-before-commit"]).await;

@@ -3,15 +3,14 @@
 //! dead-lettered with its reason, the id required of the configuration, and the relay's
 //! records seen once each with their key. The proofs every broker shares are in `broker`.
 
-use super::broker::{Batching, TestBroker, consume_until, effects, read_to_end};
+use super::broker::{Batching, TestBroker, consume_until, read_to_end};
 use super::on_every_database;
-use super::run_until;
-use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key, WorkFuture};
 use justonce_tests::{TestBackend, TestDb, consumer_work, kafka_url};
 use justonce_transport::kafka::{
     IDEMPOTENCY_KEY_HEADER, KafkaDestination, KafkaOptions, KafkaReader,
 };
-use justonce_transport::{ConsumerStats, KeyFrom, REASON_HEADER};
+use justonce_transport::{ConsumerStats, Incoming, KeyFrom, REASON_HEADER};
 use rdkafka::TopicPartitionList;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -27,7 +26,7 @@ on_every_database!(
     failing_work_runs_again_in_place_then_is_dead_lettered_with_the_reason,
     the_relay_produces_each_row_once_with_its_key_as_record_key_and_header,
     a_batch_stores_the_offset_of_its_last_record_in_each_partition,
-    two_members_running_batches_through_rebalances_take_effect_once_per_key,
+    a_member_joining_and_another_leaving_mid_run_leave_one_effect_per_key_and_offsets_at_the_end,
 );
 
 /// The header the tests' records carry their id in, as CloudEvents' binary mode does.
@@ -47,10 +46,11 @@ fn client_config() -> ClientConfig {
     config
 }
 
-/// A topic named after the test's prefix, with one partition unless the test asks for
-/// more, and its dead-letter topic; deleted at the end.
+/// A topic named after the test's prefix, with one partition unless said otherwise, and its
+/// dead-letter topic; deleted at the end.
 pub(crate) struct Topic {
     name: String,
+    partitions: i32,
     admin: AdminClient<DefaultClientContext>,
     producer: FutureProducer,
     /// Asks for the partitions' high watermarks.
@@ -66,8 +66,9 @@ impl Topic {
         let name = format!("{}orders", db.prefix);
         let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
         let dead = format!("{name}.dead");
-        let topics = [(&name, partitions), (&dead, 1)]
-            .map(|(topic, count)| NewTopic::new(topic, count, TopicReplication::Fixed(1)));
+        let topics = [(&name, partitions), (&dead, 1)].map(|(topic, partitions)| {
+            NewTopic::new(topic, partitions, TopicReplication::Fixed(1))
+        });
         for created in admin
             .create_topics(&topics, &AdminOptions::new())
             .await
@@ -82,9 +83,36 @@ impl Topic {
         let client = Arc::new(client_config().create().unwrap());
         Self {
             name,
+            partitions,
             admin,
             producer,
             client,
+        }
+    }
+
+    /// Produces one record per key, the key in the `ce_id` header, to the partitions in
+    /// turn from `first`, and waits for the broker to acknowledge each.
+    async fn produce_spread(&self, keys: &[String], first: usize) {
+        let mut sent = Vec::with_capacity(keys.len());
+        for (n, key) in keys.iter().enumerate() {
+            let headers = OwnedHeaders::new().insert(Header {
+                key: ID_HEADER,
+                value: Some(key.as_str()),
+            });
+            let record = FutureRecord::to(&self.name)
+                .partition((first + n) as i32 % self.partitions)
+                .key("customer:1")
+                .payload(key.as_str())
+                .headers(headers);
+            sent.push(
+                self.producer
+                    .send_result(record)
+                    .map_err(|(e, _)| e)
+                    .unwrap(),
+            );
+        }
+        for delivery in sent {
+            delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
         }
     }
 
@@ -119,15 +147,10 @@ impl Topic {
 
     /// The high watermark of partition 0 of `topic`: how many records it has held.
     async fn high_watermark(&self, topic: String) -> i64 {
-        self.high_watermark_of(topic, 0).await
-    }
-
-    /// The high watermark of `partition` of `topic`.
-    async fn high_watermark_of(&self, topic: String, partition: i32) -> i64 {
         let client = Arc::clone(&self.client);
         tokio::task::spawn_blocking(move || {
             client
-                .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                .fetch_watermarks(&topic, 0, Duration::from_secs(10))
                 .unwrap()
                 .1
         })
@@ -135,19 +158,15 @@ impl Topic {
         .unwrap()
     }
 
-    /// The last offset of each of the first `partitions` partitions, and the reader's stored
-    /// offsets, by partition.
-    async fn all_positions<DB: TestBackend>(
-        &self,
-        db: &TestDb<DB>,
-        partitions: i32,
-    ) -> (BTreeMap<i32, i64>, BTreeMap<i32, i64>) {
-        let mut last = BTreeMap::new();
-        for partition in 0..partitions {
-            let high = self.high_watermark_of(self.name.clone(), partition).await;
-            last.insert(partition, high - 1);
-        }
-        (last, stored_offsets(db, &self.name).await)
+    /// The offset stored for each partition, by partition.
+    async fn stored_offsets<DB: TestBackend>(&self, db: &TestDb<DB>) -> Vec<Option<i64>> {
+        let stored = db.inbox.load_offsets(&self.name).await.unwrap();
+        (0..self.partitions)
+            .map(|partition| {
+                let offset = stored.iter().find(|(p, _)| *p == partition);
+                offset.map(|(_, offset)| offset.position)
+            })
+            .collect()
     }
 
     /// The records of the dead-letter topic, read from its start by a consumer of its own.
@@ -197,14 +216,6 @@ async fn read_records(topic: &str, count: usize) -> Vec<OwnedMessage> {
         records.push(record.detach());
     }
     records
-}
-
-/// The reader's stored offset of each partition of `topic`.
-async fn stored_offsets<DB: TestBackend>(db: &TestDb<DB>, topic: &str) -> BTreeMap<i32, i64> {
-    let stored = db.inbox.load_offsets(topic).await.unwrap();
-    (stored.into_iter())
-        .map(|(partition, offset)| (partition, offset.position))
-        .collect()
 }
 
 fn header(record: &OwnedMessage, name: &str) -> Option<String> {
@@ -261,104 +272,6 @@ async fn failing_work_runs_again_in_place_then_is_dead_lettered_with_the_reason<
     db.cleanup().await;
 }
 
-/// Records of three partitions, 24 keys over 30 records, taken in batches as they come and
-/// run with `run_batch`: after each batch, the stored offset of each partition it held is
-/// that of its last record there; in the end, each partition's last, with one effect per
-/// key.
-async fn a_batch_stores_the_offset_of_its_last_record_in_each_partition<DB: TestBackend>(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let topic = Topic::with_partitions(&db, 3).await;
-    for n in 0..30 {
-        let key = format!("order:{}", n % 24);
-        topic.produce_to(Some(n % 3), Some(&key), b"x").await;
-    }
-    let reader = KafkaReader::connect(&kafka_url(), db.inbox.clone(), options(&topic)).unwrap();
-    let work = consumer_work::<DB>(&db.prefix);
-    let mut stats = ConsumerStats::default();
-    let mut records = reader.deliveries().await.unwrap();
-    let mut taken = 0;
-    while taken < 30 {
-        let first = tokio::time::timeout(Duration::from_secs(30), records.next())
-            .await
-            .unwrap_or_else(|_| panic!("{taken} of 30 records, then none for 30 s"))
-            .unwrap()
-            .expect("the reader is not cancelled");
-        let batch = records.more(first, 20).await.unwrap();
-        let mut last = BTreeMap::new();
-        for record in &batch {
-            let offset = last.entry(record.partition()).or_insert(record.offset());
-            assert!(*offset <= record.offset(), "each partition in order");
-            *offset = record.offset();
-        }
-        let done = reader.run_batch(&batch, &work, &mut stats).await.unwrap();
-        assert_eq!(done, batch.len(), "the database answered");
-        let stored = stored_offsets(&db, &topic.name).await;
-        for (partition, offset) in &last {
-            assert_eq!(stored.get(partition), Some(offset), "partition {partition}");
-        }
-        taken += batch.len();
-    }
-    assert_eq!((stats.processed, stats.duplicates), (24, 6), "{stats:?}");
-    assert_eq!(db.rows("effects").await, 24);
-    assert_eq!(db.doubled_effects().await, 0);
-    let (last, stored) = topic.all_positions(&db, 3).await;
-    assert_eq!(stored, last, "each partition's last record");
-    records.stop().await.unwrap();
-    drop(reader);
-    topic.remove().await;
-    db.cleanup().await;
-}
-
-/// Two member processes of one group read a topic of three partitions in batches, the
-/// second joining while the first runs, so that the group takes partitions back from the
-/// first and hands them out again: every key takes effect once, and the stored offsets
-/// reach each partition's last record.
-async fn two_members_running_batches_through_rebalances_take_effect_once_per_key<
-    DB: TestBackend,
->(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let topic = Topic::with_partitions(&db, 3).await;
-    let member = || {
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
-            .args([&db.url, &db.prefix, &kafka_url(), &topic.name])
-            .args(["reader", "run-batched"])
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start broker-worker")
-    };
-    let mut members = vec![member()];
-    for n in 0..300 {
-        let key = format!("order:{}", n % 240);
-        topic.produce_to(Some(n % 3), Some(&key), b"x").await;
-        if n == 100 {
-            // Joins while the first member runs: the group takes its partitions back.
-            members.push(member());
-        }
-    }
-    let settled = || async {
-        let (last, stored) = topic.all_positions(&db, 3).await;
-        db.rows("effects").await == 240 && stored == last
-    };
-    // Nothing runs here: the members do, and the guard watches their effects.
-    let idle = |stopped: tokio::sync::oneshot::Receiver<()>| async move {
-        let _ = stopped.await;
-        Ok(ConsumerStats::default())
-    };
-    run_until(idle, settled, effects(&db)).await;
-    for member in &mut members {
-        member.kill().await.expect("SIGKILL a member");
-    }
-    assert_eq!(db.rows("effects").await, 240, "effects = distinct keys");
-    assert_eq!(db.doubled_effects().await, 0);
-    topic.remove().await;
-    db.cleanup().await;
-}
-
 /// The relay's destination produces each row with its key as the record's key and in the
 /// `idempotency-key` header; a plain consumer sees each row once.
 async fn the_relay_produces_each_row_once_with_its_key_as_record_key_and_header<DB: TestBackend>(
@@ -402,6 +315,178 @@ async fn the_relay_produces_each_row_once_with_its_key_as_record_key_and_header<
         topic.high_watermark(topic.name.clone()).await,
         3,
         "each row once"
+    );
+    topic.remove().await;
+    db.cleanup().await;
+}
+
+/// The tests' work for a member of a group: one effect row for the record's key, under the
+/// member's name.
+fn member_work<DB: TestBackend>(
+    prefix: &str,
+    member: &'static str,
+) -> impl for<'e, 't> Fn(
+    &'t mut sqlx::Transaction<'e, DB>,
+    &'t Incoming,
+) -> WorkFuture<'t, (), sqlx::Error>
++ Sync
++ use<DB> {
+    let prefix = prefix.to_owned();
+    move |tx, message| {
+        let prefix = prefix.clone();
+        Box::pin(async move { DB::insert_effect(tx, &prefix, member, message.key.as_str()).await })
+    }
+}
+
+/// Records of three partitions, 24 keys over 30 records, taken in batches as they come and
+/// run with `run_batch`: after each batch, the stored offset of each partition it held is
+/// that of its last record there; in the end, each partition's last, with one effect per
+/// key.
+async fn a_batch_stores_the_offset_of_its_last_record_in_each_partition<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = Topic::with_partitions(&db, 3).await;
+    for n in 0..30 {
+        let key = format!("order:{}", n % 24);
+        topic.produce_to(Some(n % 3), Some(&key), b"x").await;
+    }
+    let reader = KafkaReader::connect(&kafka_url(), db.inbox.clone(), options(&topic)).unwrap();
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let mut records = reader.deliveries().await.unwrap();
+    let mut taken = 0;
+    while taken < 30 {
+        let first = tokio::time::timeout(Duration::from_secs(30), records.next())
+            .await
+            .unwrap_or_else(|_| panic!("{taken} of 30 records, then none for 30 s"))
+            .unwrap()
+            .expect("the reader is not cancelled");
+        let batch = records.more(first, 20).await.unwrap();
+        let mut last = BTreeMap::new();
+        for record in &batch {
+            let offset = last.entry(record.partition()).or_insert(record.offset());
+            assert!(*offset <= record.offset(), "each partition in order");
+            *offset = record.offset();
+        }
+        let done = reader.run_batch(&batch, &work, &mut stats).await.unwrap();
+        assert_eq!(done, batch.len(), "the database answered");
+        let stored = topic.stored_offsets(&db).await;
+        for (partition, offset) in &last {
+            assert_eq!(
+                stored[*partition as usize],
+                Some(*offset),
+                "partition {partition}"
+            );
+        }
+        taken += batch.len();
+    }
+    assert_eq!((stats.processed, stats.duplicates), (24, 6), "{stats:?}");
+    assert_eq!(db.rows("effects").await, 24);
+    assert_eq!(db.doubled_effects().await, 0);
+    // Ten records in each partition, the last at offset 9.
+    assert_eq!(topic.stored_offsets(&db).await, vec![Some(9); 3]);
+    records.stop().await.unwrap();
+    drop(reader);
+    topic.remove().await;
+    db.cleanup().await;
+}
+
+/// Two live members of one group on four partitions, each running batches of up to 20,
+/// and a rebalance each way: a second member joins while the first consumes, and once it consumes its share the first leaves
+/// cleanly; what is produced after that is the second's alone, in every partition. 2,000
+/// records for 1,600 keys take effect once per key between the two, and each partition's
+/// stored offset is its last record's.
+async fn a_member_joining_and_another_leaving_mid_run_leave_one_effect_per_key_and_offsets_at_the_end<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = Topic::with_partitions(&db, 4).await;
+    let keys: Vec<String> = (0..2_000).map(|n| format!("order:{}", n % 1_600)).collect();
+    let effects_of = |member: &str| {
+        DB::count(
+            db.inbox.pool(),
+            format!(
+                "SELECT count(*) FROM {}effects WHERE consumer = '{member}'",
+                db.prefix
+            ),
+        )
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let before_deadline = |what: &str| {
+        assert!(tokio::time::Instant::now() < deadline, "{what} within 90 s");
+    };
+    topic.produce_spread(&keys[..800], 0).await;
+    let first = KafkaReader::connect(&kafka_url(), db.inbox.clone(), options(&topic)).unwrap();
+    let (leave, left) = tokio::sync::oneshot::channel::<()>();
+    let (gone, first_gone) = tokio::sync::oneshot::channel::<()>();
+    let (join, joined) = tokio::sync::oneshot::channel::<()>();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let prefix = db.prefix.as_str();
+    let first_run = async move {
+        let stats = (first)
+            .run_batched(left, 20, member_work::<DB>(prefix, "first"))
+            .await;
+        // Dropped, the member leaves the group.
+        drop(first);
+        gone.send(()).unwrap();
+        stats
+    };
+    let second_run = async {
+        joined.await.unwrap();
+        let second = KafkaReader::connect(&kafka_url(), db.inbox.clone(), options(&topic)).unwrap();
+        second
+            .run_batched(stopped, 20, member_work::<DB>(prefix, "second"))
+            .await
+    };
+    let driving = async {
+        while effects_of("first").await < 200 {
+            before_deadline("the first member consumes");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        join.send(()).unwrap();
+        // Records keep coming, spread over the partitions, until the second has its share.
+        let mut produced = 800;
+        while effects_of("second").await == 0 {
+            before_deadline("the second member consumes");
+            if produced < 1_200 {
+                (topic.produce_spread(&keys[produced..produced + 20], produced)).await;
+                produced += 20;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        leave.send(()).unwrap();
+        first_gone.await.unwrap();
+        // The rest is the second's alone, in every partition.
+        topic.produce_spread(&keys[produced..], produced).await;
+        // 500 records in each partition, the last at offset 499.
+        while topic.stored_offsets(&db).await != vec![Some(499); 4] {
+            before_deadline("every partition read to its end");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.send(()).unwrap();
+    };
+    let (first_stats, second_stats, ()) = tokio::join!(first_run, second_run, driving);
+    let (first_stats, second_stats) = (first_stats.unwrap(), second_stats.unwrap());
+    assert_eq!(db.rows("effects").await, 1_600, "effects = distinct keys");
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(
+        (first_stats.processed, second_stats.processed),
+        (
+            effects_of("first").await as u64,
+            effects_of("second").await as u64
+        )
+    );
+    assert!(
+        first_stats.processed > 0 && second_stats.processed > 0,
+        "both took part: {first_stats:?} {second_stats:?}"
+    );
+    assert_eq!(
+        topic.stored_offsets(&db).await,
+        vec![Some(499); 4],
+        "each partition's last record"
     );
     topic.remove().await;
     db.cleanup().await;

@@ -4,7 +4,8 @@
 //!
 //! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite]
 //! [--broker amqp|redis|nats|mqtt|redis-reader|nats-reader] [--short] [--json]
-//! [--broken ack-before-commit|separate-claim|key-per-try|answer-before-store] [--seed N]`
+//! [--broken ack-before-commit|separate-claim|auto-commit|key-per-try|answer-before-store]
+//! [--seed N]`
 //!
 //! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
 //! the check catches what it is there to catch: such a run must report violations.
@@ -71,6 +72,15 @@
 //!   `consumer_timeout` (30 minutes) and Mosquitto for the session's end: each gives a
 //!   paused consumer's deliveries to another only once its connection is closed, which
 //!   `broker-kill` covers.
+//! - `group-kill`: Kafka's consumer group. 10,000 records for 8,000 keys (long: 100,000
+//!   for 80,000) on a topic of the run's own with four partitions, read by two
+//!   `broker-worker` members of one group. One is SIGKILLed 5 times (long: 20) at random
+//!   points while it consumes; the other takes its partitions once the group's session
+//!   timeout (3 s) has passed; then the killed one is started again. Recovery is from the
+//!   kill to every partition read on; the details give the time from each restart to the
+//!   restarted member's first record. Each partition's offset stored in the database must
+//!   be its last record's. Its broken mode is `auto-commit`: members that rely on the
+//!   broker's auto-committed offsets and keep taken records in memory for the database.
 //! - `relay-kill`: 20,000 outbox rows (short: 2,000) delivered by the project's relay, a
 //!   `relay-worker` process, to an HTTP receiver inside the harness; the relay SIGKILLed 100
 //!   times (short: 10), every fourth time at its failpoint (a row accepted, not yet marked
@@ -99,6 +109,7 @@
 
 mod broker;
 mod broker_faults;
+mod kafka_group;
 mod own_broker;
 mod proxy;
 mod real_broker;
@@ -116,7 +127,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "kill",
     "storm",
     "hot-keys",
@@ -125,6 +136,7 @@ const SCENARIOS: [&str; 12] = [
     "broker-kill",
     "broker-restart",
     "pause",
+    "group-kill",
     "relay-kill",
     "serve-kill",
     "slow-clients",
@@ -132,9 +144,10 @@ const SCENARIOS: [&str; 12] = [
 ];
 
 /// The deliberately broken modes `--broken` takes; each scenario takes some of them.
-const BROKEN_MODES: [&str; 4] = [
+const BROKEN_MODES: [&str; 5] = [
     "ack-before-commit",
     "separate-claim",
+    "auto-commit",
     "key-per-try",
     "answer-before-store",
 ];
@@ -306,6 +319,7 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
     let broken_modes: &[&str] = match args.scenario.as_str() {
         "relay-kill" => &["key-per-try"],
         "serve-kill" => &["answer-before-store"],
+        "group-kill" => &["auto-commit"],
         "slow-clients" | "slow-target" | "broker-restart" | "pause" => &[],
         _ => &["ack-before-commit", "separate-claim"],
     };
@@ -345,6 +359,8 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         args.scenario,
         if ["broker-kill", "broker-restart", "pause"].contains(&args.scenario.as_str()) {
             format!(" through {}", args.broker)
+        } else if args.scenario == "group-kill" {
+            " through kafka".to_owned()
         } else {
             String::new()
         },
@@ -362,6 +378,7 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         "broker-kill" => real_broker::broker_kill(args, &db, &mut rng, title).await,
         "broker-restart" => broker_faults::broker_restart(args, &db, &mut rng, title).await,
         "pause" => broker_faults::pause(args, &db, &mut rng, title).await,
+        "group-kill" => kafka_group::group_kill(args, &db, &mut rng, title).await,
         "relay-kill" => relay_kill::relay_kill(args, &db, &mut rng, title).await,
         "serve-kill" => serve_kill::serve_kill::<DB>(args, &mut rng, title).await,
         "slow-clients" => slow_clients::slow_clients::<DB>(args, &mut rng, title).await,
