@@ -44,6 +44,11 @@ const AHEAD: i64 = 400;
 /// ends: a broken member may still work through what it took.
 const QUIET: Duration = Duration::from_secs(1);
 
+/// How long no effect may come before the run ends undrained: far beyond a rebalance (the
+/// session timeout plus a few seconds), so only a group that stopped making progress, such
+/// as broken members that lost what they took, ends this way.
+const STALLED: Duration = Duration::from_secs(30);
+
 /// The run's topic, and the clients the harness reads it with.
 struct Topic {
     name: String,
@@ -424,6 +429,9 @@ pub async fn group_kill<DB: TestBackend>(
             }
             if topic.positions(db).await? == ends && last_effect.1.elapsed() >= QUIET {
                 drained = true;
+                break;
+            }
+            if last_effect.1.elapsed() >= STALLED {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
