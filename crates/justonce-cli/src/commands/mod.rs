@@ -3,13 +3,13 @@
 
 mod bench;
 mod check;
-mod deliveries;
+pub(crate) mod deliveries;
 mod dlq;
-mod keys;
+pub(crate) mod keys;
 mod migrate;
-mod output;
+pub(crate) mod output;
 mod purge;
-mod stats;
+pub(crate) mod stats;
 
 use crate::cli::{Configured, DeliveriesCommand, DlqCommand, KeysCommand};
 use crate::config::Settings;
