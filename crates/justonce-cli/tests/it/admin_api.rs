@@ -445,7 +445,7 @@ target = "http://127.0.0.1:{closed}/unreachable"
         .call(Method::POST, "/api/v1/keys/worker/never/release")
         .await;
     assert_eq!(status, 404);
-    assert_bad(&api, Method::GET, "/api/v1/keys/bad%20name/k", "consumer").await;
+    assert_bad(&api, Method::GET, "/api/v1/keys/bad%01name/k", "consumer").await;
     let (status, bad_body) = answer_of(
         api.request(Method::POST, "/api/v1/keys/worker/charge:1/complete")
             .header("authorization", format!("Bearer {TOKEN}"))
