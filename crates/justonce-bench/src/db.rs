@@ -28,6 +28,7 @@ impl BenchTables {
             "outbox",
             "offsets",
             "breakers",
+            "replays",
             "keys",
             "migrations",
         ]

@@ -1,12 +1,14 @@
 //! What the `justonce` command and its bench share: bad usage (exit code 2), which database
 //! a URL names, the pacing of a purge, progress lines on standard error, durations as the
-//! settings write them, and the signal to stop.
+//! settings write them, times as the commands take them, and the signal to stop.
 
 pub mod database;
 pub mod pacing;
 pub mod progress;
+mod time;
 mod usage;
 
+pub use time::{parse_ago, parse_time};
 pub use usage::Usage;
 
 use anyhow::{Result, anyhow, bail};

@@ -4,6 +4,7 @@ use crate::logs::LogFormat;
 use clap::{Args, Parser, Subcommand};
 use justonce_cli_support::{Usage, pacing};
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 /// Receives webhooks, stores each event once, answers 2xx fast, and delivers it once in
 /// effect.
@@ -104,6 +105,20 @@ pub enum Configured {
         #[command(subcommand)]
         command: DeliveriesCommand,
     },
+    /// See the events each source and consumer stored, with their bodies and delivery
+    /// attempts.
+    Events {
+        #[command(subcommand)]
+        command: EventsCommand,
+    },
+    /// Deliver stored events again, with the same key: one by id, every one of a key, or
+    /// every one of a source or consumer received in a time range.
+    ///
+    /// Events delivered or dead-lettered are put back to be delivered, their attempts
+    /// counted anew; events still waiting for a delivery are left as they are. Without
+    /// --yes, says what it would replay and changes nothing. A time range is refused while
+    /// a replay of an overlapping range of the same source or consumer still runs.
+    Replay(ReplayArgs),
     /// Inspect claimed keys; free or complete a lease whose worker is stuck.
     Keys {
         #[command(subcommand)]
@@ -242,6 +257,102 @@ fn duration(text: &str) -> Result<std::time::Duration, String> {
     justonce_cli_support::parse_duration(text).map_err(|e| format!("{e:#}"))
 }
 
+/// How long ago a duration (`2h`) or an RFC 3339 time is.
+fn ago(text: &str) -> Result<std::time::Duration, String> {
+    justonce_cli_support::parse_ago(text, SystemTime::now()).map_err(|e| format!("{e:#}"))
+}
+
+/// A duration ago (`2h`) or an RFC 3339 time, as a time.
+fn time(text: &str) -> Result<SystemTime, String> {
+    justonce_cli_support::parse_time(text, SystemTime::now()).map_err(|e| format!("{e:#}"))
+}
+
+/// Whose events: a source's or a consumer's, by name.
+#[derive(Args)]
+#[group(multiple = false)]
+pub struct OriginArgs {
+    /// The events of this source (`[sources.NAME]`).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// The events of this consumer (`[consumers.NAME]`).
+    #[arg(long)]
+    pub consumer: Option<String>,
+}
+
+/// Which stored events a listing shows, and how.
+#[derive(Args)]
+pub struct EventListArgs {
+    #[command(flatten)]
+    pub origin: OriginArgs,
+    /// Only the events whose key starts with this, such as `shop:evt_`.
+    #[arg(long)]
+    pub key_prefix: Option<String>,
+    /// Only events received since this time: a duration ago, such as 2h, or an RFC 3339
+    /// time, such as 2026-12-02T09:00:00Z.
+    #[arg(long, value_parser = time)]
+    pub since: Option<SystemTime>,
+    /// Only events received until this time: a duration ago, such as 30m, or an RFC 3339
+    /// time.
+    #[arg(long, value_parser = time)]
+    pub until: Option<SystemTime>,
+    /// Only the events in this state.
+    #[arg(long, value_parser = ["delivered", "due", "dead"])]
+    pub state: Option<String>,
+    /// At most this many, oldest first.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub limit: u32,
+    /// Start after the last event of the previous page: the cursor it printed.
+    #[arg(long)]
+    pub cursor: Option<String>,
+    /// Print one JSON object, for scripts, instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum EventsCommand {
+    /// List stored events, oldest first, a page at a time, with their state: delivered,
+    /// due (waiting for a delivery) or dead.
+    List(EventListArgs),
+    /// Show one event with its body, its headers and its last delivery attempts (up to
+    /// 25).
+    Show {
+        /// The event's id.
+        #[arg(required_unless_present = "key", conflicts_with = "key")]
+        id: Option<i64>,
+        /// Every event stored with this key (the Idempotency-Key its target receives).
+        #[arg(long)]
+        key: Option<String>,
+        /// Print one JSON object (with --key, an array), for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What `replay` puts back: one event, a key's, or a source's or consumer's time range.
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "key", "source", "consumer"])))]
+pub struct ReplayArgs {
+    /// The event's id.
+    #[arg(conflicts_with_all = ["key", "source", "consumer", "since", "until"])]
+    pub id: Option<i64>,
+    /// Every event stored with this key.
+    #[arg(long, conflicts_with_all = ["source", "consumer", "since", "until"])]
+    pub key: Option<String>,
+    #[command(flatten)]
+    pub origin: OriginArgs,
+    /// With --source or --consumer: the events received since this time, a duration ago
+    /// such as 2h or an RFC 3339 time.
+    #[arg(long, value_parser = time)]
+    pub since: Option<SystemTime>,
+    /// With --since: only the events received until this time; now by default.
+    #[arg(long, value_parser = time, requires = "since")]
+    pub until: Option<SystemTime>,
+    /// Replay; without it, says what would be replayed and changes nothing.
+    #[arg(long)]
+    pub yes: bool,
+}
+
 #[derive(Subcommand)]
 pub enum KeysCommand {
     /// Show what the store holds for one key: done or in progress, and its fingerprint.
@@ -297,11 +408,13 @@ pub struct ListArgs {
     /// Only the deliveries to this destination: a target's or a consumer's name.
     #[arg(long)]
     pub destination: Option<String>,
-    /// Only deliveries written (or last replayed) at most this long ago, such as 2h.
-    #[arg(long, value_parser = duration)]
+    /// Only deliveries written (or last replayed) at most this long ago, such as 2h, or
+    /// at or after an RFC 3339 time, such as 2026-12-02T09:00:00Z.
+    #[arg(long, value_parser = ago)]
     pub since: Option<std::time::Duration>,
-    /// Only deliveries written (or last replayed) at least this long ago, such as 30m.
-    #[arg(long, value_parser = duration)]
+    /// Only deliveries written (or last replayed) at least this long ago, such as 30m, or
+    /// at or before an RFC 3339 time.
+    #[arg(long, value_parser = ago)]
     pub until: Option<std::time::Duration>,
     /// At most this many.
     #[arg(long, default_value_t = 50)]

@@ -1,5 +1,6 @@
-//! Deleting what is past its retention: each source's and consumer's keys, then the sent
-//! deliveries. `justonce purge` runs it once; `justonce serve` every `server.purge_every`.
+//! Deleting what is past its retention: each source's and consumer's keys, then their
+//! delivered events. `justonce purge` runs it once; `justonce serve` every
+//! `server.purge_every`.
 
 use crate::config::Settings;
 use anyhow::Result;
@@ -7,6 +8,7 @@ use justonce_cli_support::pacing::Pacer;
 use justonce_cli_support::progress::Progress;
 use justonce_sql::{Backend, Consumer, Inbox, Retention};
 use std::future::Future;
+use std::time::Duration;
 
 /// Keys deleted per statement by the service's own purge, as `justonce purge` by default.
 pub const SERVICE_BATCH: u32 = 1_000;
@@ -14,15 +16,18 @@ pub const SERVICE_BATCH: u32 = 1_000;
 /// What to purge, taken from the settings before the service consumes them.
 #[derive(Clone)]
 pub struct Plan {
-    /// Each source's and consumer's name and retention.
-    kept: Vec<(String, Retention)>,
-    /// The store's retention, which sent deliveries follow.
-    store: Retention,
+    /// Each source's and consumer's name, key retention and event retention.
+    kept: Vec<(String, Retention, Duration)>,
+    /// How long any delivered event is kept: the longest event retention, or the store's
+    /// retention without sources and consumers. Deliveries of names no longer configured
+    /// go after it.
+    longest: Duration,
 }
 
 /// How many rows a purge deleted.
 pub struct Purged {
     pub keys: u64,
+    /// Delivered events (sent deliveries).
     pub sent: u64,
 }
 
@@ -31,19 +36,22 @@ impl Plan {
         let sources = settings
             .sources
             .iter()
-            .map(|s| (s.name.clone(), s.retention));
-        let consumers = (settings.consumers.iter()).map(|c| (c.name.clone(), c.retention));
-        Ok(Self {
-            kept: sources.chain(consumers).collect(),
-            store: settings.store_retention()?,
-        })
+            .map(|s| (s.name.clone(), s.retention, s.event_retention));
+        let consumers =
+            (settings.consumers.iter()).map(|c| (c.name.clone(), c.retention, c.event_retention));
+        let kept: Vec<_> = sources.chain(consumers).collect();
+        let longest = match kept.iter().map(|(_, _, events)| *events).max() {
+            Some(longest) => longest,
+            None => settings.store_retention()?.keep(),
+        };
+        Ok(Self { kept, longest })
     }
 
     /// Each source's and consumer's name and retention.
     pub fn kept(&self) -> impl Iterator<Item = (&str, Retention)> {
         self.kept
             .iter()
-            .map(|(name, retention)| (name.as_str(), *retention))
+            .map(|(name, retention, _)| (name.as_str(), *retention))
     }
 
     /// Deletes in statements of `batch_size` rows, each paced by `pacer`, and reports each
@@ -57,7 +65,7 @@ impl Plan {
     ) -> Result<Purged> {
         let full = u64::from(batch_size.max(1));
         let mut keys = 0;
-        for (name, retention) in &self.kept {
+        for (name, retention, _) in &self.kept {
             let consumer = inbox.with_consumer(Consumer::new(name.as_str())?);
             let what = format!("keys of {name}");
             keys += until_short(full, pacer, &mut progress, &what, || {
@@ -66,8 +74,18 @@ impl Plan {
             .await?;
         }
         let outbox = inbox.outbox();
-        let sent = until_short(full, pacer, &mut progress, "sent deliveries", || {
-            outbox.purge_sent_batch(self.store.keep(), batch_size)
+        let mut sent = 0;
+        // Each origin's delivered events past its own event retention, which is never
+        // shorter than its keys'.
+        for (name, _, event_retention) in &self.kept {
+            let what = format!("delivered events of {name}");
+            sent += until_short(full, pacer, &mut progress, &what, || {
+                outbox.purge_events_batch(name, *event_retention, batch_size)
+            })
+            .await?;
+        }
+        sent += until_short(full, pacer, &mut progress, "sent deliveries", || {
+            outbox.purge_sent_batch(self.longest, batch_size)
         })
         .await?;
         Ok(Purged { keys, sent })

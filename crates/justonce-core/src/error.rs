@@ -54,6 +54,22 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// A replay of events of this source or consumer was refused: an earlier replay of an
+    /// overlapping time range still has events waiting for their delivery. Replaying it
+    /// again would deliver them twice more.
+    #[error(
+        "replay {window} of {origin} overlaps this time range and is still running: \
+         its events are not all delivered yet"
+    )]
+    ReplayRunning {
+        /// The source's or consumer's name.
+        origin: String,
+        /// The id of the replay still running.
+        window: i64,
+    },
+    /// A listing's cursor is not one a listing handed out.
+    #[error("invalid cursor: {0}")]
+    InvalidCursor(String),
     /// The lease ran out and another holder took the key over (or it was completed or
     /// released already): this holder's result is not stored.
     #[error("lease on key {key} is no longer held by token {token}")]

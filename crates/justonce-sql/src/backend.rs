@@ -2,8 +2,9 @@
 //! statements do.
 
 use crate::rows::{
-    Batch, Change, ClaimRow, DestinationCounts, KeyCount, LeaseState, ListedTuple, Listing,
-    NewOutboxRow, OffsetRow, OutboxRow, Schema, Stored, StoredOffset, Wakeups, Which,
+    Batch, Change, ClaimRow, DestinationCounts, EventBy, EventDetailTuple, EventListing,
+    EventTuple, KeyCount, LeaseState, ListedTuple, Listing, NewOutboxRow, NewReplay, OffsetRow,
+    OutboxRow, ReplayTuple, Replays, Schema, Stored, StoredOffset, Wakeups, Which,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -254,6 +255,43 @@ pub trait Reads<DB: sqlx::Database> {
         pool: &'a sqlx::Pool<DB>,
         key: &'a str,
     ) -> impl Future<Output = Result<Vec<i64>, Error>> + Send + 'a;
+
+    /// The stored events `listing` selects, by time received then id.
+    fn events<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        listing: EventListing<'a>,
+    ) -> impl Future<Output = Result<Vec<EventTuple>, Error>> + Send + 'a;
+
+    /// Events read whole, with their body, headers and delivery history.
+    fn event_details<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        by: EventBy<'a>,
+    ) -> impl Future<Output = Result<Vec<EventDetailTuple>, Error>> + Send + 'a;
+
+    /// How many delivered or dead events `replay` would put back.
+    fn replayable<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        replay: NewReplay<'a>,
+    ) -> impl Future<Output = Result<i64, Error>> + Send + 'a;
+
+    /// Records `replay` and puts its window's delivered and dead events back to due, in one
+    /// transaction; how many, or the id of a running replay of an overlapping window, in
+    /// which case nothing changed.
+    fn replay_window<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        replay: NewReplay<'a>,
+    ) -> impl Future<Output = Result<Result<u64, i64>, Error>> + Send + 'a;
+
+    /// Replays as recorded.
+    fn replays<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        which: Replays,
+    ) -> impl Future<Output = Result<Vec<ReplayTuple>, Error>> + Send + 'a;
 
     /// Whether the keys table exists with its unique constraint on (scope, consumer, key).
     fn has_unique_constraint<'a>(

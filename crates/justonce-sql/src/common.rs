@@ -4,14 +4,23 @@
 
 use crate::backend::{Backend, Reads};
 use crate::rows::{
-    Change, DestinationCounts, KeyCount, KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing,
-    OffsetTuple, Schema, Stored, StoredOffset, Tried, Waiting, Window,
+    Change, DestinationCounts, EventBy, EventDetailTuple, EventListing, EventTuple, KeyCount,
+    KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing, NewReplay, OffsetTuple, ReplayTuple,
+    Replays, Schema, Stored, StoredOffset, Tried, Waiting, Window,
 };
 use crate::shared::driver_error;
 use crate::tables::Tables;
 use justonce_core::{Error, Identity, Lease, Offset};
 use sqlx::{AssertSqlSafe, Database, Decode, Encode, Executor, IntoArguments, Type};
 use std::sync::Arc;
+
+/// A stored event's state, from its outbox row.
+pub(crate) const EVENT_STATE: &str =
+    "CASE WHEN sent_at IS NOT NULL THEN 'delivered' WHEN dead THEN 'dead' ELSE 'due' END";
+
+/// What a replay sets on an event's outbox row: due, its attempts counted anew. The
+/// history stays, and a replay starts a new delivery window (`created_at`).
+pub(crate) const REPLAYED: &str = "sent_at = NULL, dead = FALSE, attempts = 0, last_error = NULL";
 
 /// A statement of the database `DB`, ready for its parameters.
 pub(crate) type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
@@ -50,6 +59,31 @@ pub struct Common {
     pub(crate) history: Arc<str>,
     /// The ids of the rows with one key: key.
     pub(crate) ids_by_key: Arc<str>,
+    /// Stored events, by time then id: origin twice, key prefix three times, since twice,
+    /// until twice, state twice, the previous page's last time three times and its id,
+    /// limit.
+    pub(crate) events: Arc<str>,
+    /// One event whole: id.
+    pub(crate) event_by_id: Arc<str>,
+    /// Every event written with a key, whole: key.
+    pub(crate) events_by_key: Arc<str>,
+    /// How many events a replay of a window would put back: origin, since, until.
+    pub(crate) replayable: Arc<str>,
+    /// Run first in a replay's transaction, where replays need more than the transaction
+    /// to keep them apart.
+    pub(crate) replay_lock: Option<Arc<str>>,
+    /// A running replay of an overlapping window: origin, until, since.
+    pub(crate) running_replay: Arc<str>,
+    /// id, origin, since, until.
+    pub(crate) insert_replay: Arc<str>,
+    /// Puts a window's delivered and dead events back to due: id, origin, since, id.
+    pub(crate) replay_window: Arc<str>,
+    /// events, id.
+    pub(crate) count_replay: Arc<str>,
+    /// One replay: id.
+    pub(crate) replay_by_id: Arc<str>,
+    /// The latest replays, newest first: limit.
+    pub(crate) replays: Arc<str>,
     /// The statement of each [`Change`], bound as [`Common::change`] says.
     pub(crate) purge_keys: Arc<str>,
     pub(crate) mark_sent: Arc<str>,
@@ -60,7 +94,10 @@ pub struct Common {
     pub(crate) breaker_open: Arc<str>,
     pub(crate) breaker_close: Arc<str>,
     pub(crate) replay: Arc<str>,
+    pub(crate) replay_event: Arc<str>,
+    pub(crate) replay_key: Arc<str>,
     pub(crate) purge_dead: Arc<str>,
+    pub(crate) purge_events: Arc<str>,
     pub(crate) purge_sent: Arc<str>,
     pub(crate) lease_complete: Arc<str>,
     pub(crate) lease_release: Arc<str>,
@@ -148,7 +185,17 @@ impl Common {
             Change::Replay { id, window, limit } => {
                 bind_window(statement(&self.replay).bind(id).bind(id), window).bind(limit)
             }
+            Change::ReplayEvent { id } => statement(&self.replay_event).bind(id),
+            Change::ReplayKey { key } => statement(&self.replay_key).bind(key),
             Change::PurgeDead { window } => bind_window(statement(&self.purge_dead), window),
+            Change::PurgeEvents {
+                origin,
+                older_than_ms,
+                limit,
+            } => statement(&self.purge_events)
+                .bind(origin)
+                .bind(older_than_ms)
+                .bind(limit),
             Change::PurgeSent {
                 older_than_ms,
                 limit,
@@ -241,6 +288,9 @@ where
     for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
     for<'r> Vec<u8>: Decode<'r, DB> + Type<DB>,
     for<'r> ListedTuple: sqlx::FromRow<'r, DB::Row>,
+    for<'r> EventTuple: sqlx::FromRow<'r, DB::Row>,
+    for<'r> EventDetailTuple: sqlx::FromRow<'r, DB::Row>,
+    for<'r> ReplayTuple: sqlx::FromRow<'r, DB::Row>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     async fn find<'a>(
@@ -418,6 +468,129 @@ where
             .fetch_all(pool)
             .await
             .map_err(driver_error::<DB>)
+    }
+
+    async fn events<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        listing: EventListing<'a>,
+    ) -> Result<Vec<EventTuple>, Error> {
+        let (after_us, after_id) = listing.after.unzip();
+        // Each filter is bound once more to test for none, for MariaDB's `?`.
+        sqlx::query_as(AssertSqlSafe(self.as_ref().events.clone()))
+            .bind(listing.origin)
+            .bind(listing.origin)
+            .bind(listing.key_prefix)
+            .bind(listing.key_prefix)
+            .bind(listing.key_prefix)
+            .bind(listing.since_us)
+            .bind(listing.since_us)
+            .bind(listing.until_us)
+            .bind(listing.until_us)
+            .bind(listing.state)
+            .bind(listing.state)
+            .bind(after_us)
+            .bind(after_us)
+            .bind(after_us)
+            .bind(after_id)
+            .bind(listing.limit)
+            .fetch_all(pool)
+            .await
+            .map_err(driver_error::<DB>)
+    }
+
+    async fn event_details<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        by: EventBy<'a>,
+    ) -> Result<Vec<EventDetailTuple>, Error> {
+        let common = self.as_ref();
+        let read = match by {
+            EventBy::Id(id) => sqlx::query_as(AssertSqlSafe(common.event_by_id.clone())).bind(id),
+            EventBy::Key(key) => {
+                sqlx::query_as(AssertSqlSafe(common.events_by_key.clone())).bind(key)
+            }
+        };
+        read.fetch_all(pool).await.map_err(driver_error::<DB>)
+    }
+
+    async fn replayable<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        replay: NewReplay<'a>,
+    ) -> Result<i64, Error> {
+        sqlx::query_scalar(AssertSqlSafe(self.as_ref().replayable.clone()))
+            .bind(replay.origin)
+            .bind(replay.since_us)
+            .bind(replay.until_us)
+            .fetch_one(pool)
+            .await
+            .map_err(driver_error::<DB>)
+    }
+
+    async fn replay_window<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        replay: NewReplay<'a>,
+    ) -> Result<Result<u64, i64>, Error> {
+        let common = self.as_ref();
+        let failed = driver_error::<DB>;
+        let mut tx = pool.begin_with(DB::BEGIN).await.map_err(failed)?;
+        if let Some(lock) = &common.replay_lock {
+            statement(lock).execute(&mut *tx).await.map_err(failed)?;
+        }
+        // Under the lock, two replays of one window cannot both find none running.
+        let running: Option<i64> = sqlx::query_scalar(AssertSqlSafe(common.running_replay.clone()))
+            .bind(replay.origin)
+            .bind(replay.until_us)
+            .bind(replay.since_us)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(failed)?;
+        if let Some(window) = running {
+            tx.rollback().await.map_err(failed)?;
+            return Ok(Err(window));
+        }
+        statement(&common.insert_replay)
+            .bind(replay.id)
+            .bind(replay.origin)
+            .bind(replay.since_us)
+            .bind(replay.until_us)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+        let replayed = statement(&common.replay_window)
+            .bind(replay.id)
+            .bind(replay.origin)
+            .bind(replay.since_us)
+            .bind(replay.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+        let replayed = DB::rows_affected(&replayed);
+        statement(&common.count_replay)
+            .bind(i64::try_from(replayed).unwrap_or(i64::MAX))
+            .bind(replay.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+        tx.commit().await.map_err(failed)?;
+        Ok(Ok(replayed))
+    }
+
+    async fn replays<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        which: Replays,
+    ) -> Result<Vec<ReplayTuple>, Error> {
+        let common = self.as_ref();
+        let read = match which {
+            Replays::Id(id) => sqlx::query_as(AssertSqlSafe(common.replay_by_id.clone())).bind(id),
+            Replays::Latest(limit) => {
+                sqlx::query_as(AssertSqlSafe(common.replays.clone())).bind(limit)
+            }
+        };
+        read.fetch_all(pool).await.map_err(driver_error::<DB>)
     }
 
     async fn has_unique_constraint<'a>(&'a self, pool: &'a sqlx::Pool<DB>) -> Result<bool, Error> {

@@ -65,6 +65,7 @@
 mod admin;
 mod backend;
 mod common;
+mod events;
 mod inbox;
 mod leases;
 #[cfg(feature = "mysql")]
@@ -87,6 +88,10 @@ mod tables;
 mod tls;
 
 pub use backend::Backend;
+pub use events::{
+    Event, EventDetail, EventFilter, EventPage, EventState, REPLAYED_EVENTS, ReplayRange,
+    ReplayWindow,
+};
 pub use inbox::{Inbox, InboxOptions, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;
@@ -120,6 +125,11 @@ pub fn describe_metrics() {
     describe_histogram!(
         DELIVERED_SECONDS,
         "Seconds from an outbox row's commit (or replay) to its delivery, by destination"
+    );
+    describe_counter!(
+        REPLAYED_EVENTS,
+        "Stored events put back to be delivered again, by origin and by how they were \
+         picked (event, key, range)"
     );
     describe_counter!(
         "justonce_relay_record_failures_total",

@@ -3,7 +3,7 @@
 //! each supplies with its own statements; so do the steps that send them.
 
 use crate::backend::{Backend, Queries, Reads};
-use crate::common::{Common, apply_migrations, statement};
+use crate::common::{Common, EVENT_STATE, REPLAYED, apply_migrations, statement};
 use crate::rows::{ClaimRow, NewOutboxRow, OffsetRow, OutboxRow, OutboxTuple, Stored, Which};
 use crate::shared::{driver_error, vanished};
 use crate::tables::Tables;
@@ -54,6 +54,8 @@ pub(crate) struct Specific {
     pub(crate) append_attempt: fn(&str, &str, &str, &str) -> String,
     /// The history column read as JSON text.
     pub(crate) history_text: &'static str,
+    /// Run first in a replay's transaction: what keeps replays apart beyond it.
+    pub(crate) replay_lock: Option<String>,
 }
 
 /// The store's clock in a database's SQL: times are compared there, never in the worker.
@@ -64,6 +66,10 @@ pub(crate) struct Clock {
     pub(crate) earlier_by: fn(&str) -> String,
     /// Milliseconds from a time column to now.
     pub(crate) age_ms: fn(&str) -> String,
+    /// A time column as microseconds since the Unix epoch, exactly as stored.
+    pub(crate) micros_of: fn(&str) -> String,
+    /// The time of a number of microseconds since the Unix epoch given as a parameter.
+    pub(crate) at_micros: fn(&str) -> String,
 }
 
 impl Statements {
@@ -73,9 +79,34 @@ impl Statements {
             outbox,
             offsets,
             breakers,
+            replays,
             ..
         } = tables;
         let now = clock.now;
+        let (micros_of, at) = (clock.micros_of, clock.at_micros);
+        // What a stored event is, read from its outbox row.
+        let event_columns = format!(
+            "id, scope, key, destination, {} AS received_us, {EVENT_STATE} AS state, attempts, \
+             last_error",
+            micros_of("received_at")
+        );
+        let event_detail = format!(
+            "SELECT {event_columns}, payload, headers, {} FROM {outbox}",
+            specific.history_text
+        );
+        // A replay still runs while an event it put back waits for its delivery.
+        let replay_running = format!(
+            "EXISTS (SELECT 1 FROM {outbox} AS o
+                     WHERE o.destination = w.origin AND o.received_at >= w.since_at
+                       AND o.received_at <= w.until_at AND o.replay_id = w.id
+                       AND o.sent_at IS NULL AND NOT o.dead)"
+        );
+        let replay_columns = format!(
+            "w.id, w.origin, {}, {}, {}, w.events, {replay_running}",
+            micros_of("w.since_at"),
+            micros_of("w.until_at"),
+            micros_of("w.started_at")
+        );
         // Every outbox read returns these columns, decoded as an `OutboxTuple`.
         let columns = format!(
             "id, scope, key, destination, payload, headers, attempts, last_error, dead, \
@@ -173,6 +204,79 @@ impl Statements {
             )),
             ids_by_key: text(format!(
                 "SELECT id FROM {outbox} WHERE key = $1 ORDER BY id"
+            )),
+            events: text(format!(
+                "SELECT {event_columns} FROM {outbox}
+                 WHERE ($1 IS NULL OR destination = $2)
+                   AND ($3 IS NULL OR substr(key, 1, length($4)) = $5)
+                   AND ($6 IS NULL OR received_at >= {})
+                   AND ($8 IS NULL OR received_at <= {})
+                   AND ($10 IS NULL OR {EVENT_STATE} = $11)
+                   AND ($12 IS NULL OR received_at > {}
+                        OR (received_at = {} AND id > $15))
+                 ORDER BY received_at, id LIMIT $16",
+                at("$7"),
+                at("$9"),
+                at("$13"),
+                at("$14"),
+            )),
+            event_by_id: text(format!("{event_detail} WHERE id = $1")),
+            events_by_key: text(format!("{event_detail} WHERE key = $1 ORDER BY id")),
+            replayable: text(format!(
+                "SELECT count(*) FROM {outbox}
+                 WHERE destination = $1 AND received_at >= {} AND received_at <= coalesce({}, {now})
+                   AND (sent_at IS NOT NULL OR dead)",
+                at("$2"),
+                at("$3")
+            )),
+            replay_lock: specific.replay_lock.map(text),
+            running_replay: text(format!(
+                "SELECT w.id FROM {replays} AS w
+                 WHERE w.origin = $1 AND w.since_at <= coalesce({}, {now}) AND w.until_at >= {}
+                   AND {replay_running}
+                 ORDER BY w.id LIMIT 1",
+                at("$2"),
+                at("$3")
+            )),
+            insert_replay: text(format!(
+                "INSERT INTO {replays} (id, origin, since_at, until_at, started_at, events)
+                 VALUES ($1, $2, {}, coalesce({}, {now}), {now}, 0)",
+                at("$3"),
+                at("$4")
+            )),
+            replay_window: text(format!(
+                "UPDATE {outbox} SET {REPLAYED}, created_at = {now}, next_attempt_at = {now},
+                    replay_id = $1
+                 WHERE destination = $2 AND received_at >= {}
+                   AND received_at <= (SELECT until_at FROM {replays} WHERE id = $4)
+                   AND (sent_at IS NOT NULL OR dead)",
+                at("$3")
+            )),
+            count_replay: text(format!("UPDATE {replays} SET events = $1 WHERE id = $2")),
+            replay_by_id: text(format!(
+                "SELECT {replay_columns} FROM {replays} AS w WHERE w.id = $1"
+            )),
+            replays: text(format!(
+                "SELECT {replay_columns} FROM {replays} AS w ORDER BY w.started_at DESC, w.id DESC
+                 LIMIT $1"
+            )),
+            replay_event: text(format!(
+                "UPDATE {outbox} SET {REPLAYED}, created_at = {now}, next_attempt_at = {now},
+                    replay_id = NULL
+                 WHERE id = $1 AND (sent_at IS NOT NULL OR dead)"
+            )),
+            replay_key: text(format!(
+                "UPDATE {outbox} SET {REPLAYED}, created_at = {now}, next_attempt_at = {now},
+                    replay_id = NULL
+                 WHERE key = $1 AND (sent_at IS NOT NULL OR dead)"
+            )),
+            purge_events: text(format!(
+                "DELETE FROM {outbox} WHERE id IN (
+                    SELECT id FROM {outbox}
+                    WHERE destination = $1 AND sent_at IS NOT NULL AND received_at < {}
+                    LIMIT $3
+                 )",
+                (clock.earlier_by)("$2")
             )),
             purge_keys: text(specific.purge_keys),
             // A receiver took the row: that is true whoever holds the lease now, and it

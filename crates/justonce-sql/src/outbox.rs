@@ -283,7 +283,7 @@ pub struct Attempt {
 
 impl Attempt {
     /// The attempts of a history as stored, oldest first.
-    fn parse_history(json: &str) -> Result<Vec<Self>, Error> {
+    pub(crate) fn parse_history(json: &str) -> Result<Vec<Self>, Error> {
         let malformed = |what: &str| Error::Schema(format!("a stored delivery history {what}"));
         let entries: Vec<Value> =
             serde_json::from_str(json).map_err(|e| malformed(&format!("is not a list: {e}")))?;
@@ -403,7 +403,7 @@ impl<DB: Backend> Outbox<DB> {
     }
 
     /// The ids of the rows written with this downstream `key`, in order: one per
-    /// destination the work wrote to. The key is not indexed: this reads the whole outbox.
+    /// destination the work wrote to.
     pub async fn ids_with_key(&self, key: &str) -> Result<Vec<i64>, Error> {
         self.shared.sql.ids_by_key(&self.shared.pool, key).await
     }

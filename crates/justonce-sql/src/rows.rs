@@ -213,6 +213,74 @@ pub(crate) enum Waiting {
 /// last error, milliseconds since written, milliseconds until the next attempt.
 pub(crate) type ListedTuple = (i64, String, String, String, i64, Option<String>, i64, i64);
 
+/// Which stored events a listing reads, as [`crate::EventFilter`] says, with times in
+/// microseconds since the Unix epoch.
+pub struct EventListing<'a> {
+    pub(crate) origin: Option<&'a str>,
+    pub(crate) key_prefix: Option<&'a str>,
+    pub(crate) since_us: Option<i64>,
+    pub(crate) until_us: Option<i64>,
+    pub(crate) state: Option<&'static str>,
+    /// The last event of the previous page: its time and id.
+    pub(crate) after: Option<(i64, i64)>,
+    pub(crate) limit: i64,
+}
+
+/// The columns of an events listing as sqlx decodes them: id, scope, key, origin,
+/// microseconds received, state, attempts, last error.
+pub(crate) type EventTuple = (
+    i64,
+    String,
+    String,
+    String,
+    i64,
+    String,
+    i64,
+    Option<String>,
+);
+
+/// An event read whole: the columns of [`EventTuple`], then the body, the headers and
+/// the delivery history as JSON text.
+pub(crate) type EventDetailTuple = (
+    i64,
+    String,
+    String,
+    String,
+    i64,
+    String,
+    i64,
+    Option<String>,
+    Vec<u8>,
+    String,
+    Option<String>,
+);
+
+/// A replay of one origin's events received within a window, in microseconds since the
+/// Unix epoch; `until_us` none for up to the store's now.
+pub struct NewReplay<'a> {
+    pub(crate) id: i64,
+    pub(crate) origin: &'a str,
+    pub(crate) since_us: i64,
+    pub(crate) until_us: Option<i64>,
+}
+
+/// Which events to read whole.
+pub enum EventBy<'a> {
+    Id(i64),
+    Key(&'a str),
+}
+
+/// Which replays to read.
+pub enum Replays {
+    Id(i64),
+    /// The latest ones, at most this many.
+    Latest(i64),
+}
+
+/// The columns of a replay read back: id, origin, since, until and start in microseconds
+/// since the Unix epoch, events replayed, whether it still runs.
+pub(crate) type ReplayTuple = (i64, String, i64, i64, i64, i64, bool);
+
 /// Which outbox rows to read.
 pub enum Which {
     /// Due rows, at most `limit`, hidden for `lease_ms` under `token` and counted as one
@@ -283,9 +351,24 @@ pub enum Change<'a> {
         window: Window<'a>,
         limit: i64,
     },
+    /// A delivered or dead event put back to due, its attempts counted anew: by id, or
+    /// every one written with a key.
+    ReplayEvent {
+        id: i64,
+    },
+    ReplayKey {
+        key: &'a str,
+    },
     /// Every dead letter within `window`.
     PurgeDead {
         window: Window<'a>,
+    },
+    /// Deletes at most `limit` delivered events of `origin` received more than
+    /// `older_than_ms` ago.
+    PurgeEvents {
+        origin: &'a str,
+        older_than_ms: i64,
+        limit: i64,
     },
     PurgeSent {
         older_than_ms: i64,

@@ -8,6 +8,7 @@ pub struct Tables {
     pub(crate) outbox: String,
     pub(crate) offsets: String,
     pub(crate) breakers: String,
+    pub(crate) replays: String,
     pub(crate) migrations: String,
 }
 
@@ -37,6 +38,7 @@ impl Tables {
             outbox: format!("{prefix}outbox"),
             offsets: format!("{prefix}offsets"),
             breakers: format!("{prefix}breakers"),
+            replays: format!("{prefix}replays"),
             migrations: format!("{prefix}migrations"),
         })
     }

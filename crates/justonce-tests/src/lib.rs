@@ -617,6 +617,7 @@ impl<DB: TestBackend> TestDb<DB> {
             "outbox",
             "offsets",
             "breakers",
+            "replays",
             "keys",
             "migrations",
         ] {

@@ -6,6 +6,7 @@ mod access;
 mod consumers;
 mod dead_letters;
 mod deliveries;
+mod events;
 mod keys;
 mod params;
 mod problem;

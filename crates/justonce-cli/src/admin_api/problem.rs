@@ -36,7 +36,13 @@ impl ApiError {
 
 impl From<justonce_sql::Error> for ApiError {
     fn from(error: justonce_sql::Error) -> Self {
-        Self::Store(error)
+        match error {
+            justonce_sql::Error::InvalidCursor(problem) => Self::bad("cursor", problem),
+            running @ justonce_sql::Error::ReplayRunning { .. } => {
+                Self::Conflict(running.to_string())
+            }
+            error => Self::Store(error),
+        }
     }
 }
 

@@ -149,6 +149,12 @@ pub fn print_row(row: &Row, attempts: &[Attempt]) {
         println!("header:      {name}: {value}");
     }
     println!();
+    print_attempts(attempts);
+    println!("{}", String::from_utf8_lossy(&row.payload));
+}
+
+/// Prints a delivery's attempts, oldest first, as a table.
+pub fn print_attempts(attempts: &[Attempt]) {
     print_table(
         "attempts",
         &["attempt", "started", "took", "status", "error or answer"],
@@ -170,5 +176,4 @@ pub fn print_row(row: &Row, attempts: &[Attempt]) {
             ]
         }),
     );
-    println!("{}", String::from_utf8_lossy(&row.payload));
 }

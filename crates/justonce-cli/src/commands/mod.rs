@@ -5,13 +5,16 @@ mod bench;
 mod check;
 pub(crate) mod deliveries;
 mod dlq;
+pub(crate) mod events;
 pub(crate) mod keys;
 mod migrate;
 pub(crate) mod output;
 mod purge;
 pub(crate) mod stats;
 
-use crate::cli::{Configured, DeliveriesCommand, DlqCommand, KeysCommand};
+use crate::cli::{
+    Configured, DeliveriesCommand, DlqCommand, EventsCommand, KeysCommand, ReplayArgs,
+};
 use crate::config::Settings;
 use crate::errors::{opening_failed, sqlite_file};
 use anyhow::Result;
@@ -34,6 +37,8 @@ enum OnStore {
     },
     Dlq(DlqCommand),
     Deliveries(DeliveriesCommand),
+    Events(EventsCommand),
+    Replay(ReplayArgs),
     Keys(KeysCommand),
 }
 
@@ -69,6 +74,8 @@ pub async fn run(settings: Settings, command: Configured) -> Result<()> {
         Configured::Stats { json } => OnStore::Stats { json },
         Configured::Dlq { command } => OnStore::Dlq(command),
         Configured::Deliveries { command } => OnStore::Deliveries(command),
+        Configured::Events { command } => OnStore::Events(command),
+        Configured::Replay(args) => OnStore::Replay(args),
         Configured::Keys { command } => OnStore::Keys(command),
     };
     if let Some(file) = sqlite_file(&settings.database)
@@ -120,6 +127,8 @@ async fn run_on<DB: Backend>(settings: Settings, command: OnStore) -> Result<()>
         OnStore::Stats { json } => stats::print(&inbox, json).await,
         OnStore::Dlq(command) => dlq::run(&inbox.outbox(), command).await,
         OnStore::Deliveries(command) => deliveries::run(&inbox.outbox(), command).await,
+        OnStore::Events(command) => events::run(&settings, &inbox.outbox(), command).await,
+        OnStore::Replay(args) => events::replay(&settings, &inbox.outbox(), args).await,
         OnStore::Keys(command) => keys::run(&inbox, command).await,
     }
 }

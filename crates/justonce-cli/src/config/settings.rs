@@ -96,6 +96,8 @@ pub struct SourceSettings {
     pub name: String,
     pub source: Source,
     pub retention: Retention,
+    /// How long a delivered event stays stored to be replayed: at least the retention.
+    pub event_retention: Duration,
     pub destination: HttpDestination,
     pub deliver_for: Duration,
 }
@@ -109,6 +111,8 @@ pub struct ConsumerSettings {
     /// Whether the broker's certificate goes unchecked (`tls_verify = "insecure"`).
     pub tls_insecure: bool,
     pub retention: Retention,
+    /// How long a delivered event stays stored to be replayed: at least the retention.
+    pub event_retention: Duration,
     pub destination: HttpDestination,
     pub deliver_for: Duration,
 }

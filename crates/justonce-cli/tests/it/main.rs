@@ -38,6 +38,7 @@ mod broker_tls;
 mod check;
 mod deliveries;
 mod environment;
+mod events;
 mod first_run;
 mod folder;
 mod listeners;

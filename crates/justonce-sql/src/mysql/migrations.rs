@@ -108,4 +108,35 @@ EXECUTE justonce_add_history;
 DEALLOCATE PREPARE justonce_add_history;
 ",
     },
+    Migration {
+        version: 5,
+        description: "events: when each was received, its replays, and indexes to find them",
+        // `created_at` is moved by each replay, to start a new delivery window: the time an
+        // event was received needs a column of its own. The columns and indexes come in one
+        // ALTER, which is whole or not at all, and which a repeated migration skips.
+        sql: "
+SET @justonce_add_events = IF(
+    (SELECT count(*) FROM information_schema.columns
+     WHERE table_schema = DATABASE() AND table_name = '{prefix}outbox'
+       AND column_name = 'received_at') = 0,
+    'ALTER TABLE {prefix}outbox ADD COLUMN received_at DATETIME(6) NULL,
+        ADD COLUMN replay_id BIGINT NULL,
+        ADD KEY outbox_events (destination(191), received_at, id),
+        ADD KEY outbox_key (`key`(191))',
+    'DO 0');
+PREPARE justonce_add_events FROM @justonce_add_events;
+EXECUTE justonce_add_events;
+DEALLOCATE PREPARE justonce_add_events;
+UPDATE {prefix}outbox SET received_at = created_at WHERE received_at IS NULL;
+CREATE TABLE IF NOT EXISTS {prefix}replays (
+    id BIGINT NOT NULL PRIMARY KEY,
+    origin VARCHAR(255) NOT NULL,
+    since_at DATETIME(6) NOT NULL,
+    until_at DATETIME(6) NOT NULL,
+    started_at DATETIME(6) NOT NULL,
+    events BIGINT NOT NULL,
+    KEY replays_origin (origin, since_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+",
+    },
 ];

@@ -1,7 +1,7 @@
 //! MariaDB's and MySQL's statements, with `?` for their parameters, bound in the order
 //! they appear.
 
-use crate::common::Common;
+use crate::common::{Common, EVENT_STATE, REPLAYED};
 use crate::rows::HISTORY_LENGTH;
 use crate::tables::Tables;
 use std::sync::Arc;
@@ -19,6 +19,14 @@ const EARLIER: &str = "(UTC_TIMESTAMP(6) - INTERVAL (? * 1000) MICROSECOND)";
 fn age_ms(column: &str) -> String {
     format!("CAST(TIMESTAMPDIFF(MICROSECOND, {column}, {NOW}) DIV 1000 AS SIGNED)")
 }
+
+/// A time column as microseconds since the Unix epoch. Times are stored in UTC.
+fn micros_of(column: &str) -> String {
+    format!("CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {column}) AS SIGNED)")
+}
+
+/// The time of the next parameter's microseconds since the Unix epoch.
+const AT_MICROS: &str = "TIMESTAMPADD(MICROSECOND, ?, TIMESTAMP '1970-01-01 00:00:00')";
 
 /// The assignment that appends one attempt to a row's history, its duration, status,
 /// answer and error the next parameters (or `NULL` for no error). The oldest attempt is
@@ -69,8 +77,31 @@ impl MySqlStatements {
             outbox,
             offsets,
             breakers,
+            replays,
+            migrations,
             ..
         } = tables;
+        // What a stored event is, read from its outbox row.
+        let event_columns = format!(
+            "id, scope, `key`, destination, {} AS received_us, {EVENT_STATE} AS state, \
+             attempts, last_error",
+            micros_of("received_at")
+        );
+        let event_detail =
+            format!("SELECT {event_columns}, payload, headers, history FROM {outbox}");
+        // A replay still runs while an event it put back waits for its delivery.
+        let replay_running = format!(
+            "EXISTS (SELECT 1 FROM {outbox} AS o
+                     WHERE o.destination = w.origin AND o.received_at >= w.since_at
+                       AND o.received_at <= w.until_at AND o.replay_id = w.id
+                       AND o.sent_at IS NULL AND NOT o.dead)"
+        );
+        let replay_columns = format!(
+            "w.id, w.origin, {}, {}, {}, w.events, {replay_running}",
+            micros_of("w.since_at"),
+            micros_of("w.until_at"),
+            micros_of("w.started_at")
+        );
         let columns = format!(
             "id, scope, `key`, destination, payload, headers, attempts, last_error, dead, \
              sent_at IS NOT NULL AS sent, {} AS age_ms",
@@ -175,6 +206,70 @@ impl MySqlStatements {
                      WHERE dead AND sent_at IS NULL AND (? IS NULL OR id = ?) AND {window}
                      ORDER BY id LIMIT ?"
             )),
+            events: arc(format!(
+                "SELECT {event_columns} FROM {outbox}
+                 WHERE (? IS NULL OR destination = ?)
+                   AND (? IS NULL OR SUBSTRING(`key`, 1, CHAR_LENGTH(?)) = ?)
+                   AND (? IS NULL OR received_at >= {AT_MICROS})
+                   AND (? IS NULL OR received_at <= {AT_MICROS})
+                   AND (? IS NULL OR {EVENT_STATE} = ?)
+                   AND (? IS NULL OR received_at > {AT_MICROS}
+                        OR (received_at = {AT_MICROS} AND id > ?))
+                 ORDER BY received_at, id LIMIT ?"
+            )),
+            event_by_id: arc(format!("{event_detail} WHERE id = ?")),
+            events_by_key: arc(format!("{event_detail} WHERE `key` = ? ORDER BY id")),
+            replayable: arc(format!(
+                "SELECT count(*) FROM {outbox}
+                 WHERE destination = ? AND received_at >= {AT_MICROS}
+                   AND received_at <= coalesce({AT_MICROS}, {NOW})
+                   AND (sent_at IS NOT NULL OR dead)"
+            )),
+            // The row of the migration that made the replays table: one row that every
+            // replay locks until its transaction ends, so that replays run one at a time.
+            replay_lock: Some(arc(format!(
+                "SELECT version FROM {migrations} WHERE version = 5 FOR UPDATE"
+            ))),
+            running_replay: arc(format!(
+                "SELECT w.id FROM {replays} AS w
+                 WHERE w.origin = ? AND w.since_at <= coalesce({AT_MICROS}, {NOW})
+                   AND w.until_at >= {AT_MICROS} AND {replay_running}
+                 ORDER BY w.id LIMIT 1"
+            )),
+            insert_replay: arc(format!(
+                "INSERT INTO {replays} (id, origin, since_at, until_at, started_at, events)
+                 VALUES (?, ?, {AT_MICROS}, coalesce({AT_MICROS}, {NOW}), {NOW}, 0)"
+            )),
+            replay_window: arc(format!(
+                "UPDATE {outbox} SET {REPLAYED}, created_at = {NOW}, next_attempt_at = {NOW},
+                    replay_id = ?
+                 WHERE destination = ? AND received_at >= {AT_MICROS}
+                   AND received_at <= (SELECT until_at FROM {replays} WHERE id = ?)
+                   AND (sent_at IS NOT NULL OR dead)"
+            )),
+            count_replay: arc(format!("UPDATE {replays} SET events = ? WHERE id = ?")),
+            replay_by_id: arc(format!(
+                "SELECT {replay_columns} FROM {replays} AS w WHERE w.id = ?"
+            )),
+            replays: arc(format!(
+                "SELECT {replay_columns} FROM {replays} AS w
+                 ORDER BY w.started_at DESC, w.id DESC LIMIT ?"
+            )),
+            replay_event: arc(format!(
+                "UPDATE {outbox} SET {REPLAYED}, created_at = {NOW}, next_attempt_at = {NOW},
+                    replay_id = NULL
+                 WHERE id = ? AND (sent_at IS NOT NULL OR dead)"
+            )),
+            replay_key: arc(format!(
+                "UPDATE {outbox} SET {REPLAYED}, created_at = {NOW}, next_attempt_at = {NOW},
+                    replay_id = NULL
+                 WHERE `key` = ? AND (sent_at IS NOT NULL OR dead)"
+            )),
+            purge_events: arc(format!(
+                "DELETE FROM {outbox}
+                 WHERE destination = ? AND sent_at IS NOT NULL AND received_at < {EARLIER}
+                 LIMIT ?"
+            )),
             purge_dead: arc(format!("DELETE FROM {outbox} WHERE dead AND {window}")),
             purge_sent: arc(format!(
                 "DELETE FROM {outbox} WHERE sent_at < {EARLIER} LIMIT ?"
@@ -260,8 +355,9 @@ impl MySqlStatements {
             )),
             enqueue: arc(format!(
                 "INSERT INTO {outbox}
-                    (scope, `key`, destination, payload, headers, created_at, next_attempt_at)
-                 VALUES (?, ?, ?, ?, ?, {NOW}, {NOW})"
+                    (scope, `key`, destination, payload, headers, created_at, next_attempt_at,
+                     received_at)
+                 VALUES (?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW})"
             )),
             // Taking due rows is three statements in one short transaction: MariaDB's UPDATE
             // returns no rows. No lock is held while the rows are sent.

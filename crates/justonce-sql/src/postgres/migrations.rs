@@ -99,4 +99,29 @@ CREATE TABLE IF NOT EXISTS {prefix}breakers (
 ALTER TABLE {prefix}outbox ADD COLUMN IF NOT EXISTS history jsonb;
 ",
     },
+    Migration {
+        version: 5,
+        description: "events: when each was received, its replays, and indexes to find them",
+        // `created_at` is moved by each replay, to start a new delivery window: the time an
+        // event was received needs a column of its own.
+        sql: "
+ALTER TABLE {prefix}outbox ADD COLUMN IF NOT EXISTS received_at timestamptz;
+UPDATE {prefix}outbox SET received_at = created_at WHERE received_at IS NULL;
+ALTER TABLE {prefix}outbox
+    ALTER COLUMN received_at SET DEFAULT now(),
+    ALTER COLUMN received_at SET NOT NULL,
+    ADD COLUMN IF NOT EXISTS replay_id bigint;
+CREATE INDEX IF NOT EXISTS {prefix}outbox_events ON {prefix}outbox (destination, received_at, id);
+CREATE INDEX IF NOT EXISTS {prefix}outbox_key ON {prefix}outbox (key);
+CREATE TABLE IF NOT EXISTS {prefix}replays (
+    id bigint PRIMARY KEY,
+    origin text NOT NULL,
+    since_at timestamptz NOT NULL,
+    until_at timestamptz NOT NULL,
+    started_at timestamptz NOT NULL,
+    events bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {prefix}replays_origin ON {prefix}replays (origin, since_at);
+",
+    },
 ];

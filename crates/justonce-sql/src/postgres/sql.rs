@@ -10,11 +10,19 @@ const CLOCK: Clock = Clock {
     later_by: |millis| format!("now() + {millis} * interval '1 millisecond'"),
     earlier_by: |millis| format!("now() - {millis} * interval '1 millisecond'"),
     age_ms: |column| format!("(extract(epoch FROM now() - {column}) * 1000)::bigint"),
+    // `extract` returns an exact numeric, and an interval of whole microseconds is exact.
+    micros_of: |column| format!("(extract(epoch FROM {column}) * 1000000)::bigint"),
+    at_micros: |micros| format!("(timestamptz 'epoch' + {micros} * interval '1 microsecond')"),
 };
 
 /// The statements of the tables under one prefix.
 pub(super) fn statements(tables: &Tables) -> Statements {
-    let Tables { keys, outbox, .. } = tables;
+    let Tables {
+        prefix,
+        keys,
+        outbox,
+        ..
+    } = tables;
     // One index lookup per key of a batch, whatever the planner knows of the table: its
     // generic plan for `key = ANY($3)` can instead test every row of the consumer
     // against every key (40 times slower with 16,000 keys stored, and growing).
@@ -129,6 +137,10 @@ pub(super) fn statements(tables: &Tables) -> Statements {
             )
         },
         history_text: "history::text",
+        // Held until the replay's transaction ends: replays of one store run one at a time.
+        replay_lock: Some(format!(
+            "SELECT pg_advisory_xact_lock(hashtext('justonce:{prefix}:replays'))"
+        )),
     };
     Statements::new(tables, &CLOCK, specific)
 }

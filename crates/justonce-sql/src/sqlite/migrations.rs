@@ -92,4 +92,27 @@ CREATE TABLE IF NOT EXISTS {prefix}breakers (
 ALTER TABLE {prefix}outbox ADD COLUMN history TEXT;
 ",
     },
+    Migration {
+        version: 5,
+        description: "events: when each was received, its replays, and indexes to find them",
+        // `created_at` is moved by each replay, to start a new delivery window: the time an
+        // event was received needs a column of its own. SQLite adds a column only with a
+        // constant default: the statement that writes a row sets it.
+        sql: "
+ALTER TABLE {prefix}outbox ADD COLUMN received_at INTEGER NOT NULL DEFAULT 0;
+UPDATE {prefix}outbox SET received_at = created_at;
+ALTER TABLE {prefix}outbox ADD COLUMN replay_id INTEGER;
+CREATE INDEX IF NOT EXISTS {prefix}outbox_events ON {prefix}outbox (destination, received_at, id);
+CREATE INDEX IF NOT EXISTS {prefix}outbox_key ON {prefix}outbox (key);
+CREATE TABLE IF NOT EXISTS {prefix}replays (
+    id INTEGER PRIMARY KEY,
+    origin TEXT NOT NULL,
+    since_at INTEGER NOT NULL,
+    until_at INTEGER NOT NULL,
+    started_at INTEGER NOT NULL,
+    events INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {prefix}replays_origin ON {prefix}replays (origin, since_at);
+",
+    },
 ];

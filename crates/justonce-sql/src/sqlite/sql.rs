@@ -13,6 +13,9 @@ const CLOCK: Clock = Clock {
     later_by: |millis| format!("({NOW_MS} + {millis})"),
     earlier_by: |millis| format!("({NOW_MS} - {millis})"),
     age_ms: |column| format!("({NOW_MS} - {column})"),
+    // Times are stored in whole milliseconds.
+    micros_of: |column| format!("({column} * 1000)"),
+    at_micros: |micros| format!("({micros} / 1000)"),
 };
 
 /// The statements of the tables under one prefix.
@@ -54,8 +57,8 @@ pub(super) fn statements(tables: &Tables) -> Statements {
              )"
         ),
         enqueue: format!(
-            "INSERT INTO {outbox} (scope, key, destination, payload, headers)
-             VALUES ($1, $2, $3, $4, $5)
+            "INSERT INTO {outbox} (scope, key, destination, payload, headers, received_at)
+             VALUES ($1, $2, $3, $4, $5, {NOW_MS})
              RETURNING id"
         ),
         // A WITH clause cannot insert on SQLite.
@@ -75,6 +78,8 @@ pub(super) fn statements(tables: &Tables) -> Statements {
             )
         },
         history_text: "history",
+        // A replay's transaction begins with the database's only write lock.
+        replay_lock: None,
     };
     Statements::new(tables, &CLOCK, specific)
 }

@@ -11,6 +11,7 @@ mod commit;
 mod crash;
 mod daily_report;
 mod docs;
+mod events;
 mod harness;
 mod history;
 mod hostile;

@@ -152,6 +152,11 @@ pub fn validate_consumer(
         },
     };
     let retention = entry.retention(raw.retry_horizon.as_deref(), raw.retention.as_deref())?;
+    let event_retention = entry.event_retention(
+        raw.event_retention.as_deref(),
+        raw.retention.as_deref(),
+        retention,
+    )?;
     let deliver_for = entry.duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
     let max_attempts = raw
         .max_attempts
@@ -253,6 +258,7 @@ pub fn validate_consumer(
         options,
         tls_insecure: tls.as_ref().is_some_and(Tls::is_insecure),
         retention,
+        event_retention,
         destination,
         deliver_for,
     })

@@ -84,6 +84,27 @@ impl<'a, 'i> Entry<'a, 'i> {
         Retention::new(keep, retry_horizon).with_context(|| self.at("retention"))
     }
 
+    /// How long a delivered event's body is kept to be replayed (`event_retention`): as
+    /// long as its key by default, and never shorter, so that an event whose key is kept
+    /// can be replayed.
+    pub fn event_retention(
+        &self,
+        value: Option<&str>,
+        keep: Option<&str>,
+        retention: Retention,
+    ) -> Result<Duration> {
+        let event_retention = self.duration(value, keep.unwrap_or("7d"), "event_retention")?;
+        if event_retention < retention.keep() {
+            bail!(
+                "{}: must be at least retention ({}): an event is kept at least as long as \
+                 its key",
+                self.at("event_retention"),
+                keep.unwrap_or("7d")
+            );
+        }
+        Ok(event_retention)
+    }
+
     /// The HTTP target at `url`, signed when it has a `secret`, giving up on a delivery
     /// after its `timeout` (10 s by default, or half the lease if shorter, so that a target
     /// that never answers holds a delivery slot briefly).

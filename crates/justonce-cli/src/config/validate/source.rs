@@ -114,6 +114,11 @@ pub fn validate_source(
             raw.retention.as_deref().unwrap_or("7d")
         );
     }
+    let event_retention = entry.event_retention(
+        raw.event_retention.as_deref(),
+        raw.retention.as_deref(),
+        retention,
+    )?;
     let deliver_for = entry.duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
     let secrets = raw
         .secrets
@@ -205,6 +210,7 @@ pub fn validate_source(
         name: name.to_owned(),
         source: Source::new(name, scheme, id).with_context(|| entry.named())?,
         retention,
+        event_retention,
         destination: entry.destination(&raw.target, &raw.target_secret, &raw.timeout)?,
         deliver_for,
     })
@@ -212,7 +218,57 @@ pub fn validate_source(
 
 #[cfg(test)]
 mod tests {
-    use crate::config::testing::{SHOP, env_of, error_of, load_text};
+    use crate::config::testing::{SHOP, env_of, error_of, load_text, shop_and_orders};
+    use std::time::Duration;
+
+    /// An event is kept at least as long as its key: as long by default, longer if set,
+    /// never shorter.
+    #[test]
+    fn event_retention_is_at_least_the_retention() {
+        const DAY: Duration = Duration::from_secs(86_400);
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://127.0.0.1:5672"),
+        ]);
+        let settings = load_text(&shop_and_orders(), &env).unwrap();
+        assert_eq!(settings.sources[0].event_retention, 7 * DAY);
+        assert_eq!(settings.consumers[0].event_retention, 7 * DAY);
+        let longer = shop_and_orders()
+            .replace(
+                "[sources.shop]",
+                "[sources.shop]\nretention = \"10d\"\nevent_retention = \"30d\"",
+            )
+            .replace(
+                "[consumers.orders]",
+                "[consumers.orders]\nevent_retention = \"14d\"",
+            );
+        let settings = load_text(&longer, &env).unwrap();
+        assert_eq!(settings.sources[0].event_retention, 30 * DAY);
+        assert_eq!(settings.consumers[0].event_retention, 14 * DAY);
+        let shorter = SHOP.replace(
+            "[sources.shop]",
+            "[sources.shop]\nretention = \"10d\"\nevent_retention = \"2d\"",
+        );
+        let error = error_of(&shorter, &env);
+        assert!(
+            error.contains("sources.shop.event_retention (line 8)"),
+            "{error}"
+        );
+        assert!(
+            error.contains("must be at least retention (10d)"),
+            "{error}"
+        );
+        let consumer = shop_and_orders().replace(
+            "[consumers.orders]",
+            "[consumers.orders]\nevent_retention = \"1d\"",
+        );
+        let error = error_of(&consumer, &env);
+        assert!(
+            error.contains("consumers.orders.event_retention"),
+            "{error}"
+        );
+        assert!(error.contains("must be at least retention (7d)"), "{error}");
+    }
 
     #[test]
     fn empty_secrets_are_refused() {
