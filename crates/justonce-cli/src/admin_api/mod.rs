@@ -52,6 +52,18 @@ impl<DB: Backend> Routes<DB> {
         routes
             .add(Method::GET, "/api/v1/stats", consumers::stats::<DB>)
             .add(Method::GET, "/api/v1/consumers", consumers::list::<DB>)
+            .add(Method::GET, "/api/v1/events", events::list::<DB>)
+            .add(Method::GET, "/api/v1/events/{id}", events::show::<DB>)
+            .add(
+                Method::POST,
+                "/api/v1/events/replay",
+                events::replay_range::<DB>,
+            )
+            .add(
+                Method::POST,
+                "/api/v1/events/{id}/replay",
+                events::replay::<DB>,
+            )
             .add(
                 Method::GET,
                 "/api/v1/deliveries/{id}",

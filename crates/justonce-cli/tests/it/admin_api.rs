@@ -1,5 +1,6 @@
 //! The admin API against the running service: each route's answer is what the store
-//! holds, its changes reach the store and the target, and access is refused as documented.
+//! holds, its changes reach the store and the target (a replay with the same key), and
+//! access is refused as documented.
 
 use crate::serve::{
     Server, claim_with_delivery, client, database, drop_database, free_port, signature,
@@ -511,6 +512,75 @@ target = "http://127.0.0.1:{closed}/unreachable"
         ])
     );
     assert_eq!(stats["offsets"][0]["consumer"], "orders");
+
+    // Events: listed by origin and state a page at a time, shown whole, replayed one or by
+    // time range with their own keys.
+    let listed = api.get("/api/v1/events?source=shop").await;
+    let events = listed["events"].as_array().unwrap();
+    let event_keys: Vec<&str> = events.iter().map(|e| e["key"].as_str().unwrap()).collect();
+    assert_eq!(event_keys, ["shop:evt_1", "shop:evt_2"]);
+    assert!(events.iter().all(|e| e["state"] == "delivered"), "{listed}");
+    let first_page = api.get("/api/v1/events?source=shop&limit=1").await;
+    assert_eq!(first_page["events"][0]["key"], "shop:evt_1");
+    let next = first_page["next_cursor"].as_str().unwrap();
+    let second_page = api
+        .get(&format!("/api/v1/events?source=shop&limit=1&cursor={next}"))
+        .await;
+    assert_eq!(second_page["events"][0]["key"], "shop:evt_2");
+    let shop_1 = events[0]["id"].as_i64().unwrap();
+    let shown = api.get(&format!("/api/v1/events/{shop_1}")).await;
+    assert_eq!(
+        (&shown["origin"], &shown["body"]),
+        (&json!("shop"), &json!(body(1)))
+    );
+    assert!(
+        !shown["deliveries"].as_array().unwrap().is_empty(),
+        "{shown}"
+    );
+    let waiting = api.get("/api/v1/events?consumer=orders&state=due").await;
+    let waiting = waiting["events"][0]["id"].as_i64().unwrap();
+    let (status, _) = api
+        .call(Method::POST, &format!("/api/v1/events/{waiting}/replay"))
+        .await;
+    assert_eq!(
+        status, 409,
+        "an event waiting for its delivery is not replayed twice"
+    );
+    let window = api.post("/api/v1/events/replay?source=shop&since=1h").await;
+    assert_eq!(
+        (&window["origin"], &window["events"]),
+        (&json!("shop"), &json!(2))
+    );
+    for key in ["shop:evt_1", "shop:evt_2"] {
+        until(key, || async {
+            (requests_with(&sink, key).len() == 3).then_some(())
+        })
+        .await;
+    }
+    let (status, _) = api.call(Method::GET, "/api/v1/events/999999999").await;
+    assert_eq!(status, 404);
+    assert_bad(&api, Method::GET, "/api/v1/events?state=lost", "state").await;
+    assert_bad(
+        &api,
+        Method::GET,
+        "/api/v1/events?source=shop&consumer=orders",
+        "consumer",
+    )
+    .await;
+    assert_bad(
+        &api,
+        Method::GET,
+        "/api/v1/events?cursor=nonsense",
+        "cursor",
+    )
+    .await;
+    assert_bad(
+        &api,
+        Method::POST,
+        "/api/v1/events/replay?source=shop",
+        "since",
+    )
+    .await;
 
     // The document, without a token, as the repository keeps it; other paths are problems.
     let served = client()
