@@ -1,6 +1,7 @@
 //! `justonce serve`: the public receiver, the admin listener and the relay, until SIGTERM.
 
 use crate::activity::{self, Activity};
+use crate::admin_api;
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
 use crate::listener;
 use crate::probes::{self, Consumers};
@@ -124,8 +125,11 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let gauges = Arc::new(StoreGauges::default());
     tokio::spawn(refresh_store_gauges(outbox, kept, Arc::clone(&gauges)));
     let status_consumers = Arc::clone(&consumer_states);
+    let admin_token_set = settings.admin_token.is_some();
+    let admin_api = admin_api::router(&inbox, &consumer_states, settings.admin_token);
     let admin = receiver::health_router(&inbox)
         .merge(probes)
+        .merge(admin_api)
         .route(
             "/metrics",
             get(move || metrics_page(prometheus.clone(), Arc::clone(&gauges))),
@@ -162,6 +166,13 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         admin = %settings.admin_listen,
         "serving"
     );
+    if !admin_token_set && !settings.admin_listen.ip().is_loopback() {
+        tracing::warn!(
+            admin = %settings.admin_listen,
+            "the admin listener is reachable from other machines and server.admin_token is \
+             not set: anyone who reaches it can read the store through the admin API"
+        );
+    }
     let limits = settings.limits;
     let (public_connections, admin_connections) = listener::fit_open_files(&limits);
     let public = listener::serve(

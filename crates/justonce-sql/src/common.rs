@@ -6,7 +6,7 @@ use crate::backend::{Backend, Reads};
 use crate::rows::{
     Change, DestinationCounts, EventBy, EventDetailTuple, EventListing, EventTuple, KeyCount,
     KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing, NewReplay, OffsetTuple, ReplayTuple,
-    Replays, Schema, Stored, StoredOffset, Tried, Waiting,
+    Replays, Schema, Stored, StoredOffset, Tried, Waiting, Window,
 };
 use crate::shared::driver_error;
 use crate::tables::Tables;
@@ -52,7 +52,7 @@ pub struct Common {
     pub(crate) all_offsets: Arc<str>,
     pub(crate) has_unique_constraint: Arc<str>,
     /// Rows due, oldest first, then dead letters, oldest first: destination twice, since
-    /// twice, until twice, limit.
+    /// twice, until twice (a window), the id to list after twice, limit.
     pub(crate) list_due: Arc<str>,
     pub(crate) list_dead: Arc<str>,
     /// One row's history as JSON text: id.
@@ -182,10 +182,12 @@ impl Common {
                 statement(&self.breaker_close).bind(destination)
             }
             // Every dead letter when `id` is none: it is bound twice for MariaDB's `?`.
-            Change::Replay { id, limit } => statement(&self.replay).bind(id).bind(id).bind(limit),
+            Change::Replay { id, window, limit } => {
+                bind_window(statement(&self.replay).bind(id).bind(id), window).bind(limit)
+            }
             Change::ReplayEvent { id } => statement(&self.replay_event).bind(id),
             Change::ReplayKey { key } => statement(&self.replay_key).bind(key),
-            Change::PurgeDead => statement(&self.purge_dead),
+            Change::PurgeDead { window } => bind_window(statement(&self.purge_dead), window),
             Change::PurgeEvents {
                 origin,
                 older_than_ms,
@@ -227,6 +229,23 @@ where
         .bind(tried.duration_ms)
         .bind(tried.status)
         .bind(tried.answer)
+}
+
+/// Binds a window of outbox rows: destination, then the milliseconds since and until.
+/// Each is bound twice for MariaDB's `?`: once to test for none.
+fn bind_window<'q, DB>(query: Query<'q, DB>, window: Window<'q>) -> Query<'q, DB>
+where
+    DB: Database,
+    Option<&'q str>: Encode<'q, DB> + Type<DB>,
+    Option<i64>: Encode<'q, DB> + Type<DB>,
+{
+    query
+        .bind(window.destination)
+        .bind(window.destination)
+        .bind(window.since_ms)
+        .bind(window.since_ms)
+        .bind(window.until_ms)
+        .bind(window.until_ms)
 }
 
 /// Binds the identity every statement about one key names: scope, consumer, key.
@@ -409,13 +428,16 @@ where
             Waiting::Dead => &self.as_ref().list_dead,
         };
         // Each filter is bound twice, for MariaDB's `?`: once to test for none.
+        let window = listing.window;
         sqlx::query_as(AssertSqlSafe(text.clone()))
-            .bind(listing.destination)
-            .bind(listing.destination)
-            .bind(listing.since_ms)
-            .bind(listing.since_ms)
-            .bind(listing.until_ms)
-            .bind(listing.until_ms)
+            .bind(window.destination)
+            .bind(window.destination)
+            .bind(window.since_ms)
+            .bind(window.since_ms)
+            .bind(window.until_ms)
+            .bind(window.until_ms)
+            .bind(listing.after)
+            .bind(listing.after)
             .bind(listing.limit)
             .fetch_all(pool)
             .await

@@ -123,20 +123,33 @@ impl Statements {
         );
         let skip_locked = specific.skip_locked;
         let append = specific.append_attempt;
-        // Rows of one state, by destination and by when they were written (or replayed).
+        // Rows of one destination written (or replayed) within a window of time, its six
+        // parameters numbered from `first`.
+        let window = |first: usize| {
+            let at = |n: usize| format!("${}", first + n);
+            format!(
+                "({} IS NULL OR destination = {})
+                 AND ({} IS NULL OR created_at >= {})
+                 AND ({} IS NULL OR created_at <= {})",
+                at(0),
+                at(1),
+                at(2),
+                (clock.earlier_by)(&at(3)),
+                at(4),
+                (clock.earlier_by)(&at(5)),
+            )
+        };
+        // Rows of one state within a window, after an id.
         let list = |state: &str, order: &str| {
             format!(
                 "SELECT id, scope, key, destination, attempts, last_error, {} AS age_ms,
                         -{} AS next_in_ms
                  FROM {outbox}
-                 WHERE {state} AND ($1 IS NULL OR destination = $2)
-                   AND ($3 IS NULL OR created_at >= {})
-                   AND ($5 IS NULL OR created_at <= {})
-                 ORDER BY {order} LIMIT $7",
+                 WHERE {state} AND {} AND ($7 IS NULL OR id > $8)
+                 ORDER BY {order} LIMIT $9",
                 (clock.age_ms)("created_at"),
                 (clock.age_ms)("next_attempt_at"),
-                (clock.earlier_by)("$4"),
-                (clock.earlier_by)("$6"),
+                window(1),
             )
         };
         let text = |sql: String| Arc::<str>::from(sql);
@@ -318,11 +331,12 @@ impl Statements {
                      last_error = NULL
                  WHERE id IN (
                     SELECT id FROM {outbox}
-                    WHERE dead AND sent_at IS NULL AND ($1 IS NULL OR id = $2)
-                    ORDER BY id LIMIT $3
-                 )"
+                    WHERE dead AND sent_at IS NULL AND ($1 IS NULL OR id = $2) AND {}
+                    ORDER BY id LIMIT $9
+                 )",
+                window(3)
             )),
-            purge_dead: text(format!("DELETE FROM {outbox} WHERE dead")),
+            purge_dead: text(format!("DELETE FROM {outbox} WHERE dead AND {}", window(1))),
             purge_sent: text(format!(
                 "DELETE FROM {outbox} WHERE id IN (
                     SELECT id FROM {outbox} WHERE sent_at < {} LIMIT $2

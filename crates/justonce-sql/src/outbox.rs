@@ -2,7 +2,7 @@
 //! a key the receiver can deduplicate on.
 
 use crate::backend::{Backend, Queries, Reads};
-use crate::rows::{Change, ListedTuple, Listing, OutboxRow, Waiting, Which};
+use crate::rows::{Change, ListedTuple, Listing, OutboxRow, Waiting, Which, Window};
 use crate::shared::{Shared, in_batches, millis};
 use justonce_core::Error;
 use justonce_core::trace::{self, TRACEPARENT, TRACESTATE, TraceContext};
@@ -151,12 +151,13 @@ impl Row {
 }
 
 /// Which rows a listing shows: of one destination, written (or last replayed) within a
-/// window of time, at most a number of them (50 by default).
+/// window of time, after an id, at most a number of them (50 by default).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowFilter {
     destination: Option<String>,
     since: Option<Duration>,
     until: Option<Duration>,
+    after: Option<i64>,
     limit: u32,
 }
 
@@ -166,6 +167,7 @@ impl Default for RowFilter {
             destination: None,
             since: None,
             until: None,
+            after: None,
             limit: 50,
         }
     }
@@ -190,17 +192,31 @@ impl RowFilter {
         self
     }
 
+    /// Only rows whose id is above this one: the cursor of a listing in id order, such as
+    /// the dead letters', from the last id of the page before.
+    pub fn after(mut self, id: i64) -> Self {
+        self.after = Some(id);
+        self
+    }
+
     justonce_core::setters!(
         /// At most this many rows.
         limit: u32,
     );
 
-    fn listing(&self, state: Waiting) -> Listing<'_> {
-        Listing {
-            state,
+    fn window(&self) -> Window<'_> {
+        Window {
             destination: self.destination.as_deref(),
             since_ms: self.since.map(millis),
             until_ms: self.until.map(millis),
+        }
+    }
+
+    fn listing(&self, state: Waiting) -> Listing<'_> {
+        Listing {
+            state,
+            window: self.window(),
+            after: self.after,
             limit: i64::from(self.limit),
         }
     }
@@ -407,6 +423,7 @@ impl<DB: Backend> Outbox<DB> {
     pub async fn replay(&self, id: i64) -> Result<bool, Error> {
         let change = Change::Replay {
             id: Some(id),
+            window: Window::default(),
             limit: 1,
         };
         Ok(self.change(change).await? > 0)
@@ -422,16 +439,31 @@ impl<DB: Backend> Outbox<DB> {
     /// replayed may die again (a destination that still refuses it) and be picked by a
     /// later batch: bound such a loop by the count of dead letters it started from.
     pub async fn replay_batch(&self, batch_size: u32) -> Result<u64, Error> {
+        self.replay_matching(&RowFilter::default().limit(batch_size))
+            .await
+    }
+
+    /// Replays the dead letters of `filter`'s destination and window of time, at most its
+    /// limit, oldest first; returns how many. Its `after` does not apply.
+    pub async fn replay_matching(&self, filter: &RowFilter) -> Result<u64, Error> {
         let change = Change::Replay {
             id: None,
-            limit: i64::from(batch_size.max(1)),
+            window: filter.window(),
+            limit: i64::from(filter.limit.max(1)),
         };
         self.change(change).await
     }
 
     /// Deletes every dead letter; returns how many.
     pub async fn purge_dead_letters(&self) -> Result<u64, Error> {
-        self.change(Change::PurgeDead).await
+        self.purge_dead_matching(&RowFilter::default()).await
+    }
+
+    /// Deletes every dead letter of `filter`'s destination and window of time, in one
+    /// statement; returns how many. Its limit and `after` do not apply.
+    pub async fn purge_dead_matching(&self, filter: &RowFilter) -> Result<u64, Error> {
+        let window = filter.window();
+        self.change(Change::PurgeDead { window }).await
     }
 
     /// Deletes rows sent more than `older_than` ago (by the database's clock),

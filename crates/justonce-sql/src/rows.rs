@@ -182,15 +182,23 @@ pub struct Tried<'a> {
 /// How many attempts a row's history keeps: the last ones.
 pub const HISTORY_LENGTH: usize = 25;
 
-/// Which rows a listing reads: those of one state, of a destination, written (or last
-/// replayed) within a window that ends some milliseconds ago, at most `limit`.
-pub struct Listing<'a> {
-    pub(crate) state: Waiting,
+/// Rows of a destination written (or last replayed) within a window that ends some
+/// milliseconds ago; each part `None` for any.
+#[derive(Clone, Copy, Default)]
+pub struct Window<'a> {
     pub(crate) destination: Option<&'a str>,
     /// Written at most this many milliseconds ago.
     pub(crate) since_ms: Option<i64>,
     /// Written at least this many milliseconds ago.
     pub(crate) until_ms: Option<i64>,
+}
+
+/// Which rows a listing reads: those of one state within a window, with an id above
+/// `after` if given, at most `limit`.
+pub struct Listing<'a> {
+    pub(crate) state: Waiting,
+    pub(crate) window: Window<'a>,
+    pub(crate) after: Option<i64>,
     pub(crate) limit: i64,
 }
 
@@ -337,9 +345,10 @@ pub enum Change<'a> {
     BreakerClose {
         destination: &'a str,
     },
-    /// Every dead letter when `id` is `None`, at most `limit`.
+    /// The dead letters within `window` when `id` is `None`, at most `limit`, oldest first.
     Replay {
         id: Option<i64>,
+        window: Window<'a>,
         limit: i64,
     },
     /// A delivered or dead event put back to due, its attempts counted anew: by id, or
@@ -350,7 +359,10 @@ pub enum Change<'a> {
     ReplayKey {
         key: &'a str,
     },
-    PurgeDead,
+    /// Every dead letter within `window`.
+    PurgeDead {
+        window: Window<'a>,
+    },
     /// Deletes at most `limit` delivered events of `origin` received more than
     /// `older_than_ms` ago.
     PurgeEvents {

@@ -186,6 +186,8 @@ pub use justonce_sql::{
 pub mod docs {
     #[doc = include_str!("../../../README.md")]
     pub struct Readme;
+    #[doc = include_str!("../../../docs/admin-api.md")]
+    pub struct AdminApi;
     #[doc = include_str!("../../../docs/benchmarks.md")]
     pub struct Benchmarks;
     #[doc = include_str!("../../../docs/brokers.md")]

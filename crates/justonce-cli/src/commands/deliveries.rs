@@ -100,36 +100,41 @@ pub enum Listed {
 
 /// Prints `rows` as one JSON array; due rows say when their next attempt is.
 pub fn print_json(rows: &[RowSummary], listed: Listed) {
-    let rows: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|row| {
-            let mut object = serde_json::json!({
-                "id": row.id,
-                "scope": (!row.scope.is_empty()).then_some(&row.scope),
-                "key": row.key,
-                "destination": row.destination,
-                "attempts": row.attempts,
-                "last_error": row.last_error,
-                "age_seconds": row.age.as_secs_f64(),
-            });
-            if listed == Listed::Due {
-                object["next_attempt_in_seconds"] = row.next_attempt_in.as_secs_f64().into();
-            }
-            object
-        })
-        .collect();
+    let rows: Vec<serde_json::Value> = rows.iter().map(|row| summary_json(row, listed)).collect();
     println!("{}", serde_json::Value::from(rows));
 }
 
-/// Prints a delivery: its state and last error, its headers, its attempts, then its body.
-pub fn print_row(row: &Row, attempts: &[Attempt]) {
-    let state = if row.sent {
+/// One row of a listing as JSON, as `--json` prints it and the admin API answers it.
+pub fn summary_json(row: &RowSummary, listed: Listed) -> serde_json::Value {
+    let mut object = serde_json::json!({
+        "id": row.id,
+        "scope": (!row.scope.is_empty()).then_some(&row.scope),
+        "key": row.key,
+        "destination": row.destination,
+        "attempts": row.attempts,
+        "last_error": row.last_error,
+        "age_seconds": row.age.as_secs_f64(),
+    });
+    if listed == Listed::Due {
+        object["next_attempt_in_seconds"] = row.next_attempt_in.as_secs_f64().into();
+    }
+    object
+}
+
+/// `sent`, `due` or `dead`.
+pub fn state_of(row: &Row) -> &'static str {
+    if row.sent {
         "sent"
     } else if row.dead {
         "dead"
     } else {
         "due"
-    };
+    }
+}
+
+/// Prints a delivery: its state and last error, its headers, its attempts, then its body.
+pub fn print_row(row: &Row, attempts: &[Attempt]) {
+    let state = state_of(row);
     println!("id:          {}", row.id);
     println!("destination: {}", row.destination);
     println!("key:         {}", row.key);

@@ -258,14 +258,17 @@ fn event_json(event: &Event) -> Value {
     })
 }
 
-fn page_json(page: &EventPage) -> Value {
+/// A page of events as JSON, as `events list --json` prints it and the admin API answers it.
+pub fn page_json(page: &EventPage) -> Value {
     json!({
         "events": Value::from_iter(page.events.iter().map(event_json)),
         "next_cursor": page.next,
     })
 }
 
-fn detail_json(shown: &EventDetail) -> Value {
+/// An event with its body and attempts as JSON, as `events show --json` prints it and the
+/// admin API answers it.
+pub fn detail_json(shown: &EventDetail) -> Value {
     let mut object = event_json(&shown.event);
     object["headers"] = Value::from_iter(
         shown

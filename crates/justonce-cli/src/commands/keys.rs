@@ -56,7 +56,7 @@ impl KeyArgs {
 }
 
 /// The key, its consumer and its scope, as an error message names them.
-fn name(identity: &Identity) -> String {
+pub fn name(identity: &Identity) -> String {
     match identity.scope.as_str() {
         "" => format!("key {} of consumer {}", identity.key, identity.consumer),
         scope => format!(

@@ -3,14 +3,14 @@
 
 mod bench;
 mod check;
-mod deliveries;
+pub(crate) mod deliveries;
 mod dlq;
-mod events;
-mod keys;
+pub(crate) mod events;
+pub(crate) mod keys;
 mod migrate;
-mod output;
+pub(crate) mod output;
 mod purge;
-mod stats;
+pub(crate) mod stats;
 
 use crate::cli::{
     Configured, DeliveriesCommand, DlqCommand, EventsCommand, KeysCommand, ReplayArgs,

@@ -2,17 +2,37 @@
 
 use super::output::{print_table, scope_or_none};
 use anyhow::Result;
-use justonce_sql::{Backend, Inbox};
+use justonce_sql::{BackedOff, Backend, Inbox, KeyCount, OutboxStats, StoredOffset};
 
-/// Prints the keys per consumer and scope, the deliveries, the backed-off destinations and
-/// the stream offsets.
-pub async fn print<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
-    let keys = inbox.key_counts().await?;
-    let deliveries = inbox.outbox().stats().await?;
-    let backed_off = inbox.outbox().backed_off().await?;
-    let offsets = inbox.all_offsets().await?;
-    if json {
-        let stats = serde_json::json!({
+/// What the store holds: the keys per consumer and scope, the deliveries, the backed-off
+/// destinations and the stream offsets.
+pub struct Stats {
+    keys: Vec<KeyCount>,
+    deliveries: OutboxStats,
+    backed_off: Vec<BackedOff>,
+    offsets: Vec<StoredOffset>,
+}
+
+impl Stats {
+    /// Reads them from the store.
+    pub async fn read<DB: Backend>(inbox: &Inbox<DB>) -> Result<Self, justonce_sql::Error> {
+        Ok(Self {
+            keys: inbox.key_counts().await?,
+            deliveries: inbox.outbox().stats().await?,
+            backed_off: inbox.outbox().backed_off().await?,
+            offsets: inbox.all_offsets().await?,
+        })
+    }
+
+    /// As one JSON object, as `stats --json` prints it and the admin API answers it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let Self {
+            keys,
+            deliveries,
+            backed_off,
+            offsets,
+        } = self;
+        serde_json::json!({
             "keys": keys.iter().map(|count| serde_json::json!({
                 "consumer": count.consumer,
                 "scope": (!count.scope.is_empty()).then_some(&count.scope),
@@ -38,10 +58,24 @@ pub async fn print<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
                 "position": stored.offset.position,
                 "sequence": stored.offset.sequence,
             })).collect::<Vec<_>>(),
-        });
-        println!("{stats}");
+        })
+    }
+}
+
+/// Prints the keys per consumer and scope, the deliveries, the backed-off destinations and
+/// the stream offsets.
+pub async fn print<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
+    let stats = Stats::read(inbox).await?;
+    if json {
+        println!("{}", stats.to_json());
         return Ok(());
     }
+    let Stats {
+        keys,
+        deliveries,
+        backed_off,
+        offsets,
+    } = stats;
     print_table(
         "keys",
         &["consumer", "scope", "keys", "in progress"],

@@ -1,5 +1,6 @@
 //! The settings the rest of the binary runs with: validated, with every default filled in.
 
+use crate::admin_api::AdminToken;
 use anyhow::Result;
 use justonce_http::HttpDestination;
 use justonce_http::receiver::Source;
@@ -35,6 +36,8 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// The URL `serve` posts its spans to over OTLP/HTTP; `None`: no traces are exported.
     pub traces_url: Option<String>,
+    /// The token the admin API asks for; `None`: reads are open and changes refused.
+    pub admin_token: Option<AdminToken>,
     /// `JUSTONCE_*` variables that name no setting: a warning at start, an error with
     /// `--strict`.
     pub unknown_variables: Vec<String>,

@@ -32,6 +32,7 @@ macro_rules! on_every_database {
     };
 }
 
+mod admin_api;
 mod bench;
 mod broker_tls;
 mod check;

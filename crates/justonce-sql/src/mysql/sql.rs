@@ -117,15 +117,19 @@ impl MySqlStatements {
              CAST(coalesce(max(CASE WHEN {due} THEN {} END), 0) AS SIGNED)",
             age_ms("created_at")
         );
-        // Rows of one state, by destination and by when they were written (or replayed).
+        // Rows of one destination written (or replayed) within a window of time.
+        let window = format!(
+            "(? IS NULL OR destination = ?)
+             AND (? IS NULL OR created_at >= {EARLIER})
+             AND (? IS NULL OR created_at <= {EARLIER})"
+        );
+        // Rows of one state within a window, after an id.
         let list = |state: &str, order: &str| {
             format!(
                 "SELECT id, scope, `key`, destination, attempts, last_error, {} AS age_ms,
                         -{} AS next_in_ms
                  FROM {outbox}
-                 WHERE {state} AND (? IS NULL OR destination = ?)
-                   AND (? IS NULL OR created_at >= {EARLIER})
-                   AND (? IS NULL OR created_at <= {EARLIER})
+                 WHERE {state} AND {window} AND (? IS NULL OR id > ?)
                  ORDER BY {order} LIMIT ?",
                 age_ms("created_at"),
                 age_ms("next_attempt_at"),
@@ -199,7 +203,7 @@ impl MySqlStatements {
                 "UPDATE {outbox}
                      SET dead = FALSE, attempts = 0, next_attempt_at = {NOW}, created_at = {NOW},
                          last_error = NULL
-                     WHERE dead AND sent_at IS NULL AND (? IS NULL OR id = ?)
+                     WHERE dead AND sent_at IS NULL AND (? IS NULL OR id = ?) AND {window}
                      ORDER BY id LIMIT ?"
             )),
             events: arc(format!(
@@ -266,7 +270,7 @@ impl MySqlStatements {
                  WHERE destination = ? AND sent_at IS NOT NULL AND received_at < {EARLIER}
                  LIMIT ?"
             )),
-            purge_dead: arc(format!("DELETE FROM {outbox} WHERE dead")),
+            purge_dead: arc(format!("DELETE FROM {outbox} WHERE dead AND {window}")),
             purge_sent: arc(format!(
                 "DELETE FROM {outbox} WHERE sent_at < {EARLIER} LIMIT ?"
             )),

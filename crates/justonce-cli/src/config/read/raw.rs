@@ -68,6 +68,7 @@ pub struct RawServer {
     pub acquire_timeout: Option<String>,
     pub log_format: Option<String>,
     pub otlp_endpoint: Option<String>,
+    pub admin_token: Option<String>,
 }
 
 /// A whole number written as a TOML integer or, from a variable, as text.

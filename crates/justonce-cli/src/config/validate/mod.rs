@@ -11,6 +11,7 @@ mod units;
 
 use super::read::{Count, Env, Origin, RawConfig, quoted};
 use super::settings::{Limits, LogFormat, Settings};
+use crate::admin_api::AdminToken;
 use anyhow::{Context, Result, anyhow, bail};
 use justonce_cli_support::database::DatabaseKind;
 use justonce_cli_support::parse_duration;
@@ -156,6 +157,14 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         ),
     };
     let traces_url = traces::traces_url(server.otlp_endpoint.as_deref(), env, origin)?;
+    let admin_token = server
+        .admin_token
+        .map(|reference| {
+            secret::resolve_secret(&reference, env)
+                .map(|token| AdminToken::new(&token))
+                .with_context(|| origin.name(&["server", "admin_token"]))
+        })
+        .transpose()?;
     // A delivery still running when its lease ends may be sent again by another relay,
     // with the same key: none starts after half the lease, and each gives up within the
     // other half, so that the two rarely overlap.
@@ -197,6 +206,7 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         consumers,
         log_format,
         traces_url,
+        admin_token,
         unknown_variables: Vec::new(),
         printed: String::new(),
     })
@@ -271,6 +281,32 @@ mod tests {
         for (text, key, expected) in cases {
             assert_named(&text, &env, key, expected);
         }
+    }
+
+    /// The admin token is a reference to a variable that must be set when the service
+    /// starts, never the token itself.
+    #[test]
+    fn the_admin_token_is_read_from_its_variable() {
+        let text = SHOP.replace(
+            "body_limit",
+            "admin_token = \"env:ADMIN_TOKEN\"\nbody_limit",
+        );
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ADMIN_TOKEN", "a long random token"),
+        ]);
+        assert!(load_text(&text, &env).unwrap().admin_token.is_some());
+        assert!(load_text(SHOP, &env).unwrap().admin_token.is_none());
+        let without = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+        let key = "server.admin_token (line 4)";
+        assert_named(
+            &text,
+            &without,
+            key,
+            "the environment variable ADMIN_TOKEN is not set",
+        );
+        let inline = SHOP.replace("body_limit", "admin_token = \"hunter2\"\nbody_limit");
+        assert_named(&inline, &env, key, "secrets are written env:VARIABLE");
     }
 
     #[test]
