@@ -19,12 +19,24 @@ on_every_database!(
     the_printed_migrations_make_a_schema_the_service_accepts,
     purge_deletes_only_keys_past_retention_and_reports_its_progress,
     serve_purges_keys_past_retention_on_its_schedule,
-    a_server_killed_twenty_times_loses_no_acknowledged_event,
     keys_release_lets_the_next_claim_take_a_stuck_lease_at_once,
     keys_complete_marks_a_stuck_lease_done_and_refuses_its_holder,
     keys_release_and_complete_change_nothing_unless_confirmed_on_a_lease_in_progress,
     stats_json_reports_exactly_what_the_store_holds,
 );
+
+// The fault harness kills the service ten times on every database
+// (`harness::a_server_killed_ten_times_*`); this run of twenty kills is the same proof
+// through the binary alone and runs on PostgreSQL.
+mod postgres_only {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_killed_twenty_times_loses_no_acknowledged_event() {
+        super::a_server_killed_twenty_times_loses_no_acknowledged_event::<
+            justonce_sql::sqlx::Postgres,
+        >("a_server_killed_twenty_times_loses_no_acknowledged_event")
+        .await
+    }
+}
 
 /// A `justonce serve` with its own config file, database and free ports.
 pub(crate) struct Server {
