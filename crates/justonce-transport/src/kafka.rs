@@ -446,7 +446,7 @@ impl Receive for Records<'_> {
                         tokio::time::sleep(RECOVERY_POLL).await;
                         continue;
                     }
-                    Err(error) => return Err(broker(error)),
+                    Err(error) => return Err(unrecoverable(error)),
                 },
                 () = kafka.changes.changed.notified() => continue,
             };
@@ -563,8 +563,20 @@ impl OrderedBroker for Kafka {
         &self.options.policy
     }
 
-    /// Each partition starts after its stored offset when the group assigns it.
+    /// Each partition starts after its stored offset when the group assigns it. A read
+    /// after another (once a lost connection is back) assigns the partitions held again,
+    /// each from after its stored offset: the client's position is past records taken and
+    /// not stored, which would otherwise never run.
     async fn read(&self, stored: StoredOffsets) -> Result<Records<'_>, Error> {
+        let mut held: Vec<i32> = crate::lock(&self.positioned).keys().copied().collect();
+        if !held.is_empty() {
+            held.sort_unstable();
+            let mut queued = crate::lock(&self.changes.queued);
+            // A change queued already is applied first, and assigns from the stored offsets.
+            if queued.is_empty() {
+                queued.push_back(Change::Assigned(held));
+            }
+        }
         Ok(Records {
             kafka: self,
             stored,
@@ -813,6 +825,14 @@ fn recovers_by_itself(error: &rdkafka::error::KafkaError) -> bool {
                 | Code::ClusterAuthorizationFailed
         )
     )
+}
+
+/// An error the client does not recover from (see [`recovers_by_itself`]): not a lost
+/// connection, so the reader ends instead of connecting again to the same client.
+fn unrecoverable(error: rdkafka::error::KafkaError) -> Error {
+    Error::Config(format!(
+        "the Kafka client cannot go on: {error} (check the credentials and the topic's ACLs)"
+    ))
 }
 
 fn broker(error: rdkafka::error::KafkaError) -> Error {

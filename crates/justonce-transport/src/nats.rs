@@ -449,7 +449,15 @@ impl OrderedBroker for NatsStream {
                 ..Default::default()
             })
             .await
-            .map_err(|e| Error::Config(format!("reading stream {}: {e}", self.options.stream)))?;
+            .map_err(|e| {
+                use async_nats::jetstream::stream::ConsumerErrorKind as Kind;
+                // A server not answering yet, as after a restart, is a lost connection; a
+                // refusal is the configuration's.
+                match e.kind() {
+                    Kind::TimedOut | Kind::Request => broker(e),
+                    _ => Error::Config(format!("reading stream {}: {e}", self.options.stream)),
+                }
+            })?;
         let stream = consumer.messages().await.map_err(broker)?;
         Ok(Messages { stream })
     }

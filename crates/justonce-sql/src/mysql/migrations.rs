@@ -113,7 +113,9 @@ DEALLOCATE PREPARE justonce_add_history;
         description: "events: when each was received, its replays, and indexes to find them",
         // `created_at` is moved by each replay, to start a new delivery window: the time an
         // event was received needs a column of its own. The columns and indexes come in one
-        // ALTER, which is whole or not at all, and which a repeated migration skips.
+        // ALTER, which is whole or not at all, and which a repeated migration skips. The
+        // default serves a process of the version before, still running, that inserts rows
+        // without the column; the rows before the migration take their `created_at`.
         sql: "
 SET @justonce_add_events = IF(
     (SELECT count(*) FROM information_schema.columns
@@ -127,6 +129,7 @@ SET @justonce_add_events = IF(
 PREPARE justonce_add_events FROM @justonce_add_events;
 EXECUTE justonce_add_events;
 DEALLOCATE PREPARE justonce_add_events;
+ALTER TABLE {prefix}outbox ALTER COLUMN received_at SET DEFAULT CURRENT_TIMESTAMP(6);
 UPDATE {prefix}outbox SET received_at = created_at WHERE received_at IS NULL;
 CREATE TABLE IF NOT EXISTS {prefix}replays (
     id BIGINT NOT NULL PRIMARY KEY,

@@ -18,8 +18,8 @@
 //! consumes until it is killed, or until SIGTERM, and then prints `processed <n> duplicates
 //! <n>` as a consumer counted them; a reader runs until it is killed, and prints `took
 //! <key>` as it runs its first entry (a Kafka member: once the group assigned it
-//! partitions). `run-batched`: the same in batches of 20. The work stops at its `hang`
-//! failpoint in this process.
+//! partitions). `run-batched`: the same in batches of 20, without `took`. The work stops at
+//! its `hang` failpoint in this process.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
@@ -190,8 +190,10 @@ async fn read<O: OrderedBroker, DB: TestBackend>(
             pause_after_commit(key.as_str(), ran).await
         }
         _ => {
-            let batch_size = if mode == "run-batched" { 20 } else { 1 };
-            let said = AtomicBool::new(false);
+            let batched = mode == "run-batched";
+            let batch_size = if batched { 20 } else { 1 };
+            // In batches the first line a test waits for is the failpoint's: nothing to tell.
+            let said = AtomicBool::new(batched);
             let forever = std::future::pending::<()>();
             (reader)
                 .run_batched(forever, batch_size, telling_first(&work, &said))

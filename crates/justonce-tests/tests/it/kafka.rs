@@ -26,6 +26,7 @@ on_every_database!(
     failing_work_runs_again_in_place_then_is_dead_lettered_with_the_reason,
     the_relay_produces_each_row_once_with_its_key_as_record_key_and_header,
     a_batch_stores_the_offset_of_its_last_record_in_each_partition,
+    a_read_after_another_starts_after_the_stored_offset_not_the_clients_position,
     a_member_joining_and_another_leaving_mid_run_leave_one_effect_per_key_and_offsets_at_the_end,
 );
 
@@ -387,6 +388,55 @@ async fn a_batch_stores_the_offset_of_its_last_record_in_each_partition<DB: Test
     // Ten records in each partition, the last at offset 9.
     assert_eq!(topic.stored_offsets(&db).await, vec![Some(9); 3]);
     records.stop().await.unwrap();
+    drop(reader);
+    topic.remove().await;
+    db.cleanup().await;
+}
+
+/// A read after another, as after a lost connection, starts each partition it holds after
+/// the stored offset, not at the client's position: a record taken and not stored is read
+/// again, never skipped.
+async fn a_read_after_another_starts_after_the_stored_offset_not_the_clients_position<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let topic = Topic::create(&db).await;
+    for n in 0..3 {
+        topic.produce(Some(&format!("order:{n}")), b"x").await;
+    }
+    let reader = KafkaReader::connect(&kafka_url(), db.inbox.clone(), options(&topic)).unwrap();
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut records = reader.deliveries().await.unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..2 {
+        let record = tokio::time::timeout(Duration::from_secs(30), records.next())
+            .await
+            .expect("a record within 30 s")
+            .unwrap()
+            .expect("the reader is not cancelled");
+        taken.push(record);
+    }
+    assert_eq!(taken.iter().map(|r| r.offset()).collect::<Vec<_>>(), [0, 1]);
+    // The first runs and its offset is stored; the second was taken and not stored.
+    assert!(matches!(
+        reader.run_one(&taken[0], &work).await,
+        justonce_transport::Ran::Outcome(justonce_sql::Outcome::Processed(()))
+    ));
+    drop(records);
+    let mut again = reader.deliveries().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(30), again.next())
+        .await
+        .expect("a record within 30 s")
+        .unwrap()
+        .expect("the reader is not cancelled");
+    assert_eq!(
+        next.offset(),
+        1,
+        "the record taken and not stored comes again"
+    );
+    drop(again);
     drop(reader);
     topic.remove().await;
     db.cleanup().await;
