@@ -368,13 +368,16 @@ pub async fn group_kill<DB: TestBackend>(
             survivor.start()?;
             let mut takeovers = Vec::new();
             let mut rejoins = Vec::new();
-            for point in points {
+            'kills: for point in points {
                 // Killed while it consumes: past the point, and holding partitions.
                 while db.rows("effects").await < point || !victim.took() {
                     victim.failed()?;
                     survivor.failed()?;
+                    // Broken members that lose records never reach the later points: the
+                    // kills stop, and the report says what was lost (a correct run that
+                    // gets here ends undrained, which fails too).
                     if Instant::now() >= deadline {
-                        return Err(format!("the run reached {point} effects too late"));
+                        break 'kills;
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
