@@ -57,8 +57,26 @@ pub struct AmqpOptions {
     prefetch: u16,
     dead_letter_queue: String,
     declare: bool,
+    queue_type: QueueType,
     tls: Option<Tls>,
 }
+
+/// How RabbitMQ keeps the queues it declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum QueueType {
+    /// A classic queue, on one node.
+    #[default]
+    Classic,
+    /// A quorum queue, replicated on a majority of the cluster's nodes by Raft. The broker
+    /// counts each delivery given back or lost with its consumer (`x-delivery-count`), and
+    /// the consumer counts those as attempts.
+    Quorum,
+}
+
+/// Set by a quorum queue on a delivery it gave before: how many times it was given back
+/// or lost with its consumer.
+const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
 
 impl AmqpOptions {
     /// Consumes `queue`: the key is the `message_id`, 16 deliveries are prefetched, failed
@@ -72,6 +90,7 @@ impl AmqpOptions {
             policy: Policy::default(),
             prefetch: 16,
             declare: true,
+            queue_type: QueueType::Classic,
             tls: None,
         }
     }
@@ -93,9 +112,16 @@ impl AmqpOptions {
         self
     }
 
+    /// Declares the queue and its dead-letter queue as `queue_type` (classic by default).
+    /// A queue that exists already must be of that type: RabbitMQ refuses the declaration
+    /// otherwise, and the consumer stops with a configuration error.
+    pub fn queue_type(mut self, queue_type: QueueType) -> Self {
+        self.queue_type = queue_type;
+        self
+    }
+
     /// Leaves the queues as they are instead of declaring them: for queues declared with
-    /// arguments of their own (a quorum queue, say), which a plain declaration would
-    /// contradict.
+    /// arguments of their own, which a plain declaration would contradict.
     pub fn existing_queues(mut self) -> Self {
         self.declare = false;
         self
@@ -154,7 +180,7 @@ async fn open(url: &str, options: &AmqpOptions) -> Result<(Arc<Connection>, Chan
         .map_err(broker)?;
     if options.declare {
         for queue in [&options.queue, &options.dead_letter_queue] {
-            declare(&connection, &channel, queue).await?;
+            declare(&connection, &channel, queue, options.queue_type).await?;
         }
     }
     Ok((Arc::new(connection), channel))
@@ -229,11 +255,13 @@ impl Received for lapin::message::Delivery {
             .map(|content_type| content_type.as_str().to_owned())
     }
 
+    /// The attempts counted by the consumer's own header (each failed run publishes the
+    /// next), plus those a quorum queue counted: deliveries given back, or lost when their
+    /// consumer died before it settled them.
     fn attempt(&self) -> u32 {
-        (self.header(ATTEMPT_HEADER))
-            .and_then(|attempt| attempt.parse::<u32>().ok())
-            .unwrap_or(1)
-            .max(1)
+        let counted = |name| self.header(name).and_then(|n| n.parse::<u32>().ok());
+        let failed_runs = counted(ATTEMPT_HEADER).unwrap_or(1).max(1);
+        failed_runs.saturating_add(counted(DELIVERY_COUNT_HEADER).unwrap_or(0))
     }
 
     fn redelivered(&self) -> bool {
@@ -355,7 +383,17 @@ impl Amqp {
         attempt: u32,
         reason: Option<&str>,
     ) -> Result<(), Error> {
-        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+        let original = delivery.properties.headers().clone().unwrap_or_default();
+        // The copy is a new message to the broker: its count of this one's returns is
+        // carried in the attempt instead.
+        let mut headers = FieldTable::from(
+            original
+                .inner()
+                .iter()
+                .filter(|(name, _)| name.as_str() != DELIVERY_COUNT_HEADER)
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        );
         headers.insert(
             ATTEMPT_HEADER.into(),
             AMQPValue::LongLongInt(attempt.into()),
@@ -516,15 +554,27 @@ async fn open_channel(connection: &Connection) -> Result<Channel, Error> {
     Ok(channel)
 }
 
-/// Declares `queue` durable. A refusal is a setting to fix; a connection lost meanwhile is
-/// not.
-async fn declare(connection: &Connection, channel: &Channel, queue: &str) -> Result<(), Error> {
+/// Declares `queue` durable, of `queue_type`. A refusal is a setting to fix; a connection
+/// lost meanwhile is not.
+async fn declare(
+    connection: &Connection,
+    channel: &Channel,
+    queue: &str,
+    queue_type: QueueType,
+) -> Result<(), Error> {
     let durable = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
     };
+    let mut arguments = FieldTable::default();
+    if queue_type == QueueType::Quorum {
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+    }
     let declared = channel
-        .queue_declare(queue.into(), durable, FieldTable::default())
+        .queue_declare(queue.into(), durable, arguments)
         .await;
     match declared {
         Ok(_) => Ok(()),

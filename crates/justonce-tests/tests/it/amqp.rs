@@ -7,7 +7,7 @@ use super::broker::{Batching, GivingBack, TestBroker, take};
 use super::on_every_database;
 use justonce_sql::{Inbox, Key, Message};
 use justonce_tests::{TestBackend, TestDb, amqp_url, consumer_work};
-use justonce_transport::amqp::{AmqpConsumer, AmqpDestination, AmqpOptions};
+use justonce_transport::amqp::{AmqpConsumer, AmqpDestination, AmqpOptions, QueueType};
 use justonce_transport::{ATTEMPT_HEADER, KeyFrom, REASON_HEADER};
 use justonce_transport::{Broker, ConsumerStats, Settle};
 use lapin::options::{BasicGetOptions, BasicPublishOptions, QueueDeleteOptions};
@@ -205,6 +205,74 @@ async fn a_message_without_a_key_or_with_a_blank_one_is_dead_lettered<DB: TestBa
     let reason = String::from_utf8_lossy(reason.as_bytes()).into_owned();
     assert!(reason.contains("blank"), "{reason}");
     assert_eq!(db.rows("effects").await, 0);
+    consumer.close().await.unwrap();
+    queue.delete().await;
+    db.cleanup().await;
+}
+
+/// A quorum queue counts each delivery lost with its consumer (`x-delivery-count`), and
+/// the consumer counts those as attempts: a message lost twice runs as its third attempt,
+/// and one that fails then is at `max_attempts` and goes to the dead-letter queue at once.
+#[tokio::test]
+async fn a_quorum_queue_counts_deliveries_lost_with_their_consumer_as_attempts() {
+    use futures_util::StreamExt;
+    let db = TestDb::<justonce_sql::sqlx::Sqlite>::new("amqp_quorum").await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| {
+        options.queue_type(QueueType::Quorum).max_attempts(3)
+    })
+    .await;
+    // Declared quorum: a classic declaration of the same queue is refused.
+    let channel = queue.connection.create_channel().await.unwrap();
+    let durable = lapin::options::QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let classic = channel
+        .queue_declare(queue.name.as_str().into(), durable, Default::default())
+        .await;
+    assert!(
+        classic.is_err_and(|e| e.to_string().contains("x-queue-type")),
+        "the queue is not a quorum queue"
+    );
+    queue
+        .publish("fail2:order", b"succeeds on its third attempt")
+        .await;
+    queue.publish("bad:order", b"never succeeds").await;
+    // Twice, a consumer takes both and dies without settling them.
+    for _ in 0..2 {
+        let channel = queue.connection.create_channel().await.unwrap();
+        let mut taken = channel
+            .basic_consume(
+                queue.name.as_str().into(),
+                "".into(),
+                Default::default(),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_secs(10), taken.next())
+                .await
+                .expect("a delivery")
+                .unwrap()
+                .unwrap();
+        }
+        channel.close(200, "gone".into()).await.unwrap();
+    }
+    let stats = take(&consumer, &db, 2).await;
+    assert_eq!(
+        (stats.processed, stats.retried, stats.dead_lettered),
+        (1, 0, 1)
+    );
+    assert_eq!(db.effects_of(&Key::new("fail2:order").unwrap()).await, 1);
+    let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
+    assert_eq!(body, b"never succeeds");
+    assert_eq!(
+        header(&properties, ATTEMPT_HEADER),
+        Some(AMQPValue::LongLongInt(3))
+    );
+    assert!(reason(&properties).contains("refused on attempt 3"));
     consumer.close().await.unwrap();
     queue.delete().await;
     db.cleanup().await;

@@ -25,6 +25,7 @@ pub struct RawConfig {
 pub struct RawConsumer {
     pub from: String,
     pub queue: Option<String>,
+    pub queue_type: Option<String>,
     pub stream: Option<String>,
     pub subject: Option<String>,
     pub durable: Option<String>,

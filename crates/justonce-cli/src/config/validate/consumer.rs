@@ -8,7 +8,7 @@ use crate::config::settings::{BrokerOptions, ConsumerSettings};
 use anyhow::{Context, Result, anyhow, bail};
 use justonce_sql::Consumer;
 use justonce_transport::KeyFrom;
-use justonce_transport::amqp::AmqpOptions;
+use justonce_transport::amqp::{AmqpOptions, QueueType};
 use justonce_transport::kafka::{KafkaOptions, Sasl, SaslMechanism};
 use justonce_transport::mqtt::MqttOptions;
 use justonce_transport::nats::NatsOptions;
@@ -90,8 +90,9 @@ pub fn validate_consumer(
     };
     let tls = consumer_tls(&raw, over_tls, env, &at)?;
     // The keys that only some brokers take, in the order they are checked.
-    let broker_keys: [(&'static str, bool, &[Broker]); 11] = [
+    let broker_keys: [(&'static str, bool, &[Broker]); 12] = [
         ("queue", raw.queue.is_some(), &[Broker::RabbitMq]),
+        ("queue_type", raw.queue_type.is_some(), &[Broker::RabbitMq]),
         (
             "prefetch",
             raw.prefetch.is_some(),
@@ -241,7 +242,18 @@ pub fn validate_consumer(
                 .queue
                 .filter(|q| !q.is_empty())
                 .with_context(|| format!("{}: must name a queue", at("queue")))?;
-            let mut options = AmqpOptions::new(&queue).key_from(key_from);
+            let queue_type =
+                match entry.or_default("queue_type", raw.queue_type.as_deref(), "classic") {
+                    "classic" => QueueType::Classic,
+                    "quorum" => QueueType::Quorum,
+                    other => bail!(
+                        "{}: {other:?} must be \"classic\" or \"quorum\"",
+                        at("queue_type")
+                    ),
+                };
+            let mut options = AmqpOptions::new(&queue)
+                .key_from(key_from)
+                .queue_type(queue_type);
             if let Some(attempts) = max_attempts {
                 options = options.max_attempts(attempts);
             }
@@ -366,6 +378,13 @@ mod tests {
             (
                 ORDERS.replace("env:ORDERS_BROKER", "nats://127.0.0.1:4222"),
                 "consumers.orders.queue (line 13): only applies to RabbitMQ",
+            ),
+            (
+                ORDERS.replace(
+                    "queue = \"orders\"",
+                    "queue = \"orders\"\nqueue_type = \"stream\"",
+                ),
+                "consumers.orders.queue_type (line 14): \"stream\" must be \"classic\" or \"quorum\"",
             ),
             (ORDERS.replace("header:X-Order-Id", "body"), "message_id"),
             (
