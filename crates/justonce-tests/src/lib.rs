@@ -629,6 +629,7 @@ impl<DB: TestBackend> TestDb<DB> {
             "offsets",
             "breakers",
             "replays",
+            "duplicates",
             "keys",
             "migrations",
         ] {
