@@ -886,7 +886,7 @@ async fn the_conformance_kit_passes_a_consumer_restarted_between_tries<
 /// A consumer in this process keeps running while its broker is killed with SIGKILL and
 /// started again: its link says it is connecting again, then connected; its run does not
 /// end; the reconnection is counted; and a message published after the restart takes
-/// effect once, as the one before the kill did.
+/// effect once, as the one before the kill did (delivered again if the kill lost its ack).
 async fn a_consumer_goes_on_by_itself_while_its_broker_is_killed_and_started_again<
     B: Restartable,
     DB: TestBackend,
@@ -901,6 +901,8 @@ async fn a_consumer_goes_on_by_itself_while_its_broker_is_killed_and_started_aga
     let url = broker.url();
     let broker = tokio::sync::Mutex::new(broker);
     let name = format!("{}orders", db.prefix);
+    // Installs the recorder before anything is counted.
+    assert_eq!(counted("justonce_broker_reconnects_total", &name), 0);
     let inbox = db.consumer(&name);
     let consumer = B::connect_to(&url, &name, &inbox).await;
     let link = consumer.link();
@@ -932,7 +934,9 @@ async fn a_consumer_goes_on_by_itself_while_its_broker_is_killed_and_started_aga
         || async { i64::from(step.load(Relaxed)) },
     )
     .await;
-    assert_eq!((stats.processed, stats.duplicates), (2, 0), "{stats:?}");
+    // The kill may come before the broker stored the first message's ack: it delivers the
+    // message again after the restart, as a duplicate.
+    assert_eq!(stats.processed, 2, "{stats:?}");
     assert_eq!(db.doubled_effects().await, 0);
     assert!(counted("justonce_broker_reconnects_total", &name) >= 1);
     db.cleanup().await;
