@@ -926,3 +926,29 @@ fn unrecoverable(error: KafkaError) -> Error {
 fn broker(error: KafkaError) -> Error {
     crate::tls::broker_error(error)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::any_broker_up;
+
+    /// The brokers of librdkafka's statistics, trimmed to the fields read: the internal
+    /// broker is always up and says nothing of the connection.
+    fn statistics(bootstrap: &str, learned: &str) -> Vec<u8> {
+        format!(
+            r#"{{"name": "rdkafka#consumer-1", "type": "consumer", "brokers": {{
+                ":0/internal": {{"name": ":0/internal", "nodeid": -1, "source": "internal", "state": "UP"}},
+                "127.0.0.1:9092/bootstrap": {{"name": "127.0.0.1:9092/bootstrap", "nodeid": -1, "source": "configured", "state": "{bootstrap}"}},
+                "127.0.0.1:9092/1": {{"name": "127.0.0.1:9092/1", "nodeid": 1, "source": "learned", "state": "{learned}"}}
+            }}}}"#
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_broker_connection_is_up_when_a_broker_but_the_internal_one_says_up() {
+        assert_eq!(any_broker_up(&statistics("INIT", "UP")), Some(true));
+        assert_eq!(any_broker_up(&statistics("UP", "INIT")), Some(true));
+        assert_eq!(any_broker_up(&statistics("DOWN", "CONNECT")), Some(false));
+        assert_eq!(any_broker_up(b"not json"), None);
+    }
+}
