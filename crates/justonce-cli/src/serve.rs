@@ -428,7 +428,8 @@ where
         }
         // A group member keeps its partitions' offsets in the database, as a reader does.
         // Its client reaches the brokers only once it reads: connected once they answered
-        // with the topic's metadata, through the consumer's TLS and SASL settings.
+        // with the topic's metadata, through the consumer's TLS and SASL settings. Then its
+        // link follows the client's own view of its brokers.
         BrokerOptions::Kafka(options) => {
             let reader = KafkaReader::connect(from, inbox, options.clone())?;
             justonce_transport::kafka::probe(from, options).await?;

@@ -7,6 +7,7 @@ pub mod cluster;
 mod consume;
 pub mod mariadb;
 mod mqtt;
+mod own_broker;
 mod redis;
 pub mod servers;
 mod sink;
@@ -15,6 +16,7 @@ pub mod tls;
 pub use amqp::{amqp_url, publish_keys, publish_many, try_publish_keys};
 pub use consume::{acknowledge, consume};
 pub use mqtt::{publish_while, publish_while_consuming};
+pub use own_broker::{OwnBroker, process_status};
 pub use redis::{BreakableRedis, TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 
@@ -42,6 +44,21 @@ pub fn nats_url() -> String {
 pub fn kafka_url() -> String {
     std::env::var("JUSTONCE_TEST_KAFKA_URL")
         .unwrap_or_else(|_| "kafka://127.0.0.1:19092".to_owned())
+}
+
+/// Creates `topic`, of `partitions` partitions, on the Kafka broker at `url`.
+pub async fn create_kafka_topic(url: &str, topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", url.trim_start_matches("kafka://"))
+        .create()
+        .unwrap_or_else(|e| panic!("a Kafka admin client for {url}: {e}"));
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for created in (admin.create_topics([&new], &AdminOptions::new()).await)
+        .unwrap_or_else(|e| panic!("Kafka at {url}: {e}"))
+    {
+        created.unwrap_or_else(|(topic, e)| panic!("creating {topic}: {e}"));
+    }
 }
 
 /// The MQTT broker the tests use; they fail if it is down.

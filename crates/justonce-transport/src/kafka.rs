@@ -41,6 +41,7 @@
 //! ([`KafkaOptions::key_from`]); [`KeyFrom::MessageId`] is refused.
 
 use crate::consumer::{Receive, Received, policy_setters};
+use crate::reconnect::Connection;
 use crate::tls::Tls;
 use crate::{
     ATTEMPT_HEADER, Error, KeyFrom, OrderedBroker, Policy, Position, REASON_BYTES, REASON_HEADER,
@@ -50,15 +51,17 @@ use justonce_core::{Delivered, Delivery, Destination};
 use justonce_sql::{Backend, Inbox, Offset};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, StreamConsumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaRespErr;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, TopicPartitionList};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use rdkafka::message::OwnedMessage;
 
@@ -287,7 +290,8 @@ struct Changes {
     changed: tokio::sync::Notify,
 }
 
-/// The consumer's context: forwards each rebalance to the reader's loop.
+/// The consumer's context: forwards each rebalance to the reader's loop, and reports the
+/// client's connection to the brokers as the reader's [`Link`](crate::Link).
 ///
 /// librdkafka calls the rebalance callback synchronously, inside the poll that receives the
 /// next record; it cannot wait for the database. So the callback assigns nothing: it queues
@@ -299,9 +303,27 @@ struct Changes {
 struct Rebalancing {
     topic: String,
     changes: Arc<Changes>,
+    link: BrokerLink,
 }
 
-impl ClientContext for Rebalancing {}
+impl ClientContext for Rebalancing {
+    /// The client's statistics, every [`LINK_CHECK`]: connected while a broker connection
+    /// is up.
+    fn stats_raw(&self, statistics: &[u8]) {
+        match any_broker_up(statistics) {
+            Some(true) => self.link.up(),
+            Some(false) => self.link.none_up(),
+            None => tracing::debug!("the Kafka client's statistics are not JSON"),
+        }
+    }
+
+    /// An error of the client as a whole. The reader's loop receives and logs it too.
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+            self.link.down(format!("{error} ({reason})"));
+        }
+    }
+}
 
 impl ConsumerContext for Rebalancing {
     fn rebalance(
@@ -325,6 +347,64 @@ impl ConsumerContext for Rebalancing {
         }
         if let Err(error) = consumer.unassign() {
             tracing::warn!(%error, "giving up the partitions failed");
+        }
+    }
+}
+
+/// How often the client reports its statistics, which say whether a broker connection is
+/// up.
+const LINK_CHECK: Duration = Duration::from_secs(1);
+
+/// Whether any broker connection of the client is up, from its statistics; `None` if they
+/// are not JSON. librdkafka's internal broker is no connection.
+fn any_broker_up(statistics: &[u8]) -> Option<bool> {
+    let statistics: serde_json::Value = serde_json::from_slice(statistics).ok()?;
+    let brokers = statistics.get("brokers")?.as_object()?;
+    Some(
+        brokers
+            .values()
+            .any(|broker| broker["source"] != "internal" && broker["state"] == "UP"),
+    )
+}
+
+/// The reader's [`Link`](crate::Link) as the client's own signals tell it: librdkafka
+/// connects again by itself, so the reader's own reconnection never sees the connection go.
+struct BrokerLink {
+    connection: Connection,
+    /// The inbox consumer, which the reconnections are counted under.
+    consumer: String,
+    /// Since when no broker connection is up, once one was.
+    away: Mutex<Option<Instant>>,
+    /// Whether a broker connection was up once: before, the client is still connecting for
+    /// the first time, which is not a lost connection.
+    was_up: AtomicBool,
+}
+
+impl BrokerLink {
+    /// The client says all its brokers are down, for `error`.
+    fn down(&self, error: String) {
+        let mut away = crate::lock(&self.away);
+        if away.is_some() {
+            self.connection.still_lost(error);
+        } else {
+            *away = Some(Instant::now());
+            self.connection.lost(error);
+        }
+    }
+
+    /// The statistics show no broker connection up.
+    fn none_up(&self) {
+        if self.was_up.load(Ordering::Relaxed) && crate::lock(&self.away).is_none() {
+            self.down("no connection to a Kafka broker is up".to_owned());
+        }
+    }
+
+    /// The statistics show a broker connection up.
+    fn up(&self) {
+        self.was_up.store(true, Ordering::Relaxed);
+        if let Some(away) = crate::lock(&self.away).take() {
+            self.connection
+                .back(away, None, (&self.consumer, <Kafka as OrderedBroker>::NAME));
         }
     }
 }
@@ -379,9 +459,16 @@ impl<DB: Backend> KafkaReader<DB> {
         }
         let config = options.security.client_config(url)?;
         let changes = Arc::new(Changes::default());
+        let connection = Connection::default();
         let context = Rebalancing {
             topic: options.topic.clone(),
             changes: Arc::clone(&changes),
+            link: BrokerLink {
+                connection: connection.clone(),
+                consumer: inbox.consumer().as_str().to_owned(),
+                away: Mutex::default(),
+                was_up: AtomicBool::default(),
+            },
         };
         let start = match options.start {
             Start::Earliest => "earliest",
@@ -394,6 +481,7 @@ impl<DB: Backend> KafkaReader<DB> {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", start)
+            .set("statistics.interval.ms", LINK_CHECK.as_millis().to_string())
             .set(
                 "session.timeout.ms",
                 options.session_timeout.as_millis().to_string(),
@@ -416,7 +504,7 @@ impl<DB: Backend> KafkaReader<DB> {
             producer: producer(&config)?,
             options,
         };
-        Ok(Self::new(kafka, inbox))
+        Ok(Self::reporting(kafka, inbox, connection))
     }
 }
 
@@ -794,7 +882,7 @@ pub async fn probe(url: &str, options: &KafkaOptions) -> Result<(), Error> {
                 Some(None) => Ok(()),
                 Some(Some(error)) => Err(Error::Config(format!(
                     "topic {topic}: {}",
-                    rdkafka::error::RDKafkaErrorCode::from(error)
+                    RDKafkaErrorCode::from(error)
                 ))),
                 None => Err(Error::Config(format!("topic {topic} does not exist"))),
             }
@@ -812,7 +900,7 @@ const RECOVERY_POLL: Duration = Duration::from_millis(100);
 /// Whether librdkafka goes on after `error` by itself: a broker down or a transport failure
 /// is reported through the consumer too, and reconnecting is the client's job. A fatal
 /// error or a refused login ends the reader.
-fn recovers_by_itself(error: &rdkafka::error::KafkaError) -> bool {
+fn recovers_by_itself(error: &KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as Code;
     !matches!(
         error.rdkafka_error_code(),
@@ -829,12 +917,38 @@ fn recovers_by_itself(error: &rdkafka::error::KafkaError) -> bool {
 
 /// An error the client does not recover from (see [`recovers_by_itself`]): not a lost
 /// connection, so the reader ends instead of connecting again to the same client.
-fn unrecoverable(error: rdkafka::error::KafkaError) -> Error {
+fn unrecoverable(error: KafkaError) -> Error {
     Error::Config(format!(
         "the Kafka client cannot go on: {error} (check the credentials and the topic's ACLs)"
     ))
 }
 
-fn broker(error: rdkafka::error::KafkaError) -> Error {
+fn broker(error: KafkaError) -> Error {
     crate::tls::broker_error(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::any_broker_up;
+
+    /// The brokers of librdkafka's statistics, trimmed to the fields read: the internal
+    /// broker is always up and says nothing of the connection.
+    fn statistics(bootstrap: &str, learned: &str) -> Vec<u8> {
+        format!(
+            r#"{{"name": "rdkafka#consumer-1", "type": "consumer", "brokers": {{
+                ":0/internal": {{"name": ":0/internal", "nodeid": -1, "source": "internal", "state": "UP"}},
+                "127.0.0.1:9092/bootstrap": {{"name": "127.0.0.1:9092/bootstrap", "nodeid": -1, "source": "configured", "state": "{bootstrap}"}},
+                "127.0.0.1:9092/1": {{"name": "127.0.0.1:9092/1", "nodeid": 1, "source": "learned", "state": "{learned}"}}
+            }}}}"#
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_broker_connection_is_up_when_a_broker_but_the_internal_one_says_up() {
+        assert_eq!(any_broker_up(&statistics("INIT", "UP")), Some(true));
+        assert_eq!(any_broker_up(&statistics("UP", "INIT")), Some(true));
+        assert_eq!(any_broker_up(&statistics("DOWN", "CONNECT")), Some(false));
+        assert_eq!(any_broker_up(b"not json"), None);
+    }
 }

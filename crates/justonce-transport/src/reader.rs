@@ -173,10 +173,15 @@ impl<'r, O: OrderedBroker + 'r> ReaderDeliveries<'r, O> {
 impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// A reader of `broker` claiming keys and storing offsets in `inbox`.
     pub fn new(broker: O, inbox: Inbox<DB>) -> Self {
+        Self::reporting(broker, inbox, Connection::default())
+    }
+
+    /// A reader whose link is `connection`, which the adapter's client reports to as well.
+    pub(crate) fn reporting(broker: O, inbox: Inbox<DB>, connection: Connection) -> Self {
         Self {
             broker,
             inbox,
-            connection: Connection::default(),
+            connection,
         }
     }
 

@@ -48,8 +48,9 @@ fn random_u64() -> u64 {
 }
 
 /// The connection state of one consumer or reader, shared with whoever follows its
-/// [`Link`].
-#[derive(Debug)]
+/// [`Link`]. A clone tells the same followers: a client that connects again by itself
+/// (Kafka's) reports its own state through one.
+#[derive(Debug, Clone)]
 pub(crate) struct Connection {
     link: watch::Sender<Link>,
 }
@@ -84,12 +85,8 @@ impl Connection {
     where
         C: Future<Output = Result<T, Error>>,
     {
-        let (consumer, broker) = names;
         let away = Instant::now();
-        tracing::warn!(error = %lost, "the connection to the broker was lost: connecting again");
-        self.link.send_replace(Link::Reconnecting {
-            error: lost.to_string(),
-        });
+        self.lost(lost.to_string());
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -103,26 +100,39 @@ impl Connection {
             };
             match connected {
                 Ok(connected) => {
-                    let away_ms = u64::try_from(away.elapsed().as_millis()).unwrap_or(u64::MAX);
-                    tracing::warn!(away_ms, attempts = attempt, "connected to the broker again");
-                    metrics::counter!(
-                        RECONNECTS,
-                        "consumer" => consumer.to_owned(),
-                        "broker" => broker
-                    )
-                    .increment(1);
-                    self.link.send_replace(Link::Connected);
+                    self.back(away, Some(attempt), names);
                     return Ok(Some(connected));
                 }
                 Err(error) if lost_connection(&error) => {
                     tracing::debug!(%error, attempt, "connecting again failed: trying again");
-                    self.link.send_replace(Link::Reconnecting {
-                        error: error.to_string(),
-                    });
+                    self.still_lost(error.to_string());
                 }
                 Err(error) => return Err(error),
             }
         }
+    }
+
+    /// Tells the followers that the connection was lost for `error`, with a warning.
+    pub(crate) fn lost(&self, error: String) {
+        tracing::warn!(%error, "the connection to the broker was lost: connecting again");
+        self.still_lost(error);
+    }
+
+    /// Tells the followers why the connection is still lost.
+    pub(crate) fn still_lost(&self, error: String) {
+        self.link.send_replace(Link::Reconnecting { error });
+    }
+
+    /// Tells the followers that the connection lost at `away` is back after `attempts`
+    /// attempts (if the caller counts them): counted in `justonce_broker_reconnects_total`
+    /// and logged at warn, with how long the broker was away.
+    pub(crate) fn back(&self, away: Instant, attempts: Option<u32>, names: (&str, &'static str)) {
+        let (consumer, broker) = names;
+        let away_ms = u64::try_from(away.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::warn!(away_ms, attempts, "connected to the broker again");
+        metrics::counter!(RECONNECTS, "consumer" => consumer.to_owned(), "broker" => broker)
+            .increment(1);
+        self.link.send_replace(Link::Connected);
     }
 }
 

@@ -349,37 +349,85 @@ async fn readyz_names_a_consumer_while_it_connects_again_after_losing_its_broker
     let mut server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
     server.start().await;
     let client = client();
-    let readyz = format!("{}/readyz", server.admin);
-    let answers = |wanted: u16| {
-        let (client, readyz) = (client.clone(), readyz.clone());
-        async move {
-            for _ in 0..150 {
-                let (status, body, _) = timed_get(&client, &readyz).await;
-                if status == wanted {
-                    return body;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("/readyz never answered {wanted}");
-        }
-    };
-    answers(200).await;
+    let within = Duration::from_secs(15);
+    readyz_answers(&client, &server, 200, within).await;
     proxy.set_up(false);
-    let named = answers(503).await;
-    let problem: serde_json::Value = serde_json::from_str(&named).unwrap();
+    let named = readyz_answers(&client, &server, 503, within).await;
+    assert_connecting_again(&named);
+    proxy.set_up(true);
+    readyz_answers(&client, &server, 200, within).await;
+    assert_reconnect_counted(&client, &server).await;
+    server.stop().await;
+    redis.cleanup().await;
+    drop_database(db, &url).await;
+}
+
+/// The body of the first `/readyz` answer with status `wanted`, asked every 100 ms for up
+/// to `within`.
+async fn readyz_answers(
+    client: &reqwest::Client,
+    server: &Server,
+    wanted: u16,
+    within: Duration,
+) -> String {
+    let readyz = format!("{}/readyz", server.admin);
+    let given_up = Instant::now() + within;
+    while Instant::now() < given_up {
+        let (status, body, _) = timed_get(client, &readyz).await;
+        if status == wanted {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("/readyz did not answer {wanted} within {within:?}");
+}
+
+/// `named`, a 503 of `/readyz`, names consumer `orders` as connecting, with its last error.
+fn assert_connecting_again(named: &str) {
+    let problem: serde_json::Value = serde_json::from_str(named).unwrap();
     assert_eq!(problem["consumers"]["orders"], "connecting", "{named}");
     assert!(problem["last_errors"]["orders"].is_string(), "{named}");
-    proxy.set_up(true);
-    answers(200).await;
-    let (_, metrics, _) = timed_get(&client, &format!("{}/metrics", server.admin)).await;
+}
+
+/// `/metrics` counts a reconnection of consumer `orders`.
+async fn assert_reconnect_counted(client: &reqwest::Client, server: &Server) {
+    let (_, metrics, _) = timed_get(client, &format!("{}/metrics", server.admin)).await;
     let reconnected = metrics.lines().any(|line| {
         line.starts_with("justonce_broker_reconnects_total{")
             && line.contains("consumer=\"orders\"")
             && !line.ends_with(" 0")
     });
     assert!(reconnected, "{metrics}");
+}
+
+/// The Kafka client connects again by itself, so only its own signals tell that its broker
+/// went: while the consumer's broker is killed, `/readyz` names the consumer as connecting;
+/// once the broker is started again, `/readyz` answers 200 and the reconnection is counted.
+/// The broker is one of the test's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_kafka_consumer_connecting_while_its_broker_is_away() {
+    let (db, url) = database::<Sqlite>("readyz-kafka-away").await;
+    let mut broker = justonce_tests::OwnBroker::start("kafka").await.unwrap();
+    let topic = format!("{}orders", db.prefix);
+    justonce_tests::create_kafka_topic(&broker.url(), &topic, 1).await;
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{}\"\ntopic = \"{topic}\"\nid = \"header:ce_id\"\n\
+         target = \"http://127.0.0.1:1/x\"\n",
+        broker.url()
+    );
+    let mut server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
+    server.start().await;
+    let client = client();
+    // The client tries its broker again after at most 10 s (librdkafka's longest backoff).
+    let within = Duration::from_secs(30);
+    readyz_answers(&client, &server, 200, within).await;
+    broker.kill().await.unwrap();
+    let named = readyz_answers(&client, &server, 503, within).await;
+    assert_connecting_again(&named);
+    broker.start_again().await.unwrap();
+    readyz_answers(&client, &server, 200, within).await;
+    assert_reconnect_counted(&client, &server).await;
     server.stop().await;
-    redis.cleanup().await;
     drop_database(db, &url).await;
 }
 

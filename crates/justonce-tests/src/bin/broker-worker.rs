@@ -19,7 +19,10 @@
 //! <n>` as a consumer counted them; a reader runs until it is killed, and prints `took
 //! <key>` as it runs its first entry (a Kafka member: once the group assigned it
 //! partitions). `run-batched`: the same in batches of 20, without `took`. The work stops at
-//! its `hang` failpoint in this process.
+//! its `hang` failpoint in this process. `run-pausing` (a consumer): `run`, one delivery at
+//! a time, and on SIGUSR1 it takes the next delivery, prints `paused <key>` and stops itself
+//! with SIGSTOP before it runs it: resumed past the broker's wait, it runs and acknowledges
+//! a delivery the broker gave to another consumer meanwhile.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
@@ -143,6 +146,7 @@ async fn consume<B: Broker, DB: TestBackend>(
     let terminated = async move { terminate.recv().await };
     let batch_size = match mode {
         "ack-before-commit" => return ack_before_commit(consumer, prefix).await,
+        "run-pausing" => return run_pausing(consumer, prefix, terminated).await,
         "run-batched" => 20,
         "pause-after-commit" => {
             let mut deliveries = consumer.deliveries().await?;
@@ -157,6 +161,60 @@ async fn consume<B: Broker, DB: TestBackend>(
         _ => 1,
     };
     let stats = consumer.run_batched(terminated, batch_size, work).await?;
+    println!(
+        "processed {} duplicates {}",
+        stats.processed, stats.duplicates
+    );
+    Ok(())
+}
+
+/// `run-pausing`: runs and settles each delivery, and on SIGUSR1 stops the process with
+/// SIGSTOP between taking the next delivery and running it, at the failpoint where a
+/// consumer holds a delivery with nothing of it committed: no lock in the database, so that
+/// another consumer can take the delivery over and commit it. Prints the counts as `run`
+/// does once terminated.
+async fn run_pausing<B: Broker, DB: TestBackend>(
+    consumer: &Consumer<B, DB>,
+    prefix: &str,
+    terminated: impl std::future::Future,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let work = consumer_work::<DB>(prefix);
+    let mut asked = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())?;
+    // Noted aside, so that the wait for a delivery is never cancelled for it.
+    let pause_asked = std::sync::Arc::new(AtomicBool::new(false));
+    let noting = std::sync::Arc::clone(&pause_asked);
+    tokio::spawn(async move {
+        while asked.recv().await.is_some() {
+            noting.store(true, Ordering::Relaxed);
+        }
+    });
+    let mut terminated = std::pin::pin!(terminated);
+    let mut deliveries = consumer.deliveries().await?;
+    let mut stats = ConsumerStats::default();
+    loop {
+        let delivery = tokio::select! {
+            _ = &mut terminated => break,
+            next = deliveries.next() => match next? {
+                Some(delivery) => delivery,
+                None => break,
+            },
+        };
+        if pause_asked.swap(false, Ordering::Relaxed) {
+            let mut stdout = std::io::stdout();
+            writeln!(stdout, "paused {}", consumer.incoming(&delivery)?.key)?;
+            stdout.flush()?;
+            // Blocks until SIGCONT: the stop is certain to come before the delivery runs.
+            let stopped = std::process::Command::new("kill")
+                .args(["-STOP", &std::process::id().to_string()])
+                .status()?;
+            if !stopped.success() {
+                return Err("cannot stop this process with SIGSTOP".into());
+            }
+        }
+        let ran = consumer.run_one(&delivery, &work).await;
+        consumer.settle(&delivery, ran, &mut stats).await?;
+    }
+    deliveries.stop().await?;
     println!(
         "processed {} duplicates {}",
         stats.processed, stats.duplicates

@@ -418,6 +418,26 @@ async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(
     db.cleanup().await;
 }
 
+impl super::broker::Restartable for Queue {
+    const KIND: &'static str = "amqp";
+    type Adapter = justonce_transport::amqp::Amqp;
+
+    async fn connect_to<DB: TestBackend>(
+        url: &str,
+        name: &str,
+        inbox: &Inbox<DB>,
+    ) -> AmqpConsumer<DB> {
+        let options = AmqpOptions::new(name).reconnect_max_wait(Duration::from_millis(200));
+        AmqpConsumer::connect(url, inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn publish_to(url: &str, name: &str, key: &str) {
+        super::broker::deliver(&AmqpDestination::new(url, "", name), key).await;
+    }
+}
+
 impl GivingBack for Queue {
     type Adapter = justonce_transport::amqp::Amqp;
 

@@ -240,6 +240,28 @@ impl Topic {
     }
 }
 
+impl super::broker::Restartable for Topic {
+    const KIND: &'static str = "mqtt";
+    type Adapter = justonce_transport::mqtt::Mqtt;
+
+    async fn connect_to<DB: TestBackend>(
+        url: &str,
+        name: &str,
+        inbox: &Inbox<DB>,
+    ) -> MqttConsumer<DB> {
+        let options = mqtt_options(name).reconnect_max_wait(Duration::from_millis(200));
+        MqttConsumer::connect(url, inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    /// Each publisher has a client id of its own: one taken by another client is refused.
+    async fn publish_to(url: &str, name: &str, key: &str) {
+        let destination = MqttDestination::new(url, name, &format!("{name}-{key}")).unwrap();
+        super::broker::deliver(&destination, key).await;
+    }
+}
+
 impl GivingBack for Topic {
     type Adapter = justonce_transport::mqtt::Mqtt;
 

@@ -225,6 +225,26 @@ async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: Test
     db.cleanup().await;
 }
 
+impl super::broker::Restartable for Stream {
+    const KIND: &'static str = "nats";
+    type Adapter = justonce_transport::nats::Nats;
+
+    async fn connect_to<DB: TestBackend>(
+        url: &str,
+        name: &str,
+        inbox: &Inbox<DB>,
+    ) -> NatsConsumer<DB> {
+        let options = NatsOptions::new(name, name).reconnect_max_wait(Duration::from_millis(200));
+        NatsConsumer::connect(url, inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn publish_to(url: &str, name: &str, key: &str) {
+        super::broker::deliver(&NatsDestination::new(url, name), key).await;
+    }
+}
+
 impl GivingBack for Stream {
     type Adapter = justonce_transport::nats::Nats;
 

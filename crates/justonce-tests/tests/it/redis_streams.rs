@@ -414,6 +414,28 @@ async fn a_consumer_whose_connection_breaks_connects_again_and_goes_on<DB: TestB
     db.cleanup().await;
 }
 
+impl super::broker::Restartable for Stream {
+    const KIND: &'static str = "redis";
+    type Adapter = justonce_transport::redis_streams::RedisStreams;
+
+    async fn connect_to<DB: TestBackend>(
+        url: &str,
+        name: &str,
+        inbox: &Inbox<DB>,
+    ) -> RedisStreamConsumer<DB> {
+        let options =
+            RedisStreamOptions::new(name, GROUP).reconnect_max_wait(Duration::from_millis(200));
+        RedisStreamConsumer::connect(url, inbox.clone(), options)
+            .await
+            .unwrap()
+    }
+
+    async fn publish_to(url: &str, name: &str, key: &str) {
+        let destination = RedisStreamDestination::new(url, name).unwrap();
+        super::broker::deliver(&destination, key).await;
+    }
+}
+
 impl GivingBack for Stream {
     type Adapter = justonce_transport::redis_streams::RedisStreams;
 

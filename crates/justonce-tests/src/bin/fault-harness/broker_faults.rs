@@ -7,19 +7,19 @@
 //! started again and counted, and the tests expect none. The recovery is the time from the
 //! kill to the first effect committed after the broker is back.
 //!
-//! `pause`: two `broker-worker`s share a queue on the machine's broker; one is stopped with
-//! SIGSTOP for three times the broker's wait before it gives an unacknowledged delivery to
-//! another consumer, then resumed with SIGCONT. What it held is processed by the other, and
-//! its late commits are duplicates. The recovery is from the pause to the other's next
-//! effect.
+//! `pause`: two `broker-worker`s share a queue on the machine's broker; one stops itself
+//! with SIGSTOP at its failpoint, holding a delivery it took and has not run, for three
+//! times the broker's wait before it gives an unacknowledged delivery to another consumer,
+//! then is resumed with SIGCONT. What it held is processed by the other, and its late
+//! commits are duplicates. The recovery is from the pause to the other's next effect.
 
 use crate::broker::{key_index, key_name};
-use crate::own_broker::OwnBroker;
 use crate::real_broker::{
     AmqpQueue, Consumer, MqttTopic, NatsStream, RealQueue, RedisStream, STALLED,
 };
 use crate::report::Report;
 use crate::{Args, Rng};
+use justonce_tests::OwnBroker;
 use justonce_tests::{TestBackend, TestDb};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -293,8 +293,8 @@ struct Drained {
     settled: bool,
     /// Consumers that exited on their own and were started again.
     restarts: u64,
-    /// Each consumer's counts at its last stop: acknowledged as processed and as
-    /// duplicates; `None` for one that never stopped cleanly.
+    /// Each consumer's counts, summed over the stops at which it printed them: acknowledged
+    /// as processed and as duplicates; `None` for one that never stopped cleanly.
     counts: Vec<Option<(u64, u64)>>,
 }
 
@@ -331,7 +331,12 @@ async fn drain<DB: TestBackend, Q: RealQueue>(
             >= Duration::from_millis(300)
         {
             for (consumer, counts) in consumers.iter_mut().zip(&mut drained.counts) {
-                *counts = consumer.terminate().await.ok();
+                // Summed over the processes that ran in the consumer's place.
+                if let Ok((processed, duplicates)) = consumer.terminate().await {
+                    let (all_processed, all_duplicates) = counts.get_or_insert((0, 0));
+                    (*all_processed, *all_duplicates) =
+                        (*all_processed + processed, *all_duplicates + duplicates);
+                }
             }
             if queue.settled(db).await? {
                 drained.settled = true;
@@ -380,8 +385,9 @@ async fn check<DB: TestBackend, Q: RealQueue>(
 }
 
 /// Publishes `keys` distinct keys to a queue of the run's own on the machine's broker, read
-/// by two consumers, one of which is stopped with SIGSTOP past the broker's wait and resumed;
-/// then compares the broker's account with the effect rows.
+/// by two consumers, one of which stops itself with SIGSTOP at its failpoint (a delivery
+/// taken, nothing of it committed) and is resumed past the broker's wait; then compares the
+/// broker's account with the effect rows.
 async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
     args: &Args,
     db: &TestDb<DB>,
@@ -399,7 +405,7 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
     let points = fault_points(rng, keys, pauses);
     let queue = Q::open(db, &Q::shared_url()).await?;
     let mut consumers = [
-        Consumer::of(db, &queue, "run"),
+        Consumer::of(db, &queue, "run-pausing"),
         Consumer::of(db, &queue, "run"),
     ];
     let checked = async {
@@ -422,13 +428,19 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
-            consumers[0].signal("STOP").await?;
+            consumers[0].signal("USR1").await?;
+            let held = consumers[0].paused(deadline).await?;
+            let held = justonce_sql::Key::new(held).map_err(|e| e.to_string())?;
             let began = Instant::now();
             faults += 1;
-            // The other consumer carries on: recovered at its first effect.
+            // The other consumer carries on: recovered at its first effect. The pause lasts
+            // until the other committed the delivery held, so that the paused one's late
+            // run of it is certain to be a duplicate.
             let before = db.rows("effects").await;
-            while began.elapsed() < paused_for {
+            while began.elapsed() < paused_for || db.effects_of(&held).await == 0 {
+                if Instant::now() >= deadline {
+                    return Err(format!("no other consumer took over {held} in time"));
+                }
                 if recovery.len() < faults && db.rows("effects").await > before {
                     recovery.push(began.elapsed());
                 }

@@ -63,12 +63,14 @@
 //!   confirmed message, a limit of the broker's own that the run reports as lost keys.
 //!   Kafka has no restart: its test broker keeps its data in memory.
 //! - `pause`: a consumer pauses. 10,000 keys (short: 1,000) on a queue of the run's own on
-//!   the machine's broker, read by two `broker-worker`s; one is stopped with SIGSTOP 10
-//!   times (short: 2) for three times the broker's wait before it gives an unacknowledged
-//!   delivery to another consumer (`nats`: the consumer's `ack_wait`, 2 s; `redis`: the
-//!   consumer's `claim_idle`, 0.5 s, after which the other takes the entries over with
-//!   `XAUTOCLAIM`), then resumed with SIGCONT. What it held is processed by the other, and
-//!   its late commits are acknowledged as duplicates: no effect doubles. RabbitMQ waits
+//!   the machine's broker, read by two `broker-worker`s; one stops itself with SIGSTOP 10
+//!   times (short: 2), each time at its failpoint, holding a delivery it took and has not
+//!   run, for three times the broker's wait before it gives an unacknowledged delivery to
+//!   another consumer (`nats`: the consumer's `ack_wait`, 2 s; `redis`: the consumer's
+//!   `claim_idle`, 0.5 s, after which the other takes the entries over with `XAUTOCLAIM`)
+//!   and until the other committed the held key, then is resumed with SIGCONT. What it held
+//!   is processed by the other, and its late commits are acknowledged as duplicates: no
+//!   effect doubles. RabbitMQ waits
 //!   `consumer_timeout` (30 minutes) and Mosquitto for the session's end: each gives a
 //!   paused consumer's deliveries to another only once its connection is closed, which
 //!   `broker-kill` covers.
@@ -110,7 +112,6 @@
 mod broker;
 mod broker_faults;
 mod kafka_group;
-mod own_broker;
 mod proxy;
 mod real_broker;
 mod relay_kill;

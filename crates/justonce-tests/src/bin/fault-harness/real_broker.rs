@@ -906,6 +906,8 @@ pub struct Consumer<'a, DB: TestBackend> {
     /// `broker-worker`'s mode: `run`, or a deliberately broken one.
     mode: &'a str,
     running: Option<Child>,
+    /// The lines the running consumer printed, as it prints them.
+    printed: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
 }
 
 impl<'a, DB: TestBackend> Consumer<'a, DB> {
@@ -918,13 +920,60 @@ impl<'a, DB: TestBackend> Consumer<'a, DB> {
             kind: Q::KIND,
             mode,
             running: None,
+            printed: None,
         }
     }
 
     /// Starts the consumer; in mode `run` it prints its counts when it is terminated.
     pub fn start(&mut self) -> Result<(), String> {
-        self.running = Some(self.spawn(self.mode, Stdio::piped())?);
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let mut child = self.spawn(self.mode, Stdio::piped())?;
+        let stdout = child.stdout.take().ok_or("broker-worker's output")?;
+        let (line, printed) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(printed)) = lines.next_line().await {
+                if line.send(printed).is_err() {
+                    break;
+                }
+            }
+        });
+        self.running = Some(child);
+        self.printed = Some(printed);
         Ok(())
+    }
+
+    /// The next line the running consumer prints, by `deadline`.
+    async fn next_line(&mut self, deadline: Instant) -> Result<String, String> {
+        let printed = self.printed.as_mut().ok_or("no consumer runs")?;
+        tokio::time::timeout_at(deadline.into(), printed.recv())
+            .await
+            .map_err(|_| "the consumer printed nothing in time".to_owned())?
+            .ok_or_else(|| "the consumer exited".to_owned())
+    }
+
+    /// Waits until a consumer in mode `run-pausing`, asked with SIGUSR1, has stopped itself
+    /// with SIGSTOP holding its next delivery; the delivery's key.
+    pub async fn paused(&mut self, deadline: Instant) -> Result<String, String> {
+        let line = self.next_line(deadline).await?;
+        let key = line
+            .strip_prefix("paused ")
+            .ok_or_else(|| format!("the consumer printed {line:?}, not that it paused"))?
+            .to_owned();
+        let pid = (self.running.as_ref())
+            .and_then(Child::id)
+            .ok_or("no consumer runs")?;
+        // It says so just before it stops.
+        loop {
+            let status = justonce_tests::process_status(pid).ok_or("the consumer exited")?;
+            if status.first().is_some_and(|state| state == "T") {
+                return Ok(key);
+            }
+            if Instant::now() >= deadline {
+                return Err("the consumer did not stop at its failpoint in time".to_owned());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Starts the consumer again if it exited on its own, as a consumer does when its
@@ -960,18 +1009,30 @@ impl<'a, DB: TestBackend> Consumer<'a, DB> {
     /// acknowledged as processed and as duplicates.
     pub async fn terminate(&mut self) -> Result<(u64, u64), String> {
         self.signal("TERM").await?;
-        let child = self.running.take().ok_or("no consumer runs")?;
-        let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-            .await
-            .map_err(|_| "the consumer did not stop on SIGTERM".to_owned())?
-            .map_err(|e| e.to_string())?;
-        let printed = String::from_utf8_lossy(&output.stdout);
-        let counts: Vec<u64> = (printed.split_whitespace())
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut printed = Vec::new();
+        let counts = loop {
+            let line = self.next_line(deadline).await.map_err(|e| {
+                format!("the consumer printed no counts on SIGTERM ({e}): {printed:?}")
+            })?;
+            if let Some(counts) = line.strip_prefix("processed ") {
+                break counts.to_owned();
+            }
+            printed.push(line);
+        };
+        if let Some(mut child) = self.running.take() {
+            tokio::time::timeout_at(deadline.into(), child.wait())
+                .await
+                .map_err(|_| "the consumer did not stop on SIGTERM".to_owned())?
+                .map_err(|e| e.to_string())?;
+        }
+        // `<processed> duplicates <duplicates>`
+        let counts: Vec<u64> = (counts.split_whitespace())
             .filter_map(|word| word.parse().ok())
             .collect();
         match counts.as_slice() {
             [processed, duplicates] => Ok((*processed, *duplicates)),
-            _ => Err(format!("the consumer printed no counts: {printed:?}")),
+            _ => Err(format!("the consumer printed no counts: {counts:?}")),
         }
     }
 
@@ -981,6 +1042,7 @@ impl<'a, DB: TestBackend> Consumer<'a, DB> {
         let mut child = self.spawn("pause-after-commit", Stdio::piped())?;
         let stdout = child.stdout.take().ok_or("broker-worker's output")?;
         self.running = Some(child);
+        self.printed = None;
         match failpoint_line(stdout, "broker-worker").await? {
             Some(line) if line.starts_with("committed ") => Ok(()),
             other => Err(format!(

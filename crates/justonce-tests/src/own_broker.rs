@@ -1,6 +1,6 @@
-//! A throwaway broker of the harness's own, on its own ports and in its own temporary
-//! folder: the one `broker-restart` kills with SIGKILL and starts again. The machine's
-//! shared brokers are never touched.
+//! A throwaway broker of a test's own, on its own ports and in its own temporary folder:
+//! the one a test (or the fault harness's `broker-restart`) kills with SIGKILL and starts
+//! again. The machine's shared brokers are never touched.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -11,9 +11,9 @@ use tokio::process::{Child, Command};
 /// queues after a SIGKILL takes the longest.
 const STARTUP: Duration = Duration::from_secs(90);
 
-/// A broker server of the harness's own; killed, and its folder removed, when dropped.
+/// A broker server of a test's own; killed, and its folder removed, when dropped.
 pub struct OwnBroker {
-    /// `amqp`, `nats`, `redis` or `mqtt`.
+    /// `amqp`, `nats`, `redis`, `mqtt` or `kafka`.
     kind: &'static str,
     folder: PathBuf,
     port: u16,
@@ -25,12 +25,11 @@ pub struct OwnBroker {
 impl OwnBroker {
     /// Prepares the folder of broker `kind` and starts it.
     pub async fn start(kind: &str) -> Result<Self, String> {
-        let kind = ["amqp", "nats", "redis", "mqtt"]
+        let kind = ["amqp", "nats", "redis", "mqtt", "kafka"]
             .into_iter()
             .find(|known| *known == kind)
-            .ok_or_else(|| format!("no broker of the harness's own for {kind}"))?;
-        let folder =
-            std::env::temp_dir().join(format!("justonce-own-{kind}-{}", justonce_tests::unique()));
+            .ok_or_else(|| format!("no broker of a test's own for {kind}"))?;
+        let folder = std::env::temp_dir().join(format!("justonce-own-{kind}-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
         let mut broker = Self {
             kind,
@@ -106,7 +105,7 @@ impl OwnBroker {
     }
 
     /// The command that runs the broker in the foreground.
-    fn command(&self) -> Command {
+    fn command(&self) -> Result<Command, String> {
         let folder = self.folder.display().to_string();
         let port = self.port.to_string();
         let mut command = match self.kind {
@@ -129,6 +128,24 @@ impl OwnBroker {
             "nats" => {
                 let mut command = Command::new("nats-server");
                 command.args(["-a", "127.0.0.1", "-p", &port, "-js", "-sd", &folder]);
+                command
+            }
+            // The Kafka-protocol test broker keeps its topics in memory: a restart loses them.
+            // It reads a `.env` in its working directory: its own folder has none.
+            "kafka" => {
+                let mut command = Command::new(nisshi()?);
+                let listener = format!("tcp://127.0.0.1:{port}");
+                command.current_dir(&self.folder).args([
+                    "broker",
+                    "--storage-engine",
+                    "memory://",
+                    "--listener-url",
+                    &listener,
+                    "--advertised-listener-url",
+                    &listener,
+                    "--cluster-id",
+                    "justonce-own",
+                ]);
                 command
             }
             "redis" => {
@@ -161,7 +178,7 @@ impl OwnBroker {
             .stderr(Stdio::null())
             .process_group(0)
             .kill_on_drop(true);
-        command
+        Ok(command)
     }
 
     /// The RabbitMQ node's name, unique to the folder.
@@ -173,7 +190,7 @@ impl OwnBroker {
     /// Starts the broker and returns once it listens.
     pub async fn start_again(&mut self) -> Result<(), String> {
         let child = self
-            .command()
+            .command()?
             .spawn()
             .map_err(|e| format!("cannot start the {} broker: {e}", self.kind))?;
         self.running = Some(child);
@@ -250,14 +267,35 @@ fn node_process(pid_file: &Path) -> Option<(u32, u32)> {
         .trim()
         .parse()
         .ok()?;
+    let group = process_status(pid)?.get(2)?.parse().ok()?;
+    Some((pid, group))
+}
+
+/// What Linux says of process `pid` after its command name: its state (`T` when stopped),
+/// its parent, its process group, and so on; `None` once it is gone.
+pub fn process_status(pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name in parentheses: state, parent, group.
+    // The command name, in parentheses, may hold spaces: the fields follow the last one.
     let (_, rest) = stat.rsplit_once(')')?;
-    Some((pid, rest.split_whitespace().nth(2)?.parse().ok()?))
+    Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
 /// A port nothing listens on now.
 fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// The Kafka-protocol test broker, where `scripts/services` installs it.
+fn nisshi() -> Result<PathBuf, String> {
+    let home = std::env::var_os("HOME").ok_or("HOME is not set: cannot find nisshi")?;
+    let path = Path::new(&home).join(".cache/justonce/nisshi-0.6.0/bin/nisshi");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "the Kafka test broker is not installed at {}: run scripts/services",
+            path.display()
+        ))
+    }
 }
