@@ -3,12 +3,12 @@
 //!
 //! Exit codes: 0 on success, 2 on bad usage or configuration, 1 on failure.
 
-mod activity;
 mod admin_api;
 mod check;
 mod cli;
 mod commands;
 mod config;
+mod console;
 mod errors;
 mod listener;
 mod logs;

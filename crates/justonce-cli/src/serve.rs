@@ -1,8 +1,8 @@
 //! `justonce serve`: the public receiver, the admin listener and the relay, until SIGTERM.
 
-use crate::activity::{self, Activity};
 use crate::admin_api;
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
+use crate::console;
 use crate::listener;
 use crate::probes::{self, Consumers};
 use crate::purge;
@@ -51,7 +51,6 @@ pub fn check_failpoint() -> Result<()> {
 pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
     let purge_plan = purge::Plan::of(&settings)?;
     let mut sources = Vec::new();
-    let source_names: Vec<String> = settings.sources.iter().map(|s| s.name.clone()).collect();
     let consumer_names: Vec<String> = settings.consumers.iter().map(|c| c.name.clone()).collect();
     let mut relay = inbox
         .outbox()
@@ -108,42 +107,21 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         .and_then(PrometheusBuilder::install_recorder)
         .context("installing the metrics recorder")?;
     describe_metrics();
-    let activity = Arc::new(Activity::new(prometheus.clone()));
-    let sampling = Arc::clone(&activity);
-    tokio::spawn(async move {
-        let mut minutes = tokio::time::interval_at(
-            tokio::time::Instant::now() + activity::MINUTE,
-            activity::MINUTE,
-        );
-        loop {
-            minutes.tick().await;
-            sampling.sample();
-        }
-    });
     let outbox = inbox.outbox();
-    let status_outbox = outbox.clone();
+    let duplicates_outbox = outbox.clone();
+    tokio::spawn(flush_duplicates(duplicates_outbox.clone()));
     let gauges = Arc::new(StoreGauges::default());
     tokio::spawn(refresh_store_gauges(outbox, kept, Arc::clone(&gauges)));
-    let status_consumers = Arc::clone(&consumer_states);
     let admin_token_set = settings.admin_token.is_some();
+    let console = console::router(&inbox, &consumer_states, settings.admin_token.clone());
     let admin_api = admin_api::router(&inbox, &consumer_states, settings.admin_token);
     let admin = receiver::health_router(&inbox)
         .merge(probes)
+        .merge(console)
         .merge(admin_api)
         .route(
             "/metrics",
             get(move || metrics_page(prometheus.clone(), Arc::clone(&gauges))),
-        )
-        .route(
-            "/",
-            get(move || {
-                status_page(
-                    status_outbox.clone(),
-                    Arc::clone(&activity),
-                    source_names.clone(),
-                    Arc::clone(&status_consumers),
-                )
-            }),
         );
 
     let (stop, stopping) = watch::channel(false);
@@ -244,6 +222,10 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         }
         Some(usage) = misconfiguration.recv() => Err(usage.into()),
     };
+    // The duplicates answered since the last flush are stored with the others.
+    if let Err(error) = duplicates_outbox.flush_duplicates().await {
+        tracing::warn!(%error, "the duplicates of the last second were not stored");
+    }
     // A failure is reported as the command ends; a clean stop says so here.
     if ended.is_ok() {
         tracing::info!("stopped");
@@ -512,6 +494,23 @@ fn forward_to_target<DB: Backend>(
     }
 }
 
+/// How often the duplicates this process answered are added to the store's counts.
+const DUPLICATES_FLUSH: Duration = Duration::from_secs(1);
+
+/// Adds the duplicates this process answered to the store's per-minute counts every
+/// `DUPLICATES_FLUSH`, for the console's dashboard; those a failed write kept wait for the
+/// next.
+async fn flush_duplicates<DB: Backend>(outbox: Outbox<DB>) {
+    let mut schedule = tokio::time::interval(DUPLICATES_FLUSH);
+    schedule.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        schedule.tick().await;
+        if let Err(error) = outbox.flush_duplicates().await {
+            tracing::debug!(%error, "storing the duplicates' counts failed: trying again");
+        }
+    }
+}
+
 /// When the gauges read from the database were last read whole.
 #[derive(Default)]
 struct StoreGauges {
@@ -576,85 +575,4 @@ async fn metrics_page(prometheus: PrometheusHandle, gauges: Arc<StoreGauges>) ->
         prometheus.render(),
     )
         .into_response()
-}
-
-/// Dead letters the status page lists, newest last.
-const DEAD_LETTERS_SHOWN: u32 = 20;
-
-/// The status page: the sources and consumers, the events of the last hour, the state of
-/// the deliveries and the dead letters with their reasons, for a person. Plain HTML with an
-/// inline SVG chart: nothing to build, nothing fetched.
-async fn status_page<DB: Backend>(
-    outbox: Outbox<DB>,
-    activity: Arc<Activity>,
-    sources: Vec<String>,
-    consumers: Arc<Consumers>,
-) -> Response {
-    let chart = activity::chart(&activity.minutes());
-    let dead_letters = match outbox.dead_letters(DEAD_LETTERS_SHOWN).await {
-        Ok(rows) if rows.is_empty() => "<p>none</p>".to_owned(),
-        Ok(rows) => {
-            let rows: String = rows
-                .iter()
-                .map(|row| {
-                    format!(
-                        "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
-                        row.id,
-                        escape(&row.destination),
-                        escape(&row.key),
-                        row.attempts,
-                        escape(row.last_error.as_deref().unwrap_or("")),
-                    )
-                })
-                .collect();
-            format!(
-                "<table><tr><th>id</th><th>destination</th><th>key</th><th>attempts</th>\
-                 <th>reason</th></tr>{rows}</table>"
-            )
-        }
-        Err(_) => "<p>the database cannot be reached</p>".to_owned(),
-    };
-    let state = match outbox.stats().await {
-        Ok(stats) => format!(
-            "<tr><td>sent</td><td>{}</td></tr><tr><td>due</td><td>{}</td></tr>\
-             <tr><td>dead letters</td><td>{}</td></tr>\
-             <tr><td>oldest due</td><td>{} s</td></tr>",
-            stats.sent,
-            stats.due,
-            stats.dead,
-            stats.oldest_due.as_secs()
-        ),
-        Err(_) => "<tr><td colspan=2>the database cannot be reached</td></tr>".to_owned(),
-    };
-    // Source names are checked identifiers without markup characters (no ':' or '/'),
-    // but escape them all the same.
-    let sources: String = sources
-        .iter()
-        .map(|name| format!("<li><code>POST /webhooks/{}</code></li>", escape(name)))
-        .collect();
-    let consumers: String = consumers
-        .states()
-        .into_iter()
-        .map(|(name, state)| {
-            let state = escape(&state.to_string());
-            format!("<li>{}: {state}</li>", escape(&name))
-        })
-        .collect();
-    let page = format!(
-        "<!doctype html><html><head><meta charset=utf-8><title>justonce</title></head>\
-         <body><h1>justonce</h1><h2>Sources</h2><ul>{sources}</ul>\
-         <h2>Consumers</h2><ul>{consumers}</ul>\
-         <h2>Events</h2>{chart}\
-         <h2>Deliveries</h2><table>{state}</table>\
-         <h2>Dead letters</h2>{dead_letters}\
-         <p><a href=\"/metrics\">metrics</a> · <a href=\"/healthz\">health</a></p></body></html>"
-    );
-    ([(CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }

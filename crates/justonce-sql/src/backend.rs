@@ -293,6 +293,39 @@ pub trait Reads<DB: sqlx::Database> {
         which: Replays,
     ) -> impl Future<Output = Result<Vec<ReplayTuple>, Error>> + Send + 'a;
 
+    /// Events received and deliveries sent since a time (microseconds since the Unix
+    /// epoch), by destination and minute: destination, `accepted` or `sent`, the minute's
+    /// first microsecond, count.
+    fn dashboard_minutes<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        since_us: i64,
+    ) -> impl Future<Output = Result<Vec<(String, String, i64, i64)>, Error>> + Send + 'a;
+
+    /// The destination and delivery history of each row that may hold a failed attempt
+    /// made since a time (microseconds since the Unix epoch).
+    fn failed_histories<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        since_us: i64,
+    ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, Error>> + Send + 'a;
+
+    /// Duplicates by origin and minute since the Unix epoch, from the minute `since` on.
+    fn duplicate_minutes<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        since: i64,
+    ) -> impl Future<Output = Result<Vec<(String, i64, i64)>, Error>> + Send + 'a;
+
+    /// Adds `duplicates` to the count of `origin` in `minute` (since the Unix epoch).
+    fn add_duplicates<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        minute: i64,
+        origin: &'a str,
+        duplicates: i64,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+
     /// Whether the keys table exists with its unique constraint on (scope, consumer, key).
     fn has_unique_constraint<'a>(
         &'a self,

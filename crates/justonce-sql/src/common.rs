@@ -84,6 +84,17 @@ pub struct Common {
     pub(crate) replay_by_id: Arc<str>,
     /// The latest replays, newest first: limit.
     pub(crate) replays: Arc<str>,
+    /// Events received and deliveries sent, by destination and minute (its first
+    /// microsecond since the Unix epoch), `'accepted'` or `'sent'`: since, since, both in
+    /// microseconds since the Unix epoch.
+    pub(crate) dashboard_minutes: Arc<str>,
+    /// The destination and history of each row that may hold a failed attempt made since:
+    /// since, in microseconds since the Unix epoch.
+    pub(crate) failed_histories: Arc<str>,
+    /// Duplicates by origin and minute (since the Unix epoch): the first minute.
+    pub(crate) duplicate_minutes: Arc<str>,
+    /// Adds duplicates to a minute's count: minute, origin, duplicates.
+    pub(crate) add_duplicates: Arc<str>,
     /// The statement of each [`Change`], bound as [`Common::change`] says.
     pub(crate) purge_keys: Arc<str>,
     pub(crate) mark_sent: Arc<str>,
@@ -444,6 +455,60 @@ where
             .map_err(driver_error::<DB>)
     }
 
+    async fn dashboard_minutes<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        since_us: i64,
+    ) -> Result<Vec<(String, String, i64, i64)>, Error> {
+        sqlx::query_as(AssertSqlSafe(self.as_ref().dashboard_minutes.clone()))
+            .bind(since_us)
+            .bind(since_us)
+            .fetch_all(pool)
+            .await
+            .map_err(driver_error::<DB>)
+    }
+
+    async fn failed_histories<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        since_us: i64,
+    ) -> Result<Vec<(String, Option<String>)>, Error> {
+        sqlx::query_as(AssertSqlSafe(self.as_ref().failed_histories.clone()))
+            .bind(since_us)
+            .fetch_all(pool)
+            .await
+            .map_err(driver_error::<DB>)
+    }
+
+    async fn duplicate_minutes<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        since: i64,
+    ) -> Result<Vec<(String, i64, i64)>, Error> {
+        sqlx::query_as(AssertSqlSafe(self.as_ref().duplicate_minutes.clone()))
+            .bind(since)
+            .fetch_all(pool)
+            .await
+            .map_err(driver_error::<DB>)
+    }
+
+    async fn add_duplicates<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        minute: i64,
+        origin: &'a str,
+        duplicates: i64,
+    ) -> Result<(), Error> {
+        statement(&self.as_ref().add_duplicates)
+            .bind(minute)
+            .bind(origin)
+            .bind(duplicates)
+            .execute(pool)
+            .await
+            .map(drop)
+            .map_err(driver_error::<DB>)
+    }
+
     async fn history<'a>(
         &'a self,
         pool: &'a sqlx::Pool<DB>,
@@ -712,4 +777,46 @@ pub(crate) fn migration_script(schema: &Schema, tables: &Tables, since: i64) -> 
     }
     script.push_str(schema.script_tail);
     script
+}
+
+/// The microseconds in a minute: a time's minute is its microseconds less their remainder.
+const MINUTE_US: i64 = 60_000_000;
+
+/// The statement of [`Common::dashboard_minutes`]: `micros_of` reads a time column as
+/// microseconds since the Unix epoch, `since_accepted` and `since_sent` are the times of
+/// the two parameters.
+pub(crate) fn dashboard_minutes(
+    outbox: &str,
+    micros_of: fn(&str) -> String,
+    since_accepted: &str,
+    since_sent: &str,
+) -> String {
+    let counted = |kind: &str, column: &str, since: &str| {
+        format!(
+            "SELECT destination, '{kind}' AS kind, us - us % {MINUTE_US} AS minute_us, count(*)
+             FROM (SELECT destination, {} AS us FROM {outbox} WHERE {column} >= {since}) AS t
+             GROUP BY 1, 3",
+            micros_of(column)
+        )
+    };
+    format!(
+        "{} UNION ALL {}",
+        counted("accepted", "received_at", since_accepted),
+        counted("sent", "sent_at", since_sent)
+    )
+}
+
+/// The statement of [`Common::failed_histories`]. A row sent before `since` made every
+/// attempt before it, and one sent at its first attempt holds no failure.
+pub(crate) fn failed_histories(
+    outbox: &str,
+    history_text: &str,
+    history_length: &str,
+    since: &str,
+) -> String {
+    format!(
+        "SELECT destination, {history_text} FROM {outbox}
+         WHERE history IS NOT NULL
+           AND (sent_at IS NULL OR (sent_at >= {since} AND {history_length} > 1))"
+    )
 }

@@ -4,6 +4,7 @@
 
 use crate::backend::{Backend, ForwardFailed, Queries, Reads};
 use crate::common::migration_script;
+use crate::dashboard::DuplicateCounts;
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
 use crate::rows::{Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored};
@@ -165,6 +166,7 @@ impl<DB: Backend> Inbox<DB> {
                 max_attempts: options.max_attempts,
                 writer: tokio::sync::Mutex::new(()),
                 recent: RecentKeys::new(options.recent_keys, options.retention.retry_horizon()),
+                duplicates: DuplicateCounts::default(),
             }),
             consumer,
             scope: Scope::none(),
@@ -392,7 +394,9 @@ impl<DB: Backend> Inbox<DB> {
                 return Err(rolled_back(tx, RunError::Work(error)).await);
             }
         }
-        commit_batch(tx, claimed).await
+        let outcomes = commit_batch(tx, claimed).await?;
+        self.count_duplicates(&outcomes);
+        Ok(outcomes)
     }
 
     /// [`Inbox::run_batch`] with `work` run once for the whole batch, in its transaction
@@ -442,7 +446,20 @@ impl<DB: Backend> Inbox<DB> {
         if let Err(error) = work(&mut tx, firsts).await {
             return Err(rolled_back(tx, RunError::Work(error)).await);
         }
-        commit_batch(tx, claimed).await
+        let outcomes = commit_batch(tx, claimed).await?;
+        self.count_duplicates(&outcomes);
+        Ok(outcomes)
+    }
+
+    /// Counts a batch's duplicates for the dashboard.
+    fn count_duplicates(&self, outcomes: &[Outcome<()>]) {
+        let duplicates = outcomes
+            .iter()
+            .filter(|outcome| matches!(outcome, Outcome::Duplicate))
+            .count();
+        self.shared
+            .duplicates
+            .add(self.consumer.as_str(), duplicates as u64);
     }
 
     /// Begins a batch's transaction and claims the keys of `messages` in it.
@@ -626,6 +643,9 @@ impl<DB: Backend> Inbox<DB> {
             }
         };
         count_claim(&outcome, "recent");
+        if matches!(outcome, Outcome::Duplicate) {
+            self.shared.duplicates.add(identity.consumer.as_str(), 1);
+        }
         Some(outcome)
     }
 
@@ -637,6 +657,9 @@ impl<DB: Backend> Inbox<DB> {
         };
         self.shared.recent.insert(identity, committed_with);
         count_claim(outcome, "database");
+        if matches!(outcome, Outcome::Duplicate) {
+            self.shared.duplicates.add(identity.consumer.as_str(), 1);
+        }
     }
 
     /// The transactions of [`Inbox::run`], until one commits or fails for good.

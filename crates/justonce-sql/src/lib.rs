@@ -65,6 +65,7 @@
 mod admin;
 mod backend;
 mod common;
+mod dashboard;
 mod events;
 mod inbox;
 mod leases;
@@ -88,6 +89,7 @@ mod tables;
 mod tls;
 
 pub use backend::Backend;
+pub use dashboard::{Dashboard, DashboardMinute, DashboardTotals, DestinationDashboard};
 pub use events::{
     Event, EventDetail, EventFilter, EventPage, EventState, REPLAYED_EVENTS, ReplayRange,
     ReplayWindow,

@@ -3,7 +3,9 @@
 //! each supplies with its own statements; so do the steps that send them.
 
 use crate::backend::{Backend, Queries, Reads};
-use crate::common::{Common, EVENT_STATE, REPLAYED, apply_migrations, statement};
+use crate::common::{
+    Common, EVENT_STATE, REPLAYED, apply_migrations, dashboard_minutes, failed_histories, statement,
+};
 use crate::rows::{ClaimRow, NewOutboxRow, OffsetRow, OutboxRow, OutboxTuple, Stored, Which};
 use crate::shared::{driver_error, vanished};
 use crate::tables::Tables;
@@ -54,6 +56,8 @@ pub(crate) struct Specific {
     pub(crate) append_attempt: fn(&str, &str, &str, &str) -> String,
     /// The history column read as JSON text.
     pub(crate) history_text: &'static str,
+    /// How many attempts the history column holds.
+    pub(crate) history_length: &'static str,
     /// Run first in a replay's transaction: what keeps replays apart beyond it.
     pub(crate) replay_lock: Option<String>,
 }
@@ -80,6 +84,7 @@ impl Statements {
             offsets,
             breakers,
             replays,
+            duplicates,
             ..
         } = tables;
         let now = clock.now;
@@ -201,6 +206,21 @@ impl Statements {
             history: text(format!(
                 "SELECT {} FROM {outbox} WHERE id = $1",
                 specific.history_text
+            )),
+            dashboard_minutes: text(dashboard_minutes(outbox, micros_of, &at("$1"), &at("$2"))),
+            failed_histories: text(failed_histories(
+                outbox,
+                specific.history_text,
+                specific.history_length,
+                &at("$1"),
+            )),
+            duplicate_minutes: text(format!(
+                "SELECT origin, minute, duplicates FROM {duplicates} WHERE minute >= $1"
+            )),
+            add_duplicates: text(format!(
+                "INSERT INTO {duplicates} (minute, origin, duplicates) VALUES ($1, $2, $3)
+                 ON CONFLICT (minute, origin)
+                 DO UPDATE SET duplicates = {duplicates}.duplicates + excluded.duplicates"
             )),
             ids_by_key: text(format!(
                 "SELECT id FROM {outbox} WHERE key = $1 ORDER BY id"

@@ -2,6 +2,7 @@
 //! errors of the store, and small helpers for durations, randomness and batched deletes.
 
 use crate::backend::Backend;
+use crate::dashboard::DuplicateCounts;
 use crate::recent::RecentKeys;
 use crate::tables::Tables;
 use justonce_core::{Error, Identity, Retention};
@@ -21,6 +22,8 @@ pub(crate) struct Shared<DB: Backend> {
     /// queue here beats SQLite's busy handler, which polls with sleeps of up to 100 ms.
     pub(crate) writer: tokio::sync::Mutex<()>,
     pub(crate) recent: RecentKeys,
+    /// Duplicates answered and not yet added to the store's counts.
+    pub(crate) duplicates: DuplicateCounts,
 }
 
 impl<DB: Backend> Shared<DB> {

@@ -9,6 +9,7 @@ pub struct Tables {
     pub(crate) offsets: String,
     pub(crate) breakers: String,
     pub(crate) replays: String,
+    pub(crate) duplicates: String,
     pub(crate) migrations: String,
 }
 
@@ -39,6 +40,7 @@ impl Tables {
             offsets: format!("{prefix}offsets"),
             breakers: format!("{prefix}breakers"),
             replays: format!("{prefix}replays"),
+            duplicates: format!("{prefix}duplicates"),
             migrations: format!("{prefix}migrations"),
         })
     }

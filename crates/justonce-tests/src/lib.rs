@@ -630,6 +630,7 @@ impl<DB: TestBackend> TestDb<DB> {
             "offsets",
             "breakers",
             "replays",
+            "duplicates",
             "keys",
             "migrations",
         ] {

@@ -7,7 +7,7 @@
 
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, HOST, ORIGIN, WWW_AUTHENTICATE};
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use justonce_http::problem;
@@ -26,7 +26,7 @@ impl AdminToken {
     }
 
     /// Whether `given` is the token: every byte is compared, without an early exit.
-    fn matches(&self, given: &str) -> bool {
+    pub(crate) fn matches(&self, given: &str) -> bool {
         let given: [u8; 32] = Sha256::digest(given.as_bytes()).into();
         let difference = self
             .0
@@ -55,7 +55,7 @@ pub async fn check(
             ),
         );
     }
-    match (token.as_ref(), bearer(&request)) {
+    match (token.as_ref(), bearer(request.headers())) {
         (Some(token), Some(given)) if token.matches(given) => next.run(request).await,
         (Some(_), given) => {
             let detail = match given {
@@ -65,11 +65,7 @@ pub async fn check(
                      a token in a cookie or the query string is not read"
                 }
             };
-            let mut answer = problem(StatusCode::UNAUTHORIZED, "unauthorized", detail);
-            answer
-                .headers_mut()
-                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            answer
+            unauthorized(detail)
         }
         (None, _) if changes => problem(
             StatusCode::FORBIDDEN,
@@ -82,9 +78,18 @@ pub async fn check(
     }
 }
 
+/// The answer to a request without the token, or with another: `401`, saying why.
+pub(crate) fn unauthorized(detail: &str) -> Response {
+    let mut answer = problem(StatusCode::UNAUTHORIZED, "unauthorized", detail);
+    answer
+        .headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    answer
+}
+
 /// The token of an `Authorization: Bearer` header.
-fn bearer(request: &Request) -> Option<&str> {
-    let value = request.headers().get(AUTHORIZATION)?.to_str().ok()?;
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")

@@ -130,7 +130,7 @@ fn origin(params: &Params) -> Result<Option<&str>, ApiError> {
 }
 
 /// A time given as a duration ago, such as `2h`, or in RFC 3339.
-fn time(params: &Params, name: &str) -> Result<Option<SystemTime>, ApiError> {
+pub(crate) fn time(params: &Params, name: &str) -> Result<Option<SystemTime>, ApiError> {
     params
         .text(name)
         .map(|text| {

@@ -2,14 +2,15 @@
 //! document served at `/openapi.json` and kept in the repository as `docs/openapi.json`.
 //! [`access`] says who may use it; every failure is problem+json.
 
-mod access;
+pub(crate) mod access;
 mod consumers;
+pub(crate) mod dashboard;
 mod dead_letters;
 mod deliveries;
-mod events;
+pub(crate) mod events;
 mod keys;
-mod params;
-mod problem;
+pub(crate) mod params;
+pub(crate) mod problem;
 
 pub use access::AdminToken;
 
@@ -51,6 +52,7 @@ impl<DB: Backend> Routes<DB> {
         };
         routes
             .add(Method::GET, "/api/v1/stats", consumers::stats::<DB>)
+            .add(Method::GET, "/api/v1/dashboard", dashboard::show::<DB>)
             .add(Method::GET, "/api/v1/consumers", consumers::list::<DB>)
             .add(Method::GET, "/api/v1/events", events::list::<DB>)
             .add(Method::GET, "/api/v1/events/{id}", events::show::<DB>)

@@ -288,7 +288,7 @@ async fn with_postgres_down_webhooks_are_refused_at_once_and_probes_answer() {
 
 /// A consumer whose broker refuses its credentials keeps `/readyz` at 503, naming the
 /// consumer and the broker's answer in its detail and as members (the state, the last
-/// error), and the status page shows both.
+/// error), and the console's consumers page shows both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_names_a_consumer_that_cannot_connect() {
     let (db, url) = database::<Sqlite>("readyz-consumer").await;
@@ -320,9 +320,11 @@ async fn readyz_names_a_consumer_that_cannot_connect() {
     assert_eq!(problem["consumers"]["orders"], "connecting", "{named}");
     let last_error = problem["last_errors"]["orders"].as_str().unwrap();
     assert!(last_error.contains("ACCESS_REFUSED"), "{named}");
-    let (_, page, _) = timed_get(&client, &format!("{}/", server.admin)).await;
+    let (_, page, _) = timed_get(&client, &format!("{}/consumers", server.admin)).await;
     assert!(
-        page.contains("orders: not connected: ") && page.contains("ACCESS_REFUSED"),
+        page.contains("<tr data-consumer=\"orders\">")
+            && page.contains("not connected: ")
+            && page.contains("ACCESS_REFUSED"),
         "{page}"
     );
     server.stop().await;

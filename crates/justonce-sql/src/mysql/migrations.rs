@@ -142,4 +142,16 @@ CREATE TABLE IF NOT EXISTS {prefix}replays (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 ",
     },
+    Migration {
+        version: 6,
+        description: "duplicates: how many each origin answered, minute by minute",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}duplicates (
+    minute BIGINT NOT NULL,
+    origin VARBINARY(128) NOT NULL,
+    duplicates BIGINT NOT NULL,
+    PRIMARY KEY (minute, origin)
+) ENGINE=InnoDB;
+",
+    },
 ];

@@ -1,7 +1,7 @@
 //! MariaDB's and MySQL's statements, with `?` for their parameters, bound in the order
 //! they appear.
 
-use crate::common::{Common, EVENT_STATE, REPLAYED};
+use crate::common::{Common, EVENT_STATE, REPLAYED, dashboard_minutes, failed_histories};
 use crate::rows::HISTORY_LENGTH;
 use crate::tables::Tables;
 use std::sync::Arc;
@@ -78,6 +78,7 @@ impl MySqlStatements {
             offsets,
             breakers,
             replays,
+            duplicates,
             migrations,
             ..
         } = tables;
@@ -174,6 +175,20 @@ impl MySqlStatements {
             list_due: arc(list(due, "created_at, id")),
             list_dead: arc(list("dead", "id")),
             history: arc(format!("SELECT history FROM {outbox} WHERE id = ?")),
+            dashboard_minutes: arc(dashboard_minutes(outbox, micros_of, AT_MICROS, AT_MICROS)),
+            failed_histories: arc(failed_histories(
+                outbox,
+                "history",
+                "JSON_LENGTH(history)",
+                AT_MICROS,
+            )),
+            duplicate_minutes: arc(format!(
+                "SELECT origin, minute, duplicates FROM {duplicates} WHERE minute >= ?"
+            )),
+            add_duplicates: arc(format!(
+                "INSERT INTO {duplicates} (minute, origin, duplicates) VALUES (?, ?, ?)
+                 ON DUPLICATE KEY UPDATE duplicates = duplicates + VALUES(duplicates)"
+            )),
             ids_by_key: arc(format!(
                 "SELECT id FROM {outbox} WHERE `key` = ? ORDER BY id"
             )),

@@ -124,4 +124,16 @@ CREATE TABLE IF NOT EXISTS {prefix}replays (
 CREATE INDEX IF NOT EXISTS {prefix}replays_origin ON {prefix}replays (origin, since_at);
 ",
     },
+    Migration {
+        version: 6,
+        description: "duplicates: how many each origin answered, minute by minute",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}duplicates (
+    minute bigint NOT NULL,
+    origin text COLLATE \"C\" NOT NULL,
+    duplicates bigint NOT NULL,
+    PRIMARY KEY (minute, origin)
+);
+",
+    },
 ];

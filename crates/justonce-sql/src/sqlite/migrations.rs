@@ -115,4 +115,16 @@ CREATE TABLE IF NOT EXISTS {prefix}replays (
 CREATE INDEX IF NOT EXISTS {prefix}replays_origin ON {prefix}replays (origin, since_at);
 ",
     },
+    Migration {
+        version: 6,
+        description: "duplicates: how many each origin answered, minute by minute",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}duplicates (
+    minute INTEGER NOT NULL,
+    origin TEXT NOT NULL,
+    duplicates INTEGER NOT NULL,
+    PRIMARY KEY (minute, origin)
+);
+",
+    },
 ];

@@ -78,6 +78,7 @@ pub(super) fn statements(tables: &Tables) -> Statements {
             )
         },
         history_text: "history",
+        history_length: "json_array_length(history)",
         // A replay's transaction begins with the database's only write lock.
         replay_lock: None,
     };
