@@ -27,7 +27,7 @@ const CHROMIUM_FLAGS: [&str; 11] = [
     "--disable-sync",
     "--hide-scrollbars",
     "--force-device-scale-factor=1",
-    "--window-size=1280,900",
+    "--window-size=1280,1024",
 ];
 
 /// The W3C name of the member that holds an element's reference.
