@@ -29,6 +29,7 @@ impl BenchTables {
             "offsets",
             "breakers",
             "replays",
+            "duplicates",
             "keys",
             "migrations",
         ]

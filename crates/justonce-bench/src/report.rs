@@ -119,7 +119,7 @@ impl Figures {
     }
 }
 
-/// The colours of the charts, as the status page's: justonce green, and grey for a baseline.
+/// The colours of the charts, as the console's: justonce green, and grey for a baseline.
 pub(crate) const GREEN: &str = "#2a7";
 pub(crate) const GREY: &str = "#999";
 pub(crate) const BLUE: &str = "#36c";

@@ -1,4 +1,4 @@
-//! What the probes, `/metrics` and the status page know of the parts the service depends
+//! What the probes, `/metrics` and the console know of the parts the service depends
 //! on: the database, checked with a short timeout, and each consumer's broker connection.
 
 use axum::Router;
@@ -25,7 +25,7 @@ pub enum Connection {
 }
 
 impl std::fmt::Display for Connection {
-    /// What `/readyz` and the status page say of it.
+    /// What `/readyz` and the console say of it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Connection::Connected => f.write_str("connected"),

@@ -487,11 +487,11 @@ async fn a_server_killed_twenty_times_loses_no_acknowledged_event<DB: TestBacken
     drop_database(db, &url).await;
 }
 
-/// The admin listener's page: the events of the last hour in its chart, and a dead letter
-/// with its reason.
+/// The console: the dashboard counts the events and the duplicate, the failed attempt; the
+/// dead-letters page lists the refused event with its reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_status_page_shows_the_last_hour_and_the_dead_letters_with_their_reasons() {
-    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("status-page").await;
+async fn the_console_shows_the_last_hour_and_the_dead_letters_with_their_reasons() {
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("console").await;
     let refusing: justonce_tests::Script = std::sync::Arc::new(|key: &str, _| {
         if key.contains("evt_bad") {
             justonce_tests::Answer::status(422)
@@ -510,21 +510,27 @@ async fn the_status_page_shows_the_last_hour_and_the_dead_letters_with_their_rea
     ] {
         assert_eq!(post(&client, &server.public, body).await.unwrap().0, 200);
     }
+    let figures = [
+        "data-figure=\"accepted\">2<",
+        "data-figure=\"duplicates\">1<",
+        "data-figure=\"sent\">1<",
+        "data-figure=\"failed\">1<",
+    ];
     let mut page = String::new();
     for _ in 0..200 {
         page = text_of(&client, &format!("{}/", server.admin)).await;
-        if page.contains("evt_bad") {
+        if figures.iter().all(|figure| page.contains(figure)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    for figure in figures {
+        assert!(page.contains(figure), "{figure} not in\n{page}");
+    }
     assert!(page.contains("<svg"), "{page}");
-    assert!(
-        page.contains("accepted 2") && page.contains("duplicates 1"),
-        "{page}"
-    );
+    let page = text_of(&client, &format!("{}/dead-letters", server.admin)).await;
     let dead_letter = page
-        .split("<tr>")
+        .split("<tr ")
         .find(|row| row.contains("demo:evt_bad"))
         .unwrap_or_else(|| panic!("the dead letter is listed: {page}"));
     assert!(dead_letter.contains("422"), "its reason: {dead_letter}");
@@ -603,9 +609,11 @@ async fn an_unknown_failpoint_stops_serve_at_start() {
 }
 
 /// Two `serve` processes on one PostgreSQL database: an event posted to one and again to
-/// the other is stored once, and every event is delivered.
+/// the other is stored once, and every event is delivered. Both consoles' dashboards show
+/// the store's counts, the duplicates of both processes added up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_servers_on_one_postgres_database_share_the_work() {
+async fn two_servers_on_one_postgres_database_share_the_work_and_one_dashboard() {
+    const EVENTS: usize = 1_000;
     let (db, url) = database::<justonce_sql::sqlx::Postgres>("two-servers").await;
     let sink = Sink::start().await;
     let mut servers = [
@@ -616,7 +624,7 @@ async fn two_servers_on_one_postgres_database_share_the_work() {
         server.start().await;
     }
     let client = client();
-    for n in 0..200 {
+    for n in 0..EVENTS {
         let body = format!(r#"{{"id":"evt_{n}","n":{n}}}"#);
         let (first, second) = (&servers[n % 2], &servers[(n + 1) % 2]);
         assert_eq!(
@@ -628,13 +636,39 @@ async fn two_servers_on_one_postgres_database_share_the_work() {
             (200, "duplicate".into())
         );
     }
-    let by_key = await_keys(&sink, 200).await;
-    assert_eq!(by_key.len(), 200);
+    let by_key = await_keys(&sink, EVENTS).await;
+    assert_eq!(by_key.len(), EVENTS);
     assert!(
         by_key
             .values()
             .all(|bodies| bodies.iter().all(|b| *b == bodies[0]))
     );
+    let store = justonce_sql::Inbox::<justonce_sql::sqlx::Postgres>::connect(
+        &url,
+        justonce_sql::Consumer::new("reader").unwrap(),
+    )
+    .await
+    .unwrap();
+    let stats = store.outbox().stats().await.unwrap();
+    assert_eq!((stats.sent, stats.due, stats.dead), (EVENTS as i64, 0, 0));
+    let expected = serde_json::json!({
+        "accepted": EVENTS, "duplicates": EVENTS, "sent": EVENTS, "failed": 0
+    });
+    for server in &servers {
+        let mut totals = serde_json::Value::Null;
+        // Each process adds its duplicates to the store about every second.
+        for _ in 0..100 {
+            let answer = text_of(&client, &format!("{}/api/v1/dashboard", server.admin)).await;
+            let dashboard: serde_json::Value = serde_json::from_str(&answer).unwrap();
+            totals = dashboard["totals"].clone();
+            if totals == expected {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(totals, expected, "{}", server.admin);
+    }
+    store.pool().close().await;
     for server in &mut servers {
         server.stop().await;
     }

@@ -148,10 +148,10 @@ CREATE TABLE IF NOT EXISTS {prefix}replays (
         sql: "
 CREATE TABLE IF NOT EXISTS {prefix}duplicates (
     minute BIGINT NOT NULL,
-    origin VARBINARY(128) NOT NULL,
+    origin VARCHAR(255) NOT NULL,
     duplicates BIGINT NOT NULL,
     PRIMARY KEY (minute, origin)
-) ENGINE=InnoDB;
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 ",
     },
 ];

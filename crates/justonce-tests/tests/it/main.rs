@@ -10,6 +10,7 @@ mod client;
 mod commit;
 mod crash;
 mod daily_report;
+mod dashboard;
 mod docs;
 mod events;
 mod harness;
