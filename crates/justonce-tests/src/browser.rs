@@ -60,6 +60,8 @@ impl Browser {
             .spawn()
             .unwrap_or_else(|e| panic!("{}: {e}", chromedriver.display()));
         let profile = std::env::temp_dir().join(format!("justonce-chromium-{}", crate::unique()));
+        // reqwest asks for a TLS provider even to speak plain HTTP.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut browser = Self {
             http: reqwest::Client::new(),
             driver,
