@@ -50,7 +50,12 @@ pub enum Command {
 #[derive(Subcommand)]
 pub enum Configured {
     /// Receive webhooks on the public listener and deliver them to their targets.
-    Serve,
+    Serve {
+        /// Run only these roles, comma-separated: receiver, relay, consumers, purge (or
+        /// all). Overrides server.roles. Processes on one database may each run any.
+        #[arg(long, value_name = "ROLES")]
+        role: Option<crate::config::Roles>,
+    },
     /// Print the configuration the commands run with, as TOML, each value with where it
     /// came from: the file and line, a variable, DATABASE_URL or the default.
     ///

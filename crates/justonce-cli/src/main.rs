@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     };
     // Only the service's spans are worth a trace.
     let traces_url = match (&command, &settings) {
-        (Configured::Serve, Ok(settings)) => settings.traces_url.as_deref(),
+        (Configured::Serve { .. }, Ok(settings)) => settings.traces_url.as_deref(),
         _ => None,
     };
     // Dropped after the runtime: the spans of everything below are flushed.

@@ -1,6 +1,7 @@
 //! What the probes, `/metrics` and the console know of the parts the service depends
 //! on: the database, checked with a short timeout, and each consumer's broker connection.
 
+use crate::config::{Role, Roles};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -134,6 +135,8 @@ impl Consumers {
 struct Probed<DB: Backend> {
     inbox: Inbox<DB>,
     consumers: Arc<Consumers>,
+    /// The roles this process runs, named in each answer of `/readyz`.
+    roles: Vec<&'static str>,
 }
 
 /// `GET /livez` and `GET /readyz`, for both listeners.
@@ -141,11 +144,12 @@ struct Probed<DB: Backend> {
 /// `/livez` answers `200` from memory: the process serves. `/readyz` answers `200` when the
 /// database answered within a second and every consumer is consuming, and `503`
 /// problem+json naming each part that is not otherwise, with the same states and each
-/// consumer's last error as members.
-pub fn router<DB: Backend>(inbox: &Inbox<DB>, consumers: &Arc<Consumers>) -> Router {
+/// consumer's last error as members. Both answers name the roles the process runs.
+pub fn router<DB: Backend>(inbox: &Inbox<DB>, consumers: &Arc<Consumers>, roles: &Roles) -> Router {
     let probed = Arc::new(Probed {
         inbox: inbox.clone(),
         consumers: Arc::clone(consumers),
+        roles: roles.iter().map(Role::name).collect(),
     });
     Router::new()
         .route("/livez", get(livez))
@@ -187,13 +191,18 @@ async fn readyz<DB: Backend>(State(probed): State<Arc<Probed<DB>>>) -> Response 
         consumers.insert(name, state.into());
     }
     if failing.is_empty() {
-        let body =
-            serde_json::json!({ "status": "ready", "database": store, "consumers": consumers });
+        let body = serde_json::json!({
+            "status": "ready",
+            "roles": probed.roles,
+            "database": store,
+            "consumers": consumers,
+        });
         ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
     } else {
         // The states as the ready answer gives them, and each consumer's last error, for a
         // monitor to read.
         let members = serde_json::Map::from_iter([
+            ("roles".to_owned(), probed.roles.clone().into()),
             ("database".to_owned(), store.into()),
             ("consumers".to_owned(), consumers.into()),
             ("last_errors".to_owned(), last_errors.into()),

@@ -1,7 +1,7 @@
 //! `justonce serve`: the public receiver, the admin listener and the relay, until SIGTERM.
 
 use crate::admin_api;
-use crate::config::{BrokerOptions, ConsumerSettings, Settings};
+use crate::config::{BrokerOptions, ConsumerSettings, Role, Settings};
 use crate::console;
 use crate::listener;
 use crate::probes::{self, Consumers};
@@ -50,8 +50,15 @@ pub fn check_failpoint() -> Result<()> {
 
 pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
     let purge_plan = purge::Plan::of(&settings)?;
+    let roles = settings.roles.clone();
     let mut sources = Vec::new();
-    let consumer_names: Vec<String> = settings.consumers.iter().map(|c| c.name.clone()).collect();
+    // A process without the consumers role neither connects them nor waits for them to be
+    // ready; its relay still delivers what they stored.
+    let consumer_names: Vec<String> = if roles.runs(Role::Consumers) {
+        settings.consumers.iter().map(|c| c.name.clone()).collect()
+    } else {
+        Vec::new()
+    };
     let mut relay = inbox
         .outbox()
         .relay()
@@ -79,7 +86,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             deliver_for,
             ..
         } = consumer;
-        if tls_insecure {
+        if tls_insecure && roles.runs(Role::Consumers) {
             tracing::warn!(
                 consumer = %name,
                 "tls_verify = \"insecure\": the broker's certificate is not checked, and \
@@ -88,10 +95,12 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         }
         relay = relay.destination_for(name.clone(), destination, deliver_for);
         let inbox = inbox.with_consumer(Consumer::new(name.as_str())?);
-        consumers.push((name, from, options, inbox));
+        if roles.runs(Role::Consumers) {
+            consumers.push((name, from, options, inbox));
+        }
     }
     let consumer_states = Arc::new(Consumers::new(consumer_names.iter().map(String::as_str)));
-    let probes = probes::router(&inbox, &consumer_states);
+    let probes = probes::router(&inbox, &consumer_states, &roles);
     let public = receiver::router(&inbox, sources, settings.body_limit).merge(probes.clone());
     let prometheus = PrometheusBuilder::new()
         .set_buckets_for_metric(
@@ -107,6 +116,10 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         .and_then(PrometheusBuilder::install_recorder)
         .context("installing the metrics recorder")?;
     describe_metrics();
+    for role in Role::ALL {
+        let runs = if roles.runs(role) { 1.0 } else { 0.0 };
+        metrics::gauge!(ROLE, "role" => role.name()).set(runs);
+    }
     let outbox = inbox.outbox();
     let duplicates_outbox = outbox.clone();
     tokio::spawn(flush_duplicates(duplicates_outbox.clone()));
@@ -133,15 +146,23 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             let _ = stopping.wait_for(|stop| *stop).await;
         }
     };
-    let public_listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("listening on {}", settings.listen))?;
+    // Without the receiver role the public listener is not opened: the admin listener
+    // answers the probes.
+    let public_listener = if roles.runs(Role::Receiver) {
+        let bound = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .with_context(|| format!("listening on {}", settings.listen))?;
+        Some(bound)
+    } else {
+        None
+    };
     let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen)
         .await
         .with_context(|| format!("listening on {}", settings.admin_listen))?;
     tracing::info!(
-        listen = %settings.listen,
+        listen = %public_listener.as_ref().map_or("-".to_owned(), |_| settings.listen.to_string()),
         admin = %settings.admin_listen,
+        %roles,
         "serving"
     );
     if !admin_token_set && !settings.admin_listen.ip().is_loopback() {
@@ -153,14 +174,19 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     }
     let limits = settings.limits;
     let (public_connections, admin_connections) = listener::fit_open_files(&limits);
-    let public = listener::serve(
-        public_listener,
-        public,
-        limits,
-        public_connections,
-        true,
-        stopped(),
-    );
+    let public = async {
+        if let Some(public_listener) = public_listener {
+            listener::serve(
+                public_listener,
+                public,
+                limits,
+                public_connections,
+                true,
+                stopped(),
+            )
+            .await;
+        }
+    };
     let admin = listener::serve(
         admin_listener,
         admin,
@@ -169,9 +195,15 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         false,
         stopped(),
     );
-    let relaying = relay.run(stopped());
+    let relaying = async {
+        if roles.runs(Role::Relay) {
+            relay.run(stopped()).await
+        } else {
+            Ok(())
+        }
+    };
     let purging = async {
-        if let Some(every) = settings.purge_every {
+        if let Some(every) = settings.purge_every.filter(|_| roles.runs(Role::Purge)) {
             tokio::select! {
                 () = purge_on_schedule(&purge_plan, &inbox, every) => {}
                 () = stopped() => {}
@@ -233,6 +265,9 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     ended
 }
 
+/// 1 for each role this process runs, 0 for the others.
+const ROLE: &str = "justonce_role";
+
 /// Seconds from a webhook's arrival to its answer: a millisecond to half a minute (the
 /// request timeout's default).
 const ANSWER_BUCKETS: [f64; 14] = [
@@ -263,6 +298,10 @@ fn describe_metrics() {
         "Outbox rows waiting to be delivered"
     );
     describe_gauge!("justonce_dead_letters", "Outbox rows dead-lettered");
+    describe_gauge!(
+        ROLE,
+        "1 for each role this process runs (receiver, relay, consumers, purge), 0 for the others"
+    );
     describe_gauge!(
         "justonce_oldest_due_age_seconds",
         "Age of the oldest outbox row waiting to be delivered"

@@ -51,7 +51,7 @@ impl OnStore {
 }
 
 /// Runs `command`: on the settings alone if it needs no store, else on the store they name.
-pub async fn run(settings: Settings, command: Configured) -> Result<()> {
+pub async fn run(mut settings: Settings, command: Configured) -> Result<()> {
     let command = match command {
         Configured::Config => {
             print!("{}", settings.printed);
@@ -66,7 +66,12 @@ pub async fn run(settings: Settings, command: Configured) -> Result<()> {
             Some(subject) => return check::conformance(&settings, args, subject).await,
             None => OnStore::Check,
         },
-        Configured::Serve => OnStore::Serve,
+        Configured::Serve { role } => {
+            if let Some(roles) = role {
+                settings.roles = roles;
+            }
+            OnStore::Serve
+        }
         Configured::Migrate {
             print_sql: false, ..
         } => OnStore::Migrate,

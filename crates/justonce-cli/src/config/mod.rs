@@ -12,7 +12,7 @@ mod testing;
 mod validate;
 
 pub use read::{Env, process_env, redacted};
-pub use settings::{BrokerOptions, ConsumerSettings, Limits, LogFormat, Settings};
+pub use settings::{BrokerOptions, ConsumerSettings, Limits, LogFormat, Role, Roles, Settings};
 
 use anyhow::{Context, Result, bail};
 use read::Reading;

@@ -24,6 +24,8 @@ pub struct Settings {
     pub relay_lease: Duration,
     /// How often the service purges what is past its retention; `None`: never.
     pub purge_every: Option<Duration>,
+    /// What `serve` runs: every role unless `server.roles` or `serve --role` names fewer.
+    pub roles: Roles,
     /// What each listener holds: timeouts and caps.
     pub limits: Limits,
     /// The most database connections the service opens.
@@ -63,6 +65,88 @@ impl LogFormat {
             LogFormat::Text => "text",
             LogFormat::Json => "json",
         }
+    }
+}
+
+/// One part of what `serve` runs. Processes on one database may each run any of them:
+/// receivers scale with traffic, relays with targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// The public listener: webhooks received, stored and answered.
+    Receiver,
+    /// Delivers the stored events to their targets, retries, dead-letters.
+    Relay,
+    /// The `[consumers]`: broker messages claimed and stored.
+    Consumers,
+    /// Deletes what is past its retention, every `server.purge_every`.
+    Purge,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Receiver, Role::Relay, Role::Consumers, Role::Purge];
+
+    /// The role as `server.roles` and `--role` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Receiver => "receiver",
+            Role::Relay => "relay",
+            Role::Consumers => "consumers",
+            Role::Purge => "purge",
+        }
+    }
+}
+
+/// The roles one `serve` runs: at least one, each once, in a fixed order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roles(Vec<Role>);
+
+impl Roles {
+    /// Every role: what `serve` runs unless told otherwise.
+    pub fn all() -> Self {
+        Self(Role::ALL.to_vec())
+    }
+
+    pub fn runs(&self, role: Role) -> bool {
+        self.0.contains(&role)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Role> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl std::str::FromStr for Roles {
+    type Err = String;
+
+    /// A comma-separated list such as `receiver,relay`, or `all`.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut roles = Vec::new();
+        for word in text.split(',').map(str::trim) {
+            if word == "all" {
+                return Ok(Self::all());
+            }
+            let role = Role::ALL
+                .into_iter()
+                .find(|role| role.name() == word)
+                .ok_or_else(|| {
+                    format!(
+                        "{word:?} is not a role: the roles are receiver, relay, consumers and \
+                         purge (or all)"
+                    )
+                })?;
+            roles.push(role);
+        }
+        roles.sort();
+        roles.dedup();
+        Ok(Self(roles))
+    }
+}
+
+impl std::fmt::Display for Roles {
+    /// As `server.roles` is written: `receiver,relay`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.iter().map(Role::name).collect();
+        f.write_str(&names.join(","))
     }
 }
 

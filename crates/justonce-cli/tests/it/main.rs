@@ -44,6 +44,7 @@ mod first_run;
 mod folder;
 mod listeners;
 mod operations;
+mod roles;
 mod serve;
 mod tls;
 mod traces;

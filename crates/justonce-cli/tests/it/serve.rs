@@ -125,7 +125,13 @@ target = "{target}"
 
     /// Starts `serve` and waits until it answers.
     pub(crate) async fn start(&mut self) {
-        self.child = Some(self.command(&["serve"]).spawn().expect("start justonce"));
+        self.start_with(&[]).await;
+    }
+
+    /// Starts `serve` with `args` added and waits until it answers.
+    pub(crate) async fn start_with(&mut self, args: &[&str]) {
+        let command = self.command(&[&["serve"], args].concat()).spawn();
+        self.child = Some(command.expect("start justonce"));
         self.await_up().await;
     }
 
@@ -160,7 +166,8 @@ target = "{target}"
     async fn await_up(&self) {
         let client = client();
         for _ in 0..600 {
-            let health = client.get(format!("{}/healthz", self.public)).send().await;
+            // The admin listener: a server without the receiver role has no public one.
+            let health = client.get(format!("{}/healthz", self.admin)).send().await;
             if health.is_ok_and(|r| r.status().is_success()) {
                 return;
             }
@@ -1396,7 +1403,7 @@ async fn the_printed_migrations_make_a_schema_the_service_accepts<DB: TestBacken
 
 /// `stats --json` as parsed JSON, with the age of the oldest due delivery taken out (it
 /// depends on the clock) after checking it is plausible.
-async fn stats_json(server: &Server) -> serde_json::Value {
+pub(crate) async fn stats_json(server: &Server) -> serde_json::Value {
     let (code, printed) = server.run(&["stats", "--json"]).await;
     assert_eq!(code, 0, "{printed}");
     let mut stats: serde_json::Value = serde_json::from_str(&printed)

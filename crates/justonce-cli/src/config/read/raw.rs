@@ -60,6 +60,7 @@ pub struct RawServer {
     pub body_limit: Option<String>,
     pub relay_lease: Option<String>,
     pub purge_every: Option<String>,
+    pub roles: Option<String>,
     pub header_timeout: Option<String>,
     pub request_timeout: Option<String>,
     pub max_connections: Option<Count>,

@@ -10,7 +10,7 @@ mod traces;
 mod units;
 
 use super::read::{Count, Env, Origin, RawConfig, quoted};
-use super::settings::{Limits, LogFormat, Settings};
+use super::settings::{Limits, LogFormat, Roles, Settings};
 use crate::admin_api::AdminToken;
 use anyhow::{Context, Result, anyhow, bail};
 use justonce_cli_support::database::DatabaseKind;
@@ -87,6 +87,11 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
             Some(every)
         }
     };
+    let roles = origin
+        .or_default(&["server", "roles"], server.roles.as_deref(), "all")
+        .parse::<Roles>()
+        .map_err(anyhow::Error::msg)
+        .with_context(|| origin.name(&["server", "roles"]))?;
     let positive = |value: Option<&str>, default: Duration, key: &str| -> Result<Duration> {
         let Some(value) = value else {
             origin.defaulted(&["server", key], quoted(&duration_text(default)));
@@ -199,6 +204,7 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         body_limit,
         relay_lease,
         purge_every,
+        roles,
         limits,
         pool_size,
         acquire_timeout,

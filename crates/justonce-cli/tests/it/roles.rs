@@ -1,0 +1,165 @@
+//! `serve --role`: processes on one database that each run part of the service.
+
+use crate::serve::{
+    Server, await_keys, client, database, drop_database, post, stats_json, text_of,
+};
+use justonce_tests::{Sink, TestBackend};
+use std::time::Duration;
+
+on_every_database!(a_receiver_stores_and_a_relay_elsewhere_delivers_each_event_once);
+
+/// A receiver-only process answers and stores each event but delivers none; a relay-only
+/// process on the same database, with no public listener, delivers each of them once.
+/// Each says on `/readyz` and `/metrics` which roles it runs.
+async fn a_receiver_stores_and_a_relay_elsewhere_delivers_each_event_once<DB: TestBackend>(
+    test: &str,
+) {
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let client = client();
+    let mut receiver = Server::configure(&url, &sink.url());
+    receiver.start_with(&["--role", "receiver"]).await;
+    for n in 0..20 {
+        let body = format!(r#"{{"id":"evt_{n}"}}"#);
+        let first = post(&client, &receiver.public, &body).await.unwrap();
+        assert_eq!(first, (200, "accepted".into()));
+        let again = post(&client, &receiver.public, &body).await.unwrap();
+        assert_eq!(again, (200, "duplicate".into()));
+    }
+    let ready: serde_json::Value =
+        serde_json::from_str(&text_of(&client, &format!("{}/readyz", receiver.admin)).await)
+            .unwrap();
+    assert_eq!(ready["roles"], serde_json::json!(["receiver"]));
+    let metrics = text_of(&client, &format!("{}/metrics", receiver.admin)).await;
+    assert!(
+        metrics.contains("justonce_role{role=\"receiver\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("justonce_role{role=\"relay\"} 0"),
+        "{metrics}"
+    );
+    // No relay runs: a relay would deliver within milliseconds.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sink.received().len(), 0);
+    let stats = stats_json(&receiver).await;
+    assert_eq!(
+        stats["deliveries"],
+        serde_json::json!({"sent": 0, "due": 20, "dead": 0})
+    );
+
+    let mut relay = Server::configure(&url, &sink.url());
+    relay.start_with(&["--role", "relay"]).await;
+    let refused = client.get(format!("{}/livez", relay.public)).send().await;
+    assert!(
+        refused.is_err(),
+        "a relay-only process opened its public listener"
+    );
+    let ready: serde_json::Value =
+        serde_json::from_str(&text_of(&client, &format!("{}/readyz", relay.admin)).await).unwrap();
+    assert_eq!(ready["roles"], serde_json::json!(["relay"]));
+    let by_key = await_keys(&sink, 20).await;
+    assert_eq!(by_key.len(), 20);
+    for n in 0..20 {
+        let bodies = &by_key[&format!("demo:evt_{n}")];
+        assert_eq!(
+            bodies.len(),
+            1,
+            "evt_{n} was delivered {} times",
+            bodies.len()
+        );
+    }
+    let mut stats = serde_json::Value::Null;
+    for _ in 0..100 {
+        stats = stats_json(&relay).await;
+        if stats["deliveries"]["sent"] == 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        stats["deliveries"],
+        serde_json::json!({"sent": 20, "due": 0, "dead": 0})
+    );
+    receiver.stop().await;
+    relay.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// A role the service does not have is refused with the list of those it has, as a bad
+/// command line (exit code 2) or a bad setting.
+#[tokio::test]
+async fn an_unknown_role_is_refused_naming_the_roles() {
+    let server = Server::configure("sqlite::memory:", "http://127.0.0.1:9/");
+    let output = server
+        .command(&["serve", "--role", "receiver,reporter"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("\"reporter\" is not a role")
+            && stderr.contains("receiver, relay, consumers and purge"),
+        "{stderr}"
+    );
+    let output = server
+        .command(&["serve"])
+        .env("JUSTONCE_SERVER_ROLES", "relay,,purge")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("server.roles") && stderr.contains("\"\" is not a role"),
+        "{stderr}"
+    );
+}
+
+/// A process without the consumers role does not connect its consumers, so a broker it
+/// cannot reach leaves it ready; with the role, the same configuration is not ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_without_the_consumers_role_neither_connects_nor_waits_for_them() {
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("roles-consumers").await;
+    let broker = crate::serve::amqp_url().replacen("guest:guest@", "guest:wrong@", 1);
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{broker}\"\nqueue = \"{}orders\"\ntarget = \"http://127.0.0.1:1/x\"\n",
+        db.prefix
+    );
+    let client = client();
+    let mut without = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
+    without
+        .start_with(&["--role", "receiver,relay,purge"])
+        .await;
+    let answer = client
+        .get(format!("{}/readyz", without.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let ready: serde_json::Value = serde_json::from_str(&answer.text().await.unwrap()).unwrap();
+    assert_eq!(ready["consumers"], serde_json::json!({}));
+    assert_eq!(
+        ready["roles"],
+        serde_json::json!(["receiver", "relay", "purge"])
+    );
+    without.stop().await;
+
+    let mut with = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
+    with.start().await;
+    let answer = client
+        .get(format!("{}/readyz", with.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    let problem: serde_json::Value = serde_json::from_str(&answer.text().await.unwrap()).unwrap();
+    assert_eq!(problem["consumers"]["orders"], "connecting");
+    assert_eq!(
+        problem["roles"],
+        serde_json::json!(["receiver", "relay", "consumers", "purge"])
+    );
+    with.stop().await;
+    drop_database(db, &url).await;
+}
