@@ -3,6 +3,7 @@
 //! shows as two rows.
 
 mod amqp;
+pub mod browser;
 pub mod cluster;
 mod consume;
 pub mod mariadb;

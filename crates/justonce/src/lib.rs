@@ -198,6 +198,8 @@ pub mod docs {
     pub struct Contributing;
     #[doc = include_str!("../../../docs/configuration.md")]
     pub struct Configuration;
+    #[doc = include_str!("../../../docs/console.md")]
+    pub struct Console;
     #[doc = include_str!("../../../docs/deploy.md")]
     pub struct Deploy;
     #[doc = include_str!("../../../docs/http.md")]

@@ -15,16 +15,16 @@ use std::time::Duration;
 
 on_every_database!(every_admin_route_answers_with_what_the_store_holds);
 
-const TOKEN: &str = "an admin token long enough to guess never";
+pub(crate) const TOKEN: &str = "an admin token long enough to guess never";
 
 /// A client of one server's admin API, sending the token unless told otherwise.
-struct Api {
+pub(crate) struct Api {
     client: reqwest::Client,
     admin: String,
 }
 
 impl Api {
-    fn of(server: &Server) -> Self {
+    pub(crate) fn of(server: &Server) -> Self {
         Self {
             client: client(),
             admin: server.admin.clone(),
@@ -46,7 +46,7 @@ impl Api {
         .await
     }
 
-    async fn get(&self, path: &str) -> Value {
+    pub(crate) async fn get(&self, path: &str) -> Value {
         let (status, body) = self.call(Method::GET, path).await;
         assert_eq!(status, 200, "GET {path}: {body}");
         body
@@ -104,7 +104,7 @@ async fn until<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnM
     }
 }
 
-async fn post_event(server: &Server, source: &str, body: &str) {
+pub(crate) async fn post_event(server: &Server, source: &str, body: &str) {
     let status = client()
         .post(format!("{}/webhooks/{source}", server.public))
         .header("content-type", "application/json")
@@ -134,7 +134,7 @@ fn keys(page: &Value) -> Vec<String> {
 }
 
 /// How many requests with `key` the sink has answered.
-fn requests_with(sink: &Sink, key: &str) -> Vec<Vec<u8>> {
+pub(crate) fn requests_with(sink: &Sink, key: &str) -> Vec<Vec<u8>> {
     let received = sink.received().into_iter();
     received
         .filter(|r| r.key.as_deref() == Some(key))

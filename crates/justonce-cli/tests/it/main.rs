@@ -35,6 +35,7 @@ macro_rules! on_every_database {
 mod admin_api;
 mod bench;
 mod broker_tls;
+mod browser;
 mod check;
 mod deliveries;
 mod environment;

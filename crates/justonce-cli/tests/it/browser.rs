@@ -1,0 +1,411 @@
+//! The console in a real headless Chromium, as the operator uses it: the dashboard, an
+//! event found and replayed, dead letters replayed; and a page on another origin cannot
+//! make the browser change anything. These tests write the screenshots docs/console.md
+//! shows.
+
+use crate::admin_api::{Api, TOKEN, post_event, requests_with};
+use crate::serve::{Server, database, drop_database};
+use axum::response::Html;
+use justonce_tests::browser::{Browser, wait_until};
+use justonce_tests::{Answer, Sink, TestBackend};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+mod sqlite {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_console_finds_an_event_by_key_and_replays_it() {
+        super::the_console_finds_an_event_by_key_and_replays_it::<justonce_sql::sqlx::Sqlite>(
+            "browser_event_sqlite",
+        )
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_letters_are_replayed_from_their_page() {
+        super::dead_letters_are_replayed_from_their_page::<justonce_sql::sqlx::Sqlite>(
+            "browser_dead_sqlite",
+        )
+        .await
+    }
+}
+
+mod postgres {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_console_finds_an_event_by_key_and_replays_it() {
+        super::the_console_finds_an_event_by_key_and_replays_it::<justonce_sql::sqlx::Postgres>(
+            "browser_event_postgres",
+        )
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_letters_are_replayed_from_their_page() {
+        super::dead_letters_are_replayed_from_their_page::<justonce_sql::sqlx::Postgres>(
+            "browser_dead_postgres",
+        )
+        .await
+    }
+}
+
+/// A server with `server.admin_token` set, delivering to `sink`.
+async fn server_with_token(
+    url: &str,
+    sink: &Sink,
+) -> (Server, tokio::task::JoinHandle<Vec<String>>) {
+    let mut server =
+        Server::configure_all(url, &sink.url(), "admin_token = \"env:ADMIN_TOKEN\"", "");
+    let log = server
+        .start_logged(&[], &[("ADMIN_TOKEN", TOKEN), ("RUST_LOG", "warn")])
+        .await;
+    (server, log)
+}
+
+/// Posts the event `id` of the demo source and waits until the store has it delivered;
+/// returns its event id.
+async fn delivered_event(server: &Server, api: &Api, id: &str) -> i64 {
+    post_event(server, "demo", &order_body(id)).await;
+    let key = format!("demo:{id}");
+    wait_until(&format!("{key} delivered"), || async {
+        let listed = api.get("/api/v1/events?source=demo&state=delivered").await;
+        let events = listed["events"].as_array().cloned().unwrap_or_default();
+        events
+            .iter()
+            .find(|event| event["key"] == key.as_str())
+            .and_then(|event| event["id"].as_i64())
+            .ok_or_else(|| listed.to_string())
+    })
+    .await
+}
+
+/// The body of the order `id`, as the demo source receives it.
+fn order_body(id: &str) -> String {
+    format!(r#"{{"id":"{id}","total":"42.00"}}"#)
+}
+
+/// Serves `page` at `/` on a free loopback port: an origin other than the admin
+/// listener's. Returns its address.
+async fn serve_elsewhere(page: String) -> String {
+    let app = axum::Router::new().route("/", axum::routing::get(move || async move { Html(page) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    address
+}
+
+/// A page on another origin asks the admin API to replay a delivered event by script,
+/// without a token and with a guessed one, then by a plain form: the page sees each
+/// refused, and neither the store nor the target sees a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_on_another_origin_cannot_replay_an_event() {
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("browser_other_origin").await;
+    let sink = Sink::start().await;
+    let (mut server, _log) = server_with_token(&url, &sink).await;
+    let api = Api::of(&server);
+    let id = delivered_event(&server, &api, "order_1042").await;
+    let stored = api.get(&format!("/api/v1/events/{id}")).await;
+    let replay = format!("{}/api/v1/events/{id}/replay", server.admin);
+    let page = format!(
+        r#"<!doctype html>
+<title>elsewhere</title>
+<form id="form" method="post" action="{replay}"><button>replay</button></form>
+<pre id="seen"></pre>
+<script>
+async function attempt(name, init) {{
+  try {{
+    const answer = await fetch("{replay}", init);
+    return name + ": answered " + answer.status;
+  }} catch (refused) {{
+    return name + ": refused, " + refused.name;
+  }}
+}}
+(async () => {{
+  const seen = [
+    await attempt("without a token", {{ method: "POST" }}),
+    await attempt("with a guessed token", {{
+      method: "POST",
+      headers: {{ authorization: "Bearer guessed" }},
+    }}),
+  ];
+  document.getElementById("seen").textContent = seen.join("\n");
+}})();
+</script>
+"#
+    );
+    let elsewhere = serve_elsewhere(page).await;
+
+    let browser = Browser::start().await;
+    browser.goto(&elsewhere).await;
+    let seen = wait_until("both scripted replays to settle", || async {
+        let seen = browser.text("#seen").await?;
+        if seen.lines().count() == 2 {
+            Ok(seen)
+        } else {
+            Err(seen)
+        }
+    })
+    .await;
+    assert_eq!(
+        seen,
+        "without a token: refused, TypeError\nwith a guessed token: refused, TypeError"
+    );
+    browser.click("#form button").await;
+    let refusal = wait_until("the form's answer", || async {
+        let shown = browser.text("body").await?;
+        if browser.url().await == replay && shown.contains("status") {
+            Ok(shown)
+        } else {
+            Err(shown)
+        }
+    })
+    .await;
+    let refusal: Value =
+        serde_json::from_str(&refusal).unwrap_or_else(|e| panic!("{e}: {refusal}"));
+    assert_eq!(
+        (&refusal["status"], &refusal["title"]),
+        (
+            &Value::from(403),
+            &Value::from("cross-origin change refused")
+        )
+    );
+
+    assert_eq!(
+        api.get(&format!("/api/v1/events/{id}")).await,
+        stored,
+        "the store is unchanged"
+    );
+    assert_eq!(sink.requests(), 1, "the target received the event once");
+    drop(browser);
+    server.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// Where a screenshot of the console is written for docs/console.md.
+fn screenshot_path(name: &str) -> PathBuf {
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/screenshots");
+    std::fs::create_dir_all(&folder).unwrap();
+    folder.join(name)
+}
+
+/// Opens `path` of the admin listener and types the token into the header's form, as the
+/// operator does once per tab.
+async fn open_with_token(browser: &Browser, server: &Server, path: &str) {
+    browser.goto(&format!("{}{path}", server.admin)).await;
+    browser
+        .type_into("#admin-token", &format!("{TOKEN}{ENTER}"))
+        .await;
+}
+
+/// The Enter key, as WebDriver types it.
+const ENTER: char = '\u{E007}';
+
+/// The text of `css` once it equals `expected`; fails with the text seen last.
+async fn await_text(browser: &Browser, css: &str, expected: &str) {
+    wait_until(&format!("{css} to read {expected:?}"), || async {
+        let shown = browser.text(css).await?;
+        if shown.trim() == expected {
+            Ok(())
+        } else {
+            Err(shown)
+        }
+    })
+    .await;
+}
+
+/// Waits until `css` matches `expected` elements.
+async fn await_count(browser: &Browser, css: &str, expected: usize) {
+    wait_until(&format!("{expected} of {css}"), || async {
+        let count = browser.count(css).await;
+        if count == expected {
+            Ok(())
+        } else {
+            Err(format!("{count} on {}", browser.url().await))
+        }
+    })
+    .await;
+}
+
+/// The operator's search: the dashboard shows the store's figures, a search by part of
+/// the key finds the event, its page shows the body and the attempt, and Replay delivers it
+/// again with the same key, the new attempt appearing on the page.
+async fn the_console_finds_an_event_by_key_and_replays_it<DB: TestBackend>(test: &str) {
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let (mut server, _log) = server_with_token(&url, &sink).await;
+    let api = Api::of(&server);
+    let mut ids = Vec::new();
+    for order in ["order_1041", "order_1042", "order_1043"] {
+        ids.push(delivered_event(&server, &api, order).await);
+    }
+    let id = ids[1];
+    post_event(&server, "demo", &order_body("order_1042")).await;
+
+    wait_until("the duplicate counted in the store", || async {
+        let dashboard = api.get("/api/v1/dashboard?since=1h").await;
+        let totals = &dashboard["totals"];
+        if totals["duplicates"] == 1 && totals["sent"] == 3 {
+            Ok(())
+        } else {
+            Err(dashboard.to_string())
+        }
+    })
+    .await;
+
+    let browser = Browser::start().await;
+    open_with_token(&browser, &server, "/?since=1h").await;
+    for (figure, expected) in [
+        ("accepted", "3"),
+        ("duplicates", "1"),
+        ("sent", "3"),
+        ("failed", "0"),
+        ("backlog", "0"),
+        ("oldest-due", ""),
+    ] {
+        await_text(&browser, &format!("[data-figure=\"{figure}\"]"), expected).await;
+    }
+    browser.screenshot(&screenshot_path("dashboard.png")).await;
+
+    browser.goto(&format!("{}/events", server.admin)).await;
+    await_count(&browser, "#event-search", 1).await;
+    browser
+        .type_into(
+            "#event-search input[name=\"key\"]",
+            &format!("demo:order_1042{ENTER}"),
+        )
+        .await;
+    await_count(&browser, "table#events tr[data-event-id]", 1).await;
+    let search = browser.url().await;
+    assert!(
+        search.contains("key=demo%3Aorder_1042"),
+        "a search has an address to share: {search}"
+    );
+    browser
+        .click(&format!(
+            "table#events tr[data-event-id=\"{id}\"] a[href=\"/events/{id}\"]"
+        ))
+        .await;
+    await_count(&browser, "table#attempts tr.attempt", 1).await;
+    assert_eq!(browser.url().await, format!("{}/events/{id}", server.admin));
+    let shown_body = browser.text("pre#event-body").await.unwrap();
+    assert!(shown_body.contains("order_1042"), "{shown_body}");
+    browser.screenshot(&screenshot_path("event.png")).await;
+
+    browser.click("#replay").await;
+    wait_until("the replay's status", || async {
+        let status = browser.text("#status").await?;
+        if status.contains("replayed") {
+            Ok(())
+        } else {
+            Err(status)
+        }
+    })
+    .await;
+    await_count(&browser, "table#attempts tr.attempt", 2).await;
+    let bodies = requests_with(&sink, "demo:order_1042");
+    assert_eq!(
+        bodies,
+        [
+            order_body("order_1042").into_bytes(),
+            order_body("order_1042").into_bytes()
+        ],
+        "the target received the event twice with its one key"
+    );
+    drop(browser);
+    server.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// Dead letters, newest first: one replayed by its row's button, then the others by
+/// "replay all that match" after the confirmation; each reaches the target again and
+/// leaves the page.
+async fn dead_letters_are_replayed_from_their_page<DB: TestBackend>(test: &str) {
+    let (db, url) = database::<DB>(test).await;
+    // Each key's first delivery is refused, so that it is dead-lettered at once.
+    let sink = Sink::scripted(Arc::new(|_, attempt| {
+        Answer::status(if attempt == 1 { 400 } else { 200 })
+    }))
+    .await;
+    let (mut server, _log) = server_with_token(&url, &sink).await;
+    let api = Api::of(&server);
+    let orders = ["order_2001", "order_2002", "order_2003"];
+    for order in orders {
+        post_event(&server, "demo", &order_body(order)).await;
+    }
+    let dead = wait_until("three dead letters", || async {
+        let listed = api.get("/api/v1/dead-letters").await;
+        let items = listed["items"].as_array().cloned().unwrap_or_default();
+        if items.len() == 3 {
+            Ok(items)
+        } else {
+            Err(listed.to_string())
+        }
+    })
+    .await;
+    let newest = dead.iter().max_by_key(|item| item["id"].as_i64()).unwrap();
+    let (newest_id, newest_key) = (
+        newest["id"].as_i64().unwrap(),
+        newest["key"].as_str().unwrap(),
+    );
+
+    let browser = Browser::start().await;
+    open_with_token(&browser, &server, "/dead-letters").await;
+    let rows = "tr[data-dead-letter-id]";
+    await_count(&browser, rows, 3).await;
+    assert_eq!(
+        browser
+            .attribute(rows, "data-dead-letter-id")
+            .await
+            .unwrap(),
+        Some(newest_id.to_string()),
+        "the newest first"
+    );
+    browser
+        .screenshot(&screenshot_path("dead-letters.png"))
+        .await;
+
+    browser
+        .click(&format!(
+            "tr[data-dead-letter-id=\"{newest_id}\"] button.replay"
+        ))
+        .await;
+    wait_until("the replayed dead letter delivered", || async {
+        let shown = api.get(&format!("/api/v1/deliveries/{newest_id}")).await;
+        let received = requests_with(&sink, newest_key).len();
+        if shown["state"] == "sent" && received == 2 {
+            Ok(())
+        } else {
+            Err(format!("{received} received; {shown}"))
+        }
+    })
+    .await;
+    await_count(&browser, rows, 2).await;
+
+    browser.click("#replay-matching").await;
+    let question = wait_until("the confirmation", || browser.dialog_text()).await;
+    assert!(!question.is_empty(), "the confirmation asks something");
+    browser.accept_dialog().await;
+    for order in orders {
+        let key = format!("demo:{order}");
+        wait_until(&format!("{key} delivered again"), || async {
+            let received = requests_with(&sink, &key).len();
+            if received == 2 {
+                Ok(())
+            } else {
+                Err(format!("{received} received"))
+            }
+        })
+        .await;
+    }
+    await_count(&browser, rows, 0).await;
+    assert_eq!(
+        api.get("/api/v1/dead-letters").await["items"],
+        serde_json::json!([])
+    );
+    browser
+        .goto(&format!("{}/events/{newest_id}", server.admin))
+        .await;
+    await_count(&browser, "table#attempts tr.attempt", 2).await;
+    drop(browser);
+    server.stop().await;
+    drop_database(db, &url).await;
+}
