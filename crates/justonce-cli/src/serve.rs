@@ -126,7 +126,8 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     tokio::spawn(refresh_store_gauges(outbox, kept, Arc::clone(&gauges)));
     let status_consumers = Arc::clone(&consumer_states);
     let admin_token_set = settings.admin_token.is_some();
-    let admin_api = admin_api::router(&inbox, &consumer_states, settings.admin_token);
+    let admin_access = admin_api::Access::new(settings.admin_token, settings.admin_listen);
+    let admin_api = admin_api::router(&inbox, &source_names, &consumer_states, admin_access);
     let admin = receiver::health_router(&inbox)
         .merge(probes)
         .merge(admin_api)
