@@ -117,19 +117,6 @@ pub fn utc_text(time: SystemTime) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_print_as_rfc_3339_in_utc() {
-        let at = |ms: u64| utc_text(SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
-        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(at(1_796_210_860_123), "2026-12-02T11:27:40.123Z");
-    }
-}
-
 /// Stored bytes as `name` when they are UTF-8 text, else as `<name>_base64`: the one shape
 /// of a body or result in every JSON the commands print and the admin API answers.
 pub fn bytes_json(object: &mut serde_json::Value, name: &str, bytes: &[u8]) {
@@ -153,4 +140,17 @@ pub fn attempt_json(attempt: &Attempt) -> serde_json::Value {
         "answer": attempt.answer,
         "error": attempt.error,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_print_as_rfc_3339_in_utc() {
+        let at = |ms: u64| utc_text(SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(at(1_796_210_860_123), "2026-12-02T11:27:40.123Z");
+    }
 }
