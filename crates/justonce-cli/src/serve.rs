@@ -52,6 +52,9 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let purge_plan = purge::Plan::of(&settings)?;
     let roles = settings.roles.clone();
     let mut sources = Vec::new();
+    let source_names: Vec<String> = settings.sources.iter().map(|s| s.name.clone()).collect();
+    let all_consumer_names: Vec<String> =
+        settings.consumers.iter().map(|c| c.name.clone()).collect();
     // A process without the consumers role neither connects them nor waits for them to be
     // ready; its relay still delivers what they stored.
     let consumer_names: Vec<String> = if roles.runs(Role::Consumers) {
@@ -126,8 +129,18 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     let gauges = Arc::new(StoreGauges::default());
     tokio::spawn(refresh_store_gauges(outbox, kept, Arc::clone(&gauges)));
     let admin_token_set = settings.admin_token.is_some();
-    let console = console::router(&inbox, &consumer_states, settings.admin_token.clone());
-    let admin_api = admin_api::router(&inbox, &consumer_states, settings.admin_token);
+    let admin_access = Arc::new(admin_api::Access::new(
+        settings.admin_token,
+        settings.admin_listen,
+    ));
+    let console = console::router(&inbox, &consumer_states, &admin_access);
+    let admin_api = admin_api::router(
+        &inbox,
+        &source_names,
+        &all_consumer_names,
+        &consumer_states,
+        admin_access,
+    );
     let admin = receiver::health_router(&inbox)
         .merge(probes)
         .merge(console)

@@ -19,8 +19,11 @@ pub(crate) const EVENT_STATE: &str =
     "CASE WHEN sent_at IS NOT NULL THEN 'delivered' WHEN dead THEN 'dead' ELSE 'due' END";
 
 /// What a replay sets on an event's outbox row: due, its attempts counted anew. The
-/// history stays, and a replay starts a new delivery window (`created_at`).
-pub(crate) const REPLAYED: &str = "sent_at = NULL, dead = FALSE, attempts = 0, last_error = NULL";
+/// history stays, and a replay starts a new delivery window (`created_at`). The replay
+/// takes the row from any relay still holding it: no relay holds a NULL lease token, so
+/// a late relay's sent or failed changes nothing.
+pub(crate) const REPLAYED: &str =
+    "sent_at = NULL, dead = FALSE, attempts = 0, last_error = NULL, lease_token = NULL";
 
 /// A statement of the database `DB`, ready for its parameters.
 pub(crate) type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
@@ -141,9 +144,9 @@ impl Common {
                 .bind(limit),
             // The attempt appended to the history comes first in each: its duration,
             // status, answer and, for a failure, reason.
-            Change::MarkSent { id, tried } => {
-                bind_tried(statement(&self.mark_sent), tried).bind(id)
-            }
+            Change::MarkSent { id, token, tried } => bind_tried(statement(&self.mark_sent), tried)
+                .bind(id)
+                .bind(token),
             Change::MarkRetry {
                 id,
                 after_ms,

@@ -299,12 +299,13 @@ impl Statements {
                 (clock.earlier_by)("$2")
             )),
             purge_keys: text(specific.purge_keys),
-            // A receiver took the row: that is true whoever holds the lease now, and it
-            // outranks another relay's dead-lettering. Like each outcome, it appends its
-            // attempt to the history in the same statement.
+            // Recorded only by the relay that took the row under this lease token, which a
+            // replay takes away: a late relay's sent must not wipe an operator's replay.
+            // It outranks a dead-lettering after the row's window ended while it was sent.
+            // Like each outcome, it appends its attempt to the history in the same statement.
             mark_sent: text(format!(
                 "UPDATE {outbox} SET {}, sent_at = {now}, dead = FALSE, last_error = NULL
-                 WHERE id = $4",
+                 WHERE id = $4 AND lease_token = $5",
                 append("$1", "$2", "$3", "NULL")
             )),
             // Failures are recorded only by the relay that holds the lease: one whose lease
@@ -347,8 +348,7 @@ impl Statements {
             // A replay starts a new delivery window.
             replay: text(format!(
                 "UPDATE {outbox}
-                 SET dead = FALSE, attempts = 0, next_attempt_at = {now}, created_at = {now},
-                     last_error = NULL
+                 SET {REPLAYED}, next_attempt_at = {now}, created_at = {now}
                  WHERE id IN (
                     SELECT id FROM {outbox}
                     WHERE dead AND sent_at IS NULL AND ($1 IS NULL OR id = $2) AND {}

@@ -110,7 +110,8 @@ pub struct RelayRound {
 ///
 /// Delivery is at least once: a relay that dies after a send and before recording it, or
 /// whose lease runs out mid-send, has that row sent again, with the same key. Only the
-/// relay holding a row's lease records its failures.
+/// relay holding a row's lease records what came of its delivery: a replay takes the row
+/// from its holder, so that a slow relay's late answer does not undo it.
 pub struct Relay<DB: Backend> {
     outbox: Outbox<DB>,
     destinations: HashMap<String, Route>,
@@ -391,9 +392,20 @@ impl<DB: Backend> Relay<DB> {
             && self.destinations.contains_key(&row.destination);
         let recorded = match delivered {
             Delivered::Sent => {
-                self.outbox
-                    .change(Change::MarkSent { id: row.id, tried })
+                let recorded = self
+                    .outbox
+                    .change(Change::MarkSent {
+                        id: row.id,
+                        token,
+                        tried,
+                    })
                     .await?;
+                if recorded == 0 {
+                    tracing::debug!(
+                        id = row.id,
+                        "sent after its lease was taken over or the row replayed: not recorded"
+                    );
+                }
                 let waited =
                     Duration::from_millis(row.age_ms.max(0).unsigned_abs()) + taken_at.elapsed();
                 metrics::histogram!(DELIVERED_SECONDS, "destination" => row.destination.clone())

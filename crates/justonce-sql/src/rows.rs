@@ -306,6 +306,7 @@ pub enum Change<'a> {
     },
     MarkSent {
         id: i64,
+        token: i64,
         tried: Tried<'a>,
     },
     MarkRetry {

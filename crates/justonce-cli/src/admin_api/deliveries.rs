@@ -1,10 +1,10 @@
 //! `GET /api/v1/deliveries/{id}`: one delivery with its stored body and its attempts.
 
+use super::AdminState;
 use super::params::{Params, path_id};
 use super::problem::{ApiError, json};
-use super::{AdminState, bytes_json};
 use crate::commands::deliveries::state_of;
-use crate::commands::output::utc_text;
+use crate::commands::output::{attempt_json, bytes_json};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;
 use justonce_sql::{Attempt, Backend, Row};
@@ -36,14 +36,7 @@ pub fn delivery_json(row: &Row, attempts: &[Attempt]) -> serde_json::Value {
         "attempts": row.attempts,
         "last_error": row.last_error,
         "headers": row.headers.iter().map(|(name, value)| [name, value]).collect::<Vec<_>>(),
-        "history": attempts.iter().map(|attempt| serde_json::json!({
-            "attempt": attempt.attempt,
-            "started_at": utc_text(attempt.started_at),
-            "duration_ms": u64::try_from(attempt.duration.as_millis()).unwrap_or(u64::MAX),
-            "status": attempt.status,
-            "answer": attempt.answer,
-            "error": attempt.error,
-        })).collect::<Vec<_>>(),
+        "history": attempts.iter().map(attempt_json).collect::<Vec<_>>(),
     });
     bytes_json(&mut object, "body", &row.payload);
     object

@@ -1,10 +1,11 @@
 //! A claimed key: shown, and a lease in progress released or completed by hand, for a
 //! worker that is stuck or gone.
 
+use super::AdminState;
 use super::params::Params;
 use super::problem::{ApiError, json};
-use super::{AdminState, bytes_json};
 use crate::commands::keys::name;
+use crate::commands::output::bytes_json;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::Response;

@@ -12,7 +12,7 @@ mod keys;
 pub(crate) mod params;
 pub(crate) mod problem;
 
-pub use access::AdminToken;
+pub use access::{Access, AdminToken};
 
 use crate::probes::Consumers;
 use axum::Router;
@@ -21,16 +21,19 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, get, on};
-use base64::Engine;
 use justonce_sql::{Backend, Inbox};
 use std::sync::Arc;
 
 /// The API's OpenAPI 3.1 document, as the repository keeps it.
 pub const OPENAPI: &str = include_str!("../../../../docs/openapi.json");
 
-/// What every route reads: the store, and what the service knows of its consumers.
+/// What every route reads: the store, the sources and consumers configured, and what the
+/// service knows of the consumers it runs.
 pub struct Admin<DB: Backend> {
     inbox: Inbox<DB>,
+    sources: Vec<String>,
+    /// Every consumer configured, run by this process or not: their events are stored.
+    consumer_names: Vec<String>,
     consumers: Arc<Consumers>,
 }
 
@@ -66,6 +69,7 @@ impl<DB: Backend> Routes<DB> {
                 "/api/v1/events/{id}/replay",
                 events::replay::<DB>,
             )
+            .add(Method::GET, "/api/v1/replays", events::replays::<DB>)
             .add(
                 Method::GET,
                 "/api/v1/deliveries/{id}",
@@ -124,20 +128,21 @@ impl<DB: Backend> Routes<DB> {
 /// methods it does not have are answered problem+json.
 pub fn router<DB: Backend>(
     inbox: &Inbox<DB>,
+    sources: &[String],
+    consumer_names: &[String],
     consumers: &Arc<Consumers>,
-    token: Option<AdminToken>,
+    access: Arc<Access>,
 ) -> Router {
     let admin = Arc::new(Admin {
         inbox: inbox.clone(),
+        sources: sources.to_vec(),
+        consumer_names: consumer_names.to_vec(),
         consumers: Arc::clone(consumers),
     });
     Routes::<DB>::all()
         .router
         .with_state(admin)
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(token),
-            access::check,
-        ))
+        .layer(axum::middleware::from_fn_with_state(access, access::check))
         .route("/openapi.json", get(document))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -161,18 +166,6 @@ async fn method_not_allowed() -> Response {
         "method not allowed",
         "this path does not take this method: /openapi.json lists the admin API's",
     )
-}
-
-/// Stored bytes as `name` when they are UTF-8 text, else as `<name>_base64`.
-fn bytes_json(object: &mut serde_json::Value, name: &str, bytes: &[u8]) {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => object[name] = text.into(),
-        Err(_) => {
-            object[format!("{name}_base64")] = base64::engine::general_purpose::STANDARD
-                .encode(bytes)
-                .into()
-        }
-    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 //! them again with the same key.
 
 use super::deliveries::print_attempts;
-use super::output::{counted, one_line, print_table, scope_or_none, utc_text};
+use super::output::{
+    attempt_json, bytes_json, counted, one_line, print_table, scope_or_none, utc_text,
+};
 use crate::cli::{EventListArgs, EventsCommand, OriginArgs, ReplayArgs};
 use crate::config::Settings;
 use anyhow::{Context, Result};
@@ -276,17 +278,8 @@ pub fn detail_json(shown: &EventDetail) -> Value {
             .iter()
             .map(|(name, value)| json!([name, value])),
     );
-    object["body"] = String::from_utf8_lossy(&shown.payload).into();
-    object["deliveries"] = Value::from_iter(shown.attempts.iter().map(|attempt| {
-        json!({
-            "attempt": attempt.attempt,
-            "started_at": utc_text(attempt.started_at),
-            "duration_ms": attempt.duration.as_millis() as u64,
-            "status": attempt.status,
-            "answer": attempt.answer,
-            "error": attempt.error,
-        })
-    }));
+    bytes_json(&mut object, "body", &shown.payload);
+    object["deliveries"] = Value::from_iter(shown.attempts.iter().map(attempt_json));
     object
 }
 

@@ -2,7 +2,9 @@
 //! how they ask before changing what cannot be undone.
 
 use anyhow::Result;
+use base64::Engine;
 use justonce_cli_support::Usage;
+use justonce_sql::Attempt;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, SystemTime};
 
@@ -113,6 +115,31 @@ pub fn utc_text(time: SystemTime) -> String {
         of_day % 60,
         since_epoch.subsec_millis()
     )
+}
+
+/// Stored bytes as `name` when they are UTF-8 text, else as `<name>_base64`: the one shape
+/// of a body or result in every JSON the commands print and the admin API answers.
+pub fn bytes_json(object: &mut serde_json::Value, name: &str, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => object[name] = text.into(),
+        Err(_) => {
+            object[format!("{name}_base64")] = base64::engine::general_purpose::STANDARD
+                .encode(bytes)
+                .into()
+        }
+    }
+}
+
+/// One delivery attempt as JSON.
+pub fn attempt_json(attempt: &Attempt) -> serde_json::Value {
+    serde_json::json!({
+        "attempt": attempt.attempt,
+        "started_at": utc_text(attempt.started_at),
+        "duration_ms": u64::try_from(attempt.duration.as_millis()).unwrap_or(u64::MAX),
+        "status": attempt.status,
+        "answer": attempt.answer,
+        "error": attempt.error,
+    })
 }
 
 #[cfg(test)]

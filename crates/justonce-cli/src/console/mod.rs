@@ -14,7 +14,7 @@ mod pages;
 mod tests;
 
 use crate::admin_api::AdminToken;
-use crate::admin_api::access::{bearer, unauthorized};
+use crate::admin_api::access::{self, Access, bearer, unauthorized};
 use crate::probes::Consumers;
 use axum::Router;
 use axum::http::HeaderMap;
@@ -43,12 +43,12 @@ type ConsoleState<DB> = Arc<Console<DB>>;
 pub fn router<DB: Backend>(
     inbox: &Inbox<DB>,
     consumers: &Arc<Consumers>,
-    token: Option<AdminToken>,
+    access: &Arc<Access>,
 ) -> Router {
     let console = Arc::new(Console {
         inbox: inbox.clone(),
         consumers: Arc::clone(consumers),
-        token,
+        token: access.token().cloned(),
     });
     Router::new()
         .route("/", get(pages::dashboard::<DB>))
@@ -57,6 +57,10 @@ pub fn router<DB: Backend>(
         .route("/dead-letters", get(pages::dead_letters::<DB>))
         .route("/consumers", get(pages::consumers::<DB>))
         .with_state(console)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(access),
+            access::own_host_only,
+        ))
         .route(
             "/assets/console.css",
             get(|| async { asset("text/css; charset=utf-8", STYLESHEET) }),

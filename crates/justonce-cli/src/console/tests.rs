@@ -2,11 +2,11 @@
 //! a socket: each page's elements hold what the store holds, escaped; the dashboard's
 //! figures are the store's counts; data stays behind the token when one is set.
 
-use crate::admin_api::{self, AdminToken};
+use crate::admin_api::{self, Access, AdminToken};
 use crate::probes::Consumers;
 use axum::Router;
 use axum::body::Body;
-use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, HOST};
 use axum::http::{Request, StatusCode};
 use justonce_http::HttpDestination;
 use justonce_sql::sqlx::{Postgres, Sqlite};
@@ -227,8 +227,14 @@ async fn pages_show_what_the_store_holds<DB: TestBackend>(test: &str) {
 /// The admin listener's console and API over `db`, with one consumer, `orders`.
 fn router<DB: TestBackend>(db: &TestDb<DB>, token: Option<AdminToken>) -> Router {
     let consumers = Arc::new(Consumers::new(["orders"]));
-    super::router(&db.inbox, &consumers, token.clone())
-        .merge(admin_api::router(&db.inbox, &consumers, token))
+    let access = Arc::new(Access::new(token, "127.0.0.1:9090".parse().unwrap()));
+    super::router(&db.inbox, &consumers, &access).merge(admin_api::router(
+        &db.inbox,
+        &[],
+        &["orders".to_owned()],
+        &consumers,
+        access,
+    ))
 }
 
 /// The status, headers and body of `GET path`, with `token` as a bearer token.
@@ -237,7 +243,7 @@ async fn get(
     path: &str,
     token: Option<&str>,
 ) -> (StatusCode, axum::http::HeaderMap, String) {
-    let mut request = Request::get(path);
+    let mut request = Request::get(path).header(HOST, "127.0.0.1:9090");
     if let Some(token) = token {
         request = request.header(AUTHORIZATION, format!("Bearer {token}"));
     }

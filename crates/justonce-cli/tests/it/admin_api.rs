@@ -13,7 +13,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-on_every_database!(every_admin_route_answers_with_what_the_store_holds);
+on_every_database!(
+    every_admin_route_answers_with_what_the_store_holds,
+    replays_through_the_api_deliver_each_event_once_more_with_the_same_key,
+);
 
 pub(crate) const TOKEN: &str = "an admin token long enough to guess never";
 
@@ -581,6 +584,33 @@ target = "http://127.0.0.1:{closed}/unreachable"
         "since",
     )
     .await;
+    // A name the configuration does not have is said, not answered with no events.
+    for (method, path, parameter) in [
+        (Method::GET, "/api/v1/events?source=shoe", "source"),
+        (Method::GET, "/api/v1/events?consumer=order", "consumer"),
+        (Method::GET, "/api/v1/events?source=orders", "source"),
+        (
+            Method::POST,
+            "/api/v1/events/replay?source=shoe&since=1h",
+            "source",
+        ),
+        (
+            Method::POST,
+            "/api/v1/events/replay?consumer=shop&since=1h",
+            "consumer",
+        ),
+    ] {
+        assert_bad(&api, method, path, parameter).await;
+    }
+
+    // With the token set, a request for any host name is answered.
+    let (status, _) = answer_of(
+        api.request(Method::GET, "/api/v1/stats")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("host", "rebound.example"),
+    )
+    .await;
+    assert_eq!(status, 200);
 
     // The document, without a token, as the repository keeps it; other paths are problems.
     let served = client()
@@ -600,15 +630,144 @@ target = "http://127.0.0.1:{closed}/unreachable"
     drop_database(db, &url).await;
 }
 
+/// Waits until the sink has answered `count` requests and the service has recorded each
+/// as delivered, so that none is left to come: then it has exactly `count`.
+async fn await_delivered(api: &Api, sink: &Sink, count: usize) {
+    until(&format!("{count} deliveries"), || async {
+        let due = api.get("/api/v1/events?state=due").await;
+        let settled = sink.requests() >= count && due["events"].as_array().unwrap().is_empty();
+        settled.then_some(())
+    })
+    .await;
+    assert_eq!(sink.requests(), count);
+}
+
+/// How many requests the sink received for each Idempotency-Key.
+fn per_key(sink: &Sink) -> std::collections::HashMap<String, usize> {
+    let mut counts = std::collections::HashMap::new();
+    for request in sink.received() {
+        *counts.entry(request.key.unwrap_or_default()).or_default() += 1;
+    }
+    counts
+}
+
+/// A hundred webhooks delivered to a real target; a replay of their time range through the
+/// API delivers each once more and only once more, with the same Idempotency-Key and body;
+/// the replay is listed; a replay by key delivers that event once more. An event whose
+/// body is not text is shown by the API and `events show --json` alike.
+async fn replays_through_the_api_deliver_each_event_once_more_with_the_same_key<DB: TestBackend>(
+    test: &str,
+) {
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let mut server =
+        Server::configure_all(&url, &sink.url(), "admin_token = \"env:ADMIN_TOKEN\"", "");
+    let _log = server
+        .start_logged(&[], &[("ADMIN_TOKEN", TOKEN), ("RUST_LOG", "warn")])
+        .await;
+    let api = Api::of(&server);
+    for n in 0..100 {
+        post_event(&server, "demo", &format!(r#"{{"id":"evt_{n}","n":{n}}}"#)).await;
+    }
+    await_delivered(&api, &sink, 100).await;
+
+    let window = api.post("/api/v1/events/replay?source=demo&since=1h").await;
+    assert_eq!(
+        (&window["origin"], &window["events"]),
+        (&json!("demo"), &json!(100))
+    );
+    await_delivered(&api, &sink, 200).await;
+    let counts = per_key(&sink);
+    assert_eq!(counts.len(), 100);
+    assert!(counts.values().all(|&n| n == 2), "{counts:?}");
+    let mut bodies: std::collections::HashMap<String, Vec<Vec<u8>>> = Default::default();
+    for request in sink.received() {
+        bodies
+            .entry(request.key.unwrap_or_default())
+            .or_default()
+            .push(request.body);
+    }
+    assert!(
+        bodies.values().all(|sent| sent[0] == sent[1]),
+        "a replay's body differs from the first delivery's"
+    );
+    let replays = api.get("/api/v1/replays").await;
+    let listed = &replays["replays"][0];
+    assert_eq!(
+        (&listed["id"], &listed["events"], &listed["running"]),
+        (&window["id"], &json!(100), &json!(false))
+    );
+    assert_bad(&api, Method::GET, "/api/v1/replays?limit=0", "limit").await;
+
+    let by_key = api.post("/api/v1/events/replay?key=demo:evt_7").await;
+    assert_eq!(by_key, json!({"key": "demo:evt_7", "replayed": 1}));
+    await_delivered(&api, &sink, 201).await;
+    let counts = per_key(&sink);
+    assert_eq!(counts["demo:evt_7"], 3);
+    assert_eq!(counts.values().filter(|&&n| n == 2).count(), 99);
+    let (status, _) = api
+        .call(Method::POST, "/api/v1/events/replay?key=demo:none")
+        .await;
+    assert_eq!(status, 404);
+    assert_bad(
+        &api,
+        Method::POST,
+        "/api/v1/events/replay?key=demo:evt_7&since=1h",
+        "since",
+    )
+    .await;
+
+    // A body that is not text: `body_base64` from the API and from the command.
+    let worker = Inbox::<DB>::connect(&url, Consumer::new("worker").unwrap())
+        .await
+        .unwrap();
+    let binary = [0xff, 0xfe, 0x00, 0x01];
+    let outcome = worker
+        .run_forward(
+            &Key::new("binary:1").unwrap(),
+            &binary,
+            justonce_sql::Message::new("binary", binary.to_vec()),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome, justonce_sql::Outcome::Processed(())));
+    let listed = api.get("/api/v1/events?key_prefix=binary:").await;
+    let id = listed["events"][0]["id"].as_i64().unwrap().to_string();
+    let from_api = api.get(&format!("/api/v1/events/{id}")).await;
+    let output = server
+        .command(&["events", "show", &id, "--json"])
+        .env("ADMIN_TOKEN", TOKEN)
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let from_command: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(from_api["body_base64"], "//4AAQ==");
+    assert_eq!(from_command["body_base64"], from_api["body_base64"]);
+    let fields = |shown: &Value| {
+        let mut names: Vec<String> = shown.as_object().unwrap().keys().cloned().collect();
+        names.sort();
+        names
+    };
+    assert_eq!(fields(&from_command), fields(&from_api));
+    assert!(from_api.get("body").is_none(), "{from_api}");
+
+    worker.pool().close().await;
+    server.stop().await;
+    drop_database(db, &url).await;
+}
+
 fn openapi_file() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
     std::fs::read_to_string(path).unwrap()
 }
 
-/// Without `server.admin_token`, reads answer and every change is refused with a `403`
-/// that says what to set, whatever the request carries.
+/// Without `server.admin_token`, reads answer requests for the listener's own names only,
+/// and every change is refused with a `403` that says what to set, whatever the request
+/// carries. A page whose name was made to point at the listener (DNS rebinding) names
+/// itself in `Host`, and is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_token_reads_answer_and_changes_are_refused() {
+async fn without_a_token_reads_answer_for_the_listeners_own_names_and_changes_are_refused() {
     let (db, url) = database::<justonce_sql::sqlx::Sqlite>("admin_api_without_token").await;
     let mut server = Server::configure(&url, "http://127.0.0.1:1/unused");
     server.start().await;
@@ -616,6 +775,32 @@ async fn without_a_token_reads_answer_and_changes_are_refused() {
     let (status, stats) = answer_of(api.request(Method::GET, "/api/v1/stats")).await;
     assert_eq!(status, 200);
     assert_eq!(stats["deliveries"]["dead"], 0);
+    let port = server.admin.rsplit(':').next().unwrap();
+    for host in [format!("localhost:{port}"), "[::1]".to_owned()] {
+        let request = api
+            .request(Method::GET, "/api/v1/events")
+            .header("host", &host);
+        let (status, page) = answer_of(request).await;
+        assert_eq!(status, 200, "{host}: {page}");
+    }
+    for host in [
+        format!("evil.example:{port}"),
+        "evil.example".to_owned(),
+        format!("127.0.0.1.evil.example:{port}"),
+    ] {
+        let request = api
+            .request(Method::GET, "/api/v1/events")
+            .header("host", &host);
+        let (status, refused) = answer_of(request).await;
+        assert_eq!(status, 403, "{host}: {refused}");
+        assert!(
+            refused["detail"]
+                .as_str()
+                .unwrap()
+                .contains("server.admin_token"),
+            "{refused}"
+        );
+    }
     for (method, path) in [
         (Method::POST, "/api/v1/dead-letters/replay?all=true"),
         (Method::DELETE, "/api/v1/dead-letters?all=true"),

@@ -156,10 +156,11 @@ impl MySqlStatements {
                 "DELETE FROM {keys} WHERE consumer = ? AND processed_at < {EARLIER} LIMIT ?"
             )),
             // Each outcome appends its attempt to the history in the same statement, first:
-            // MariaDB's assignments see the ones before them.
+            // MariaDB's assignments see the ones before them. Each is recorded only under
+            // the lease token the row was taken with, which a replay takes away.
             mark_sent: arc(format!(
                 "UPDATE {outbox} SET {}, sent_at = {NOW}, dead = FALSE, last_error = NULL
-                     WHERE id = ?",
+                     WHERE id = ? AND lease_token = ?",
                 append_attempt("NULL")
             )),
             mark_retry: arc(format!(
@@ -216,8 +217,7 @@ impl MySqlStatements {
             )),
             replay: arc(format!(
                 "UPDATE {outbox}
-                     SET dead = FALSE, attempts = 0, next_attempt_at = {NOW}, created_at = {NOW},
-                         last_error = NULL
+                     SET {REPLAYED}, next_attempt_at = {NOW}, created_at = {NOW}
                      WHERE dead AND sent_at IS NULL AND (? IS NULL OR id = ?) AND {window}
                      ORDER BY id LIMIT ?"
             )),

@@ -5,12 +5,16 @@
 use super::on_every_database;
 use justonce_http::HttpDestination;
 use justonce_sql::{
-    Error, EventFilter, EventState, Inbox, Key, Message, Outbox, Outcome, Relay, ReplayRange,
+    Delivered, Delivery, Destination, Error, EventFilter, EventState, Inbox, Key, Message, Outbox,
+    Outcome, Relay, RelayOptions, ReplayRange,
 };
 use justonce_tests::{Answer, Sink, TestBackend, TestDb};
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use tokio::sync::Semaphore;
 
 on_every_database!(
     events_are_listed_by_origin_key_prefix_time_and_state_a_page_at_a_time,
@@ -18,6 +22,9 @@ on_every_database!(
     a_delivered_event_replayed_reaches_its_target_again_with_the_same_key,
     a_range_replay_delivers_each_event_once_more_and_refuses_an_overlapping_one_meanwhile,
     delivered_events_are_purged_by_their_origins_retention_only,
+    a_slow_relays_late_answer_does_not_undo_a_replay,
+    a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_flight,
+    an_event_written_by_an_earlier_version_is_found_and_replayed_by_time,
 );
 
 /// Stores one event of `origin` under `<origin>:<id>`, as the service's receiver does.
@@ -323,5 +330,220 @@ async fn delivered_events_are_purged_by_their_origins_retention_only<DB: TestBac
     );
     let crm = outbox.events(&EventFilter::default().origin("crm")).await;
     assert_eq!(crm.unwrap().events.len(), 1, "another origin's event stays");
+    db.cleanup().await;
+}
+
+/// A destination that holds the delivery of one key until the test lets it go: a target
+/// that answers after the relay's lease ran out. It answers every delivery `Sent`, or when
+/// `refusing`, with a failure that may pass.
+#[derive(Clone)]
+struct Held {
+    key: String,
+    refusing: bool,
+    started: Arc<Semaphore>,
+    release: Arc<Semaphore>,
+}
+
+impl Held {
+    fn new(key: &Key, refusing: bool) -> Self {
+        Self {
+            key: key.as_str().to_owned(),
+            refusing,
+            started: Arc::new(Semaphore::new(0)),
+            release: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+impl Destination for Held {
+    fn deliver<'a>(
+        &'a self,
+        delivery: Delivery<'a>,
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
+        Box::pin(async move {
+            if delivery.key == self.key {
+                self.started.add_permits(1);
+                self.release.acquire().await.unwrap().forget();
+            }
+            match self.refusing {
+                false => Delivered::Sent,
+                true => Delivered::Retry {
+                    after: None,
+                    reason: "answered 503".to_owned(),
+                },
+            }
+        })
+    }
+}
+
+/// How an operator replays an event.
+#[derive(Debug, Clone, Copy)]
+enum ReplayBy {
+    Event,
+    Key,
+    Range,
+    DeadLetter,
+}
+
+/// A relay takes an event and its target is slow; the relay's lease runs out, another
+/// relay delivers the event (or dead-letters it), and the operator replays it. When the
+/// slow target answers at last, the first relay's "sent" changes nothing: the replay stays
+/// due and is delivered once more, with the same key. Each way of replaying.
+async fn a_slow_relays_late_answer_does_not_undo_a_replay<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let outbox = db.inbox.outbox();
+    let since = SystemTime::now() - Duration::from_secs(60);
+    for by in [
+        ReplayBy::Event,
+        ReplayBy::Key,
+        ReplayBy::Range,
+        ReplayBy::DeadLetter,
+    ] {
+        let origin = format!("{by:?}").to_lowercase();
+        let key = receive(&db.inbox, &origin, "order-1").await;
+        let id = outbox.events_with_key(key.as_str()).await.unwrap()[0]
+            .event
+            .id;
+        let held = Held::new(&key, false);
+        let slow = outbox
+            .relay()
+            .destination(&origin, held.clone())
+            .options(RelayOptions::default().lease(Duration::from_secs(2)));
+        let late = tokio::spawn(async move { slow.relay_once().await.unwrap() });
+        held.started.acquire().await.unwrap().forget();
+
+        // Once the lease has run out, by the store's clock, another relay takes the event.
+        let refused = matches!(by, ReplayBy::DeadLetter);
+        let sink = Sink::scripted(Arc::new(move |_, attempt| {
+            Answer::status(if refused && attempt == 1 { 400 } else { 200 })
+        }))
+        .await;
+        let relay = relay_to(&outbox, &sink, &[origin.as_str()]);
+        while relay.relay_once().await.unwrap().taken == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let replayed = match by {
+            ReplayBy::Event => u64::from(outbox.replay_event(id).await.unwrap()),
+            ReplayBy::Key => outbox.replay_key(key.as_str()).await.unwrap(),
+            ReplayBy::Range => {
+                let range = ReplayRange::new(&origin, since);
+                outbox.replay_range(&range).await.unwrap().events
+            }
+            ReplayBy::DeadLetter => u64::from(outbox.replay(id).await.unwrap()),
+        };
+        assert_eq!(replayed, 1, "{by:?}");
+
+        held.release.add_permits(1);
+        let round = late.await.unwrap();
+        assert_eq!(round.taken, 1, "{by:?}");
+        let shown = outbox.event(id).await.unwrap().unwrap();
+        assert_eq!(
+            shown.event.state,
+            EventState::Due,
+            "{by:?}: the slow relay's late answer undid the replay"
+        );
+        relay_all(&relay).await;
+        assert_eq!(
+            per_key(&sink)[key.as_str()],
+            2,
+            "{by:?}: the replay was not delivered"
+        );
+        let shown = outbox.event(id).await.unwrap().unwrap();
+        assert_eq!(shown.event.state, EventState::Delivered, "{by:?}");
+    }
+    db.cleanup().await;
+}
+
+/// A relay sends an event to a slow target while its destination's breaker opens and
+/// dead-letters the destination's rows past their delivery window, the one in flight too;
+/// the operator replays it. The slow target's late failure, recorded under the lease the
+/// relay still holds, does not dead-letter the replay again.
+async fn a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_flight<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let outbox = db.inbox.outbox();
+    let slow = receive(&db.inbox, "shop", "order-1").await;
+    receive(&db.inbox, "shop", "order-2").await;
+    let id = outbox.events_with_key(slow.as_str()).await.unwrap()[0]
+        .event
+        .id;
+    // Every row is past its window at once; one failure opens the breaker for a minute.
+    let held = Held::new(&slow, true);
+    let options = RelayOptions::default()
+        .deliver_for(Duration::ZERO)
+        .breaker_failures(1)
+        .breaker_pause(Duration::from_secs(60));
+    let relay = outbox
+        .relay()
+        .destination("shop", held.clone())
+        .options(options);
+    let running = justonce_tests::RunningRelay::start(relay);
+    held.started.acquire().await.unwrap().forget();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while outbox.event(id).await.unwrap().unwrap().event.state != EventState::Dead {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the breaker did not dead-letter the row in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(outbox.replay_event(id).await.unwrap());
+
+    // The slow target fails at last; at its stop the relay records what is in flight.
+    held.release.add_permits(1);
+    running.stop().await;
+    let shown = outbox.event(id).await.unwrap().unwrap();
+    assert_eq!(
+        shown.event.state,
+        EventState::Due,
+        "the late failure dead-lettered the replay"
+    );
+    assert_eq!(shown.event.attempts, 0, "the replay's attempts count anew");
+    db.cleanup().await;
+}
+
+/// A process of a version before stored events writes its outbox row without the time it
+/// was received, as it knows no such column. The event is found by time, and replayed by
+/// time range, as one the current version writes.
+async fn an_event_written_by_an_earlier_version_is_found_and_replayed_by_time<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let outbox = db.inbox.outbox();
+    let since = SystemTime::now() - Duration::from_secs(60);
+    receive(&db.inbox, "shop", "order-1").await;
+    // The earlier version's insert: every column it wrote, taken from the row above.
+    let (table, key) = (format!("{}outbox", db.prefix), DB::quoted("key"));
+    DB::execute(
+        db.inbox.pool(),
+        format!(
+            "INSERT INTO {table}
+                (scope, {key}, destination, payload, headers, created_at, next_attempt_at)
+             SELECT scope, 'shop:order-2', destination, payload, headers, created_at,
+                    next_attempt_at
+             FROM {table}"
+        ),
+    )
+    .await
+    .unwrap();
+    let found = outbox
+        .events(&EventFilter::default().origin("shop").since(since))
+        .await
+        .unwrap();
+    let keys: Vec<&str> = found.events.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["shop:order-1", "shop:order-2"]);
+    let received = found.events[1].received_at;
+    assert!(received >= since, "received at {received:?}");
+
+    let sink = Sink::start().await;
+    let relay = relay_to(&outbox, &sink, &["shop"]);
+    relay_all(&relay).await;
+    let range = ReplayRange::new("shop", since);
+    assert_eq!(outbox.replay_range(&range).await.unwrap().events, 2);
+    relay_all(&relay).await;
+    assert_eq!(per_key(&sink)["shop:order-2"], 2);
     db.cleanup().await;
 }
