@@ -1,5 +1,5 @@
 //! Deleting what is past its retention: each source's and consumer's keys, then their
-//! delivered events. `justonce purge` runs it once; `justonce serve` every
+//! delivered events, then the dashboard's duplicate counts as old as the oldest event kept. `justonce purge` runs it once; `justonce serve` every
 //! `server.purge_every`.
 
 use crate::config::Settings;
@@ -86,6 +86,11 @@ impl Plan {
         }
         sent += until_short(full, pacer, &mut progress, "sent deliveries", || {
             outbox.purge_sent_batch(self.longest, batch_size)
+        })
+        .await?;
+        // The dashboard's per-minute duplicate counts, kept as long as any event.
+        until_short(full, pacer, &mut progress, "duplicate counts", || {
+            outbox.purge_duplicate_counts_batch(self.longest, batch_size)
         })
         .await?;
         Ok(Purged { keys, sent })

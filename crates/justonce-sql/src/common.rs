@@ -113,6 +113,7 @@ pub struct Common {
     pub(crate) purge_dead: Arc<str>,
     pub(crate) purge_events: Arc<str>,
     pub(crate) purge_sent: Arc<str>,
+    pub(crate) purge_duplicates: Arc<str>,
     pub(crate) lease_complete: Arc<str>,
     pub(crate) lease_release: Arc<str>,
     pub(crate) lease_renew: Arc<str>,
@@ -214,6 +215,12 @@ impl Common {
                 older_than_ms,
                 limit,
             } => statement(&self.purge_sent).bind(older_than_ms).bind(limit),
+            Change::PurgeDuplicates {
+                before_minute,
+                limit,
+            } => statement(&self.purge_duplicates)
+                .bind(before_minute)
+                .bind(limit),
             Change::LeaseComplete { lease, result } => {
                 bind_lease(statement(&self.lease_complete).bind(result), lease)
             }

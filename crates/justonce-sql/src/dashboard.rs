@@ -5,6 +5,7 @@
 
 use crate::backend::{Backend, Reads};
 use crate::outbox::{Attempt, Outbox};
+use crate::rows::Change;
 use justonce_core::Error;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -142,6 +143,24 @@ impl<DB: Backend> Outbox<DB> {
             }
         }
         Ok(())
+    }
+
+    /// Deletes at most `batch_size` minutes of duplicate counts that ended more than
+    /// `older_than` ago, and returns how many it did; fewer than `batch_size` means none
+    /// are left.
+    pub async fn purge_duplicate_counts_batch(
+        &self,
+        older_than: Duration,
+        batch_size: u32,
+    ) -> Result<u64, Error> {
+        let before = SystemTime::now()
+            .checked_sub(older_than)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        self.change(Change::PurgeDuplicates {
+            before_minute: minute_of(before),
+            limit: i64::from(batch_size.max(1)),
+        })
+        .await
     }
 
     /// The activity of the whole minutes that began at most `range` ago, the minute in

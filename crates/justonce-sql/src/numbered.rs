@@ -357,6 +357,11 @@ impl Statements {
                 window(3)
             )),
             purge_dead: text(format!("DELETE FROM {outbox} WHERE dead AND {}", window(1))),
+            purge_duplicates: text(format!(
+                "DELETE FROM {duplicates} WHERE (minute, origin) IN (
+                    SELECT minute, origin FROM {duplicates} WHERE minute < $1 LIMIT $2
+                 )"
+            )),
             purge_sent: text(format!(
                 "DELETE FROM {outbox} WHERE id IN (
                     SELECT id FROM {outbox} WHERE sent_at < {} LIMIT $2

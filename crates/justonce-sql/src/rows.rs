@@ -375,6 +375,11 @@ pub enum Change<'a> {
         older_than_ms: i64,
         limit: i64,
     },
+    /// Deletes at most `limit` minutes of duplicate counts before `before_minute`.
+    PurgeDuplicates {
+        before_minute: i64,
+        limit: i64,
+    },
     LeaseComplete {
         lease: &'a Lease,
         result: &'a [u8],

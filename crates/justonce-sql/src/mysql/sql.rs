@@ -286,6 +286,7 @@ impl MySqlStatements {
                  LIMIT ?"
             )),
             purge_dead: arc(format!("DELETE FROM {outbox} WHERE dead AND {window}")),
+            purge_duplicates: arc(format!("DELETE FROM {duplicates} WHERE minute < ? LIMIT ?")),
             purge_sent: arc(format!(
                 "DELETE FROM {outbox} WHERE sent_at < {EARLIER} LIMIT ?"
             )),

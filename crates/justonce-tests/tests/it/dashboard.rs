@@ -9,7 +9,10 @@ use justonce_tests::{Answer, Sink, TestBackend, TestDb};
 use std::sync::Arc;
 use std::time::Duration;
 
-on_every_database!(the_dashboard_counts_what_the_store_holds);
+on_every_database!(
+    the_dashboard_counts_what_the_store_holds,
+    purge_deletes_the_duplicate_counts_of_minutes_past_the_retention,
+);
 
 /// Stores `key` for `origin` as the service does; whether it was new.
 async fn receive<DB: TestBackend>(inbox: &Inbox<DB>, origin: &str, key: &str) -> bool {
@@ -110,5 +113,55 @@ async fn the_dashboard_counts_what_the_store_holds<DB: TestBackend>(test: &str) 
     let stats = db.inbox.outbox().stats().await.unwrap();
     assert_eq!((stats.sent, stats.due, stats.dead), (3, 1, 1));
     other.inbox.pool().close().await;
+    db.cleanup().await;
+}
+
+/// Minutes of duplicate counts older than the retention go; the others stay.
+async fn purge_deletes_the_duplicate_counts_of_minutes_past_the_retention<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+        / 60;
+    DB::execute(
+        db.inbox.pool(),
+        format!(
+            "INSERT INTO {}duplicates (minute, origin, duplicates) VALUES \
+             ({}, 'shop', 1), ({}, 'audit', 2), ({}, 'shop', 3)",
+            db.prefix,
+            now - 180,
+            now - 61,
+            now - 5
+        ),
+    )
+    .await
+    .unwrap();
+    let outbox = db.inbox.outbox();
+    let hour = Duration::from_secs(3_600);
+    assert_eq!(
+        outbox.purge_duplicate_counts_batch(hour, 1).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        outbox.purge_duplicate_counts_batch(hour, 10).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        outbox.purge_duplicate_counts_batch(hour, 10).await.unwrap(),
+        0
+    );
+    let left = DB::count(
+        db.inbox.pool(),
+        format!(
+            "SELECT count(*) FROM {}duplicates WHERE minute = {}",
+            db.prefix,
+            now - 5
+        ),
+    )
+    .await;
+    assert_eq!((db.rows("duplicates").await, left), (1, 1));
     db.cleanup().await;
 }
