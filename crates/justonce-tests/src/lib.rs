@@ -15,7 +15,7 @@ mod sink;
 pub mod tls;
 
 pub use amqp::{amqp_url, publish_keys, publish_many, try_publish_keys};
-pub use consume::{acknowledge, consume};
+pub use consume::{acknowledge, consume, consume_batches};
 pub use mqtt::{publish_while, publish_while_consuming};
 pub use own_broker::{OwnBroker, process_status};
 pub use redis::{BreakableRedis, TestRedis, redis_url};
@@ -27,6 +27,7 @@ use sqlx::{AssertSqlSafe, MySql, Postgres, Sqlite};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The MariaDB (or MySQL) server the tests use; they fail if it is down.
@@ -155,17 +156,8 @@ pub fn consumer_work<DB: TestBackend>(
     move |tx, message| {
         let prefix = prefix.clone();
         Box::pin(async move {
+            refuse(message)?;
             let key = message.key.as_str();
-            let failures = key
-                .strip_prefix("fail")
-                .and_then(|rest| rest.get(..1)?.parse::<u32>().ok())
-                .unwrap_or(0);
-            if key.starts_with("bad") || message.attempt <= failures {
-                return Err(sqlx::Error::Protocol(format!(
-                    "refused on attempt {}",
-                    message.attempt
-                )));
-            }
             if key.starts_with("hang") && !message.redelivered && HANGS.load(Ordering::Relaxed) {
                 use std::io::Write;
                 let mut stdout = std::io::stdout();
@@ -175,6 +167,56 @@ pub fn consumer_work<DB: TestBackend>(
             DB::insert_effect(tx, &prefix, "test", key).await
         })
     }
+}
+
+/// The keys of each batch a [`batch_work`] was given, in order.
+pub type SeenBatches = Arc<Mutex<Vec<Vec<String>>>>;
+
+/// The broker tests' work for whole batches: notes the keys of each batch in `seen`, if
+/// given, then writes one effect row per key with one multi-row INSERT. The whole batch
+/// fails when [`consumer_work`] would fail one of its messages.
+pub fn batch_work<DB: TestBackend>(
+    prefix: &str,
+    seen: Option<SeenBatches>,
+) -> impl for<'e, 't> Fn(
+    &'t mut sqlx::Transaction<'e, DB>,
+    &'t [&'t Incoming],
+) -> WorkFuture<'t, (), sqlx::Error>
++ Sync
++ use<DB> {
+    let prefix = prefix.to_owned();
+    move |tx, batch| {
+        let keys: Vec<&str> = batch.iter().map(|message| message.key.as_str()).collect();
+        if let Some(seen) = &seen {
+            let noted = keys.iter().map(|&key| key.to_owned()).collect();
+            seen.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(noted);
+        }
+        let refused = batch.iter().try_for_each(|message| refuse(message));
+        let prefix = prefix.clone();
+        Box::pin(async move {
+            refused?;
+            DB::insert_effects(tx, &prefix, "test", &keys).await
+        })
+    }
+}
+
+/// Why the tests' work refuses `message`: a key that starts with `fail` on attempts up to
+/// the digit after it, and always one that starts with `bad`.
+fn refuse(message: &Incoming) -> Result<(), sqlx::Error> {
+    let key = message.key.as_str();
+    let failures = key
+        .strip_prefix("fail")
+        .and_then(|rest| rest.get(..1)?.parse::<u32>().ok())
+        .unwrap_or(0);
+    if key.starts_with("bad") || message.attempt <= failures {
+        return Err(sqlx::Error::Protocol(format!(
+            "refused on attempt {}",
+            message.attempt
+        )));
+    }
+    Ok(())
 }
 
 /// The databases a benchmark's `--backend` names.
@@ -293,6 +335,15 @@ pub trait TestBackend: Backend {
         key: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
+    /// Writes an effect row for each of `keys` in the caller's transaction, with one
+    /// multi-row INSERT.
+    fn insert_effects<'a>(
+        conn: &'a mut Self::Connection,
+        prefix: &'a str,
+        consumer: &'a str,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
     /// Runs one statement without arguments.
     fn execute<'a>(
         pool: &'a sqlx::Pool<Self>,
@@ -333,6 +384,21 @@ macro_rules! same_on_every_database {
             .execute(conn)
             .await
             .map(drop)
+        }
+
+        async fn insert_effects<'a>(
+            conn: &'a mut Self::Connection,
+            prefix: &'a str,
+            consumer: &'a str,
+            keys: &'a [&'a str],
+        ) -> Result<(), sqlx::Error> {
+            let mut insert = sqlx::QueryBuilder::<Self>::new(format!(
+                "INSERT INTO {prefix}effects (consumer, msg_key) "
+            ));
+            insert.push_values(keys, |mut row, key| {
+                row.push_bind(consumer).push_bind(*key);
+            });
+            insert.build().execute(conn).await.map(drop)
         }
 
         async fn age_key<'a>(

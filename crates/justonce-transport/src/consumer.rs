@@ -29,6 +29,73 @@ impl<DB: Backend, E, F> Work<DB, E> for F where
 {
 }
 
+/// The work a consumer runs once for a whole batch, in the transaction its keys are claimed
+/// in: it gets the messages whose key the batch claimed first, in order (a duplicate or a
+/// key reused never reaches it), so that it can write their effects with one statement. A
+/// batch of only duplicates does not call it. Any `Fn(&mut Transaction, &[&Incoming]) -> WorkFuture` that may be shared between tasks.
+///
+/// When it fails, the batch rolls back and each of its messages runs again alone, through
+/// the same work with a batch of one: a message that fails every time is retried and
+/// dead-lettered by itself, and the others take effect once.
+pub trait BatchWork<DB: Backend, E>:
+    for<'e, 't> Fn(&'t mut sqlx::Transaction<'e, DB>, &'t [&'t Incoming]) -> WorkFuture<'t, (), E>
+    + Sync
+{
+}
+
+impl<DB: Backend, E, F> BatchWork<DB, E> for F where
+    F: for<'e, 't> Fn(
+            &'t mut sqlx::Transaction<'e, DB>,
+            &'t [&'t Incoming],
+        ) -> WorkFuture<'t, (), E>
+        + Sync
+{
+}
+
+/// A [`Work`] or a [`BatchWork`] as consumers and readers run it: for the messages a
+/// transaction claimed first, all at once.
+pub(crate) trait RunWork<DB: Backend, E>: Sync {
+    fn run<'e, 't>(
+        &'t self,
+        tx: &'t mut sqlx::Transaction<'e, DB>,
+        firsts: &'t [&'t Incoming],
+    ) -> WorkFuture<'t, (), E>;
+}
+
+/// A [`Work`], run for each message in turn.
+pub(crate) struct EachMessage<'w, F>(pub(crate) &'w F);
+
+impl<DB: Backend, E: Send, F: Work<DB, E>> RunWork<DB, E> for EachMessage<'_, F> {
+    fn run<'e, 't>(
+        &'t self,
+        tx: &'t mut sqlx::Transaction<'e, DB>,
+        firsts: &'t [&'t Incoming],
+    ) -> WorkFuture<'t, (), E> {
+        Box::pin(async move {
+            for incoming in firsts {
+                (self.0)(tx, incoming).await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A [`BatchWork`], run once for them all, if there are any.
+pub(crate) struct WholeBatch<'w, F>(pub(crate) &'w F);
+
+impl<DB: Backend, E: Send + 'static, F: BatchWork<DB, E>> RunWork<DB, E> for WholeBatch<'_, F> {
+    fn run<'e, 't>(
+        &'t self,
+        tx: &'t mut sqlx::Transaction<'e, DB>,
+        firsts: &'t [&'t Incoming],
+    ) -> WorkFuture<'t, (), E> {
+        if firsts.is_empty() {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        (self.0)(tx, firsts)
+    }
+}
+
 /// The settings every consumer shares, whatever its broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -377,17 +444,69 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        self.run_with(shutdown, batch_size, &EachMessage(&work))
+            .await
+    }
+
+    /// Like [`Consumer::run_batched`], with `work` run once per batch: it gets the batch's
+    /// first claims, duplicates and keys reused left out, and can write all their effects
+    /// with one statement. If it fails, the batch rolls back and each delivery runs again
+    /// alone through `work`, with a batch of one, and is retried or dead-lettered by
+    /// itself, so that one failing message neither loses nor doubles the others.
+    ///
+    /// ```no_run
+    /// # async fn example<B: justonce_transport::Broker>(
+    /// #     consumer: justonce_transport::Consumer<B, justonce_sql::sqlx::Postgres>,
+    /// # ) -> Result<(), justonce_transport::Error> {
+    /// use justonce_sql::sqlx::{Postgres, QueryBuilder};
+    ///
+    /// # let shutdown = std::future::pending::<()>();
+    /// consumer
+    ///     .run_batches(shutdown, 100, |tx, batch| {
+    ///         Box::pin(async move {
+    ///             // One INSERT for the whole batch: a row per message claimed first.
+    ///             let mut insert =
+    ///                 QueryBuilder::<Postgres>::new("INSERT INTO shipments (order_key, body) ");
+    ///             insert.push_values(batch, |mut row, message| {
+    ///                 row.push_bind(message.key.as_str())
+    ///                     .push_bind(message.body.as_slice());
+    ///             });
+    ///             insert.build().execute(&mut **tx).await.map(drop)
+    ///         })
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_batches<F, E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: F,
+    ) -> Result<ConsumerStats, Error>
+    where
+        F: BatchWork<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.run_with(shutdown, batch_size, &WholeBatch(&work))
+            .await
+    }
+
+    /// The loop of [`Consumer::run_batched`] and [`Consumer::run_batches`].
+    async fn run_with<E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: &impl RunWork<DB, E>,
+    ) -> Result<ConsumerStats, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let mut deliveries = self.deliveries().await?;
         let mut stats = ConsumerStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            let consumed = self.consume(
-                &mut deliveries,
-                &mut shutdown,
-                batch_size,
-                &work,
-                &mut stats,
-            );
+            let consumed =
+                self.consume(&mut deliveries, &mut shutdown, batch_size, work, &mut stats);
             match consumed.await {
                 Ok(()) => break,
                 Err(lost) if lost_connection(&lost) => {
@@ -415,16 +534,15 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
 
     /// Takes, runs and settles batches until `shutdown` resolves or the broker ends the
     /// consumer, counting each in `stats`; an error once receiving or settling fails.
-    async fn consume<F, E>(
+    async fn consume<E>(
         &self,
         deliveries: &mut Deliveries<'_, B>,
         shutdown: &mut (impl Future + Unpin),
         batch_size: usize,
-        work: &F,
+        work: &impl RunWork<DB, E>,
         stats: &mut ConsumerStats,
     ) -> Result<(), Error>
     where
-        F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
         loop {
@@ -434,7 +552,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             };
             let Some(first) = next? else { return Ok(()) };
             let batch = deliveries.more(first, batch_size).await?;
-            if self.settle_batch(&batch, work, stats).await? {
+            if self.settle_with(&batch, work, stats).await? {
                 tokio::select! {
                     _ = &mut *shutdown => return Ok(()),
                     () = tokio::time::sleep(self.broker.policy().store_pause) => {}
@@ -466,13 +584,22 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        self.run_one_with(delivery, &EachMessage(work)).await
+    }
+
+    /// [`Consumer::run_one`] for either kind of work: a [`BatchWork`] gets a batch of one.
+    async fn run_one_with<E>(&self, delivery: &B::Delivery, work: &impl RunWork<DB, E>) -> Ran<E>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let incoming = match self.incoming(delivery) {
             Ok(incoming) => incoming,
             Err(reason) => return Ran::NoKey(reason),
         };
+        let alone: &[&Incoming] = &[&incoming];
         let run = self
             .inbox
-            .run(&incoming.key, &incoming.body, |tx| work(tx, &incoming))
+            .run(&incoming.key, &incoming.body, |tx| work.run(tx, alone))
             .instrument(crate::consume_span(&incoming));
         Ran::of(self.broker.working(&[delivery], run).await)
     }
@@ -492,6 +619,35 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        self.settle_with(batch, &EachMessage(work), stats).await
+    }
+
+    /// [`Consumer::settle_batch`] with `work` run once for the batch's first claims, as
+    /// [`Consumer::run_batches`] runs it; if it fails, the deliveries run one by one, each
+    /// through `work` with a batch of one.
+    pub async fn settle_batch_at_once<F, E>(
+        &self,
+        batch: &[B::Delivery],
+        work: &F,
+        stats: &mut ConsumerStats,
+    ) -> Result<bool, Error>
+    where
+        F: BatchWork<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.settle_with(batch, &WholeBatch(work), stats).await
+    }
+
+    /// [`Consumer::settle_batch`] for either kind of work.
+    async fn settle_with<E>(
+        &self,
+        batch: &[B::Delivery],
+        work: &impl RunWork<DB, E>,
+        stats: &mut ConsumerStats,
+    ) -> Result<bool, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         if batch.len() > 1 {
             let read: Vec<Result<Incoming, String>> = batch
                 .iter()
@@ -502,10 +658,15 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                 .filter(|(_, read)| read.is_ok())
                 .map(|(delivery, _)| delivery)
                 .collect();
-            let run = self.inbox.run_batch(
+            let run = self.inbox.run_batch_at_once(
                 &keyed,
                 |incoming| (&incoming.key, incoming.body.as_slice()),
-                |tx, incoming| work(tx, incoming),
+                |tx, firsts| {
+                    Box::pin(async move {
+                        let firsts: Vec<&Incoming> = firsts.into_iter().copied().collect();
+                        work.run(tx, &firsts).await
+                    })
+                },
             );
             match self.broker.working(&working, run).await {
                 Ok(outcomes) => {
@@ -531,7 +692,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             }
         }
         for (done, delivery) in batch.iter().enumerate() {
-            let ran = self.run_one(delivery, work).await;
+            let ran = self.run_one_with(delivery, work).await;
             if matches!(ran, Ran::Store(_)) {
                 self.settle(delivery, ran, stats).await?;
                 // Not tried: the database that just failed would fail them too.

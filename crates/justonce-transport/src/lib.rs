@@ -133,7 +133,9 @@ pub mod tls;
     feature = "nats",
     feature = "redis"
 ))]
-pub use consumer::{Broker, Consumer, Deliveries, Policy, Receive, Received, Settle, Work};
+pub use consumer::{
+    BatchWork, Broker, Consumer, Deliveries, Policy, Receive, Received, Settle, Work,
+};
 use justonce_core::{Key, TraceContext};
 use justonce_sql::Outcome;
 #[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]

@@ -10,7 +10,9 @@
 //! commit is read again. The key is still claimed, because a publisher may have sent the
 //! same key twice at two positions.
 
-use crate::consumer::{Receive, Received, Settle, Work, judge};
+use crate::consumer::{
+    BatchWork, EachMessage, Receive, Received, RunWork, Settle, WholeBatch, Work, judge,
+};
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
 use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError, sqlx};
@@ -231,6 +233,40 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        self.run_with(shutdown, batch_size, &EachMessage(&work))
+            .await
+    }
+
+    /// Like [`Reader::run_batched`], with `work` run once per batch, before the offsets are
+    /// stored: it gets the batch's first claims, duplicates and keys reused left out, and
+    /// can write all their effects with one statement. If it fails, the batch rolls back
+    /// and each entry runs again alone through `work`, with a batch of one, retried in
+    /// place and dead-lettered by itself, so that one failing entry neither loses nor
+    /// doubles the others. See [`Consumer::run_batches`](crate::Consumer::run_batches).
+    pub async fn run_batches<F, E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: F,
+    ) -> Result<ConsumerStats, Error>
+    where
+        F: BatchWork<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.run_with(shutdown, batch_size, &WholeBatch(&work))
+            .await
+    }
+
+    /// The loop of [`Reader::run_batched`] and [`Reader::run_batches`].
+    async fn run_with<E>(
+        &self,
+        shutdown: impl Future,
+        batch_size: usize,
+        work: &impl RunWork<DB, E>,
+    ) -> Result<ConsumerStats, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let mut entries = self.deliveries().await?;
         let mut stats = ConsumerStats::default();
         let mut unstored = Unstored::default();
@@ -240,7 +276,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 &mut entries,
                 &mut shutdown,
                 batch_size,
-                &work,
+                work,
                 &mut stats,
                 &mut unstored,
             );
@@ -274,17 +310,16 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
 
     /// Reads and processes entries, up to `batch_size` at a time, until `shutdown` resolves
     /// or the broker ends the stream; an error once reading or dead-lettering fails.
-    async fn read_on<F, E>(
+    async fn read_on<E>(
         &self,
         entries: &mut ReaderDeliveries<'_, O>,
         shutdown: &mut (impl Future + Unpin),
         batch_size: usize,
-        work: &F,
+        work: &impl RunWork<DB, E>,
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
     ) -> Result<(), Error>
     where
-        F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
         loop {
@@ -331,6 +366,35 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        self.run_batch_with(batch, &EachMessage(work), stats).await
+    }
+
+    /// [`Reader::run_batch`] with `work` run once for the batch's first claims, as
+    /// [`Reader::run_batches`] runs it; if it fails, the entries run one by one, each
+    /// through `work` with a batch of one.
+    pub async fn run_batch_at_once<F, E>(
+        &self,
+        batch: &[O::Entry],
+        work: &F,
+        stats: &mut ConsumerStats,
+    ) -> Result<usize, Error>
+    where
+        F: BatchWork<DB, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        self.run_batch_with(batch, &WholeBatch(work), stats).await
+    }
+
+    /// [`Reader::run_batch`] for either kind of work.
+    async fn run_batch_with<E>(
+        &self,
+        batch: &[O::Entry],
+        work: &impl RunWork<DB, E>,
+        stats: &mut ConsumerStats,
+    ) -> Result<usize, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let mut unstored = Unstored::default();
         // Nothing stops the caller's batch halfway: it runs until done or the database fails.
         let mut running = std::pin::pin!(std::future::pending::<()>());
@@ -356,7 +420,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         E: std::error::Error + Send + Sync + 'static,
     {
         match self.read(entry) {
-            Ok((position, incoming)) => self.run_at(position, &incoming, work).await,
+            Ok((position, incoming)) => self.run_at(position, &incoming, &EachMessage(work)).await,
             Err(reason) => Ran::NoKey(reason),
         }
     }
@@ -377,16 +441,15 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// Runs `batch` in one transaction, or its entries one by one if that did not commit;
     /// how many entries, from the first, are done with, and how the next one ended (see
     /// [`Reader::run_batch`]).
-    async fn run_entries<F, E>(
+    async fn run_entries<E>(
         &self,
         batch: &[O::Entry],
-        work: &F,
+        work: &impl RunWork<DB, E>,
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
         shutdown: &mut (impl Future + Unpin),
     ) -> Result<(usize, Processed), Error>
     where
-        F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
         if batch.len() > 1 && self.run_together(batch, work, stats, unstored).await {
@@ -404,15 +467,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// Claims the keys of `batch` with one statement, runs the work of each first claim and
     /// stores the offset of each partition's last entry, in one transaction; false, with
     /// nothing counted, when it did not commit.
-    async fn run_together<F, E>(
+    async fn run_together<E>(
         &self,
         batch: &[O::Entry],
-        work: &F,
+        work: &impl RunWork<DB, E>,
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
     ) -> bool
     where
-        F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
         // An entry without a key is dead-lettered before the offset moves past it: the
@@ -432,9 +494,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 |(_, incoming)| (&incoming.key, incoming.body.as_slice()),
                 |tx, firsts| {
                     Box::pin(async move {
-                        for (_, incoming) in firsts {
-                            work(tx, incoming).await.map_err(InOrderError::Work)?;
-                        }
+                        let firsts: Vec<&Incoming> =
+                            firsts.into_iter().map(|(_, incoming)| incoming).collect();
+                        work.run(tx, &firsts).await.map_err(InOrderError::Work)?;
                         spans.commit(inbox, tx).await
                     })
                 },
@@ -461,16 +523,15 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
 
     /// Runs an entry's work with its retries, and gives up on it or counts it. A shutdown
     /// ends the wait before a retry at once.
-    async fn process<F, E>(
+    async fn process<E>(
         &self,
         entry: &O::Entry,
-        work: &F,
+        work: &impl RunWork<DB, E>,
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
         shutdown: &mut (impl Future + Unpin),
     ) -> Result<Processed, Error>
     where
-        F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
         crate::count_consumed(&self.inbox, O::NAME, 1);
@@ -543,16 +604,21 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// duplicates costs no writes: the offset moves with the next processed entry or when
     /// the reader is idle ([`Unstored`]), and a reader restarted before then reads those
     /// duplicates again, as duplicates.
-    async fn run_at<F, E>(&self, at: Position<'_>, incoming: &Incoming, work: &F) -> Ran<E>
+    async fn run_at<E>(
+        &self,
+        at: Position<'_>,
+        incoming: &Incoming,
+        work: &impl RunWork<DB, E>,
+    ) -> Ran<E>
     where
-        F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
         let inbox = &self.inbox;
+        let alone: &[&Incoming] = &[incoming];
         let run = inbox
             .run(&incoming.key, &incoming.body, |tx| {
                 Box::pin(async move {
-                    work(tx, incoming).await.map_err(InOrderError::Work)?;
+                    work.run(tx, alone).await.map_err(InOrderError::Work)?;
                     match inbox
                         .commit_offset(tx, at.stream, at.partition, at.offset)
                         .await

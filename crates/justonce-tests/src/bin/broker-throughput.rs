@@ -20,13 +20,16 @@
 //! Each run measures, one after the other and each on a fresh queue (stream, topic) with the
 //! same messages and prefetch: the baseline, which takes the deliveries in the same batches
 //! and only acknowledges them (a reader: only reads them), with no database work (the
-//! broker's own limit); one by one; and, with `--batch` above 1, batched. Then `claim_many`
-//! on the same database at the same batch size (the database's own limit, as `justonce
-//! bench` measures it). It prints each figure, and the consumer's against both limits.
+//! broker's own limit); one by one; and, with `--batch` above 1, batched twice: with the
+//! work run once per message (an INSERT each), then with a batch work run once per batch,
+//! which writes the batch's effects with one multi-row INSERT. Then `claim_many` on the same
+//! database at the same batch size (the database's own limit, as `justonce bench` measures
+//! it). It prints each figure, and the batch work's against both limits.
 
 use justonce_sql::{Backend, Outcome};
 use justonce_tests::{
-    StreamArgs, TestBackend, TestDb, acknowledge, amqp_url, consume, consumer_work, publish_many,
+    StreamArgs, TestBackend, TestDb, acknowledge, amqp_url, batch_work, consume, consume_batches,
+    consumer_work, publish_many,
 };
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::kafka::{KafkaOptions, KafkaReader};
@@ -49,8 +52,10 @@ enum Path {
     Baseline,
     /// The work, a transaction per message (on the readers, the reader's own path).
     OneByOne,
-    /// The work, a transaction per batch of up to `--batch`.
+    /// The work for each message, a transaction per batch of up to `--batch`.
     Batched,
+    /// A batch work, once per batch of up to `--batch`, in its transaction.
+    BatchWork,
 }
 
 impl Path {
@@ -58,7 +63,7 @@ impl Path {
     fn batch(self, args: &StreamArgs) -> usize {
         match self {
             Path::OneByOne => 1,
-            Path::Baseline | Path::Batched => args.batch,
+            Path::Baseline | Path::Batched | Path::BatchWork => args.batch,
         }
     }
 }
@@ -69,13 +74,15 @@ struct Figures {
     baseline: f64,
     one_by_one: f64,
     batched: Option<f64>,
+    batch_work: Option<f64>,
     claim_many: f64,
 }
 
 impl Figures {
-    /// The consumer's figure at `--batch`: batched, or one by one when the batch is 1.
+    /// The consumer's figure at `--batch`: with a batch work, or one by one when the batch
+    /// is 1.
     fn consumer(&self) -> f64 {
-        self.batched.unwrap_or(self.one_by_one)
+        self.batch_work.unwrap_or(self.one_by_one)
     }
 }
 
@@ -100,7 +107,7 @@ async fn main() -> std::process::ExitCode {
     };
     let mut paths = vec![Path::Baseline, Path::OneByOne];
     if args.batch > 1 {
-        paths.push(Path::Batched);
+        paths.extend([Path::Batched, Path::BatchWork]);
     }
     let mut figures = Figures::default();
     let mut effects = ConsumerStats::default();
@@ -120,6 +127,7 @@ async fn main() -> std::process::ExitCode {
             Path::Baseline => figures.baseline = per_second,
             Path::OneByOne => figures.one_by_one = per_second,
             Path::Batched => figures.batched = Some(per_second),
+            Path::BatchWork => figures.batch_work = Some(per_second),
         }
         if path != Path::Baseline {
             effects = stats;
@@ -151,6 +159,7 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
             "baseline_messages_per_second": figures.baseline.round(),
             "one_by_one_messages_per_second": figures.one_by_one.round(),
             "batched_messages_per_second": figures.batched.map(f64::round),
+            "batch_work_messages_per_second": figures.batch_work.map(f64::round),
             "against_baseline": hundredths(against_baseline),
             "claim_many_keys_per_second": figures.claim_many.round(),
             "against_claim_many": hundredths(against_claim_many),
@@ -160,9 +169,12 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
         println!("{result}");
         return;
     }
-    let batched = match figures.batched {
-        Some(per_second) => format!("batches of {}: {per_second:.0}", args.batch),
-        None => String::new(),
+    let batched = match (figures.batched, figures.batch_work) {
+        (Some(each), Some(whole)) => format!(
+            "batches of {}: work per message {each:.0}, batch work {whole:.0}",
+            args.batch
+        ),
+        _ => String::new(),
     };
     println!(
         "{:<12} {:<8} prefetch {prefetch:<4} baseline {:.0}  one by one {:.0}  {batched} msg/s   \
@@ -213,11 +225,13 @@ async fn take<B: Broker, DB: TestBackend + Backend>(
     settled: &AtomicU64,
 ) -> ConsumerStats {
     let taking = (args.messages, path.batch(args));
-    if path == Path::Baseline {
-        acknowledge(consumer.broker(), taking, settled).await;
-        ConsumerStats::default()
-    } else {
-        consume(consumer, &db.prefix, taking, settled).await
+    match path {
+        Path::Baseline => {
+            acknowledge(consumer.broker(), taking, settled).await;
+            ConsumerStats::default()
+        }
+        Path::OneByOne | Path::Batched => consume(consumer, &db.prefix, taking, settled).await,
+        Path::BatchWork => consume_batches(consumer, &db.prefix, taking, settled).await,
     }
 }
 
@@ -380,7 +394,8 @@ async fn measure_redis<DB: TestBackend + Backend>(
 }
 
 /// Reads `args.messages` entries through `reader` by `path`: only reading them, in batches
-/// of `--batch`, on the baseline; one by one; or in batches run with [`Reader::run_batch`].
+/// of `--batch`, on the baseline; one by one; or in batches run with [`Reader::run_batch`]
+/// or, with a batch work, [`Reader::run_batch_at_once`].
 /// Returns the entries per second from the first entry read, and what the reader counted
 /// (nothing on the baseline).
 async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
@@ -389,6 +404,7 @@ async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
     (args, path): (&StreamArgs, Path),
 ) -> (f64, ConsumerStats) {
     let work = consumer_work::<DB>(&db.prefix);
+    let whole_batches = batch_work::<DB>(&db.prefix, None);
     let mut stats = ConsumerStats::default();
     let mut entries = reader.deliveries().await.expect("reading");
     let mut started = None;
@@ -407,8 +423,14 @@ async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
                     count(reader.run_one(entry, &work).await, &mut stats);
                 }
             }
-            Path::Batched => {
-                let done = reader.run_batch(&batch, &work, &mut stats).await;
+            Path::Batched | Path::BatchWork => {
+                let done = if path == Path::Batched {
+                    reader.run_batch(&batch, &work, &mut stats).await
+                } else {
+                    reader
+                        .run_batch_at_once(&batch, &whole_batches, &mut stats)
+                        .await
+                };
                 assert_eq!(
                     done.expect("a batch run"),
                     batch.len(),

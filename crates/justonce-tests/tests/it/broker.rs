@@ -10,7 +10,7 @@
 
 use super::{Xorshift, run_until};
 use justonce_sql::{Inbox, InboxOptions, Key};
-use justonce_tests::{OwnBroker, TestBackend, TestDb, consumer_work};
+use justonce_tests::{OwnBroker, SeenBatches, TestBackend, TestDb, batch_work, consumer_work};
 use justonce_transport::{Broker, Consumer, ConsumerStats, Link, OrderedBroker, Reader};
 use std::process::Stdio;
 use std::time::Duration;
@@ -80,6 +80,16 @@ pub(crate) trait Consume<DB: TestBackend> {
         stopped: tokio::sync::oneshot::Receiver<()>,
         batch_size: usize,
     ) -> Result<ConsumerStats, justonce_transport::Error>;
+
+    /// `run_batches` with batches of up to `batch_size` and [`batch_work`], which notes
+    /// the keys of each batch it gets in `seen`.
+    async fn run_batch_work(
+        &self,
+        db: &TestDb<DB>,
+        stopped: tokio::sync::oneshot::Receiver<()>,
+        batch_size: usize,
+        seen: SeenBatches,
+    ) -> Result<ConsumerStats, justonce_transport::Error>;
 }
 
 /// Every consumer, and the single readers, which keep their offset in the database.
@@ -102,6 +112,17 @@ macro_rules! consume_with_run {
             ) -> Result<ConsumerStats, justonce_transport::Error> {
                 let work = consumer_work::<DB>(&db.prefix);
                 self.run_batched(stopped, batch_size, work).await
+            }
+
+            async fn run_batch_work(
+                &self,
+                db: &TestDb<DB>,
+                stopped: tokio::sync::oneshot::Receiver<()>,
+                batch_size: usize,
+                seen: SeenBatches,
+            ) -> Result<ConsumerStats, justonce_transport::Error> {
+                let work = batch_work::<DB>(&db.prefix, Some(seen));
+                self.run_batches(stopped, batch_size, work).await
             }
         }
     )*};
@@ -375,6 +396,8 @@ on_brokers!(batched: [
 ] (
     a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
+    a_batch_work_gets_each_key_once_and_writes_one_effect_per_key,
+    a_failing_batch_work_runs_again_alone_and_the_poison_message_alone_fails,
 ));
 
 on_brokers!(giving_back: [
@@ -583,17 +606,7 @@ where
 {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
-    // 40 keys, 10 of them twice, one that fails once and one that always fails, mixed in.
-    let mut keys = Vec::new();
-    for n in 0..50 {
-        keys.push(format!("order:{}", n % 40));
-        match n {
-            10 => keys.push("fail1:order".to_owned()),
-            30 => keys.push("bad:order".to_owned()),
-            _ => {}
-        }
-    }
-    broker.publish(&keys).await;
+    broker.publish(&keys_with_a_poison_message()).await;
     let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
         |stopped| consumer.run_work_batched(&db, stopped, 20),
@@ -610,6 +623,105 @@ where
     assert_eq!(db.rows("effects").await, 41);
     assert_eq!(db.doubled_effects().await, 0);
     assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// 40 keys, 10 of them twice, one that fails once (`fail1:order`) and one that always fails
+/// (`bad:order`), mixed in.
+fn keys_with_a_poison_message() -> Vec<String> {
+    let mut keys = Vec::new();
+    for n in 0..50 {
+        keys.push(format!("order:{}", n % 40));
+        match n {
+            10 => keys.push("fail1:order".to_owned()),
+            30 => keys.push("bad:order".to_owned()),
+            _ => {}
+        }
+    }
+    keys
+}
+
+/// A batch work on 40 keys, 10 of them published twice, all waiting before the consumer
+/// starts: it gets batches of several messages, each key in one of them only (the repeats
+/// are duplicates it never sees), and writes one effect per key. A reader's stored offset
+/// ends at the stream's last entry.
+async fn a_batch_work_gets_each_key_once_and_writes_one_effect_per_key<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..50).map(|n| format!("order:{}", n % 40)).collect();
+    broker.publish(&keys).await;
+    let consumer = broker.connect_for_batches(&db.inbox).await;
+    let seen = SeenBatches::default();
+    let stats = run_until(
+        |stopped| consumer.run_batch_work(&db, stopped, 100, seen.clone()),
+        || async { db.rows("effects").await == 40 && broker.settled(&db).await },
+        effects(&db),
+    )
+    .await;
+    assert_eq!(stats.processed, 40, "{stats:?}");
+    assert_eq!(stats.duplicates, 10, "{stats:?}");
+    assert_eq!(db.rows("effects").await, 40);
+    assert_eq!(db.doubled_effects().await, 0);
+    let batches = seen.lock().unwrap().clone();
+    assert!(
+        batches.iter().any(|batch| batch.len() > 1),
+        "the work got whole batches: {batches:?}"
+    );
+    let mut given: Vec<String> = batches.concat();
+    given.sort();
+    let mut distinct: Vec<String> = keys[..40].to_vec();
+    distinct.sort();
+    assert_eq!(given, distinct, "each key given to the work once");
+    assert!(
+        broker.settled(&db).await,
+        "all acknowledged, or the offset stored"
+    );
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// A batch work that fails for a batch holding a message it always refuses: the batch
+/// runs again alone, message by message through the same work, so the poison message fails
+/// by itself and is dead-lettered; the one that fails once is retried, and every other key
+/// takes effect once.
+async fn a_failing_batch_work_runs_again_alone_and_the_poison_message_alone_fails<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    broker.publish(&keys_with_a_poison_message()).await;
+    let consumer = broker.connect_for_batches(&db.inbox).await;
+    let seen = SeenBatches::default();
+    let stats = run_until(
+        |stopped| consumer.run_batch_work(&db, stopped, 20, seen.clone()),
+        || async {
+            db.rows("effects").await == 41
+                && broker.dead_letters().await == 1
+                && broker.settled(&db).await
+        },
+        effects(&db),
+    )
+    .await;
+    assert_eq!(stats.processed, 41, "40 keys and the one that failed once");
+    assert_eq!(stats.dead_lettered, 1);
+    assert_eq!(db.rows("effects").await, 41);
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
+    let batches = seen.lock().unwrap().clone();
+    let poison = vec!["bad:order".to_owned()];
+    assert!(
+        batches.contains(&poison),
+        "the poison message ran alone: {batches:?}"
+    );
     drop(consumer);
     broker.delete().await;
     db.cleanup().await;
