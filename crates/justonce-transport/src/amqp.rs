@@ -69,8 +69,10 @@ pub enum QueueType {
     #[default]
     Classic,
     /// A quorum queue, replicated on a majority of the cluster's nodes by Raft. The broker
-    /// counts each delivery given back or lost with its consumer (`x-delivery-count`), and
-    /// the consumer counts those as attempts.
+    /// counts each delivery lost with its consumer (`x-delivery-count`), and the consumer
+    /// counts those as attempts. What the consumer gives back (while its database is down,
+    /// or as it stops) is published again at the same attempt, so it is not counted. What
+    /// passes the broker's own delivery limit goes to the dead-letter queue.
     Quorum,
 }
 
@@ -179,9 +181,16 @@ async fn open(url: &str, options: &AmqpOptions) -> Result<(Arc<Connection>, Chan
         .await
         .map_err(broker)?;
     if options.declare {
-        for queue in [&options.queue, &options.dead_letter_queue] {
-            declare(&connection, &channel, queue, options.queue_type).await?;
-        }
+        let dead = &options.dead_letter_queue;
+        declare(
+            &connection,
+            &channel,
+            &options.queue,
+            options.queue_type,
+            Some(dead),
+        )
+        .await?;
+        declare(&connection, &channel, dead, options.queue_type, None).await?;
     }
     Ok((Arc::new(connection), channel))
 }
@@ -325,6 +334,13 @@ impl Broker for Amqp {
             Settle::DeadLetter { attempt, reason } => {
                 let queue = &options.dead_letter_queue;
                 self.publish_copy(&channel, delivery, queue, attempt, Some(&reason))
+                    .await?;
+            }
+            // A quorum queue would count a requeue as a delivery failed: a database outage
+            // would use up the message's attempts. A copy at the same attempt is not counted.
+            Settle::GiveBack if options.queue_type == QueueType::Quorum => {
+                let attempt = delivery.attempt();
+                self.publish_copy(&channel, delivery, &options.queue, attempt, None)
                     .await?;
             }
             Settle::GiveBack => {
@@ -554,13 +570,15 @@ async fn open_channel(connection: &Connection) -> Result<Channel, Error> {
     Ok(channel)
 }
 
-/// Declares `queue` durable, of `queue_type`. A refusal is a setting to fix; a connection
-/// lost meanwhile is not.
+/// Declares `queue` durable, of `queue_type`. A quorum queue dead-letters to `dead_letters`
+/// what passes the broker's own delivery limit, which would otherwise drop it. A refusal is
+/// a setting to fix; a connection lost meanwhile is not.
 async fn declare(
     connection: &Connection,
     channel: &Channel,
     queue: &str,
     queue_type: QueueType,
+    dead_letters: Option<&str>,
 ) -> Result<(), Error> {
     let durable = QueueDeclareOptions {
         durable: true,
@@ -572,6 +590,16 @@ async fn declare(
             "x-queue-type".into(),
             AMQPValue::LongString("quorum".into()),
         );
+        if let Some(dead_letters) = dead_letters {
+            arguments.insert(
+                "x-dead-letter-exchange".into(),
+                AMQPValue::LongString("".into()),
+            );
+            arguments.insert(
+                "x-dead-letter-routing-key".into(),
+                AMQPValue::LongString(dead_letters.into()),
+            );
+        }
     }
     let declared = channel
         .queue_declare(queue.into(), durable, arguments)
