@@ -97,17 +97,10 @@ ALTER TABLE {prefix}outbox ADD COLUMN history TEXT;
         description: "events: when each was received, its replays, and indexes to find them",
         // `created_at` is moved by each replay, to start a new delivery window: the time an
         // event was received needs a column of its own. SQLite adds a column only with a
-        // constant default: the statement that writes a row sets it, and the trigger sets
-        // it on the rows a process of an earlier version writes without it, which would
-        // otherwise be received at 1970 and missed by every search and replay by time.
+        // constant default: the statement that writes a row sets it.
         sql: "
 ALTER TABLE {prefix}outbox ADD COLUMN received_at INTEGER NOT NULL DEFAULT 0;
 UPDATE {prefix}outbox SET received_at = created_at;
-CREATE TRIGGER IF NOT EXISTS {prefix}outbox_received AFTER INSERT ON {prefix}outbox
-    WHEN NEW.received_at = 0
-BEGIN
-    UPDATE {prefix}outbox SET received_at = NEW.created_at WHERE id = NEW.id;
-END;
 ALTER TABLE {prefix}outbox ADD COLUMN replay_id INTEGER;
 CREATE INDEX IF NOT EXISTS {prefix}outbox_events ON {prefix}outbox (destination, received_at, id);
 CREATE INDEX IF NOT EXISTS {prefix}outbox_key ON {prefix}outbox (key);
@@ -124,7 +117,10 @@ CREATE INDEX IF NOT EXISTS {prefix}replays_origin ON {prefix}replays (origin, si
     },
     Migration {
         version: 6,
-        description: "duplicates: how many each origin answered, minute by minute",
+        description: "duplicates: how many each origin answered, minute by minute; events by time received",
+        // The trigger sets `received_at` on the rows a process of a version before 5
+        // writes without it, which would otherwise be received at 1970 and missed by
+        // every search and replay by time. The index serves the dashboard's minutes.
         sql: "
 CREATE TABLE IF NOT EXISTS {prefix}duplicates (
     minute INTEGER NOT NULL,
@@ -132,6 +128,13 @@ CREATE TABLE IF NOT EXISTS {prefix}duplicates (
     duplicates INTEGER NOT NULL,
     PRIMARY KEY (minute, origin)
 );
+UPDATE {prefix}outbox SET received_at = created_at WHERE received_at = 0;
+CREATE TRIGGER IF NOT EXISTS {prefix}outbox_received AFTER INSERT ON {prefix}outbox
+    WHEN NEW.received_at = 0
+BEGIN
+    UPDATE {prefix}outbox SET received_at = NEW.created_at WHERE id = NEW.id;
+END;
+CREATE INDEX IF NOT EXISTS {prefix}outbox_received_at ON {prefix}outbox (received_at);
 ",
     },
 ];
