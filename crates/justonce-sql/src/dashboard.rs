@@ -93,6 +93,9 @@ fn start_of(minute: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + MINUTE * u32::try_from(minute.max(0)).unwrap_or(u32::MAX)
 }
 
+/// How many minutes of duplicate counts a process keeps until they are added to the store.
+const UNFLUSHED_MINUTES: i64 = 24 * 60;
+
 /// Duplicates this process answered, by minute and origin, until they are added to the
 /// store.
 #[derive(Default)]
@@ -106,7 +109,12 @@ impl DuplicateCounts {
         }
         let minute = minute_of(SystemTime::now());
         let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *counts.entry((minute, origin.to_owned())).or_default() += duplicates;
+        let key = (minute, origin.to_owned());
+        if !counts.contains_key(&key) {
+            // A process that never flushes (a library user's) keeps a day of them.
+            counts.retain(|(counted, _), _| minute - *counted < UNFLUSHED_MINUTES);
+        }
+        *counts.entry(key).or_default() += duplicates;
     }
 
     fn take(&self) -> HashMap<(i64, String), u64> {

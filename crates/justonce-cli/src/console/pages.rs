@@ -322,7 +322,11 @@ pub async fn dead_letters<DB: Backend>(
             Some(query) => query,
             None => "all=true".to_owned(),
         };
-        let label = format!("Replay all {} that match", rows.len());
+        // The page lists at most MAX_LIMIT; the replay takes every one that matches.
+        let label = match u32::try_from(rows.len()) {
+            Ok(listed) if listed < MAX_LIMIT => format!("Replay all {listed} that match"),
+            _ => format!("Replay all that match ({MAX_LIMIT} or more)"),
+        };
         main.push_str(&replay_button(
             &console,
             "replay-matching",

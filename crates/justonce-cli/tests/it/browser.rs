@@ -1,7 +1,8 @@
 //! The console in a real headless Chromium, as the operator uses it: the dashboard, an
 //! event found and replayed, dead letters replayed; and a page on another origin cannot
-//! make the browser change anything. These tests write the screenshots docs/console.md
-//! shows.
+//! make the browser change anything. These tests take the screenshots docs/console.md
+//! shows: into the folder `JUSTONCE_SCREENSHOTS` names, else beside the build, so that a
+//! test run leaves the checkout as it was.
 
 use crate::admin_api::{Api, TOKEN, post_event, requests_with};
 use crate::serve::{Server, database, drop_database};
@@ -180,9 +181,13 @@ async function attempt(name, init) {{
     drop_database(db, &url).await;
 }
 
-/// Where a screenshot of the console is written for docs/console.md.
+/// Where a screenshot of the console is written: `JUSTONCE_SCREENSHOTS` (such as the
+/// checkout's docs/screenshots, to refresh docs/console.md's), else the build's own folder.
 fn screenshot_path(name: &str) -> PathBuf {
-    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/screenshots");
+    let folder = std::env::var_os("JUSTONCE_SCREENSHOTS").map_or_else(
+        || Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots"),
+        PathBuf::from,
+    );
     std::fs::create_dir_all(&folder).unwrap();
     folder.join(name)
 }
