@@ -50,11 +50,16 @@
     done(await response.json());
   }
 
-  const attempts = () => document.querySelectorAll('tr.attempt').length;
+  // The last attempt shown: a full history drops its oldest as a new one comes, so the
+  // count alone does not tell that one came.
+  const lastAttempt = () => {
+    const rows = document.querySelectorAll('tr.attempt');
+    return rows.length ? rows[rows.length - 1].textContent : '';
+  };
 
   // After a replay, loads the page each second until a new attempt shows, for a minute.
   async function awaitAttempt(before) {
-    for (let second = 0; second < 60 && attempts() <= before; second += 1) {
+    for (let second = 0; second < 60 && lastAttempt() === before; second += 1) {
       await new Promise((resolve) => setTimeout(resolve, 1000));
       await refresh();
     }
@@ -76,7 +81,7 @@
     if (!button || button.disabled || button.type === 'submit') return;
     const id = encodeURIComponent(button.dataset.id || '');
     if (button.id === 'replay') {
-      const before = attempts();
+      const before = lastAttempt();
       change('/api/v1/events/' + id + '/replay', () => {
         say('replayed');
         awaitAttempt(before);
