@@ -26,9 +26,7 @@ async fn a_receiver_stores_and_a_relay_elsewhere_delivers_each_event_once<DB: Te
         let again = post(&client, &receiver.public, &body).await.unwrap();
         assert_eq!(again, (200, "duplicate".into()));
     }
-    let ready: serde_json::Value =
-        serde_json::from_str(&text_of(&client, &format!("{}/readyz", receiver.admin)).await)
-            .unwrap();
+    let (_, ready) = readyz(&client, &receiver).await;
     assert_eq!(ready["roles"], serde_json::json!(["receiver"]));
     let metrics = text_of(&client, &format!("{}/metrics", receiver.admin)).await;
     assert!(
@@ -55,8 +53,7 @@ async fn a_receiver_stores_and_a_relay_elsewhere_delivers_each_event_once<DB: Te
         refused.is_err(),
         "a relay-only process opened its public listener"
     );
-    let ready: serde_json::Value =
-        serde_json::from_str(&text_of(&client, &format!("{}/readyz", relay.admin)).await).unwrap();
+    let (_, ready) = readyz(&client, &relay).await;
     assert_eq!(ready["roles"], serde_json::json!(["relay"]));
     let by_key = await_keys(&sink, 20).await;
     assert_eq!(by_key.len(), 20);
@@ -132,13 +129,8 @@ async fn a_process_without_the_consumers_role_neither_connects_nor_waits_for_the
     without
         .start_with(&["--role", "receiver,relay,purge"])
         .await;
-    let answer = client
-        .get(format!("{}/readyz", without.admin))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
-    let ready: serde_json::Value = serde_json::from_str(&answer.text().await.unwrap()).unwrap();
+    let (status, ready) = readyz(&client, &without).await;
+    assert_eq!(status, 200);
     assert_eq!(ready["consumers"], serde_json::json!({}));
     assert_eq!(
         ready["roles"],
@@ -148,13 +140,8 @@ async fn a_process_without_the_consumers_role_neither_connects_nor_waits_for_the
 
     let mut with = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
     with.start().await;
-    let answer = client
-        .get(format!("{}/readyz", with.admin))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 503);
-    let problem: serde_json::Value = serde_json::from_str(&answer.text().await.unwrap()).unwrap();
+    let (status, problem) = readyz(&client, &with).await;
+    assert_eq!(status, 503);
     assert_eq!(problem["consumers"]["orders"], "connecting");
     assert_eq!(
         problem["roles"],
@@ -162,4 +149,18 @@ async fn a_process_without_the_consumers_role_neither_connects_nor_waits_for_the
     );
     with.stop().await;
     drop_database(db, &url).await;
+}
+
+/// The status and the body of the admin listener's `/readyz`.
+async fn readyz(client: &reqwest::Client, server: &Server) -> (u16, serde_json::Value) {
+    let answer = client
+        .get(format!("{}/readyz", server.admin))
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status().as_u16();
+    (
+        status,
+        serde_json::from_str(&answer.text().await.unwrap()).unwrap(),
+    )
 }
