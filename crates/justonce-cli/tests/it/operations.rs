@@ -4,6 +4,7 @@
 
 use super::serve::{
     SECRET, Server, await_keys, client, database, drop_database, post, signature, text_of,
+    usage_error,
 };
 use justonce_tests::{Answer, Sink};
 use serde_json::Value;
@@ -268,28 +269,18 @@ async fn rejected_webhooks_are_logged_once_per_kind_and_interval() {
 async fn a_bad_log_format_exits_2_naming_the_setting() {
     let (db, url) = database::<Sqlite>("bad-log-format").await;
     let server = Server::configure(&url, "http://127.0.0.1:1/unused");
-    let output = server
-        .command(&["check"])
-        .env("JUSTONCE_SERVER_LOG_FORMAT", "yaml")
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = usage_error(
+        server
+            .command(&["check"])
+            .env("JUSTONCE_SERVER_LOG_FORMAT", "yaml"),
+    )
+    .await;
     assert!(
         stderr.contains("server.log_format (from JUSTONCE_SERVER_LOG_FORMAT)")
             && stderr.contains(r#""yaml" is not "text" or "json""#),
         "{stderr}"
     );
-    let output = server
-        .command(&["check", "--log-format", "yaml"])
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = usage_error(&mut server.command(&["check", "--log-format", "yaml"])).await;
     assert!(stderr.contains("--log-format"), "{stderr}");
     // With JSON logs, the reason a command stops is a JSON line too.
     let output = server

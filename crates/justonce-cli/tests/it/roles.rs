@@ -1,7 +1,7 @@
 //! `serve --role`: processes on one database that each run part of the service.
 
 use crate::serve::{
-    Server, await_keys, client, database, drop_database, post, stats_json, text_of,
+    Server, await_keys, client, database, drop_database, post, stats_json, text_of, usage_error,
 };
 use justonce_tests::{Sink, TestBackend};
 use std::time::Duration;
@@ -88,26 +88,18 @@ async fn a_receiver_stores_and_a_relay_elsewhere_delivers_each_event_once<DB: Te
 #[tokio::test]
 async fn an_unknown_role_is_refused_naming_the_roles() {
     let server = Server::configure("sqlite::memory:", "http://127.0.0.1:9/");
-    let output = server
-        .command(&["serve", "--role", "receiver,reporter"])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = usage_error(&mut server.command(&["serve", "--role", "receiver,reporter"])).await;
     assert!(
         stderr.contains("\"reporter\" is not a role")
             && stderr.contains("receiver, relay, consumers and purge"),
         "{stderr}"
     );
-    let output = server
-        .command(&["serve"])
-        .env("JUSTONCE_SERVER_ROLES", "relay,,purge")
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = usage_error(
+        server
+            .command(&["serve"])
+            .env("JUSTONCE_SERVER_ROLES", "relay,,purge"),
+    )
+    .await;
     assert!(
         stderr.contains("server.roles") && stderr.contains("\"\" is not a role"),
         "{stderr}"

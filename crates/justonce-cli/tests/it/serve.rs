@@ -279,6 +279,14 @@ pub(crate) async fn post(
     Ok((status, answer))
 }
 
+/// Runs `command`, which must exit 2 (bad usage or configuration), and returns its stderr.
+pub(crate) async fn usage_error(command: &mut Command) -> String {
+    let output = command.stderr(Stdio::piped()).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
 pub(crate) async fn text_of(client: &reqwest::Client, url: &str) -> String {
     client.get(url).send().await.unwrap().text().await.unwrap()
 }

@@ -610,22 +610,30 @@ where
     let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
         |stopped| consumer.run_work_batched(&db, stopped, 20),
-        || async {
-            db.rows("effects").await == 41
-                && broker.dead_letters().await == 1
-                && broker.settled(&db).await
-        },
+        || poison_run_over(&broker, &db),
         effects(&db),
     )
     .await;
+    assert_poison_alone_failed(&db, &stats).await;
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// Whether a run over [`keys_with_a_poison_message`] is over: an effect per key, the poison
+/// message dead-lettered, and everything settled.
+async fn poison_run_over<B: Batching, DB: TestBackend>(broker: &B, db: &TestDb<DB>) -> bool {
+    db.rows("effects").await == 41 && broker.dead_letters().await == 1 && broker.settled(db).await
+}
+
+/// After a run over [`keys_with_a_poison_message`]: one effect per key but the poison
+/// message's, which is the one dead letter.
+async fn assert_poison_alone_failed<DB: TestBackend>(db: &TestDb<DB>, stats: &ConsumerStats) {
     assert_eq!(stats.processed, 41, "40 keys and the one that failed once");
     assert_eq!(stats.dead_lettered, 1);
     assert_eq!(db.rows("effects").await, 41);
     assert_eq!(db.doubled_effects().await, 0);
     assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
-    drop(consumer);
-    broker.delete().await;
-    db.cleanup().await;
 }
 
 /// 40 keys, 10 of them twice, one that fails once (`fail1:order`) and one that always fails
@@ -703,19 +711,11 @@ where
     let seen = SeenBatches::default();
     let stats = run_until(
         |stopped| consumer.run_batch_work(&db, stopped, 20, seen.clone()),
-        || async {
-            db.rows("effects").await == 41
-                && broker.dead_letters().await == 1
-                && broker.settled(&db).await
-        },
+        || poison_run_over(&broker, &db),
         effects(&db),
     )
     .await;
-    assert_eq!(stats.processed, 41, "40 keys and the one that failed once");
-    assert_eq!(stats.dead_lettered, 1);
-    assert_eq!(db.rows("effects").await, 41);
-    assert_eq!(db.doubled_effects().await, 0);
-    assert_eq!(db.effects_of(&Key::new("bad:order").unwrap()).await, 0);
+    assert_poison_alone_failed(&db, &stats).await;
     let batches = seen.lock().unwrap().clone();
     let poison = vec!["bad:order".to_owned()];
     assert!(
