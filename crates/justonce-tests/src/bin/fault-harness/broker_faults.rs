@@ -402,7 +402,6 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
     // Each key once: a duplicate is a delivery made again.
     let mut plan: Vec<u32> = (0..keys as u32).collect();
     rng.shuffle(&mut plan);
-    let points = fault_points(rng, keys, pauses);
     let queue = Q::open(db, &Q::shared_url()).await?;
     let mut consumers = [
         Consumer::of(db, &queue, "run-pausing"),
@@ -410,13 +409,22 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
     ];
     let checked = async {
         let messages: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
-        queue.publish(&messages).await?;
+        // A part of the keys per pause, published just before it is asked for, so that
+        // the consumer asked always has deliveries left to take: had the other consumer
+        // read everything while the last pause lasted, it would never take one to pause on.
+        let part = keys.div_ceil(pauses + 1);
+        let mut parts = messages.chunks(part);
+        queue.publish(parts.next().unwrap_or_default()).await?;
+        let mut published = part.min(keys);
         for consumer in &mut consumers {
             consumer.start()?;
         }
         let mut faults = 0;
         let mut recovery = Vec::new();
-        for point in points {
+        for _ in 0..pauses {
+            // Within the last part published, past its first tenth.
+            let point =
+                (published - part + part / 10 + rng.below(part as u64 * 7 / 10) as usize) as i64;
             while db.rows("effects").await < point {
                 if Instant::now() >= deadline {
                     return Err(format!("the run reached {point} effects too late"));
@@ -428,6 +436,11 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            if let Some(next) = parts.next() {
+                queue.publish(next).await?;
+                published += next.len();
+            }
+            consumers[0].catching_usr1(deadline).await?;
             consumers[0].signal("USR1").await?;
             let held = consumers[0].paused(deadline).await?;
             let held = justonce_sql::Key::new(held).map_err(|e| e.to_string())?;

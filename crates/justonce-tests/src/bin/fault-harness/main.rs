@@ -63,8 +63,9 @@
 //!   confirmed message, a limit of the broker's own that the run reports as lost keys.
 //!   Kafka has no restart: its test broker keeps its data in memory.
 //! - `pause`: a consumer pauses. 10,000 keys (short: 1,000) on a queue of the run's own on
-//!   the machine's broker, read by two `broker-worker`s; one stops itself with SIGSTOP 10
-//!   times (short: 2), each time at its failpoint, holding a delivery it took and has not
+//!   the machine's broker, published in a part per pause and one more, each just before
+//!   its pause is asked for, and read by two `broker-worker`s; one stops itself with SIGSTOP
+//!   10 times (short: 2), each time at its failpoint, holding a delivery it took and has not
 //!   run, for three times the broker's wait before it gives an unacknowledged delivery to
 //!   another consumer (`nats`: the consumer's `ack_wait`, 2 s; `redis`: the consumer's
 //!   `claim_idle`, 0.5 s, after which the other takes the entries over with `XAUTOCLAIM`)

@@ -976,6 +976,30 @@ impl<'a, DB: TestBackend> Consumer<'a, DB> {
         }
     }
 
+    /// Waits until the running consumer catches SIGUSR1: sent earlier, while it still
+    /// connects, the signal would end it.
+    pub async fn catching_usr1(&self, deadline: Instant) -> Result<(), String> {
+        const SIGUSR1: u64 = 1 << (10 - 1);
+        let pid = (self.running.as_ref())
+            .and_then(Child::id)
+            .ok_or("no consumer runs")?;
+        loop {
+            let status = justonce_tests::process_status(pid).ok_or("the consumer exited")?;
+            // `sigcatch`, field 34 of /proc/<pid>/stat: the 32nd after the command's name.
+            let caught: u64 = status
+                .get(31)
+                .and_then(|field| field.parse().ok())
+                .unwrap_or(0);
+            if caught & SIGUSR1 != 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err("the consumer did not catch SIGUSR1 in time".to_owned());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Starts the consumer again if it exited on its own, as a consumer does when its
     /// broker goes away; true if it did.
     pub fn restart_if_exited(&mut self) -> Result<bool, String> {
