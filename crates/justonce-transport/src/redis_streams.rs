@@ -83,14 +83,15 @@ pub struct RedisStreamOptions {
 
 impl RedisStreamOptions {
     /// Reads `stream` as a member of consumer group `group` (created at the start of the
-    /// stream, with the stream, if missing), under a consumer name of its own process. The
+    /// stream, with the stream, if missing), under a consumer name of its own process
+    /// (`justonce-<host>-<pid>`: in containers every process may be pid 1). The
     /// key is the `key` field; failed work gets 5 attempts before it goes to
     /// `<stream>.dead`; entries pending for 30 s are taken over.
     pub fn new(stream: impl Into<String>, group: impl Into<String>) -> Self {
         Self {
             stream: stream.into(),
             group: group.into(),
-            consumer: format!("justonce-{}", std::process::id()),
+            consumer: own_consumer_name(),
             policy: Policy::default(),
             claim_idle: Duration::from_secs(30),
             count: 16,
@@ -527,6 +528,20 @@ impl OrderedBroker for RedisStreams {
     }
 }
 
+/// `justonce-<host>-<pid>`, or `justonce-<pid>` where the host name cannot be read: the
+/// host tells apart containers, whose processes often all have pid 1.
+fn own_consumer_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|host| host.trim().to_owned())
+        .filter(|host| !host.is_empty());
+    match host {
+        Some(host) => format!("justonce-{host}-{}", std::process::id()),
+        None => format!("justonce-{}", std::process::id()),
+    }
+}
+
 /// The offset of an entry id `<ms>-<seq>`.
 fn offset_of(id: &str) -> Option<Offset> {
     let (ms, seq) = id.split_once('-')?;
@@ -722,4 +737,17 @@ impl Destination for RedisStreamDestination {
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
     crate::tls::broker_error(error)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Two containers whose processes both have pid 1 differ by their host names.
+    #[test]
+    fn the_default_consumer_name_holds_the_host_and_the_pid() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("a host name");
+        assert_eq!(
+            super::own_consumer_name(),
+            format!("justonce-{}-{}", host.trim(), std::process::id())
+        );
+    }
 }
