@@ -77,13 +77,27 @@ pub trait Backend: sqlx::Database + Sealed {
         keys: &'a [&'a str],
     ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a;
 
-    /// What wakes a waiting relay when a row is committed: notifications on PostgreSQL,
-    /// nothing elsewhere (the relay polls).
+    /// What wakes a waiting relay when another process commits a row: notifications on
+    /// PostgreSQL, nothing elsewhere (the relay polls).
     #[doc(hidden)]
     fn outbox_wakeups<'a>(
         pool: &'a sqlx::Pool<Self>,
         tables: &'a Tables,
     ) -> impl Future<Output = Result<Wakeups, Error>> + Send + 'a;
+
+    /// Whether other processes' relays listen for [`Backend::notify_relays`].
+    #[doc(hidden)]
+    const NOTIFIES: bool = false;
+
+    /// Wakes the relays of other processes that listen on `channel`, in a statement of its
+    /// own; nothing where they only poll.
+    #[doc(hidden)]
+    fn notify_relays<'a>(
+        _pool: &'a sqlx::Pool<Self>,
+        _channel: &'a str,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        std::future::ready(Ok(()))
+    }
 
     /// Applies the migrations that are missing, under a lock that serialises concurrent
     /// migrators, and returns how many ran.
@@ -134,7 +148,8 @@ pub trait Queries<DB: sqlx::Database> {
         lease_ms: i64,
     ) -> impl Future<Output = Result<Option<i64>, Error>> + Send + 'a;
 
-    /// Writes an outbox row and, on PostgreSQL, notifies the relays at commit.
+    /// Writes an outbox row and, on PostgreSQL, notifies the relays at commit: the caller's
+    /// transaction may be the user's own, whose commit justonce does not see.
     fn enqueue<'a>(
         &'a self,
         conn: &'a mut DB::Connection,

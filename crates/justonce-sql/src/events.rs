@@ -386,6 +386,9 @@ impl<DB: Backend> Outbox<DB> {
             origin: range.origin.clone(),
             window,
         })?;
+        if events > 0 {
+            self.shared.wake_relays_now().await;
+        }
         counted(&range.origin, "range", events);
         tracing::info!(id, origin = %range.origin, events, "events replayed by time range");
         self.replay_window(id)

@@ -87,6 +87,7 @@ pub mod statements;
 mod tables;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod tls;
+mod wake;
 
 pub use backend::Backend;
 pub use dashboard::{Dashboard, DashboardMinute, DashboardTotals, DestinationDashboard};
@@ -102,6 +103,7 @@ pub use relay::{DELIVERED_SECONDS, Relay, RelayOptions, RelayRound};
 pub use rows::{KeyCount, StoredOffset};
 /// The sqlx this crate is built with, so that your queries use the same version.
 pub use sqlx;
+pub use wake::RELAY_NOTIFICATIONS;
 
 /// Describes the metrics this crate emits, for the `# HELP` lines of an exporter. Call it
 /// once, after installing the metrics recorder.
@@ -132,6 +134,11 @@ pub fn describe_metrics() {
         REPLAYED_EVENTS,
         "Stored events put back to be delivered again, by origin and by how they were \
          picked (event, key, range)"
+    );
+    describe_counter!(
+        RELAY_NOTIFICATIONS,
+        "Notifications sent after commits of outbox rows to wake the relays of other \
+         processes, at most one per notify interval (PostgreSQL)"
     );
     describe_counter!(
         "justonce_relay_record_failures_total",

@@ -528,7 +528,17 @@ impl<DB: Backend> Outbox<DB> {
     }
 
     pub(crate) async fn change(&self, change: Change<'_>) -> Result<u64, Error> {
-        let _writer = self.shared.queue_writer().await;
-        self.shared.sql.change(&self.shared.pool, change).await
+        let replay = matches!(
+            change,
+            Change::Replay { .. } | Change::ReplayEvent { .. } | Change::ReplayKey { .. }
+        );
+        let changed = {
+            let _writer = self.shared.queue_writer().await;
+            self.shared.sql.change(&self.shared.pool, change).await?
+        };
+        if replay && changed > 0 {
+            self.shared.wake_relays_now().await;
+        }
+        Ok(changed)
     }
 }

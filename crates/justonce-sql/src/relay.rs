@@ -82,9 +82,10 @@ impl RelayOptions {
         /// The longest pause between two deliveries of a row (default 1 h), also the cap
         /// on a receiver's `Retry-After`.
         max_backoff: Duration,
-        /// How often the relay looks for due rows when nothing wakes it (default 1 s). On
-        /// PostgreSQL a notification wakes it as soon as a row is committed; the poll
-        /// catches notifications lost across a reconnect.
+        /// How often the relay looks for due rows when nothing wakes it (default 1 s). A
+        /// row forwarded through [`Inbox::run_forward`](crate::Inbox::run_forward) of its
+        /// own process wakes it at once. On PostgreSQL a notification wakes it for rows
+        /// committed elsewhere; the poll catches notifications lost across a reconnect.
         poll_interval: Duration,
     );
 }
@@ -234,18 +235,19 @@ impl<DB: Backend> Relay<DB> {
     /// Relays until `shutdown` resolves, keeping up to `concurrency` deliveries in flight:
     /// a finished one makes room for due rows of any destination that is not at its
     /// `per_destination` cap or backed off by its breaker, so that a slow or broken
-    /// destination never holds back the others. With nothing due it waits for a
-    /// notification (PostgreSQL) or the poll interval. A database error is logged and
+    /// destination never holds back the others. With nothing due it waits for a commit of
+    /// this process, a notification (PostgreSQL) or the poll interval. A database error is logged and
     /// retried; at `shutdown` the deliveries in flight finish and are recorded.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let shared = &self.outbox.shared;
-        let mut wakeups = match DB::outbox_wakeups(&shared.pool, &shared.tables).await {
+        let wakeups = match DB::outbox_wakeups(&shared.pool, &shared.tables).await {
             Ok(wakeups) => wakeups,
             Err(error) => {
                 tracing::warn!(%error, "no notifications: the relay polls");
                 Wakeups::none()
             }
         };
+        let mut wakeups = wakeups.and_commits(shared.relays.subscribe());
         let concurrency = self.options.concurrency.max(1);
         let mut lanes = Lanes::default();
         let mut in_flight = FuturesUnordered::new();

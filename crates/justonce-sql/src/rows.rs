@@ -459,6 +459,9 @@ pub struct OffsetRow<'a> {
 
 /// Wakes a waiting relay when an outbox row may have been committed.
 pub struct Wakeups {
+    /// This process's commits of outbox rows.
+    pub(crate) commits: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Other processes' commits, notified.
     #[cfg(feature = "postgres")]
     pub(crate) listener: Option<sqlx::postgres::PgListener>,
 }
@@ -467,22 +470,47 @@ impl Wakeups {
     /// No notifications: the caller polls.
     pub(crate) fn none() -> Self {
         Self {
+            commits: None,
             #[cfg(feature = "postgres")]
             listener: None,
         }
     }
 
-    /// Resolves on a notification; never, where there are none (the caller polls too).
+    /// Also wakes on this process's commits of outbox rows.
+    pub(crate) fn and_commits(mut self, commits: tokio::sync::watch::Receiver<u64>) -> Self {
+        self.commits = Some(commits);
+        self
+    }
+
+    /// Resolves on a commit of this process or a notification; never, where there are
+    /// none (the caller polls too).
     pub(crate) async fn wait(&mut self) {
-        #[cfg(feature = "postgres")]
-        if let Some(listener) = &mut self.listener {
-            // An error drops the connection, which the next call re-establishes; the
-            // caller's poll covers what was missed meanwhile.
-            if listener.recv().await.is_ok() {
+        let commits = &mut self.commits;
+        let committed = async move {
+            if let Some(commits) = commits
+                && commits.changed().await.is_ok()
+            {
                 return;
             }
+            std::future::pending::<()>().await;
+        };
+        #[cfg(feature = "postgres")]
+        let listener = &mut self.listener;
+        let notified = async move {
+            #[cfg(feature = "postgres")]
+            if let Some(listener) = listener {
+                // An error drops the connection, which the next call re-establishes; the
+                // caller's poll covers what was missed meanwhile.
+                if listener.recv().await.is_ok() {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            () = committed => {}
+            () = notified => {}
         }
-        std::future::pending::<()>().await
     }
 }
 

@@ -5,6 +5,7 @@ use crate::backend::Backend;
 use crate::dashboard::DuplicateCounts;
 use crate::recent::RecentKeys;
 use crate::tables::Tables;
+use crate::wake::RelayWake;
 use justonce_core::{Error, Identity, Retention};
 use std::collections::hash_map::RandomState;
 use std::future::Future;
@@ -24,6 +25,7 @@ pub(crate) struct Shared<DB: Backend> {
     pub(crate) recent: RecentKeys,
     /// Duplicates answered and not yet added to the store's counts.
     pub(crate) duplicates: DuplicateCounts,
+    pub(crate) relays: RelayWake,
 }
 
 impl<DB: Backend> Shared<DB> {
@@ -35,6 +37,19 @@ impl<DB: Backend> Shared<DB> {
         } else {
             None
         }
+    }
+
+    /// After a commit that wrote outbox rows: wakes this process's relays at once, and
+    /// the others' by a NOTIFY shared with the commits around it.
+    pub(crate) fn wake_relays(&self) {
+        self.relays.committed(&self.pool, &self.tables.outbox);
+    }
+
+    /// After a replay: [`Shared::wake_relays`], with the NOTIFY sent before it returns.
+    pub(crate) async fn wake_relays_now(&self) {
+        (self.relays)
+            .committed_now(&self.pool, &self.tables.outbox)
+            .await;
     }
 }
 

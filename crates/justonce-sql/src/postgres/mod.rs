@@ -21,6 +21,7 @@ impl Sealed for Postgres {}
 impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";
     const ONE_WRITER: bool = false;
+    const NOTIFIES: bool = true;
 
     const SCHEMA: Schema = migrations::SCHEMA;
 
@@ -43,7 +44,17 @@ impl Backend for Postgres {
             .map_err(driver_error::<Self>)?;
         Ok(Wakeups {
             listener: Some(listener),
+            ..Wakeups::none()
         })
+    }
+
+    async fn notify_relays<'a>(pool: &'a sqlx::Pool<Self>, channel: &'a str) -> Result<(), Error> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(channel)
+            .execute(pool)
+            .await
+            .map(drop)
+            .map_err(driver_error::<Self>)
     }
 
     async fn connect(

@@ -93,8 +93,9 @@ pub(super) fn statements(tables: &Tables) -> Statements {
                 FOR UPDATE SKIP LOCKED
              )"
         ),
-        // The claim as above, the outbox row written only when the key was inserted, and
-        // the relays woken only then: the scalar subquery makes the notification run.
+        // The claim as above, and the outbox row written only when the key was inserted
+        // (a data-modifying WITH runs whether or not it is read). No NOTIFY here: it would
+        // make these commits queue for one lock; the caller wakes the relays after it.
         claim_and_forward: Some(format!(
             "WITH inserted AS (
                 INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
@@ -104,17 +105,16 @@ pub(super) fn statements(tables: &Tables) -> Statements {
              ), queued AS (
                 INSERT INTO {outbox} (scope, key, destination, payload, headers)
                 SELECT $1, $3, $6, $7, $8 FROM inserted
-                RETURNING id
-             ), notified AS (SELECT pg_notify('{outbox}', '') FROM queued)
+             )
              SELECT claim_id, fingerprint FROM inserted
-             WHERE (SELECT count(*) FROM notified) = 1
              UNION ALL
              SELECT claim_id, fingerprint FROM {keys}
              WHERE scope = $1 AND consumer = $2 AND key = $3
                AND NOT EXISTS (SELECT FROM inserted)"
         )),
-        // One notification per channel and transaction, whatever the number of rows:
-        // PostgreSQL folds identical ones.
+        // The row may be written in the user's own transaction, whose commit justonce does
+        // not see: the notification goes with it. One per channel and transaction, whatever
+        // the number of rows: PostgreSQL folds identical ones.
         enqueue: format!(
             "WITH inserted AS (
                 INSERT INTO {outbox} (scope, key, destination, payload, headers)

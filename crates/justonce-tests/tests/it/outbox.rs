@@ -3,8 +3,8 @@
 
 use super::{key, on_every_database};
 use justonce_sql::{
-    Delivered, Delivery, Destination, Inbox, Message, Offset, OffsetCommit, Outcome, RelayOptions,
-    RelayRound,
+    Consumer, Delivered, Delivery, Destination, Inbox, InboxOptions, Message, Offset, OffsetCommit,
+    Outcome, RelayOptions, RelayRound,
 };
 use justonce_tests::{RunningRelay, TestBackend, TestDb};
 use std::collections::VecDeque;
@@ -26,6 +26,7 @@ on_every_database!(
     run_forward_writes_one_row_with_the_key_and_skips_what_was_seen,
     run_forward_racing_on_one_key_writes_one_row,
     stats_count_each_destination_apart,
+    a_forwarded_row_wakes_the_relay_of_its_process,
 );
 
 /// One delivery as the destination saw it: row id, key, payload.
@@ -459,15 +460,118 @@ async fn a_committed_row_wakes_the_relay_on_postgres() {
     // Let the relay finish its first round and start waiting.
     tokio::time::sleep(Duration::from_millis(300)).await;
     enqueue(&db.inbox, "evt_1", "email").await;
+    wait_for_deliveries(&sink, 1).await;
+    running.stop().await;
+    db.cleanup().await;
+}
+
+/// A relay that polls only every ten minutes: only a wake-up brings it rows in time.
+fn sleepy_relay<DB: TestBackend>(inbox: &Inbox<DB>, sink: &Recorder) -> RunningRelay {
+    let relay = inbox
+        .outbox()
+        .relay()
+        .options(RelayOptions::default().poll_interval(Duration::from_secs(600)))
+        .destination("sink", sink.clone());
+    RunningRelay::start(relay)
+}
+
+/// Waits until `sink` has seen `count` deliveries; fails after 30 s, far past any poll but
+/// the ten-minute one of [`sleepy_relay`].
+async fn wait_for_deliveries(sink: &Recorder, count: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while sink.seen().is_empty() {
+    while sink.seen().len() < count {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the relay was not woken"
+            "the relay was not woken: {} of {count} rows delivered",
+            sink.seen().len()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Forwards `events` distinct events through `inbox` at once, each to be processed.
+async fn forward_at_once<DB: TestBackend>(inbox: &Inbox<DB>, events: usize) {
+    let runs = (0..events).map(|n| {
+        let inbox = inbox.clone();
+        tokio::spawn(async move {
+            let message = Message::new("sink", format!("evt_{n}"));
+            let key = key(&format!("shop:evt_{n}"));
+            inbox
+                .run_forward(&key, key.as_str().as_bytes(), message)
+                .await
+        })
+    });
+    for run in futures_util::future::join_all(runs).await {
+        assert_eq!(run.unwrap().unwrap(), Outcome::Processed(()));
+    }
+}
+
+/// A row forwarded by `run_forward` wakes its own process's relay as soon as it is
+/// committed, on every database: SQLite and MariaDB have no notifications at all.
+async fn a_forwarded_row_wakes_the_relay_of_its_process<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let sink = Recorder::default();
+    let running = sleepy_relay(&db.inbox, &sink);
+    // Let the relay finish its first round and start waiting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    forward_at_once(&db.inbox, 1).await;
+    wait_for_deliveries(&sink, 1).await;
     running.stop().await;
+    db.cleanup().await;
+}
+
+/// Rows forwarded by one process are delivered by a relay in another: the forwarding
+/// statement sends no NOTIFY, so only the one sent after its commits can wake that relay.
+/// A burst: the rows committed after the first notification need the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_rows_wake_a_relay_in_another_process_on_postgres() {
+    let db = TestDb::<sqlx::Postgres>::new("wake-other").await;
+    let elsewhere = TestDb::<sqlx::Postgres>::reopen(&db.url, &db.prefix).await;
+    let sink = Recorder::default();
+    let running = sleepy_relay(&elsewhere.inbox, &sink);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    forward_at_once(&db.inbox, 50).await;
+    wait_for_deliveries(&sink, 50).await;
+    running.stop().await;
+    db.cleanup().await;
+}
+
+/// A burst of forwarded rows is announced to other processes by far fewer notifications
+/// than rows: one at the first commit, then at most one per `notify_every` (here 10 s,
+/// longer than the burst takes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_forwarded_rows_sends_few_notifications_on_postgres() {
+    const EVENTS: usize = 200;
+    let db = TestDb::<sqlx::Postgres>::new("notify-burst").await;
+    let channel = format!("{}outbox", db.prefix);
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen(&channel).await.unwrap();
+    let options = InboxOptions::default()
+        .prefix(&db.prefix)
+        .notify_every(Duration::from_secs(10));
+    let inbox =
+        Inbox::<sqlx::Postgres>::connect_with(&db.url, Consumer::new("test").unwrap(), options)
+            .await
+            .unwrap();
+    forward_at_once(&inbox, EVENTS).await;
+    assert_eq!(db.rows("outbox").await, EVENTS as i64);
+    // Notifications reach a listener in commit order: this one marks the burst's end.
+    sqlx::query("SELECT pg_notify($1, 'end')")
+        .bind(&channel)
+        .execute(db.inbox.pool())
+        .await
+        .unwrap();
+    let (mut notified, mut ended) = (0, false);
+    while !ended || notified == 0 {
+        match listener.recv().await.unwrap().payload() {
+            "end" => ended = true,
+            _ => notified += 1,
+        }
+    }
+    assert!(
+        notified <= 2,
+        "{notified} notifications for {EVENTS} forwarded rows"
+    );
     db.cleanup().await;
 }
 

@@ -1,0 +1,115 @@
+//! Wakes the relays after a commit that wrote outbox rows, without a NOTIFY inside the
+//! committing transaction: PostgreSQL takes one lock for the whole database when a
+//! transaction that notified commits, so notifying receivers would commit one at a time.
+//! This process's relays are woken at once; relays in other processes by a NOTIFY sent
+//! on its own, at most one per interval ([`NOTIFY_EVERY`] by default), however many
+//! commits it covers.
+
+use crate::backend::Backend;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The shortest time between two NOTIFYs of one process by default: a burst of commits
+/// shares one. The first commit after a quiet spell is notified at once.
+pub(crate) const NOTIFY_EVERY: Duration = Duration::from_millis(5);
+
+/// Counts the NOTIFYs sent to wake relays in other processes.
+pub const RELAY_NOTIFICATIONS: &str = "justonce_relay_notifications_total";
+
+/// No NOTIFY is being sent or waited for.
+const IDLE: u8 = 0;
+/// The notifier runs, and every commit so far is covered by its next NOTIFY.
+const SENDING: u8 = 1;
+/// The notifier runs, and a commit came after its last NOTIFY began: it sends one more.
+const AGAIN: u8 = 2;
+
+/// What this process's commits of outbox rows tell the relays.
+pub(crate) struct RelayWake {
+    /// Bumped after each such commit; each relay of this process watches it.
+    commits: watch::Sender<u64>,
+    notifier: Arc<AtomicU8>,
+    /// The shortest time between two NOTIFYs.
+    every: Duration,
+}
+
+impl RelayWake {
+    pub(crate) fn new(every: Duration) -> Self {
+        Self {
+            commits: watch::Sender::new(0),
+            notifier: Arc::new(AtomicU8::new(IDLE)),
+            every,
+        }
+    }
+
+    /// What a relay of this process waits on.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.commits.subscribe()
+    }
+
+    /// After a commit that wrote outbox rows: wakes this process's relays, and has a
+    /// NOTIFY on `channel` sent soon, outside any transaction.
+    pub(crate) fn committed<DB: Backend>(&self, pool: &sqlx::Pool<DB>, channel: &str) {
+        self.commits
+            .send_modify(|count| *count = count.wrapping_add(1));
+        if !DB::NOTIFIES {
+            return;
+        }
+        let before = self
+            .notifier
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                Some(if state == IDLE { SENDING } else { AGAIN })
+            })
+            .unwrap_or(AGAIN);
+        if before == IDLE {
+            let notifier = Arc::clone(&self.notifier);
+            tokio::spawn(notify_until_quiet(
+                pool.clone(),
+                channel.to_owned(),
+                notifier,
+                self.every,
+            ));
+        }
+    }
+
+    /// [`RelayWake::committed`] for a rare change (a replay): its NOTIFY is sent before
+    /// this returns, so that a process that exits next (the command line) still sends it.
+    pub(crate) async fn committed_now<DB: Backend>(&self, pool: &sqlx::Pool<DB>, channel: &str) {
+        self.commits
+            .send_modify(|count| *count = count.wrapping_add(1));
+        if DB::NOTIFIES {
+            notify::<DB>(pool, channel).await;
+        }
+    }
+}
+
+/// Sends a NOTIFY, then one more after each pause in which a commit came, until a pause
+/// passes without one.
+async fn notify_until_quiet<DB: Backend>(
+    pool: sqlx::Pool<DB>,
+    channel: String,
+    notifier: Arc<AtomicU8>,
+    every: Duration,
+) {
+    loop {
+        // A commit from here on may be missed by this NOTIFY: it asks for the next.
+        notifier.store(SENDING, Ordering::Release);
+        notify::<DB>(&pool, &channel).await;
+        tokio::time::sleep(every).await;
+        if notifier
+            .compare_exchange(SENDING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// One NOTIFY. A failure is only logged: the relays' poll finds the rows all the same.
+async fn notify<DB: Backend>(pool: &sqlx::Pool<DB>, channel: &str) {
+    match DB::notify_relays(pool, channel).await {
+        Ok(()) => metrics::counter!(RELAY_NOTIFICATIONS).increment(1),
+        Err(error) => tracing::debug!(%error, "waking other relays failed: they poll"),
+    }
+}
