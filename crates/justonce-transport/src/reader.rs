@@ -11,8 +11,7 @@
 //! same key twice at two positions.
 
 use crate::consumer::{
-    BatchWork, EachMessage, Receive, Received, RunWork, Settle, WholeBatch, Work, gathering,
-    judge,
+    BatchWork, EachMessage, Receive, Received, RunWork, Settle, WholeBatch, Work, gathering, judge,
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};

@@ -46,8 +46,8 @@ use justonce_transport::redis_streams::{
 use justonce_transport::{
     Broker, Consumer, ConsumerStats, Incoming, KeyFrom, OrderedBroker, Ran, Reader,
 };
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The partitions of the Kafka topic: a batch holds entries of several, each partition's
@@ -120,9 +120,27 @@ impl metrics::CounterFn for SettledCounter {
 struct SettledRecorder;
 
 impl metrics::Recorder for SettledRecorder {
-    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
 
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
         if key.name() == "justonce_deliveries_consumed_total" {
@@ -136,7 +154,11 @@ impl metrics::Recorder for SettledRecorder {
         metrics::Gauge::noop()
     }
 
-    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
         metrics::Histogram::noop()
     }
 }

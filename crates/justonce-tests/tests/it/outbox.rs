@@ -414,7 +414,10 @@ async fn offsets_never_move_backwards<DB: TestBackend>(test: &str) {
         !span(10, 20).await,
         "a span whose first entry is the stored offset moved it"
     );
-    assert!(!span(5, 30).await, "a span that overlaps the stored one moved it");
+    assert!(
+        !span(5, 30).await,
+        "a span that overlaps the stored one moved it"
+    );
     assert!(span(11, 20).await);
     assert_eq!(
         inbox.load_offsets("orders").await.unwrap()[3],
