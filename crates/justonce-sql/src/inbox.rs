@@ -888,11 +888,27 @@ impl<DB: Backend> Inbox<DB> {
         partition: i32,
         offset: Offset,
     ) -> Result<OffsetCommit, Error> {
+        (self.commit_offset_span(tx, stream, partition, offset, offset)).await
+    }
+
+    /// [`Inbox::commit_offset`] for a batch of entries of one partition, from `first` to
+    /// `last`, in one statement: stores `last` if the stored offset is below `first`, and
+    /// says [`OffsetCommit::AlreadyProcessed`] otherwise, since an entry of the batch was
+    /// then processed or given up before.
+    pub async fn commit_offset_span(
+        &self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+        stream: &str,
+        partition: i32,
+        first: Offset,
+        last: Offset,
+    ) -> Result<OffsetCommit, Error> {
         let at = OffsetRow {
             consumer: self.consumer.as_str(),
             stream,
             partition,
-            offset,
+            offset: last,
+            above: first,
         };
         Ok(if self.shared.sql.commit_offset(tx, at).await? {
             OffsetCommit::Moved

@@ -433,15 +433,15 @@ impl Statements {
             dead_letters: text(format!(
                 "SELECT {columns} FROM {outbox} WHERE dead ORDER BY id LIMIT $1"
             )),
-            // The WHERE makes an older offset a no-op in SQL, whatever order commits come in.
+            // The WHERE makes an offset at or past the guard ($6, $7) a no-op in SQL,
+            // whatever order commits come in.
             commit_offset: text(format!(
                 "INSERT INTO {offsets} (consumer, stream, partition_id, position, sequence, updated_at)
                  VALUES ($1, $2, $3, $4, $5, {now})
                  ON CONFLICT (consumer, stream, partition_id) DO UPDATE
                  SET position = excluded.position, sequence = excluded.sequence,
                      updated_at = excluded.updated_at
-                 WHERE ({offsets}.position, {offsets}.sequence)
-                     < (excluded.position, excluded.sequence)"
+                 WHERE ({offsets}.position, {offsets}.sequence) < ($6, $7)"
             )),
             // Takes a free key, or an expired lease on it with the same payload, with a
             // larger token than the last holder's. A key in any other state returns no
@@ -573,6 +573,8 @@ where
             .bind(at.partition)
             .bind(at.offset.position)
             .bind(at.offset.sequence)
+            .bind(at.above.position)
+            .bind(at.above.sequence)
             .execute(conn)
             .await
             .map_err(driver_error::<DB>)?;

@@ -449,12 +449,13 @@ pub struct StoredOffset {
     pub offset: Offset,
 }
 
-/// A stream position to store.
+/// A stream position to store, if the stored one is below `above`.
 pub struct OffsetRow<'a> {
     pub(crate) consumer: &'a str,
     pub(crate) stream: &'a str,
     pub(crate) partition: i32,
     pub(crate) offset: Offset,
+    pub(crate) above: Offset,
 }
 
 /// Wakes a waiting relay when an outbox row may have been committed.

@@ -1,8 +1,8 @@
 //! A benchmark's consumer, written once over every broker: with the tests' work, or only
 //! acknowledging, which is the broker's own limit.
 
-use crate::{TestBackend, batch_work, consumer_work};
-use justonce_transport::{Broker, Consumer, ConsumerStats, Error, Receive};
+use crate::{TestBackend, consumer_work};
+use justonce_transport::{Broker, Consumer, ConsumerStats, Receive};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Takes `count` deliveries from `consumer`, each time the ones that have arrived up to
@@ -12,46 +12,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub async fn consume<B: Broker, DB: TestBackend>(
     consumer: &Consumer<B, DB>,
     prefix: &str,
-    taking: (usize, usize),
+    (count, batch): (usize, usize),
     settled: &AtomicU64,
 ) -> ConsumerStats {
     let work = consumer_work::<DB>(prefix);
-    let settle = async |batch: &[B::Delivery], stats: &mut ConsumerStats| {
-        consumer.settle_batch(batch, &work, stats).await
-    };
-    take_batches(consumer, taking, settled, settle).await
-}
-
-/// As [`consume`], with the tests' batch work run once per batch, its effects written with
-/// one statement ([`Consumer::settle_batch_at_once`]).
-pub async fn consume_batches<B: Broker, DB: TestBackend>(
-    consumer: &Consumer<B, DB>,
-    prefix: &str,
-    taking: (usize, usize),
-    settled: &AtomicU64,
-) -> ConsumerStats {
-    let work = batch_work::<DB>(prefix, None);
-    let settle = async |batch: &[B::Delivery], stats: &mut ConsumerStats| {
-        consumer.settle_batch_at_once(batch, &work, stats).await
-    };
-    take_batches(consumer, taking, settled, settle).await
-}
-
-/// Takes `count` deliveries from `consumer` in batches of up to `batch` and settles each
-/// batch with `settle`, storing in `settled` how many are settled after each.
-async fn take_batches<B: Broker, DB: TestBackend>(
-    consumer: &Consumer<B, DB>,
-    (count, batch): (usize, usize),
-    settled: &AtomicU64,
-    mut settle: impl AsyncFnMut(&[B::Delivery], &mut ConsumerStats) -> Result<bool, Error>,
-) -> ConsumerStats {
     let mut stats = ConsumerStats::default();
     let mut deliveries = consumer.deliveries().await.expect("consuming");
     while ((stats.processed + stats.duplicates) as usize) < count {
         let first = deliveries.next().await.expect("a delivery");
         let first = first.expect("not cancelled");
         let batch = deliveries.more(first, batch).await.expect("a batch");
-        settle(&batch, &mut stats).await.expect("settled");
+        (consumer.settle_batch(&batch, &work, &mut stats))
+            .await
+            .expect("settled");
         settled.store(stats.processed + stats.duplicates, Ordering::Relaxed);
     }
     deliveries.stop().await.expect("stopped");

@@ -15,7 +15,7 @@ mod sink;
 pub mod tls;
 
 pub use amqp::{amqp_url, publish_keys, publish_many, try_publish_keys};
-pub use consume::{acknowledge, consume, consume_batches};
+pub use consume::{acknowledge, consume};
 pub use mqtt::{publish_while, publish_while_consuming};
 pub use own_broker::{OwnBroker, process_status};
 pub use redis::{BreakableRedis, TestRedis, redis_url};
@@ -240,6 +240,8 @@ pub struct StreamArgs {
     pub duplicates: usize,
     /// Messages per batch.
     pub batch: usize,
+    /// How many messages the broker sends ahead, if not the benchmark's own choice.
+    pub prefetch: Option<usize>,
     /// One JSON object per result instead of a table.
     pub json: bool,
 }
@@ -254,6 +256,7 @@ impl StreamArgs {
             messages,
             duplicates: 20,
             batch,
+            prefetch: None,
             json: false,
         };
         let mut raw = std::env::args().skip(1);
@@ -268,6 +271,7 @@ impl StreamArgs {
                     args.duplicates = raw.next()?.parse().ok().filter(|p| *p < 100)?
                 }
                 "--batch" => args.batch = raw.next()?.parse().ok().filter(|n| *n > 0)?,
+                "--prefetch" => args.prefetch = Some(raw.next()?.parse().ok().filter(|n| *n > 0)?),
                 "--broker" => args.broker = raw.next().filter(|b| brokers.contains(&b.as_str()))?,
                 _ => return None,
             }

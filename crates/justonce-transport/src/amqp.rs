@@ -102,7 +102,8 @@ impl AmqpOptions {
         /// `message_id` property.
     );
 
-    /// How many unacknowledged deliveries the broker sends ahead (at least 1).
+    /// How many unacknowledged deliveries the broker sends ahead (at least 1). With
+    /// batches, twice the batch size: the next batch is gathered while one commits.
     pub fn prefetch(mut self, prefetch: u16) -> Self {
         self.prefetch = prefetch.max(1);
         self

@@ -8,6 +8,7 @@ use justonce_core::TraceContext;
 use justonce_core::trace::{TRACEPARENT, TRACESTATE};
 use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -432,8 +433,11 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// claimed with one statement and worked in one transaction, then acknowledged after
     /// its commit; a `batch_size` of 1 is [`Consumer::run`]. If any work in a batch fails,
     /// the batch rolls back and its deliveries are run one by one, so that one failing
-    /// message neither loses nor doubles the others. Let the broker send at least
-    /// `batch_size` ahead (its prefetch).
+    /// message neither loses nor doubles the others.
+    ///
+    /// The next batch is gathered while one commits and is acknowledged; batches are
+    /// settled in order. Let the broker send twice `batch_size` ahead (its prefetch), so
+    /// that the next batch has arrived when one is done.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -533,7 +537,8 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     }
 
     /// Takes, runs and settles batches until `shutdown` resolves or the broker ends the
-    /// consumer, counting each in `stats`; an error once receiving or settling fails.
+    /// consumer, counting each in `stats`; an error once receiving or settling fails. The
+    /// next batch is gathered while one settles (see [`gathering`]).
     async fn consume<E>(
         &self,
         deliveries: &mut Deliveries<'_, B>,
@@ -545,20 +550,21 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        loop {
-            let next = tokio::select! {
-                _ = &mut *shutdown => return Ok(()),
-                next = deliveries.next() => next,
-            };
-            let Some(first) = next? else { return Ok(()) };
-            let batch = deliveries.more(first, batch_size).await?;
-            if self.settle_with(&batch, work, stats).await? {
-                tokio::select! {
-                    _ = &mut *shutdown => return Ok(()),
-                    () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+        let receiver = &mut deliveries.receiver;
+        let (gather, mut batches) = gathering(receiver, shutdown, batch_size, AHEAD);
+        let settle = async move {
+            while let Some((batch, _settling)) = batches.next().await {
+                if self.settle_with(&batch, work, stats).await? {
+                    tokio::select! {
+                        () = batches.stopped() => break,
+                        () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+                    }
                 }
             }
-        }
+            Ok(())
+        };
+        let (gathered, settled) = tokio::join!(gather, settle);
+        settled.and(gathered)
     }
 
     /// Closes the broker connection; deliveries not acknowledged go back to the broker.
@@ -780,6 +786,92 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             || delivery.log_id(),
         )
     }
+}
+
+/// How many batches a consumer takes before the first of them is settled: the one
+/// settling, and the next, gathered meanwhile.
+const AHEAD: usize = 2;
+
+/// A batch, and its share of the batches that may be taken and not settled: dropped once
+/// the batch is settled.
+pub(crate) type Taken<D> = (Vec<D>, tokio::sync::OwnedSemaphorePermit);
+
+/// The batches [`gathering`] takes, in order, for the side that settles them.
+pub(crate) struct Batches<D> {
+    taken: tokio::sync::mpsc::Receiver<Taken<D>>,
+    stopping: watch::Receiver<bool>,
+}
+
+impl<D> Batches<D> {
+    /// The next batch; `None` once the gathering ended, and at once after a shutdown or a
+    /// receiving error, which leave the batch gathered unsettled.
+    pub(crate) async fn next(&mut self) -> Option<Taken<D>> {
+        let taken = self.taken.recv().await?;
+        (!*self.stopping.borrow()).then_some(taken)
+    }
+
+    /// Resolves once a shutdown came or receiving failed; never when the broker ended the
+    /// deliveries.
+    pub(crate) fn stopped(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let mut stopping = self.stopping.clone();
+        Box::pin(async move {
+            if stopping.wait_for(|stopped| *stopped).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+}
+
+/// Takes batches of up to `batch_size` from `receiver` into [`Batches`] until `shutdown`
+/// resolves, the receiver ends, receiving fails or the [`Batches`] are dropped. It takes
+/// a batch only while fewer than `ahead` are taken and not settled: with 2, the next batch
+/// is gathered while one settles, so that the broker's round trips overlap the
+/// database's, and batches are still settled one after the other, in order. The future
+/// is the gathering, to run beside the settling (with `join!`); its error is receiving's.
+pub(crate) fn gathering<'r, R: Receive + 'r>(
+    receiver: &'r mut R,
+    shutdown: &'r mut (impl Future + Unpin),
+    batch_size: usize,
+    ahead: usize,
+) -> (
+    impl Future<Output = Result<(), Error>> + 'r,
+    Batches<R::Delivery>,
+) {
+    let (sent, taken) = tokio::sync::mpsc::channel(ahead);
+    let (stop, stopping) = watch::channel(false);
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(ahead));
+    let gather = async move {
+        let ended = async {
+            loop {
+                let permit = tokio::select! {
+                    _ = &mut *shutdown => return Ok(false),
+                    () = sent.closed() => return Ok(false),
+                    permit = permits.clone().acquire_owned() => permit,
+                };
+                // The semaphore is never closed.
+                let Ok(permit) = permit else { return Ok(false) };
+                let next = tokio::select! {
+                    _ = &mut *shutdown => return Ok(false),
+                    () = sent.closed() => return Ok(false),
+                    next = receiver.next() => next,
+                };
+                let Some(first) = next? else { return Ok(true) };
+                let batch = receiver.more(first, batch_size).await?;
+                // Kafka gives none when the partitions changed while it gathered.
+                if !batch.is_empty() {
+                    // Never waits: the channel holds as many as there are permits.
+                    let _ = sent.send((batch, permit)).await;
+                }
+            }
+        };
+        let ended: Result<bool, Error> = ended.await;
+        // Anything but the receiver's end leaves the batch gathered unsettled.
+        if !matches!(ended, Ok(true)) {
+            stop.send_replace(true);
+        }
+        ended.map(drop)
+    };
+    (gather, Batches { taken, stopping })
 }
 
 /// How a delivery is settled after `ran` on `attempt`, counted in `stats` and logged, the

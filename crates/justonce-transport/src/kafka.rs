@@ -646,6 +646,9 @@ impl OrderedBroker for Kafka {
     type Entry = OwnedMessage;
     type Entries<'b> = Records<'b>;
     const NAME: &'static str = "kafka";
+    /// A rebalance comes in a poll: nothing is read while a batch runs, so that no
+    /// partition is given back with its entries running.
+    const READS_AHEAD: bool = false;
 
     fn policy(&self) -> &Policy {
         &self.options.policy

@@ -110,7 +110,8 @@ impl NatsOptions {
     /// when it is sent, and the consumer reports progress only on the messages it is working
     /// on, so the work of one and a half times this many messages must fit in the ack wait:
     /// a message that waits longer is delivered again, and its second delivery is a
-    /// duplicate that costs time. With `run_batched`, at least the batch size.
+    /// duplicate that costs time. With batches, twice the batch size: the next batch is
+    /// gathered while one commits.
     pub fn prefetch(mut self, prefetch: usize) -> Self {
         self.prefetch = prefetch.max(1);
         self

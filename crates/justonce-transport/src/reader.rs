@@ -11,7 +11,7 @@
 //! same key twice at two positions.
 
 use crate::consumer::{
-    BatchWork, EachMessage, Receive, Received, RunWork, Settle, WholeBatch, Work, judge,
+    BatchWork, EachMessage, Receive, Received, RunWork, Settle, WholeBatch, Work, gathering, judge,
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
@@ -95,6 +95,11 @@ pub trait OrderedBroker: Send + Sync {
 
     /// The broker's name in metrics: `nats`, `redis`.
     const NAME: &'static str;
+
+    /// Whether the next batch may be read while one runs. Not where reading may take
+    /// partitions back (Kafka's rebalance comes in a poll): a partition must not be given
+    /// back while its entries run.
+    const READS_AHEAD: bool = true;
 
     /// The reader's settings.
     fn policy(&self) -> &Policy;
@@ -309,7 +314,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     }
 
     /// Reads and processes entries, up to `batch_size` at a time, until `shutdown` resolves
-    /// or the broker ends the stream; an error once reading or dead-lettering fails.
+    /// or the broker ends the stream; an error once reading or dead-lettering fails. Where
+    /// the broker allows it ([`OrderedBroker::READS_AHEAD`]), the next batch is read while
+    /// one runs (see [`gathering`]).
     async fn read_on<E>(
         &self,
         entries: &mut ReaderDeliveries<'_, O>,
@@ -322,32 +329,39 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        loop {
-            let next = tokio::select! {
-                _ = &mut *shutdown => return Ok(()),
-                () = tokio::time::sleep(IDLE), if unstored.is_some() => {
-                    unstored.store(&self.inbox).await;
-                    continue;
-                }
-                next = entries.next() => next,
-            };
-            let Some(first) = next? else { return Ok(()) };
-            let batch = entries.more(first, batch_size).await?;
-            let mut rest = batch.as_slice();
+        let ahead = if O::READS_AHEAD { 2 } else { 1 };
+        let (gather, mut batches) = gathering(&mut entries.entries, shutdown, batch_size, ahead);
+        let process = async move {
             loop {
-                let (done, ended) =
-                    (self.run_entries(rest, work, stats, unstored, shutdown)).await?;
-                rest = &rest[done..];
-                match ended {
-                    Processed::Done => break,
-                    Processed::Stopped => return Ok(()),
-                    Processed::StoreFailed => tokio::select! {
-                        _ = &mut *shutdown => return Ok(()),
-                        () = tokio::time::sleep(self.broker.policy().store_pause) => {}
-                    },
+                let taken = tokio::select! {
+                    taken = batches.next() => taken,
+                    () = tokio::time::sleep(IDLE), if unstored.is_some() => {
+                        unstored.store(&self.inbox).await;
+                        continue;
+                    }
+                };
+                let Some((batch, _running)) = taken else {
+                    return Ok(());
+                };
+                let mut stopped = batches.stopped();
+                let mut rest = batch.as_slice();
+                loop {
+                    let (done, ended) =
+                        (self.run_entries(rest, work, stats, unstored, &mut stopped)).await?;
+                    rest = &rest[done..];
+                    match ended {
+                        Processed::Done => break,
+                        Processed::Stopped => return Ok(()),
+                        Processed::StoreFailed => tokio::select! {
+                            () = &mut stopped => return Ok(()),
+                            () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+                        },
+                    }
                 }
             }
-        }
+        };
+        let (gathered, processed) = tokio::join!(gather, process);
+        processed.and(gathered)
     }
 
     /// Runs `batch`, entries the caller took in order (with [`ReaderDeliveries::more`]), as
@@ -693,27 +707,20 @@ impl<'a> Spans<'a> {
         Self(spans)
     }
 
-    /// Stores each partition's last offset in `tx`. The first is stored before it: the
-    /// stored offset must be below it, or a reader before this one moved past an entry of
-    /// the batch (gave it up) after this one loaded the offsets, as [`Inbox::commit_offset`]
-    /// says of a single entry.
+    /// Stores each partition's last offset in `tx`, if the stored offset is below the
+    /// first: otherwise a reader before this one moved past an entry of the batch (gave it
+    /// up) after this one loaded the offsets, as [`Inbox::commit_offset`] says of a single
+    /// entry. One statement per partition.
     async fn commit<DB: Backend, E>(
         &self,
         inbox: &Inbox<DB>,
         tx: &mut sqlx::Transaction<'_, DB>,
     ) -> Result<(), InOrderError<E>> {
         for (&(stream, partition), &(first, last)) in &self.0 {
-            let offsets = if first == last {
-                &[first][..]
-            } else {
-                &[first, last][..]
-            };
-            for &offset in offsets {
-                let moved = inbox.commit_offset(tx, stream, partition, offset).await;
-                match moved.map_err(InOrderError::Offset)? {
-                    OffsetCommit::Moved => {}
-                    OffsetCommit::AlreadyProcessed => return Err(InOrderError::AlreadyProcessed),
-                }
+            let moved = (inbox.commit_offset_span(tx, stream, partition, first, last)).await;
+            match moved.map_err(InOrderError::Offset)? {
+                OffsetCommit::Moved => {}
+                OffsetCommit::AlreadyProcessed => return Err(InOrderError::AlreadyProcessed),
             }
         }
         Ok(())

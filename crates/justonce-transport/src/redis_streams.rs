@@ -258,8 +258,11 @@ impl Broker for RedisStreams {
         &self.options.policy
     }
 
+    /// On a connection of its own: a read blocks the connection for up to a second, and
+    /// the consumer acknowledges a batch while it reads the next.
     async fn receive(&self) -> Result<Entries<'_>, Error> {
-        Ok(self.entries(Cursor::Group { last_claim: None }))
+        let reading = connect(&self.url, self.options.tls.as_ref()).await?;
+        Ok(self.entries(reading, Cursor::Group { last_claim: None }))
     }
 
     /// A new connection, and the group made again if the server lost it.
@@ -326,11 +329,11 @@ impl RedisStreams {
         crate::lock(&self.redis).clone()
     }
 
-    /// The entries from `cursor` on.
-    fn entries(&self, cursor: Cursor) -> Entries<'_> {
+    /// The entries from `cursor` on, read through `redis`.
+    fn entries(&self, redis: MultiplexedConnection, cursor: Cursor) -> Entries<'_> {
         Entries {
             streams: self,
-            redis: self.redis(),
+            redis,
             cursor,
             read: VecDeque::new(),
         }
@@ -491,10 +494,8 @@ impl OrderedBroker for RedisStreams {
 
     async fn read(&self, stored: StoredOffsets) -> Result<Entries<'_>, Error> {
         let after = (stored.offset(&self.options.stream, PARTITION).await?).unwrap_or_default();
-        Ok(self.entries(Cursor::After(format!(
-            "{}-{}",
-            after.position, after.sequence
-        ))))
+        let cursor = Cursor::After(format!("{}-{}", after.position, after.sequence));
+        Ok(self.entries(self.redis(), cursor))
     }
 
     /// A new connection; the next read starts after the stored offset.

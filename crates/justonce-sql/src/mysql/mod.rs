@@ -355,8 +355,8 @@ impl Queries<MySql> for MySqlStatements {
             .bind(at.consumer)
             .bind(at.stream)
             .bind(at.partition)
-            .bind(position)
-            .bind(sequence)
+            .bind(at.above.position)
+            .bind(at.above.sequence)
             .execute(&mut *conn)
             .await
             .map_err(driver_error::<MySql>)?;

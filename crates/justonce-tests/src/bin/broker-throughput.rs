@@ -2,7 +2,7 @@
 //! batches, with a share of them repeated, beside the broker's own limit and the database's.
 //!
 //! `broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt|kafka]
-//! [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] [--batch N] [--json]`
+//! [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] [--batch N] [--prefetch N] [--json]`
 //!
 //! The program publishes the messages to a fresh durable queue, file-stored stream, Redis
 //! stream or Kafka topic (of three partitions) and waits for the broker's confirms, then
@@ -22,14 +22,20 @@
 //! and only acknowledges them (a reader: only reads them), with no database work (the
 //! broker's own limit); one by one; and, with `--batch` above 1, batched twice: with the
 //! work run once per message (an INSERT each), then with a batch work run once per batch,
-//! which writes the batch's effects with one multi-row INSERT. Then `claim_many` on the same
-//! database at the same batch size (the database's own limit, as `justonce bench` measures
-//! it). It prints each figure, and the batch work's against both limits.
+//! which writes the batch's effects with one multi-row INSERT. The batch work runs through
+//! `Consumer::run_batches` (`Reader::run_batches`) itself, which gathers the next batch
+//! while one commits, until the consumer's own metric counts every message settled; on a
+//! reader its clock starts at the first batch's work. Then `claim_many` on the same database at the same batch size
+//! (the database's own limit, as `justonce bench` measures it). It prints each figure, and
+//! the batch work's against both limits.
+//!
+//! The prefetch is twice the batch on RabbitMQ and NATS (at least 64), so that the next
+//! batch is at hand while one commits.
 
-use justonce_sql::{Backend, Outcome};
+use justonce_sql::{Backend, Outcome, WorkFuture, sqlx};
 use justonce_tests::{
-    StreamArgs, TestBackend, TestDb, acknowledge, amqp_url, batch_work, consume, consume_batches,
-    consumer_work, publish_many,
+    StreamArgs, TestBackend, TestDb, acknowledge, amqp_url, batch_work, consume, consumer_work,
+    publish_many,
 };
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
 use justonce_transport::kafka::{KafkaOptions, KafkaReader};
@@ -37,8 +43,11 @@ use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
-use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, OrderedBroker, Ran, Reader};
-use std::sync::atomic::AtomicU64;
+use justonce_transport::{
+    Broker, Consumer, ConsumerStats, Incoming, KeyFrom, OrderedBroker, Ran, Reader,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The partitions of the Kafka topic: a batch holds entries of several, each partition's
@@ -86,8 +95,88 @@ impl Figures {
     }
 }
 
+/// The deliveries consumers have settled, as `justonce_deliveries_consumed_total` counts
+/// them, all consumers together: the program runs one at a time.
+static SETTLED: AtomicU64 = AtomicU64::new(0);
+/// Woken at each count of [`SETTLED`].
+static SETTLING: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// The count behind [`SETTLED`].
+struct SettledCounter;
+
+impl metrics::CounterFn for SettledCounter {
+    fn increment(&self, value: u64) {
+        SETTLED.fetch_add(value, Ordering::Relaxed);
+        SETTLING.notify_waiters();
+    }
+
+    fn absolute(&self, value: u64) {
+        SETTLED.fetch_max(value, Ordering::Relaxed);
+        SETTLING.notify_waiters();
+    }
+}
+
+/// A recorder that keeps only the settled deliveries, in [`SETTLED`].
+struct SettledRecorder;
+
+impl metrics::Recorder for SettledRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        if key.name() == "justonce_deliveries_consumed_total" {
+            metrics::Counter::from_arc(Arc::new(SettledCounter))
+        } else {
+            metrics::Counter::noop()
+        }
+    }
+
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// Resolves once [`SETTLED`] reaches `count`.
+async fn settled_reaches(count: u64) {
+    loop {
+        let counted = SETTLING.notified();
+        if SETTLED.load(Ordering::Relaxed) >= count {
+            return;
+        }
+        counted.await;
+    }
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    metrics::set_global_recorder(SettledRecorder).expect("the program's only recorder");
     let brokers = [
         "amqp",
         "nats",
@@ -101,7 +190,7 @@ async fn main() -> std::process::ExitCode {
         eprintln!(
             "usage: broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt|kafka] \
              [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] \
-             [--batch N] [--json]"
+             [--batch N] [--prefetch N] [--json]"
         );
         return std::process::ExitCode::from(2);
     };
@@ -191,16 +280,19 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
     );
 }
 
-/// How many deliveries the broker sends ahead of the acknowledgements, as this program
-/// sets it: at least the batch, so that a batch can fill (on Redis, the entries one read
-/// takes; on MQTT, Mosquitto's `max_inflight_messages`, 20 by default).
+/// How many deliveries the broker sends ahead of the acknowledgements: `--prefetch` on
+/// RabbitMQ and NATS, or as this program sets it: at least the batch, so that a batch can
+/// fill (on Redis, the entries one read takes; on MQTT, Mosquitto's
+/// `max_inflight_messages`, 20 by default).
 fn prefetch(args: &StreamArgs) -> usize {
-    match args.broker.as_str() {
-        "mqtt" => 20,
+    match (args.broker.as_str(), args.prefetch) {
+        ("mqtt", _) => 20,
         // librdkafka fetches ahead by bytes, not records: this is only reported.
-        "kafka" => args.batch,
-        "redis" | "redis-reader" => args.batch.max(16),
-        _ => args.batch.max(64),
+        ("kafka", _) => args.batch,
+        ("redis" | "redis-reader", _) => args.batch.max(16),
+        (_, Some(prefetch)) => prefetch,
+        // Twice the batch: the next batch is gathered while one commits.
+        (_, None) => (2 * args.batch).max(64),
     }
 }
 
@@ -231,7 +323,13 @@ async fn take<B: Broker, DB: TestBackend + Backend>(
             ConsumerStats::default()
         }
         Path::OneByOne | Path::Batched => consume(consumer, &db.prefix, taking, settled).await,
-        Path::BatchWork => consume_batches(consumer, &db.prefix, taking, settled).await,
+        Path::BatchWork => {
+            let all = SETTLED.load(Ordering::Relaxed) + args.messages as u64;
+            let work = batch_work::<DB>(&db.prefix, None);
+            (consumer.run_batches(settled_reaches(all), args.batch, work))
+                .await
+                .expect("the batches run")
+        }
     }
 }
 
@@ -394,8 +492,8 @@ async fn measure_redis<DB: TestBackend + Backend>(
 }
 
 /// Reads `args.messages` entries through `reader` by `path`: only reading them, in batches
-/// of `--batch`, on the baseline; one by one; or in batches run with [`Reader::run_batch`]
-/// or, with a batch work, [`Reader::run_batch_at_once`].
+/// of `--batch`, on the baseline; one by one; in batches run with [`Reader::run_batch`];
+/// or, with a batch work, through [`read_batches`].
 /// Returns the entries per second from the first entry read, and what the reader counted
 /// (nothing on the baseline).
 async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
@@ -403,8 +501,10 @@ async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
     db: &TestDb<DB>,
     (args, path): (&StreamArgs, Path),
 ) -> (f64, ConsumerStats) {
+    if path == Path::BatchWork {
+        return read_batches(reader, db, args).await;
+    }
     let work = consumer_work::<DB>(&db.prefix);
-    let whole_batches = batch_work::<DB>(&db.prefix, None);
     let mut stats = ConsumerStats::default();
     let mut entries = reader.deliveries().await.expect("reading");
     let mut started = None;
@@ -424,13 +524,7 @@ async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
                 }
             }
             Path::Batched | Path::BatchWork => {
-                let done = if path == Path::Batched {
-                    reader.run_batch(&batch, &work, &mut stats).await
-                } else {
-                    reader
-                        .run_batch_at_once(&batch, &whole_batches, &mut stats)
-                        .await
-                };
+                let done = reader.run_batch(&batch, &work, &mut stats).await;
                 assert_eq!(
                     done.expect("a batch run"),
                     batch.len(),
@@ -443,6 +537,46 @@ async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
     let elapsed = started.map_or(Duration::ZERO, |started| started.elapsed());
     entries.stop().await.expect("stopped");
     (args.messages as f64 / elapsed.as_secs_f64(), stats)
+}
+
+/// Runs [`Reader::run_batches`] with the batch work until the reader's own metric counts
+/// `args.messages` entries settled. Returns the entries per second from the first batch's
+/// work, so that Kafka's group join is not counted, and what the reader counted.
+async fn read_batches<O: OrderedBroker, DB: TestBackend + Backend>(
+    reader: &Reader<O, DB>,
+    db: &TestDb<DB>,
+    args: &StreamArgs,
+) -> (f64, ConsumerStats) {
+    let all = SETTLED.load(Ordering::Relaxed) + args.messages as u64;
+    let whole_batches = batch_work::<DB>(&db.prefix, None);
+    let started = OnceLock::new();
+    let timed = timed::<DB>(whole_batches, &started);
+    let stats = (reader.run_batches(settled_reaches(all), args.batch, timed))
+        .await
+        .expect("the batches run");
+    let elapsed = started.get().map_or(Duration::ZERO, Instant::elapsed);
+    (args.messages as f64 / elapsed.as_secs_f64(), stats)
+}
+
+/// `work`, noting in `started` when it first runs.
+fn timed<'w, DB: TestBackend>(
+    work: impl for<'e, 't> Fn(
+        &'t mut sqlx::Transaction<'e, DB>,
+        &'t [&'t Incoming],
+    ) -> WorkFuture<'t, (), sqlx::Error>
+    + Sync
+    + 'w,
+    started: &'w OnceLock<Instant>,
+) -> impl for<'e, 't> Fn(
+    &'t mut sqlx::Transaction<'e, DB>,
+    &'t [&'t Incoming],
+) -> WorkFuture<'t, (), sqlx::Error>
++ Sync
++ 'w {
+    move |tx, batch| {
+        started.get_or_init(Instant::now);
+        work(tx, batch)
+    }
 }
 
 /// Counts what a single reader's run of one entry came to; the bench's work never fails.
@@ -530,11 +664,13 @@ async fn measure_mqtt<DB: TestBackend + Backend>(
         MqttConsumer::connect(&url, db.inbox.clone(), justonce_tests::mqtt_options(&topic))
             .await
             .expect("MQTT");
-    let settled = AtomicU64::new(0);
+    // The publisher stays at most 500 ahead of what is settled, which the batch work's run
+    // counts in SETTLED, and the other paths store there.
+    SETTLED.store(0, Ordering::Relaxed);
     let started = Instant::now();
-    let taking = take(&consumer, &db, (args, path), &settled);
+    let taking = take(&consumer, &db, (args, path), &SETTLED);
     let stats =
-        justonce_tests::publish_while(&topic, (args.messages, args.distinct()), &settled, taking)
+        justonce_tests::publish_while(&topic, (args.messages, args.distinct()), &SETTLED, taking)
             .await;
     let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
     check(&db, args, path).await;

@@ -399,6 +399,32 @@ async fn offsets_never_move_backwards<DB: TestBackend>(test: &str) {
     let stored = inbox.load_offsets("orders").await.unwrap();
     assert_eq!(stored[2], (2, Offset::from(15)));
 
+    // A batch's span moves the offset to its last entry only if none of its entries was
+    // stored before: its first must be past the stored offset.
+    let span = |first: i64, last: i64| async move {
+        let mut tx = inbox.begin().await.unwrap();
+        let moved = inbox
+            .commit_offset_span(&mut tx, "orders", 3, first.into(), last.into())
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        moved == OffsetCommit::Moved
+    };
+    assert!(span(1, 10).await, "a first span on a partition");
+    assert!(
+        !span(10, 20).await,
+        "a span whose first entry is the stored offset moved it"
+    );
+    assert!(
+        !span(5, 30).await,
+        "a span that overlaps the stored one moved it"
+    );
+    assert!(span(11, 20).await);
+    assert_eq!(
+        inbox.load_offsets("orders").await.unwrap()[3],
+        (3, Offset::from(20))
+    );
+
     // Offsets commit with the work, or not at all.
     let mut tx = inbox.begin().await.unwrap();
     let moved = inbox
