@@ -97,6 +97,8 @@ pub use events::{
 pub use inbox::{Inbox, InboxOptions, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;
+#[cfg(feature = "postgres")]
+pub use postgres::check_postgres_hosts;
 pub use outbox::{Attempt, BackedOff, Message, Outbox, OutboxStats, Row, RowFilter, RowSummary};
 pub use relay::{DELIVERED_SECONDS, Relay, RelayOptions, RelayRound};
 pub use rows::{KeyCount, StoredOffset};
