@@ -56,11 +56,10 @@ impl SessionAttrs {
 
     /// Whether the server on `conn` is one these attributes accept.
     async fn accepts(self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
-        let (in_recovery, read_only): (bool, String) = sqlx::query_as(
-            "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')",
-        )
-        .fetch_one(conn)
-        .await?;
+        let (in_recovery, read_only): (bool, String) =
+            sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")
+                .fetch_one(conn)
+                .await?;
         Ok(match self {
             Self::Any => true,
             Self::ReadWrite => read_only == "off",
@@ -153,45 +152,45 @@ impl Hosts {
 /// what that parameter asks; `None` for a plain one-host URL. Reads no file and connects
 /// nowhere.
 pub(super) fn split(url: &str) -> Result<Option<(Vec<String>, SessionAttrs)>, Error> {
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Ok(None);
-        };
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(authority_end);
-        let (userinfo, host_list) = match authority.rfind('@') {
-            Some(at) => authority.split_at(at + 1),
-            None => ("", authority),
-        };
-        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
-        let mut attrs = None;
-        let kept: Vec<&str> = query
-            .split('&')
-            .filter(|pair| match pair.strip_prefix("target_session_attrs=") {
-                Some(value) => {
-                    attrs = Some(value);
-                    false
-                }
-                None => !pair.is_empty(),
-            })
-            .collect();
-        if attrs.is_none() && !host_list.contains(',') {
-            return Ok(None);
-        }
-        let attrs = attrs.map_or(Ok(SessionAttrs::ReadWrite), SessionAttrs::parse)?;
-        let query = match kept.is_empty() {
-            true => String::new(),
-            false => format!("?{}", kept.join("&")),
-        };
-        let urls = host_list
-            .split(',')
-            .map(|host| match host.is_empty() {
-                true => Err(Error::Config(format!(
-                    "the PostgreSQL URL's host list {host_list:?} has an empty entry"
-                ))),
-                false => Ok(format!("{scheme}://{userinfo}{host}{path}{query}")),
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Some((urls, attrs)))
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok(None);
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (userinfo, host_list) = match authority.rfind('@') {
+        Some(at) => authority.split_at(at + 1),
+        None => ("", authority),
+    };
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    let mut attrs = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix("target_session_attrs=") {
+            Some(value) => {
+                attrs = Some(value);
+                false
+            }
+            None => !pair.is_empty(),
+        })
+        .collect();
+    if attrs.is_none() && !host_list.contains(',') {
+        return Ok(None);
+    }
+    let attrs = attrs.map_or(Ok(SessionAttrs::ReadWrite), SessionAttrs::parse)?;
+    let query = match kept.is_empty() {
+        true => String::new(),
+        false => format!("?{}", kept.join("&")),
+    };
+    let urls = host_list
+        .split(',')
+        .map(|host| match host.is_empty() {
+            true => Err(Error::Config(format!(
+                "the PostgreSQL URL's host list {host_list:?} has an empty entry"
+            ))),
+            false => Ok(format!("{scheme}://{userinfo}{host}{path}{query}")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Some((urls, attrs)))
 }
 
 /// What the pool's hooks and the watcher share.
@@ -214,7 +213,10 @@ impl Failover {
 
 /// Opens a pool on the first of `hosts` that accepts writes, trying them all again until
 /// the pool's acquire timeout, and starts its watcher, which runs until the pool is closed.
-pub(super) async fn connect(hosts: Hosts, pool: PoolOptions<Postgres>) -> Result<Pool<Postgres>, Error> {
+pub(super) async fn connect(
+    hosts: Hosts,
+    pool: PoolOptions<Postgres>,
+) -> Result<Pool<Postgres>, Error> {
     let deadline = Instant::now() + pool.get_acquire_timeout();
     let (current, sentinel) = loop {
         match hosts.find().await {
@@ -245,9 +247,7 @@ pub(super) async fn connect(hosts: Hosts, pool: PoolOptions<Postgres>) -> Result
                     return Ok(());
                 }
                 failover.suspect.notify_one();
-                Err(sqlx::Error::Protocol(
-                    failover.hosts.refusal().to_owned(),
-                ))
+                Err(sqlx::Error::Protocol(failover.hosts.refusal().to_owned()))
             })
         })
         .before_acquire(move |_, meta| {
@@ -352,7 +352,8 @@ mod tests {
 
     #[test]
     fn a_host_list_is_one_target_per_host_in_order_with_the_rest_of_the_url() {
-        let list = hosts("postgres://app:pw@127.0.0.1:5432,localhost:5433,[::1]/db?sslmode=disable");
+        let list =
+            hosts("postgres://app:pw@127.0.0.1:5432,localhost:5433,[::1]/db?sslmode=disable");
         assert_eq!(list.attrs, SessionAttrs::ReadWrite);
         let named: Vec<String> = (0..3).map(|i| list.named(i)).collect();
         assert_eq!(named, ["127.0.0.1:5432", "localhost:5433", "::1:5432"]);
@@ -386,9 +387,8 @@ mod tests {
     #[test]
     fn sessions_that_refuse_writes_and_unknown_values_are_configuration_errors() {
         for value in ["read-only", "standby", "prefer-standby"] {
-            let message = config_error(&format!(
-                "postgres://h1,h2/db?target_session_attrs={value}"
-            ));
+            let message =
+                config_error(&format!("postgres://h1,h2/db?target_session_attrs={value}"));
             assert!(message.contains("refuses writes"), "{message}");
         }
         let message = config_error("postgres://h1,h2/db?target_session_attrs=leader");
