@@ -356,7 +356,7 @@ mod tests {
             hosts("postgres://app:pw@127.0.0.1:5432,localhost:5433,[::1]/db?sslmode=disable");
         assert_eq!(list.attrs, SessionAttrs::ReadWrite);
         let named: Vec<String> = (0..3).map(|i| list.named(i)).collect();
-        assert_eq!(named, ["127.0.0.1:5432", "localhost:5433", "::1:5432"]);
+        assert_eq!(named, ["127.0.0.1:5432", "localhost:5433", "[::1]:5432"]);
         for target in &list.targets {
             assert_eq!(target.options.get_database(), Some("db"));
             assert_eq!(target.options.get_username(), "app");
