@@ -120,6 +120,12 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn is_commit_unknown(error: &sqlx::Error) -> bool;
 
+    /// Whether the server refused a write because it is read-only, such as a standby.
+    #[doc(hidden)]
+    fn refuses_writes(_error: &sqlx::Error) -> bool {
+        false
+    }
+
     /// Run first in an attempt that follows a COMMIT whose answer was lost, so that its
     /// claim gives up instead of waiting for hours behind a session that is still open.
     #[doc(hidden)]

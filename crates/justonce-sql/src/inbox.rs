@@ -405,7 +405,7 @@ impl<DB: Backend> Inbox<DB> {
             if *claim == Claim::First
                 && let Err(error) = work(&mut tx, message).await
             {
-                return Err(rolled_back(tx, RunError::Work(error)).await);
+                return Err(rolled_back(tx, work_failed::<DB, _>(error)).await);
             }
         }
         let outcomes = commit_batch(tx, claimed).await?;
@@ -458,7 +458,7 @@ impl<DB: Backend> Inbox<DB> {
             .map(|(message, _)| message)
             .collect();
         if let Err(error) = work(&mut tx, firsts).await {
-            return Err(rolled_back(tx, RunError::Work(error)).await);
+            return Err(rolled_back(tx, work_failed::<DB, _>(error)).await);
         }
         let outcomes = commit_batch(tx, claimed).await?;
         self.count_duplicates(&outcomes);
@@ -510,6 +510,11 @@ impl<DB: Backend> Inbox<DB> {
     ///   returns [`Outcome::Processed`] without running the work again. If the database
     ///   cannot be reached to find out, the error is [`Error::CommitUnknown`]: do not
     ///   acknowledge the message; its redelivery will be judged by the same claim.
+    ///
+    /// - If the connection breaks under the work, or its server turns out to refuse writes
+    ///   (a standby after a failover), the attempt is the database's failure, not the
+    ///   work's: it is run again, and if it keeps failing the error is
+    ///   [`RunError::Store`].
     ///
     /// Any other error from the work rolls back and is returned as [`RunError::Work`].
     pub async fn run<'env, T, E, F>(
@@ -709,12 +714,14 @@ impl<DB: Backend> Inbox<DB> {
                 Err(failed) => failed,
             };
             let transient = match &failed {
-                Failed::Work(error) => is_retryable_work_error::<DB>(error),
+                Failed::Work(error) => {
+                    is_retryable_work_error::<DB>(error) || is_database_lost::<DB>(error)
+                }
                 Failed::Store(error) => error.is_retryable() || unknown_commit.is_some(),
             };
             if !transient || attempt >= self.tries_allowed(unknown_commit.is_some()) {
                 return Err(match failed {
-                    Failed::Work(error) => RunError::Work(error),
+                    Failed::Work(error) => work_failed::<DB, _>(error),
                     Failed::Store(error) if unknown_commit.is_some() => {
                         RunError::Store(Error::CommitUnknown {
                             source: Box::new(error),
@@ -1108,6 +1115,27 @@ fn is_retryable_work_error<DB: Backend>(error: &(dyn std::error::Error + 'static
         cause = error.source();
     }
     false
+}
+
+/// Whether the work failed because the database went away under it: its connection broke,
+/// or its server refuses writes (a standby after a failover). Nothing was committed.
+fn is_database_lost<DB: Backend>(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |error| error.source())
+        .find_map(|error| error.downcast_ref::<sqlx::Error>())
+        .is_some_and(|error| DB::is_commit_unknown(error) || DB::refuses_writes(error))
+}
+
+/// The error of work that failed: the store's when the database went away under it, so
+/// that a caller gives the message back rather than count a failed attempt.
+fn work_failed<DB: Backend, E>(error: E) -> RunError<E>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    if is_database_lost::<DB>(&error) {
+        RunError::Store(Error::database(true, error))
+    } else {
+        RunError::Work(error)
+    }
 }
 
 /// Counts a run's outcome, and whether the database or the recent keys answered it.

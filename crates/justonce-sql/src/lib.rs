@@ -99,6 +99,8 @@ pub use inbox::{Inbox, InboxOptions, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;
 pub use outbox::{Attempt, BackedOff, Message, Outbox, OutboxStats, Row, RowFilter, RowSummary};
+#[cfg(feature = "postgres")]
+pub use postgres::check_postgres_hosts;
 pub use relay::{DELIVERED_SECONDS, Relay, RelayOptions, RelayRound};
 pub use rows::{KeyCount, StoredOffset};
 /// The sqlx this crate is built with, so that your queries use the same version.

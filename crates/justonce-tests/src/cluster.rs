@@ -1,12 +1,14 @@
 //! A throwaway PostgreSQL cluster of a test's own: `initdb` into a temporary folder, a free
-//! port, `pg_ctl` as a non-root user. It is the one stopped with `-m immediate`; the
-//! machine's shared cluster is never touched.
+//! port, `pg_ctl` as a non-root user. It is the one stopped with `-m immediate` or killed,
+//! and it can have a streaming standby of its own to promote; the machine's shared cluster
+//! is never touched.
 
 use crate::tls::TestCa;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// The user of a TLS cluster that authenticates by client certificate.
 pub const CERT_USER: &str = "cert_user";
@@ -77,6 +79,17 @@ impl Cluster {
 
     /// Creates the cluster, not started.
     fn create() -> Result<Self, String> {
+        let cluster = Self::prepare()?;
+        let data = cluster.data();
+        cluster.pg(
+            "initdb",
+            &["-D", &data, "-U", "postgres", "--auth=trust", "--no-sync"],
+        )?;
+        Ok(cluster)
+    }
+
+    /// A folder and a port for a cluster, with no data folder yet.
+    fn prepare() -> Result<Self, String> {
         let bin = bin_folder()?;
         let folder = std::env::temp_dir().join(format!("justonce-pg-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
@@ -95,12 +108,100 @@ impl Cluster {
         if let Some(user) = run_as {
             run(Command::new("chown").arg(user).arg(&cluster.folder))?;
         }
-        let data = cluster.data();
-        cluster.pg(
-            "initdb",
-            &["-D", &data, "-U", "postgres", "--auth=trust", "--no-sync"],
-        )?;
         Ok(cluster)
+    }
+
+    /// Creates and starts a streaming standby of this cluster on a port of its own, a copy
+    /// taken with `pg_basebackup -R`. When `synchronous`, this cluster then waits for the
+    /// standby to hold each commit before answering it (`synchronous_standby_names`).
+    pub fn start_standby(&self, synchronous: bool) -> Result<Self, String> {
+        let standby = Self::prepare()?;
+        let port = self.port.to_string();
+        standby.pg(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                &standby.data(),
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ],
+        )?;
+        standby.start_again()?;
+        if synchronous {
+            append(
+                &self.folder.join("data/postgresql.conf"),
+                "synchronous_standby_names = '*'\n",
+            )?;
+            self.pg("pg_ctl", &["-D", &self.data(), "reload"])?;
+            let given_up = Instant::now() + Duration::from_secs(30);
+            while self.query("SELECT string_agg(sync_state, ',') FROM pg_stat_replication")?
+                != "sync"
+            {
+                if Instant::now() >= given_up {
+                    return Err("the standby did not become synchronous in time".to_owned());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(standby)
+    }
+
+    /// Kills the server and its backends with SIGKILL, as a machine that dies would.
+    pub fn kill(&self) -> Result<(), String> {
+        let pid_file = self.folder.join("data/postmaster.pid");
+        let postmaster = std::fs::read_to_string(&pid_file)
+            .map_err(|e| format!("{}: {e}", pid_file.display()))?;
+        let postmaster = postmaster.lines().next().unwrap_or_default().to_owned();
+        let mut pids = vec![postmaster.clone()];
+        for entry in std::fs::read_dir("/proc").map_err(|e| e.to_string())? {
+            let Some(pid) = entry
+                .ok()
+                .and_then(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if crate::process_status(pid).is_some_and(|status| status.get(1) == Some(&postmaster)) {
+                pids.push(pid.to_string());
+            }
+        }
+        run(Command::new("kill").arg("-KILL").args(&pids))?;
+        let given_up = Instant::now() + Duration::from_secs(10);
+        while pids
+            .iter()
+            .any(|pid| Path::new(&format!("/proc/{pid}")).exists())
+        {
+            if Instant::now() >= given_up {
+                return Err(format!(
+                    "the killed server's processes {pids:?} did not end"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Promotes a standby to a primary, and waits until it accepts writes.
+    pub fn promote(&self) -> Result<(), String> {
+        self.pg("pg_ctl", &["-D", &self.data(), "-w", "promote"])
+    }
+
+    /// The answer of one query, through `psql` on the server's socket, as unaligned text.
+    pub fn query(&self, sql: &str) -> Result<String, String> {
+        let socket = self.folder.display().to_string();
+        let port = self.port.to_string();
+        let output = self.pg_output(
+            "psql",
+            &["-h", &socket, "-p", &port, "-U", "postgres", "-tAc", sql],
+        )?;
+        Ok(output.trim().to_owned())
     }
 
     /// The cluster's port on 127.0.0.1.
@@ -149,6 +250,11 @@ impl Cluster {
     }
 
     fn pg(&self, program: &str, args: &[&str]) -> Result<(), String> {
+        self.pg_output(program, args).map(drop)
+    }
+
+    /// Runs one of PostgreSQL's programs as the server's user; returns what it printed.
+    fn pg_output(&self, program: &str, args: &[&str]) -> Result<String, String> {
         let program = self.bin.join(program);
         let mut command = match self.run_as {
             Some(user) => {
@@ -158,7 +264,7 @@ impl Cluster {
             }
             None => Command::new(program),
         };
-        run(command.args(args).current_dir(&self.folder))
+        run_output(command.args(args).current_dir(&self.folder))
     }
 }
 
@@ -203,9 +309,14 @@ fn append(file: &Path, text: &str) -> Result<(), String> {
 }
 
 pub(crate) fn run(command: &mut Command) -> Result<(), String> {
+    run_output(command).map(drop)
+}
+
+/// Runs `command`; returns its standard output, or its standard error if it failed.
+fn run_output(command: &mut Command) -> Result<String, String> {
     let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
     if output.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
         Err(format!(
             "{command:?} failed: {}",

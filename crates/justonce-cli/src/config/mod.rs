@@ -251,6 +251,12 @@ mod tests {
                 "sqlite://, postgres:// or mysql://",
             ),
             (
+                "[server]\ndatabase = \"postgres://u:hunter2@h1,h2/app?target_session_attrs=standby\"\n"
+                    .to_owned(),
+                "server.database (line 2)",
+                "target_session_attrs=standby chooses a server that refuses writes",
+            ),
+            (
                 edit("http://127.0.0.1:9000/hooks/shop", "not a url"),
                 "sources.shop.target (line 9)",
                 "http:// or https://",

@@ -1,6 +1,7 @@
 //! PostgreSQL: one round trip per claim, `unnest` for batches, an advisory lock for
 //! migrations.
 
+mod failover;
 mod migrations;
 mod sql;
 mod tls;
@@ -14,6 +15,14 @@ use crate::tls::Target;
 use justonce_core::{Consumer, Error, Scope};
 use sqlx::postgres::{PgConnectOptions, PgListener};
 use sqlx::{AssertSqlSafe, Postgres};
+
+/// Checks the host list and `target_session_attrs` of a PostgreSQL URL without connecting
+/// or reading any file: an empty entry in the list, or a `target_session_attrs` that would
+/// choose a server refusing writes, is an [`Error::Config`] that says why.
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub fn check_postgres_hosts(url: &str) -> Result<(), Error> {
+    failover::split(url).map(drop)
+}
 
 impl Sealed for Postgres {}
 
@@ -61,6 +70,9 @@ impl Backend for Postgres {
         url: &str,
         pool: sqlx::pool::PoolOptions<Self>,
     ) -> Result<sqlx::Pool<Self>, Error> {
+        if let Some(hosts) = failover::Hosts::parse(url)? {
+            return failover::connect(hosts, pool).await;
+        }
         let target = Target::<PgConnectOptions>::parse(url, &tls::TLS)?;
         target.connect_pool(pool, driver_error::<Self>).await
     }
@@ -141,8 +153,16 @@ impl Backend for Postgres {
 
     fn is_retryable(error: &sqlx::Error) -> bool {
         // 40001 serialization_failure, 40P01 deadlock_detected, 55P03 lock_not_available.
+        // A read-only server is a standby now: a new transaction goes to the primary once
+        // the pool has found it.
         let code = error.as_database_error().and_then(|e| e.code());
-        matches!(code.as_deref(), Some("40001" | "40P01" | "55P03"))
+        matches!(code.as_deref(), Some("40001" | "40P01" | "55P03")) || Self::refuses_writes(error)
+    }
+
+    fn refuses_writes(error: &sqlx::Error) -> bool {
+        // 25006 read_only_sql_transaction.
+        let code = error.as_database_error().and_then(|e| e.code());
+        code.as_deref() == Some("25006")
     }
 
     async fn bound_lock_waits(conn: &mut Self::Connection) -> Result<(), Error> {

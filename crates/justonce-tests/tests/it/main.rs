@@ -13,6 +13,7 @@ mod daily_report;
 mod dashboard;
 mod docs;
 mod events;
+mod failover;
 mod harness;
 mod history;
 mod hostile;

@@ -41,9 +41,12 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
             "sqlite://justonce.db",
         )
         .to_owned();
-    if let Err(unknown) = DatabaseKind::of(&database) {
+    match DatabaseKind::of(&database) {
         // The URL itself may hold a password: it is not repeated.
-        bail!("{}: {unknown}", origin.name(&["server", "database"]));
+        Err(unknown) => bail!("{}: {unknown}", origin.name(&["server", "database"])),
+        Ok(DatabaseKind::Postgres) => justonce_sql::check_postgres_hosts(&database)
+            .map_err(|problem| anyhow!("{}: {problem}", origin.name(&["server", "database"])))?,
+        Ok(_) => {}
     }
     let body_limit = parse_size(origin.or_default(
         &["server", "body_limit"],
