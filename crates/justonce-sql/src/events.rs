@@ -527,8 +527,14 @@ mod tests {
 
     #[test]
     fn the_text_above_a_prefix_is_the_least_greater_than_its_every_extension() {
-        assert_eq!(least_text_above_prefix("order:1042").as_deref(), Some("order:1043"));
-        assert_eq!(least_text_above_prefix("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(
+            least_text_above_prefix("order:1042").as_deref(),
+            Some("order:1043")
+        );
+        assert_eq!(
+            least_text_above_prefix("a\u{D7FF}").as_deref(),
+            Some("a\u{E000}")
+        );
         assert_eq!(least_text_above_prefix("a\u{10FFFF}").as_deref(), Some("b"));
         assert_eq!(least_text_above_prefix("\u{10FFFF}"), None);
         assert_eq!(least_text_above_prefix(""), None);

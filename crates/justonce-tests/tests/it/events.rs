@@ -194,7 +194,10 @@ async fn events_are_found_by_any_part_of_their_key_wildcards_taken_as_written<DB
     assert_eq!(starting("a_").await, ["a_b"]);
     assert_eq!(starting("100%").await, ["100%"]);
     assert!(starting("1042").await.is_empty());
-    assert!(starting("order:9 ").await.is_empty(), "a trailing space is a character");
+    assert!(
+        starting("order:9 ").await.is_empty(),
+        "a trailing space is a character"
+    );
     assert!(starting("%").await.is_empty());
     // Both at once, and with the other filters.
     assert_eq!(
@@ -236,7 +239,12 @@ async fn mariadb_stores_utc_times_whatever_the_sessions_time_zone() {
     .await
     .unwrap();
     let now = SystemTime::now();
-    let page = db.inbox.outbox().events(&EventFilter::default()).await.unwrap();
+    let page = db
+        .inbox
+        .outbox()
+        .events(&EventFilter::default())
+        .await
+        .unwrap();
     assert_eq!(page.events.len(), 2);
     for event in &page.events {
         let off = match now.duration_since(event.received_at) {
