@@ -289,7 +289,12 @@ pub struct OriginArgs {
 pub struct EventListArgs {
     #[command(flatten)]
     pub origin: OriginArgs,
-    /// Only the events whose key starts with this, such as `shop:evt_`.
+    /// Only the events whose key contains this anywhere, such as `1042`, matched as
+    /// written: `%` and `_` are plain characters.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Only the events whose key starts with this, such as `shop:evt_`: an index finds
+    /// them.
     #[arg(long)]
     pub key_prefix: Option<String>,
     /// Only events received since this time: a duration ago, such as 2h, or an RFC 3339

@@ -62,10 +62,14 @@ pub struct Common {
     pub(crate) history: Arc<str>,
     /// The ids of the rows with one key: key.
     pub(crate) ids_by_key: Arc<str>,
-    /// Stored events, by time then id: origin twice, key prefix three times, since twice,
-    /// until twice, state twice, the previous page's last time three times and its id,
-    /// limit.
+    /// Stored events, by time then id: origin twice; key prefix twice, the least text above
+    /// it twice, the prefix again; key part twice; since twice, until twice, state twice,
+    /// the previous page's last time three times and its id, limit.
     pub(crate) events: Arc<str>,
+    /// [`Common::events`] with a key prefix and a text above it, both given: the key's
+    /// range stands alone in the statement, where a planner that does not look at the
+    /// parameters (SQLite's) sees that the key's index serves it.
+    pub(crate) events_in_key_range: Arc<str>,
     /// One event whole: id.
     pub(crate) event_by_id: Arc<str>,
     /// Every event written with a key, whole: key.
@@ -551,13 +555,23 @@ where
         listing: EventListing<'a>,
     ) -> Result<Vec<EventTuple>, Error> {
         let (after_us, after_id) = listing.after.unzip();
+        let (prefix, above) = listing.key_prefix.unzip();
+        let above = above.flatten();
+        let listing_sql = match above {
+            Some(_) => &self.as_ref().events_in_key_range,
+            None => &self.as_ref().events,
+        };
         // Each filter is bound once more to test for none, for MariaDB's `?`.
-        sqlx::query_as(AssertSqlSafe(self.as_ref().events.clone()))
+        sqlx::query_as(AssertSqlSafe(listing_sql.clone()))
             .bind(listing.origin)
             .bind(listing.origin)
-            .bind(listing.key_prefix)
-            .bind(listing.key_prefix)
-            .bind(listing.key_prefix)
+            .bind(prefix)
+            .bind(prefix)
+            .bind(above.as_deref())
+            .bind(above.as_deref())
+            .bind(prefix)
+            .bind(listing.key_part)
+            .bind(listing.key_part)
             .bind(listing.since_us)
             .bind(listing.since_us)
             .bind(listing.until_us)
@@ -816,17 +830,9 @@ pub(crate) fn dashboard_minutes(
     )
 }
 
-/// The statement of [`Common::failed_histories`]. A row sent before `since` made every
-/// attempt before it, and one sent at its first attempt holds no failure.
-pub(crate) fn failed_histories(
-    outbox: &str,
-    history_text: &str,
-    history_length: &str,
-    since: &str,
-) -> String {
-    format!(
-        "SELECT destination, {history_text} FROM {outbox}
-         WHERE history IS NOT NULL
-           AND (sent_at IS NULL OR (sent_at >= {since} AND {history_length} > 1))"
-    )
+/// The statement of [`Common::failed_histories`]: the rows whose last failed attempt
+/// ended at or after `since`, found by the index on that time. A row whose last failure is
+/// older holds none in the range, however long ago it was written or dead-lettered.
+pub(crate) fn failed_histories(outbox: &str, history_text: &str, since: &str) -> String {
+    format!("SELECT destination, {history_text} FROM {outbox} WHERE last_failed_at >= {since}")
 }

@@ -203,7 +203,9 @@ impl<DB: Backend> Outbox<DB> {
             let n = u64::try_from(n).unwrap_or(0);
             count(origin, minute, &|t| t.duplicates += n);
         }
-        for (destination, history) in sql.failed_histories(pool, since_us).await? {
+        // A millisecond early: the histories' times are rounded to milliseconds.
+        let failed = sql.failed_histories(pool, since_us - 1_000).await?;
+        for (destination, history) in failed {
             let Some(history) = history else { continue };
             for attempt in Attempt::parse_history(&history)? {
                 let ended = attempt.started_at + attempt.duration;

@@ -68,6 +68,7 @@ impl std::str::FromStr for EventState {
 pub struct EventFilter {
     origin: Option<String>,
     key_prefix: Option<String>,
+    key_part: Option<String>,
     since: Option<SystemTime>,
     until: Option<SystemTime>,
     state: Option<EventState>,
@@ -80,6 +81,7 @@ impl Default for EventFilter {
         Self {
             origin: None,
             key_prefix: None,
+            key_part: None,
             since: None,
             until: None,
             state: None,
@@ -96,9 +98,18 @@ impl EventFilter {
         self
     }
 
-    /// Only the events whose key starts with `prefix`, byte for byte.
+    /// Only the events whose key starts with `prefix`, byte for byte. An index on the key
+    /// finds them, however many events are stored.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Only the events whose key contains `part` anywhere, byte for byte: `%`, `_` and
+    /// `\` are characters like any other. No index serves this: the store reads the events
+    /// the other filters select, in order, until it has a page.
+    pub fn key_contains(mut self, part: impl Into<String>) -> Self {
+        self.key_part = Some(part.into());
         self
     }
 
@@ -292,7 +303,9 @@ impl<DB: Backend> Outbox<DB> {
         let limit = filter.limit.max(1);
         let listing = EventListing {
             origin: filter.origin.as_deref(),
-            key_prefix: filter.key_prefix.as_deref(),
+            key_prefix: (filter.key_prefix.as_deref())
+                .map(|prefix| (prefix, least_text_above_prefix(prefix))),
+            key_part: filter.key_part.as_deref(),
             since_us: filter.since.map(micros),
             until_us: filter.until.map(micros),
             state: filter.state.map(EventState::as_str),
@@ -461,6 +474,21 @@ fn time_of(micros: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_micros(u64::try_from(micros).unwrap_or(0))
 }
 
+/// The least text greater than every text that starts with `prefix`, in the order of
+/// code points (UTF-8's byte order, the keys' order in every store); `None` when every
+/// character of `prefix` is the greatest there is.
+fn least_text_above_prefix(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The next character, past the surrogates, which are none.
+        if let Some(next) = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32) {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// A cursor as [`Event::cursor`] writes it: the time and id of the last event of a page.
 fn parse_cursor(cursor: &str) -> Result<(i64, i64), Error> {
     let invalid = || Error::InvalidCursor(format!("{cursor:?} is not a cursor a listing gave"));
@@ -498,6 +526,26 @@ mod tests {
                 "{bad:?} was taken"
             );
         }
+    }
+
+    #[test]
+    fn the_text_above_a_prefix_is_the_least_greater_than_its_every_extension() {
+        assert_eq!(
+            least_text_above_prefix("order:1042").as_deref(),
+            Some("order:1043")
+        );
+        assert_eq!(
+            least_text_above_prefix("a\u{D7FF}").as_deref(),
+            Some("a\u{E000}")
+        );
+        assert_eq!(least_text_above_prefix("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(least_text_above_prefix("\u{10FFFF}"), None);
+        assert_eq!(least_text_above_prefix(""), None);
+        let above = least_text_above_prefix("ab").unwrap();
+        for extension in ["ab", "ab ", "ab\u{10FFFF}\u{10FFFF}", "abzzz"] {
+            assert!(extension < above.as_str(), "{extension:?}");
+        }
+        assert!("ac" >= above.as_str());
     }
 
     #[test]

@@ -54,10 +54,11 @@ pub(crate) struct Specific {
     /// [`HISTORY_LENGTH`](crate::rows::HISTORY_LENGTH): its duration, status, answer and
     /// error as the parameters (or `NULL`) named.
     pub(crate) append_attempt: fn(&str, &str, &str, &str) -> String,
+    /// The function that gives where its second argument first occurs in its first,
+    /// counted from 1, and 0 where it does not: text matched as it is, wildcards none.
+    pub(crate) position: &'static str,
     /// The history column read as JSON text.
     pub(crate) history_text: &'static str,
-    /// How many attempts the history column holds.
-    pub(crate) history_length: &'static str,
     /// Run first in a replay's transaction: what keeps replays apart beyond it.
     pub(crate) replay_lock: Option<String>,
 }
@@ -158,6 +159,27 @@ impl Statements {
             )
         };
         let text = |sql: String| Arc::<str>::from(sql);
+        let position = specific.position;
+        // A listing of stored events, its key prefix's condition given.
+        let events_where = |key_prefix: &str| {
+            format!(
+                "SELECT {event_columns} FROM {outbox}
+                 WHERE ($1 IS NULL OR destination = $2)
+                   AND {}
+                   AND ($8 IS NULL OR {position}(key, $9) > 0)
+                   AND ($10 IS NULL OR received_at >= {})
+                   AND ($12 IS NULL OR received_at <= {})
+                   AND ($14 IS NULL OR {EVENT_STATE} = $15)
+                   AND ($16 IS NULL OR received_at > {}
+                        OR (received_at = {} AND id > $19))
+                 ORDER BY received_at, id LIMIT $20",
+                key_prefix.replace("{position}", position),
+                at("$11"),
+                at("$13"),
+                at("$17"),
+                at("$18"),
+            )
+        };
         let common = Common {
             find: text(format!(
                 "SELECT claim_id, fingerprint FROM {keys}
@@ -208,12 +230,7 @@ impl Statements {
                 specific.history_text
             )),
             dashboard_minutes: text(dashboard_minutes(outbox, micros_of, &at("$1"), &at("$2"))),
-            failed_histories: text(failed_histories(
-                outbox,
-                specific.history_text,
-                specific.history_length,
-                &at("$1"),
-            )),
+            failed_histories: text(failed_histories(outbox, specific.history_text, &at("$1"))),
             duplicate_minutes: text(format!(
                 "SELECT origin, minute, duplicates FROM {duplicates} WHERE minute >= $1"
             )),
@@ -225,20 +242,12 @@ impl Statements {
             ids_by_key: text(format!(
                 "SELECT id FROM {outbox} WHERE key = $1 ORDER BY id"
             )),
-            events: text(format!(
-                "SELECT {event_columns} FROM {outbox}
-                 WHERE ($1 IS NULL OR destination = $2)
-                   AND ($3 IS NULL OR substr(key, 1, length($4)) = $5)
-                   AND ($6 IS NULL OR received_at >= {})
-                   AND ($8 IS NULL OR received_at <= {})
-                   AND ($10 IS NULL OR {EVENT_STATE} = $11)
-                   AND ($12 IS NULL OR received_at > {}
-                        OR (received_at = {} AND id > $15))
-                 ORDER BY received_at, id LIMIT $16",
-                at("$7"),
-                at("$9"),
-                at("$13"),
-                at("$14"),
+            events: text(events_where(
+                "($3 IS NULL OR (key >= $4 AND ($5 IS NULL OR key < $6) AND {position}(key, $7) = 1))",
+            )),
+            events_in_key_range: text(events_where(
+                "$3 IS NOT NULL AND key >= $4 AND $5 IS NOT NULL AND key < $6
+                   AND {position}(key, $7) = 1",
             )),
             event_by_id: text(format!("{event_detail} WHERE id = $1")),
             events_by_key: text(format!("{event_detail} WHERE key = $1 ORDER BY id")),
@@ -311,13 +320,14 @@ impl Statements {
             // Failures are recorded only by the relay that holds the lease: one whose lease
             // ran out must not cut short the new holder's attempt.
             mark_retry: text(format!(
-                "UPDATE {outbox} SET {}, next_attempt_at = {}, last_error = $6
+                "UPDATE {outbox} SET {}, next_attempt_at = {}, last_error = $6,
+                    last_failed_at = {now}
                  WHERE id = $7 AND lease_token = $8 AND sent_at IS NULL AND NOT dead",
                 append("$1", "$2", "$3", "$4"),
                 (clock.later_by)("$5")
             )),
             mark_dead: text(format!(
-                "UPDATE {outbox} SET {}, dead = TRUE, last_error = $5
+                "UPDATE {outbox} SET {}, dead = TRUE, last_error = $5, last_failed_at = {now}
                  WHERE id = $6 AND lease_token = $7 AND sent_at IS NULL AND NOT dead",
                 append("$1", "$2", "$3", "$4")
             )),

@@ -217,7 +217,11 @@ pub(crate) type ListedTuple = (i64, String, String, String, i64, Option<String>,
 /// microseconds since the Unix epoch.
 pub struct EventListing<'a> {
     pub(crate) origin: Option<&'a str>,
-    pub(crate) key_prefix: Option<&'a str>,
+    /// The prefix keys start with, and the least text above every key that does (none
+    /// when no text is): the range an index on the key serves.
+    pub(crate) key_prefix: Option<(&'a str, Option<String>)>,
+    /// A part keys contain anywhere, matched by a scan.
+    pub(crate) key_part: Option<&'a str>,
     pub(crate) since_us: Option<i64>,
     pub(crate) until_us: Option<i64>,
     pub(crate) state: Option<&'static str>,

@@ -1,4 +1,4 @@
-//! Stored events: listed by source or consumer, key prefix, time and state, a page at a
+//! Stored events: listed by source or consumer, key (a part or its start), time and state, a page at a
 //! time; one shown with its body and attempts; replayed one, by key or by time range, each
 //! with its own key again; and the replays of time ranges.
 
@@ -21,6 +21,7 @@ pub async fn list<DB: Backend>(
     let known = [
         "source",
         "consumer",
+        "key",
         "key_prefix",
         "since",
         "until",
@@ -33,7 +34,10 @@ pub async fn list<DB: Backend>(
     if let Some(origin) = origin(&admin, &params)? {
         filter = filter.origin(origin);
     }
-    if let Some(prefix) = params.text("key_prefix") {
+    if let Some(part) = params.key_text("key")? {
+        filter = filter.key_contains(part);
+    }
+    if let Some(prefix) = params.key_text("key_prefix")? {
         filter = filter.key_prefix(prefix);
     }
     if let Some(since) = time(&params, "since")? {

@@ -38,6 +38,18 @@ impl Params {
         self.0.get(name).map(String::as_str)
     }
 
+    /// The text of `name`, a key or a part of one, if given: a control character, which
+    /// no key holds, is a `400`.
+    pub fn key_text(&self, name: &str) -> Result<Option<&str>, ApiError> {
+        match self.text(name) {
+            Some(text) if text.chars().any(char::is_control) => Err(ApiError::bad(
+                name,
+                format!("{name}: it contains a control character, which no key holds"),
+            )),
+            text => Ok(text),
+        }
+    }
+
     /// A duration such as `2h`.
     pub fn duration(&self, name: &str) -> Result<Option<Duration>, ApiError> {
         self.text(name)

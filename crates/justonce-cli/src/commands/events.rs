@@ -198,6 +198,9 @@ fn event_filter(settings: &Settings, args: &EventListArgs) -> Result<EventFilter
     if let Some(origin) = origin_of(settings, &args.origin)? {
         filter = filter.origin(origin);
     }
+    if let Some(part) = &args.key {
+        filter = filter.key_contains(part);
+    }
     if let Some(prefix) = &args.key_prefix {
         filter = filter.key_prefix(prefix);
     }

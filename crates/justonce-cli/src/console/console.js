@@ -30,12 +30,9 @@
     $('main').replaceWith(document.importNode($('main', fresh), true));
   }
 
-  // Sends a change to the admin API; `done` gets its answer.
+  // Sends a change to the admin API; `done` gets its answer. A refusal is shown in the
+  // API's own words: without server.admin_token its 403 says how to set one.
   async function change(path, done) {
-    if (!token()) {
-      say('changes need the admin token: type it in the form above');
-      return;
-    }
     let response;
     try {
       response = await fetch(path, { method: 'POST', headers: withToken() });
@@ -44,7 +41,8 @@
       return;
     }
     if (!response.ok) {
-      say(await problemOf(response));
+      const refused = await problemOf(response);
+      say(response.status === 401 && !token() ? refused + ' (type the token in the form above)' : refused);
       return;
     }
     done(await response.json());

@@ -733,6 +733,23 @@ async fn replays_through_the_api_deliver_each_event_once_more_with_the_same_key<
     assert!(matches!(outcome, justonce_sql::Outcome::Processed(())));
     let listed = api.get("/api/v1/events?key_prefix=binary:").await;
     let id = listed["events"][0]["id"].as_i64().unwrap().to_string();
+    // `key` finds a part anywhere in the key; `%` and `_` are the characters themselves.
+    let found = |listed: Value| listed["events"].as_array().unwrap().len();
+    assert_eq!(
+        found(api.get("/api/v1/events?key=evt_9&limit=1000").await),
+        11
+    );
+    assert_eq!(found(api.get("/api/v1/events?key=_&limit=1000").await), 100);
+    assert_eq!(found(api.get("/api/v1/events?key=%25&limit=1000").await), 0);
+    assert_eq!(found(api.get("/api/v1/events?key=ry:1").await), 1);
+    assert_bad(&api, Method::GET, "/api/v1/events?key=%00", "key").await;
+    assert_bad(
+        &api,
+        Method::GET,
+        "/api/v1/events?key_prefix=a%0A",
+        "key_prefix",
+    )
+    .await;
     let from_api = api.get(&format!("/api/v1/events/{id}")).await;
     let output = server
         .command(&["events", "show", &id, "--json"])

@@ -5,7 +5,7 @@
 //! test run leaves the checkout as it was.
 
 use crate::admin_api::{Api, TOKEN, post_event, requests_with};
-use crate::serve::{Server, database, drop_database};
+use crate::serve::{Server, amqp_url, database, drop_database, free_port};
 use axum::response::Html;
 use justonce_tests::browser::{Browser, wait_until};
 use justonce_tests::{Answer, Sink, TestBackend};
@@ -179,6 +179,151 @@ async function attempt(name, init) {{
     drop(browser);
     server.stop().await;
     drop_database(db, &url).await;
+}
+
+/// The consumers page: a consumer whose RabbitMQ answers shows `connected`; one whose
+/// broker is down shows that it is not, and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumers_page_shows_each_consumers_connection() {
+    use lapin::options::QueueDeleteOptions;
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("browser_consumers").await;
+    let sink = Sink::start().await;
+    let queue = format!("{}orders", db.prefix);
+    let consumers = format!(
+        r#"
+[consumers.orders]
+from = "{amqp}"
+queue = "{queue}"
+target = "{sink}"
+
+[consumers.ledger]
+from = "amqp://guest:guest@127.0.0.1:{closed}/%2f"
+queue = "ledger"
+target = "{sink}"
+"#,
+        amqp = amqp_url(),
+        sink = sink.url(),
+        closed = free_port(),
+    );
+    let mut server = Server::configure_all(
+        &url,
+        &sink.url(),
+        "admin_token = \"env:ADMIN_TOKEN\"",
+        &consumers,
+    );
+    let _log = server
+        .start_logged(&[], &[("ADMIN_TOKEN", TOKEN), ("RUST_LOG", "warn")])
+        .await;
+
+    let browser = Browser::start().await;
+    open_with_token(&browser, &server, "/consumers").await;
+    let (orders, ledger) = wait_until("orders connected, ledger refused", || async {
+        browser.goto(&format!("{}/consumers", server.admin)).await;
+        let row = |name: &str| format!("tr[data-consumer=\"{name}\"] td:nth-child(2)");
+        let orders = browser.text(&row("orders")).await?;
+        let ledger = browser.text(&row("ledger")).await?;
+        if orders == "connected" && ledger.starts_with("not connected: ") {
+            Ok((orders, ledger))
+        } else {
+            Err(format!("orders: {orders}; ledger: {ledger}"))
+        }
+    })
+    .await;
+    assert_eq!(orders, "connected");
+    assert!(
+        ledger.len() > "not connected: ".len(),
+        "the error is shown: {ledger}"
+    );
+    assert_eq!(browser.count("tr[data-consumer]").await, 2);
+    browser.screenshot(&screenshot_path("consumers.png")).await;
+    drop(browser);
+    server.stop().await;
+    let broker = lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ");
+    let channel = broker.create_channel().await.unwrap();
+    for name in [format!("{queue}.dead"), queue] {
+        channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+    drop_database(db, &url).await;
+}
+
+/// Without `server.admin_token`, the console reads as the API does: the dashboard, a search
+/// and an event's page load with no token typed. Its replay button is refused by the API,
+/// and the page shows the refusal's words; the target receives nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_console_reads_and_shows_why_a_replay_is_refused() {
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("browser_no_token").await;
+    let sink = Sink::start().await;
+    let mut server = Server::configure(&url, &sink.url());
+    let _log = server.start_logged(&[], &[("RUST_LOG", "warn")]).await;
+    let api = Api::of(&server);
+    let id = delivered_event(&server, &api, "order_1042").await;
+
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/?since=1h", server.admin)).await;
+    await_text(&browser, "[data-figure=\"accepted\"]", "1").await;
+    browser
+        .goto(&format!("{}/events?key=1042", server.admin))
+        .await;
+    await_count(
+        &browser,
+        &format!("table#events tr[data-event-id=\"{id}\"]"),
+        1,
+    )
+    .await;
+    browser.goto(&format!("{}/events/{id}", server.admin)).await;
+    await_count(&browser, "table#attempts tr.attempt", 1).await;
+    let shown_body = browser.text("pre#event-body").await.unwrap();
+    assert!(shown_body.contains("order_1042"), "{shown_body}");
+
+    browser.click("#replay").await;
+    let status = wait_until("the refusal shown", || async {
+        let status = browser.text("#status").await?;
+        if status.is_empty() {
+            Err(status)
+        } else {
+            Ok(status)
+        }
+    })
+    .await;
+    let (code, refusal) = answer_of_replay(&server, id).await;
+    assert_eq!(code, 403);
+    assert_eq!(
+        status,
+        format!(
+            "{}: {}",
+            refusal["title"].as_str().unwrap(),
+            refusal["detail"].as_str().unwrap()
+        ),
+        "the page shows the API's refusal"
+    );
+    assert!(status.contains("server.admin_token"), "{status}");
+    browser.screenshot(&screenshot_path("no-token.png")).await;
+    let shown = api.get(&format!("/api/v1/events/{id}")).await;
+    assert_eq!(shown["state"], "delivered");
+    assert_eq!(sink.requests(), 1, "the target received the event once");
+    drop(browser);
+    server.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// The API's answer to a replay of event `id` sent without a token, as a script on the
+/// console's own origin sends it.
+async fn answer_of_replay(server: &Server, id: i64) -> (u16, Value) {
+    let answer = crate::serve::client()
+        .post(format!("{}/api/v1/events/{id}/replay", server.admin))
+        .send()
+        .await
+        .unwrap();
+    let code = answer.status().as_u16();
+    (
+        code,
+        serde_json::from_slice(&answer.bytes().await.unwrap()).unwrap(),
+    )
 }
 
 /// Where a screenshot of the console is written: `JUSTONCE_SCREENSHOTS` (such as the

@@ -19,7 +19,7 @@ pub(super) const MIGRATION_LOCK_SECONDS: u32 = 60;
 const MIGRATION_TABLE: &str = "CREATE TABLE IF NOT EXISTS {prefix}migrations (
     version BIGINT NOT NULL PRIMARY KEY,
     description TEXT NOT NULL,
-    applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+    applied_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
 
 // Keys, scopes, consumers and streams are VARBINARY: they compare byte for byte, as
@@ -154,6 +154,35 @@ CREATE TABLE IF NOT EXISTS {prefix}duplicates (
     PRIMARY KEY (minute, origin)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 CREATE INDEX IF NOT EXISTS outbox_received_at ON {prefix}outbox (received_at);
+",
+    },
+    Migration {
+        version: 7,
+        description: "the time of each row's last failed delivery; column defaults in UTC",
+        // The dashboard counts failed attempts from the rows that failed within its range
+        // only, found by the index; a row's last attempt is no earlier than its last
+        // failure. `CURRENT_TIMESTAMP` is in the session's time zone, which a URL's
+        // `timezone` sets: the defaults (for a process of a version before 5, and the
+        // migrations' own times) take UTC, as every statement does.
+        sql: "
+SET @justonce_add_failed = IF(
+    (SELECT count(*) FROM information_schema.columns
+     WHERE table_schema = DATABASE() AND table_name = '{prefix}outbox'
+       AND column_name = 'last_failed_at') = 0,
+    'ALTER TABLE {prefix}outbox ADD COLUMN last_failed_at DATETIME(6) NULL,
+        ADD KEY outbox_failed (last_failed_at)',
+    'DO 0');
+PREPARE justonce_add_failed FROM @justonce_add_failed;
+EXECUTE justonce_add_failed;
+DEALLOCATE PREPARE justonce_add_failed;
+UPDATE {prefix}outbox
+    SET last_failed_at = TIMESTAMPADD(MICROSECOND,
+        CAST(JSON_EXTRACT(history, CONCAT('$[', JSON_LENGTH(history) - 1, '].at')) AS SIGNED) * 1000,
+        TIMESTAMP '1970-01-01 00:00:00')
+    WHERE history IS NOT NULL AND (sent_at IS NULL OR JSON_LENGTH(history) > 1)
+      AND last_failed_at IS NULL;
+ALTER TABLE {prefix}outbox ALTER COLUMN received_at SET DEFAULT (UTC_TIMESTAMP(6));
+ALTER TABLE {prefix}migrations ALTER COLUMN applied_at SET DEFAULT (UTC_TIMESTAMP(6));
 ",
     },
 ];

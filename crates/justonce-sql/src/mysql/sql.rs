@@ -90,6 +90,21 @@ impl MySqlStatements {
         );
         let event_detail =
             format!("SELECT {event_columns}, payload, headers, history FROM {outbox}");
+        // A listing of stored events, its key prefix's condition given.
+        let events_where = |key_prefix: &str| {
+            format!(
+                "SELECT {event_columns} FROM {outbox}
+                 WHERE (? IS NULL OR destination = ?)
+                   AND {key_prefix}
+                   AND (? IS NULL OR LOCATE(?, `key`) > 0)
+                   AND (? IS NULL OR received_at >= {AT_MICROS})
+                   AND (? IS NULL OR received_at <= {AT_MICROS})
+                   AND (? IS NULL OR {EVENT_STATE} = ?)
+                   AND (? IS NULL OR received_at > {AT_MICROS}
+                        OR (received_at = {AT_MICROS} AND id > ?))
+                 ORDER BY received_at, id LIMIT ?"
+            )
+        };
         // A replay still runs while an event it put back waits for its delivery.
         let replay_running = format!(
             "EXISTS (SELECT 1 FROM {outbox} AS o
@@ -164,12 +179,13 @@ impl MySqlStatements {
                 append_attempt("NULL")
             )),
             mark_retry: arc(format!(
-                "UPDATE {outbox} SET {}, next_attempt_at = {LATER}, last_error = ?
+                "UPDATE {outbox} SET {}, next_attempt_at = {LATER}, last_error = ?,
+                        last_failed_at = {NOW}
                      WHERE id = ? AND lease_token = ? AND {due}",
                 append_attempt("?")
             )),
             mark_dead: arc(format!(
-                "UPDATE {outbox} SET {}, dead = TRUE, last_error = ?
+                "UPDATE {outbox} SET {}, dead = TRUE, last_error = ?, last_failed_at = {NOW}
                      WHERE id = ? AND lease_token = ? AND {due}",
                 append_attempt("?")
             )),
@@ -177,12 +193,7 @@ impl MySqlStatements {
             list_dead: arc(list("dead", "id")),
             history: arc(format!("SELECT history FROM {outbox} WHERE id = ?")),
             dashboard_minutes: arc(dashboard_minutes(outbox, micros_of, AT_MICROS, AT_MICROS)),
-            failed_histories: arc(failed_histories(
-                outbox,
-                "history",
-                "JSON_LENGTH(history)",
-                AT_MICROS,
-            )),
+            failed_histories: arc(failed_histories(outbox, "history", AT_MICROS)),
             duplicate_minutes: arc(format!(
                 "SELECT origin, minute, duplicates FROM {duplicates} WHERE minute >= ?"
             )),
@@ -221,16 +232,13 @@ impl MySqlStatements {
                      WHERE dead AND sent_at IS NULL AND (? IS NULL OR id = ?) AND {window}
                      ORDER BY id LIMIT ?"
             )),
-            events: arc(format!(
-                "SELECT {event_columns} FROM {outbox}
-                 WHERE (? IS NULL OR destination = ?)
-                   AND (? IS NULL OR SUBSTRING(`key`, 1, CHAR_LENGTH(?)) = ?)
-                   AND (? IS NULL OR received_at >= {AT_MICROS})
-                   AND (? IS NULL OR received_at <= {AT_MICROS})
-                   AND (? IS NULL OR {EVENT_STATE} = ?)
-                   AND (? IS NULL OR received_at > {AT_MICROS}
-                        OR (received_at = {AT_MICROS} AND id > ?))
-                 ORDER BY received_at, id LIMIT ?"
+            // `LOCATE` makes the range exact: `_bin` collations compare `a` and `a ` alike.
+            events: arc(events_where(
+                "(? IS NULL OR (`key` >= ? AND (? IS NULL OR `key` < ?) AND LOCATE(?, `key`) = 1))",
+            )),
+            events_in_key_range: arc(events_where(
+                "? IS NOT NULL AND `key` >= ? AND ? IS NOT NULL AND `key` < ?
+                   AND LOCATE(?, `key`) = 1",
             )),
             event_by_id: arc(format!("{event_detail} WHERE id = ?")),
             events_by_key: arc(format!("{event_detail} WHERE `key` = ? ORDER BY id")),

@@ -138,4 +138,21 @@ CREATE TABLE IF NOT EXISTS {prefix}duplicates (
 CREATE INDEX IF NOT EXISTS {prefix}outbox_received_at ON {prefix}outbox (received_at);
 ",
     },
+    Migration {
+        version: 7,
+        description: "keys compared byte for byte in the outbox; the time of each row's last failed delivery",
+        // Under the "C" collation, as in the keys table, the key index serves a search by
+        // prefix as a range. The dashboard counts failed attempts from the rows that
+        // failed within its range only, found by the index on `last_failed_at`; a row's
+        // last attempt is no earlier than its last failure.
+        sql: "
+ALTER TABLE {prefix}outbox ALTER COLUMN key TYPE text COLLATE \"C\";
+ALTER TABLE {prefix}outbox ADD COLUMN IF NOT EXISTS last_failed_at timestamptz;
+UPDATE {prefix}outbox
+    SET last_failed_at = timestamptz 'epoch' + (history->-1->>'at')::bigint * interval '1 millisecond'
+    WHERE history IS NOT NULL AND (sent_at IS NULL OR jsonb_array_length(history) > 1)
+      AND last_failed_at IS NULL;
+CREATE INDEX IF NOT EXISTS {prefix}outbox_failed ON {prefix}outbox (last_failed_at);
+",
+    },
 ];

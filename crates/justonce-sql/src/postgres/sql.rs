@@ -136,8 +136,8 @@ pub(super) fn statements(tables: &Tables) -> Statements {
                         'answer', {answer}::text, 'error', {error}::text))"
             )
         },
+        position: "strpos",
         history_text: "history::text",
-        history_length: "jsonb_array_length(history)",
         // Held until the replay's transaction ends: replays of one store run one at a time.
         replay_lock: Some(format!(
             "SELECT pg_advisory_xact_lock(hashtext('justonce:{prefix}:replays'))"

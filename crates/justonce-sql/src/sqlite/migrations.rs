@@ -137,4 +137,16 @@ END;
 CREATE INDEX IF NOT EXISTS {prefix}outbox_received_at ON {prefix}outbox (received_at);
 ",
     },
+    Migration {
+        version: 7,
+        description: "the time of each row's last failed delivery",
+        // The dashboard counts failed attempts from the rows that failed within its range
+        // only, found by the index; a row's last attempt is no earlier than its last failure.
+        sql: "
+ALTER TABLE {prefix}outbox ADD COLUMN last_failed_at INTEGER;
+UPDATE {prefix}outbox SET last_failed_at = json_extract(history, '$[#-1].at')
+    WHERE history IS NOT NULL AND (sent_at IS NULL OR json_array_length(history) > 1);
+CREATE INDEX IF NOT EXISTS {prefix}outbox_failed ON {prefix}outbox (last_failed_at);
+",
+    },
 ];

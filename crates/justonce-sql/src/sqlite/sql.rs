@@ -77,8 +77,8 @@ pub(super) fn statements(tables: &Tables) -> Statements {
                                 'status', {status}, 'answer', {answer}, 'error', {error}))"
             )
         },
+        position: "instr",
         history_text: "history",
-        history_length: "json_array_length(history)",
         // A replay's transaction begins with the database's only write lock.
         replay_lock: None,
     };

@@ -12,6 +12,7 @@ use std::time::Duration;
 on_every_database!(
     the_dashboard_counts_what_the_store_holds,
     purge_deletes_the_duplicate_counts_of_minutes_past_the_retention,
+    failed_attempts_are_counted_within_the_range_only,
 );
 
 /// Stores `key` for `origin` as the service does; whether it was new.
@@ -113,6 +114,65 @@ async fn the_dashboard_counts_what_the_store_holds<DB: TestBackend>(test: &str) 
     let stats = db.inbox.outbox().stats().await.unwrap();
     assert_eq!((stats.sent, stats.due, stats.dead), (3, 1, 1));
     other.inbox.pool().close().await;
+    db.cleanup().await;
+}
+
+/// A delivery refused two hours ago and one failing now: the last hour counts one failed
+/// attempt, the last three hours both. The rows read are those whose last failure is in
+/// the range, found by its index, not every dead letter ever kept.
+async fn failed_attempts_are_counted_within_the_range_only<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let shop = db.consumer("shop");
+    let sink = Sink::scripted(Arc::new(|key: &str, _| match key {
+        "shop:old" => Answer::status(400),
+        _ => Answer::status(503),
+    }))
+    .await;
+    let relay = db
+        .inbox
+        .outbox()
+        .relay()
+        .options(RelayOptions::default().first_backoff(Duration::from_secs(3_600)))
+        .destination("shop", HttpDestination::new(&sink.url()).unwrap());
+    assert!(receive(&shop, "shop", "old").await);
+    assert_eq!(relay.relay_once().await.unwrap().dead, 1);
+    // Its one attempt, refused, moved two hours back: in its history and its row.
+    let two_hours = Duration::from_secs(7_200);
+    let then_ms = (std::time::SystemTime::now() - two_hours)
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let outbox_table = format!("{}outbox", db.prefix);
+    DB::execute(
+        db.inbox.pool(),
+        format!(
+            r#"UPDATE {outbox_table} SET history = '[{{"attempt":1,"at":{then_ms},"ms":5,"status":400,"answer":"no","error":"HTTP 400"}}]'"#
+        ),
+    )
+    .await
+    .unwrap();
+    DB::age_rows(
+        db.inbox.pool(),
+        outbox_table,
+        "last_failed_at",
+        i64::try_from(two_hours.as_millis()).unwrap(),
+    )
+    .await;
+    assert!(receive(&shop, "shop", "new").await);
+    assert_eq!(relay.relay_once().await.unwrap().retried, 1);
+
+    let failed = |range: Duration| {
+        let outbox = db.inbox.outbox();
+        async move {
+            let dashboard = outbox.dashboard(range).await.unwrap();
+            let shop = dashboard.destinations.iter().find(|d| d.name == "shop");
+            let minutes: u64 = dashboard.minutes.iter().map(|m| m.counts.failed).sum();
+            assert_eq!(minutes, dashboard.totals.failed);
+            (dashboard.totals.failed, shop.map(|d| d.totals.failed))
+        }
+    };
+    assert_eq!(failed(Duration::from_secs(3_600)).await, (1, Some(1)));
+    assert_eq!(failed(3 * Duration::from_secs(3_600)).await, (2, Some(2)));
     db.cleanup().await;
 }
 

@@ -18,12 +18,14 @@ use tokio::sync::Semaphore;
 
 on_every_database!(
     events_are_listed_by_origin_key_prefix_time_and_state_a_page_at_a_time,
+    events_are_found_by_any_part_of_their_key_wildcards_taken_as_written,
     an_event_is_shown_whole_with_its_attempts_by_id_and_by_key,
     a_delivered_event_replayed_reaches_its_target_again_with_the_same_key,
     a_range_replay_delivers_each_event_once_more_and_refuses_an_overlapping_one_meanwhile,
     delivered_events_are_purged_by_their_origins_retention_only,
     a_slow_relays_late_answer_does_not_undo_a_replay,
     a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_flight,
+    a_late_success_is_not_recorded_over_the_replay_of_a_row_dead_lettered_in_flight,
     an_event_written_by_an_earlier_version_is_found_and_replayed_by_time,
 );
 
@@ -138,6 +140,133 @@ async fn events_are_listed_by_origin_key_prefix_time_and_state_a_page_at_a_time<
         EventFilter::default().after("not a cursor"),
         Err(Error::InvalidCursor(_))
     ));
+    db.cleanup().await;
+}
+
+/// A partner says "order 1042": the operator searches a part of the key, wherever it is in
+/// the key. `%`, `_` and `\` are the characters they are, not patterns; a prefix is
+/// matched byte for byte, case included.
+async fn events_are_found_by_any_part_of_their_key_wildcards_taken_as_written<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let keys = [
+        "order:1042:a",
+        "x-1042",
+        "order:9",
+        "100%",
+        "a_b",
+        "axb",
+        "back\\slash",
+        "ORDER:7",
+    ];
+    for key in keys {
+        let consumer = db.consumer("shop");
+        let message = Message::new("shop", key.as_bytes().to_vec());
+        let outcome = consumer
+            .run_forward(&Key::new(key).unwrap(), key.as_bytes(), message)
+            .await
+            .unwrap();
+        assert!(matches!(outcome, Outcome::Processed(())), "{key}");
+    }
+    let outbox = db.inbox.outbox();
+    let found = |filter: EventFilter| {
+        let outbox = outbox.clone();
+        async move {
+            let page = outbox.events(&filter).await.unwrap();
+            page.events.into_iter().map(|e| e.key).collect::<Vec<_>>()
+        }
+    };
+    let containing = |part: &str| found(EventFilter::default().key_contains(part));
+    assert_eq!(containing("1042").await, ["order:1042:a", "x-1042"]);
+    assert_eq!(containing("%").await, ["100%"]);
+    assert_eq!(containing("_").await, ["a_b"]);
+    assert_eq!(containing("\\").await, ["back\\slash"]);
+    assert_eq!(containing("0%").await, ["100%"]);
+    assert!(containing("%1042").await.is_empty());
+    assert!(containing("order:1042:a:longer").await.is_empty());
+    assert_eq!(containing("order").await, ["order:1042:a", "order:9"]);
+
+    let starting = |prefix: &str| found(EventFilter::default().key_prefix(prefix));
+    assert_eq!(starting("order:").await, ["order:1042:a", "order:9"]);
+    assert_eq!(starting("order:1042").await, ["order:1042:a"]);
+    assert_eq!(starting("ORDER").await, ["ORDER:7"]);
+    assert_eq!(starting("a_").await, ["a_b"]);
+    assert_eq!(starting("100%").await, ["100%"]);
+    assert!(starting("1042").await.is_empty());
+    assert!(
+        starting("order:9 ").await.is_empty(),
+        "a trailing space is a character"
+    );
+    assert!(starting("%").await.is_empty());
+    // Both at once, and with the other filters.
+    assert_eq!(
+        found(
+            EventFilter::default()
+                .origin("shop")
+                .key_prefix("order:")
+                .key_contains("42")
+        )
+        .await,
+        ["order:1042:a"]
+    );
+    db.cleanup().await;
+}
+
+/// MariaDB stores every time in UTC, whatever time zone the URL gives the session (sqlx
+/// sets the session's zone from `timezone`): an event received now, by the current
+/// version and by one before 5 that leaves the time to the column's default, is received
+/// now by the UTC clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_stores_utc_times_whatever_the_sessions_time_zone() {
+    use sqlx::MySql;
+    let url = format!("{}?timezone=%2B05:00", justonce_tests::mysql_url());
+    let db = TestDb::<MySql>::at(&url).await;
+    let zone = MySql::texts(db.inbox.pool(), "SELECT @@session.time_zone".to_owned()).await;
+    assert_eq!(zone.unwrap(), ["+05:00"], "the session is not in UTC");
+    receive(&db.inbox, "shop", "order-1").await;
+    let table = format!("{}outbox", db.prefix);
+    MySql::execute(
+        db.inbox.pool(),
+        format!(
+            "INSERT INTO {table}
+                (scope, `key`, destination, payload, headers, created_at, next_attempt_at)
+             SELECT scope, 'shop:order-2', destination, payload, headers, created_at,
+                    next_attempt_at
+             FROM {table}"
+        ),
+    )
+    .await
+    .unwrap();
+    let now = SystemTime::now();
+    let page = db
+        .inbox
+        .outbox()
+        .events(&EventFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(page.events.len(), 2);
+    for event in &page.events {
+        let off = match now.duration_since(event.received_at) {
+            Ok(ago) => ago,
+            Err(ahead) => ahead.duration(),
+        };
+        assert!(
+            off < Duration::from_secs(60),
+            "{} received {off:?} away from now",
+            event.key
+        );
+    }
+    let recent = MySql::count(
+        db.inbox.pool(),
+        format!(
+            "SELECT count(*) FROM {}migrations
+             WHERE applied_at BETWEEN UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE AND UTC_TIMESTAMP(6)",
+            db.prefix
+        ),
+    )
+    .await;
+    assert!(recent > 0, "the migrations were not recorded in UTC");
     db.cleanup().await;
 }
 
@@ -333,19 +462,27 @@ async fn delivered_events_are_purged_by_their_origins_retention_only<DB: TestBac
     db.cleanup().await;
 }
 
+/// Which deliveries a [`Held`] destination answers with a failure that may pass; it takes
+/// the others.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Refusing {
+    None,
+    All,
+    AllButHeld,
+}
+
 /// A destination that holds the delivery of one key until the test lets it go: a target
-/// that answers after the relay's lease ran out. It answers every delivery `Sent`, or when
-/// `refusing`, with a failure that may pass.
+/// that answers after the relay's lease ran out.
 #[derive(Clone)]
 struct Held {
     key: String,
-    refusing: bool,
+    refusing: Refusing,
     started: Arc<Semaphore>,
     release: Arc<Semaphore>,
 }
 
 impl Held {
-    fn new(key: &Key, refusing: bool) -> Self {
+    fn new(key: &Key, refusing: Refusing) -> Self {
         Self {
             key: key.as_str().to_owned(),
             refusing,
@@ -361,16 +498,17 @@ impl Destination for Held {
         delivery: Delivery<'a>,
     ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
         Box::pin(async move {
-            if delivery.key == self.key {
+            let held = delivery.key == self.key;
+            if held {
                 self.started.add_permits(1);
                 self.release.acquire().await.unwrap().forget();
             }
-            match self.refusing {
-                false => Delivered::Sent,
-                true => Delivered::Retry {
+            match (self.refusing, held) {
+                (Refusing::All, _) | (Refusing::AllButHeld, false) => Delivered::Retry {
                     after: None,
                     reason: "answered 503".to_owned(),
                 },
+                _ => Delivered::Sent,
             }
         })
     }
@@ -404,7 +542,7 @@ async fn a_slow_relays_late_answer_does_not_undo_a_replay<DB: TestBackend>(test:
         let id = outbox.events_with_key(key.as_str()).await.unwrap()[0]
             .event
             .id;
-        let held = Held::new(&key, false);
+        let held = Held::new(&key, Refusing::None);
         let slow = outbox
             .relay()
             .destination(&origin, held.clone())
@@ -471,7 +609,7 @@ async fn a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_fligh
         .event
         .id;
     // Every row is past its window at once; one failure opens the breaker for a minute.
-    let held = Held::new(&slow, true);
+    let held = Held::new(&slow, Refusing::All);
     let options = RelayOptions::default()
         .deliver_for(Duration::ZERO)
         .breaker_failures(1)
@@ -502,6 +640,66 @@ async fn a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_fligh
         "the late failure dead-lettered the replay"
     );
     assert_eq!(shown.event.attempts, 0, "the replay's attempts count anew");
+    db.cleanup().await;
+}
+
+/// The row in flight is dead-lettered (its window ended), then replayed; then the slow
+/// target takes the first delivery at last. The replay took the lease token away, so the
+/// relay's "sent" is not recorded: the event stays due, its history without that attempt,
+/// and the replay delivers it once more with the same key, which the target already has.
+async fn a_late_success_is_not_recorded_over_the_replay_of_a_row_dead_lettered_in_flight<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let outbox = db.inbox.outbox();
+    let slow = receive(&db.inbox, "shop", "order-1").await;
+    let id = outbox.events_with_key(slow.as_str()).await.unwrap()[0]
+        .event
+        .id;
+    receive(&db.inbox, "shop", "order-2").await;
+    // Every row is past its window at once; order-2's failure opens the breaker, which
+    // dead-letters the rows past their window, order-1 in flight among them.
+    let held = Held::new(&slow, Refusing::AllButHeld);
+    let options = RelayOptions::default()
+        .deliver_for(Duration::ZERO)
+        .breaker_failures(1)
+        .breaker_pause(Duration::from_secs(60));
+    let relay = outbox
+        .relay()
+        .destination("shop", held.clone())
+        .options(options);
+    let running = justonce_tests::RunningRelay::start(relay);
+    held.started.acquire().await.unwrap().forget();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while outbox.event(id).await.unwrap().unwrap().event.state != EventState::Dead {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the row in flight was not dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(outbox.replay_event(id).await.unwrap());
+
+    held.release.add_permits(1);
+    running.stop().await;
+    let shown = outbox.event(id).await.unwrap().unwrap();
+    assert_eq!(
+        (shown.event.state, shown.event.attempts),
+        (EventState::Due, 0),
+        "the late success was recorded over the replay"
+    );
+    assert!(
+        shown.attempts.iter().all(|attempt| attempt.error.is_some()),
+        "the late success is in the history: {:?}",
+        shown.attempts
+    );
+    let sink = Sink::start().await;
+    relay_all(&relay_to(&outbox, &sink, &["shop"])).await;
+    assert_eq!(per_key(&sink)[slow.as_str()], 1, "the replay was delivered");
+    let shown = outbox.event(id).await.unwrap().unwrap();
+    assert_eq!(shown.event.state, EventState::Delivered);
     db.cleanup().await;
 }
 
