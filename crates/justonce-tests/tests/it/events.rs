@@ -5,8 +5,8 @@
 use super::on_every_database;
 use justonce_http::HttpDestination;
 use justonce_sql::{
-    Delivered, Delivery, Destination, Error, EventFilter, EventState, Inbox, Key, Message, Outbox,
-    Outcome, Relay, RelayOptions, ReplayRange,
+    Delivered, Delivery, Destination, Error, EventDetail, EventFilter, EventState, Inbox, Key,
+    Message, Outbox, Outcome, Relay, RelayOptions, ReplayRange,
 };
 use justonce_tests::{Answer, Sink, TestBackend, TestDb};
 use std::collections::HashMap;
@@ -592,24 +592,21 @@ async fn a_slow_relays_late_answer_does_not_undo_a_replay<DB: TestBackend>(test:
     db.cleanup().await;
 }
 
-/// A relay sends an event to a slow target while its destination's breaker opens and
-/// dead-letters the destination's rows past their delivery window, the one in flight too;
-/// the operator replays it. The slow target's late failure, recorded under the lease the
-/// relay still holds, does not dead-letter the replay again.
-async fn a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_flight<
-    DB: TestBackend,
->(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
+/// A relay sends `order-1` to a slow target, which refuses as `refusing`, while the
+/// destination's breaker, opened by one failure, dead-letters every row past its delivery
+/// window, the one in flight too; the operator replays it; then the slow target answers and
+/// the relay stops. The replayed event's key and id, and the event as shown then.
+async fn replay_a_row_dead_lettered_in_flight<DB: TestBackend>(
+    db: &TestDb<DB>,
+    refusing: Refusing,
+) -> (Key, i64, EventDetail) {
     let outbox = db.inbox.outbox();
     let slow = receive(&db.inbox, "shop", "order-1").await;
     receive(&db.inbox, "shop", "order-2").await;
     let id = outbox.events_with_key(slow.as_str()).await.unwrap()[0]
         .event
         .id;
-    // Every row is past its window at once; one failure opens the breaker for a minute.
-    let held = Held::new(&slow, Refusing::All);
+    let held = Held::new(&slow, refusing);
     let options = RelayOptions::default()
         .deliver_for(Duration::ZERO)
         .breaker_failures(1)
@@ -629,11 +626,22 @@ async fn a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_fligh
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(outbox.replay_event(id).await.unwrap());
-
-    // The slow target fails at last; at its stop the relay records what is in flight.
+    // The slow target answers at last; at its stop the relay records what is in flight.
     held.release.add_permits(1);
     running.stop().await;
     let shown = outbox.event(id).await.unwrap().unwrap();
+    (slow, id, shown)
+}
+
+/// The row in flight is dead-lettered, then replayed; the slow target's late failure,
+/// recorded under the lease the relay still holds, does not dead-letter the replay again.
+async fn a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_flight<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let (_, _, shown) = replay_a_row_dead_lettered_in_flight(&db, Refusing::All).await;
     assert_eq!(
         shown.event.state,
         EventState::Due,
@@ -643,10 +651,10 @@ async fn a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_fligh
     db.cleanup().await;
 }
 
-/// The row in flight is dead-lettered (its window ended), then replayed; then the slow
-/// target takes the first delivery at last. The replay took the lease token away, so the
-/// relay's "sent" is not recorded: the event stays due, its history without that attempt,
-/// and the replay delivers it once more with the same key, which the target already has.
+/// The row in flight is dead-lettered, then replayed; then the slow target takes the first
+/// delivery at last. The replay took the lease token away, so the relay's "sent" is not
+/// recorded: the event stays due, its history without that attempt, and the replay
+/// delivers it once more with the same key, which the target already has.
 async fn a_late_success_is_not_recorded_over_the_replay_of_a_row_dead_lettered_in_flight<
     DB: TestBackend,
 >(
@@ -654,37 +662,7 @@ async fn a_late_success_is_not_recorded_over_the_replay_of_a_row_dead_lettered_i
 ) {
     let db = TestDb::<DB>::new(test).await;
     let outbox = db.inbox.outbox();
-    let slow = receive(&db.inbox, "shop", "order-1").await;
-    let id = outbox.events_with_key(slow.as_str()).await.unwrap()[0]
-        .event
-        .id;
-    receive(&db.inbox, "shop", "order-2").await;
-    // Every row is past its window at once; order-2's failure opens the breaker, which
-    // dead-letters the rows past their window, order-1 in flight among them.
-    let held = Held::new(&slow, Refusing::AllButHeld);
-    let options = RelayOptions::default()
-        .deliver_for(Duration::ZERO)
-        .breaker_failures(1)
-        .breaker_pause(Duration::from_secs(60));
-    let relay = outbox
-        .relay()
-        .destination("shop", held.clone())
-        .options(options);
-    let running = justonce_tests::RunningRelay::start(relay);
-    held.started.acquire().await.unwrap().forget();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while outbox.event(id).await.unwrap().unwrap().event.state != EventState::Dead {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the row in flight was not dead-lettered"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(outbox.replay_event(id).await.unwrap());
-
-    held.release.add_permits(1);
-    running.stop().await;
-    let shown = outbox.event(id).await.unwrap().unwrap();
+    let (slow, id, shown) = replay_a_row_dead_lettered_in_flight(&db, Refusing::AllButHeld).await;
     assert_eq!(
         (shown.event.state, shown.event.attempts),
         (EventState::Due, 0),
