@@ -92,6 +92,7 @@ async fn notify_until_quiet<DB: Backend>(
     notifier: Arc<AtomicU8>,
     every: Duration,
 ) {
+    let mut dropped = IdleIfDropped(Some(Arc::clone(&notifier)));
     loop {
         // A commit from here on may be missed by this NOTIFY: it asks for the next.
         notifier.store(SENDING, Ordering::Release);
@@ -101,7 +102,20 @@ async fn notify_until_quiet<DB: Backend>(
             .compare_exchange(SENDING, IDLE, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
+            dropped.0 = None;
             return;
+        }
+    }
+}
+
+/// Sets the notifier idle when its task is dropped before it returns (its runtime shut
+/// down), so that a later commit starts another instead of counting on a task now gone.
+struct IdleIfDropped(Option<Arc<AtomicU8>>);
+
+impl Drop for IdleIfDropped {
+    fn drop(&mut self) {
+        if let Some(notifier) = self.0.take() {
+            notifier.store(IDLE, Ordering::Release);
         }
     }
 }

@@ -177,6 +177,14 @@ pub(super) fn split(url: &str) -> Result<Option<(Vec<String>, SessionAttrs)>, Er
         return Ok(None);
     }
     let attrs = attrs.map_or(Ok(SessionAttrs::ReadWrite), SessionAttrs::parse)?;
+    if attrs == SessionAttrs::Any && host_list.contains(',') {
+        // The first host that answers may be a standby, and every write would then fail.
+        return Err(Error::Config(
+            "target_session_attrs=any with several hosts may choose a standby, which refuses \
+             every write; write read-write (the default) or primary"
+                .to_owned(),
+        ));
+    }
     let query = match kept.is_empty() {
         true => String::new(),
         false => format!("?{}", kept.join("&")),
@@ -283,8 +291,12 @@ async fn watch(
             () = failover.suspect.notified() => {}
             () = tokio::time::sleep(WATCH_INTERVAL) => {}
         }
+        // Bounded: a host that vanished (power, network) answers nothing, not even a reset.
         if let Some(conn) = &mut sentinel
-            && matches!(hosts.attrs.accepts(conn).await, Ok(true))
+            && matches!(
+                tokio::time::timeout(PROBE_TIMEOUT, hosts.attrs.accepts(conn)).await,
+                Ok(Ok(true))
+            )
         {
             continue;
         }
@@ -391,6 +403,8 @@ mod tests {
                 config_error(&format!("postgres://h1,h2/db?target_session_attrs={value}"));
             assert!(message.contains("refuses writes"), "{message}");
         }
+        let message = config_error("postgres://h1,h2/db?target_session_attrs=any");
+        assert!(message.contains("may choose a standby"), "{message}");
         let message = config_error("postgres://h1,h2/db?target_session_attrs=leader");
         assert!(message.contains("not a value libpq knows"), "{message}");
         let message = config_error("postgres://h1,,h2/db");

@@ -74,6 +74,22 @@ async fn write(
     written
 }
 
+/// Waits until `reached`; a writer that ended first (it panicked, or wrote everything)
+/// fails the test, since then `reached` may never hold.
+async fn until_writing(
+    what: &str,
+    writers: &[tokio::task::JoinHandle<Written>],
+    reached: impl Fn() -> bool,
+) {
+    while !reached() {
+        assert!(
+            !writers.iter().any(tokio::task::JoinHandle::is_finished),
+            "a writer ended before {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_the_pool_writes_to_the_new_primary_and_nothing_acknowledged_is_lost() {
     let primary = Cluster::start().expect("a primary of the test's own");
@@ -103,15 +119,17 @@ async fn after_a_failover_the_pool_writes_to_the_new_primary_and_nothing_acknowl
             tokio::spawn(write(inbox, prefix, writer, Arc::clone(&progress)))
         })
         .collect();
-    while progress.done.load(Ordering::Relaxed) < KILLED_AFTER {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_writing("the kill", &writers, || {
+        progress.done.load(Ordering::Relaxed) >= KILLED_AFTER
+    })
+    .await;
     primary.kill().expect("SIGKILL the primary");
     let killed_at = progress.done.load(Ordering::Relaxed);
     // No host accepts writes until the promotion: the writers are refused meanwhile.
-    while progress.refused.load(Ordering::Relaxed) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_writing("a refusal", &writers, || {
+        progress.refused.load(Ordering::Relaxed) > 0
+    })
+    .await;
     standby.promote().expect("promote the standby");
 
     let mut acknowledged = Vec::new();
