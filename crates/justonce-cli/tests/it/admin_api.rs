@@ -20,6 +20,21 @@ on_every_database!(
 
 pub(crate) const TOKEN: &str = "an admin token long enough to guess never";
 
+/// A server with `server.admin_token` set, delivering to `sink`, with `more` at the end of
+/// its configuration; and its log.
+pub(crate) async fn server_with_token(
+    url: &str,
+    sink: &Sink,
+    more: &str,
+) -> (Server, tokio::task::JoinHandle<Vec<String>>) {
+    let mut server =
+        Server::configure_all(url, &sink.url(), "admin_token = \"env:ADMIN_TOKEN\"", more);
+    let log = server
+        .start_logged(&[], &[("ADMIN_TOKEN", TOKEN), ("RUST_LOG", "warn")])
+        .await;
+    (server, log)
+}
+
 /// A client of one server's admin API, sending the token unless told otherwise.
 pub(crate) struct Api {
     client: reqwest::Client,
@@ -182,15 +197,7 @@ target = "http://127.0.0.1:{closed}/unreachable"
         sink = sink.url(),
         closed = free_port(),
     );
-    let mut server = Server::configure_all(
-        &url,
-        &sink.url(),
-        "admin_token = \"env:ADMIN_TOKEN\"",
-        &more,
-    );
-    let _log = server
-        .start_logged(&[], &[("ADMIN_TOKEN", TOKEN), ("RUST_LOG", "warn")])
-        .await;
+    let (mut server, _log) = server_with_token(&url, &sink, &more).await;
     let api = Api::of(&server);
     let body = |n: u32| format!(r#"{{"id":"evt_{n}","n":{n}}}"#);
     for n in 1..=3 {
@@ -660,11 +667,7 @@ async fn replays_through_the_api_deliver_each_event_once_more_with_the_same_key<
 ) {
     let (db, url) = database::<DB>(test).await;
     let sink = Sink::start().await;
-    let mut server =
-        Server::configure_all(&url, &sink.url(), "admin_token = \"env:ADMIN_TOKEN\"", "");
-    let _log = server
-        .start_logged(&[], &[("ADMIN_TOKEN", TOKEN), ("RUST_LOG", "warn")])
-        .await;
+    let (mut server, _log) = server_with_token(&url, &sink, "").await;
     let api = Api::of(&server);
     for n in 0..100 {
         post_event(&server, "demo", &format!(r#"{{"id":"evt_{n}","n":{n}}}"#)).await;

@@ -4,8 +4,8 @@
 //! shows: into the folder `JUSTONCE_SCREENSHOTS` names, else beside the build, so that a
 //! test run leaves the checkout as it was.
 
-use crate::admin_api::{Api, TOKEN, post_event, requests_with};
-use crate::serve::{Server, amqp_url, database, drop_database, free_port};
+use crate::admin_api::{Api, TOKEN, post_event, requests_with, server_with_token};
+use crate::serve::{Server, amqp_url, database, delete_queue, drop_database, free_port};
 use axum::response::Html;
 use justonce_tests::browser::{Browser, wait_until};
 use justonce_tests::{Answer, Sink, TestBackend};
@@ -49,19 +49,6 @@ mod postgres {
     }
 }
 
-/// A server with `server.admin_token` set, delivering to `sink`.
-async fn server_with_token(
-    url: &str,
-    sink: &Sink,
-) -> (Server, tokio::task::JoinHandle<Vec<String>>) {
-    let mut server =
-        Server::configure_all(url, &sink.url(), "admin_token = \"env:ADMIN_TOKEN\"", "");
-    let log = server
-        .start_logged(&[], &[("ADMIN_TOKEN", TOKEN), ("RUST_LOG", "warn")])
-        .await;
-    (server, log)
-}
-
 /// Posts the event `id` of the demo source and waits until the store has it delivered;
 /// returns its event id.
 async fn delivered_event(server: &Server, api: &Api, id: &str) -> i64 {
@@ -101,7 +88,7 @@ async fn serve_elsewhere(page: String) -> String {
 async fn a_page_on_another_origin_cannot_replay_an_event() {
     let (db, url) = database::<justonce_sql::sqlx::Sqlite>("browser_other_origin").await;
     let sink = Sink::start().await;
-    let (mut server, _log) = server_with_token(&url, &sink).await;
+    let (mut server, _log) = server_with_token(&url, &sink, "").await;
     let api = Api::of(&server);
     let id = delivered_event(&server, &api, "order_1042").await;
     let stored = api.get(&format!("/api/v1/events/{id}")).await;
@@ -185,7 +172,6 @@ async function attempt(name, init) {{
 /// broker is down shows that it is not, and why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_consumers_page_shows_each_consumers_connection() {
-    use lapin::options::QueueDeleteOptions;
     let (db, url) = database::<justonce_sql::sqlx::Sqlite>("browser_consumers").await;
     let sink = Sink::start().await;
     let queue = format!("{}orders", db.prefix);
@@ -205,15 +191,7 @@ target = "{sink}"
         sink = sink.url(),
         closed = free_port(),
     );
-    let mut server = Server::configure_all(
-        &url,
-        &sink.url(),
-        "admin_token = \"env:ADMIN_TOKEN\"",
-        &consumers,
-    );
-    let _log = server
-        .start_logged(&[], &[("ADMIN_TOKEN", TOKEN), ("RUST_LOG", "warn")])
-        .await;
+    let (mut server, _log) = server_with_token(&url, &sink, &consumers).await;
 
     let browser = Browser::start().await;
     open_with_token(&browser, &server, "/consumers").await;
@@ -242,12 +220,7 @@ target = "{sink}"
         .await
         .expect("RabbitMQ");
     let channel = broker.create_channel().await.unwrap();
-    for name in [format!("{queue}.dead"), queue] {
-        channel
-            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-            .await
-            .unwrap();
-    }
+    delete_queue(&channel, &queue).await;
     drop_database(db, &url).await;
 }
 
@@ -381,7 +354,7 @@ async fn await_count(browser: &Browser, css: &str, expected: usize) {
 async fn the_console_finds_an_event_by_key_and_replays_it<DB: TestBackend>(test: &str) {
     let (db, url) = database::<DB>(test).await;
     let sink = Sink::start().await;
-    let (mut server, _log) = server_with_token(&url, &sink).await;
+    let (mut server, _log) = server_with_token(&url, &sink, "").await;
     let api = Api::of(&server);
     let mut ids = Vec::new();
     for order in ["order_1041", "order_1042", "order_1043"] {
@@ -475,7 +448,7 @@ async fn dead_letters_are_replayed_from_their_page<DB: TestBackend>(test: &str) 
         Answer::status(if attempt == 1 { 400 } else { 200 })
     }))
     .await;
-    let (mut server, _log) = server_with_token(&url, &sink).await;
+    let (mut server, _log) = server_with_token(&url, &sink, "").await;
     let api = Api::of(&server);
     let orders = ["order_2001", "order_2002", "order_2003"];
     for order in orders {

@@ -894,7 +894,7 @@ pub(crate) fn amqp_url() -> String {
 async fn a_queue_consumed_by_the_service_reaches_its_target_once_per_key<DB: TestBackend>(
     test: &str,
 ) {
-    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
     let (db, url) = database::<DB>(test).await;
     let sink = Sink::start().await;
     let queue = format!("{}orders", db.prefix);
@@ -967,13 +967,21 @@ async fn a_queue_consumed_by_the_service_reaches_its_target_once_per_key<DB: Tes
     }
     assert_each_order_delivered_once(&sink).await;
     server.stop().await;
-    for name in [format!("{queue}.dead"), queue] {
+    delete_queue(&channel, &queue).await;
+    drop_database(db, &url).await;
+}
+
+/// Deletes the RabbitMQ queue `queue` and its dead-letter queue.
+pub(crate) async fn delete_queue(channel: &lapin::Channel, queue: &str) {
+    for name in [format!("{queue}.dead"), queue.to_owned()] {
         channel
-            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .queue_delete(
+                name.as_str().into(),
+                lapin::options::QueueDeleteOptions::default(),
+            )
             .await
             .unwrap();
     }
-    drop_database(db, &url).await;
 }
 
 /// The trace context every order is published with.
