@@ -1122,7 +1122,11 @@ fn is_retryable_work_error<DB: Backend>(error: &(dyn std::error::Error + 'static
 fn is_database_lost<DB: Backend>(error: &(dyn std::error::Error + 'static)) -> bool {
     std::iter::successors(Some(error), |error| error.source())
         .find_map(|error| error.downcast_ref::<sqlx::Error>())
-        .is_some_and(|error| DB::is_commit_unknown(error) || DB::refuses_writes(error))
+        .is_some_and(|error| {
+            // Work returns a protocol error for failures of its own too: never the store's.
+            !matches!(error, sqlx::Error::Protocol(_))
+                && (DB::is_commit_unknown(error) || DB::refuses_writes(error))
+        })
 }
 
 /// The error of work that failed: the store's when the database went away under it, so
