@@ -3,7 +3,7 @@
 use anyhow::{Result, bail, ensure};
 use justonce_sql::sqlx::{self, AssertSqlSafe, MySql, Postgres, Sqlite};
 use justonce_sql::statements::{self, ClaimMany};
-use justonce_sql::{Backend, Fingerprint};
+use justonce_sql::{Backend, Effect, Fingerprint};
 use std::future::Future;
 use std::time::Duration;
 
@@ -68,6 +68,10 @@ pub(crate) trait BenchDb: Backend {
         table: &'a str,
         key: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The same effect row as [`Inbox::run_effect`] takes it: written only when `claimed`
+    /// has its row.
+    fn effect(table: &str, key: &str) -> Effect<Self>;
 
     /// Inserts the key; false if it was there.
     async fn hand_claim(
@@ -268,6 +272,13 @@ macro_rules! dollar_parameters {
                 .execute(&mut **tx)
                 .await
                 .map(drop)
+        }
+
+        fn effect(table: &str, key: &str) -> Effect<Self> {
+            Effect::new(format!(
+                "INSERT INTO {table} (effect_key) SELECT $1 FROM claimed"
+            ))
+            .bind(key.to_owned())
         }
 
         async fn hand_claim(
@@ -561,6 +572,13 @@ impl BenchDb for MySql {
             .execute(&mut **tx)
             .await
             .map(drop)
+    }
+
+    fn effect(table: &str, key: &str) -> Effect<Self> {
+        Effect::new(format!(
+            "INSERT INTO {table} (effect_key) SELECT ? FROM claimed"
+        ))
+        .bind(key.to_owned())
     }
 
     /// A plain INSERT whose duplicate-key error is caught, as justonce's claim is: MySQL

@@ -7,6 +7,9 @@ pub(crate) enum Mode {
     OneStatement,
     Run,
     RunAgain,
+    /// `Inbox::run_effect` with the effect row as its statement: on PostgreSQL one
+    /// statement.
+    RunEffect,
     /// The claim and a row forwarding the message, as `hand-written` sends them.
     HandWrittenForward,
     /// `Inbox::run_forward`: on PostgreSQL one statement.
@@ -23,10 +26,11 @@ pub(crate) enum Mode {
 
 impl Mode {
     /// The modes that start from empty tables and take a message at a time, baseline first.
-    pub(crate) const ONE_BY_ONE: [Mode; 5] = [
+    pub(crate) const ONE_BY_ONE: [Mode; 6] = [
         Mode::HandWritten,
         Mode::OneStatement,
         Mode::Run,
+        Mode::RunEffect,
         Mode::HandWrittenForward,
         Mode::RunForward,
     ];
@@ -34,7 +38,9 @@ impl Mode {
     /// The mode this one is compared with, in the same round.
     pub(crate) fn baseline(self) -> Option<Mode> {
         match self {
-            Mode::OneStatement | Mode::Run | Mode::RunAgain => Some(Mode::HandWritten),
+            Mode::OneStatement | Mode::Run | Mode::RunAgain | Mode::RunEffect => {
+                Some(Mode::HandWritten)
+            }
             Mode::RunForward => Some(Mode::HandWrittenForward),
             Mode::HandWrittenClaimMany(batch) => Some(Mode::HandWrittenBatched(batch)),
             Mode::ClaimMany(batch) => Some(Mode::HandWrittenClaimMany(batch)),
@@ -63,6 +69,7 @@ impl Mode {
             Mode::OneStatement => "one-statement",
             Mode::Run => "run",
             Mode::RunAgain => "run-again",
+            Mode::RunEffect => "run_effect",
             Mode::HandWrittenForward => "hand-written-forward",
             Mode::RunForward => "run_forward",
             Mode::HandWrittenBatched(_) => "hand-written-batched",

@@ -159,6 +159,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Mode::HandWritten => self.hand_written(share, false).await,
                 Mode::OneStatement => self.one_statement(share).await,
                 Mode::Run | Mode::RunAgain => self.run_all(share).await,
+                Mode::RunEffect => self.run_effect(share).await,
                 Mode::HandWrittenForward => self.hand_written(share, true).await,
                 Mode::RunForward => self.run_forward(share).await,
                 Mode::HandWrittenBatched(batch) => {
@@ -172,6 +173,17 @@ impl<DB: BenchDb> Bench<'_, DB> {
         });
         for done in futures_util::future::join_all(runs).await {
             done?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn run_effect(&self, keys: &[Key]) -> Result<()> {
+        for key in keys {
+            let effect = DB::effect(&self.tables.effects, key.as_str());
+            // Processed or a duplicate: the effect rows say which, when the mode ends.
+            let _outcome = (self.inbox)
+                .run_effect(key, key.as_str().as_bytes(), &effect)
+                .await?;
         }
         Ok(())
     }

@@ -508,15 +508,17 @@ impl EffectsDb {
         let opened = match kind {
             DatabaseKind::Postgres => {
                 let pool = sqlx::pool::PoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
+                // The check reads for seconds: it need not follow a failover, so the
+                // watcher of a multi-host URL ends here.
                 <Postgres as Backend>::connect(url, pool)
                     .await
-                    .map(Self::Postgres)
+                    .map(|(pool, _watcher)| Self::Postgres(pool))
             }
             DatabaseKind::MySql => {
                 let pool = sqlx::pool::PoolOptions::new().acquire_timeout(CONNECT_TIMEOUT);
                 <MySql as Backend>::connect(url, pool)
                     .await
-                    .map(Self::MySql)
+                    .map(|(pool, _)| Self::MySql(pool))
             }
             DatabaseKind::Sqlite => Pool::connect(url)
                 .await

@@ -290,7 +290,8 @@ pub struct EventListArgs {
     #[command(flatten)]
     pub origin: OriginArgs,
     /// Only the events whose key contains this anywhere, such as `1042`, matched as
-    /// written: `%` and `_` are plain characters.
+    /// written: `%` and `_` are plain characters. No index serves it: without --since it
+    /// searches the events received in the 24 hours before --until, or before now.
     #[arg(long)]
     pub key: Option<String>,
     /// Only the events whose key starts with this, such as `shop:evt_`: an index finds

@@ -29,6 +29,10 @@ pub enum Error {
         /// How long the sender retries.
         retry_horizon: Duration,
     },
+    /// A statement given to run with a claim was rejected before anything touched a
+    /// database: it does not read `claimed`, or a value bound to it could not be encoded.
+    #[error("invalid statement: {0}")]
+    InvalidStatement(String),
     /// A setting is unusable, such as a table prefix that is not an identifier.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -16,7 +16,7 @@ use std::future::Future;
 ///
 /// The trait is sealed: its methods are justonce's own, and users only name the type, as in
 /// `Inbox<Postgres>`.
-pub trait Backend: sqlx::Database + Sealed {
+pub trait Backend: sqlx::Database<Arguments: Clone + Sync> + Sealed {
     /// The statement that opens a writing transaction.
     #[doc(hidden)]
     const BEGIN: &'static str;
@@ -37,11 +37,12 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn statements(tables: &Tables) -> Self::Statements;
 
+    /// Opens a pool on `url`, with the task that looks after it, if the URL needs one.
     #[doc(hidden)]
     fn connect(
         url: &str,
         pool: sqlx::pool::PoolOptions<Self>,
-    ) -> impl Future<Output = Result<sqlx::Pool<Self>, Error>> + Send;
+    ) -> impl Future<Output = Result<(sqlx::Pool<Self>, Option<Watcher>), Error>> + Send;
 
     /// Claims the key and writes its forwarding outbox row in one statement, committed on
     /// its own: one round trip. Returns the claim id and fingerprint of the row that holds
@@ -53,9 +54,31 @@ pub trait Backend: sqlx::Database + Sealed {
         _sql: &'a Self::Statements,
         _row: ClaimRow<'a>,
         _outbox: NewOutboxRow<'a>,
-    ) -> Option<ClaimAndForward<'a>> {
+    ) -> Option<OneStatement<'a, ()>> {
         None
     }
+
+    /// Claims the key and runs an effect's statement `effect`, with its `arguments`, in one
+    /// statement committed on its own, as [`Backend::claim_and_forward`] does; also
+    /// returns how many rows the effect changed. `None` where the database cannot.
+    #[doc(hidden)]
+    fn claim_with_effect<'a>(
+        _pool: &'a sqlx::Pool<Self>,
+        _tables: &'a Tables,
+        _row: ClaimRow<'a>,
+        _effect: &'a str,
+        _arguments: Self::Arguments,
+    ) -> Option<OneStatement<'a, Option<u64>>> {
+        None
+    }
+
+    /// Runs an effect's statement in the caller's transaction; how many rows it changed.
+    #[doc(hidden)]
+    fn execute_effect<'a>(
+        conn: &'a mut Self::Connection,
+        sql: String,
+        arguments: Self::Arguments,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
     /// Inserts the keys that are not present in one statement, in key order, and returns
     /// the rows it knows of afterwards: at least the inserted ones, which carry the batch's
@@ -115,8 +138,8 @@ pub trait Backend: sqlx::Database + Sealed {
     #[doc(hidden)]
     fn is_retryable(error: &sqlx::Error) -> bool;
 
-    /// Whether a failed COMMIT may have happened all the same: the connection broke or the
-    /// server went away before its answer arrived.
+    /// Whether the connection broke or the server went away: a failed COMMIT may then have
+    /// happened all the same, and a failed ROLLBACK means the connection is lost.
     #[doc(hidden)]
     fn is_commit_unknown(error: &sqlx::Error) -> bool;
 
@@ -354,19 +377,35 @@ pub trait Reads<DB: sqlx::Database> {
     ) -> impl Future<Output = Result<bool, Error>> + Send + 'a;
 }
 
-/// The statement of [`Backend::claim_and_forward`], running.
+/// The statement of [`Backend::claim_and_forward`] or [`Backend::claim_with_effect`],
+/// running: the claim id and fingerprint of the row holding the key afterwards, and what
+/// the statement's write came to.
 #[doc(hidden)]
-pub type ClaimAndForward<'a> = std::pin::Pin<
-    Box<dyn Future<Output = Result<Option<(i64, Vec<u8>)>, ForwardFailed>> + Send + 'a>,
+pub type OneStatement<'a, T> = std::pin::Pin<
+    Box<dyn Future<Output = Result<Option<(i64, Vec<u8>, T)>, ForwardFailed>> + Send + 'a>,
 >;
 
-/// Why the statement of [`Backend::claim_and_forward`] gave no answer.
+/// Why a [`OneStatement`] gave no answer.
 #[doc(hidden)]
 pub enum ForwardFailed {
     /// No connection was had: nothing was sent.
     Connect(sqlx::Error),
     /// The statement was sent, and failed or lost its answer.
     Statement(sqlx::Error),
+    /// The statement was sent and refused as the caller's fault, with this reason: nothing
+    /// was committed.
+    Invalid(String),
+}
+
+/// A pool's watcher task, held by what owns the pool: dropping it ends the task, which
+/// would otherwise keep the pool and a connection open for as long as the process runs.
+#[doc(hidden)]
+pub struct Watcher(pub(crate) tokio::task::AbortHandle);
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 pub(crate) use private::Sealed;

@@ -20,6 +20,9 @@ use std::time::{Duration, SystemTime};
 /// `range`).
 pub const REPLAYED_EVENTS: &str = "justonce_replayed_events_total";
 
+/// How far back a search by part of the key reads when its filter sets no start: a day.
+pub const KEY_CONTAINS_WINDOW: Duration = Duration::from_secs(24 * 3_600);
+
 /// Where an event is in its delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventState {
@@ -107,7 +110,10 @@ impl EventFilter {
 
     /// Only the events whose key contains `part` anywhere, byte for byte: `%`, `_` and
     /// `\` are characters like any other. No index serves this: the store reads the events
-    /// the other filters select, in order, until it has a page.
+    /// the other filters select, in order, until it has a page. So that it never reads the
+    /// whole outbox, a filter with no [`since`](Self::since) searches the events received
+    /// within [`KEY_CONTAINS_WINDOW`] before its [`until`](Self::until), or before now;
+    /// [`EventPage::searched_since`] says where that window began.
     pub fn key_contains(mut self, part: impl Into<String>) -> Self {
         self.key_part = Some(part.into());
         self
@@ -197,6 +203,9 @@ pub struct EventPage {
     pub events: Vec<Event>,
     /// The cursor of the next page ([`EventFilter::after`]); `None` on the last page.
     pub next: Option<String>,
+    /// Where the window of a search by part of the key began when its filter set no
+    /// start ([`EventFilter::key_contains`]): older events were not read.
+    pub searched_since: Option<SystemTime>,
 }
 
 /// A stored event whole: its body and headers as stored, and its delivery attempts.
@@ -301,12 +310,17 @@ impl<DB: Backend> Outbox<DB> {
     /// A page of the stored events `filter` selects, oldest first.
     pub async fn events(&self, filter: &EventFilter) -> Result<EventPage, Error> {
         let limit = filter.limit.max(1);
+        let searched_since = (filter.key_part.is_some() && filter.since.is_none()).then(|| {
+            let end = filter.until.unwrap_or_else(SystemTime::now);
+            end.checked_sub(KEY_CONTAINS_WINDOW)
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        });
         let listing = EventListing {
             origin: filter.origin.as_deref(),
             key_prefix: (filter.key_prefix.as_deref())
                 .map(|prefix| (prefix, least_text_above_prefix(prefix))),
             key_part: filter.key_part.as_deref(),
-            since_us: filter.since.map(micros),
+            since_us: filter.since.or(searched_since).map(micros),
             until_us: filter.until.map(micros),
             state: filter.state.map(EventState::as_str),
             after: filter.after,
@@ -321,7 +335,11 @@ impl<DB: Backend> Outbox<DB> {
         let more = events.len() > limit as usize;
         events.truncate(limit as usize);
         let next = more.then(|| events.last().map(Event::cursor)).flatten();
-        Ok(EventPage { events, next })
+        Ok(EventPage {
+            events,
+            next,
+            searched_since,
+        })
     }
 
     /// One stored event whole, by id.

@@ -2,9 +2,10 @@
 
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
-use crate::backend::{Backend, ForwardFailed, Queries, Reads};
+use crate::backend::{Backend, ForwardFailed, OneStatement, Queries, Reads, Watcher};
 use crate::common::migration_script;
 use crate::dashboard::DuplicateCounts;
+use crate::effect::{Effect, with_claimed_row};
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
 use crate::rows::{Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored};
@@ -155,8 +156,8 @@ impl<DB: Backend> Inbox<DB> {
         let pool_options = sqlx::pool::PoolOptions::new()
             .max_connections(options.pool_size)
             .acquire_timeout(options.acquire_timeout);
-        let pool = DB::connect(url, pool_options).await?;
-        Self::from_pool(pool, consumer, options)
+        let (pool, watcher) = DB::connect(url, pool_options).await?;
+        Self::owning(pool, watcher, consumer, options)
     }
 
     /// Uses a pool the application already has. For SQLite, set WAL and a busy timeout on
@@ -165,6 +166,16 @@ impl<DB: Backend> Inbox<DB> {
     /// again for as long as the timeout.
     pub fn from_pool(
         pool: sqlx::Pool<DB>,
+        consumer: Consumer,
+        options: InboxOptions,
+    ) -> Result<Self, Error> {
+        Self::owning(pool, None, consumer, options)
+    }
+
+    /// An inbox on `pool`, holding the pool's watcher if it has one.
+    fn owning(
+        pool: sqlx::Pool<DB>,
+        watcher: Option<Watcher>,
         consumer: Consumer,
         options: InboxOptions,
     ) -> Result<Self, Error> {
@@ -181,6 +192,7 @@ impl<DB: Backend> Inbox<DB> {
                 recent: RecentKeys::new(options.recent_keys, options.retention.retry_horizon()),
                 duplicates: DuplicateCounts::default(),
                 relays: RelayWake::new(options.notify_every),
+                _watcher: watcher,
             }),
             consumer,
             scope: Scope::none(),
@@ -405,7 +417,7 @@ impl<DB: Backend> Inbox<DB> {
             if *claim == Claim::First
                 && let Err(error) = work(&mut tx, message).await
             {
-                return Err(rolled_back(tx, work_failed::<DB, _>(error)).await);
+                return Err(roll_back_work(tx, error).await.into());
             }
         }
         let outcomes = commit_batch(tx, claimed).await?;
@@ -458,7 +470,7 @@ impl<DB: Backend> Inbox<DB> {
             .map(|(message, _)| message)
             .collect();
         if let Err(error) = work(&mut tx, firsts).await {
-            return Err(rolled_back(tx, work_failed::<DB, _>(error)).await);
+            return Err(roll_back_work(tx, error).await.into());
         }
         let outcomes = commit_batch(tx, claimed).await?;
         self.count_duplicates(&outcomes);
@@ -511,10 +523,11 @@ impl<DB: Backend> Inbox<DB> {
     ///   cannot be reached to find out, the error is [`Error::CommitUnknown`]: do not
     ///   acknowledge the message; its redelivery will be judged by the same claim.
     ///
-    /// - If the connection breaks under the work, or its server turns out to refuse writes
-    ///   (a standby after a failover), the attempt is the database's failure, not the
-    ///   work's: it is run again, and if it keeps failing the error is
-    ///   [`RunError::Store`].
+    /// - If the run's own connection breaks under the work (its rollback fails), or its
+    ///   server turns out to refuse writes (a standby after a failover), the attempt is the
+    ///   database's failure, not the work's: it is run again, and if it keeps failing the
+    ///   error is [`RunError::Store`]. A broken connection to another database the work
+    ///   talks to is the work's failure.
     ///
     /// Any other error from the work rolls back and is returned as [`RunError::Work`].
     pub async fn run<'env, T, E, F>(
@@ -585,62 +598,33 @@ impl<DB: Backend> Inbox<DB> {
                 payload: &message.payload,
                 headers: message.headers_json(),
             };
-            let mut unknown_commit = None;
-            let mut tries = 0;
-            if let Some(statement) =
-                DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox)
+            let statement = DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox);
+            let outcome = match self
+                .one_statement(&identity, fingerprint, claim_id, statement, ())
+                .await?
             {
-                match statement.await {
-                    Ok(Some((stored_claim_id, stored_fingerprint))) => {
-                        let stored = Stored::decode(stored_claim_id, stored_fingerprint)?;
-                        let outcome = if stored.claim_id == claim_id {
-                            self.shared.wake_relays();
-                            Outcome::Processed(())
-                        } else {
-                            skipped(&identity, stored.fingerprint, fingerprint)
-                        };
-                        self.settled(&identity, fingerprint, &outcome);
-                        return Ok(outcome);
-                    }
-                    // A holder committed after the statement's snapshot: the transaction
-                    // below reads it.
-                    Ok(None) => {}
-                    // The pool waited its whole acquire timeout for a connection: waiting
-                    // as long again below would double what the caller waits.
-                    Err(ForwardFailed::Connect(error @ sqlx::Error::PoolTimedOut)) => {
-                        return Err(driver_error::<DB>(error));
-                    }
-                    // Nothing was sent: the transactions below connect as `run`'s do, and
-                    // fail as theirs would.
-                    Err(ForwardFailed::Connect(_)) => {}
-                    Err(ForwardFailed::Statement(error)) => {
-                        // The statement was its own commit: its answer may have been lost.
-                        let unknown = DB::is_commit_unknown(&error);
-                        let transient = unknown || DB::is_retryable(&error);
-                        if !transient || 1 >= self.tries_allowed(unknown) {
-                            return Err(driver_error::<DB>(error));
-                        }
-                        if unknown {
-                            unknown_commit = Some((claim_id, ()));
-                        }
-                        pause_before_retry(1, unknown).await;
-                        tries = 1;
-                    }
+                Settled::Done(outcome) => outcome,
+                Settled::Resume {
+                    unknown_commit,
+                    tries,
+                } => {
+                    let forwarded = self.run_attempts(
+                        &identity,
+                        fingerprint,
+                        |tx| {
+                            let message = message.clone();
+                            Box::pin(
+                                async move { self.forward(tx, key, message).await.map(|_| ()) },
+                            )
+                        },
+                        unknown_commit,
+                        tries,
+                    );
+                    forwarded.await.map_err(|error| match error {
+                        RunError::Store(error) | RunError::Work(error) => error,
+                    })?
                 }
-            }
-            let forwarded = self.run_attempts(
-                &identity,
-                fingerprint,
-                |tx| {
-                    let message = message.clone();
-                    Box::pin(async move { self.forward(tx, key, message).await.map(|_| ()) })
-                },
-                unknown_commit,
-                tries,
-            );
-            let outcome = forwarded.await.map_err(|error| match error {
-                RunError::Store(error) | RunError::Work(error) => error,
-            })?;
+            };
             if matches!(outcome, Outcome::Processed(())) {
                 self.shared.wake_relays();
             }
@@ -648,6 +632,160 @@ impl<DB: Backend> Inbox<DB> {
         }
         .instrument(run_span(&identity))
         .await
+    }
+
+    /// [`Inbox::run`] with one statement as the whole work: the claim and `effect` are one
+    /// statement on PostgreSQL, one round trip instead of four. `effect` reads the relation
+    /// `claimed`, which has one row only when this run claimed the key (see [`Effect`]).
+    /// On SQLite and MariaDB, and when that statement must be tried again, it runs as `run`
+    /// does: a transaction that claims the key, then runs `effect` with `claimed` as a
+    /// one-row derived table `(SELECT 1 AS justonce_claimed) AS claimed`, whose alias is the
+    /// statement's if it gives one.
+    ///
+    /// The outcomes, retries and the reading back of a commit whose answer was lost are
+    /// `run`'s. [`Outcome::Processed`] holds how many rows `effect` changed, or `None` when
+    /// the answer to the one statement was lost and the key, read back, showed that it had
+    /// committed: it took effect, but its count was not heard.
+    ///
+    /// A statement that does not read `claimed` as a relation (after `FROM`, `JOIN`,
+    /// `USING` or a comma of a list of tables) would take effect for duplicates too: it is
+    /// [`Error::InvalidStatement`], before anything is sent. So are more statements than
+    /// one and a bind that could not be encoded. On PostgreSQL, a statement that changed
+    /// rows for a duplicate all the same fails whole, as [`Error::InvalidStatement`]. A
+    /// failing statement, such as one breaking a constraint, leaves no claim.
+    ///
+    /// ```no_run
+    /// # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), justonce_sql::Error> {
+    /// use justonce_sql::{Effect, Key, Outcome};
+    ///
+    /// let key = Key::new("payment:pi_1")?;
+    /// let credit = Effect::new(
+    ///     "UPDATE balances SET amount = amount + $2 FROM claimed WHERE account = $1",
+    /// )
+    /// .bind("acct_7")
+    /// .bind(1250_i64);
+    /// match inbox.run_effect(&key, b"pi_1 1250", &credit).await? {
+    ///     Outcome::Processed(Some(0)) => println!("no such account"),
+    ///     Outcome::Processed(_) => println!("credited"),
+    ///     Outcome::Duplicate => println!("seen before: nothing changed"),
+    ///     Outcome::KeyReused { .. } => println!("same key, another payload: nothing changed"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_effect(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        effect: &Effect<DB>,
+    ) -> Result<Outcome<Option<u64>>, Error> {
+        let (sql, places) = effect.checked()?;
+        let identity = self.identity(key);
+        let fingerprint = Fingerprint::of(payload);
+        async {
+            if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
+                return Ok(outcome);
+            }
+            let claim_id = random_claim_id();
+            let row = ClaimRow {
+                identity: &identity,
+                fingerprint: &fingerprint,
+                claim_id,
+            };
+            let statement = DB::claim_with_effect(
+                &self.shared.pool,
+                &self.shared.tables,
+                row,
+                sql,
+                effect.arguments.clone(),
+            );
+            let (unknown_commit, tries) = match self
+                .one_statement(&identity, fingerprint, claim_id, statement, None)
+                .await?
+            {
+                Settled::Done(outcome) => return Ok(outcome),
+                Settled::Resume {
+                    unknown_commit,
+                    tries,
+                } => (unknown_commit, tries),
+            };
+            let in_transaction = with_claimed_row(sql, &places);
+            let ran = self.run_attempts(
+                &identity,
+                fingerprint,
+                |tx| {
+                    let statement = DB::execute_effect(
+                        &mut **tx,
+                        in_transaction.clone(),
+                        effect.arguments.clone(),
+                    );
+                    Box::pin(async move { statement.await.map(Some) })
+                },
+                unknown_commit,
+                tries,
+            );
+            ran.await.map_err(|error| match error {
+                RunError::Store(error) => error,
+                RunError::Work(error) => driver_error::<DB>(error),
+            })
+        }
+        .instrument(run_span(&identity))
+        .await
+    }
+
+    /// Runs the one statement that claims the key and writes, where the database has one
+    /// (`statement`): the outcome it settled, or where the transactions of
+    /// [`Inbox::run_attempts`] start from. `lost` is what a commit whose answer was lost
+    /// came to, if reading the key back shows that it happened.
+    async fn one_statement<T>(
+        &self,
+        identity: &Identity,
+        fingerprint: Fingerprint,
+        claim_id: i64,
+        statement: Option<OneStatement<'_, T>>,
+        lost: T,
+    ) -> Result<Settled<T>, Error> {
+        let resume = |unknown_commit, tries| {
+            Ok(Settled::Resume {
+                unknown_commit,
+                tries,
+            })
+        };
+        let Some(statement) = statement else {
+            return resume(None, 0);
+        };
+        match statement.await {
+            Ok(Some((stored_claim_id, stored_fingerprint, value))) => {
+                let stored = Stored::decode(stored_claim_id, stored_fingerprint)?;
+                let outcome = if stored.claim_id == claim_id {
+                    Outcome::Processed(value)
+                } else {
+                    skipped(identity, stored.fingerprint, fingerprint)
+                };
+                self.settled(identity, fingerprint, &outcome);
+                Ok(Settled::Done(outcome))
+            }
+            // A holder committed after the statement's snapshot: the transactions read it.
+            Ok(None) => resume(None, 0),
+            // The pool waited its whole acquire timeout for a connection: waiting as long
+            // again in the transactions would double what the caller waits.
+            Err(ForwardFailed::Connect(error @ sqlx::Error::PoolTimedOut)) => {
+                Err(driver_error::<DB>(error))
+            }
+            // Nothing was sent: the transactions connect as `run`'s do, and fail as theirs
+            // would.
+            Err(ForwardFailed::Connect(_)) => resume(None, 0),
+            Err(ForwardFailed::Invalid(reason)) => Err(Error::InvalidStatement(reason)),
+            Err(ForwardFailed::Statement(error)) => {
+                // The statement was its own commit: its answer may have been lost.
+                let unknown = DB::is_commit_unknown(&error);
+                let transient = unknown || DB::is_retryable(&error);
+                if !transient || 1 >= self.tries_allowed(unknown) {
+                    return Err(driver_error::<DB>(error));
+                }
+                pause_before_retry(1, unknown).await;
+                resume(unknown.then_some((claim_id, lost)), 1)
+            }
+        }
     }
 
     /// The outcome of a key this process saw committed recently, without asking the
@@ -714,20 +852,18 @@ impl<DB: Backend> Inbox<DB> {
                 Err(failed) => failed,
             };
             let transient = match &failed {
-                Failed::Work(error) => {
-                    is_retryable_work_error::<DB>(error) || is_database_lost::<DB>(error)
-                }
+                Failed::Work(error) => is_retryable_work_error::<DB>(error),
+                Failed::Lost(_) => true,
                 Failed::Store(error) => error.is_retryable() || unknown_commit.is_some(),
             };
             if !transient || attempt >= self.tries_allowed(unknown_commit.is_some()) {
                 return Err(match failed {
-                    Failed::Work(error) => work_failed::<DB, _>(error),
                     Failed::Store(error) if unknown_commit.is_some() => {
                         RunError::Store(Error::CommitUnknown {
                             source: Box::new(error),
                         })
                     }
-                    Failed::Store(error) => RunError::Store(error),
+                    failed => failed.into(),
                 });
             }
             pause_before_retry(attempt, unknown_commit.is_some()).await;
@@ -752,6 +888,7 @@ impl<DB: Backend> Inbox<DB> {
     ) -> Result<Outcome<T>, Failed<E>>
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
+        E: std::error::Error + 'static,
     {
         let _writer = self.shared.queue_writer().await;
         let claim_id = random_claim_id();
@@ -787,10 +924,7 @@ impl<DB: Backend> Inbox<DB> {
         *unknown_commit = None;
         let value = match work(&mut tx).await {
             Ok(value) => value,
-            Err(error) => {
-                let _ = tx.rollback().await;
-                return Err(Failed::Work(error));
-            }
+            Err(error) => return Err(roll_back_work(tx, error).await),
         };
         match tx.commit().await {
             Ok(()) => Ok(Outcome::Processed(value)),
@@ -1052,10 +1186,41 @@ fn run_span(identity: &Identity) -> tracing::Span {
     )
 }
 
+/// What the one statement of a run came to.
+enum Settled<T> {
+    /// The database answered: the run's outcome.
+    Done(Outcome<T>),
+    /// The run goes on in transactions, after `tries` tries, with the claim id and value
+    /// of the one statement if its answer was lost.
+    Resume {
+        unknown_commit: Option<(i64, T)>,
+        tries: u32,
+    },
+}
+
 /// Why one attempt of [`Inbox::run`] failed.
 enum Failed<E> {
+    /// The work failed on its own.
     Work(E),
+    /// The work failed because our database went away under it: nothing was committed,
+    /// and the work is not to blame.
+    Lost(E),
     Store(Error),
+}
+
+impl<E> From<Failed<E>> for RunError<E>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    fn from(failed: Failed<E>) -> Self {
+        match failed {
+            Failed::Work(error) => RunError::Work(error),
+            // The store's, so that a caller gives the message back rather than count a
+            // failed attempt.
+            Failed::Lost(error) => RunError::Store(Error::database(true, error)),
+            Failed::Store(error) => RunError::Store(error),
+        }
+    }
 }
 
 /// Why [`Inbox::run`] failed.
@@ -1117,28 +1282,32 @@ fn is_retryable_work_error<DB: Backend>(error: &(dyn std::error::Error + 'static
     false
 }
 
-/// Whether the work failed because the database went away under it: its connection broke,
-/// or its server refuses writes (a standby after a failover). Nothing was committed.
-fn is_database_lost<DB: Backend>(error: &(dyn std::error::Error + 'static)) -> bool {
-    std::iter::successors(Some(error), |error| error.source())
-        .find_map(|error| error.downcast_ref::<sqlx::Error>())
-        .is_some_and(|error| {
-            // Work returns a protocol error for failures of its own too: never the store's.
-            !matches!(error, sqlx::Error::Protocol(_))
-                && (DB::is_commit_unknown(error) || DB::refuses_writes(error))
-        })
-}
-
-/// The error of work that failed: the store's when the database went away under it, so
-/// that a caller gives the message back rather than count a failed attempt.
-fn work_failed<DB: Backend, E>(error: E) -> RunError<E>
+/// Rolls back the transaction of work that failed with `error`, and judges whose failure
+/// it was, on our own connection: the database's when the rollback finds that connection
+/// gone, or when `error` is a server refusing writes (a standby after a failover); the
+/// work's otherwise, even a broken connection to another database the work talks to.
+///
+/// A refusal is judged from the error alone: one from another pool carries the same code,
+/// and cannot be told apart.
+async fn roll_back_work<DB: Backend, E>(tx: sqlx::Transaction<'_, DB>, error: E) -> Failed<E>
 where
-    E: std::error::Error + Send + Sync + 'static,
+    E: std::error::Error + 'static,
 {
-    if is_database_lost::<DB>(&error) {
-        RunError::Store(Error::database(true, error))
+    let gone = match tx.rollback().await {
+        Ok(()) => false,
+        Err(rollback) => {
+            tracing::debug!(error = %rollback, "rolling failed work back");
+            DB::is_commit_unknown(&rollback)
+        }
+    };
+    let chain: &(dyn std::error::Error + 'static) = &error;
+    let refused = std::iter::successors(Some(chain), |e| e.source())
+        .filter_map(|e| e.downcast_ref::<sqlx::Error>())
+        .any(DB::refuses_writes);
+    if gone || refused {
+        Failed::Lost(error)
     } else {
-        RunError::Work(error)
+        Failed::Work(error)
     }
 }
 

@@ -66,6 +66,7 @@ mod admin;
 mod backend;
 mod common;
 mod dashboard;
+mod effect;
 mod events;
 mod inbox;
 mod leases;
@@ -91,9 +92,10 @@ mod wake;
 
 pub use backend::Backend;
 pub use dashboard::{Dashboard, DashboardMinute, DashboardTotals, DestinationDashboard};
+pub use effect::Effect;
 pub use events::{
-    Event, EventDetail, EventFilter, EventPage, EventState, REPLAYED_EVENTS, ReplayRange,
-    ReplayWindow,
+    Event, EventDetail, EventFilter, EventPage, EventState, KEY_CONTAINS_WINDOW, REPLAYED_EVENTS,
+    ReplayRange, ReplayWindow,
 };
 pub use inbox::{Inbox, InboxOptions, RunError, WorkFuture};
 pub use justonce_core::*;
@@ -126,7 +128,9 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "justonce_deliveries_total",
-        "Outbox rows the relay delivered, by destination and outcome (sent, retried, dead)"
+        "Outbox rows the relay delivered, by destination and outcome (sent, retried, dead, \
+         or superseded: the row was replayed, dead-lettered or taken over while it was \
+         sent, and this outcome was not recorded)"
     );
     describe_histogram!(
         DELIVERED_SECONDS,

@@ -93,9 +93,10 @@ impl RelayOptions {
 /// What one round of the relay did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayRound {
-    /// Rows taken.
+    /// Rows taken. A row replayed, dead-lettered or taken over while it was sent, its
+    /// outcome not recorded, counts here alone.
     pub taken: usize,
-    /// Rows the destination took.
+    /// Rows the destination took, recorded as sent.
     pub sent: usize,
     /// Rows put back to be tried again later.
     pub retried: usize,
@@ -392,9 +393,9 @@ impl<DB: Backend> Relay<DB> {
         // destination's failure.
         let unwell = matches!(delivered, Delivered::Retry { .. })
             && self.destinations.contains_key(&row.destination);
-        let recorded = match delivered {
+        let (recorded, changed) = match delivered {
             Delivered::Sent => {
-                let recorded = self
+                let changed = self
                     .outbox
                     .change(Change::MarkSent {
                         id: row.id,
@@ -402,17 +403,15 @@ impl<DB: Backend> Relay<DB> {
                         tried,
                     })
                     .await?;
-                if recorded == 0 {
-                    tracing::debug!(
-                        id = row.id,
-                        "sent after its lease was taken over or the row replayed: not recorded"
-                    );
+                // A send the store did not record (a replay took the row) is timed by the
+                // replay's own delivery.
+                if changed > 0 {
+                    let waited = Duration::from_millis(row.age_ms.max(0).unsigned_abs())
+                        + taken_at.elapsed();
+                    metrics::histogram!(DELIVERED_SECONDS, "destination" => row.destination.clone())
+                        .record(waited.as_secs_f64());
                 }
-                let waited =
-                    Duration::from_millis(row.age_ms.max(0).unsigned_abs()) + taken_at.elapsed();
-                metrics::histogram!(DELIVERED_SECONDS, "destination" => row.destination.clone())
-                    .record(waited.as_secs_f64());
-                if row.last_error.is_some() {
+                if changed > 0 && row.last_error.is_some() {
                     tracing::info!(
                         id = row.id,
                         key = %row.key,
@@ -421,7 +420,7 @@ impl<DB: Backend> Relay<DB> {
                         "delivered after failing"
                     );
                 }
-                Recorded::Sent
+                (Recorded::Sent, changed)
             }
             Delivered::Retry { after, reason } if !self.exhausted(row) => {
                 let backoff = self.backoff(row.attempts);
@@ -447,9 +446,8 @@ impl<DB: Backend> Relay<DB> {
                 let failure = Failure::Retry {
                     after_ms: millis(wait),
                 };
-                self.record_failure(row.id, token, failure, &reason, tried)
-                    .await?;
-                Recorded::Retried
+                let changed = (self.record_failure(row.id, token, failure, &reason, tried)).await?;
+                (Recorded::Retried, changed)
             }
             Delivered::Retry { reason, .. } | Delivered::Reject { reason } => {
                 tracing::warn!(
@@ -460,10 +458,22 @@ impl<DB: Backend> Relay<DB> {
                     %reason,
                     "delivery dead-lettered"
                 );
-                self.record_failure(row.id, token, Failure::Dead, &reason, tried)
-                    .await?;
-                Recorded::Dead
+                let changed =
+                    (self.record_failure(row.id, token, Failure::Dead, &reason, tried)).await?;
+                (Recorded::Dead, changed)
             }
+        };
+        // An outcome is recorded only under the lease token, and a failure only on a row
+        // still due: a replay, another relay after the lease ran out, or a dead-lettering
+        // past the row's window came first. The counts follow the store, not this send.
+        let recorded = if changed == 0 {
+            tracing::debug!(
+                id = row.id,
+                "the row was replayed, dead-lettered or taken over while it was sent: its outcome is not recorded"
+            );
+            Recorded::Superseded
+        } else {
+            recorded
         };
         Ok(Some(Settled { recorded, unwell }))
     }
@@ -471,7 +481,8 @@ impl<DB: Backend> Relay<DB> {
     /// Records a failed delivery with its reason, made safe to store, and its attempt.
     /// Should the database refuse it still, the failure is recorded again with a plain
     /// reason and no answer: a row whose failure goes unrecorded would be sent again when its
-    /// lease ends, outside its schedule, and never reach its dead letter.
+    /// lease ends, outside its schedule, and never reach its dead letter. Returns the rows
+    /// changed: none when the lease was taken away.
     async fn record_failure(
         &self,
         id: i64,
@@ -479,7 +490,7 @@ impl<DB: Backend> Relay<DB> {
         failure: Failure,
         reason: &str,
         tried: Tried<'_>,
-    ) -> Result<(), Error> {
+    ) -> Result<u64, Error> {
         let change = |reason, tried| match failure {
             Failure::Retry { after_ms } => Change::MarkRetry {
                 id,
@@ -496,8 +507,9 @@ impl<DB: Backend> Relay<DB> {
             },
         };
         let reason = safe_text(reason, REASON_BYTES);
-        let Err(error) = self.outbox.change(change(&reason, tried)).await else {
-            return Ok(());
+        let error = match self.outbox.change(change(&reason, tried)).await {
+            Ok(changed) => return Ok(changed),
+            Err(error) => error,
         };
         metrics::counter!("justonce_relay_record_failures_total").increment(1);
         tracing::warn!(id, %error, "a failed delivery's reason could not be recorded: recording the failure without it");
@@ -505,10 +517,7 @@ impl<DB: Backend> Relay<DB> {
             answer: None,
             ..tried
         };
-        self.outbox
-            .change(change(UNRECORDED_REASON, bare))
-            .await
-            .map(drop)
+        self.outbox.change(change(UNRECORDED_REASON, bare)).await
     }
 
     /// Gives back a row taken under `token` and not tried, due again `after` from now with
@@ -713,6 +722,8 @@ enum Recorded {
     Sent,
     Retried,
     Dead,
+    /// Nothing: the row was replayed, dead-lettered or taken over while it was sent.
+    Superseded,
 }
 
 /// One delivered row: what was recorded, and whether its destination failed to take it.
@@ -750,6 +761,7 @@ impl RelayRound {
             Recorded::Sent => self.sent += 1,
             Recorded::Retried => self.retried += 1,
             Recorded::Dead => self.dead += 1,
+            Recorded::Superseded => {}
         }
         count_delivery(destination, recorded);
     }
@@ -761,6 +773,7 @@ fn count_delivery(destination: &str, recorded: Recorded) {
         Recorded::Sent => "sent",
         Recorded::Retried => "retried",
         Recorded::Dead => "dead",
+        Recorded::Superseded => "superseded",
     };
     metrics::counter!(
         "justonce_deliveries_total",

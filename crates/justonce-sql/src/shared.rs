@@ -1,7 +1,7 @@
 //! What the inbox, the outbox and the relay share: one store's pool and statements, the
 //! errors of the store, and small helpers for durations, randomness and batched deletes.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Watcher};
 use crate::dashboard::DuplicateCounts;
 use crate::recent::RecentKeys;
 use crate::tables::Tables;
@@ -26,6 +26,8 @@ pub(crate) struct Shared<DB: Backend> {
     /// Duplicates answered and not yet added to the store's counts.
     pub(crate) duplicates: DuplicateCounts,
     pub(crate) relays: RelayWake,
+    /// The pool's watcher, ended when the last owner of the pool is dropped.
+    pub(crate) _watcher: Option<Watcher>,
 }
 
 impl<DB: Backend> Shared<DB> {

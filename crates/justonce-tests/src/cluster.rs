@@ -116,24 +116,7 @@ impl Cluster {
     /// standby to hold each commit before answering it (`synchronous_standby_names`).
     pub fn start_standby(&self, synchronous: bool) -> Result<Self, String> {
         let standby = Self::prepare()?;
-        let port = self.port.to_string();
-        standby.pg(
-            "pg_basebackup",
-            &[
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-U",
-                "postgres",
-                "-D",
-                &standby.data(),
-                "-R",
-                "-X",
-                "stream",
-                "--no-sync",
-            ],
-        )?;
+        standby.copy_of(self)?;
         standby.start_again()?;
         if synchronous {
             append(
@@ -152,6 +135,38 @@ impl Cluster {
             }
         }
         Ok(standby)
+    }
+
+    /// Brings this stopped server back as a streaming standby of `primary`, from a fresh
+    /// copy of it on its own port: an old primary returning after a failover.
+    pub fn rejoin_as_standby_of(&self, primary: &Self) -> Result<(), String> {
+        let data = self.data();
+        std::fs::remove_dir_all(&data).map_err(|e| format!("{data}: {e}"))?;
+        self.copy_of(primary)?;
+        self.start_again()
+    }
+
+    /// Fills this cluster's empty data folder with a copy of `primary` that streams from
+    /// it once started (`pg_basebackup -R`).
+    fn copy_of(&self, primary: &Self) -> Result<(), String> {
+        let port = primary.port.to_string();
+        self.pg(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                &self.data(),
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ],
+        )
     }
 
     /// Kills the server and its backends with SIGKILL, as a machine that dies would.

@@ -129,11 +129,14 @@ pub async fn effect_unless_claimed<DB: TestBackend>(
     Ok(true)
 }
 
+/// The exit code of a process that [`consumer_work`] ended on an `exit` key.
+pub const EXITED: i32 = 86;
+
 /// Whether [`consumer_work`] stops at its `hang` failpoint in this process.
 static HANGS: AtomicBool = AtomicBool::new(false);
 
-/// Makes [`consumer_work`] in this process stop at its `hang` failpoint: for a worker
-/// process that a test kills there. A test's own consumer passes it, so that it can run
+/// Makes [`consumer_work`] in this process stop at its `hang` failpoint, and end at its
+/// `exit` one: for a worker process that a test kills or restarts there. A test's own consumer passes it, so that it can run
 /// what the killed worker left, even on a reader, which cannot tell an entry read again.
 pub fn hang_at_failpoints() {
     HANGS.store(true, Ordering::Relaxed);
@@ -141,9 +144,11 @@ pub fn hang_at_failpoints() {
 
 /// The broker tests' work: one effect row for the message's key, failing for keys that start
 /// with `fail` on attempts up to the digit after it (`fail2:` fails twice), and always
-/// for keys that start with `bad`. A key that starts with `hang`, on its first delivery in
-/// a process that asked for it ([`hang_at_failpoints`]), prints `hanging <key>` and never
-/// finishes: a failpoint inside an open transaction.
+/// for keys that start with `bad`; it panics for keys that start with `panic`. A key that
+/// starts with `hang`, on its first delivery in a process that asked for it
+/// ([`hang_at_failpoints`]), prints `hanging <key>` and never finishes: a failpoint inside
+/// an open transaction. A key that starts with `exit`, in such a process, ends it on every
+/// delivery, as a work that runs out of memory would.
 pub fn consumer_work<DB: TestBackend>(
     prefix: &str,
 ) -> impl for<'e, 't> Fn(
@@ -158,6 +163,12 @@ pub fn consumer_work<DB: TestBackend>(
         Box::pin(async move {
             refuse(message)?;
             let key = message.key.as_str();
+            if key.starts_with("panic") {
+                panic!("the test's work panics on {key}");
+            }
+            if key.starts_with("exit") && HANGS.load(Ordering::Relaxed) {
+                std::process::exit(EXITED);
+            }
             if key.starts_with("hang") && !message.redelivered && HANGS.load(Ordering::Relaxed) {
                 use std::io::Write;
                 let mut stdout = std::io::stdout();

@@ -31,10 +31,11 @@
 //! [`AmqpOptions::tls`].
 
 use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
+use crate::destination::{Publish, Reopening, destination};
 use crate::tls::Tls;
 use crate::{ATTEMPT_HEADER, Error, Policy, REASON_BYTES, REASON_HEADER, truncate};
 use futures_util::{FutureExt, StreamExt};
-use justonce_core::{Delivered, Delivery, Destination};
+use justonce_core::Delivery;
 use justonce_sql::{Backend, Inbox};
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
@@ -45,7 +46,6 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,7 +72,9 @@ pub enum QueueType {
     /// counts each delivery lost with its consumer (`x-delivery-count`), and the consumer
     /// counts those as attempts. What the consumer gives back (while its database is down,
     /// or as it stops) is published again at the same attempt, so it is not counted. What
-    /// passes the broker's own delivery limit goes to the dead-letter queue.
+    /// passes the broker's own delivery limit goes to the dead-letter queue. With a prefetch
+    /// of 1, each delivery lost is a run lost: one lost more often than `max_attempts`
+    /// allows (its work ended its process each time) is dead-lettered before it runs.
     Quorum,
 }
 
@@ -313,6 +315,14 @@ impl Broker for Amqp {
         })
     }
 
+    /// A quorum queue counts each delivery lost with its consumer, and the consumer counts
+    /// its failed runs; what it gives back is published again at the same attempt. Every
+    /// delivery prefetched and lost is counted too: only with a prefetch of 1 is each one
+    /// lost a run lost. A classic queue counts nothing lost.
+    fn attempts_count_lost_runs(&self) -> bool {
+        self.options.queue_type == QueueType::Quorum && self.options.prefetch == 1
+    }
+
     /// A new connection and channel, prepared as at connect. The one lost is dropped.
     async fn reconnect(&self) -> Result<(), Error> {
         let open = open(&self.url, &self.options).await?;
@@ -432,8 +442,8 @@ pub struct AmqpDestination {
     exchange: String,
     routing_key: String,
     tls: Option<Tls>,
-    /// The open channel, reopened after a failure.
-    channel: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+    /// The channel, with the connection it lives on.
+    channel: Reopening<(Connection, Channel)>,
 }
 
 impl std::fmt::Debug for AmqpDestination {
@@ -454,7 +464,7 @@ impl AmqpDestination {
             exchange: exchange.to_owned(),
             routing_key: routing_key.to_owned(),
             tls: None,
-            channel: tokio::sync::Mutex::new(None),
+            channel: Reopening::default(),
         }
     }
 
@@ -463,17 +473,22 @@ impl AmqpDestination {
         self.tls = Some(tls);
         self
     }
+}
 
-    async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
-        let mut open = self.channel.lock().await;
-        if open.is_none() {
-            let connection = connect(&self.url, self.tls.as_ref())
-                .await
-                .map_err(|e| format!("connecting: {e}"))?;
-            let channel = open_channel(&connection).await.map_err(|e| e.to_string())?;
-            *open = Some((connection, channel));
-        }
-        let (_, channel) = open.as_ref().expect("opened above");
+impl Publish for AmqpDestination {
+    type Connection = (Connection, Channel);
+
+    async fn open(&self) -> Result<(Connection, Channel), Error> {
+        let connection = connect(&self.url, self.tls.as_ref()).await?;
+        let channel = open_channel(&connection).await?;
+        Ok((connection, channel))
+    }
+
+    async fn publish(
+        &self,
+        (_, channel): &(Connection, Channel),
+        delivery: Delivery<'_>,
+    ) -> Result<(), String> {
         let mut headers = FieldTable::default();
         let mut properties = BasicProperties::default()
             .with_message_id(ShortString::from(delivery.key))
@@ -489,31 +504,23 @@ impl AmqpDestination {
             }
         }
         let properties = properties.with_headers(headers);
-        let sent = publish(
+        publish(
             channel,
             &self.exchange,
             &self.routing_key,
             delivery.payload,
             properties,
         )
-        .await;
-        if let Err(error) = &sent {
-            // The next delivery opens a new channel.
-            tracing::debug!(%error, "publishing failed: reconnecting next time");
-            *open = None;
-        }
-        sent.map_err(|e| e.to_string())
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    fn connection(&self) -> &Reopening<(Connection, Channel)> {
+        &self.channel
     }
 }
 
-impl Destination for AmqpDestination {
-    fn deliver<'a>(
-        &'a self,
-        delivery: Delivery<'a>,
-    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
-        Box::pin(async move { crate::delivered(self.send(delivery).await) })
-    }
-}
+destination!(AmqpDestination);
 
 /// Proves that the broker at `url` takes a consumer with `options`: opens a connection with
 /// its TLS settings, whose AMQP handshake completes only once the broker has accepted the

@@ -2,13 +2,15 @@
 //! delivery, what it carries and how to settle it; [`Consumer`] holds the policy (the key,
 //! attempts, dead letters, the pause after a database failure, metrics, logs, spans).
 
-use crate::reconnect::{Connection, Link, lost_connection};
+use crate::reconnect::{Connection, Link};
 use crate::{ConsumerStats, Error, Incoming, KeyFrom, Ran};
 use justonce_core::TraceContext;
 use justonce_core::trace::{TRACEPARENT, TRACESTATE};
 use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -55,19 +57,65 @@ impl<DB: Backend, E, F> BatchWork<DB, E> for F where
 
 /// A [`Work`] or a [`BatchWork`] as consumers and readers run it: for the messages a
 /// transaction claimed first, all at once.
-pub(crate) trait RunWork<DB: Backend, E>: Sync {
-    fn run<'e, 't>(
+pub(crate) trait RunWork<DB: Backend, E: Send + 'static>: Sync {
+    fn run_uncaught<'e, 't>(
         &'t self,
         tx: &'t mut sqlx::Transaction<'e, DB>,
         firsts: &'t [&'t Incoming],
     ) -> WorkFuture<'t, (), E>;
+
+    /// Runs the work, a panic in it caught as a failed run: the transaction is dropped,
+    /// so it rolls back, and the consumer goes on.
+    fn run<'e, 't>(
+        &'t self,
+        tx: &'t mut sqlx::Transaction<'e, DB>,
+        firsts: &'t [&'t Incoming],
+    ) -> WorkFuture<'t, (), Failed<E>> {
+        let mut work = self.run_uncaught(tx, firsts);
+        Box::pin(std::future::poll_fn(
+            move |cx| match std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+                Ok(Poll::Ready(done)) => Poll::Ready(done.map_err(Failed::Work)),
+                Ok(Poll::Pending) => Poll::Pending,
+                Err(panic) => Poll::Ready(Err(Failed::Panicked(panic_message(&*panic)))),
+            },
+        ))
+    }
+}
+
+/// Why a work's run did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Failed<E> {
+    /// The work returned its error: a source, so that [`Inbox::run`] sees a database error
+    /// through it.
+    #[error("the work failed")]
+    Work(#[source] E),
+    /// The work panicked, with this message.
+    #[error("the work panicked: {0}")]
+    Panicked(String),
+}
+
+impl<E> Failed<E> {
+    /// What the failure comes to for the delivery's settling.
+    pub(crate) fn ran(self) -> Ran<E> {
+        match self {
+            Failed::Work(error) => Ran::Work(error),
+            Failed::Panicked(message) => Ran::Panicked(message),
+        }
+    }
+}
+
+/// The message a panic was given, when it is text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    (panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a payload that is not text".to_owned())
 }
 
 /// A [`Work`], run for each message in turn.
 pub(crate) struct EachMessage<'w, F>(pub(crate) &'w F);
 
-impl<DB: Backend, E: Send, F: Work<DB, E>> RunWork<DB, E> for EachMessage<'_, F> {
-    fn run<'e, 't>(
+impl<DB: Backend, E: Send + 'static, F: Work<DB, E>> RunWork<DB, E> for EachMessage<'_, F> {
+    fn run_uncaught<'e, 't>(
         &'t self,
         tx: &'t mut sqlx::Transaction<'e, DB>,
         firsts: &'t [&'t Incoming],
@@ -85,7 +133,7 @@ impl<DB: Backend, E: Send, F: Work<DB, E>> RunWork<DB, E> for EachMessage<'_, F>
 pub(crate) struct WholeBatch<'w, F>(pub(crate) &'w F);
 
 impl<DB: Backend, E: Send + 'static, F: BatchWork<DB, E>> RunWork<DB, E> for WholeBatch<'_, F> {
-    fn run<'e, 't>(
+    fn run_uncaught<'e, 't>(
         &'t self,
         tx: &'t mut sqlx::Transaction<'e, DB>,
         firsts: &'t [&'t Incoming],
@@ -293,6 +341,16 @@ pub trait Broker: Send + Sync {
     /// deliveries of the lost one are not settled: the broker delivers them again. A
     /// client that connects again by itself waits for it.
     fn reconnect(&self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Whether [`Received::attempt`] counts each run that ended, failed or lost with a
+    /// consumer that died under it, and nothing else: no delivery given back
+    /// ([`Settle::GiveBack`]), none taken ahead and lost before it ran. Where it does, a
+    /// delivery past the policy's `max_attempts` is dead-lettered before it runs, so that a
+    /// message whose work kills its process does not kill every consumer in turn. False
+    /// by default: a broker that keeps no such count.
+    fn attempts_count_lost_runs(&self) -> bool {
+        false
+    }
 
     /// Settles one delivery.
     fn settle(
@@ -505,33 +563,28 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let mut deliveries = self.deliveries().await?;
+        let deliveries = self.deliveries().await?;
         let mut stats = ConsumerStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let consumed =
-                self.consume(&mut deliveries, &mut shutdown, batch_size, work, &mut stats);
-            match consumed.await {
-                Ok(()) => break,
-                Err(lost) if lost_connection(&lost) => {
-                    let names = (self.inbox.consumer().as_str(), B::NAME);
-                    let connect = || async {
-                        self.broker.reconnect().await?;
-                        self.deliveries().await
-                    };
-                    let policy = self.broker.policy();
-                    match (self.connection)
-                        .reconnect(lost, policy, names, &mut shutdown, connect)
-                        .await?
-                    {
-                        Some(again) => deliveries = again,
-                        // Nothing to stop: the receiver's connection is gone.
-                        None => return Ok(stats),
-                    }
-                }
-                Err(error) => return Err(error),
-            }
-        }
+        let names = (self.inbox.consumer().as_str(), B::NAME);
+        let connect = || async {
+            self.broker.reconnect().await?;
+            self.deliveries().await
+        };
+        let kept = (self.connection).keep_receiving(
+            deliveries,
+            self.broker.policy(),
+            names,
+            &mut shutdown,
+            async |deliveries, shutdown| {
+                (self.consume(deliveries, shutdown, batch_size, work, &mut stats)).await
+            },
+            connect,
+        );
+        // Nothing to stop after a shutdown while connecting again: the receiver is gone.
+        let Some(deliveries) = kept.await? else {
+            return Ok(stats);
+        };
         deliveries.stop().await?;
         Ok(stats)
     }
@@ -551,7 +604,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         E: std::error::Error + Send + Sync + 'static,
     {
         let receiver = &mut deliveries.receiver;
-        let (gather, mut batches) = gathering(receiver, shutdown, batch_size, AHEAD);
+        let (gather, mut batches) = gathering(receiver, shutdown, batch_size);
         let settle = async move {
             while let Some((batch, _settling)) = batches.next().await {
                 if self.settle_with(&batch, work, stats).await? {
@@ -598,6 +651,9 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
+        if let Some(reason) = self.spent(delivery) {
+            return Ran::Spent(reason);
+        }
         let incoming = match self.incoming(delivery) {
             Ok(incoming) => incoming,
             Err(reason) => return Ran::NoKey(reason),
@@ -608,6 +664,18 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             .run(&incoming.key, &incoming.body, |tx| work.run(tx, alone))
             .instrument(crate::consume_span(&incoming));
         Ran::of(self.broker.working(&[delivery], run).await)
+    }
+
+    /// Why `delivery` is dead-lettered before it runs, if it is: the broker counts more
+    /// runs of it ended than the attempts allow (see [`Broker::attempts_count_lost_runs`]).
+    fn spent(&self, delivery: &B::Delivery) -> Option<String> {
+        let (attempt, max_attempts) = (delivery.attempt(), self.broker.policy().max_attempts);
+        (attempt > max_attempts && self.broker.attempts_count_lost_runs()).then(|| {
+            format!(
+                "attempt {attempt}, past the {max_attempts} allowed: not run, since each run \
+                 before it failed or was lost with a consumer that died under it"
+            )
+        })
     }
 
     /// Claims the keys of `batch` with one statement, runs the work of each first claim in
@@ -654,7 +722,8 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        if batch.len() > 1 {
+        // A delivery spent is dead-lettered alone, before it runs.
+        if batch.len() > 1 && !batch.iter().any(|delivery| self.spent(delivery).is_some()) {
             let read: Vec<Result<Incoming, String>> = batch
                 .iter()
                 .map(|delivery| self.incoming(delivery))
@@ -824,22 +893,21 @@ impl<D> Batches<D> {
 
 /// Takes batches of up to `batch_size` from `receiver` into [`Batches`] until `shutdown`
 /// resolves, the receiver ends, receiving fails or the [`Batches`] are dropped. It takes
-/// a batch only while fewer than `ahead` are taken and not settled: with 2, the next batch
-/// is gathered while one settles, so that the broker's round trips overlap the
+/// a batch only while fewer than [`AHEAD`] are taken and not settled: the next batch is
+/// gathered while one settles, so that the broker's round trips overlap the
 /// database's, and batches are still settled one after the other, in order. The future
 /// is the gathering, to run beside the settling (with `join!`); its error is receiving's.
 pub(crate) fn gathering<'r, R: Receive + 'r>(
     receiver: &'r mut R,
     shutdown: &'r mut (impl Future + Unpin),
     batch_size: usize,
-    ahead: usize,
 ) -> (
     impl Future<Output = Result<(), Error>> + 'r,
     Batches<R::Delivery>,
 ) {
-    let (sent, taken) = tokio::sync::mpsc::channel(ahead);
+    let (sent, taken) = tokio::sync::mpsc::channel(AHEAD);
     let (stop, stopping) = watch::channel(false);
-    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(ahead));
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(AHEAD));
     let gather = async move {
         let ended = async {
             loop {
@@ -908,21 +976,45 @@ pub(crate) fn judge<E: std::fmt::Display>(
             stats.dead_lettered += 1;
             Settle::DeadLetter { attempt, reason }
         }
-        Ran::Work(error) if attempt < max_attempts => {
-            tracing::debug!(key = key(), delivery = id(), attempt, %error, "work failed: retrying");
-            stats.retried += 1;
-            Settle::Retry { attempt }
-        }
-        Ran::Work(error) => {
-            let reason = format!("attempt {attempt}: {error}");
-            tracing::warn!(key = key(), delivery = id(), %reason, "work failed for the last time: dead-lettered");
+        Ran::Spent(reason) => {
+            tracing::warn!(key = key(), delivery = id(), %reason, "a delivery whose runs were lost with their consumer: dead-lettered");
             stats.dead_lettered += 1;
             Settle::DeadLetter { attempt, reason }
         }
+        Ran::Work(error) => failed(&error, attempt, max_attempts, stats, key, id),
+        Ran::Panicked(message) => failed(
+            &format_args!("the work panicked: {message}"),
+            attempt,
+            max_attempts,
+            stats,
+            key,
+            id,
+        ),
         Ran::Store(error) => {
             tracing::warn!(key = key(), delivery = id(), %error, "database failed: the delivery goes back to the broker");
             stats.returned += 1;
             Settle::GiveBack
         }
     }
+}
+
+/// How failed work is settled on `attempt`: retried below `max_attempts`, dead-lettered on
+/// it with `error` in the reason.
+fn failed(
+    error: &dyn std::fmt::Display,
+    attempt: u32,
+    max_attempts: u32,
+    stats: &mut ConsumerStats,
+    key: impl Fn() -> String,
+    id: impl Fn() -> String,
+) -> Settle {
+    if attempt < max_attempts {
+        tracing::debug!(key = key(), delivery = id(), attempt, %error, "work failed: retrying");
+        stats.retried += 1;
+        return Settle::Retry { attempt };
+    }
+    let reason = format!("attempt {attempt}: {error}");
+    tracing::warn!(key = key(), delivery = id(), %reason, "work failed for the last time: dead-lettered");
+    stats.dead_lettered += 1;
+    Settle::DeadLetter { attempt, reason }
 }

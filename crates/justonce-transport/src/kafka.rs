@@ -41,13 +41,14 @@
 //! ([`KafkaOptions::key_from`]); [`KeyFrom::MessageId`] is refused.
 
 use crate::consumer::{Receive, Received, policy_setters};
+use crate::destination::destination;
 use crate::reconnect::Connection;
 use crate::tls::Tls;
 use crate::{
     ATTEMPT_HEADER, Error, KeyFrom, OrderedBroker, Policy, Position, REASON_BYTES, REASON_HEADER,
     StoredOffsets, truncate,
 };
-use justonce_core::{Delivered, Delivery, Destination};
+use justonce_core::Delivery;
 use justonce_sql::{Backend, Inbox, Offset};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, StreamConsumer};
@@ -57,8 +58,6 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, TopicPartitionList};
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -282,12 +281,17 @@ enum Change {
 }
 
 /// What the reader's loop and librdkafka's rebalance callback share: the changes the
-/// callback saw and the loop has not yet applied, oldest first, and a wake-up for the loop,
-/// which waits for a record that an unassigned consumer never fetches.
+/// callback saw and the loop has not yet applied, oldest first, a wake-up for the loop,
+/// which waits for a record that an unassigned consumer never fetches, and the partitions
+/// held.
 #[derive(Default)]
 struct Changes {
     queued: Mutex<VecDeque<Change>>,
     changed: tokio::sync::Notify,
+    /// The next offset expected of each partition held: a record below it is dropped. The
+    /// loop fills it when it assigns; the callback empties it when it gives the partitions
+    /// up.
+    positioned: Mutex<HashMap<i32, i64>>,
 }
 
 /// The consumer's context: forwards each rebalance to the reader's loop, and reports the
@@ -298,8 +302,13 @@ struct Changes {
 /// the group's assignment, and before it takes another record the loop loads the stored
 /// offsets and assigns each partition from after its own (librdkafka waits for that call).
 /// Nothing is fetched before: no record comes from where the broker would start. A
-/// revocation is applied in the callback at once; it comes in a poll, between two
-/// records, so no work is in flight when a partition is released.
+/// revocation is applied in the callback at once, in a poll that may come while a batch
+/// runs (the reader reads the next one meanwhile). From then on the partitions are not
+/// held ([`OrderedBroker::holds`]): the records of theirs read ahead are dropped, and a
+/// failing one is not tried again, since the partitions' next reader reads them again from
+/// the stored offsets. A batch already running finishes: its transaction claims its keys
+/// and stores its offsets only if no reader moved past them, so nothing takes effect
+/// twice.
 struct Rebalancing {
     topic: String,
     changes: Arc<Changes>,
@@ -336,6 +345,7 @@ impl ConsumerContext for Rebalancing {
             self.queue(Change::Assigned(self.partitions(list)));
             return;
         }
+        crate::lock(&self.changes.positioned).clear();
         if event == RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS {
             self.queue(Change::Revoked);
         } else {
@@ -436,8 +446,6 @@ pub type KafkaReader<DB> = crate::Reader<Kafka, DB>;
 pub struct Kafka {
     consumer: StreamConsumer<Rebalancing>,
     changes: Arc<Changes>,
-    /// The next offset expected of each assigned partition: a record below it is dropped.
-    positioned: Mutex<HashMap<i32, i64>>,
     producer: FutureProducer,
     options: KafkaOptions,
 }
@@ -500,7 +508,6 @@ impl<DB: Backend> KafkaReader<DB> {
         let kafka = Kafka {
             consumer,
             changes,
-            positioned: Mutex::default(),
             producer: producer(&config)?,
             options,
         };
@@ -543,7 +550,7 @@ impl Receive for Records<'_> {
             if !crate::lock(&kafka.changes.queued).is_empty() {
                 continue;
             }
-            let mut positioned = crate::lock(&kafka.positioned);
+            let mut positioned = crate::lock(&kafka.changes.positioned);
             match positioned.get_mut(&record.partition()) {
                 Some(next) if record.offset() >= *next => {
                     *next = record.offset() + 1;
@@ -598,7 +605,8 @@ impl Records<'_> {
                 }
             };
             match latest {
-                Change::Revoked => crate::lock(&kafka.positioned).clear(),
+                // The callback gave the partitions up.
+                Change::Revoked => {}
                 Change::Assigned(partitions) => {
                     while let Err(error) = self.assign(&partitions).await {
                         tracing::warn!(%error, "assigning partitions failed: trying again");
@@ -633,7 +641,7 @@ impl Records<'_> {
             positioned.insert(partition, next);
         }
         kafka.consumer.assign(&list).map_err(broker)?;
-        *crate::lock(&kafka.positioned) = positioned;
+        *crate::lock(&kafka.changes.positioned) = positioned;
         tracing::debug!(
             ?partitions,
             "assigned partitions after their stored offsets"
@@ -646,9 +654,6 @@ impl OrderedBroker for Kafka {
     type Entry = OwnedMessage;
     type Entries<'b> = Records<'b>;
     const NAME: &'static str = "kafka";
-    /// A rebalance comes in a poll: nothing is read while a batch runs, so that no
-    /// partition is given back with its entries running.
-    const READS_AHEAD: bool = false;
 
     fn policy(&self) -> &Policy {
         &self.options.policy
@@ -659,7 +664,10 @@ impl OrderedBroker for Kafka {
     /// each from after its stored offset: the client's position is past records taken and
     /// not stored, which would otherwise never run.
     async fn read(&self, stored: StoredOffsets) -> Result<Records<'_>, Error> {
-        let mut held: Vec<i32> = crate::lock(&self.positioned).keys().copied().collect();
+        let mut held: Vec<i32> = crate::lock(&self.changes.positioned)
+            .keys()
+            .copied()
+            .collect();
         if !held.is_empty() {
             held.sort_unstable();
             let mut queued = crate::lock(&self.changes.queued);
@@ -679,6 +687,12 @@ impl OrderedBroker for Kafka {
     /// stored offset: nothing to do.
     async fn reconnect(&self) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// Until the rebalance callback gives the record's partition up; a partition given back
+    /// to this member is read again from its stored offset.
+    fn holds(&self, record: &OwnedMessage) -> bool {
+        crate::lock(&self.changes.positioned).contains_key(&record.partition())
     }
 
     fn position<'e>(&'e self, record: &'e OwnedMessage) -> Result<Position<'e>, String> {
@@ -855,14 +869,9 @@ impl KafkaDestination {
     }
 }
 
-impl Destination for KafkaDestination {
-    fn deliver<'a>(
-        &'a self,
-        delivery: Delivery<'a>,
-    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
-        Box::pin(async move { crate::delivered(self.send(delivery).await) })
-    }
-}
+// The producer is kept after a failed send: librdkafka connects again by itself, and the
+// relay's sends run at once through it.
+destination!(KafkaDestination);
 
 /// Proves that the brokers at `url` take a reader with `options`: connects with its TLS and
 /// SASL settings, and asks for the topic's metadata, which fails on refused credentials and

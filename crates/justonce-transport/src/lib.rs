@@ -100,6 +100,14 @@ pub mod amqp;
     feature = "redis"
 ))]
 mod consumer;
+#[cfg(any(
+    feature = "amqp",
+    feature = "kafka",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
+mod destination;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;
@@ -284,6 +292,7 @@ const CONSUMED: &str = "justonce_deliveries_consumed_total";
 
 /// What running a delivery's work came to, for its settling.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Ran<E> {
     /// The work's outcome: processed, duplicate or key reused.
     Outcome(Outcome<()>),
@@ -291,26 +300,17 @@ pub enum Ran<E> {
     NoKey(String),
     /// The work failed.
     Work(E),
+    /// The work panicked, with this message: a failed attempt, retried and dead-lettered
+    /// as [`Ran::Work`] is.
+    Panicked(String),
+    /// Not run: the broker counts more runs of it ended, failed or lost with a consumer
+    /// that died under it, than the attempts allow (see
+    /// [`Broker::attempts_count_lost_runs`]). Dead-lettered with this reason.
+    Spent(String),
     /// The database failed; nothing was committed unless it says the commit is unknown.
     Store(justonce_core::Error),
 }
 
-impl<E> Ran<E> {
-    /// What [`Inbox::run`](justonce_sql::Inbox::run) returned, as a delivery's settling
-    /// needs it.
-    pub(crate) fn of(run: Result<Outcome<()>, justonce_sql::RunError<E>>) -> Self {
-        match run {
-            Ok(outcome) => Ran::Outcome(outcome),
-            Err(justonce_sql::RunError::Work(error)) => Ran::Work(error),
-            Err(justonce_sql::RunError::Store(error)) => Ran::Store(error),
-            Err(error) => Ran::Store(justonce_core::Error::Config(format!(
-                "the run failed in a way this consumer does not know: {error}"
-            ))),
-        }
-    }
-}
-
-/// A publisher's answer to the relay: sent, or to be tried again for `reason`.
 #[cfg(any(
     feature = "amqp",
     feature = "kafka",
@@ -318,13 +318,20 @@ impl<E> Ran<E> {
     feature = "nats",
     feature = "redis"
 ))]
-pub(crate) fn delivered(sent: Result<(), String>) -> justonce_core::Delivered {
-    match sent {
-        Ok(()) => justonce_core::Delivered::Sent,
-        Err(reason) => justonce_core::Delivered::Retry {
-            after: None,
-            reason,
-        },
+impl<E> Ran<E> {
+    /// What [`Inbox::run`](justonce_sql::Inbox::run) returned, as a delivery's settling
+    /// needs it.
+    pub(crate) fn of(
+        run: Result<Outcome<()>, justonce_sql::RunError<consumer::Failed<E>>>,
+    ) -> Self {
+        match run {
+            Ok(outcome) => Ran::Outcome(outcome),
+            Err(justonce_sql::RunError::Work(failed)) => failed.ran(),
+            Err(justonce_sql::RunError::Store(error)) => Ran::Store(error),
+            Err(error) => Ran::Store(justonce_core::Error::Config(format!(
+                "the run failed in a way this consumer does not know: {error}"
+            ))),
+        }
     }
 }
 

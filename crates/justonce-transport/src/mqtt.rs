@@ -40,17 +40,16 @@
 //! [`MqttOptions::tls`].
 
 use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
+use crate::destination::{Publish, Reopening, destination};
 use crate::tls::{Tls, TlsError};
 use crate::{ATTEMPT_HEADER, Error, Policy, REASON_BYTES, REASON_HEADER, truncate};
-use justonce_core::{Delivered, Delivery, Destination};
+use justonce_core::Delivery;
 use justonce_sql::{Backend, Inbox};
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, EventLoop};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard, mpsc};
@@ -188,7 +187,7 @@ enum Confirm {
 }
 
 /// A client and the task that drives its event loop.
-struct Connection {
+pub(crate) struct Connection {
     client: AsyncClient,
     confirms: Mutex<mpsc::UnboundedReceiver<Confirm>>,
     messages: Arc<Mutex<mpsc::UnboundedReceiver<Result<Message, Failure>>>>,
@@ -575,8 +574,7 @@ pub struct MqttDestination {
     topic: String,
     client_id: String,
     tls: Option<Tls>,
-    /// The connection, opened on the first delivery and reopened after a failure.
-    connection: Mutex<Option<Connection>>,
+    connection: Reopening<Connection>,
 }
 
 impl std::fmt::Debug for MqttDestination {
@@ -598,7 +596,7 @@ impl MqttDestination {
             topic: topic.to_owned(),
             client_id: client_id.to_owned(),
             tls: None,
-            connection: Mutex::new(None),
+            connection: Reopening::default(),
         })
     }
 
@@ -607,16 +605,16 @@ impl MqttDestination {
         self.tls = Some(tls);
         self
     }
+}
 
-    async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
-        let mut open = self.connection.lock().await;
-        if open.is_none() {
-            *open = Some(
-                Connection::open(&self.url, self.tls.as_ref(), &self.client_id, None)
-                    .map_err(|e| e.to_string())?,
-            );
-        }
-        let connection = open.as_ref().expect("opened above");
+impl Publish for MqttDestination {
+    type Connection = Connection;
+
+    async fn open(&self) -> Result<Connection, Error> {
+        Connection::open(&self.url, self.tls.as_ref(), &self.client_id, None)
+    }
+
+    async fn publish(&self, connection: &Connection, delivery: Delivery<'_>) -> Result<(), String> {
         let mut properties = PublishProperties::default();
         properties
             .user_properties
@@ -630,24 +628,18 @@ impl MqttDestination {
                     .push((name.clone(), value.clone()));
             }
         }
-        let sent = connection
+        connection
             .publish_confirmed(&self.topic, delivery.payload.to_vec(), properties)
-            .await;
-        if sent.is_err() {
-            *open = None;
-        }
-        sent.map_err(|e| e.to_string())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    fn connection(&self) -> &Reopening<Connection> {
+        &self.connection
     }
 }
 
-impl Destination for MqttDestination {
-    fn deliver<'a>(
-        &'a self,
-        delivery: Delivery<'a>,
-    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
-        Box::pin(async move { crate::delivered(self.send(delivery).await) })
-    }
-}
+destination!(MqttDestination);
 
 /// Proves that the broker at `url` takes a consumer with `options`: connects with its TLS
 /// settings and login, waits for the broker to accept the connection, and disconnects.

@@ -33,6 +33,7 @@
 //! server and checked against the CA given.
 
 use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
+use crate::destination::{Publish, Reopening, destination};
 use crate::reader::{PARTITION, retry_delay};
 use crate::tls::Tls;
 use crate::{
@@ -43,10 +44,9 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
-use justonce_core::{Delivered, Delivery, Destination};
+use justonce_core::Delivery;
 use justonce_sql::{Backend, Inbox, Offset};
 use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 pub use async_nats::jetstream::Message;
@@ -495,8 +495,7 @@ impl OrderedBroker for NatsStream {
 pub struct NatsDestination {
     url: String,
     subject: String,
-    /// The connection, opened on the first delivery and reopened after a failure.
-    jetstream: tokio::sync::Mutex<Option<jetstream::Context>>,
+    jetstream: Reopening<jetstream::Context>,
     tls: Option<Tls>,
 }
 
@@ -506,7 +505,7 @@ impl NatsDestination {
         Self {
             url: url.to_owned(),
             subject: subject.to_owned(),
-            jetstream: tokio::sync::Mutex::new(None),
+            jetstream: Reopening::default(),
             tls: None,
         }
     }
@@ -516,48 +515,41 @@ impl NatsDestination {
         self.tls = Some(tls);
         self
     }
+}
 
-    async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
-        let mut open = self.jetstream.lock().await;
-        let jetstream = match open.as_ref() {
-            Some(jetstream) => jetstream.clone(),
-            None => {
-                let client = connect(&self.url, self.tls.as_ref())
-                    .await
-                    .map_err(|e| format!("connecting: {e}"))?;
-                let jetstream = jetstream::new(client);
-                *open = Some(jetstream.clone());
-                jetstream
-            }
-        };
+impl Publish for NatsDestination {
+    type Connection = jetstream::Context;
+
+    async fn open(&self) -> Result<jetstream::Context, Error> {
+        Ok(jetstream::new(connect(&self.url, self.tls.as_ref()).await?))
+    }
+
+    async fn publish(
+        &self,
+        jetstream: &jetstream::Context,
+        delivery: Delivery<'_>,
+    ) -> Result<(), String> {
         let mut headers = HeaderMap::new();
         headers.insert(MSG_ID_HEADER, delivery.key);
         for (name, value) in delivery.headers {
             headers.insert(name.as_str(), value.as_str());
         }
         let payload = delivery.payload.to_vec().into();
-        let sent = match jetstream
+        match jetstream
             .publish_with_headers(self.subject.clone(), headers, payload)
             .await
         {
             Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
             Err(error) => Err(error.to_string()),
-        };
-        if sent.is_err() {
-            *open = None;
         }
-        sent
+    }
+
+    fn connection(&self) -> &Reopening<jetstream::Context> {
+        &self.jetstream
     }
 }
 
-impl Destination for NatsDestination {
-    fn deliver<'a>(
-        &'a self,
-        delivery: Delivery<'a>,
-    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
-        Box::pin(async move { crate::delivered(self.send(delivery).await) })
-    }
-}
+destination!(NatsDestination);
 
 /// Proves that the server at `url` takes a consumer with `options`: connects with its TLS
 /// settings (the server answers the connect only once it has accepted the credentials),

@@ -11,7 +11,8 @@
 //! same key twice at two positions.
 
 use crate::consumer::{
-    BatchWork, EachMessage, Receive, Received, RunWork, Settle, WholeBatch, Work, gathering, judge,
+    BatchWork, EachMessage, Failed, Receive, Received, RunWork, Settle, WholeBatch, Work,
+    gathering, judge,
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
@@ -96,11 +97,6 @@ pub trait OrderedBroker: Send + Sync {
     /// The broker's name in metrics: `nats`, `redis`.
     const NAME: &'static str;
 
-    /// Whether the next batch may be read while one runs. Not where reading may take
-    /// partitions back (Kafka's rebalance comes in a poll): a partition must not be given
-    /// back while its entries run.
-    const READS_AHEAD: bool = true;
-
     /// The reader's settings.
     fn policy(&self) -> &Policy;
 
@@ -110,6 +106,14 @@ pub trait OrderedBroker: Send + Sync {
         &self,
         stored: StoredOffsets,
     ) -> impl Future<Output = Result<Self::Entries<'_>, Error>> + Send;
+
+    /// Whether `entry`, read earlier, may still run here: not once the broker took its
+    /// partition back (Kafka's rebalance, which comes while the next batch is read), since
+    /// the partition's next reader reads it again from the stored offset. Always, where
+    /// nothing is taken back.
+    fn holds(&self, _entry: &Self::Entry) -> bool {
+        true
+    }
 
     /// Where `entry` sits, or why it has no position.
     fn position<'e>(&'e self, entry: &'e Self::Entry) -> Result<Position<'e>, String>;
@@ -272,51 +276,51 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let mut entries = self.deliveries().await?;
+        let entries = self.deliveries().await?;
         let mut stats = ConsumerStats::default();
         let mut unstored = Unstored::default();
         let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let read = self.read_on(
-                &mut entries,
-                &mut shutdown,
-                batch_size,
-                work,
-                &mut stats,
-                &mut unstored,
-            );
-            match read.await {
-                Ok(()) => break,
-                Err(lost) if lost_connection(&lost) => {
+        let names = (self.inbox.consumer().as_str(), O::NAME);
+        let connect = || async {
+            self.broker.reconnect().await?;
+            self.deliveries().await
+        };
+        let kept = (self.connection).keep_receiving(
+            entries,
+            self.broker.policy(),
+            names,
+            &mut shutdown,
+            async |entries, shutdown| {
+                let read = self.read_on(
+                    entries,
+                    shutdown,
+                    batch_size,
+                    work,
+                    &mut stats,
+                    &mut unstored,
+                );
+                let read = read.await;
+                if read.as_ref().is_err_and(lost_connection) {
                     // The new read starts after the stored offsets: those of the
                     // duplicates read last too, so that they are not read again.
                     unstored.store(&self.inbox).await;
-                    let names = (self.inbox.consumer().as_str(), O::NAME);
-                    let connect = || async {
-                        self.broker.reconnect().await?;
-                        self.deliveries().await
-                    };
-                    let policy = self.broker.policy();
-                    match (self.connection)
-                        .reconnect(lost, policy, names, &mut shutdown, connect)
-                        .await?
-                    {
-                        Some(again) => entries = again,
-                        None => return Ok(stats),
-                    }
                 }
-                Err(error) => return Err(error),
-            }
-        }
+                read
+            },
+            connect,
+        );
+        let Some(entries) = kept.await? else {
+            return Ok(stats);
+        };
         unstored.store(&self.inbox).await;
         entries.stop().await?;
         Ok(stats)
     }
 
     /// Reads and processes entries, up to `batch_size` at a time, until `shutdown` resolves
-    /// or the broker ends the stream; an error once reading or dead-lettering fails. Where
-    /// the broker allows it ([`OrderedBroker::READS_AHEAD`]), the next batch is read while
-    /// one runs (see [`gathering`]).
+    /// or the broker ends the stream; an error once reading or dead-lettering fails. The
+    /// next batch is read while one runs (see [`gathering`]); the entries of a partition
+    /// taken back meanwhile do not run ([`OrderedBroker::holds`]).
     async fn read_on<E>(
         &self,
         entries: &mut ReaderDeliveries<'_, O>,
@@ -329,8 +333,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let ahead = if O::READS_AHEAD { 2 } else { 1 };
-        let (gather, mut batches) = gathering(&mut entries.entries, shutdown, batch_size, ahead);
+        let (gather, mut batches) = gathering(&mut entries.entries, shutdown, batch_size);
         let process = async move {
             loop {
                 let taken = tokio::select! {
@@ -340,15 +343,16 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                         continue;
                     }
                 };
-                let Some((batch, _running)) = taken else {
+                let Some((mut batch, _running)) = taken else {
                     return Ok(());
                 };
                 let mut stopped = batches.stopped();
-                let mut rest = batch.as_slice();
                 loop {
+                    // Read ahead, or waiting out a pause: the partition may have moved since.
+                    batch.retain(|entry| self.broker.holds(entry));
                     let (done, ended) =
-                        (self.run_entries(rest, work, stats, unstored, &mut stopped)).await?;
-                    rest = &rest[done..];
+                        (self.run_entries(&batch, work, stats, unstored, &mut stopped)).await?;
+                    batch.drain(..done);
                     match ended {
                         Processed::Done => break,
                         Processed::Stopped => return Ok(()),
@@ -536,7 +540,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     }
 
     /// Runs an entry's work with its retries, and gives up on it or counts it. A shutdown
-    /// ends the wait before a retry at once.
+    /// ends the wait before a retry at once. An entry whose partition was taken back, before
+    /// it ran or between two tries, is left to the partition's next reader.
     async fn process<E>(
         &self,
         entry: &O::Entry,
@@ -548,6 +553,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
+        if !self.broker.holds(entry) {
+            return Ok(Processed::Done);
+        }
         crate::count_consumed(&self.inbox, O::NAME, 1);
         let id = || entry.log_id();
         let (position, mut incoming) = match self.read(entry) {
@@ -568,7 +576,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     stats.returned += 1;
                     return Ok(Processed::StoreFailed);
                 }
-                Ran::NoKey(_) | Ran::Work(_) => {}
+                Ran::NoKey(_) | Ran::Work(_) | Ran::Panicked(_) | Ran::Spent(_) => {}
             }
             let attempt = incoming.attempt;
             match judge(ran, attempt, max_attempts, stats, key, id) {
@@ -577,6 +585,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     tokio::select! {
                         _ = &mut *shutdown => return Ok(Processed::Stopped),
                         () = tokio::time::sleep(retry_delay(attempt)) => {}
+                    }
+                    if !self.broker.holds(entry) {
+                        return Ok(Processed::Done);
                     }
                     incoming.attempt += 1;
                     incoming.redelivered = true;
@@ -647,7 +658,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .await;
         match run {
             Ok(outcome) => Ran::Outcome(outcome),
-            Err(RunError::Work(InOrderError::Work(error))) => Ran::Work(error),
+            Err(RunError::Work(InOrderError::Work(failed))) => failed.ran(),
             Err(RunError::Work(InOrderError::AlreadyProcessed)) => Ran::Outcome(Outcome::Duplicate),
             Err(RunError::Work(InOrderError::Offset(error)) | RunError::Store(error)) => {
                 Ran::Store(error)
@@ -669,7 +680,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
 
 /// What processing an entry came to.
 enum Processed {
-    /// Processed, a duplicate, or given up with the offset past it.
+    /// Processed, a duplicate, given up with the offset past it, or left to the next
+    /// reader of a partition taken back.
     Done,
     /// The database failed: the entry runs again after the pause.
     StoreFailed,
@@ -682,7 +694,7 @@ enum Processed {
 #[derive(Debug, thiserror::Error)]
 enum InOrderError<E> {
     #[error("the work failed")]
-    Work(#[source] E),
+    Work(#[source] Failed<E>),
     /// A reader that died after sending its COMMIT committed this entry after this reader
     /// loaded the offset.
     #[error("the entry was processed before")]

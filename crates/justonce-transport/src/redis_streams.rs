@@ -42,20 +42,19 @@
 //! restart loses the stream, its pending lists and its acknowledgements.
 
 use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
+use crate::destination::{Publish, Reopening, destination};
 use crate::reader::PARTITION;
 use crate::tls::Tls;
 use crate::{
     ATTEMPT_HEADER, Error, OrderedBroker, Policy, Position, REASON_BYTES, REASON_HEADER,
     StoredOffsets, truncate,
 };
-use justonce_core::{Delivered, Delivery, Destination};
+use justonce_core::Delivery;
 use justonce_sql::{Backend, Inbox, Offset};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, IntoConnectionInfo};
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 /// The field that holds an entry's key, by default.
@@ -145,7 +144,8 @@ pub type RedisStreamConsumer<DB> = crate::Consumer<RedisStreams, DB>;
 /// of [`RedisStreamReader`], a single reader.
 pub struct RedisStreams {
     url: String,
-    /// The connection, replaced when the consumer connects again.
+    /// The connection that acknowledges and dead-letters, replaced when the consumer or the
+    /// reader connects again; each read has one of its own.
     redis: std::sync::Mutex<MultiplexedConnection>,
     options: RedisStreamOptions,
 }
@@ -492,13 +492,17 @@ impl OrderedBroker for RedisStreams {
         &self.options.policy
     }
 
+    /// On a connection of its own, as [`Broker::receive`]: a read blocks its connection for
+    /// up to a second, and a dead letter is added while the next batch is read.
     async fn read(&self, stored: StoredOffsets) -> Result<Entries<'_>, Error> {
         let after = (stored.offset(&self.options.stream, PARTITION).await?).unwrap_or_default();
         let cursor = Cursor::After(format!("{}-{}", after.position, after.sequence));
-        Ok(self.entries(self.redis(), cursor))
+        let reading = connect(&self.url, self.options.tls.as_ref()).await?;
+        Ok(self.entries(reading, cursor))
     }
 
-    /// A new connection; the next read starts after the stored offset.
+    /// A new connection for dead letters; the next read, on one of its own, starts after
+    /// the stored offset.
     async fn reconnect(&self) -> Result<(), Error> {
         let redis = connect(&self.url, self.options.tls.as_ref()).await?;
         *crate::lock(&self.redis) = redis;
@@ -678,8 +682,7 @@ pub struct RedisStreamDestination {
     url: String,
     stream: String,
     tls: Option<Tls>,
-    /// The connection, opened on the first delivery and reopened after a failure.
-    redis: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    redis: Reopening<MultiplexedConnection>,
 }
 
 impl RedisStreamDestination {
@@ -690,7 +693,7 @@ impl RedisStreamDestination {
             url: url.to_owned(),
             stream: stream.to_owned(),
             tls: None,
-            redis: tokio::sync::Mutex::new(None),
+            redis: Reopening::default(),
         })
     }
 
@@ -699,19 +702,20 @@ impl RedisStreamDestination {
         self.tls = Some(tls);
         self
     }
+}
 
-    async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
-        let mut open = self.redis.lock().await;
-        let mut redis = match open.as_ref() {
-            Some(redis) => redis.clone(),
-            None => {
-                let redis = connect(&self.url, self.tls.as_ref())
-                    .await
-                    .map_err(|e| format!("connecting: {e}"))?;
-                *open = Some(redis.clone());
-                redis
-            }
-        };
+impl Publish for RedisStreamDestination {
+    type Connection = MultiplexedConnection;
+
+    async fn open(&self) -> Result<MultiplexedConnection, Error> {
+        connect(&self.url, self.tls.as_ref()).await
+    }
+
+    async fn publish(
+        &self,
+        redis: &MultiplexedConnection,
+        delivery: Delivery<'_>,
+    ) -> Result<(), String> {
         let mut fields: Vec<(&str, &[u8])> = vec![
             (KEY_FIELD, delivery.key.as_bytes()),
             (BODY_FIELD, delivery.payload),
@@ -719,22 +723,19 @@ impl RedisStreamDestination {
         for (name, value) in delivery.headers {
             fields.push((name.as_str(), value.as_bytes()));
         }
-        let added: redis::RedisResult<String> = redis.xadd(&self.stream, "*", &fields).await;
-        if added.is_err() {
-            *open = None;
-        }
-        added.map(drop).map_err(|e| e.to_string())
+        (redis.clone())
+            .xadd::<_, _, _, _, String>(&self.stream, "*", &fields)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn connection(&self) -> &Reopening<MultiplexedConnection> {
+        &self.redis
     }
 }
 
-impl Destination for RedisStreamDestination {
-    fn deliver<'a>(
-        &'a self,
-        delivery: Delivery<'a>,
-    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>> {
-        Box::pin(async move { crate::delivered(self.send(delivery).await) })
-    }
-}
+destination!(RedisStreamDestination);
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
     crate::tls::broker_error(error)

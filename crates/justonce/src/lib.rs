@@ -176,8 +176,9 @@ pub use justonce_sql::Message as OutboxMessage;
 
 pub use justonce_sql::Row as OutboxRow;
 pub use justonce_sql::{
-    BackedOff, Backend, DELIVERED_SECONDS, Inbox, InboxOptions, KeyCount, Outbox, OutboxStats,
-    Relay, RelayOptions, RelayRound, RunError, StoredKey, StoredOffset, WorkFuture, sqlx,
+    BackedOff, Backend, DELIVERED_SECONDS, Effect, Inbox, InboxOptions, KeyCount, Outbox,
+    OutboxStats, Relay, RelayOptions, RelayRound, RunError, StoredKey, StoredOffset, WorkFuture,
+    sqlx,
 };
 
 /// The Rust blocks of the README and of every page under `docs/`, compiled as doc tests:

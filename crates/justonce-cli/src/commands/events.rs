@@ -245,6 +245,12 @@ fn print_page(page: &EventPage) {
             ]
         }),
     );
+    if let Some(since) = page.searched_since {
+        println!(
+            "--key searched the events received from {}: --since searches further back",
+            utc_text(since)
+        );
+    }
     if let Some(cursor) = &page.next {
         println!("more: --cursor {cursor}");
     }
@@ -268,6 +274,7 @@ pub fn page_json(page: &EventPage) -> Value {
     json!({
         "events": Value::from_iter(page.events.iter().map(event_json)),
         "next_cursor": page.next,
+        "searched_since": page.searched_since.map(utc_text),
     })
 }
 

@@ -111,18 +111,33 @@ pub async fn dashboard<DB: Backend>(
     .await
 }
 
-/// `/events`: a search by key (any part of it), source or consumer, state and time received.
+/// How the search box matches a key: `prefix` (its start, served by an index) or
+/// `contains` (any part of it).
+const KEY_MATCHES: [(&str, &str); 2] = [("prefix", "starts with"), ("contains", "contains")];
+
+/// `/events`: a search by key (its start, or any part of it), source or consumer, state and
+/// time received.
 pub async fn events<DB: Backend>(
     State(console): State<ConsoleState<DB>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
     page(&console, &headers, "Events", async {
-        let known = ["key", "source", "state", "since", "cursor"];
+        let known = ["key", "match", "source", "state", "since", "cursor"];
         let params = Params::parse(filled(&query).as_deref(), &known)?;
+        let matching = params.text("match").unwrap_or("prefix");
         let mut filter = EventFilter::default().limit(EVENTS_SHOWN);
-        if let Some(part) = params.key_text("key")? {
-            filter = filter.key_contains(part);
+        if let Some(key) = params.key_text("key")? {
+            filter = match matching {
+                "prefix" => filter.key_prefix(key),
+                "contains" => filter.key_contains(key),
+                other => {
+                    return Err(ApiError::bad(
+                        "match",
+                        format!("match: {other:?} is not one of prefix, contains"),
+                    ));
+                }
+            };
         }
         if let Some(origin) = params.text("source") {
             filter = filter.origin(origin);
@@ -141,20 +156,28 @@ pub async fn events<DB: Backend>(
         }
         let found = console.inbox.outbox().events(&filter).await?;
         let value = |name| escape(params.text(name).unwrap_or_default());
-        let mut main = format!(
+        let selected = |chosen: bool| if chosen { " selected" } else { "" };
+        let mut main = String::from(
             "<main><h1>Events</h1><form id=\"event-search\" method=\"get\" action=\"/events\">\
-             <label>Key (or its start) <input name=\"key\" value=\"{}\"></label> \
+             <label>Key <select name=\"match\">",
+        );
+        for (choice, label) in KEY_MATCHES {
+            let selected = selected(choice == matching);
+            let _ = write!(
+                main,
+                "<option value=\"{choice}\"{selected}>{label}</option>"
+            );
+        }
+        let _ = write!(
+            main,
+            "</select> <input name=\"key\" value=\"{}\"></label> \
              <label>Source or consumer <input name=\"source\" value=\"{}\"></label> \
              <label>State <select name=\"state\"><option value=\"\">any</option>",
             value("key"),
             value("source"),
         );
         for state in EventState::ALL {
-            let selected = if params.text("state") == Some(state.as_str()) {
-                " selected"
-            } else {
-                ""
-            };
+            let selected = selected(params.text("state") == Some(state.as_str()));
             let _ = write!(main, "<option{selected}>{state}</option>");
         }
         let _ = write!(
@@ -186,12 +209,25 @@ pub async fn events<DB: Backend>(
         if found.events.is_empty() {
             main.push_str("<p>No stored event matches.</p>");
         }
+        if let Some(since) = found.searched_since {
+            let _ = write!(
+                main,
+                "<p id=\"searched-since\">Keys containing the text were searched among the \
+                 events received since {}. Set Received since to search further back.</p>",
+                utc_text(since)
+            );
+        }
         if let Some(next) = &found.next {
             let mut next_query = form_urlencoded::Serializer::new(String::new());
-            for name in ["key", "source", "state", "since"] {
+            for name in ["key", "match", "source", "state", "since"] {
                 if let Some(value) = params.text(name) {
                     next_query.append_pair(name, value);
                 }
+            }
+            // The window a search by part of a key read, fixed: a link pasted later shows
+            // the same events.
+            if let Some(since) = found.searched_since {
+                next_query.append_pair("since", &utc_text(since));
             }
             next_query.append_pair("cursor", next);
             let _ = write!(

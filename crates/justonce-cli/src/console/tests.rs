@@ -182,8 +182,36 @@ async fn pages_show_what_the_store_holds<DB: TestBackend>(test: &str) {
     }
     assert!(page.contains("orders:&lt;i&gt;3&lt;/i&gt;"), "{page}");
     assert!(!page.contains("<i>3</i>"), "{page}");
+    // The key's start by default, served by an index: no window of time.
     let (_, _, page) = get(&admin, "/events?key=orders%3A2", None).await;
     assert_eq!(attribute_values(&page, "data-event-id"), vec![ids[1]]);
+    assert!(
+        page.contains("<option value=\"prefix\" selected>starts with</option>"),
+        "{page}"
+    );
+    assert!(!page.contains("id=\"searched-since\""), "{page}");
+    let (_, _, page) = get(&admin, "/events?key=refused", None).await;
+    assert!(
+        attribute_values(&page, "data-event-id").is_empty(),
+        "{page}"
+    );
+    // Any part of it, within the last day, which the page names.
+    let (status, _, page) = get(&admin, "/events?key=refused&match=contains", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(attribute_values(&page, "data-event-id"), vec![ids[1]]);
+    assert!(
+        page.contains("<option value=\"contains\" selected>contains</option>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<p id=\"searched-since\">Keys containing the text were searched"),
+        "{page}"
+    );
+    let (_, _, page) = get(&admin, "/events?key=refused&match=contains&since=1h", None).await;
+    assert_eq!(attribute_values(&page, "data-event-id"), vec![ids[1]]);
+    assert!(!page.contains("id=\"searched-since\""), "{page}");
+    let (status, _, _) = get(&admin, "/events?key=1&match=like", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
 
     // An event's page: its body escaped, JSON pretty, other bytes in base64.
     let (status, _, page) = get(&admin, &format!("/events/{}", ids[1]), None).await;

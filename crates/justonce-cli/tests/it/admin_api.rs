@@ -5,13 +5,15 @@
 use crate::serve::{
     Server, claim_with_delivery, client, database, drop_database, free_port, signature,
 };
-use justonce_sql::{Consumer, Fingerprint, Identity, Inbox, Key, LeaseClaim, Leases, Scope};
+use justonce_sql::{
+    Consumer, Fingerprint, Identity, Inbox, KEY_CONTAINS_WINDOW, Key, LeaseClaim, Leases, Scope,
+};
 use justonce_tests::{Answer, Sink, TestBackend};
 use reqwest::Method;
 use serde_json::{Value, json};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 on_every_database!(
     every_admin_route_answers_with_what_the_store_holds,
@@ -745,6 +747,27 @@ async fn replays_through_the_api_deliver_each_event_once_more_with_the_same_key<
     assert_eq!(found(api.get("/api/v1/events?key=_&limit=1000").await), 100);
     assert_eq!(found(api.get("/api/v1/events?key=%25&limit=1000").await), 0);
     assert_eq!(found(api.get("/api/v1/events?key=ry:1").await), 1);
+    // No index serves `key`: without `since` the answer names the day it searched.
+    let before = SystemTime::now();
+    let searched = api.get("/api/v1/events?key=ry:1").await["searched_since"].clone();
+    let searched = searched.as_str().expect("the window searched");
+    let since = justonce_cli_support::parse_time(searched, before).unwrap();
+    let window = before.duration_since(since).unwrap();
+    let minute = Duration::from_secs(60);
+    assert!(
+        window.abs_diff(KEY_CONTAINS_WINDOW) < minute,
+        "searched since {searched}"
+    );
+    let bounded = api.get("/api/v1/events?key=ry:1&since=1h").await;
+    assert_eq!(
+        (found(bounded.clone()), &bounded["searched_since"]),
+        (1, &Value::Null)
+    );
+    assert_eq!(
+        listed["searched_since"],
+        Value::Null,
+        "a prefix needs no window"
+    );
     assert_bad(&api, Method::GET, "/api/v1/events?key=%00", "key").await;
     assert_bad(
         &api,

@@ -84,6 +84,7 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
         "hand-written",
         "run",
         "run-again",
+        "run_effect",
         "hand-written-forward",
         "run_forward",
         "hand-written-batched",

@@ -240,7 +240,7 @@ async fn without_a_token_the_console_reads_and_shows_why_a_replay_is_refused() {
     browser.goto(&format!("{}/?since=1h", server.admin)).await;
     await_text(&browser, "[data-figure=\"accepted\"]", "1").await;
     browser
-        .goto(&format!("{}/events?key=1042", server.admin))
+        .goto(&format!("{}/events?key=1042&match=contains", server.admin))
         .await;
     await_count(
         &browser,
@@ -399,9 +399,28 @@ async fn the_console_finds_an_event_by_key_and_replays_it<DB: TestBackend>(test:
     await_count(&browser, "table#events tr[data-event-id]", 1).await;
     let search = browser.url().await;
     assert!(
-        search.contains("key=demo%3Aorder_1042"),
-        "a search has an address to share: {search}"
+        search.contains("match=prefix&key=demo%3Aorder_1042"),
+        "a search has an address to share, its key's start by default: {search}"
     );
+    // Any part of the key, within the last day, which the page says.
+    browser.goto(&format!("{}/events", server.admin)).await;
+    browser
+        .click("#event-search select[name=\"match\"] option[value=\"contains\"]")
+        .await;
+    browser
+        .type_into("#event-search input[name=\"key\"]", &format!("1042{ENTER}"))
+        .await;
+    await_count(&browser, "#searched-since", 1).await;
+    assert_eq!(browser.count("table#events tr[data-event-id]").await, 1);
+    let search = browser.url().await;
+    assert!(search.contains("match=contains&key=1042"), "{search}");
+    browser.goto(&search).await;
+    await_count(
+        &browser,
+        &format!("table#events tr[data-event-id=\"{id}\"]"),
+        1,
+    )
+    .await;
     browser
         .click(&format!(
             "table#events tr[data-event-id=\"{id}\"] a[href=\"/events/{id}\"]"

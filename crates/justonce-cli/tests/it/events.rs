@@ -138,6 +138,18 @@ async fn events_list_and_show_find_events_by_source_key_and_state_a_page_at_a_ti
     assert_eq!(code, 0, "{stderr}");
     assert!(table.starts_with("events\n"), "{table}");
     assert!(table.contains("more: --cursor "), "{table}");
+    // `--key` reads the last day unless given `--since`, and says so.
+    let (code, table, stderr) = run_capturing(&server, &["events", "list", "--key", "fund"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(table.contains("demo:refund-1"), "{table}");
+    assert!(
+        table.contains("--key searched the events received from "),
+        "{table}"
+    );
+    let since = ["events", "list", "--key", "fund", "--since", "1h", "--json"];
+    let found = json_of(&server, &since).await;
+    assert_eq!(keys_of(&found), ["demo:refund-1"]);
+    assert_eq!(found["searched_since"], Value::Null);
 
     let id = all["events"][0]["id"].as_i64().unwrap().to_string();
     let shown = json_of(&server, &["events", "show", &id, "--json"]).await;

@@ -1171,8 +1171,10 @@ async fn a_kafka_topic_consumed_by_the_service_reaches_its_target_once_per_key<D
             .map_err(|(e, _)| e)
             .unwrap();
     }
+    // A group of its own: runs on the three databases, and runs before, would otherwise
+    // share the group "orders", and each join would wait for the others' rebalance.
     let consumer = format!(
-        "[consumers.orders]\nfrom = \"{kafka}\"\ntopic = \"{topic}\"\n\
+        "[consumers.orders]\nfrom = \"{kafka}\"\ntopic = \"{topic}\"\ngroup = \"{topic}\"\n\
          id = \"header:ce_id\"\ntarget = \"{}\"\n",
         sink.url()
     );

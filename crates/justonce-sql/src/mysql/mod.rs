@@ -16,7 +16,7 @@ mod tls;
 
 pub(crate) use sql::{KEYS_PER_STATEMENT, MAX_PARAMETERS, insert_many_row};
 
-use crate::backend::{Backend, Queries, Reads, Sealed};
+use crate::backend::{Backend, Queries, Reads, Sealed, Watcher};
 use crate::common::{apply_migrations, bind_identity, statement};
 use crate::rows::{
     Batch, ClaimRow, NewOutboxRow, OffsetRow, OutboxRow, OutboxTuple, Schema, Stored, Wakeups,
@@ -66,9 +66,10 @@ impl Backend for MySql {
     async fn connect(
         url: &str,
         pool: sqlx::pool::PoolOptions<Self>,
-    ) -> Result<sqlx::Pool<Self>, Error> {
+    ) -> Result<(sqlx::Pool<Self>, Option<Watcher>), Error> {
         let target = Target::<MySqlConnectOptions>::parse(url, &tls::TLS)?;
-        target.connect_pool(pool, driver_error::<Self>).await
+        let pool = target.connect_pool(pool, driver_error::<Self>).await?;
+        Ok((pool, None))
     }
 
     async fn insert_many<'a>(
@@ -163,6 +164,14 @@ impl Backend for MySql {
             drop(conn.detach());
         }
         applied
+    }
+
+    async fn execute_effect(
+        conn: &mut Self::Connection,
+        sql: String,
+        arguments: sqlx::mysql::MySqlArguments,
+    ) -> Result<u64, sqlx::Error> {
+        crate::effect::execute::<Self>(conn, sql, arguments).await
     }
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {

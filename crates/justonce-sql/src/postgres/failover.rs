@@ -9,6 +9,7 @@
 //! being handed out, and a new connection to a server that refuses writes is dropped.
 
 use super::tls::TLS;
+use crate::backend::Watcher;
 use crate::shared::driver_error;
 use crate::tls::Target;
 use justonce_core::Error;
@@ -220,11 +221,12 @@ impl Failover {
 }
 
 /// Opens a pool on the first of `hosts` that accepts writes, trying them all again until
-/// the pool's acquire timeout, and starts its watcher, which runs until the pool is closed.
+/// the pool's acquire timeout, and starts its watcher, which runs until the pool is closed
+/// or the returned handle is dropped.
 pub(super) async fn connect(
     hosts: Hosts,
     pool: PoolOptions<Postgres>,
-) -> Result<Pool<Postgres>, Error> {
+) -> Result<(Pool<Postgres>, Watcher), Error> {
     let deadline = Instant::now() + pool.get_acquire_timeout();
     let (current, sentinel) = loop {
         match hosts.find().await {
@@ -267,8 +269,8 @@ pub(super) async fn connect(
         .connect_pool(pool, driver_error::<Postgres>)
         .await?;
     tracing::info!(host = %failover.hosts.named(current), "connected to the host that accepts writes");
-    tokio::spawn(watch(pool.clone(), failover, current, sentinel));
-    Ok(pool)
+    let watcher = tokio::spawn(watch(pool.clone(), failover, current, sentinel));
+    Ok((pool, Watcher(watcher.abort_handle())))
 }
 
 /// Checks the host the pool writes to every second (or at once when a new connection found

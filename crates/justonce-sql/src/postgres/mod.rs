@@ -6,15 +6,16 @@ mod migrations;
 mod sql;
 mod tls;
 
-use crate::backend::{Backend, ClaimAndForward, ForwardFailed, Sealed};
+use crate::backend::{Backend, ForwardFailed, OneStatement, Sealed, Watcher};
+use crate::effect;
 use crate::numbered::{self, Statements, migrate_in_transaction};
 use crate::rows::{Batch, ClaimRow, NewOutboxRow, Schema, Stored, Wakeups};
 use crate::shared::driver_error;
 use crate::tables::Tables;
 use crate::tls::Target;
 use justonce_core::{Consumer, Error, Scope};
-use sqlx::postgres::{PgConnectOptions, PgListener};
-use sqlx::{AssertSqlSafe, Postgres};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener};
+use sqlx::{Arguments, AssertSqlSafe, Postgres};
 
 /// Checks the host list and `target_session_attrs` of a PostgreSQL URL without connecting
 /// or reading any file: an empty entry in the list, or a `target_session_attrs` that would
@@ -69,12 +70,14 @@ impl Backend for Postgres {
     async fn connect(
         url: &str,
         pool: sqlx::pool::PoolOptions<Self>,
-    ) -> Result<sqlx::Pool<Self>, Error> {
+    ) -> Result<(sqlx::Pool<Self>, Option<Watcher>), Error> {
         if let Some(hosts) = failover::Hosts::parse(url)? {
-            return failover::connect(hosts, pool).await;
+            let (pool, watcher) = failover::connect(hosts, pool).await?;
+            return Ok((pool, Some(watcher)));
         }
         let target = Target::<PgConnectOptions>::parse(url, &tls::TLS)?;
-        target.connect_pool(pool, driver_error::<Self>).await
+        let pool = target.connect_pool(pool, driver_error::<Self>).await?;
+        Ok((pool, None))
     }
 
     fn claim_and_forward<'a>(
@@ -82,12 +85,12 @@ impl Backend for Postgres {
         sql: &'a Statements,
         row: ClaimRow<'a>,
         outbox: NewOutboxRow<'a>,
-    ) -> Option<ClaimAndForward<'a>> {
+    ) -> Option<OneStatement<'a, ()>> {
         let statement = sql.claim_and_forward.clone()?;
         Some(Box::pin(async move {
             let id = row.identity;
             let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
-            sqlx::query_as(AssertSqlSafe(statement))
+            let stored: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(statement))
                 .bind(id.scope.as_str())
                 .bind(id.consumer.as_str())
                 .bind(id.key.as_str())
@@ -98,8 +101,45 @@ impl Backend for Postgres {
                 .bind(outbox.headers)
                 .fetch_optional(&mut *conn)
                 .await
-                .map_err(ForwardFailed::Statement)
+                .map_err(ForwardFailed::Statement)?;
+            Ok(stored.map(|(claim_id, fingerprint)| (claim_id, fingerprint, ())))
         }))
+    }
+
+    fn claim_with_effect<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        tables: &'a Tables,
+        row: ClaimRow<'a>,
+        effect: &'a str,
+        arguments: PgArguments,
+    ) -> Option<OneStatement<'a, Option<u64>>> {
+        Some(Box::pin(async move {
+            // The effect's own binds come first: the claim's are numbered after them.
+            let statement = sql::claim_with_effect(&tables.keys, effect, arguments.len());
+            let id = row.identity;
+            let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
+            let stored: Option<(Option<i64>, Option<Vec<u8>>, i64)> =
+                sqlx::query_as_with(AssertSqlSafe(statement), arguments)
+                    .bind(id.scope.as_str())
+                    .bind(id.consumer.as_str())
+                    .bind(id.key.as_str())
+                    .bind(row.fingerprint.as_bytes().as_slice())
+                    .bind(row.claim_id)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(unclaimed_effect)?;
+            Ok(stored.and_then(|(claim_id, fingerprint, changed)| {
+                Some((claim_id?, fingerprint?, Some(changed.unsigned_abs())))
+            }))
+        }))
+    }
+
+    async fn execute_effect(
+        conn: &mut Self::Connection,
+        sql: String,
+        arguments: PgArguments,
+    ) -> Result<u64, sqlx::Error> {
+        effect::execute::<Self>(conn, sql, arguments).await
     }
 
     async fn insert_many<'a>(
@@ -192,4 +232,20 @@ impl Backend for Postgres {
     async fn migrate<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a Tables) -> Result<usize, Error> {
         migrate_in_transaction(pool, tables).await
     }
+}
+
+/// A failure of [`sql::claim_with_effect`]'s guard as the caller's statement's fault; any
+/// other failure as it is.
+fn unclaimed_effect(error: sqlx::Error) -> ForwardFailed {
+    let guard = error
+        .as_database_error()
+        .is_some_and(|error| error.message().contains(sql::UNCLAIMED_EFFECT));
+    if guard {
+        return ForwardFailed::Invalid(
+            "it changed rows for a key it did not claim, so it does not read `claimed` as a \
+             relation: name it after FROM or JOIN"
+                .to_owned(),
+        );
+    }
+    ForwardFailed::Statement(error)
 }

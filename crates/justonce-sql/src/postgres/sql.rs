@@ -145,3 +145,48 @@ pub(super) fn statements(tables: &Tables) -> Statements {
     };
     Statements::new(tables, &CLOCK, specific)
 }
+
+/// The text of the error [`claim_with_effect`] raises when its effect changed rows while
+/// `claimed` was empty.
+pub(super) const UNCLAIMED_EFFECT: &str = "justonce: the effect changed rows without a claim";
+
+/// The claim of a key and an effect's statement in one statement: the effect reads the
+/// claim's inserted row as `claimed`, so that it does nothing when the key was held.
+/// `binds` is how many parameters the effect has; the claim's come after them. What it
+/// returns is the claim's, as for `claim`, with the rows the effect changed; one row always,
+/// NULL where the key's row is not seen.
+///
+/// An effect that changed rows while `claimed` was empty did not read it as a relation: a
+/// cast of [`UNCLAIMED_EFFECT`] fails then, and the whole statement with it. The guard's
+/// row is the left side of a LEFT JOIN, so that it is evaluated even when no key row is.
+pub(super) fn claim_with_effect(keys: &str, effect: &str, binds: usize) -> String {
+    let [scope, consumer, key, fingerprint, claim_id] =
+        std::array::from_fn(|place| format!("${}", binds + place + 1));
+    let column = crate::effect::CLAIMED_COLUMN;
+    // Names that clash with none of the effect's tables.
+    format!(
+        "WITH justonce_claim AS (
+            INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
+            VALUES ({scope}, {consumer}, {key}, {fingerprint}, {claim_id})
+            ON CONFLICT (scope, consumer, key) DO NOTHING
+            RETURNING claim_id, fingerprint
+         ), claimed AS (
+            SELECT 1 AS {column} FROM justonce_claim
+         ), justonce_effect AS (
+            {effect}
+            RETURNING 1
+         ), justonce_changed AS (
+            SELECT CASE WHEN count(*) = 0 OR EXISTS (SELECT FROM claimed) THEN count(*)
+                   ELSE ('{UNCLAIMED_EFFECT}: ' || count(*))::bigint END AS changed
+            FROM justonce_effect
+         )
+         SELECT justonce_held.claim_id, justonce_held.fingerprint, justonce_changed.changed
+         FROM justonce_changed LEFT JOIN (
+            SELECT claim_id, fingerprint FROM justonce_claim
+            UNION ALL
+            SELECT claim_id, fingerprint FROM {keys}
+            WHERE scope = {scope} AND consumer = {consumer} AND key = {key}
+              AND NOT EXISTS (SELECT FROM justonce_claim)
+         ) AS justonce_held ON true"
+    )
+}

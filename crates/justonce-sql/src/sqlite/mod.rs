@@ -3,7 +3,7 @@
 mod migrations;
 mod sql;
 
-use crate::backend::{Backend, Sealed};
+use crate::backend::{Backend, Sealed, Watcher};
 use crate::numbered::{self, Statements, migrate_in_transaction};
 use crate::rows::{Batch, Schema, Stored, Wakeups};
 use crate::shared::driver_error;
@@ -45,7 +45,7 @@ impl Backend for Sqlite {
     async fn connect(
         url: &str,
         pool: sqlx::pool::PoolOptions<Self>,
-    ) -> Result<sqlx::Pool<Self>, Error> {
+    ) -> Result<(sqlx::Pool<Self>, Option<Watcher>), Error> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| Error::Config(format!("database URL {url:?}: {e}")))?
             .create_if_missing(true)
@@ -61,7 +61,11 @@ impl Backend for Sqlite {
                 Err(error) if Self::is_retryable(&error) && started.elapsed() < BUSY_TIMEOUT => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                connected => return connected.map_err(driver_error::<Self>),
+                connected => {
+                    return connected
+                        .map(|pool| (pool, None))
+                        .map_err(driver_error::<Self>);
+                }
             }
         }
     }
@@ -103,6 +107,14 @@ impl Backend for Sqlite {
                 .join(",")
         );
         numbered::find_many::<Self, _>(conn, sql, scope, consumer, json).await
+    }
+
+    async fn execute_effect(
+        conn: &mut Self::Connection,
+        sql: String,
+        arguments: sqlx::sqlite::SqliteArguments,
+    ) -> Result<u64, sqlx::Error> {
+        crate::effect::execute::<Self>(conn, sql, arguments).await
     }
 
     fn rows_affected(done: &Self::QueryResult) -> u64 {

@@ -23,6 +23,9 @@
 //! a time, and on SIGUSR1 it takes the next delivery, prints `paused <key>` and stops itself
 //! with SIGSTOP before it runs it: resumed past the broker's wait, it runs and acknowledges
 //! a delivery the broker gave to another consumer meanwhile.
+//! `run-quorum` (RabbitMQ): `run`, on a quorum queue with a prefetch of 1 and 3 attempts,
+//! where a message whose work ended its consumer more often than that is dead-lettered
+//! before it runs; the work ends this process on a key that starts with `exit`.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
@@ -37,7 +40,7 @@ use justonce_sql::{Inbox, InboxOptions, Key, Outcome};
 use justonce_tests::{
     TestBackend, consumer_work, effect_unless_claimed, mqtt_options, shared_mqtt_options,
 };
-use justonce_transport::amqp::{AmqpConsumer, AmqpOptions};
+use justonce_transport::amqp::{AmqpConsumer, AmqpOptions, QueueType};
 use justonce_transport::kafka::{KafkaOptions, KafkaReader};
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
@@ -129,8 +132,14 @@ async fn work<DB: TestBackend>(
         let consumer = NatsConsumer::connect(broker, inbox.clone(), options).await?;
         consume(&consumer, prefix, mode).await
     } else {
-        let consumer =
-            AmqpConsumer::connect(broker, inbox.clone(), AmqpOptions::new(queue)).await?;
+        let options = match mode {
+            "run-quorum" => AmqpOptions::new(queue)
+                .queue_type(QueueType::Quorum)
+                .prefetch(1)
+                .max_attempts(3),
+            _ => AmqpOptions::new(queue),
+        };
+        let consumer = AmqpConsumer::connect(broker, inbox.clone(), options).await?;
         consume(&consumer, prefix, mode).await
     }
 }

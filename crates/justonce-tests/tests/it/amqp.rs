@@ -298,6 +298,73 @@ async fn a_quorum_queue_counts_deliveries_lost_with_their_consumer_as_attempts()
     db.cleanup().await;
 }
 
+/// A message whose work ends its consumer's process, on a quorum queue with a prefetch of
+/// 1: each worker started dies on it, until the queue's count of its deliveries lost passes
+/// the 3 attempts; then it is dead-lettered before it runs, and the worker goes on. Every
+/// other message takes effect once.
+#[tokio::test]
+async fn a_message_that_kills_its_consumer_is_dead_lettered_after_its_attempts_on_a_quorum_queue() {
+    use justonce_sql::sqlx::Postgres;
+    let db = TestDb::<Postgres>::new("amqp_exit").await;
+    let queue = Queue::new(&db).await;
+    // Declared as the worker declares them.
+    let declare = |options: AmqpOptions| options.queue_type(QueueType::Quorum);
+    connect(&db, &queue, declare).await.close().await.unwrap();
+    let mut keys: Vec<String> = (0..20).map(|n| format!("order:{n}")).collect();
+    keys.insert(5, "exit:order".to_owned());
+    for key in &keys {
+        queue.publish(key, b"x").await;
+    }
+    let done = async || {
+        db.rows("effects").await == 20
+            && queue.ready_in(&queue.dead()).await == 1
+            && queue.ready().await == 0
+    };
+    let mut exits = 0;
+    loop {
+        let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
+            .args([&db.url, &db.prefix, &amqp_url(), &queue.name, "consumer"])
+            .arg("run-quorum")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start broker-worker");
+        let finished = async {
+            while !done().await {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::select! {
+            exited = worker.wait() => {
+                assert_eq!(exited.unwrap().code(), Some(justonce_tests::EXITED));
+                exits += 1;
+                assert!(exits <= 3, "a worker died on its fourth delivery");
+            }
+            finished = tokio::time::timeout(Duration::from_secs(60), finished) => {
+                finished.expect("the worker went on and finished within a minute");
+                worker.kill().await.unwrap();
+                break;
+            }
+        }
+    }
+    assert_eq!(exits, 3, "a worker died on each of the 3 attempts");
+    assert_eq!(db.rows("effects").await, 20);
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(db.effects_of(&Key::new("exit:order").unwrap()).await, 0);
+    let (properties, _) = queue.get(&queue.dead()).await.expect("a dead letter");
+    assert_eq!(
+        properties.message_id().as_ref().map(|id| id.as_str()),
+        Some("exit:order")
+    );
+    assert_eq!(
+        header(&properties, ATTEMPT_HEADER),
+        Some(AMQPValue::LongLongInt(4))
+    );
+    let reason = reason(&properties);
+    assert!(reason.contains("attempt 4, past the 3 allowed"), "{reason}");
+    queue.delete().await;
+    db.cleanup().await;
+}
+
 /// The dead letter's reason header, as text.
 fn reason(properties: &BasicProperties) -> String {
     let Some(AMQPValue::LongString(reason)) = header(properties, REASON_HEADER) else {

@@ -398,6 +398,7 @@ on_brokers!(batched: [
     a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
     a_batch_work_gets_each_key_once_and_writes_one_effect_per_key,
     a_failing_batch_work_runs_again_alone_and_the_poison_message_alone_fails,
+    a_work_that_panics_fails_its_attempts_and_the_consumer_goes_on,
 ));
 
 on_brokers!(giving_back: [
@@ -620,10 +621,54 @@ where
     db.cleanup().await;
 }
 
+/// A work that panics on one key, in batches: the batch fails and runs again one by one,
+/// the panic is a failed attempt, retried and then dead-lettered, and the consumer goes on
+/// to give every other key one effect.
+async fn a_work_that_panics_fails_its_attempts_and_the_consumer_goes_on<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let mut keys: Vec<String> = (0..40).map(|n| format!("order:{n}")).collect();
+    keys.insert(15, "panic:order".to_owned());
+    broker.publish(&keys).await;
+    let consumer = broker.connect_for_batches(&db.inbox).await;
+    let stats = run_until(
+        |stopped| consumer.run_work_batched(&db, stopped, 20),
+        || dead_lettered_and_settled(&broker, &db, 40),
+        effects(&db),
+    )
+    .await;
+    assert_eq!(
+        (stats.processed, stats.retried, stats.dead_lettered),
+        (40, 1, 1),
+        "the panic on its 2 attempts: {stats:?}"
+    );
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(db.effects_of(&Key::new("panic:order").unwrap()).await, 0);
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
 /// Whether a run over [`keys_with_a_poison_message`] is over: an effect per key, the poison
 /// message dead-lettered, and everything settled.
 async fn poison_run_over<B: Batching, DB: TestBackend>(broker: &B, db: &TestDb<DB>) -> bool {
-    db.rows("effects").await == 41 && broker.dead_letters().await == 1 && broker.settled(db).await
+    dead_lettered_and_settled(broker, db, 41).await
+}
+
+/// Whether `effects` effect rows are written, one message is dead-lettered, and everything
+/// is settled.
+async fn dead_lettered_and_settled<B: Batching, DB: TestBackend>(
+    broker: &B,
+    db: &TestDb<DB>,
+    effects: i64,
+) -> bool {
+    db.rows("effects").await == effects
+        && broker.dead_letters().await == 1
+        && broker.settled(db).await
 }
 
 /// After a run over [`keys_with_a_poison_message`]: one effect per key but the poison
@@ -776,12 +821,15 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
 /// What `justonce_deliveries_consumed_total` holds for `consumer`, from a recorder installed
 /// for the whole test binary on the first call (deliveries settled before it are not seen).
 pub(crate) fn consumed(consumer: &str) -> u64 {
-    counted("justonce_deliveries_consumed_total", consumer)
+    counted(
+        "justonce_deliveries_consumed_total",
+        &[("consumer", consumer)],
+    )
 }
 
-/// What counter `metric` holds for `consumer`, from the test binary's recorder (see
-/// [`consumed`]).
-pub(crate) fn counted(metric: &str, consumer: &str) -> u64 {
+/// What counter `metric` holds for the series with each of `labels`, summed over the
+/// others, from the test binary's recorder (see [`consumed`]).
+pub(crate) fn counted(metric: &str, labels: &[(&str, &str)]) -> u64 {
     static RECORDER: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
         std::sync::OnceLock::new();
     let handle = RECORDER.get_or_init(|| {
@@ -789,11 +837,13 @@ pub(crate) fn counted(metric: &str, consumer: &str) -> u64 {
             .install_recorder()
             .expect("no other recorder in the test binary")
     });
-    let label = format!("consumer=\"{consumer}\"");
+    let labels: Vec<String> = (labels.iter())
+        .map(|(name, value)| format!("{name}=\"{value}\""))
+        .collect();
     let start = format!("{metric}{{");
     (handle.render().lines())
         .filter(|line| line.starts_with(&start))
-        .filter(|line| line.contains(&label))
+        .filter(|line| labels.iter().all(|label| line.contains(label.as_str())))
         .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
         .sum()
 }
@@ -1014,7 +1064,10 @@ async fn a_consumer_goes_on_by_itself_while_its_broker_is_killed_and_started_aga
     let broker = tokio::sync::Mutex::new(broker);
     let name = format!("{}orders", db.prefix);
     // Installs the recorder before anything is counted.
-    assert_eq!(counted("justonce_broker_reconnects_total", &name), 0);
+    assert_eq!(
+        counted("justonce_broker_reconnects_total", &[("consumer", &name)]),
+        0
+    );
     let inbox = db.consumer(&name);
     let consumer = B::connect_to(&url, &name, &inbox).await;
     let link = consumer.link();
@@ -1050,6 +1103,6 @@ async fn a_consumer_goes_on_by_itself_while_its_broker_is_killed_and_started_aga
     // message again after the restart, as a duplicate.
     assert_eq!(stats.processed, 2, "{stats:?}");
     assert_eq!(db.doubled_effects().await, 0);
-    assert!(counted("justonce_broker_reconnects_total", &name) >= 1);
+    assert!(counted("justonce_broker_reconnects_total", &[("consumer", &name)]) >= 1);
     db.cleanup().await;
 }

@@ -1,9 +1,9 @@
 //! A COMMIT whose answer never arrives: a proxy between the runner and PostgreSQL breaks
 //! the connection right after COMMIT, once having forwarded it and once not; and the same
-//! for `run_forward`'s one statement, which commits on its own.
+//! for the one statement of `run_forward` and `run_effect`, which commits on its own.
 
 use super::key;
-use justonce_sql::{Consumer, Error, Inbox, InboxOptions, Message, Outcome, RunError};
+use justonce_sql::{Consumer, Effect, Error, Inbox, InboxOptions, Message, Outcome, RunError};
 use justonce_tests::{TestBackend, TestDb, postgres_url};
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
@@ -216,4 +216,51 @@ async fn a_forward_that_cannot_be_resolved_is_reported_unknown() {
         "{outcome:?}"
     );
     assert_eq!((keys, rows), (1, 1));
+}
+
+/// Runs one effect through a proxy that cuts the connection on the statement that carries
+/// its key, the claim and the effect in one; returns what `run_effect` returned and the
+/// rows of the keys and effect tables.
+async fn effect_through_proxy(
+    cut: Cut,
+    then_refuse: bool,
+) -> (Result<Outcome<Option<u64>>, Error>, i64, i64) {
+    const PAYMENT: &str = "payment:cut";
+    let (db, inbox) = inbox_through_proxy(PAYMENT.as_bytes(), cut, then_refuse).await;
+    let effect = Effect::<Postgres>::new(format!(
+        "INSERT INTO {}effects (consumer, msg_key) SELECT $1, $2 FROM claimed",
+        db.prefix
+    ))
+    .bind("test")
+    .bind(PAYMENT);
+    let outcome = inbox.run_effect(&key(PAYMENT), b"p", &effect).await;
+    let rows = (db.rows("keys").await, db.rows("effects").await);
+    db.cleanup().await;
+    (outcome, rows.0, rows.1)
+}
+
+/// The statement committed and its answer was lost: the claim read back says so, and how
+/// many rows it changed is not known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_that_committed_is_found_and_not_run_again() {
+    let (outcome, keys, effects) = effect_through_proxy(Cut::AfterForwarding, false).await;
+    assert_eq!(outcome.unwrap(), Outcome::Processed(None));
+    assert_eq!((keys, effects), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_that_did_not_commit_is_run_by_the_next_attempt() {
+    let (outcome, keys, effects) = effect_through_proxy(Cut::BeforeForwarding, false).await;
+    assert_eq!(outcome.unwrap(), Outcome::Processed(Some(1)));
+    assert_eq!((keys, effects), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_that_cannot_be_resolved_is_reported_unknown() {
+    let (outcome, keys, effects) = effect_through_proxy(Cut::AfterForwarding, true).await;
+    assert!(
+        matches!(outcome, Err(Error::CommitUnknown { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!((keys, effects), (1, 1));
 }

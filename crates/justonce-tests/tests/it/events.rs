@@ -2,11 +2,12 @@
 //! whole, replayed one at a time or by time range with the same key, a replay of a range
 //! still running refusing an overlapping one, and purged by their origin's retention.
 
+use super::broker::counted;
 use super::on_every_database;
 use justonce_http::HttpDestination;
 use justonce_sql::{
-    Delivered, Delivery, Destination, Error, EventDetail, EventFilter, EventState, Inbox, Key,
-    Message, Outbox, Outcome, Relay, RelayOptions, ReplayRange,
+    Delivered, Delivery, Destination, Error, EventDetail, EventFilter, EventPage, EventState,
+    Inbox, KEY_CONTAINS_WINDOW, Key, Message, Outbox, Outcome, Relay, RelayOptions, ReplayRange,
 };
 use justonce_tests::{Answer, Sink, TestBackend, TestDb};
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use tokio::sync::Semaphore;
 on_every_database!(
     events_are_listed_by_origin_key_prefix_time_and_state_a_page_at_a_time,
     events_are_found_by_any_part_of_their_key_wildcards_taken_as_written,
+    a_search_by_part_of_the_key_reads_the_last_day_unless_given_a_start,
     an_event_is_shown_whole_with_its_attempts_by_id_and_by_key,
     a_delivered_event_replayed_reaches_its_target_again_with_the_same_key,
     a_range_replay_delivers_each_event_once_more_and_refuses_an_overlapping_one_meanwhile,
@@ -210,6 +212,57 @@ async fn events_are_found_by_any_part_of_their_key_wildcards_taken_as_written<DB
         .await,
         ["order:1042:a"]
     );
+    db.cleanup().await;
+}
+
+/// No index serves a search by part of the key, so without a start it reads the events of
+/// the last day only, and says so; a prefix needs no window; a start given is kept.
+async fn a_search_by_part_of_the_key_reads_the_last_day_unless_given_a_start<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let outbox = db.inbox.outbox();
+    receive(&db.inbox, "shop", "order-1042-old").await;
+    let day = KEY_CONTAINS_WINDOW.as_millis() as i64;
+    let table = format!("{}outbox", db.prefix);
+    // Older than the window by two hours, clear of any rounding of stored times.
+    DB::age_rows(db.inbox.pool(), table, "received_at", day + 7_200_000).await;
+    receive(&db.inbox, "shop", "order-1042-new").await;
+    let keys = |page: &EventPage| {
+        page.events
+            .iter()
+            .map(|e| e.key.clone())
+            .collect::<Vec<_>>()
+    };
+
+    let before = SystemTime::now();
+    let page = (outbox.events(&EventFilter::default().key_contains("1042")))
+        .await
+        .unwrap();
+    assert_eq!(keys(&page), ["shop:order-1042-new"]);
+    let since = page.searched_since.expect("the window searched is said");
+    let window = before.duration_since(since).unwrap();
+    assert!(
+        window <= KEY_CONTAINS_WINDOW && window > KEY_CONTAINS_WINDOW - Duration::from_secs(60),
+        "searched since {window:?} ago"
+    );
+    // The window ends where the filter ends.
+    let until = SystemTime::now() - Duration::from_secs(3_600);
+    let filter = EventFilter::default().key_contains("1042").until(until);
+    let page = outbox.events(&filter).await.unwrap();
+    assert!(page.events.is_empty(), "{:?}", keys(&page));
+    assert_eq!(page.searched_since, Some(until - KEY_CONTAINS_WINDOW));
+
+    let two_days = SystemTime::now() - 2 * KEY_CONTAINS_WINDOW;
+    let filter = EventFilter::default().key_contains("1042").since(two_days);
+    let page = outbox.events(&filter).await.unwrap();
+    assert_eq!(keys(&page), ["shop:order-1042-old", "shop:order-1042-new"]);
+    assert_eq!(page.searched_since, None, "the start given is the window");
+    let page = (outbox.events(&EventFilter::default().key_prefix("shop:order-1042")))
+        .await
+        .unwrap();
+    assert_eq!(keys(&page), ["shop:order-1042-old", "shop:order-1042-new"]);
+    assert_eq!(page.searched_since, None);
     db.cleanup().await;
 }
 
@@ -592,6 +645,18 @@ async fn a_slow_relays_late_answer_does_not_undo_a_replay<DB: TestBackend>(test:
     db.cleanup().await;
 }
 
+/// The origin of the events of [`replay_a_row_dead_lettered_in_flight`]: this test's own,
+/// so that the metrics of its destination count this test's deliveries alone.
+fn own_shop<DB: TestBackend>(db: &TestDb<DB>) -> String {
+    format!("{}shop", db.prefix)
+}
+
+/// What `justonce_deliveries_total` counts for `destination` under `outcome`.
+fn deliveries(destination: &str, outcome: &str) -> u64 {
+    let labels = [("destination", destination), ("outcome", outcome)];
+    counted("justonce_deliveries_total", &labels)
+}
+
 /// A relay sends `order-1` to a slow target, which refuses as `refusing`, while the
 /// destination's breaker, opened by one failure, dead-letters every row past its delivery
 /// window, the one in flight too; the operator replays it; then the slow target answers and
@@ -601,8 +666,11 @@ async fn replay_a_row_dead_lettered_in_flight<DB: TestBackend>(
     refusing: Refusing,
 ) -> (Key, i64, EventDetail) {
     let outbox = db.inbox.outbox();
-    let slow = receive(&db.inbox, "shop", "order-1").await;
-    receive(&db.inbox, "shop", "order-2").await;
+    let shop = own_shop(db);
+    // Installs the recorder before anything is counted.
+    assert_eq!(deliveries(&shop, "superseded"), 0);
+    let slow = receive(&db.inbox, &shop, "order-1").await;
+    receive(&db.inbox, &shop, "order-2").await;
     let id = outbox.events_with_key(slow.as_str()).await.unwrap()[0]
         .event
         .id;
@@ -613,7 +681,7 @@ async fn replay_a_row_dead_lettered_in_flight<DB: TestBackend>(
         .breaker_pause(Duration::from_secs(60));
     let relay = outbox
         .relay()
-        .destination("shop", held.clone())
+        .destination(&shop, held.clone())
         .options(options);
     let running = justonce_tests::RunningRelay::start(relay);
     held.started.acquire().await.unwrap().forget();
@@ -633,8 +701,8 @@ async fn replay_a_row_dead_lettered_in_flight<DB: TestBackend>(
     (slow, id, shown)
 }
 
-/// The row in flight is dead-lettered, then replayed; the slow target's late failure,
-/// recorded under the lease the relay still holds, does not dead-letter the replay again.
+/// The row in flight is dead-lettered, then replayed; the slow target's late failure does
+/// not dead-letter the replay again, and is counted as superseded, not as dead.
 async fn a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_flight<
     DB: TestBackend,
 >(
@@ -648,13 +716,17 @@ async fn a_late_failure_does_not_undo_the_replay_of_a_row_dead_lettered_in_fligh
         "the late failure dead-lettered the replay"
     );
     assert_eq!(shown.event.attempts, 0, "the replay's attempts count anew");
+    let shop = own_shop(&db);
+    assert_eq!(deliveries(&shop, "superseded"), 1);
+    // The breaker dead-lettered both rows; the late failure is not counted again.
+    assert_eq!(deliveries(&shop, "dead"), 2);
     db.cleanup().await;
 }
 
 /// The row in flight is dead-lettered, then replayed; then the slow target takes the first
 /// delivery at last. The replay took the lease token away, so the relay's "sent" is not
-/// recorded: the event stays due, its history without that attempt, and the replay
-/// delivers it once more with the same key, which the target already has.
+/// recorded, nor counted as sent: the event stays due, its history without that attempt,
+/// and the replay delivers it once more with the same key, which the target already has.
 async fn a_late_success_is_not_recorded_over_the_replay_of_a_row_dead_lettered_in_flight<
     DB: TestBackend,
 >(
@@ -673,11 +745,22 @@ async fn a_late_success_is_not_recorded_over_the_replay_of_a_row_dead_lettered_i
         "the late success is in the history: {:?}",
         shown.attempts
     );
+    let shop = own_shop(&db);
+    assert_eq!(
+        (deliveries(&shop, "sent"), deliveries(&shop, "superseded")),
+        (0, 1),
+        "the late success was counted as sent"
+    );
     let sink = Sink::start().await;
-    relay_all(&relay_to(&outbox, &sink, &["shop"])).await;
+    relay_all(&relay_to(&outbox, &sink, &[shop.as_str()])).await;
     assert_eq!(per_key(&sink)[slow.as_str()], 1, "the replay was delivered");
     let shown = outbox.event(id).await.unwrap().unwrap();
     assert_eq!(shown.event.state, EventState::Delivered);
+    assert_eq!(
+        deliveries(&shop, "sent"),
+        1,
+        "the replay's delivery is counted"
+    );
     db.cleanup().await;
 }
 

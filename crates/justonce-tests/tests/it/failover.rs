@@ -1,21 +1,25 @@
 //! PostgreSQL failover on throwaway clusters of the test's own: a store on the multi-host
 //! URL of a primary and its synchronous standby, the primary killed with SIGKILL mid-run
 //! and the standby promoted. The same pool goes on writing on the new primary, and every
-//! write that returned success is there.
+//! write that returned success is there. The old primary then comes back as a standby,
+//! still first in the URL, and is passed by.
 
+use super::closed_port;
 use justonce_sql::{Consumer, Error, Inbox, InboxOptions, Key, Outcome, RunError};
 use justonce_tests::cluster::Cluster;
-use justonce_tests::{TestBackend, TestDb};
+use justonce_tests::{TestBackend, TestDb, postgres_url};
 use sqlx::Postgres;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Events each writer stores, one after the other.
 const EVENTS_PER_WRITER: usize = 200;
 const WRITERS: usize = 2;
 /// Events acknowledged before the primary is killed.
 const KILLED_AFTER: usize = 100;
+/// Events written after the old primary came back as a standby.
+const AFTER_REJOIN: usize = 20;
 
 /// What one writer saw: the keys acknowledged, and the errors of the attempts refused.
 struct Written {
@@ -185,4 +189,91 @@ async fn after_a_failover_the_pool_writes_to_the_new_primary_and_nothing_acknowl
         acknowledged.len(),
         refused.len()
     );
+
+    // The old primary comes back as a standby of the new one, still first in the URL: a
+    // new pool passes it by, and every write goes to the new primary.
+    primary
+        .rejoin_as_standby_of(&standby)
+        .expect("the old primary back as a standby");
+    assert_eq!(primary.query("SELECT pg_is_in_recovery()").unwrap(), "t");
+    let rejoined = Inbox::<Postgres>::connect_with(
+        &url,
+        Consumer::new("test").unwrap(),
+        InboxOptions::default().prefix(&db.prefix),
+    )
+    .await
+    .unwrap();
+    for n in 0..AFTER_REJOIN {
+        let key = Key::new(format!("rejoined:{n}")).unwrap();
+        let (key, prefix) = (&key, db.prefix.as_str());
+        let ran = rejoined
+            .run(key, b"body", |tx| {
+                Box::pin(
+                    async move { Postgres::insert_effect(tx, prefix, "test", key.as_str()).await },
+                )
+            })
+            .await;
+        assert!(matches!(ran, Ok(Outcome::Processed(()))), "{key}: {ran:?}");
+        let (port, in_recovery): (i32, bool) =
+            sqlx::query_as("SELECT inet_server_port(), pg_is_in_recovery()")
+                .fetch_one(rejoined.pool())
+                .await
+                .unwrap();
+        assert_eq!((port, in_recovery), (i32::from(standby.port()), false));
+    }
+    let written: (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}effects WHERE msg_key LIKE 'rejoined:%'",
+        db.prefix
+    )))
+    .fetch_one(&new_primary)
+    .await
+    .unwrap();
+    assert_eq!(written.0, i64::try_from(AFTER_REJOIN).unwrap());
+}
+
+/// An inbox on a multi-host URL, dropped without being closed: its failover watcher ends
+/// with it, and every connection it opened is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_inbox_leaves_no_connection_behind() {
+    let name = format!("justonce-dropped-{}", justonce_tests::unique());
+    // The shared server first, then a port nothing listens on.
+    let single = postgres_url();
+    let authority = single.find("://").unwrap() + 3;
+    let path = authority + single[authority..].find('/').unwrap();
+    let url = format!(
+        "{},127.0.0.1:{}{}?application_name={name}",
+        &single[..path],
+        closed_port(),
+        &single[path..]
+    );
+    let inbox = Inbox::<Postgres>::connect(&url, Consumer::new("test").unwrap())
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(inbox.pool()).await.unwrap();
+    let observer = sqlx::PgPool::connect(&single).await.unwrap();
+    let connections = || async {
+        let count: (i64,) =
+            sqlx::query_as("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+                .bind(&name)
+                .fetch_one(&observer)
+                .await
+                .unwrap();
+        count.0
+    };
+    // One in the pool, one the watcher's.
+    assert!(connections().await >= 2, "the watcher's connection is open");
+
+    drop(inbox);
+    let given_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = connections().await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < given_up,
+            "{left} connections left after the inbox was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

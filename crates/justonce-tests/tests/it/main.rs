@@ -12,6 +12,7 @@ mod crash;
 mod daily_report;
 mod dashboard;
 mod docs;
+mod effect;
 mod events;
 mod failover;
 mod harness;
@@ -264,4 +265,10 @@ async fn process<DB: TestBackend>(
 
 fn key(text: &str) -> Key {
     Key::new(text).unwrap()
+}
+
+/// A port on 127.0.0.1 that nothing listens on: a connection to it is refused.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
 }

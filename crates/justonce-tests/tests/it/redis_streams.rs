@@ -374,7 +374,10 @@ async fn a_consumer_whose_connection_breaks_connects_again_and_goes_on<DB: TestB
     let stream = Stream::new(&db).await;
     let proxy = BreakableRedis::start().await;
     let name = format!("{}reconnecting", db.prefix);
-    assert_eq!(counted("justonce_broker_reconnects_total", &name), 0);
+    assert_eq!(
+        counted("justonce_broker_reconnects_total", &[("consumer", &name)]),
+        0
+    );
     let reading = read_as(&db, &name);
     let options = options(&stream, "a").reconnect_max_wait(Duration::from_millis(200));
     let consumer = RedisStreamConsumer::connect(&proxy.url(), reading.inbox.clone(), options)
@@ -409,7 +412,7 @@ async fn a_consumer_whose_connection_breaks_connects_again_and_goes_on<DB: TestB
     .await;
     assert_eq!((stats.processed, stats.duplicates), (2, 0), "{stats:?}");
     assert_eq!(db.doubled_effects().await, 0);
-    assert!(counted("justonce_broker_reconnects_total", &name) >= 1);
+    assert!(counted("justonce_broker_reconnects_total", &[("consumer", &name)]) >= 1);
     stream.delete().await;
     db.cleanup().await;
 }

@@ -1,7 +1,9 @@
 //! `Inbox::run`: the claim, the work and its writes commit together, once per key.
 
-use super::{key, on_every_database, process};
-use justonce_sql::{Claim, Fingerprint, Key, Message, Outcome, RunError};
+use super::{closed_port, key, on_every_database, process};
+use justonce_sql::{
+    Claim, Consumer, Fingerprint, Inbox, InboxOptions, Key, Message, Outcome, RunError,
+};
 use justonce_tests::{TestBackend, TestDb};
 
 on_every_database!(
@@ -263,4 +265,105 @@ async fn tenants_are_kept_apart<DB: TestBackend>(test: &str) {
     );
     assert_eq!((db.rows("keys").await, db.effects_of(&id).await), (3, 3));
     db.cleanup().await;
+}
+
+/// The work kills the run's own connection: the database's failure, not the work's. It is
+/// tried again, then returned as the store's error, with nothing committed. SQLite runs in
+/// this process and has no connection to lose.
+async fn a_killed_connection_of_the_run_is_the_stores_failure<DB: TestBackend>(
+    test: &str,
+    kill_own_connection: &'static str,
+) where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let inbox = Inbox::<DB>::connect_with(
+        &db.url,
+        Consumer::new("test").unwrap(),
+        InboxOptions::default().prefix(&db.prefix).max_attempts(2),
+    )
+    .await
+    .unwrap();
+    let id = key("charge:killed");
+    let mut calls = 0;
+    let failed = inbox
+        .run(&id, b"p", |tx| {
+            calls += 1;
+            Box::pin(async {
+                DB::insert_effect(tx, &db.prefix, "test", id.as_str()).await?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(kill_own_connection))
+                    .execute(&mut **tx)
+                    .await
+                    .map(drop)
+            })
+        })
+        .await;
+    assert!(matches!(failed, Err(RunError::Store(_))), "{failed:?}");
+    assert_eq!(calls, 2, "the database's failure is tried again");
+    assert_eq!((db.rows("keys").await, db.rows("effects").await), (0, 0));
+    assert_eq!(
+        process(&db, &db.inbox, &id, b"p").await,
+        Outcome::Processed(())
+    );
+    db.cleanup().await;
+}
+
+/// The work's own connection to another database is refused: the work's failure, not
+/// the store's, though it is a broken connection too.
+async fn another_databases_lost_connection_is_the_works_failure<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    // The store's URL with a port nothing listens on.
+    let (user, rest) = db.url.split_once('@').expect("a URL with a user");
+    let path = &rest[rest.find('/').expect("a URL with a database")..];
+    let elsewhere = format!("{user}@127.0.0.1:{}{path}", closed_port());
+    let id = key("charge:elsewhere");
+    let (key, prefix, elsewhere) = (&id, db.prefix.as_str(), elsewhere.as_str());
+    let mut calls = 0;
+    let failed = db
+        .inbox
+        .run(key, b"p", |tx| {
+            calls += 1;
+            Box::pin(async move {
+                DB::insert_effect(tx, prefix, "test", key.as_str()).await?;
+                <DB::Connection as sqlx::Connection>::connect(elsewhere)
+                    .await
+                    .map(drop)
+            })
+        })
+        .await;
+    assert!(
+        matches!(failed, Err(RunError::Work(sqlx::Error::Io(_)))),
+        "{failed:?}"
+    );
+    assert_eq!(calls, 1, "a failure of the work's own is not retried");
+    assert_eq!((db.rows("keys").await, db.rows("effects").await), (0, 0));
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_of_the_run_is_the_stores_failure_on_postgres() {
+    a_killed_connection_of_the_run_is_the_stores_failure::<sqlx::Postgres>(
+        "killed_connection",
+        "SELECT pg_terminate_backend(pg_backend_pid())",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_of_the_run_is_the_stores_failure_on_mysql() {
+    a_killed_connection_of_the_run_is_the_stores_failure::<sqlx::MySql>(
+        "killed_connection",
+        "KILL CONNECTION_ID()",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_databases_lost_connection_is_the_works_failure_on_postgres() {
+    another_databases_lost_connection_is_the_works_failure::<sqlx::Postgres>("elsewhere").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_databases_lost_connection_is_the_works_failure_on_mysql() {
+    another_databases_lost_connection_is_the_works_failure::<sqlx::MySql>("elsewhere").await;
 }
