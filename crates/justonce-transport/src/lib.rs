@@ -89,25 +89,23 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// Compiles the items given with any broker's feature: the parts every adapter shares.
+macro_rules! with_any_broker {
+    ($($item:item)*) => {$(
+        #[cfg(any(
+            feature = "amqp",
+            feature = "kafka",
+            feature = "mqtt",
+            feature = "nats",
+            feature = "redis"
+        ))]
+        $item
+    )*};
+}
+
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub mod amqp;
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-mod consumer;
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-mod destination;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub mod kafka;
@@ -119,14 +117,6 @@ pub mod mqtt;
 pub mod nats;
 #[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
 mod reader;
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-mod reconnect;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis_streams;
@@ -134,51 +124,37 @@ pub mod redis_streams;
 #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
 pub mod tls;
 
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-pub use consumer::{
-    BatchWork, Broker, Consumer, Deliveries, Policy, Receive, Received, Settle, Work,
-};
+with_any_broker! {
+    mod consumer;
+    mod destination;
+    mod reconnect;
+    pub use consumer::{
+        BatchWork, Broker, Consumer, Deliveries, Policy, Receive, Received, Settle, Work,
+    };
+    pub use reconnect::Link;
+}
 use justonce_core::{Key, TraceContext};
 use justonce_sql::Outcome;
 #[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
 pub use reader::{OrderedBroker, Position, Reader, ReaderDeliveries, StoredOffsets};
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-pub use reconnect::Link;
 
 /// How long a broker's `probe` (such as [`amqp::probe`]) waits for the broker before it
 /// gives up: a broker that does not answer is as unusable as one that refuses.
 pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// `probe` within [`PROBE_TIMEOUT`].
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-pub(crate) async fn within_probe_timeout(
-    probe: impl std::future::Future<Output = Result<(), Error>>,
-) -> Result<(), Error> {
-    tokio::time::timeout(PROBE_TIMEOUT, probe)
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::Broker(
-                format!("no answer within {} s", PROBE_TIMEOUT.as_secs()).into(),
-            ))
-        })
+with_any_broker! {
+    /// `probe` within [`PROBE_TIMEOUT`].
+    pub(crate) async fn within_probe_timeout(
+        probe: impl std::future::Future<Output = Result<(), Error>>,
+    ) -> Result<(), Error> {
+        tokio::time::timeout(PROBE_TIMEOUT, probe)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Broker(
+                    format!("no answer within {} s", PROBE_TIMEOUT.as_secs()).into(),
+                ))
+            })
+    }
 }
 
 /// Locks `mutex`. A panic elsewhere while it was held leaves the value whole: it is used.
@@ -233,25 +209,20 @@ pub struct Incoming {
     pub trace: Option<TraceContext>,
 }
 
-/// The span of one message's claim and work: a child of the trace context the message
-/// carries, when a [`justonce_core::trace::TracePropagator`] is installed.
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-fn consume_span(incoming: &Incoming) -> tracing::Span {
-    let span = tracing::debug_span!(
-        "justonce.consume",
-        otel.kind = "consumer",
-        key = %incoming.key,
-    );
-    if let Some(trace) = &incoming.trace {
-        justonce_core::trace::set_parent(&span, trace);
+with_any_broker! {
+    /// The span of one message's claim and work: a child of the trace context the message
+    /// carries, when a [`justonce_core::trace::TracePropagator`] is installed.
+    fn consume_span(incoming: &Incoming) -> tracing::Span {
+        let span = tracing::debug_span!(
+            "justonce.consume",
+            otel.kind = "consumer",
+            key = %incoming.key,
+        );
+        if let Some(trace) = &incoming.trace {
+            justonce_core::trace::set_parent(&span, trace);
+        }
+        span
     }
-    span
 }
 
 /// Describes the metrics this crate emits, for the `# HELP` lines of an exporter. Call it
@@ -267,25 +238,20 @@ pub fn describe_metrics() {
     );
 }
 
-/// Counts `messages` consumed by the consumer of `inbox` from `broker`.
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-pub(crate) fn count_consumed<DB: justonce_sql::Backend>(
-    inbox: &justonce_sql::Inbox<DB>,
-    broker: &'static str,
-    messages: u64,
-) {
-    metrics::counter!(
-        CONSUMED,
-        "consumer" => inbox.consumer().as_str().to_owned(),
-        "broker" => broker
-    )
-    .increment(messages);
+with_any_broker! {
+    /// Counts `messages` consumed by the consumer of `inbox` from `broker`.
+    pub(crate) fn count_consumed<DB: justonce_sql::Backend>(
+        inbox: &justonce_sql::Inbox<DB>,
+        broker: &'static str,
+        messages: u64,
+    ) {
+        metrics::counter!(
+            CONSUMED,
+            "consumer" => inbox.consumer().as_str().to_owned(),
+            "broker" => broker
+        )
+        .increment(messages);
+    }
 }
 
 const CONSUMED: &str = "justonce_deliveries_consumed_total";
@@ -311,45 +277,35 @@ pub enum Ran<E> {
     Store(justonce_core::Error),
 }
 
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-impl<E> Ran<E> {
-    /// What [`Inbox::run`](justonce_sql::Inbox::run) returned, as a delivery's settling
-    /// needs it.
-    pub(crate) fn of(
-        run: Result<Outcome<()>, justonce_sql::RunError<consumer::Failed<E>>>,
-    ) -> Self {
-        match run {
-            Ok(outcome) => Ran::Outcome(outcome),
-            Err(justonce_sql::RunError::Work(failed)) => failed.ran(),
-            Err(justonce_sql::RunError::Store(error)) => Ran::Store(error),
-            Err(error) => Ran::Store(justonce_core::Error::Config(format!(
-                "the run failed in a way this consumer does not know: {error}"
-            ))),
+with_any_broker! {
+    impl<E> Ran<E> {
+        /// What [`Inbox::run`](justonce_sql::Inbox::run) returned, as a delivery's settling
+        /// needs it.
+        pub(crate) fn of(
+            run: Result<Outcome<()>, justonce_sql::RunError<consumer::Failed<E>>>,
+        ) -> Self {
+            match run {
+                Ok(outcome) => Ran::Outcome(outcome),
+                Err(justonce_sql::RunError::Work(failed)) => failed.ran(),
+                Err(justonce_sql::RunError::Store(error)) => Ran::Store(error),
+                Err(error) => Ran::Store(justonce_core::Error::Config(format!(
+                    "the run failed in a way this consumer does not know: {error}"
+                ))),
+            }
         }
     }
 }
 
-/// The key of a delivery from the id it carries. A blank id is refused, not kept as a key
-/// of spaces: every message with a blank id would share it, and all but the first would be
-/// skipped as duplicates.
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-pub(crate) fn message_key(text: String) -> Result<Key, String> {
-    if !text.is_empty() && text.trim().is_empty() {
-        return Err("the message id is blank".to_owned());
+with_any_broker! {
+    /// The key of a delivery from the id it carries. A blank id is refused, not kept as a key
+    /// of spaces: every message with a blank id would share it, and all but the first would be
+    /// skipped as duplicates.
+    pub(crate) fn message_key(text: String) -> Result<Key, String> {
+        if !text.is_empty() && text.trim().is_empty() {
+            return Err("the message id is blank".to_owned());
+        }
+        Key::new(text).map_err(|e| e.to_string())
     }
-    Key::new(text).map_err(|e| e.to_string())
 }
 
 /// At most `bytes` bytes of `text`, cut at a character boundary.
@@ -361,22 +317,17 @@ pub(crate) fn truncate(text: &str, bytes: usize) -> &str {
     &text[..end]
 }
 
-/// The id at a JSON pointer in `body`: a string or a number.
-#[cfg(any(
-    feature = "amqp",
-    feature = "kafka",
-    feature = "mqtt",
-    feature = "nats",
-    feature = "redis"
-))]
-pub(crate) fn json_id(body: &[u8], pointer: &str) -> Result<String, String> {
-    // serde_json refuses nesting deeper than 128 levels.
-    let body: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
-    match body.pointer(pointer) {
-        Some(serde_json::Value::String(id)) => Ok(id.clone()),
-        Some(serde_json::Value::Number(id)) => Ok(id.to_string()),
-        _ => Err(format!("the body has no string or number at {pointer}")),
+with_any_broker! {
+    /// The id at a JSON pointer in `body`: a string or a number.
+    pub(crate) fn json_id(body: &[u8], pointer: &str) -> Result<String, String> {
+        // serde_json refuses nesting deeper than 128 levels.
+        let body: serde_json::Value =
+            serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+        match body.pointer(pointer) {
+            Some(serde_json::Value::String(id)) => Ok(id.clone()),
+            Some(serde_json::Value::Number(id)) => Ok(id.to_string()),
+            _ => Err(format!("the body has no string or number at {pointer}")),
+        }
     }
 }
 
