@@ -41,7 +41,7 @@ async fn after_a_failover_to_a_synchronous_standby_every_event_answered_2xx_is_s
 
 /// With asynchronous replication the primary answers a commit before the standby holds it:
 /// events answered `2xx` may be missing on the new primary. What always holds is asserted;
-/// the number lost is printed.
+/// the number lost is printed with the run's figures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_to_an_asynchronous_standby_nothing_is_doubled_and_the_lost_are_counted() {
     let run = fail_over(false).await;
@@ -50,10 +50,6 @@ async fn after_a_failover_to_an_asynchronous_standby_nothing_is_doubled_and_the_
     for key in run.stored.keys() {
         assert!(run.delivered.contains_key(key), "{key} was not delivered");
     }
-    eprintln!(
-        "failover (asynchronous): {} events answered 2xx are not on the new primary",
-        run.lost.len()
-    );
 }
 
 /// What a run saw: each event's key and body, the events on the new primary and at the
