@@ -40,6 +40,7 @@ mod check;
 mod deliveries;
 mod environment;
 mod events;
+mod failover;
 mod first_run;
 mod folder;
 mod listeners;
