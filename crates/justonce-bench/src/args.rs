@@ -1,5 +1,6 @@
 //! `justonce bench`'s arguments, and the settings they ask for.
 
+use crate::modes::Mode;
 use anyhow::{Context, Result};
 use justonce_cli_support::pacing;
 use std::path::PathBuf;
@@ -31,6 +32,11 @@ pub struct Args {
     /// well does not also go through the one-by-one modes, a hundred times slower.
     #[arg(long)]
     batched_only: bool,
+    /// Only these modes of the throughput section, comma-separated; `run` brings
+    /// `run-again`. A mode whose baseline is left out prints no ratio.
+    #[arg(long, value_delimiter = ',',
+          value_parser = clap::builder::PossibleValuesParser::new(Mode::NAMES))]
+    modes: Vec<String>,
     /// How many times the throughput section runs its modes, alternating, each round on
     /// fresh tables: it prints each mode's median, and the median, lowest and highest of
     /// its ratios to its baseline in the same round. 1 runs each mode once.
@@ -66,6 +72,11 @@ pub struct Args {
     /// Events per second the receiver section's open loop starts, whatever the answers do.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     rate: u64,
+    /// The receiver section posts its events, unsigned, to this URL instead of to the
+    /// receiver it serves: another receiver, under the same loads. What that one stores is
+    /// for whoever runs it to check.
+    #[arg(long, value_name = "URL")]
+    receiver_url: Option<String>,
     /// Only these sections, comma-separated; all but sustained by default.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<Section>,
@@ -107,6 +118,7 @@ impl TryFrom<Args> for Settings {
             batches: args.batch.into_iter().map(count).collect::<Result<_>>()?,
             workers: count(args.workers)?,
             batched_only: args.batched_only,
+            modes: args.modes,
             rounds: count(args.rounds)?,
             sizes: args.sizes,
             samples: count(args.samples)?,
@@ -117,6 +129,7 @@ impl TryFrom<Args> for Settings {
             requests: count(args.requests)?,
             clients: count(args.clients)?,
             rate: count(args.rate)?,
+            receiver_url: args.receiver_url,
             sections,
             json: args.json,
             chart: args.chart,
@@ -144,6 +157,8 @@ pub struct Settings {
     pub(crate) workers: usize,
     /// The throughput section skips the modes that take a message at a time.
     pub(crate) batched_only: bool,
+    /// The throughput section's modes by name; all when empty.
+    pub(crate) modes: Vec<String>,
     /// How many times the throughput section runs its modes, alternating; it reports
     /// medians.
     pub(crate) rounds: usize,
@@ -160,6 +175,8 @@ pub struct Settings {
     pub(crate) clients: usize,
     /// The receiver section's events started per second.
     pub(crate) rate: usize,
+    /// Where the receiver section posts instead of to its own receiver.
+    pub(crate) receiver_url: Option<String>,
     pub(crate) sections: Vec<Section>,
     pub(crate) json: bool,
     /// Where to write the charts, if anywhere.

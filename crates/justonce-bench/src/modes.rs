@@ -35,6 +35,19 @@ impl Mode {
         Mode::RunForward,
     ];
 
+    /// The names `--modes` takes: every mode but `run-again`, which comes with `run`.
+    pub(crate) const NAMES: [&'static str; 9] = [
+        "hand-written",
+        "one-statement",
+        "run",
+        "run_effect",
+        "hand-written-forward",
+        "run_forward",
+        "hand-written-batched",
+        "hand-written-claim_many",
+        "claim_many",
+    ];
+
     /// The mode this one is compared with, in the same round.
     pub(crate) fn baseline(self) -> Option<Mode> {
         match self {
@@ -109,5 +122,25 @@ impl Load {
             Load::Clients(clients) => ("clients", clients),
             Load::Rate(rate) => ("rate", rate),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mode;
+
+    #[test]
+    fn every_mode_but_run_again_can_be_named() {
+        let batched = [
+            Mode::HandWrittenBatched(1),
+            Mode::HandWrittenClaimMany(1),
+            Mode::ClaimMany(1),
+        ];
+        let names: Vec<&str> = Mode::ONE_BY_ONE
+            .into_iter()
+            .chain(batched)
+            .map(Mode::name)
+            .collect();
+        assert_eq!(names, Mode::NAMES);
     }
 }

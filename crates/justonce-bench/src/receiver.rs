@@ -7,6 +7,10 @@
 //! its event was due, so a stall shows in the percentiles instead of slowing the sender.
 //! Every answer must be `200 accepted`; then the store must hold one key and one outbox row
 //! per event. No relay runs: delivering the rows onward is not part of the time to 2xx.
+//!
+//! With `--receiver-url`, the same loads go, unsigned, to another receiver instead, and
+//! checking what it stored is left to whoever runs it: so a receiver written without
+//! justonce is loaded exactly as `justonce serve` is.
 
 use crate::Serve;
 use crate::bench::Bench;
@@ -37,9 +41,22 @@ impl<DB: BenchDb> Bench<'_, DB> {
             Load::Clients(self.settings.clients),
             Load::Rate(self.settings.rate),
         ] {
-            self.empty().await?;
             let mut progress = Progress::new();
             progress.update(format!("receiver: {requests} events {}", load.described()));
+            if let Some(url) = &self.settings.receiver_url {
+                let sender = Sender {
+                    client: reqwest::Client::new(),
+                    url: url.clone(),
+                    prefix: load.name(),
+                    signed: false,
+                };
+                let (per_second, latencies) = self.send(&sender, load).await?;
+                progress.finish();
+                self.report
+                    .receiver(load, requests, per_second, &latencies, false);
+                continue;
+            }
+            self.empty().await?;
             let (per_second, latencies) = self.receive(serve, load).await?;
             progress.finish();
             let keys = DB::count(self.inbox.pool(), &self.tables.keys).await?;
@@ -48,7 +65,8 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 keys == requests as i64 && rows == requests as i64,
                 "receiver: {keys} keys and {rows} outbox rows for {requests} events"
             );
-            self.report.receiver(load, requests, per_second, &latencies);
+            self.report
+                .receiver(load, requests, per_second, &latencies, true);
         }
         Ok(())
     }
@@ -72,6 +90,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
             client: reqwest::Client::new(),
             url,
             prefix: load.name(),
+            signed: true,
         };
         self.send(&sender, load).await
     }
@@ -133,32 +152,37 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// Posts signed events to the receiver.
+/// Posts events to the receiver.
 #[derive(Clone)]
 struct Sender {
     client: reqwest::Client,
     url: String,
     prefix: &'static str,
+    /// Whether the events carry their signature, for the bench's own receiver.
+    signed: bool,
 }
 
 impl Sender {
     /// Posts event `n` and checks that it was accepted.
     async fn post(&self, n: usize) -> Result<()> {
         let body = format!(r#"{{"id":"{}-{n}","amount":{n}}}"#, self.prefix);
-        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET)
-            .expect("HMAC takes a key of any length");
-        mac.update(body.as_bytes());
-        let signature: String = mac
-            .finalize()
-            .into_bytes()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let response = self
+        let mut request = self
             .client
             .post(&self.url)
-            .header("content-type", "application/json")
-            .header(SIGNATURE_HEADER, signature)
+            .header("content-type", "application/json");
+        if self.signed {
+            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET)
+                .expect("HMAC takes a key of any length");
+            mac.update(body.as_bytes());
+            let signature: String = mac
+                .finalize()
+                .into_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            request = request.header(SIGNATURE_HEADER, signature);
+        }
+        let response = request
             .body(body)
             .send()
             .await

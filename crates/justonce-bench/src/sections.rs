@@ -56,6 +56,10 @@ impl<DB: BenchDb> Bench<'_, DB> {
             .copied()
             .chain(batched)
             .filter(|&mode| mode != Mode::OneStatement || DB::HAS_ONE_STATEMENT)
+            .filter(|mode| {
+                let named = &self.settings.modes;
+                named.is_empty() || named.iter().any(|name| name == mode.name())
+            })
             .collect();
         let mut rates: Vec<(Mode, Vec<f64>)> = modes
             .iter()

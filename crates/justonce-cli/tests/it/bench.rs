@@ -413,3 +413,46 @@ fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
         .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
         .collect()
 }
+
+/// `--modes` measures the modes named, `run` with `run-again`; without their baselines they
+/// print no ratio. A name that is no mode is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modes_measures_only_the_modes_named() {
+    let db = TestDb::<justonce_sql::sqlx::Sqlite>::new("bench_modes").await;
+    let args = [
+        "--only",
+        "throughput",
+        "--messages",
+        "500",
+        "--batch",
+        "100",
+    ];
+    let results = bench_json(
+        &db.url,
+        &[&args[..], &["--rounds", "1", "--modes", "run,claim_many"]].concat(),
+    )
+    .await;
+    let modes: Vec<&str> = results
+        .iter()
+        .filter(|r| r["bench"] == "throughput")
+        .map(|r| r["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["run", "run-again", "claim_many"]);
+    for result in results.iter().filter(|r| r["bench"] == "throughput") {
+        assert!(result["baseline"].is_null(), "{result}");
+        assert!(result["against_baseline"].is_null(), "{result}");
+    }
+
+    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_justonce"))
+        .args(["bench", "--database", &db.url, "--modes", "fastest"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("invalid value 'fastest' for '--modes"),
+        "{stderr}"
+    );
+    db.cleanup().await;
+}

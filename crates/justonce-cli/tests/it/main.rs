@@ -45,6 +45,7 @@ mod first_run;
 mod folder;
 mod listeners;
 mod operations;
+mod peers;
 mod roles;
 mod serve;
 mod tls;
