@@ -23,6 +23,7 @@ use std::time::Duration;
 
 mod args;
 mod bench;
+mod capacity;
 mod chart;
 mod db;
 mod modes;
