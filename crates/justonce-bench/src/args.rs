@@ -77,7 +77,14 @@ pub struct Args {
     /// for whoever runs it to check.
     #[arg(long, value_name = "URL")]
     receiver_url: Option<String>,
-    /// Only these sections, comma-separated; all but sustained by default.
+    /// Keys the capacity section claims, measures and purges.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    capacity_keys: u64,
+    /// Outbox rows, each with a 1 KiB body, the capacity section writes, delivers,
+    /// measures and purges.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    capacity_outbox: u64,
+    /// Only these sections, comma-separated; all but sustained and capacity by default.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<Section>,
     /// One JSON object per result, for scripts.
@@ -127,6 +134,8 @@ impl TryFrom<Args> for Settings {
             purge_pause: args.purge_pause,
             duration: args.duration,
             requests: count(args.requests)?,
+            capacity_keys: count(args.capacity_keys)?,
+            capacity_outbox: count(args.capacity_outbox)?,
             clients: count(args.clients)?,
             rate: count(args.rate)?,
             receiver_url: args.receiver_url,
@@ -171,6 +180,10 @@ pub struct Settings {
     pub(crate) duration: Duration,
     /// Events the receiver section posts under each load.
     pub(crate) requests: usize,
+    /// Keys the capacity section claims and purges.
+    pub(crate) capacity_keys: usize,
+    /// Outbox rows the capacity section writes, delivers and purges.
+    pub(crate) capacity_outbox: usize,
     /// The receiver section's connections posting back to back.
     pub(crate) clients: usize,
     /// The receiver section's events started per second.
@@ -198,6 +211,10 @@ pub enum Section {
     /// Resident memory over a long run (--duration): `Inbox::run` on an endless stream, the
     /// peak RSS of each tenth of the run. Only when asked for.
     Sustained,
+    /// What keys and outbox rows cost the database: claims per second, table and index
+    /// bytes, write-ahead log bytes, and the purge (--capacity-keys, --capacity-outbox).
+    /// Only when asked for.
+    Capacity,
 }
 
 impl Settings {

@@ -68,6 +68,13 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
+    /// Makes the bench's tables: the inbox's, migrated, and the effects table.
+    pub(crate) async fn create_tables(&self) -> Result<()> {
+        self.inbox.migrate().await?;
+        DB::create_effects(self.inbox.pool(), &self.tables.effects).await?;
+        Ok(())
+    }
+
     pub(crate) async fn drop_tables(&self) -> Result<()> {
         for table in &self.tables.all {
             DB::execute(self.inbox.pool(), format!("DROP TABLE IF EXISTS {table}")).await?;

@@ -153,10 +153,42 @@ pub(crate) trait BenchDb: Backend {
 
     async fn execute(pool: &sqlx::Pool<Self>, sql: String) -> Result<()>;
 
+    /// How far the server's write-ahead log (PostgreSQL's WAL, InnoDB's redo log) has come,
+    /// in bytes: what every session of the server wrote, not only the bench's. `None` where
+    /// there is no such position to read (SQLite).
+    async fn log_position(pool: &sqlx::Pool<Self>) -> Result<Option<u64>>;
+
+    /// What `table` and its indexes take on disk now, as the database counts it.
+    async fn sizes(pool: &sqlx::Pool<Self>, table: &str) -> Result<Sizes>;
+
     async fn count(pool: &sqlx::Pool<Self>, table: &str) -> Result<i64>;
 
     /// Rows beyond the first for their key, in `column`.
     async fn doubled(pool: &sqlx::Pool<Self>, table: &str, column: &str) -> Result<i64>;
+}
+
+/// What a table takes on disk, in bytes.
+pub(crate) struct Sizes {
+    /// The rows: PostgreSQL's heap, InnoDB's clustered index (the primary key), SQLite's
+    /// table b-tree.
+    pub(crate) table: u64,
+    /// Each index besides the rows, by name.
+    pub(crate) indexes: Vec<(String, u64)>,
+    /// The rows, the indexes, and on PostgreSQL the TOAST table and the free space and
+    /// visibility maps.
+    pub(crate) total: u64,
+}
+
+impl Sizes {
+    /// The bytes of every index besides the rows.
+    pub(crate) fn index_bytes(&self) -> u64 {
+        self.indexes.iter().map(|(_, bytes)| bytes).sum()
+    }
+}
+
+/// Sizes from the database's signed counts, which are never negative.
+fn bytes(count: i64) -> Result<u64> {
+    Ok(u64::try_from(count)?)
 }
 
 /// A held key, its claim id and its stored fingerprint.
@@ -430,6 +462,39 @@ impl BenchDb for Postgres {
         Ok(())
     }
 
+    /// The position at which the next WAL record goes in, written out or not.
+    async fn log_position(pool: &sqlx::Pool<Self>) -> Result<Option<u64>> {
+        let lsn: i64 =
+            sqlx::query_scalar("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint")
+                .fetch_one(pool)
+                .await?;
+        Ok(Some(bytes(lsn)?))
+    }
+
+    async fn sizes(pool: &sqlx::Pool<Self>, table: &str) -> Result<Sizes> {
+        let (heap, total): (i64, i64) = sqlx::query_as(
+            "SELECT pg_relation_size($1::regclass), pg_total_relation_size($1::regclass)",
+        )
+        .bind(table)
+        .fetch_one(pool)
+        .await?;
+        let indexes: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid)
+             FROM pg_index WHERE indrelid = $1::regclass ORDER BY 1",
+        )
+        .bind(table)
+        .fetch_all(pool)
+        .await?;
+        Ok(Sizes {
+            table: bytes(heap)?,
+            indexes: indexes
+                .into_iter()
+                .map(|(name, size)| Ok((name, bytes(size)?)))
+                .collect::<Result<_>>()?,
+            total: bytes(total)?,
+        })
+    }
+
     async fn fill(
         pool: &sqlx::Pool<Self>,
         table: &str,
@@ -517,6 +582,38 @@ impl BenchDb for Sqlite {
             .execute(&mut **tx)
             .await?;
         Ok(())
+    }
+
+    async fn log_position(_pool: &sqlx::Pool<Self>) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
+    /// The pages of each b-tree, from the `dbstat` table SQLite is built with.
+    async fn sizes(pool: &sqlx::Pool<Self>, table: &str) -> Result<Sizes> {
+        let rows: i64 =
+            sqlx::query_scalar("SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = $1")
+                .bind(table)
+                .fetch_one(pool)
+                .await?;
+        let indexes: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT d.name, sum(d.pgsize) FROM dbstat d
+             JOIN sqlite_master m ON m.name = d.name AND m.type = 'index'
+             WHERE m.tbl_name = $1 GROUP BY d.name ORDER BY d.name",
+        )
+        .bind(table)
+        .fetch_all(pool)
+        .await?;
+        let indexes: Vec<(String, u64)> = indexes
+            .into_iter()
+            .map(|(name, size)| Ok((name, bytes(size)?)))
+            .collect::<Result<_>>()?;
+        let table = bytes(rows)?;
+        let total = table + indexes.iter().map(|(_, size)| size).sum::<u64>();
+        Ok(Sizes {
+            table,
+            indexes,
+            total,
+        })
     }
 
     async fn fill(
@@ -681,6 +778,43 @@ impl BenchDb for MySql {
             insert.execute(&mut **tx).await?;
         }
         Ok(())
+    }
+
+    /// InnoDB's log sequence number: the bytes written to its redo log.
+    async fn log_position(pool: &sqlx::Pool<Self>) -> Result<Option<u64>> {
+        let status = sqlx::raw_sql("SHOW GLOBAL STATUS LIKE 'Innodb_lsn_current'")
+            .fetch_one(pool)
+            .await?;
+        let lsn: String = sqlx::Row::try_get(&status, 1)?;
+        Ok(Some(lsn.parse()?))
+    }
+
+    /// InnoDB's persistent statistics, made fresh first: the pages of the clustered index
+    /// (the rows, by primary key) and of each secondary index.
+    async fn sizes(pool: &sqlx::Pool<Self>, table: &str) -> Result<Sizes> {
+        Self::execute(pool, format!("ANALYZE TABLE {table}")).await?;
+        let (rows, secondary): (u64, u64) = sqlx::query_as(
+            "SELECT DATA_LENGTH, INDEX_LENGTH FROM information_schema.TABLES
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        )
+        .bind(table)
+        .fetch_one(pool)
+        .await?;
+        let indexes: Vec<(String, u64)> = sqlx::query_as(
+            "SELECT CAST(index_name AS CHAR), CAST(stat_value * @@innodb_page_size AS UNSIGNED)
+             FROM mysql.innodb_index_stats
+             WHERE database_name = DATABASE() AND table_name = ? AND stat_name = 'size'
+               AND index_name <> 'PRIMARY'
+             ORDER BY index_name",
+        )
+        .bind(table)
+        .fetch_all(pool)
+        .await?;
+        Ok(Sizes {
+            table: rows,
+            indexes,
+            total: rows + secondary,
+        })
     }
 
     async fn fill(

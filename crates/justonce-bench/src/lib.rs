@@ -23,6 +23,7 @@ use std::time::Duration;
 
 mod args;
 mod bench;
+mod capacity;
 mod chart;
 mod db;
 mod modes;
@@ -50,9 +51,12 @@ pub async fn run(url: &str, settings: &Settings, serve: Serve) -> Result<()> {
 async fn run_on<DB: BenchDb>(url: &str, settings: &Settings, serve: Serve) -> Result<()> {
     let bench = open::<DB>(url, settings).await?;
     // Interrupted, the bench still drops its tables: a stopped section is not worth a
-    // million rows left behind.
+    // million rows left behind. Ctrl-C is caught from before the first table is made.
     let result = tokio::select! {
-        result = bench.sections(serve) => result,
+        result = async {
+            bench.create_tables().await?;
+            bench.sections(serve).await
+        } => result,
         () = shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
     };
     // A second signal while dropping stops at once, and says what it leaves.
@@ -90,6 +94,7 @@ pub async fn claim_many_per_second(
 
 async fn claim_many_on<DB: BenchDb>(url: &str, settings: &Settings, batch: usize) -> Result<f64> {
     let bench = open::<DB>(url, settings).await?;
+    bench.create_tables().await?;
     let (keys, distinct) = sections::stream(settings.messages, settings.duplicates);
     let measured = bench.measure(Mode::ClaimMany(batch), &keys, distinct).await;
     bench.drop_tables().await?;
@@ -97,7 +102,8 @@ async fn claim_many_on<DB: BenchDb>(url: &str, settings: &Settings, batch: usize
     per_second.context("claim_many was not measured")
 }
 
-/// The bench's inbox on the database at `url`, its tables made, migrated and empty.
+/// The bench's inbox on the database at `url`, connected: [`Bench::create_tables`] makes
+/// its tables.
 async fn open<'s, DB: BenchDb>(url: &str, settings: &'s Settings) -> Result<Bench<'s, DB>> {
     let prefix = tables_prefix();
     // A retry horizon of an hour lets the purge section purge keys a day old.
@@ -106,9 +112,7 @@ async fn open<'s, DB: BenchDb>(url: &str, settings: &'s Settings) -> Result<Benc
     let inbox = Inbox::<DB>::connect_with(url, Consumer::new(CONSUMER)?, options.clone())
         .await
         .context("opening the database")?;
-    inbox.migrate().await?;
     let tables = BenchTables::new(&prefix, DB::claim_many(&prefix)?);
-    DB::create_effects(inbox.pool(), &tables.effects).await?;
     Ok(Bench {
         tables,
         inbox,

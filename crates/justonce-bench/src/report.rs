@@ -1,6 +1,7 @@
 //! What the bench prints and draws: a table or one JSON object per result, and the charts.
 
 use crate::args::Settings;
+use crate::capacity::Step;
 use crate::chart::{Chart, Reference, Series};
 use crate::modes::{Load, Mode};
 use anyhow::{Context, Result};
@@ -288,6 +289,52 @@ impl Report {
             load.described(),
             millis(p50),
             millis(p99),
+        );
+    }
+
+    /// One step of the capacity section: its rate, the write-ahead log it wrote, and the
+    /// table's bytes after it.
+    pub(crate) fn capacity(&self, step: &Step) {
+        let rows = step.rows as f64;
+        let per_second = rows / step.took.as_secs_f64();
+        let log_per_row = step.log_bytes.map(|bytes| bytes as f64 / rows);
+        let sizes = &step.sizes;
+        if self.json {
+            let indexes: serde_json::Map<String, serde_json::Value> = (sizes.indexes.iter())
+                .map(|(name, bytes)| (name.clone(), (*bytes).into()))
+                .collect();
+            let result = serde_json::json!({
+                "bench": "capacity",
+                "database": self.database,
+                "step": step.name,
+                "rows": step.rows,
+                "batch": step.batch,
+                "seconds": step.took.as_secs_f64(),
+                "rows_per_second": per_second.round(),
+                "log_bytes": step.log_bytes,
+                "log_bytes_per_row": log_per_row.map(f64::round),
+                "table_bytes": sizes.table,
+                "index_bytes": sizes.index_bytes(),
+                "total_bytes": sizes.total,
+                "indexes": indexes,
+            });
+            println!("{result}");
+            return;
+        }
+        let mib = |bytes: u64| bytes as f64 / 1_048_576.0;
+        let log = log_per_row.map_or_else(|| "no log".to_owned(), |b| format!("log {b:.0} B/row"));
+        let indexes: Vec<String> = (sizes.indexes.iter())
+            .map(|(name, bytes)| format!("{name} {:.1}", mib(*bytes)))
+            .collect();
+        println!(
+            "capacity    {:<9} {:<16} {:>9} rows {per_second:>9.0} rows/s  {log}  then table {:.1} MiB, indexes {:.1} MiB ({}), total {:.1} MiB",
+            self.database,
+            step.name,
+            step.rows,
+            mib(sizes.table),
+            mib(sizes.index_bytes()),
+            indexes.join(", "),
+            mib(sizes.total),
         );
     }
 

@@ -25,6 +25,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Section::Purge => self.purge().await?,
                 Section::Receiver => self.receiver(serve).await?,
                 Section::Sustained => self.sustained().await?,
+                Section::Capacity => self.capacity().await?,
             }
         }
         if let Some(dir) = &self.settings.chart {

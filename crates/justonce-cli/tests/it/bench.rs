@@ -33,6 +33,7 @@ on_every_database!(
     the_sustained_run_reports_a_peak_per_tenth,
     batched_only_measures_the_batched_modes_alone,
     an_interrupted_bench_drops_its_tables,
+    the_capacity_section_sizes_and_purges_keys_and_outbox_rows,
 );
 
 async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test: &str) {
@@ -285,6 +286,75 @@ async fn batched_only_measures_the_batched_modes_alone<DB: TestBackend>(test: &s
         assert_eq!(&result["effects"], distinct, "{result}");
         assert_against_baseline(result);
     }
+    db.cleanup().await;
+}
+
+/// `--only capacity`, small: keys claimed and purged, outbox rows written, delivered and
+/// purged, each step with its rate, its write-ahead log where the database has one, and
+/// the table's bytes after it.
+async fn the_capacity_section_sizes_and_purges_keys_and_outbox_rows<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let results = bench_json(
+        &db.url,
+        &[
+            "--only",
+            "capacity",
+            "--capacity-keys",
+            "3000",
+            "--capacity-outbox",
+            "300",
+            "--batch",
+            "500",
+            "--purge-batch",
+            "700",
+        ],
+    )
+    .await;
+    let steps: Vec<&serde_json::Value> = results
+        .iter()
+        .filter(|r| r["bench"] == "capacity")
+        .collect();
+    let names: Vec<&str> = steps.iter().map(|r| r["step"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "keys claimed",
+            "keys purged",
+            "outbox written",
+            "outbox delivered",
+            "outbox purged"
+        ]
+    );
+    let logged = !db.url.starts_with("sqlite");
+    for (step, (rows, batch)) in steps.iter().zip([
+        (3_000, 500),
+        (3_000, 700),
+        (300, 500),
+        (300, 100),
+        (300, 700),
+    ]) {
+        assert_eq!(step["rows"], rows, "{step}");
+        assert_eq!(step["batch"], batch, "{step}");
+        assert!(step["rows_per_second"].as_f64().unwrap() > 0.0, "{step}");
+        let log = step["log_bytes_per_row"].as_f64();
+        assert_eq!(log.is_some_and(|bytes| bytes > 0.0), logged, "{step}");
+        let bytes = |field: &str| step[field].as_u64().unwrap();
+        assert!(
+            bytes("total_bytes") >= bytes("table_bytes") + bytes("index_bytes"),
+            "{step}"
+        );
+    }
+    let bytes = |step: usize, field: &str| steps[step][field].as_u64().unwrap();
+    // Each key row holds its 43-byte key and 32-byte fingerprint, beside the purge index.
+    assert!(bytes(0, "table_bytes") >= 3_000 * 75, "{}", steps[0]);
+    assert!(bytes(0, "index_bytes") > 0, "{}", steps[0]);
+    assert!(
+        steps[0]["indexes"].get("keys_purge").is_some(),
+        "{}",
+        steps[0]
+    );
+    // Each outbox row holds its 1 KiB body.
+    assert!(bytes(2, "table_bytes") >= 300 * 1_024, "{}", steps[2]);
     db.cleanup().await;
 }
 
