@@ -46,5 +46,6 @@ mod listeners;
 mod operations;
 mod roles;
 mod serve;
+mod tenants;
 mod tls;
 mod traces;

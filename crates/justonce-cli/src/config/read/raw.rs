@@ -121,6 +121,8 @@ pub struct RawSource {
     pub target_secret: Option<String>,
     pub id: Option<String>,
     pub signature_header: Option<String>,
+    pub tenant: Option<String>,
+    pub tenants: Option<Vec<String>>,
 }
 
 /// The keys of a section, read from its struct's fields: adding a field is all it takes for
