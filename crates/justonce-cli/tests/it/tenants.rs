@@ -6,7 +6,10 @@ use justonce_tests::{Sink, TestBackend};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-on_every_database!(the_same_event_id_from_two_tenants_is_two_events);
+on_every_database!(
+    the_same_event_id_from_two_tenants_is_two_events,
+    a_consumer_with_a_tenant_stores_and_delivers_in_its_scope,
+);
 
 /// `demo` takes its tenant from `X-Tenant`, acme or globex; `fixed` stores every event for
 /// initech.
@@ -170,5 +173,67 @@ async fn the_same_event_id_from_two_tenants_is_two_events<DB: TestBackend>(test:
     assert!(!metrics.contains("umbrella"), "{metrics}");
 
     server.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// A consumer with a fixed tenant: its messages are claimed in the tenant's scope, keyed
+/// `<consumer>:<tenant>:<id>` and delivered with the tenant.
+async fn a_consumer_with_a_tenant_stores_and_delivers_in_its_scope<DB: TestBackend>(test: &str) {
+    use redis::AsyncCommands;
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let redis_url = justonce_tests::redis_url();
+    let stream = format!("{}tenant_orders", db.prefix);
+    let mut redis = redis::Client::open(redis_url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis");
+    for id in ["order-1", "order-2", "order-1"] {
+        let body = format!(r#"{{"order":"{id}"}}"#);
+        let fields = [("order_id", id), ("body", body.as_str())];
+        let _: String = redis.xadd(&stream, "*", &fields).await.unwrap();
+    }
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{redis_url}\"\nstream = \"{stream}\"\n\
+         id = \"header:order_id\"\ntenant = \"initech\"\ntarget = \"{}\"\n",
+        sink.url()
+    );
+    let mut server = Server::configure_with(&url, &sink.url(), &consumer);
+    server.start().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while sink.requests() < 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let delivered: Vec<(String, String)> = sink
+        .received()
+        .into_iter()
+        .map(|request| {
+            let tenant = request.headers.get("justonce-tenant").cloned();
+            (request.key.unwrap(), tenant.unwrap_or_default())
+        })
+        .collect();
+    let delivered = BTreeSet::from_iter(delivered.iter().cloned());
+    let expected = ["orders:initech:order-1", "orders:initech:order-2"]
+        .map(|key| (key.to_owned(), "initech".to_owned()));
+    assert_eq!(delivered, BTreeSet::from(expected));
+    assert_eq!(sink.requests(), 2, "a message was delivered twice");
+    let stats = stats_json(&server).await;
+    let orders: Vec<&serde_json::Value> = stats["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|count| count["consumer"] == "orders")
+        .collect();
+    assert_eq!(
+        orders,
+        [
+            &serde_json::json!({"consumer": "orders", "scope": "initech", "keys": 2, "in_progress": 0})
+        ],
+        "{stats}"
+    );
+    server.stop().await;
+    let _: () = redis.del(&stream).await.unwrap();
     drop_database(db, &url).await;
 }

@@ -49,6 +49,7 @@ pub struct RawConsumer {
     pub sasl_mechanism: Option<String>,
     pub sasl_username: Option<String>,
     pub sasl_password: Option<String>,
+    pub tenant: Option<String>,
 }
 
 /// The `[server]` table, as written.

@@ -436,6 +436,28 @@ mod tests {
             assert!(error.contains(setting), "{setting:?} not in {error:?}");
             assert!(error.contains(expected), "{expected:?} not in {error:?}");
         }
+        // A consumer's tenant is fixed: its claim comes before anything reads the message.
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://127.0.0.1:5672"),
+        ]);
+        let consumer = |tenant: &str| {
+            shop_and_orders().replace(
+                "[consumers.orders]",
+                &format!("[consumers.orders]\ntenant = \"{tenant}\""),
+            )
+        };
+        let settings = load_text(&consumer("initech"), &env).unwrap();
+        let tenant = settings.consumers[0].tenant.as_ref().map(|t| t.as_str());
+        assert_eq!(tenant, Some("initech"));
+        assert!(
+            load_text(&shop_and_orders(), &env).unwrap().consumers[0]
+                .tenant
+                .is_none()
+        );
+        let error = error_of(&consumer("header:X-Tenant"), &env);
+        assert!(error.contains("consumers.orders.tenant"), "{error}");
+        assert!(error.contains("is not supported"), "{error}");
     }
 
     #[test]
