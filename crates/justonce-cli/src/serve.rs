@@ -15,7 +15,7 @@ use justonce_cli_support::pacing::{self, Pacer};
 use justonce_cli_support::shutdown_signal;
 use justonce_http::receiver;
 use justonce_sql::{
-    Backend, Consumer, Inbox, Key, Message, Outbox, RelayOptions, Scope, WorkFuture, trace,
+    Backend, Consumer, Inbox, Key, Message, Outbox, RelayOptions, WorkFuture, trace,
 };
 use justonce_transport::amqp::AmqpConsumer;
 use justonce_transport::kafka::KafkaReader;
@@ -99,11 +99,11 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
         }
         relay = relay.destination_for(name.clone(), destination, deliver_for);
         let mut inbox = inbox.with_consumer(Consumer::new(name.as_str())?);
-        if let Some(tenant) = &tenant {
-            inbox = inbox.with_scope(tenant.clone());
+        if let Some(tenant) = tenant {
+            inbox = inbox.with_scope(tenant);
         }
         if roles.runs(Role::Consumers) {
-            consumers.push((name, tenant, from, options, inbox));
+            consumers.push((name, from, options, inbox));
         }
     }
     let consumer_states = Arc::new(Consumers::new(consumer_names.iter().map(String::as_str)));
@@ -230,14 +230,13 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     // A consumer whose first connection fails its TLS handshake stops the service.
     let (misconfigured, mut misconfiguration) = tokio::sync::mpsc::channel(1);
     let consuming = futures_util::future::join_all(consumers.into_iter().map(
-        |(name, tenant, from, options, inbox)| {
+        |(name, from, options, inbox)| {
             let states = Arc::clone(&consumer_states);
             // The lines of the consumer, of its broker client and of each message carry
             // its name. At the error level, so that no filter that shows them leaves it out.
             let span = tracing::error_span!("consumer", consumer = %name);
             consume(
                 name,
-                tenant,
                 from,
                 options,
                 inbox,
@@ -367,7 +366,6 @@ async fn purge_on_schedule<DB: Backend>(plan: &purge::Plan, inbox: &Inbox<DB>, e
 /// broker that was down came back with another certificate), it is retried.
 async fn consume<DB: Backend>(
     name: String,
-    tenant: Option<Scope>,
     from: String,
     options: BrokerOptions,
     inbox: Inbox<DB>,
@@ -377,7 +375,7 @@ async fn consume<DB: Backend>(
 ) {
     let mut first = true;
     loop {
-        let work = forward_to_target(name.clone(), tenant.clone(), inbox.clone());
+        let work = forward_to_target(name.clone(), inbox.clone());
         let stopped = stopping.clone();
         let stopped = async move {
             let mut stopped = stopped;
@@ -518,24 +516,25 @@ const BROKER_RETRY: Duration = Duration::from_secs(5);
 
 /// The work of a service consumer: one outbox row for the consumer's target, keyed
 /// `<consumer>:<id>`, with the message's body and content type. A consumer with a tenant
-/// keys it `<consumer>:<tenant>:<id>` and sends the tenant along, as a source does.
+/// (its inbox's scope) keys it `<consumer>:<tenant>:<id>` and sends the tenant along, as a
+/// source does.
 fn forward_to_target<DB: Backend>(
     name: String,
-    tenant: Option<Scope>,
     inbox: Inbox<DB>,
 ) -> impl Work<DB, justonce_sql::Error> {
     move |tx: &mut justonce_sql::sqlx::Transaction<'_, DB>,
           message: &Incoming|
           -> WorkFuture<'_, (), justonce_sql::Error> {
-        let (name, tenant, inbox) = (name.clone(), tenant.clone(), inbox.clone());
+        let (name, inbox) = (name.clone(), inbox.clone());
         Box::pin(async move {
-            let key = match &tenant {
-                Some(tenant) => Key::new(format!("{name}:{}:{}", tenant.as_str(), message.key))?,
-                None => Key::new(format!("{name}:{}", message.key))?,
+            let tenant = inbox.scope().as_str();
+            let key = match tenant {
+                "" => Key::new(format!("{name}:{}", message.key))?,
+                tenant => Key::new(format!("{name}:{tenant}:{}", message.key))?,
             };
             let mut row = Message::new(name.as_str(), message.body.clone());
-            if let Some(tenant) = &tenant {
-                row = row.header(receiver::TENANT_HEADER, tenant.as_str());
+            if !tenant.is_empty() {
+                row = row.header(receiver::TENANT_HEADER, tenant);
             }
             if let Some(content_type) = &message.content_type {
                 row = row.header("content-type", content_type.as_str());
