@@ -87,6 +87,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             tls_insecure,
             destination,
             deliver_for,
+            tenant,
             ..
         } = consumer;
         if tls_insecure && roles.runs(Role::Consumers) {
@@ -97,7 +98,10 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
             );
         }
         relay = relay.destination_for(name.clone(), destination, deliver_for);
-        let inbox = inbox.with_consumer(Consumer::new(name.as_str())?);
+        let mut inbox = inbox.with_consumer(Consumer::new(name.as_str())?);
+        if let Some(tenant) = tenant {
+            inbox = inbox.with_scope(tenant);
+        }
         if roles.runs(Role::Consumers) {
             consumers.push((name, from, options, inbox));
         }
@@ -511,7 +515,9 @@ pub fn tls_advice(name: &str, tls: &justonce_transport::tls::TlsError) -> String
 const BROKER_RETRY: Duration = Duration::from_secs(5);
 
 /// The work of a service consumer: one outbox row for the consumer's target, keyed
-/// `<consumer>:<id>`, with the message's body and content type.
+/// `<consumer>:<id>`, with the message's body and content type. A consumer with a tenant
+/// (its inbox's scope) keys it `<consumer>:<tenant>:<id>` and sends the tenant along, as a
+/// source does.
 fn forward_to_target<DB: Backend>(
     name: String,
     inbox: Inbox<DB>,
@@ -521,8 +527,15 @@ fn forward_to_target<DB: Backend>(
           -> WorkFuture<'_, (), justonce_sql::Error> {
         let (name, inbox) = (name.clone(), inbox.clone());
         Box::pin(async move {
-            let key = Key::new(format!("{name}:{}", message.key))?;
+            let tenant = inbox.scope().as_str();
+            let key = match tenant {
+                "" => Key::new(format!("{name}:{}", message.key))?,
+                tenant => Key::new(format!("{name}:{tenant}:{}", message.key))?,
+            };
             let mut row = Message::new(name.as_str(), message.body.clone());
+            if !tenant.is_empty() {
+                row = row.header(receiver::TENANT_HEADER, tenant);
+            }
             if let Some(content_type) = &message.content_type {
                 row = row.header("content-type", content_type.as_str());
             }

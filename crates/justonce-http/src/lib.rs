@@ -82,12 +82,14 @@ pub fn describe_metrics() {
     {
         metrics::describe_counter!(
             "justonce_webhooks_total",
-            "Webhook requests, by source and outcome (accepted, duplicate, key_reused, \
-             rejected_body, rejected_signature, rejected_id, unknown_source, unavailable)"
+            "Webhook requests, by source, tenant for a source with tenants, and outcome \
+             (accepted, duplicate, key_reused, rejected_body, rejected_signature, \
+             rejected_tenant, rejected_id, unknown_source, unavailable)"
         );
         metrics::describe_histogram!(
             receiver::ANSWERED_SECONDS,
-            "Seconds from a webhook's arrival to its 2xx answer, by source"
+            "Seconds from a webhook's arrival to its 2xx answer, by source, and tenant for \
+             a source with tenants"
         );
     }
     #[cfg(feature = "server")]

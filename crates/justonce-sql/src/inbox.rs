@@ -241,6 +241,11 @@ impl<DB: Backend> Inbox<DB> {
         &self.consumer
     }
 
+    /// This inbox's scope: [`Scope::none`] unless made by [`Inbox::with_scope`].
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
     /// The unique identity of `key` for this inbox's scope and consumer.
     pub fn identity(&self, key: &Key) -> Identity {
         Identity::new(self.scope.clone(), self.consumer.clone(), key.clone())

@@ -4,7 +4,7 @@ use crate::admin_api::AdminToken;
 use anyhow::Result;
 use justonce_http::HttpDestination;
 use justonce_http::receiver::Source;
-use justonce_sql::Retention;
+use justonce_sql::{Retention, Scope};
 use justonce_transport::amqp::AmqpOptions;
 use justonce_transport::kafka::KafkaOptions;
 use justonce_transport::mqtt::MqttOptions;
@@ -199,6 +199,8 @@ pub struct ConsumerSettings {
     pub event_retention: Duration,
     pub destination: HttpDestination,
     pub deliver_for: Duration,
+    /// The tenant every message is stored for, if the consumer has one.
+    pub tenant: Option<Scope>,
 }
 
 /// What to consume, per broker.

@@ -48,5 +48,6 @@ mod operations;
 mod peers;
 mod roles;
 mod serve;
+mod tenants;
 mod tls;
 mod traces;

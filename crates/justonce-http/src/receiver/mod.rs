@@ -6,9 +6,11 @@
 //! ones, mixed in one list.
 
 mod signature;
+mod tenant;
 
 pub use crate::standard_webhooks::signature as standard_webhooks_signature;
 pub use signature::{Rejected, Scheme};
+pub use tenant::Tenant;
 
 use axum::Router;
 use axum::extract::{Path, Request, State};
@@ -17,7 +19,7 @@ use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use justonce_core::trace::{self, TRACEPARENT, TRACESTATE, TraceContext};
-use justonce_core::{Consumer, Error, Key, Outcome};
+use justonce_core::{Consumer, Error, Key, Outcome, Scope};
 use justonce_sql::{Backend, Inbox, Message};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,7 +32,11 @@ use crate::answer::{problem, read_limited};
 /// `failpoints` feature: the first event stored stops there, before its answer.
 pub const FAILPOINT: &str = "stored-not-answered";
 
-/// Where a source puts the event id that becomes the key `<source>:<id>`.
+/// The header that tells a target the tenant of an event of a source with tenants.
+pub const TENANT_HEADER: &str = "justonce-tenant";
+
+/// Where a source puts the event id that becomes the key `<source>:<id>`, or the tenant
+/// the event is for.
 #[derive(Debug, Clone)]
 pub enum IdLocation {
     /// A request header, such as `webhook-id`.
@@ -45,6 +51,7 @@ pub struct Source {
     name: String,
     scheme: Scheme,
     id: IdLocation,
+    tenant: Option<Tenant>,
 }
 
 impl Source {
@@ -60,12 +67,36 @@ impl Source {
             name: name.to_owned(),
             scheme,
             id,
+            tenant: None,
         })
+    }
+
+    /// The same source, storing each event in its tenant's scope under the key
+    /// `<source>:<tenant>:<id>`.
+    pub fn with_tenant(self, tenant: Tenant) -> Self {
+        Self {
+            tenant: Some(tenant),
+            ..self
+        }
     }
 
     /// The source's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Where the source's tenant comes from, if it has tenants.
+    pub fn tenant(&self) -> Option<&Tenant> {
+        self.tenant.as_ref()
+    }
+
+    /// The `tenant` label of the source's metrics: none for a source without tenants, whose
+    /// metrics have no such label; else the request's tenant, empty before it is known. A
+    /// tenant is only ever one the configuration names, so the label stays bounded.
+    fn tenant_label(&self, scope: Option<&Scope>) -> Option<String> {
+        self.tenant
+            .as_ref()
+            .map(|_| scope.map_or_else(String::new, |scope| scope.as_str().to_owned()))
     }
 }
 
@@ -98,13 +129,19 @@ struct Logged {
 }
 
 impl Rejections {
-    fn reject(&self, source: &str, kind: &'static str) {
-        self.reject_for(source, kind, None);
+    fn reject(&self, source: &str, tenant: Option<String>, kind: &'static str) {
+        self.reject_for(source, tenant, kind, None);
     }
 
     /// [`Rejections::reject`], logged with the `error` that caused it.
-    fn reject_for(&self, source: &str, kind: &'static str, error: Option<&Error>) {
-        count(source, kind);
+    fn reject_for(
+        &self,
+        source: &str,
+        tenant: Option<String>,
+        kind: &'static str,
+        error: Option<&Error>,
+    ) {
+        count(source, tenant, kind);
         let now = Instant::now();
         let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
         let left_out = match logged.get_mut(&(source.to_owned(), kind)) {
@@ -134,9 +171,14 @@ impl Rejections {
 /// then the answer is `200` with `{"status":"accepted"|"duplicate"|"key_reused","key":…}`.
 /// It never waits for the delivery. Rejections are `application/problem+json` and store
 /// nothing: unknown source 404, bad signature 401, body over `body_limit` 413, a missing or
-/// blank id, an id that makes no valid key (over 255 bytes with the prefix, or with a
-/// control character) or unreadable JSON 400; a database that cannot be reached 503 with
-/// `Retry-After`. Any other id is taken as given, byte for byte.
+/// blank id or tenant, an id that makes no valid key (over 255 bytes with the prefix, or
+/// with a control character) or unreadable JSON 400, a tenant the source does not take 403;
+/// a database that cannot be reached 503 with `Retry-After`. Any other id is taken as
+/// given, byte for byte.
+///
+/// A source with a [`Tenant`] claims and stores each event in its tenant's scope, under the
+/// key `<source>:<tenant>:<id>`, and its delivery carries the tenant in [`TENANT_HEADER`]:
+/// the same id from two tenants is two events, with two keys for the target.
 pub fn router<DB: Backend>(inbox: &Inbox<DB>, sources: Vec<Source>, body_limit: usize) -> Router {
     let sources = sources
         .into_iter()
@@ -197,7 +239,7 @@ async fn receive_in_span<DB: Backend>(
     let arrived = Instant::now();
     let rejections = &state.rejections;
     let Some((source, inbox)) = state.sources.get(&name) else {
-        rejections.reject("", "unknown_source");
+        rejections.reject("", None, "unknown_source");
         return problem(
             StatusCode::NOT_FOUND,
             "unknown source",
@@ -208,29 +250,59 @@ async fn receive_in_span<DB: Backend>(
     let body = match read_limited(&parts.headers, body, state.body_limit).await {
         Ok(body) => body,
         Err(response) => {
-            rejections.reject(&source.name, "rejected_body");
+            rejections.reject(&source.name, source.tenant_label(None), "rejected_body");
             return response;
         }
     };
     if source.scheme.verify(&parts.headers, &body).is_err() {
-        rejections.reject(&source.name, "rejected_signature");
+        rejections.reject(
+            &source.name,
+            source.tenant_label(None),
+            "rejected_signature",
+        );
         return problem(
             StatusCode::UNAUTHORIZED,
             "signature rejected",
             "the signature, its timestamp or its headers do not verify",
         );
     }
-    let id = match event_id(&source.id, &parts.headers, &body) {
+    // After the signature: an unsigned request learns nothing of the tenants taken.
+    let scope = match &source.tenant {
+        None => Scope::none(),
+        Some(tenant) => match tenant.of(&parts.headers, &body) {
+            Ok(scope) => scope,
+            Err(refused) => {
+                rejections.reject(&source.name, source.tenant_label(None), "rejected_tenant");
+                return match refused {
+                    tenant::Refused::Missing(detail) => {
+                        problem(StatusCode::BAD_REQUEST, "no tenant", detail)
+                    }
+                    tenant::Refused::NotAllowed => problem(
+                        StatusCode::FORBIDDEN,
+                        "tenant not allowed",
+                        "the request names a tenant this source does not take",
+                    ),
+                };
+            }
+        },
+    };
+    let tenant = source.tenant_label(Some(&scope));
+    let id = match located_text(&source.id, &parts.headers, &body, "event id") {
         Ok(id) => id,
         Err(detail) => {
-            rejections.reject(&source.name, "rejected_id");
+            rejections.reject(&source.name, tenant, "rejected_id");
             return problem(StatusCode::BAD_REQUEST, "no event id", detail);
         }
     };
-    let key = match Key::new(format!("{}:{id}", source.name)) {
+    // A tenant's part of the key keeps the target's keys apart too.
+    let key = match scope.as_str() {
+        "" => Key::new(format!("{}:{id}", source.name)),
+        tenant => Key::new(format!("{}:{tenant}:{id}", source.name)),
+    };
+    let key = match key {
         Ok(key) => key,
         Err(error) => {
-            rejections.reject(&source.name, "rejected_id");
+            rejections.reject(&source.name, tenant, "rejected_id");
             return problem(
                 StatusCode::BAD_REQUEST,
                 "unusable event id",
@@ -252,7 +324,15 @@ async fn receive_in_span<DB: Backend>(
     if let Some(context) = trace::context_to_send(&tracing::Span::current(), sender) {
         message = message.trace_context(&context);
     }
-    let outcome = inbox.run_forward(&key, &body, message).await;
+    let outcome = if source.tenant.is_some() {
+        message = message.header(TENANT_HEADER, scope.as_str());
+        inbox
+            .with_scope(scope)
+            .run_forward(&key, &body, message)
+            .await
+    } else {
+        inbox.run_forward(&key, &body, message).await
+    };
     let status = match outcome {
         Ok(Outcome::Processed(_)) => "accepted",
         Ok(Outcome::Duplicate) => "duplicate",
@@ -262,7 +342,7 @@ async fn receive_in_span<DB: Backend>(
         }
         Err(error) => {
             // An outage fails every request: one line per interval, with the last error.
-            rejections.reject_for(&source.name, "unavailable", Some(&error));
+            rejections.reject_for(&source.name, tenant, "unavailable", Some(&error));
             let mut response = problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not stored",
@@ -279,9 +359,19 @@ async fn receive_in_span<DB: Backend>(
     if status == "accepted" {
         crate::failpoint::pause(FAILPOINT).await;
     }
-    count(&source.name, status);
-    metrics::histogram!(ANSWERED_SECONDS, "source" => source.name.clone())
-        .record(arrived.elapsed().as_secs_f64());
+    let seconds = arrived.elapsed().as_secs_f64();
+    match &tenant {
+        Some(tenant) => metrics::histogram!(
+            ANSWERED_SECONDS,
+            "source" => source.name.clone(),
+            "tenant" => tenant.clone()
+        )
+        .record(seconds),
+        None => {
+            metrics::histogram!(ANSWERED_SECONDS, "source" => source.name.clone()).record(seconds)
+        }
+    }
+    count(&source.name, tenant, status);
     let body = serde_json::json!({ "status": status, "key": key.as_str() });
     ([(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
@@ -308,10 +398,15 @@ fn trace_context(headers: &HeaderMap) -> Option<TraceContext> {
     TraceContext::parse(text(TRACEPARENT)?, text(TRACESTATE))
 }
 
-/// The event id as text, from a header or a JSON pointer into the body. A blank id is no
-/// id: taken as given, every blank-id event would share one key, and all but the first
-/// would be dropped as duplicates.
-fn event_id(location: &IdLocation, headers: &HeaderMap, body: &[u8]) -> Result<String, String> {
+/// The event id or tenant (`what`) as text, from a header or a JSON pointer into the body.
+/// A blank id is no id: taken as given, every blank-id event would share one key, and all
+/// but the first would be dropped as duplicates.
+fn located_text(
+    location: &IdLocation,
+    headers: &HeaderMap,
+    body: &[u8],
+    what: &str,
+) -> Result<String, String> {
     let id = match location {
         IdLocation::Header(name) => headers
             .get(name)
@@ -321,7 +416,7 @@ fn event_id(location: &IdLocation, headers: &HeaderMap, body: &[u8]) -> Result<S
         IdLocation::Json(pointer) => json_id(body, pointer),
     }?;
     if id.trim().is_empty() {
-        return Err("the event id is blank".to_owned());
+        return Err(format!("the {what} is blank"));
     }
     Ok(id)
 }
@@ -362,8 +457,21 @@ fn json_id(body: &[u8], pointer: &str) -> Result<String, String> {
     }
 }
 
-/// Counts one request of `source` by what became of it.
-fn count(source: &str, outcome: &'static str) {
-    metrics::counter!("justonce_webhooks_total", "source" => source.to_owned(), "outcome" => outcome)
-        .increment(1);
+/// Counts one request of `source` by what became of it, by tenant for a source with
+/// tenants.
+fn count(source: &str, tenant: Option<String>, outcome: &'static str) {
+    let source = source.to_owned();
+    match tenant {
+        Some(tenant) => metrics::counter!(
+            "justonce_webhooks_total",
+            "source" => source,
+            "tenant" => tenant,
+            "outcome" => outcome
+        )
+        .increment(1),
+        None => {
+            metrics::counter!("justonce_webhooks_total", "source" => source, "outcome" => outcome)
+                .increment(1)
+        }
+    }
 }

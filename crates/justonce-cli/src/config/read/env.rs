@@ -82,6 +82,9 @@ fn spelled(name: &str) -> String {
     name.to_uppercase().replace('-', "_")
 }
 
+/// The keys whose variable holds a comma-separated list.
+const LISTS: [&str; 2] = ["secrets", "tenants"];
+
 /// Applies the variables to the file's `document`.
 ///
 /// `JUSTONCE_SERVER_<KEY>`, `JUSTONCE_SOURCES_<NAME>_<KEY>` and
@@ -89,7 +92,7 @@ fn spelled(name: &str) -> String {
 /// that ends the variable wins, so `JUSTONCE_CONSUMERS_ORDERS_CLIENT_ID` is `client_id` of
 /// `orders`. A name meets the file's source or consumer spelled the same way (upper case,
 /// `-` as `_`); a name the file does not have declares a source or consumer, named in lower
-/// case. `secrets` takes a comma-separated list. `DATABASE_URL` sets `server.database`, and
+/// case. `secrets` and `tenants` take a comma-separated list. `DATABASE_URL` sets `server.database`, and
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` `server.otlp_endpoint`, when nothing else does.
 ///
 /// Each value gets a span of its own past the end of the file's `len` bytes, so that an
@@ -116,11 +119,11 @@ pub fn apply_env(document: &mut DeTable<'_>, env: &Env, len: usize) -> Result<Ap
             path.push(entry_named(document, &named, setting, name)?);
         }
         path.push(setting.key.to_owned());
-        let value = if setting.key == "secrets" {
+        let value = if LISTS.contains(&setting.key) {
             let mut list = toml::de::DeArray::new();
-            for secret in setting.value.split(',') {
-                let secret = DeValue::String(secret.trim().to_owned().into());
-                list.push(Spanned::new(span(), secret));
+            for item in setting.value.split(',') {
+                let item = DeValue::String(item.trim().to_owned().into());
+                list.push(Spanned::new(span(), item));
             }
             DeValue::Array(list)
         } else {

@@ -49,6 +49,7 @@ pub struct RawConsumer {
     pub sasl_mechanism: Option<String>,
     pub sasl_username: Option<String>,
     pub sasl_password: Option<String>,
+    pub tenant: Option<String>,
 }
 
 /// The `[server]` table, as written.
@@ -121,6 +122,8 @@ pub struct RawSource {
     pub target_secret: Option<String>,
     pub id: Option<String>,
     pub signature_header: Option<String>,
+    pub tenant: Option<String>,
+    pub tenants: Option<Vec<String>>,
 }
 
 /// The keys of a section, read from its struct's fields: adding a field is all it takes for

@@ -6,7 +6,7 @@ use super::tls::{consumer_tls, with_tls};
 use crate::config::read::{Env, Origin, RawConsumer};
 use crate::config::settings::{BrokerOptions, ConsumerSettings};
 use anyhow::{Context, Result, anyhow, bail};
-use justonce_sql::Consumer;
+use justonce_sql::{Consumer, Scope};
 use justonce_transport::KeyFrom;
 use justonce_transport::amqp::{AmqpOptions, QueueType};
 use justonce_transport::kafka::{KafkaOptions, Sasl, SaslMechanism};
@@ -264,6 +264,17 @@ pub fn validate_consumer(
         }
     };
     let destination = entry.destination(&raw.target, &raw.target_secret, &raw.timeout)?;
+    // A message's tenant would have to be known before its claim, which the broker
+    // consumers make: only a fixed tenant for now.
+    let tenant = match raw.tenant.as_deref() {
+        None => None,
+        Some(tenant) if tenant.contains(':') => bail!(
+            "{}: {tenant:?}: a consumer's tenant is a fixed name without ':'; reading it \
+             from each message is not supported",
+            at("tenant")
+        ),
+        Some(tenant) => Some(Scope::new(tenant).with_context(|| at("tenant"))?),
+    };
     Ok(ConsumerSettings {
         name: name.to_owned(),
         from,
@@ -273,6 +284,7 @@ pub fn validate_consumer(
         event_retention,
         destination,
         deliver_for,
+        tenant,
     })
 }
 

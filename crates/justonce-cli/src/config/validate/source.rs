@@ -5,7 +5,7 @@ use super::secret::resolve_secret;
 use crate::config::read::{Env, Origin, RawSource};
 use crate::config::settings::SourceSettings;
 use anyhow::{Context, Result, anyhow, bail};
-use justonce_http::receiver::{IdLocation, Scheme, Source};
+use justonce_http::receiver::{IdLocation, Scheme, Source, Tenant};
 use std::time::Duration;
 
 /// The shortest signing secret a source takes.
@@ -194,26 +194,94 @@ pub fn validate_source(
             kind.name()
         )
     })?;
-    let id = match id.split_once(':') {
-        Some(("header", header)) => IdLocation::Header(
-            header
-                .parse()
-                .map_err(|_| anyhow!("{}: {header:?} is not a header name", at("id")))?,
-        ),
-        Some(("json", pointer)) if pointer.starts_with('/') => IdLocation::Json(pointer.to_owned()),
-        _ => bail!(
-            "{}: {id:?} must be \"header:NAME\" or \"json:/POINTER\"",
-            at("id")
-        ),
-    };
+    let id = location(id).map_err(|problem| anyhow!("{}: {problem}", at("id")))?;
+    let mut source = Source::new(name, scheme, id).with_context(|| entry.named())?;
+    if let Some(tenant) = validate_tenant(&entry, raw.tenant.as_deref(), raw.tenants.as_deref())? {
+        source = source.with_tenant(tenant);
+    }
     Ok(SourceSettings {
         name: name.to_owned(),
-        source: Source::new(name, scheme, id).with_context(|| entry.named())?,
+        source,
         retention,
         event_retention,
         destination: entry.destination(&raw.target, &raw.target_secret, &raw.timeout)?,
         deliver_for,
     })
+}
+
+/// Where a request holds a value, as `id` and `tenant` spell it: `header:NAME` or
+/// `json:/POINTER`.
+fn location(text: &str) -> Result<IdLocation, String> {
+    match text.split_once(':') {
+        Some(("header", header)) => header
+            .parse()
+            .map(IdLocation::Header)
+            .map_err(|_| format!("{header:?} is not a header name")),
+        Some(("json", pointer)) if pointer.starts_with('/') => {
+            Ok(IdLocation::Json(pointer.to_owned()))
+        }
+        _ => Err(format!(
+            "{text:?} must be \"header:NAME\" or \"json:/POINTER\""
+        )),
+    }
+}
+
+/// The source's tenant, if it has tenants: a fixed name, or where each request names it,
+/// with the list of tenants taken, which is required then so that a sender cannot make up
+/// tenants.
+fn validate_tenant(
+    entry: &Entry<'_, '_>,
+    tenant: Option<&str>,
+    tenants: Option<&[String]>,
+) -> Result<Option<Tenant>> {
+    let at = |key| entry.at(key);
+    let Some(tenant) = tenant else {
+        if tenants.is_some() {
+            bail!(
+                "{}: only applies with tenant = \"header:NAME\" or \"json:/POINTER\"",
+                at("tenants")
+            );
+        }
+        return Ok(None);
+    };
+    // A tenant's name has no ':', so one with it says where the request names it.
+    if !tenant.contains(':') {
+        if tenants.is_some() {
+            bail!(
+                "{}: only applies when the request names its tenant; tenant {tenant:?} is fixed",
+                at("tenants")
+            );
+        }
+        return Tenant::fixed(tenant)
+            .map(Some)
+            .with_context(|| at("tenant"));
+    }
+    let location = location(tenant).map_err(|problem| {
+        anyhow!(
+            "{}: {problem}, or a tenant's name without ':'",
+            at("tenant")
+        )
+    })?;
+    let Some(tenants) = tenants else {
+        bail!(
+            "{}: is required with tenant = {tenant:?}: the tenants this source takes, so that \
+             a sender cannot make up tenants",
+            at("tenants")
+        );
+    };
+    if tenants.is_empty() {
+        bail!("{}: must name at least one tenant", at("tenants"));
+    }
+    if let Some(twice) = tenants
+        .iter()
+        .enumerate()
+        .find_map(|(i, name)| tenants[..i].contains(name).then_some(name))
+    {
+        bail!("{}: {twice:?} is listed twice", at("tenants"));
+    }
+    Tenant::from_request(location, tenants.iter().cloned())
+        .map(Some)
+        .with_context(|| at("tenants"))
 }
 
 #[cfg(test)]
@@ -268,6 +336,128 @@ mod tests {
             "{error}"
         );
         assert!(error.contains("must be at least retention (7d)"), "{error}");
+    }
+
+    /// A source's tenant is fixed, or named by the request and then one of a list that
+    /// must be given; every mistake is named by its setting.
+    #[test]
+    fn a_tenant_is_fixed_or_named_by_the_request_from_a_list() {
+        use justonce_http::receiver::{IdLocation, Tenant};
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+        let with =
+            |lines: &str| SHOP.replace("[sources.shop]", &format!("[sources.shop]\n{lines}"));
+        let tenant_of = |text: &str| load_text(text, &env).unwrap().sources.remove(0).source;
+        let source = tenant_of(&with(
+            "tenant = \"header:X-Tenant\"\ntenants = [\"acme\", \"globex\"]",
+        ));
+        match source.tenant() {
+            Some(Tenant::FromRequest {
+                location: IdLocation::Header(header),
+                allowed,
+            }) => {
+                assert_eq!(header.as_str(), "x-tenant");
+                assert_eq!(Vec::from_iter(allowed), ["acme", "globex"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let source = tenant_of(&with(
+            "tenant = \"json:/account/tenant\"\ntenants = [\"acme\"]",
+        ));
+        assert!(matches!(
+            source.tenant(),
+            Some(Tenant::FromRequest { location: IdLocation::Json(pointer), .. }) if pointer == "/account/tenant"
+        ));
+        let source = tenant_of(&with("tenant = \"acme\""));
+        assert!(matches!(source.tenant(), Some(Tenant::Fixed(scope)) if scope.as_str() == "acme"));
+        assert!(tenant_of(SHOP).tenant().is_none());
+        // The list from a variable, comma-separated as secrets are.
+        let listed = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SOURCES_SHOP_TENANTS", "acme, globex"),
+        ]);
+        let settings = load_text(&with("tenant = \"header:X-Tenant\""), &listed).unwrap();
+        assert!(matches!(
+            settings.sources[0].source.tenant(),
+            Some(Tenant::FromRequest { allowed, .. }) if allowed.len() == 2 && allowed.contains("globex")
+        ));
+        for (lines, setting, expected) in [
+            (
+                "tenant = \"header:X-Tenant\"",
+                "sources.shop.tenants",
+                "is required with tenant = \"header:X-Tenant\"",
+            ),
+            (
+                "tenant = \"json:/tenant\"\ntenants = []",
+                "sources.shop.tenants",
+                "must name at least one tenant",
+            ),
+            (
+                "tenants = [\"acme\"]",
+                "sources.shop.tenants",
+                "only applies with tenant = \"header:NAME\"",
+            ),
+            (
+                "tenant = \"acme\"\ntenants = [\"acme\"]",
+                "sources.shop.tenants",
+                "tenant \"acme\" is fixed",
+            ),
+            (
+                "tenant = \"query:tenant\"",
+                "sources.shop.tenant",
+                "must be \"header:NAME\" or \"json:/POINTER\"",
+            ),
+            (
+                "tenant = \"json:tenant\"\ntenants = [\"acme\"]",
+                "sources.shop.tenant",
+                "must be \"header:NAME\"",
+            ),
+            (
+                "tenant = \"header:X Tenant\"\ntenants = [\"acme\"]",
+                "sources.shop.tenant",
+                "is not a header name",
+            ),
+            (
+                "tenant = \"header:X-Tenant\"\ntenants = [\"acme\", \"acme\"]",
+                "sources.shop.tenants",
+                "\"acme\" is listed twice",
+            ),
+            (
+                "tenant = \"header:X-Tenant\"\ntenants = [\"acme\", \"\"]",
+                "sources.shop.tenants",
+                "invalid scope",
+            ),
+            (
+                "tenant = \"header:X-Tenant\"\ntenants = [\"a/b\", \"a:b\"]",
+                "sources.shop.tenants",
+                "may not contain ':'",
+            ),
+        ] {
+            let error = error_of(&with(lines), &env);
+            assert!(error.contains(setting), "{setting:?} not in {error:?}");
+            assert!(error.contains(expected), "{expected:?} not in {error:?}");
+        }
+        // A consumer's tenant is fixed: its claim comes before anything reads the message.
+        let env = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("ORDERS_BROKER", "amqp://127.0.0.1:5672"),
+        ]);
+        let consumer = |tenant: &str| {
+            shop_and_orders().replace(
+                "[consumers.orders]",
+                &format!("[consumers.orders]\ntenant = \"{tenant}\""),
+            )
+        };
+        let settings = load_text(&consumer("initech"), &env).unwrap();
+        let tenant = settings.consumers[0].tenant.as_ref().map(|t| t.as_str());
+        assert_eq!(tenant, Some("initech"));
+        assert!(
+            load_text(&shop_and_orders(), &env).unwrap().consumers[0]
+                .tenant
+                .is_none()
+        );
+        let error = error_of(&consumer("header:X-Tenant"), &env);
+        assert!(error.contains("consumers.orders.tenant"), "{error}");
+        assert!(error.contains("is not supported"), "{error}");
     }
 
     #[test]
