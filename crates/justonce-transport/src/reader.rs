@@ -600,7 +600,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// Dead-letters an entry given up and moves the offset past it. A database failure
     /// moving the offset is tried again after each pause, alone: the entry's work is not
     /// run again, and the dead letter is published once. A reader that stops or dies before
-    /// the offset moved dead-letters the entry again.
+    /// the offset moved dead-letters the entry again. So does the partition's next member
+    /// when the partition is taken back while the dead letter is published.
     async fn settle(
         &self,
         entry: &O::Entry,
@@ -610,6 +611,11 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let Settle::DeadLetter { attempt, reason } = settle else {
             return Ok(Processed::Done);
         };
+        // Taken back during its last attempt, the entry is the next member's to give up: it
+        // reads it again from the stored offset. Dead-lettered here too, it would be twice.
+        if !self.broker.holds(entry) {
+            return Ok(Processed::Done);
+        }
         self.broker.dead_letter(entry, attempt, &reason).await?;
         let Ok(position) = self.broker.position(entry) else {
             return Ok(Processed::Done);
