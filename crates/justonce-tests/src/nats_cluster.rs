@@ -34,7 +34,8 @@ impl NatsCluster {
     /// Starts `size` servers, routed to each other, and returns once JetStream has a meta
     /// leader that every other server follows.
     pub async fn start(size: usize) -> Result<Self, String> {
-        let folder = std::env::temp_dir().join(format!("justonce-nats-cluster-{}", crate::unique()));
+        let folder =
+            std::env::temp_dir().join(format!("justonce-nats-cluster-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
         let nodes = (0..size)
             .map(|_| {
