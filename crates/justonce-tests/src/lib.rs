@@ -8,6 +8,7 @@ pub mod cluster;
 mod consume;
 pub mod mariadb;
 mod mqtt;
+pub mod nats_cluster;
 mod own_broker;
 mod redis;
 pub mod servers;

@@ -281,7 +281,7 @@ pub fn process_status(pid: u32) -> Option<Vec<String>> {
 }
 
 /// A port nothing listens on now.
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
 }

@@ -64,6 +64,7 @@ pub struct NatsOptions {
     ack_wait: Duration,
     prefetch: usize,
     declare: bool,
+    replicas: usize,
     tls: Option<Tls>,
 }
 
@@ -72,7 +73,7 @@ impl NatsOptions {
     /// the key is the `Nats-Msg-Id` header, failed work gets 5 attempts before it is
     /// published to `justonce.dead.<stream>`, the ack wait is 30 s, 64 messages are pulled
     /// ahead, and the stream (with file storage) and its dead-letter stream `<stream>_DEAD`
-    /// are created if missing.
+    /// are created if missing, with one replica each.
     pub fn new(stream: impl Into<String>, subject: impl Into<String>) -> Self {
         let stream = stream.into();
         Self {
@@ -83,6 +84,7 @@ impl NatsOptions {
             ack_wait: Duration::from_secs(30),
             prefetch: 64,
             declare: true,
+            replicas: 1,
             tls: None,
         }
     }
@@ -114,6 +116,15 @@ impl NatsOptions {
     /// gathered while one commits.
     pub fn prefetch(mut self, prefetch: usize) -> Self {
         self.prefetch = prefetch.max(1);
+        self
+    }
+
+    /// How many servers of a cluster keep a copy of each stream this consumer creates (at
+    /// least 1, at most the cluster's size; JetStream allows 5). A copy survives the loss of
+    /// a server when the stream has 3. It applies when the stream is created: a stream that
+    /// exists keeps the replicas it has.
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas.max(1);
         self
     }
 
@@ -154,9 +165,10 @@ impl std::fmt::Debug for Nats {
 }
 
 impl<DB: Backend> NatsConsumer<DB> {
-    /// Connects to `url`, creates the streams unless they exist elsewhere, and binds the
-    /// durable pull consumer (explicit acks, no delivery limit of its own: this consumer
-    /// counts attempts and dead-letters).
+    /// Connects to `url` (one server, or a cluster's servers separated by commas), creates
+    /// the streams unless they exist elsewhere, and binds the durable pull consumer
+    /// (explicit acks, no delivery limit of its own: this consumer counts attempts and
+    /// dead-letters).
     pub async fn connect(url: &str, inbox: Inbox<DB>, options: NatsOptions) -> Result<Self, Error> {
         let (jetstream, stream) = open_stream(url, &options).await?;
         let consumer = stream
@@ -327,6 +339,7 @@ async fn open_stream(
                     name: name.clone(),
                     subjects: vec![subject],
                     storage: jetstream::stream::StorageType::File,
+                    num_replicas: options.replicas,
                     ..Default::default()
                 })
                 .await
@@ -407,7 +420,8 @@ pub struct NatsStream {
 }
 
 impl<DB: Backend> NatsReader<DB> {
-    /// Connects to `url` and creates the streams unless they exist elsewhere.
+    /// Connects to `url` (one server, or a cluster's servers separated by commas) and
+    /// creates the streams unless they exist elsewhere.
     pub async fn connect(url: &str, inbox: Inbox<DB>, options: NatsOptions) -> Result<Self, Error> {
         let (jetstream, stream) = open_stream(url, &options).await?;
         let nats = NatsStream {
@@ -500,7 +514,8 @@ pub struct NatsDestination {
 }
 
 impl NatsDestination {
-    /// Publishes to `subject`, which a stream must capture. Connects on the first delivery.
+    /// Publishes to `subject`, which a stream must capture, through the server at `url` (or
+    /// a cluster's servers separated by commas). Connects on the first delivery.
     pub fn new(url: &str, subject: &str) -> Self {
         Self {
             url: url.to_owned(),
@@ -582,7 +597,10 @@ pub async fn probe(url: &str, options: &NatsOptions) -> Result<(), Error> {
     .await
 }
 
-/// Connects to `url`; with `tls`, over TLS whether or not the server requires it.
+/// Connects to `url`, which may list the servers of a cluster separated by commas
+/// (`nats://a:4222,nats://b:4222`): the client connects to the first of them that answers,
+/// in random order, and to another when it loses one. With `tls`, over TLS whether or not
+/// the server requires it.
 async fn connect(url: &str, tls: Option<&Tls>) -> Result<async_nats::Client, Error> {
     let options = match tls {
         Some(tls) => async_nats::ConnectOptions::new()
@@ -590,7 +608,8 @@ async fn connect(url: &str, tls: Option<&Tls>) -> Result<async_nats::Client, Err
             .require_tls(true),
         None => async_nats::ConnectOptions::new(),
     };
-    options.connect(url).await.map_err(broker)
+    let servers: Vec<&str> = url.split(',').map(str::trim).collect();
+    options.connect(servers.as_slice()).await.map_err(broker)
 }
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {

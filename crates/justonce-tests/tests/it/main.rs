@@ -26,6 +26,7 @@ mod lease;
 mod lease_process;
 mod mqtt;
 mod nats;
+mod nats_cluster;
 mod outbox;
 mod payments;
 mod purge;

@@ -42,6 +42,7 @@ pub struct RawConsumer {
     pub target_secret: Option<String>,
     pub max_attempts: Option<Count>,
     pub prefetch: Option<Count>,
+    pub replicas: Option<Count>,
     pub tls_ca: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,

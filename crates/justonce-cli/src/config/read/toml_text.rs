@@ -68,8 +68,37 @@ pub fn bare_or_quoted(key: &str) -> String {
 }
 
 /// `text` with the user information of a URL (the password, or a user that may be a
-/// token) and any query parameter that names a password, secret or token as `***`.
+/// token) and any query parameter that names a password, secret or token as `***`. A list
+/// of URLs separated by commas, such as a NATS cluster's servers, has each one redacted.
 pub fn redacted(text: &str) -> String {
+    let mut urls = Vec::new();
+    let mut rest = text;
+    // A comma followed by a scheme begins the next URL; other commas (hosts of one
+    // PostgreSQL URL, Kafka's bootstrap servers) belong to the URL they are in.
+    while let Some(next) = rest
+        .match_indices(',')
+        .map(|(comma, _)| comma)
+        .find(|&comma| starts_with_scheme(&rest[comma + 1..]))
+    {
+        urls.push(redacted_url(&rest[..next]));
+        rest = &rest[next + 1..];
+    }
+    urls.push(redacted_url(rest));
+    urls.join(",")
+}
+
+/// Whether `text` begins with `scheme://`.
+fn starts_with_scheme(text: &str) -> bool {
+    text.split_once("://").is_some_and(|(scheme, _)| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
+}
+
+/// One URL as [`redacted`] shows it.
+fn redacted_url(text: &str) -> String {
     let mut redacted = text.to_owned();
     if let Some((scheme, rest)) = text.split_once("://") {
         let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
@@ -114,6 +143,14 @@ mod tests {
                 "mysql://h/db?user=u&password=***",
             ),
             ("nats://h:4222?auth_token=t", "nats://h:4222?auth_token=***"),
+            (
+                "nats://u:pw@a:4222,nats://u:pw@b:4222",
+                "nats://u:***@a:4222,nats://u:***@b:4222",
+            ),
+            (
+                "postgres://u:pw@a:5432,b:5432/db",
+                "postgres://u:***@a:5432,b:5432/db",
+            ),
             ("http://h/p@x", "http://h/p@x"),
             ("env:ORDERS_BROKER", "env:ORDERS_BROKER"),
         ] {

@@ -90,7 +90,7 @@ pub fn validate_consumer(
     };
     let tls = consumer_tls(&raw, over_tls, env, &at)?;
     // The keys that only some brokers take, in the order they are checked.
-    let broker_keys: [(&'static str, bool, &[Broker]); 12] = [
+    let broker_keys: [(&'static str, bool, &[Broker]); 13] = [
         ("queue", raw.queue.is_some(), &[Broker::RabbitMq]),
         ("queue_type", raw.queue_type.is_some(), &[Broker::RabbitMq]),
         (
@@ -99,6 +99,7 @@ pub fn validate_consumer(
             &[Broker::RabbitMq, Broker::Nats],
         ),
         ("subject", raw.subject.is_some(), &[Broker::Nats]),
+        ("replicas", raw.replicas.is_some(), &[Broker::Nats]),
         ("durable", raw.durable.is_some(), &[Broker::Nats]),
         (
             "group",
@@ -169,6 +170,16 @@ pub fn validate_consumer(
         .map(|count| u16::try_from(count.0))
         .transpose()
         .map_err(|_| anyhow!("{}: must be at most {}", at("prefetch"), u16::MAX))?;
+    // JetStream keeps at most 5 copies of a stream.
+    let replicas = raw
+        .replicas
+        .map(|count| {
+            usize::try_from(count.0)
+                .ok()
+                .filter(|replicas| (1..=5).contains(replicas))
+                .ok_or_else(|| anyhow!("{}: must be from 1 to 5", at("replicas")))
+        })
+        .transpose()?;
     // The defaults that are the consumer's own name.
     let or_name =
         |value: Option<&str>, key: &'static str| entry.or_default(key, value, name).to_owned();
@@ -215,6 +226,9 @@ pub fn validate_consumer(
             }
             if let Some(prefetch) = prefetch {
                 options = options.prefetch(usize::from(prefetch));
+            }
+            if let Some(replicas) = replicas {
+                options = options.replicas(replicas);
             }
             BrokerOptions::Nats(with_tls(options, &tls, NatsOptions::tls))
         }
@@ -418,5 +432,42 @@ mod tests {
                 "a password was printed: {error}"
             );
         }
+    }
+
+    #[test]
+    fn replicas_are_from_1_to_5_on_nats_only() {
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+        let nats = |replicas: &str| {
+            let consumer = ORDERS
+                .replace(
+                    "env:ORDERS_BROKER",
+                    "nats://127.0.0.1:4222,nats://127.0.0.1:4223",
+                )
+                .replace(
+                    "queue = \"orders\"",
+                    &format!("stream = \"ORDERS\"\nreplicas = {replicas}"),
+                );
+            format!("{SHOP}{consumer}")
+        };
+        let settings = load_text(&nats("3"), &env).unwrap();
+        let options = format!("{:?}", settings.consumers[0].options);
+        assert!(options.contains("replicas: 3"), "{options}");
+        assert_eq!(
+            settings.consumers[0].from,
+            "nats://127.0.0.1:4222,nats://127.0.0.1:4223"
+        );
+        for replicas in ["0", "6"] {
+            let error = error_of(&nats(replicas), &env);
+            assert!(
+                error.contains("consumers.orders.replicas (line 14): must be from 1 to 5"),
+                "{error}"
+            );
+        }
+        let amqp = ORDERS.replace("env:ORDERS_BROKER", "amqp://127.0.0.1:5672/%2f");
+        let error = error_of(&format!("{SHOP}{amqp}replicas = 3\n"), &env);
+        assert!(
+            error.contains("consumers.orders.replicas (line 17): only applies to NATS"),
+            "{error}"
+        );
     }
 }
