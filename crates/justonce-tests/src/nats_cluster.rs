@@ -3,7 +3,7 @@
 //! kills one with SIGKILL (the stream leader's, found through the JetStream API) and
 //! starts it again. The machine's shared NATS server is never touched.
 
-use crate::own_broker::free_port;
+use crate::own_broker::free_ports;
 use async_nats::jetstream;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -37,16 +37,15 @@ impl NatsCluster {
         let folder =
             std::env::temp_dir().join(format!("justonce-nats-cluster-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
-        let nodes = (0..size)
-            .map(|_| {
-                Ok(Node {
-                    port: free_port()?,
-                    route_port: free_port()?,
-                    monitor_port: free_port()?,
-                    running: None,
-                })
+        let nodes = free_ports(3 * size)?
+            .chunks(3)
+            .map(|ports| Node {
+                port: ports[0],
+                route_port: ports[1],
+                monitor_port: ports[2],
+                running: None,
             })
-            .collect::<Result<_, String>>()?;
+            .collect();
         let mut cluster = Self { folder, nodes };
         for node in 0..size {
             cluster.restart(node).await?;
@@ -219,6 +218,11 @@ impl Drop for NatsCluster {
                 let _ = child.start_kill();
             }
         }
-        let _ = std::fs::remove_dir_all(&self.folder);
+        // A failing test keeps the servers' logs it points to.
+        if std::thread::panicking() {
+            eprintln!("the NATS cluster's logs are kept in {}", self.folder.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.folder);
+        }
     }
 }

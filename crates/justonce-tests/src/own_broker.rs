@@ -31,11 +31,12 @@ impl OwnBroker {
             .ok_or_else(|| format!("no broker of a test's own for {kind}"))?;
         let folder = std::env::temp_dir().join(format!("justonce-own-{kind}-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+        let ports = free_ports(2)?;
         let mut broker = Self {
             kind,
             folder,
-            port: free_port()?,
-            dist_port: free_port()?,
+            port: ports[0],
+            dist_port: ports[1],
             running: None,
         };
         broker.configure()?;
@@ -280,10 +281,17 @@ pub fn process_status(pid: u32) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
-/// A port nothing listens on now.
-pub(crate) fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+/// `count` distinct ports nothing listens on now: each is held until all are chosen, so
+/// that none is handed out twice.
+pub(crate) fn free_ports(count: usize) -> Result<Vec<u16>, String> {
+    let listeners = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    listeners
+        .iter()
+        .map(|listener| Ok(listener.local_addr().map_err(|e| e.to_string())?.port()))
+        .collect()
 }
 
 /// The Kafka-protocol test broker, where `scripts/services` installs it.

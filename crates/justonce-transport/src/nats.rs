@@ -334,7 +334,7 @@ async fn open_stream(
             (&dead, options.dead_letter_subject()),
             (&options.stream, options.subject.clone()),
         ] {
-            jetstream
+            let stream = jetstream
                 .get_or_create_stream(jetstream::stream::Config {
                     name: name.clone(),
                     subjects: vec![subject],
@@ -344,6 +344,17 @@ async fn open_stream(
                 })
                 .await
                 .map_err(|e| Error::Config(format!("creating stream {name}: {e}")))?;
+            // A stream that existed keeps its own copies: say so, or a user who asked for
+            // three would believe the stream survives a server's loss.
+            let kept = stream.cached_info().config.num_replicas;
+            if kept != options.replicas {
+                tracing::warn!(
+                    stream = %name,
+                    replicas = kept,
+                    asked = options.replicas,
+                    "the stream existed with other replicas and keeps them"
+                );
+            }
         }
     }
     let stream = jetstream
