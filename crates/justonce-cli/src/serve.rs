@@ -14,9 +14,7 @@ use justonce_cli_support::Usage;
 use justonce_cli_support::pacing::{self, Pacer};
 use justonce_cli_support::shutdown_signal;
 use justonce_http::receiver;
-use justonce_sql::{
-    Backend, Consumer, Inbox, Key, Message, Outbox, RelayOptions, WorkFuture, trace,
-};
+use justonce_sql::{Backend, Consumer, Inbox, Message, Outbox, RelayOptions, WorkFuture, trace};
 use justonce_transport::amqp::AmqpConsumer;
 use justonce_transport::kafka::KafkaReader;
 use justonce_transport::mqtt::MqttConsumer;
@@ -527,11 +525,8 @@ fn forward_to_target<DB: Backend>(
           -> WorkFuture<'_, (), justonce_sql::Error> {
         let (name, inbox) = (name.clone(), inbox.clone());
         Box::pin(async move {
+            let key = receiver::key_in_scope(&name, inbox.scope(), message.key.as_str())?;
             let tenant = inbox.scope().as_str();
-            let key = match tenant {
-                "" => Key::new(format!("{name}:{}", message.key))?,
-                tenant => Key::new(format!("{name}:{tenant}:{}", message.key))?,
-            };
             let mut row = Message::new(name.as_str(), message.body.clone());
             if !tenant.is_empty() {
                 row = row.header(receiver::TENANT_HEADER, tenant);

@@ -220,7 +220,10 @@ impl Drop for NatsCluster {
         }
         // A failing test keeps the servers' logs it points to.
         if std::thread::panicking() {
-            eprintln!("the NATS cluster's logs are kept in {}", self.folder.display());
+            eprintln!(
+                "the NATS cluster's logs are kept in {}",
+                self.folder.display()
+            );
         } else {
             let _ = std::fs::remove_dir_all(&self.folder);
         }

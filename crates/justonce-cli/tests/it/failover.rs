@@ -43,7 +43,8 @@ async fn after_a_failover_to_a_synchronous_standby_every_event_answered_2xx_is_s
 /// events answered `2xx` may be missing on the new primary. What always holds is asserted;
 /// the number lost is printed with the run's figures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_failover_to_an_asynchronous_standby_nothing_is_doubled_and_the_lost_are_counted() {
+async fn after_a_failover_to_an_asynchronous_standby_nothing_is_stored_twice_and_the_lost_are_counted()
+ {
     let run = fail_over(false).await;
     // What the new primary holds reaches the target; a lost event may have reached it
     // before the kill.
@@ -192,15 +193,11 @@ async fn fail_over(synchronous: bool) -> Run {
             "{key} is in the outbox twice"
         );
     }
-    let keys: Vec<(String, i64)> =
-        sqlx::query_as("SELECT key, count(*) FROM justonce_keys GROUP BY key")
-            .fetch_all(&new_primary)
-            .await
-            .unwrap();
-    for (key, count) in &keys {
-        assert_eq!(*count, 1, "{key} is claimed {count} times");
-    }
-    let claimed: HashSet<&str> = keys.iter().map(|(key, _)| key.as_str()).collect();
+    let keys: Vec<(String,)> = sqlx::query_as("SELECT key FROM justonce_keys")
+        .fetch_all(&new_primary)
+        .await
+        .unwrap();
+    let claimed: HashSet<&str> = keys.iter().map(|(key,)| key.as_str()).collect();
     let outboxed: HashSet<&str> = stored.keys().map(String::as_str).collect();
     assert_eq!(
         claimed, outboxed,

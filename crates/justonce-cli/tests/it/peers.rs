@@ -14,7 +14,7 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
     let scratch = format!("justonce_peers_test_{}", justonce_tests::unique());
     let server = justonce_tests::postgres_url();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/peers");
-    let output = tokio::process::Command::new(script)
+    let run = tokio::process::Command::new(script)
         .args([
             "--database",
             &server,
@@ -34,8 +34,11 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
             "--keep",
         ])
         .kill_on_drop(true)
-        .output()
+        .output();
+    // A hung install or peer fails the test; the script is killed with the future.
+    let output = tokio::time::timeout(std::time::Duration::from_secs(600), run)
         .await
+        .expect("scripts/peers ends within 10 minutes")
         .expect("run scripts/peers");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -201,11 +201,29 @@ async fn a_consumer_with_a_tenant_stores_and_delivers_in_its_scope<DB: TestBacke
     );
     let mut server = Server::configure_with(&url, &sink.url(), &consumer);
     server.start().await;
+    // Every entry read and settled, the repeated one too, and two deliveries sent.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while sink.requests() < 2 && tokio::time::Instant::now() < deadline {
+    loop {
+        let groups: redis::streams::StreamInfoGroupsReply =
+            redis.xinfo_groups(&stream).await.unwrap();
+        let settled = groups
+            .groups
+            .iter()
+            .any(|group| group.entries_read == Some(3) && group.pending == 0);
+        if settled && sink.requests() >= 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the consumer did not settle the 3 entries and deliver 2: {:?}",
+            groups.groups
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Stopped and its stream deleted before anything is asserted: a failure leaves
+    // nothing on the shared Redis.
+    server.stop().await;
+    let _: () = redis.del(&stream).await.unwrap();
     let delivered: Vec<(String, String)> = sink
         .received()
         .into_iter()
@@ -233,7 +251,5 @@ async fn a_consumer_with_a_tenant_stores_and_delivers_in_its_scope<DB: TestBacke
         ],
         "{stats}"
     );
-    server.stop().await;
-    let _: () = redis.del(&stream).await.unwrap();
     drop_database(db, &url).await;
 }

@@ -32,6 +32,16 @@ use crate::answer::{problem, read_limited};
 /// `failpoints` feature: the first event stored stops there, before its answer.
 pub const FAILPOINT: &str = "stored-not-answered";
 
+/// The key of event or message `id` of the source or consumer `name` in `scope`:
+/// `<name>:<id>`, or `<name>:<tenant>:<id>` in a tenant's scope, so that the target's keys
+/// stay apart too.
+pub fn key_in_scope(name: &str, scope: &Scope, id: &str) -> Result<Key, Error> {
+    match scope.as_str() {
+        "" => Key::new(format!("{name}:{id}")),
+        tenant => Key::new(format!("{name}:{tenant}:{id}")),
+    }
+}
+
 /// The header that tells a target the tenant of an event of a source with tenants.
 pub const TENANT_HEADER: &str = "justonce-tenant";
 
@@ -294,12 +304,7 @@ async fn receive_in_span<DB: Backend>(
             return problem(StatusCode::BAD_REQUEST, "no event id", detail);
         }
     };
-    // A tenant's part of the key keeps the target's keys apart too.
-    let key = match scope.as_str() {
-        "" => Key::new(format!("{}:{id}", source.name)),
-        tenant => Key::new(format!("{}:{tenant}:{id}", source.name)),
-    };
-    let key = match key {
+    let key = match key_in_scope(&source.name, &scope, &id) {
         Ok(key) => key,
         Err(error) => {
             rejections.reject(&source.name, tenant, "rejected_id");
