@@ -3,7 +3,9 @@
 //! variables that name no setting.
 
 use crate::folder::{Folder, Ran};
-use crate::serve::{SECRET, await_keys, client, database, drop_database, free_port, post};
+use crate::serve::{
+    SECRET, await_keys, client, database, drop_database, free_port, post, redis_orders,
+};
 use justonce_tests::Sink;
 use std::process::Stdio;
 use std::time::Duration;
@@ -38,19 +40,8 @@ async fn a_source_a_consumer_and_the_relay_run_from_variables_alone() {
     let sink = Sink::start().await;
     let redis_url = justonce_tests::redis_url();
     let stream = format!("{}orders", db.prefix);
-    let mut redis = redis::Client::open(redis_url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis");
     // Added before the service starts: its group begins at the start of the stream.
-    for id in ["order-1", "order-2", "order-1"] {
-        let body = format!(r#"{{"order":"{id}"}}"#);
-        let _: String = redis
-            .xadd(&stream, "*", &[("order_id", id), ("body", body.as_str())])
-            .await
-            .unwrap();
-    }
+    let mut redis = redis_orders(&stream).await;
     let (public, admin) = (free_port(), free_port());
     let mut vars = demo_source(&sink.url());
     vars.extend([

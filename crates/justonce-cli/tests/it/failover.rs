@@ -7,7 +7,7 @@
 //! reaches the target. With asynchronous replication a few can be lost: that run asserts
 //! only what always holds and prints how many it lost.
 
-use crate::serve::{Server, client};
+use crate::serve::{Server, client, received_by_key};
 use justonce_sql::sqlx;
 use justonce_tests::Sink;
 use justonce_tests::cluster::Cluster;
@@ -314,13 +314,7 @@ async fn await_delivered(
 ) -> HashMap<String, Vec<Vec<u8>>> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let mut by_key: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
-        for request in sink.received() {
-            by_key
-                .entry(request.key.unwrap_or_default())
-                .or_default()
-                .push(request.body);
-        }
+        let by_key = received_by_key(sink);
         if stored.keys().all(|key| by_key.contains_key(key)) || Instant::now() > deadline {
             return by_key;
         }

@@ -310,17 +310,40 @@ pub(crate) async fn drop_database<DB: TestBackend>(db: TestDb<DB>, url: &str) {
     db.cleanup().await;
 }
 
+/// A connection to the shared Redis, with `order-1`, `order-2` and `order-1` again added to
+/// `stream`, each with its `order_id` field and a JSON body.
+pub(crate) async fn redis_orders(stream: &str) -> redis::aio::MultiplexedConnection {
+    use redis::AsyncCommands;
+    let mut redis = redis::Client::open(justonce_tests::redis_url().as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis");
+    for id in ["order-1", "order-2", "order-1"] {
+        let body = format!(r#"{{"order":"{id}"}}"#);
+        let fields = [("order_id", id), ("body", body.as_str())];
+        let _: String = redis.xadd(stream, "*", &fields).await.unwrap();
+    }
+    redis
+}
+
+/// The bodies the sink received, by Idempotency-Key.
+pub(crate) fn received_by_key(sink: &Sink) -> HashMap<String, Vec<Vec<u8>>> {
+    let mut by_key: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
+    for request in sink.received() {
+        by_key
+            .entry(request.key.unwrap_or_default())
+            .or_default()
+            .push(request.body);
+    }
+    by_key
+}
+
 /// Waits until the sink has seen `keys` distinct keys.
 pub(crate) async fn await_keys(sink: &Sink, keys: usize) -> HashMap<String, Vec<Vec<u8>>> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
-        let mut by_key: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
-        for request in sink.received() {
-            by_key
-                .entry(request.key.unwrap_or_default())
-                .or_default()
-                .push(request.body);
-        }
+        let by_key = received_by_key(sink);
         if by_key.len() >= keys || tokio::time::Instant::now() > deadline {
             return by_key;
         }

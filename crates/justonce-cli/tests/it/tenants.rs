@@ -1,7 +1,9 @@
 //! Tenants of a source: named by a header from a list, or fixed by the configuration; each
 //! event claimed, stored and delivered in its tenant's scope.
 
-use crate::serve::{Server, client, database, drop_database, signature, stats_json, text_of};
+use crate::serve::{
+    Server, client, database, drop_database, redis_orders, signature, stats_json, text_of,
+};
 use justonce_tests::{Sink, TestBackend};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -184,16 +186,7 @@ async fn a_consumer_with_a_tenant_stores_and_delivers_in_its_scope<DB: TestBacke
     let sink = Sink::start().await;
     let redis_url = justonce_tests::redis_url();
     let stream = format!("{}tenant_orders", db.prefix);
-    let mut redis = redis::Client::open(redis_url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis");
-    for id in ["order-1", "order-2", "order-1"] {
-        let body = format!(r#"{{"order":"{id}"}}"#);
-        let fields = [("order_id", id), ("body", body.as_str())];
-        let _: String = redis.xadd(&stream, "*", &fields).await.unwrap();
-    }
+    let mut redis = redis_orders(&stream).await;
     let consumer = format!(
         "[consumers.orders]\nfrom = \"{redis_url}\"\nstream = \"{stream}\"\n\
          id = \"header:order_id\"\ntenant = \"initech\"\ntarget = \"{}\"\n",
