@@ -193,6 +193,8 @@ pub mod docs {
     pub struct Benchmarks;
     #[doc = include_str!("../../../docs/brokers.md")]
     pub struct Brokers;
+    #[doc = include_str!("../../../docs/capacity.md")]
+    pub struct Capacity;
     #[doc = include_str!("../../../docs/check.md")]
     pub struct Check;
     #[doc = include_str!("../../../docs/contributing.md")]
