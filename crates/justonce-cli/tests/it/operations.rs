@@ -422,9 +422,11 @@ async fn a_broker_outage_is_logged_once_each_way() {
     });
     let by_key = await_keys(&sink, 3).await;
     assert_eq!(by_key.len(), 3, "every message reached the target");
+    // The relay records its deliveries after the target has them: waited for too.
     let up = [
         r#"justonce_consumer_up{consumer="orders"} 1"#.to_owned(),
         r#"justonce_deliveries_consumed_total{consumer="orders",broker="redis"} 3"#.to_owned(),
+        r#"justonce_deliveries_total{outcome="sent",destination="orders"} 3"#.to_owned(),
     ];
     let page = metrics_with(&server, &up).await;
     assert_every_metric_described(&page);
