@@ -181,25 +181,29 @@ impl Common {
             } => statement(&self.untake).bind(after_ms).bind(id).bind(token),
             Change::Expire {
                 destination,
+                scope,
                 older_than_ms,
                 reason,
                 limit,
             } => statement(&self.expire)
                 .bind(reason)
                 .bind(destination)
+                .bind(scope)
                 .bind(older_than_ms)
                 .bind(limit),
             Change::BreakerOpen {
                 destination,
+                scope,
                 failures,
                 pause_ms,
             } => statement(&self.breaker_open)
                 .bind(destination)
+                .bind(scope)
                 .bind(failures)
                 .bind(pause_ms),
-            Change::BreakerClose { destination } => {
-                statement(&self.breaker_close).bind(destination)
-            }
+            Change::BreakerClose { destination, scope } => statement(&self.breaker_close)
+                .bind(destination)
+                .bind(scope),
             // Every dead letter when `id` is none: it is bound twice for MariaDB's `?`.
             Change::Replay { id, window, limit } => {
                 bind_window(statement(&self.replay).bind(id).bind(id), window).bind(limit)
@@ -431,7 +435,7 @@ where
     async fn breakers<'a>(
         &'a self,
         pool: &'a sqlx::Pool<DB>,
-    ) -> Result<Vec<(String, i64, i64, i64)>, Error> {
+    ) -> Result<Vec<(String, String, i64, i64, i64)>, Error> {
         fetch_all(pool, &self.as_ref().breakers).await
     }
 
