@@ -4,13 +4,15 @@
 use crate::serve::{
     Server, client, database, drop_database, redis_orders, signature, stats_json, text_of,
 };
-use justonce_tests::{Sink, TestBackend};
+use justonce_tests::{Answer, Sink, TestBackend};
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 on_every_database!(
     the_same_event_id_from_two_tenants_is_two_events,
     a_consumer_with_a_tenant_stores_and_delivers_in_its_scope,
+    one_tenants_backlog_at_a_hanging_target_does_not_delay_another,
 );
 
 /// `demo` takes its tenant from `X-Tenant`, acme or globex; `fixed` stores every event for
@@ -245,4 +247,95 @@ async fn a_consumer_with_a_tenant_stores_and_delivers_in_its_scope<DB: TestBacke
         "{stats}"
     );
     drop_database(db, &url).await;
+}
+
+/// When `sink` first received the request keyed `key`, waiting up to `within` from `since`.
+async fn arrival(sink: &Sink, key: &str, since: Instant, within: Duration) -> Option<Duration> {
+    loop {
+        let received = sink.received();
+        if let Some(request) = received.iter().find(|r| r.key.as_deref() == Some(key)) {
+            return Some(request.at.saturating_duration_since(since));
+        }
+        if since.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The target hangs on every delivery of acme past the source's 3 s timeout. With 40 of
+/// acme's events stuck there, globex's event arrives within 2 s; and again while acme's
+/// breaker holds acme's deliveries back, which `stats` lists for acme alone.
+async fn one_tenants_backlog_at_a_hanging_target_does_not_delay_another<DB: TestBackend>(
+    test: &str,
+) {
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::scripted(Arc::new(|key, _| {
+        let mut answer = Answer::status(200);
+        if key.starts_with("demo:acme:") {
+            answer.delay = Duration::from_secs(60);
+        }
+        answer
+    }))
+    .await;
+    let more = "timeout = \"3s\"\ntenant = \"header:X-Tenant\"\ntenants = [\"acme\", \"globex\"]\n";
+    let mut server = Server::configure_with(&url, &sink.url(), more);
+    server.start().await;
+    let public = server.public.clone();
+    for n in 0..40 {
+        let body = format!(r#"{{"id":"evt_{n}"}}"#);
+        let (code, answer) = post_for(&public, "demo", Some("acme"), &body, true).await;
+        assert_eq!(code, 200, "{answer}");
+    }
+    // The relay has filled acme's lane by now.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sink.requests() < 8 {
+        assert!(Instant::now() < deadline, "acme's deliveries did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let bound = Duration::from_secs(2);
+    let mut waited = Vec::new();
+    for (n, wait_for_breaker) in [(1, false), (2, true)] {
+        if wait_for_breaker {
+            // acme's breaker opens when its first deliveries time out, at about 3 s.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let backed_off = stats_json(&server).await["backed_off"].take();
+                if let Some([only]) = backed_off.as_array().map(Vec::as_slice) {
+                    assert_eq!(only["destination"], "demo", "{backed_off}");
+                    assert_eq!(only["scope"], "acme", "{backed_off}");
+                    break;
+                }
+                assert_eq!(backed_off, serde_json::json!([]));
+                assert!(Instant::now() < deadline, "acme's breaker did not open");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let body = format!(r#"{{"id":"other_{n}"}}"#);
+        let posted = Instant::now();
+        let (code, answer) = post_for(&public, "demo", Some("globex"), &body, true).await;
+        assert_eq!(code, 200, "{answer}");
+        let key = format!("demo:globex:other_{n}");
+        let arrived = arrival(&sink, &key, posted, Duration::from_secs(30)).await;
+        eprintln!("globex's event {n} arrived after {arrived:?}");
+        waited.push(arrived);
+    }
+    let acme = sink
+        .received()
+        .iter()
+        .filter(|request| request.headers.get("justonce-tenant").map(String::as_str) == Some("acme"))
+        .count();
+    server.stop().await;
+    drop_database(db, &url).await;
+    for (n, arrived) in waited.into_iter().enumerate() {
+        let arrived = arrived.unwrap_or_else(|| panic!("globex's event {} never arrived", n + 1));
+        assert!(
+            arrived < bound,
+            "globex's event {} waited {arrived:?} behind acme's backlog",
+            n + 1
+        );
+    }
+    // acme's lane had 8 in flight at a time; a few more started as the first ones failed,
+    // before the fifth failure opened its breaker, whose 10 s pause outlasts the test.
+    assert!((8..=16).contains(&acme), "{acme} deliveries of acme tried");
 }
