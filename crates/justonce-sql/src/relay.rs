@@ -1008,6 +1008,66 @@ impl Lanes {
 mod tests {
     use super::*;
 
+    fn row(id: i64, scope: &str) -> OutboxRow {
+        OutboxRow {
+            id,
+            scope: scope.to_owned(),
+            key: format!("k{id}"),
+            destination: "d".to_owned(),
+            payload: Vec::new(),
+            headers: String::new(),
+            attempts: 1,
+            last_error: None,
+            dead: false,
+            sent: false,
+            age_ms: 0,
+        }
+    }
+
+    fn taken(rows: Vec<OutboxRow>) -> Taken {
+        Taken {
+            rows,
+            token: 1,
+            at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn lanes_with_rows_ready_take_turns() {
+        let options = RelayOptions::default();
+        let mut lanes = Lanes::default();
+        lanes.queue(taken(vec![row(1, "a"), row(2, "a"), row(3, "a"), row(4, "b")]));
+        lanes.queue(taken(vec![row(5, "b"), row(6, "")]));
+        let order: Vec<i64> = std::iter::from_fn(|| lanes.next_ready(&options))
+            .map(|(row, _, _)| row.id)
+            .collect();
+        assert_eq!(order, [6, 1, 4, 2, 5, 3]);
+    }
+
+    #[test]
+    fn a_lane_at_its_cap_and_a_destination_at_its_cap_are_held_back() {
+        let options = RelayOptions::default()
+            .per_destination(1)
+            .per_destination_total(2);
+        let mut lanes = Lanes::default();
+        lanes.queue(taken(vec![row(1, "a"), row(2, "a"), row(3, "b"), row(4, "c")]));
+        let started: Vec<i64> = std::iter::from_fn(|| lanes.next_ready(&options))
+            .map(|(row, _, _)| row.id)
+            .collect();
+        assert_eq!(started, [1, 3], "one in each lane, two at the destination");
+        let held_back = lanes.held_back(&options, Instant::now());
+        assert_eq!(held_back, r#"[["d","a"],["d","b"],["d","c"],["d"]]"#);
+        let sent = Settled {
+            recorded: Recorded::Sent,
+            unwell: false,
+        };
+        let lane = ("d".to_owned(), "b".to_owned());
+        assert!(lanes.settle(&lane, Ok(Some(sent)), &options).is_none());
+        // Lane b is idle and forgotten; c has a row waiting and the destination room.
+        assert_eq!(lanes.held_back(&options, Instant::now()), r#"[["d","a"],["d","c"]]"#);
+        assert_eq!(lanes.next_ready(&options).map(|(row, _, _)| row.id), Some(4));
+    }
+
     #[test]
     fn reasons_are_made_safe_to_store() {
         assert_eq!(
