@@ -4,9 +4,9 @@
 
 use crate::backend::{Backend, Reads};
 use crate::rows::{
-    Change, DestinationCounts, EventBy, EventDetailTuple, EventListing, EventTuple, KeyCount,
-    KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing, NewReplay, OffsetTuple, ReplayTuple,
-    Replays, Schema, Stored, StoredOffset, Tried, Waiting, Window,
+    BreakerTuple, Change, DestinationCounts, EventBy, EventDetailTuple, EventListing, EventTuple,
+    KeyCount, KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing, NewReplay, OffsetTuple,
+    ReplayTuple, Replays, Schema, Stored, StoredOffset, Tried, Waiting, Window,
 };
 use crate::shared::driver_error;
 use crate::tables::Tables;
@@ -201,9 +201,9 @@ impl Common {
                 .bind(scope)
                 .bind(failures)
                 .bind(pause_ms),
-            Change::BreakerClose { destination, scope } => statement(&self.breaker_close)
-                .bind(destination)
-                .bind(scope),
+            Change::BreakerClose { destination, scope } => {
+                statement(&self.breaker_close).bind(destination).bind(scope)
+            }
             // Every dead letter when `id` is none: it is bound twice for MariaDB's `?`.
             Change::Replay { id, window, limit } => {
                 bind_window(statement(&self.replay).bind(id).bind(id), window).bind(limit)
@@ -432,10 +432,7 @@ where
             .map_err(driver_error::<DB>)
     }
 
-    async fn breakers<'a>(
-        &'a self,
-        pool: &'a sqlx::Pool<DB>,
-    ) -> Result<Vec<(String, String, i64, i64, i64)>, Error> {
+    async fn breakers<'a>(&'a self, pool: &'a sqlx::Pool<DB>) -> Result<Vec<BreakerTuple>, Error> {
         fetch_all(pool, &self.as_ref().breakers).await
     }
 

@@ -522,13 +522,15 @@ impl<DB: Backend> Outbox<DB> {
         let duration = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
         Ok(rows
             .into_iter()
-            .map(|(destination, scope, failures, left_ms, age_ms)| BackedOff {
-                destination,
-                scope,
-                failures: u32::try_from(failures).unwrap_or(u32::MAX),
-                pause_left: duration(left_ms),
-                since: duration(age_ms),
-            })
+            .map(
+                |(destination, scope, failures, left_ms, age_ms)| BackedOff {
+                    destination,
+                    scope,
+                    failures: u32::try_from(failures).unwrap_or(u32::MAX),
+                    pause_left: duration(left_ms),
+                    since: duration(age_ms),
+                },
+            )
             .collect())
     }
 

@@ -912,8 +912,14 @@ impl Lanes {
                 && self.in_flight.get(&id.0).copied().unwrap_or(0) < cap
         };
         let last = self.last.as_ref();
-        let after = self.lanes.iter().filter(|(id, _)| last.is_none_or(|last| *id > last));
-        let before = self.lanes.iter().filter(|(id, _)| last.is_some_and(|last| *id <= last));
+        let after = self
+            .lanes
+            .iter()
+            .filter(|(id, _)| last.is_none_or(|last| *id > last));
+        let before = self
+            .lanes
+            .iter()
+            .filter(|(id, _)| last.is_some_and(|last| *id <= last));
         let id = after.chain(before).find(ready)?.0.clone();
         let lane = self.lanes.get_mut(&id)?;
         lane.in_flight += 1;
@@ -1036,7 +1042,12 @@ mod tests {
     fn lanes_with_rows_ready_take_turns() {
         let options = RelayOptions::default();
         let mut lanes = Lanes::default();
-        lanes.queue(taken(vec![row(1, "a"), row(2, "a"), row(3, "a"), row(4, "b")]));
+        lanes.queue(taken(vec![
+            row(1, "a"),
+            row(2, "a"),
+            row(3, "a"),
+            row(4, "b"),
+        ]));
         lanes.queue(taken(vec![row(5, "b"), row(6, "")]));
         let order: Vec<i64> = std::iter::from_fn(|| lanes.next_ready(&options))
             .map(|(row, _, _)| row.id)
@@ -1050,7 +1061,12 @@ mod tests {
             .per_destination(1)
             .per_destination_total(2);
         let mut lanes = Lanes::default();
-        lanes.queue(taken(vec![row(1, "a"), row(2, "a"), row(3, "b"), row(4, "c")]));
+        lanes.queue(taken(vec![
+            row(1, "a"),
+            row(2, "a"),
+            row(3, "b"),
+            row(4, "c"),
+        ]));
         let started: Vec<i64> = std::iter::from_fn(|| lanes.next_ready(&options))
             .map(|(row, _, _)| row.id)
             .collect();
@@ -1064,8 +1080,14 @@ mod tests {
         let lane = ("d".to_owned(), "b".to_owned());
         assert!(lanes.settle(&lane, Ok(Some(sent)), &options).is_none());
         // Lane b is idle and forgotten; c has a row waiting and the destination room.
-        assert_eq!(lanes.held_back(&options, Instant::now()), r#"[["d","a"],["d","c"]]"#);
-        assert_eq!(lanes.next_ready(&options).map(|(row, _, _)| row.id), Some(4));
+        assert_eq!(
+            lanes.held_back(&options, Instant::now()),
+            r#"[["d","a"],["d","c"]]"#
+        );
+        assert_eq!(
+            lanes.next_ready(&options).map(|(row, _, _)| row.id),
+            Some(4)
+        );
     }
 
     #[test]

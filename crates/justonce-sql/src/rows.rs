@@ -285,6 +285,10 @@ pub enum Replays {
 /// since the Unix epoch, events replayed, whether it still runs.
 pub(crate) type ReplayTuple = (i64, String, i64, i64, i64, i64, bool);
 
+/// The columns of a `breakers` read as sqlx decodes them: destination, scope, failures,
+/// milliseconds the pause has left, milliseconds since it was written.
+pub(crate) type BreakerTuple = (String, String, i64, i64, i64);
+
 /// Which outbox rows to read.
 pub enum Which {
     /// Due rows, at most `limit`, hidden for `lease_ms` under `token` and counted as one

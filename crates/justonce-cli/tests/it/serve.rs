@@ -1887,9 +1887,10 @@ async fn stats_json_reports_exactly_what_the_store_holds<DB: TestBackend>(test: 
     let (code, tables) = server.run(&["stats"]).await;
     assert_eq!(code, 0, "{tables}");
     assert!(
-        tables
-            .lines()
-            .any(|line| line.split_whitespace().take(3).eq(["accepting", "(none)", "1"])),
+        tables.lines().any(|line| line
+            .split_whitespace()
+            .take(3)
+            .eq(["accepting", "(none)", "1"])),
         "no backed-off destination in\n{tables}"
     );
 

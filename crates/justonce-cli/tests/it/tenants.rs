@@ -323,7 +323,9 @@ async fn one_tenants_backlog_at_a_hanging_target_does_not_delay_another<DB: Test
     let acme = sink
         .received()
         .iter()
-        .filter(|request| request.headers.get("justonce-tenant").map(String::as_str) == Some("acme"))
+        .filter(|request| {
+            request.headers.get("justonce-tenant").map(String::as_str) == Some("acme")
+        })
         .count();
     server.stop().await;
     drop_database(db, &url).await;

@@ -1,8 +1,8 @@
 //! The relay's HTTP destination against a real receiver on loopback.
 
 use super::{key, on_every_database};
-use justonce_http::HttpDestination;
 use justonce_core::Scope;
+use justonce_http::HttpDestination;
 use justonce_sql::{Inbox, Message, RelayOptions, TraceContext};
 use justonce_tests::{Answer, RunningRelay, Sink, TestBackend, TestDb};
 use std::sync::Arc;
@@ -533,7 +533,10 @@ async fn a_scope_a_target_hangs_on_holds_back_no_other_scope<DB: TestBackend>(te
     }
     assert_eq!(backed_off.len(), 1, "{backed_off:?}");
     assert_eq!(
-        (backed_off[0].destination.as_str(), backed_off[0].scope.as_str()),
+        (
+            backed_off[0].destination.as_str(),
+            backed_off[0].scope.as_str()
+        ),
         ("shared", "slow")
     );
     db.cleanup().await;
