@@ -1,5 +1,5 @@
-//! Tenants of a source: named by a header from a list, or fixed by the configuration; each
-//! event claimed, stored and delivered in its tenant's scope.
+//! Tenants of a source or consumer: named by a header from a list, or fixed by the
+//! configuration; each event claimed, stored and delivered in its tenant's scope.
 
 use crate::serve::{
     Server, client, database, drop_database, redis_orders, signature, stats_json, text_of,
@@ -11,6 +11,7 @@ use std::time::Duration;
 on_every_database!(
     the_same_event_id_from_two_tenants_is_two_events,
     a_consumer_with_a_tenant_stores_and_delivers_in_its_scope,
+    a_consumer_takes_each_message_s_tenant_from_the_message,
 );
 
 /// `demo` takes its tenant from `X-Tenant`, acme or globex; `fixed` stores every event for
@@ -244,5 +245,131 @@ async fn a_consumer_with_a_tenant_stores_and_delivers_in_its_scope<DB: TestBacke
         ],
         "{stats}"
     );
+    drop_database(db, &url).await;
+}
+
+/// A consumer that reads each message's tenant from a field: the same order id from two
+/// tenants is two effects, each row in its tenant's scope; a message with no tenant, a
+/// blank one or one off the list is dead-lettered at once, with a reason that says which.
+async fn a_consumer_takes_each_message_s_tenant_from_the_message<DB: TestBackend>(test: &str) {
+    use redis::AsyncCommands;
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let redis_url = justonce_tests::redis_url();
+    let stream = format!("{}tenant_fields", db.prefix);
+    let dead = format!("{stream}.dead");
+    let mut redis = redis::Client::open(redis_url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis");
+    let _: () = redis.del(&[&stream, &dead]).await.unwrap();
+    let entries: [(&str, Option<&str>); 6] = [
+        ("order-1", Some("acme")),
+        ("order-1", Some("globex")),
+        ("order-1", Some("acme")),
+        ("order-2", Some("umbrella\nforged line")),
+        ("order-3", None),
+        ("order-4", Some("  ")),
+    ];
+    for (id, tenant) in entries {
+        let body = format!(r#"{{"order":"{id}"}}"#);
+        let mut fields = vec![("order_id", id), ("body", body.as_str())];
+        fields.extend(tenant.map(|tenant| ("tenant", tenant)));
+        let _: String = redis.xadd(&stream, "*", &fields).await.unwrap();
+    }
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{redis_url}\"\nstream = \"{stream}\"\n\
+         id = \"header:order_id\"\ntenant = \"header:tenant\"\n\
+         tenants = [\"acme\", \"globex\"]\ntarget = \"{}\"\n",
+        sink.url()
+    );
+    let mut server = Server::configure_with(&url, &sink.url(), &consumer);
+    server.start().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let groups: redis::streams::StreamInfoGroupsReply =
+            redis.xinfo_groups(&stream).await.unwrap();
+        let settled = groups
+            .groups
+            .iter()
+            .any(|group| group.entries_read == Some(6) && group.pending == 0);
+        if settled && sink.requests() >= 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the consumer did not settle the 6 entries and deliver 2: {:?}",
+            groups.groups
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = text_of(&client(), &format!("{}/metrics", server.admin)).await;
+    let stats = stats_json(&server).await;
+    server.stop().await;
+    let dead_letters: redis::streams::StreamRangeReply = redis.xrange_all(&dead).await.unwrap();
+    let _: () = redis.del(&[&stream, &dead]).await.unwrap();
+
+    let delivered: BTreeSet<(String, String)> = sink
+        .received()
+        .into_iter()
+        .map(|request| {
+            let tenant = request.headers.get("justonce-tenant").cloned();
+            (request.key.unwrap(), tenant.unwrap_or_default())
+        })
+        .collect();
+    let expected = [
+        ("orders:acme:order-1", "acme"),
+        ("orders:globex:order-1", "globex"),
+    ]
+    .map(|(key, tenant)| (key.to_owned(), tenant.to_owned()));
+    assert_eq!(delivered, BTreeSet::from(expected));
+    assert_eq!(sink.requests(), 2, "a message was delivered twice");
+    let orders: BTreeSet<(String, u64)> = stats["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|count| count["consumer"] == "orders")
+        .map(|count| {
+            (
+                count["scope"].as_str().unwrap().to_owned(),
+                count["keys"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let expected = [("acme".to_owned(), 1), ("globex".to_owned(), 1)];
+    assert_eq!(orders, BTreeSet::from(expected), "{stats}");
+
+    // Each refused message dead-lettered once, on its first attempt, saying why.
+    let reasons: Vec<(String, String)> = dead_letters
+        .ids
+        .iter()
+        .map(|entry| {
+            let field = |name: &str| -> String {
+                entry
+                    .get::<String>(name)
+                    .unwrap_or_else(|| panic!("{name} in {entry:?}"))
+            };
+            (field("order_id"), field("x-justonce-reason"))
+        })
+        .collect();
+    let [(two, not_allowed), (three, missing), (four, blank)] = reasons.as_slice() else {
+        panic!("three dead letters: {reasons:?}");
+    };
+    assert_eq!([two, three, four], ["order-2", "order-3", "order-4"]);
+    assert_eq!(
+        not_allowed,
+        r#"tenant not allowed: "umbrella\nforged line" is not one of the tenants this consumer takes"#
+    );
+    assert!(missing.starts_with("no tenant: "), "{missing}");
+    assert!(missing.contains("tenant"), "{missing}");
+    assert_eq!(blank, "no tenant: the tenant is blank");
+    let rejected: f64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("justonce_deliveries_rejected_tenant_total{"))
+        .filter(|line| line.contains("consumer=\"orders\""))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(rejected, 3.0, "{metrics}");
     drop_database(db, &url).await;
 }

@@ -51,6 +51,7 @@ pub struct RawConsumer {
     pub sasl_username: Option<String>,
     pub sasl_password: Option<String>,
     pub tenant: Option<String>,
+    pub tenants: Option<Vec<String>>,
 }
 
 /// The `[server]` table, as written.

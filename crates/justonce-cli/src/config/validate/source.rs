@@ -1,6 +1,6 @@
 //! A webhook source: its signature scheme, secrets and where its event's id is.
 
-use super::entry::Entry;
+use super::entry::{Entry, TenantSetting};
 use super::secret::resolve_secret;
 use crate::config::read::{Env, Origin, RawSource};
 use crate::config::settings::SourceSettings;
@@ -227,61 +227,24 @@ fn location(text: &str) -> Result<IdLocation, String> {
 }
 
 /// The source's tenant, if it has tenants: a fixed name, or where each request names it,
-/// with the list of tenants taken, which is required then so that a sender cannot make up
-/// tenants.
+/// with the list of tenants taken.
 fn validate_tenant(
     entry: &Entry<'_, '_>,
     tenant: Option<&str>,
     tenants: Option<&[String]>,
 ) -> Result<Option<Tenant>> {
     let at = |key| entry.at(key);
-    let Some(tenant) = tenant else {
-        if tenants.is_some() {
-            bail!(
-                "{}: only applies with tenant = \"header:NAME\" or \"json:/POINTER\"",
-                at("tenants")
-            );
-        }
-        return Ok(None);
-    };
-    // A tenant's name has no ':', so one with it says where the request names it.
-    if !tenant.contains(':') {
-        if tenants.is_some() {
-            bail!(
-                "{}: only applies when the request names its tenant; tenant {tenant:?} is fixed",
-                at("tenants")
-            );
-        }
-        return Tenant::fixed(tenant)
+    match entry.tenant(tenant, tenants, location)? {
+        None => Ok(None),
+        Some(TenantSetting::Fixed(tenant)) => Tenant::fixed(tenant)
             .map(Some)
-            .with_context(|| at("tenant"));
+            .with_context(|| at("tenant")),
+        Some(TenantSetting::Named { location, allowed }) => {
+            Tenant::from_request(location, allowed.iter().cloned())
+                .map(Some)
+                .with_context(|| at("tenants"))
+        }
     }
-    let location = location(tenant).map_err(|problem| {
-        anyhow!(
-            "{}: {problem}, or a tenant's name without ':'",
-            at("tenant")
-        )
-    })?;
-    let Some(tenants) = tenants else {
-        bail!(
-            "{}: is required with tenant = {tenant:?}: the tenants this source takes, so that \
-             a sender cannot make up tenants",
-            at("tenants")
-        );
-    };
-    if tenants.is_empty() {
-        bail!("{}: must name at least one tenant", at("tenants"));
-    }
-    if let Some(twice) = tenants
-        .iter()
-        .enumerate()
-        .find_map(|(i, name)| tenants[..i].contains(name).then_some(name))
-    {
-        bail!("{}: {twice:?} is listed twice", at("tenants"));
-    }
-    Tenant::from_request(location, tenants.iter().cloned())
-        .map(Some)
-        .with_context(|| at("tenants"))
 }
 
 #[cfg(test)]
@@ -436,7 +399,7 @@ mod tests {
             assert!(error.contains(setting), "{setting:?} not in {error:?}");
             assert!(error.contains(expected), "{expected:?} not in {error:?}");
         }
-        // A consumer's tenant is fixed: its claim comes before anything reads the message.
+        // A consumer's tenant is fixed, or named by each message from a list.
         let env = env_of(&[
             ("SHOP_SECRET", "whsec_c2VjcmV0"),
             ("ORDERS_BROKER", "amqp://127.0.0.1:5672"),
@@ -456,8 +419,17 @@ mod tests {
                 .is_none()
         );
         let error = error_of(&consumer("header:X-Tenant"), &env);
-        assert!(error.contains("consumers.orders.tenant"), "{error}");
-        assert!(error.contains("is not supported"), "{error}");
+        assert!(error.contains("consumers.orders.tenants"), "{error}");
+        assert!(error.contains("is required"), "{error}");
+        let listed = consumer("json:/tenant").replace(
+            "tenant = \"json:/tenant\"",
+            "tenant = \"json:/tenant\"\ntenants = [\"acme\", \"globex\"]",
+        );
+        let settings = load_text(&listed, &env).unwrap();
+        assert!(settings.consumers[0].tenant.is_none());
+        let options = format!("{:?}", settings.consumers[0].options);
+        assert!(options.contains("Json(\"/tenant\")"), "{options}");
+        assert!(options.contains("\"globex\""), "{options}");
     }
 
     #[test]
