@@ -12,6 +12,7 @@ on_every_database!(
     the_same_event_id_from_two_tenants_is_two_events,
     a_consumer_with_a_tenant_stores_and_delivers_in_its_scope,
     a_consumer_takes_each_message_s_tenant_from_the_message,
+    the_secret_that_verifies_names_the_tenant,
 );
 
 /// `demo` takes its tenant from `X-Tenant`, acme or globex; `fixed` stores every event for
@@ -371,5 +372,150 @@ async fn a_consumer_takes_each_message_s_tenant_from_the_message<DB: TestBackend
         .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
         .sum();
     assert_eq!(rejected, 3.0, "{metrics}");
+    drop_database(db, &url).await;
+}
+
+/// Two tenants of `signed` and `named`, each signing with its own secret; `named` also takes
+/// the tenant from `X-Tenant`, which must be the secret's.
+const BY_SECRET: &str = r#"
+[sources.signed]
+scheme = "hmac-sha256"
+id = "json:/id"
+target = "TARGET"
+
+[sources.signed.tenant_secrets]
+acme = ["env:ACME_SECRET"]
+globex = ["env:GLOBEX_OLD_SECRET", "env:GLOBEX_SECRET"]
+
+[sources.named]
+scheme = "hmac-sha256"
+id = "json:/id"
+tenant = "header:X-Tenant"
+target = "TARGET"
+
+[sources.named.tenant_secrets]
+acme = ["env:ACME_SECRET"]
+globex = ["env:GLOBEX_SECRET"]
+"#;
+
+const ACME_SECRET: &str = "acme's own signing secret";
+const GLOBEX_SECRET: &str = "globex's own signing secret";
+
+/// Posts `body` to `source`, signed with `secret`, with `tenant` in `X-Tenant` if given;
+/// the status and answer.
+async fn post_signed_by(
+    public: &str,
+    source: &str,
+    secret: &str,
+    tenant: Option<&str>,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let hex: String = (mac.finalize().into_bytes().iter())
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut request = client()
+        .post(format!("{public}/webhooks/{source}"))
+        .header("content-type", "application/json")
+        .header("x-signature", format!("sha256={hex}"))
+        .body(body.to_owned())
+        .timeout(Duration::from_secs(10));
+    if let Some(tenant) = tenant {
+        request = request.header("x-tenant", tenant);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    let answer = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (status, answer)
+}
+
+/// The tenant of an event is the one whose secret verifies it: the same event id signed by
+/// two tenants is two events. Signed by one tenant and naming another: 403, nothing stored.
+async fn the_secret_that_verifies_names_the_tenant<DB: TestBackend>(test: &str) {
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::start().await;
+    let more = BY_SECRET.replace("TARGET", &sink.url());
+    let mut server = Server::configure_with(&url, &sink.url(), &more);
+    let env = [
+        ("ACME_SECRET", ACME_SECRET),
+        ("GLOBEX_SECRET", GLOBEX_SECRET),
+        ("GLOBEX_OLD_SECRET", "globex's signing secret of last year"),
+        ("RUST_LOG", "warn"),
+    ];
+    let _logs = server.start_logged(&[], &env).await;
+    let public = server.public.clone();
+    let body = r#"{"id":"evt_1"}"#;
+
+    for (secret, tenant, status) in [
+        (ACME_SECRET, "acme", "accepted"),
+        (GLOBEX_SECRET, "globex", "accepted"),
+        (ACME_SECRET, "acme", "duplicate"),
+    ] {
+        let (code, answer) = post_signed_by(&public, "signed", secret, None, body).await;
+        assert_eq!(code, 200, "{answer}");
+        assert_eq!(answer["status"], status);
+        assert_eq!(answer["key"], format!("signed:{tenant}:evt_1"));
+    }
+    // Naming a tenant changes nothing where the secret alone names it.
+    let (code, answer) = post_signed_by(&public, "signed", ACME_SECRET, Some("globex"), body).await;
+    assert_eq!((code, &answer["key"]), (200, &"signed:acme:evt_1".into()));
+    // No tenant's secret: 401, as for any source.
+    let (code, _) = post_signed_by(&public, "signed", crate::serve::SECRET, None, body).await;
+    assert_eq!(code, 401);
+
+    // Signed with acme's secret, claiming globex: refused, never stored.
+    let (code, problem) = post_signed_by(&public, "named", ACME_SECRET, Some("globex"), body).await;
+    assert_eq!(code, 403, "{problem}");
+    assert_eq!(problem["title"], "tenant not allowed");
+    let (code, problem) = post_signed_by(&public, "named", ACME_SECRET, None, body).await;
+    assert_eq!(code, 400, "{problem}");
+    assert_eq!(problem["title"], "no tenant");
+    let (code, answer) =
+        post_signed_by(&public, "named", GLOBEX_SECRET, Some("globex"), body).await;
+    assert_eq!((code, &answer["key"]), (200, &"named:globex:evt_1".into()));
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while sink.requests() < 3 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let delivered: BTreeSet<(String, String)> = sink
+        .received()
+        .into_iter()
+        .map(|request| {
+            let tenant = request.headers.get("justonce-tenant").cloned();
+            (request.key.unwrap(), tenant.unwrap_or_default())
+        })
+        .collect();
+    let expected = [
+        ("named:globex:evt_1", "globex"),
+        ("signed:acme:evt_1", "acme"),
+        ("signed:globex:evt_1", "globex"),
+    ]
+    .map(|(key, tenant)| (key.to_owned(), tenant.to_owned()));
+    assert_eq!(delivered, BTreeSet::from(expected));
+    assert_eq!(sink.requests(), 3, "a delivery was sent twice");
+    // Each event stored once, in its tenant's scope (the admin API: the commands would
+    // need the tenants' secrets in their environment too).
+    let listed: serde_json::Value =
+        serde_json::from_str(&text_of(&client(), &format!("{}/api/v1/events", server.admin)).await)
+            .unwrap();
+    let events: Vec<(String, String)> = listed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| {
+            (
+                event["key"].as_str().unwrap().to_owned(),
+                event["scope"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(events.len(), 3, "{listed}");
+    assert_eq!(BTreeSet::from_iter(events), delivered, "{listed}");
+    server.stop().await;
     drop_database(db, &url).await;
 }

@@ -126,6 +126,7 @@ pub struct RawSource {
     pub signature_header: Option<String>,
     pub tenant: Option<String>,
     pub tenants: Option<Vec<String>>,
+    pub tenant_secrets: Option<BTreeMap<String, Vec<String>>>,
 }
 
 /// The keys of a section, read from its struct's fields: adding a field is all it takes for
