@@ -2,7 +2,8 @@
 //! configuration; each event claimed, stored and delivered in its tenant's scope.
 
 use crate::serve::{
-    Server, client, database, drop_database, redis_orders, signature, stats_json, text_of,
+    Server, client, database, drop_database, post, redis_orders, run_capturing, signature,
+    stats_json, text_of,
 };
 use justonce_tests::{Sink, TestBackend};
 use std::collections::BTreeSet;
@@ -517,5 +518,40 @@ async fn the_secret_that_verifies_names_the_tenant<DB: TestBackend>(test: &str) 
     assert_eq!(events.len(), 3, "{listed}");
     assert_eq!(BTreeSet::from_iter(events), delivered, "{listed}");
     server.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// A source that stored keys under no tenant, then given a tenant: `justonce check` warns
+/// that those keys are in a scope the configuration no longer gives it.
+#[tokio::test]
+async fn check_warns_of_keys_in_a_scope_the_configuration_no_longer_gives() {
+    let (db, url) = database::<justonce_sql::sqlx::Sqlite>("check-scopes").await;
+    let sink = Sink::start().await;
+    let mut server = Server::configure(&url, &sink.url());
+    server.start().await;
+    let (code, _) = post(&client(), &server.public, r#"{"id":"evt_1"}"#)
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    let (code, _, stderr) = run_capturing(&server, &["check"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    server.stop().await;
+
+    let tenanted = Server::configure_with(&url, &sink.url(), "tenant = \"acme\"\n");
+    let (code, stdout, stderr) = run_capturing(&tenanted, &["check"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("configuration and database are fine"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(
+            "warning: demo holds 1 key under no tenant, which its configuration no longer \
+             gives it (it gives tenant acme): a message claimed there and sent again is \
+             claimed anew and acts again, until those keys are purged"
+        ),
+        "{stderr}"
+    );
     drop_database(db, &url).await;
 }

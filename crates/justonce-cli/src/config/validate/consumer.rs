@@ -165,6 +165,7 @@ pub fn validate_consumer(
                 ),
             ),
         };
+    let tenants_taken = tenants.clone();
     let retention = entry.retention(raw.retry_horizon.as_deref(), raw.retention.as_deref())?;
     let event_retention = entry.event_retention(
         raw.event_retention.as_deref(),
@@ -315,6 +316,7 @@ pub fn validate_consumer(
         destination,
         deliver_for,
         tenant,
+        tenants: tenants_taken,
     })
 }
 
