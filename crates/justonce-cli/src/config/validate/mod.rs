@@ -155,6 +155,13 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         Duration::from_secs(2),
         "acquire_timeout",
     )?;
+    let share_commits = server.share_commits.map_or_else(
+        || {
+            origin.defaulted(&["server", "share_commits"], "true".to_owned());
+            true
+        },
+        |switch| switch.0,
+    );
     let log_format = match server.log_format.as_deref() {
         None => LogFormat::default(),
         Some("text") => LogFormat::Text,
@@ -211,6 +218,7 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         limits,
         pool_size,
         acquire_timeout,
+        share_commits,
         sources,
         consumers,
         log_format,
