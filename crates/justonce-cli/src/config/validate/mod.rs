@@ -352,4 +352,27 @@ mod tests {
             "is not a whole number",
         );
     }
+
+    #[test]
+    fn commits_are_shared_unless_the_file_or_a_variable_says_false() {
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+        assert!(load_text(SHOP, &env).unwrap().share_commits);
+        let off = SHOP.replace("body_limit", "share_commits = false\nbody_limit");
+        assert!(!load_text(&off, &env).unwrap().share_commits);
+        let by_variable = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_SHARE_COMMITS", "false"),
+        ]);
+        assert!(!load_text(SHOP, &by_variable).unwrap().share_commits);
+        let bad = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_SHARE_COMMITS", "yes"),
+        ]);
+        assert_named(
+            SHOP,
+            &bad,
+            "server.share_commits (from JUSTONCE_SERVER_SHARE_COMMITS)",
+            "is not true or false",
+        );
+    }
 }
