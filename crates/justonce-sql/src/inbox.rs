@@ -666,16 +666,21 @@ impl<DB: Backend> Inbox<DB> {
             headers: message.headers_json(),
         };
         let statement = DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox);
-        match (self.one_statement(identity, fingerprint, claim_id, statement, ()))
-            .await?
-        {
+        let settled = self.one_statement(identity, fingerprint, claim_id, statement, ());
+        match settled.await? {
             Settled::Done(outcome) => Ok(outcome),
             Settled::Resume {
                 unknown_commit,
                 tries,
             } => {
-                (self.forward_in_transactions(identity, fingerprint, message, unknown_commit, tries))
-                    .await
+                let resumed = self.forward_in_transactions(
+                    identity,
+                    fingerprint,
+                    message,
+                    unknown_commit,
+                    tries,
+                );
+                resumed.await
             }
         }
     }

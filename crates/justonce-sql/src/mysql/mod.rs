@@ -14,8 +14,8 @@ mod migrations;
 mod sql;
 mod tls;
 
-pub(crate) use sql::{KEYS_PER_STATEMENT, MAX_PARAMETERS, insert_many_row};
 use sql::forward_many_row;
+pub(crate) use sql::{KEYS_PER_STATEMENT, MAX_PARAMETERS, insert_many_row};
 
 use crate::backend::{Backend, Queries, Reads, Sealed, Watcher};
 use crate::common::{apply_migrations, bind_identity, statement};

@@ -34,7 +34,9 @@ async fn forward_all<DB: TestBackend>(
         let inbox = inbox.clone();
         tokio::spawn(async move {
             let message = Message::new("sink", body.clone().into_bytes());
-            inbox.run_forward(&key(&name), body.as_bytes(), message).await
+            inbox
+                .run_forward(&key(&name), body.as_bytes(), message)
+                .await
         })
     });
     futures_util::future::join_all(runs)
@@ -49,9 +51,7 @@ async fn forward_all<DB: TestBackend>(
 /// second burst repeating 100 of them, in later groups. Each event is processed once,
 /// every repeat is a duplicate, the reuse is reported, and each event has one key row and
 /// one outbox row, holding the body of the call that was processed.
-async fn concurrent_forwards_sharing_commits_each_take_effect_once<DB: TestBackend>(
-    test: &str,
-) {
+async fn concurrent_forwards_sharing_commits_each_take_effect_once<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let inbox = sharing(&db, 4).await;
     let event = |n: usize| (format!("shop:evt_{n}"), format!("body {n}"));
@@ -99,7 +99,9 @@ async fn concurrent_forwards_sharing_commits_each_take_effect_once<DB: TestBacke
     let again: Vec<(String, String)> = (0..100).map(|n| event(n * 2)).collect();
     let outcomes = forward_all(&inbox, &again).await;
     assert!(
-        outcomes.iter().all(|outcome| *outcome == Outcome::Duplicate),
+        outcomes
+            .iter()
+            .all(|outcome| *outcome == Outcome::Duplicate),
         "{outcomes:?}"
     );
     assert_eq!((db.rows("keys").await, db.rows("outbox").await), (200, 200));
@@ -125,9 +127,7 @@ async fn outbox_keys_written_twice<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
 /// shared commit holding such a call fails whole. A blocker holds the first commit back
 /// while the calls queue behind it, so that they form one group with the refused call in
 /// it. That call fails; every other call of its group is stored, once.
-async fn a_failing_call_does_not_fail_the_others_of_its_shared_commit<DB: TestBackend>(
-    test: &str,
-) {
+async fn a_failing_call_does_not_fail_the_others_of_its_shared_commit<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let prefix = &db.prefix;
     let trigger = match <DB as sqlx::Database>::NAME {
@@ -161,7 +161,11 @@ async fn a_failing_call_does_not_fail_the_others_of_its_shared_commit<DB: TestBa
     let blocker = TestDb::<DB>::reopen(&db.url, prefix).await;
     let mut held = blocker.inbox.begin().await.unwrap();
     let block = key("shop:block");
-    let _ = blocker.inbox.claim(&mut held, &block, b"block").await.unwrap();
+    let _ = blocker
+        .inbox
+        .claim(&mut held, &block, b"block")
+        .await
+        .unwrap();
     let first = {
         let inbox = inbox.clone();
         tokio::spawn(async move {
