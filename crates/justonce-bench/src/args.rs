@@ -77,6 +77,10 @@ pub struct Args {
     /// for whoever runs it to check.
     #[arg(long, value_name = "URL")]
     receiver_url: Option<String>,
+    /// Whether concurrent `run_forward` calls share commits, as `server.share_commits`
+    /// has the receiver's: `false` measures a commit per event.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    share_commits: bool,
     /// Keys the capacity section claims, measures and purges.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     capacity_keys: u64,
@@ -139,6 +143,7 @@ impl TryFrom<Args> for Settings {
             clients: count(args.clients)?,
             rate: count(args.rate)?,
             receiver_url: args.receiver_url,
+            share_commits: args.share_commits,
             sections,
             json: args.json,
             chart: args.chart,
@@ -190,6 +195,8 @@ pub struct Settings {
     pub(crate) rate: usize,
     /// Where the receiver section posts instead of to its own receiver.
     pub(crate) receiver_url: Option<String>,
+    /// Whether concurrent `run_forward` calls share commits.
+    pub(crate) share_commits: bool,
     pub(crate) sections: Vec<Section>,
     pub(crate) json: bool,
     /// Where to write the charts, if anywhere.

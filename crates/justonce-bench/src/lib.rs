@@ -108,7 +108,10 @@ async fn open<'s, DB: BenchDb>(url: &str, settings: &'s Settings) -> Result<Benc
     let prefix = tables_prefix();
     // A retry horizon of an hour lets the purge section purge keys a day old.
     let retention = Retention::new(Duration::from_secs(86_400), Duration::from_secs(3_600))?;
-    let options = InboxOptions::default().prefix(&prefix).retention(retention);
+    let options = InboxOptions::default()
+        .prefix(&prefix)
+        .retention(retention)
+        .share_commits(settings.share_commits);
     let inbox = Inbox::<DB>::connect_with(url, Consumer::new(CONSUMER)?, options.clone())
         .await
         .context("opening the database")?;

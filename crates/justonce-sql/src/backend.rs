@@ -90,6 +90,16 @@ pub trait Backend: sqlx::Database<Arguments: Clone + Sync> + Sealed {
         batch: &'a Batch<'a>,
     ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a;
 
+    /// Writes outbox rows that forward received messages, in the caller's transaction and
+    /// in as few statements as the database takes, without waking the relays: the caller
+    /// wakes them after its commit.
+    #[doc(hidden)]
+    fn forward_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Self::Statements,
+        rows: &'a [NewOutboxRow<'a>],
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+
     /// The stored rows of these keys.
     #[doc(hidden)]
     fn find_many<'a>(

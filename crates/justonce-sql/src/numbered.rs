@@ -22,6 +22,7 @@ pub struct Statements {
     pub(crate) insert_many: Arc<str>,
     pub(crate) find_many: Arc<str>,
     pub(crate) enqueue: Arc<str>,
+    pub(crate) forward_many: Arc<str>,
     pub(crate) take_due: Arc<str>,
     pub(crate) outbox_row: Arc<str>,
     pub(crate) dead_letters: Arc<str>,
@@ -46,6 +47,9 @@ pub(crate) struct Specific {
     /// consumer, milliseconds, limit.
     pub(crate) purge_keys: String,
     pub(crate) enqueue: String,
+    /// Forwarding outbox rows without a notification: all of them in one statement where
+    /// the database can (arrays), else one.
+    pub(crate) forward_many: String,
     /// What makes concurrent relays skip each other's rows: `FOR UPDATE SKIP LOCKED`.
     pub(crate) skip_locked: &'static str,
     /// A query of the lanes held back, a JSON array given as the parameter named (see
@@ -423,6 +427,7 @@ impl Statements {
             insert_many: text(specific.insert_many),
             find_many: text(specific.find_many),
             enqueue: text(specific.enqueue),
+            forward_many: text(specific.forward_many),
             // Taking a row hides it until the lease ends, in one short statement: no lock
             // is held while it is sent, and a relay that dies leaves it due again. Rows are
             // chosen by due time, never by a cursor over ids, so a row committed after a

@@ -64,6 +64,19 @@ impl Message {
         TraceContext::from_headers(headers_of(&self.headers))
     }
 
+    /// The message with the current span's trace context when it carries none and a
+    /// propagator exports one: what [`Message::headers_json`] would add, fixed before the
+    /// message leaves the span.
+    pub(crate) fn with_current_trace(self) -> Self {
+        if self.trace().is_some() {
+            return self;
+        }
+        match trace::context_to_send(&tracing::Span::current(), None) {
+            Some(current) => self.trace_context(&current),
+            None => self,
+        }
+    }
+
     /// Headers as stored: a JSON array of `[name, value]` pairs. A message without a trace
     /// context takes the current span's, when a propagator exports it, so that its delivery
     /// joins the trace of the work that wrote it.

@@ -3,6 +3,7 @@
 
 use crate::backend::{Backend, Watcher};
 use crate::dashboard::DuplicateCounts;
+use crate::inbox::group::CommitQueue;
 use crate::recent::RecentKeys;
 use crate::tables::Tables;
 use crate::wake::RelayWake;
@@ -26,6 +27,8 @@ pub(crate) struct Shared<DB: Backend> {
     /// Duplicates answered and not yet added to the store's counts.
     pub(crate) duplicates: DuplicateCounts,
     pub(crate) relays: RelayWake,
+    /// Where concurrent forwards wait to share a commit, when they share them.
+    pub(crate) commits: Option<CommitQueue>,
     /// The pool's watcher, ended when the last owner of the pool is dropped.
     pub(crate) _watcher: Option<Watcher>,
 }

@@ -110,7 +110,8 @@ async fn run_on<DB: Backend>(settings: Settings, command: OnStore) -> Result<()>
     let options = InboxOptions::default()
         .retention(settings.store_retention()?)
         .pool_size(settings.pool_size)
-        .acquire_timeout(settings.acquire_timeout);
+        .acquire_timeout(settings.acquire_timeout)
+        .share_commits(settings.share_commits);
     let inbox = Inbox::<DB>::connect_with(&settings.database, Consumer::new("justonce")?, options)
         .await
         .map_err(|error| opening_failed(error, "the database", &settings.database))?;

@@ -34,6 +34,8 @@ pub struct Settings {
     pub pool_size: u32,
     /// How long work waits for a database connection before it is refused.
     pub acquire_timeout: Duration,
+    /// Whether concurrent receipts share their database commits.
+    pub share_commits: bool,
     pub sources: Vec<SourceSettings>,
     pub consumers: Vec<ConsumerSettings>,
     /// How log lines are written, unless `--log-format` says otherwise.

@@ -14,6 +14,7 @@ mod migrations;
 mod sql;
 mod tls;
 
+use sql::forward_many_row;
 pub(crate) use sql::{KEYS_PER_STATEMENT, MAX_PARAMETERS, insert_many_row};
 
 use crate::backend::{Backend, Queries, Reads, Sealed, Watcher};
@@ -102,6 +103,31 @@ impl Backend for MySql {
         // No RETURNING: every key's row is read back, the inserted ones by the batch's
         // claim id, and the caller needs no second read for the others.
         Self::find_many(conn, sql, batch.scope, batch.consumer, &batch.keys).await
+    }
+
+    async fn forward_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a MySqlStatements,
+        rows: &'a [NewOutboxRow<'a>],
+    ) -> Result<(), Error> {
+        // Five parameters a row, within MAX_PARAMETERS.
+        for chunk in rows.chunks(KEYS_PER_STATEMENT) {
+            let text = with_list(&sql.forward_many, &forward_many_row(), chunk.len());
+            let mut insert = sqlx::query(AssertSqlSafe(text));
+            for row in chunk {
+                insert = insert
+                    .bind(row.scope)
+                    .bind(row.key)
+                    .bind(row.destination)
+                    .bind(row.payload)
+                    .bind(row.headers.as_str());
+            }
+            insert
+                .execute(&mut *conn)
+                .await
+                .map_err(driver_error::<Self>)?;
+        }
+        Ok(())
     }
 
     async fn find_many<'a>(

@@ -52,6 +52,7 @@ pub struct MySqlStatements {
     pub(crate) insert_many: Arc<str>,
     pub(crate) find_many: Arc<str>,
     pub(crate) enqueue: Arc<str>,
+    pub(crate) forward_many: Arc<str>,
     pub(crate) due_ids: Arc<str>,
     pub(crate) take_ids: Arc<str>,
     pub(crate) rows_by_id: Arc<str>,
@@ -386,6 +387,12 @@ impl MySqlStatements {
                      received_at)
                  VALUES (?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW})"
             )),
+            forward_many: arc(format!(
+                "INSERT INTO {outbox}
+                    (scope, `key`, destination, payload, headers, created_at, next_attempt_at,
+                     received_at)
+                 VALUES {{list}}"
+            )),
             // Taking due rows is three statements in one short transaction: MariaDB's UPDATE
             // returns no rows. No lock is held while the rows are sent. The lanes held back
             // are compared byte for byte, as the outbox's columns are.
@@ -459,6 +466,11 @@ pub(crate) const KEYS_PER_STATEMENT: usize = 10_000;
 /// One key's row in the list of the batch insert.
 pub(crate) fn insert_many_row() -> String {
     format!("(?, ?, ?, ?, ?, {NOW})")
+}
+
+/// One row's values in the list of [`MySqlStatements::forward_many`].
+pub(crate) fn forward_many_row() -> String {
+    format!("(?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW})")
 }
 
 /// `template` with `{list}` replaced by `count` copies of `item`, comma separated.

@@ -177,6 +177,28 @@ impl Backend for Postgres {
         Ok(known)
     }
 
+    async fn forward_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        rows: &'a [NewOutboxRow<'a>],
+    ) -> Result<(), Error> {
+        let scopes: Vec<&str> = rows.iter().map(|row| row.scope).collect();
+        let keys: Vec<&str> = rows.iter().map(|row| row.key).collect();
+        let destinations: Vec<&str> = rows.iter().map(|row| row.destination).collect();
+        let payloads: Vec<&[u8]> = rows.iter().map(|row| row.payload).collect();
+        let headers: Vec<&str> = rows.iter().map(|row| row.headers.as_str()).collect();
+        sqlx::query(AssertSqlSafe(sql.forward_many.clone()))
+            .bind(scopes)
+            .bind(keys)
+            .bind(destinations)
+            .bind(payloads)
+            .bind(headers)
+            .execute(conn)
+            .await
+            .map(drop)
+            .map_err(driver_error::<Self>)
+    }
+
     async fn find_many<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,

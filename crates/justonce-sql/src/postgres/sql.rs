@@ -112,6 +112,11 @@ pub(super) fn statements(tables: &Tables) -> Statements {
              WHERE scope = $1 AND consumer = $2 AND key = $3
                AND NOT EXISTS (SELECT FROM inserted)"
         )),
+        // In a transaction justonce commits, which wakes the relays after its commit.
+        forward_many: format!(
+            "INSERT INTO {outbox} (scope, key, destination, payload, headers)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[])"
+        ),
         // The row may be written in the user's own transaction, whose commit justonce does
         // not see: the notification goes with it. One per channel and transaction, whatever
         // the number of rows: PostgreSQL folds identical ones.

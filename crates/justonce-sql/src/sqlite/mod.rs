@@ -5,7 +5,7 @@ mod sql;
 
 use crate::backend::{Backend, Sealed, Watcher};
 use crate::numbered::{self, Statements, migrate_in_transaction};
-use crate::rows::{Batch, Schema, Stored, Wakeups};
+use crate::rows::{Batch, NewOutboxRow, Schema, Stored, Wakeups};
 use crate::shared::driver_error;
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Scope};
@@ -90,6 +90,25 @@ impl Backend for Sqlite {
             .await
             .map_err(driver_error::<Self>)?;
         Ok(batch.inserted(inserted.into_iter().map(|(key,)| key).collect()))
+    }
+
+    async fn forward_many<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        rows: &'a [NewOutboxRow<'a>],
+    ) -> Result<(), Error> {
+        for row in rows {
+            sqlx::query(AssertSqlSafe(sql.forward_many.clone()))
+                .bind(row.scope)
+                .bind(row.key)
+                .bind(row.destination)
+                .bind(row.payload)
+                .bind(row.headers.as_str())
+                .execute(&mut *conn)
+                .await
+                .map_err(driver_error::<Self>)?;
+        }
+        Ok(())
     }
 
     async fn find_many<'a>(

@@ -61,6 +61,12 @@ pub(super) fn statements(tables: &Tables) -> Statements {
              VALUES ($1, $2, $3, $4, $5, {NOW_MS})
              RETURNING id"
         ),
+        // One row per statement: each costs a call into this process's SQLite, not a
+        // round trip.
+        forward_many: format!(
+            "INSERT INTO {outbox} (scope, key, destination, payload, headers, received_at)
+             VALUES ($1, $2, $3, $4, $5, {NOW_MS})"
+        ),
         // A WITH clause cannot insert on SQLite.
         claim_and_forward: None,
         // The single writer already keeps two relays from taking one row.

@@ -91,11 +91,13 @@ async fn relay(
     }
 }
 
-/// An inbox on fresh tables whose connections go through a proxy that cuts at `trigger`.
+/// An inbox on fresh tables whose connections go through a proxy that cuts at `trigger`;
+/// with `share`, it shares commits, one shared commit at a time.
 async fn inbox_through_proxy(
     trigger: &'static [u8],
     cut: Cut,
     then_refuse: bool,
+    share: bool,
 ) -> (TestDb<Postgres>, Inbox<Postgres>) {
     let db = TestDb::<Postgres>::new("commit").await;
     let direct = PgConnectOptions::from_str(&postgres_url()).unwrap();
@@ -116,7 +118,11 @@ async fn inbox_through_proxy(
     let inbox = Inbox::<Postgres>::from_pool(
         pool,
         Consumer::new("test").unwrap(),
-        InboxOptions::default().prefix(&db.prefix).max_attempts(2),
+        InboxOptions::default()
+            .prefix(&db.prefix)
+            .max_attempts(2)
+            .pool_size(2)
+            .share_commits(share),
     )
     .unwrap();
     (db, inbox)
@@ -125,7 +131,7 @@ async fn inbox_through_proxy(
 /// Runs one unit of work through a proxy that cuts its COMMIT; returns what `run` returned,
 /// how often the work ran, and how many effect rows exist.
 async fn run_through_proxy(cut: Cut, then_refuse: bool) -> (Result<Outcome<u32>, Error>, u32, i64) {
-    let (db, inbox) = inbox_through_proxy(COMMIT, cut, then_refuse).await;
+    let (db, inbox) = inbox_through_proxy(COMMIT, cut, then_refuse, false).await;
     let id = key("payment:1");
     let (key, prefix) = (&id, db.prefix.as_str());
     let mut calls = 0;
@@ -186,7 +192,7 @@ async fn forward_through_proxy(
     then_refuse: bool,
 ) -> (Result<Outcome<()>, Error>, i64, i64) {
     const EVENT: &str = "shop:evt_cut";
-    let (db, inbox) = inbox_through_proxy(EVENT.as_bytes(), cut, then_refuse).await;
+    let (db, inbox) = inbox_through_proxy(EVENT.as_bytes(), cut, then_refuse, false).await;
     let message = Message::new("sink", b"evt".to_vec());
     let outcome = inbox.run_forward(&key(EVENT), b"evt", message).await;
     let rows = (db.rows("keys").await, db.rows("outbox").await);
@@ -226,7 +232,7 @@ async fn effect_through_proxy(
     then_refuse: bool,
 ) -> (Result<Outcome<Option<u64>>, Error>, i64, i64) {
     const PAYMENT: &str = "payment:cut";
-    let (db, inbox) = inbox_through_proxy(PAYMENT.as_bytes(), cut, then_refuse).await;
+    let (db, inbox) = inbox_through_proxy(PAYMENT.as_bytes(), cut, then_refuse, false).await;
     let effect = Effect::<Postgres>::new(format!(
         "INSERT INTO {}effects (consumer, msg_key) SELECT $1, $2 FROM claimed",
         db.prefix
@@ -263,4 +269,42 @@ async fn an_effect_that_cannot_be_resolved_is_reported_unknown() {
         "{outcome:?}"
     );
     assert_eq!((keys, effects), (1, 1));
+}
+
+/// Twenty forwards at once through an inbox that shares commits: the first commits alone,
+/// in its one statement; the others wait for it, then share a transaction, whose COMMIT the
+/// proxy cuts. Each is processed once, whether that COMMIT happened (read back by the
+/// group's claim id) or not (written again).
+async fn shared_forwards_through_proxy(cut: Cut) -> (Vec<Outcome<()>>, i64, i64) {
+    let (db, inbox) = inbox_through_proxy(COMMIT, cut, false, true).await;
+    let forwards = (0..20).map(|n| {
+        let inbox = inbox.clone();
+        tokio::spawn(async move {
+            let message = Message::new("sink", b"evt".to_vec());
+            let event = key(&format!("shop:evt_{n}"));
+            inbox.run_forward(&event, b"evt", message).await
+        })
+    });
+    let outcomes = futures_util::future::join_all(forwards)
+        .await
+        .into_iter()
+        .map(|forward| forward.unwrap().expect("stored"))
+        .collect();
+    let rows = (db.rows("keys").await, db.rows("outbox").await);
+    db.cleanup().await;
+    (outcomes, rows.0, rows.1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_commit_that_happened_is_found_and_not_written_again() {
+    let (outcomes, keys, rows) = shared_forwards_through_proxy(Cut::AfterForwarding).await;
+    assert_eq!(outcomes, vec![Outcome::Processed(()); 20]);
+    assert_eq!((keys, rows), (20, 20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_commit_that_did_not_happen_is_written_call_by_call() {
+    let (outcomes, keys, rows) = shared_forwards_through_proxy(Cut::BeforeForwarding).await;
+    assert_eq!(outcomes, vec![Outcome::Processed(()); 20]);
+    assert_eq!((keys, rows), (20, 20));
 }

@@ -37,6 +37,7 @@ mod redis_streams;
 mod relay_crash;
 mod run;
 mod schema;
+mod shared_commits;
 mod spans;
 mod webhook_handler;
 

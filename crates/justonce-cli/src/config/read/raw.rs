@@ -71,6 +71,7 @@ pub struct RawServer {
     pub max_requests: Option<Count>,
     pub pool_size: Option<Count>,
     pub acquire_timeout: Option<String>,
+    pub share_commits: Option<Switch>,
     pub log_format: Option<String>,
     pub otlp_endpoint: Option<String>,
     pub admin_token: Option<String>,
@@ -101,6 +102,32 @@ impl<'de> Deserialize<'de> for Count {
                     .parse()
                     .map(Count)
                     .map_err(|_| E::custom(format!("{value:?} is not a whole number")))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// `true` or `false`, written as a TOML boolean or, from a variable, as text.
+pub struct Switch(pub bool);
+
+impl<'de> Deserialize<'de> for Switch {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Switch;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("true or false")
+            }
+            fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<Switch, E> {
+                Ok(Switch(value))
+            }
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<Switch, E> {
+                match value.trim() {
+                    "true" => Ok(Switch(true)),
+                    "false" => Ok(Switch(false)),
+                    _ => Err(E::custom(format!("{value:?} is not true or false"))),
+                }
             }
         }
         deserializer.deserialize_any(Visitor)

@@ -155,6 +155,13 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         Duration::from_secs(2),
         "acquire_timeout",
     )?;
+    let share_commits = server.share_commits.map_or_else(
+        || {
+            origin.defaulted(&["server", "share_commits"], "true".to_owned());
+            true
+        },
+        |switch| switch.0,
+    );
     let log_format = match server.log_format.as_deref() {
         None => LogFormat::default(),
         Some("text") => LogFormat::Text,
@@ -211,6 +218,7 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         limits,
         pool_size,
         acquire_timeout,
+        share_commits,
         sources,
         consumers,
         log_format,
@@ -342,6 +350,29 @@ mod tests {
             &bad,
             "server.pool_size (from JUSTONCE_SERVER_POOL_SIZE)",
             "is not a whole number",
+        );
+    }
+
+    #[test]
+    fn commits_are_shared_unless_the_file_or_a_variable_says_false() {
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+        assert!(load_text(SHOP, &env).unwrap().share_commits);
+        let off = SHOP.replace("body_limit", "share_commits = false\nbody_limit");
+        assert!(!load_text(&off, &env).unwrap().share_commits);
+        let by_variable = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_SHARE_COMMITS", "false"),
+        ]);
+        assert!(!load_text(SHOP, &by_variable).unwrap().share_commits);
+        let bad = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_SHARE_COMMITS", "yes"),
+        ]);
+        assert_named(
+            SHOP,
+            &bad,
+            "server.share_commits (from JUSTONCE_SERVER_SHARE_COMMITS)",
+            "is not true or false",
         );
     }
 }

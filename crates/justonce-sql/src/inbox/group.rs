@@ -1,0 +1,315 @@
+//! Shared commits ([`InboxOptions::share_commits`](super::InboxOptions::share_commits)):
+//! concurrent [`Inbox::run_forward`] calls on one store claim their keys and write their
+//! outbox rows in one transaction, so that one commit, one flush of the disk, serves many.
+//!
+//! Group commit, not a timer: a call that finds fewer groups committing than allowed starts
+//! a group at once, alone if need be. Calls that arrive while every allowed group commits
+//! wait, and form the next group when one ends. Each call is answered after the commit that
+//! holds it. A group that fails is run again one call at a time, as without sharing, so
+//! that one bad call never fails another; a group whose COMMIT lost its answer is read back
+//! by its claim id, as a single run is.
+
+use super::{Inbox, pause_before_retry, random_claim_id};
+use crate::backend::Backend;
+use crate::outbox::Message;
+use crate::rows::NewOutboxRow;
+use crate::shared::{Shared, driver_error};
+use justonce_core::{Claim, Error, Fingerprint, Identity, Key, Outcome};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::oneshot;
+
+/// The most calls one shared commit holds.
+pub(crate) const MOST_PER_GROUP: usize = 256;
+
+/// The calls waiting for a shared commit, and how many groups are committing.
+pub(crate) struct CommitQueue {
+    queue: Mutex<Queue>,
+    most_in_flight: usize,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Call>,
+    in_flight: usize,
+}
+
+/// One call of `run_forward` waiting for its commit.
+struct Call {
+    identity: Identity,
+    fingerprint: Fingerprint,
+    message: Message,
+    answer: oneshot::Sender<Result<Outcome<()>, Error>>,
+}
+
+impl CommitQueue {
+    /// A queue that lets `most_in_flight` groups commit at once (at least one).
+    pub(crate) fn new(most_in_flight: usize) -> Self {
+        Self {
+            queue: Mutex::new(Queue::default()),
+            most_in_flight: most_in_flight.max(1),
+        }
+    }
+
+    /// Queues `call`; the group to commit if it starts one.
+    fn join(&self, call: Call) -> Option<Vec<Call>> {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        queue.waiting.push(call);
+        if queue.in_flight < self.most_in_flight {
+            queue.in_flight += 1;
+            Some(queue.take())
+        } else {
+            None
+        }
+    }
+
+    /// After a group has committed: the calls that came meanwhile, or none, and one group
+    /// fewer in flight.
+    fn next(&self) -> Option<Vec<Call>> {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        if queue.waiting.is_empty() {
+            queue.in_flight -= 1;
+            None
+        } else {
+            Some(queue.take())
+        }
+    }
+}
+
+impl Queue {
+    fn take(&mut self) -> Vec<Call> {
+        let count = self.waiting.len().min(MOST_PER_GROUP);
+        self.waiting.drain(..count).collect()
+    }
+}
+
+/// Counts a group task out of the queue if it is dropped before it ends (its runtime shut
+/// down), so that later calls start groups of their own.
+struct InFlight<'a>(Option<&'a CommitQueue>);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(commits) = self.0.take() {
+            let mut queue = commits.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            queue.in_flight -= 1;
+        }
+    }
+}
+
+/// Why a group did not commit.
+enum GroupFailed {
+    /// Nothing was committed.
+    RolledBack(Error),
+    /// The COMMIT was sent and its answer lost: the group's claims, if it happened.
+    CommitUnknown(Vec<Claim>, Error),
+}
+
+impl<DB: Backend> Inbox<DB> {
+    /// [`Inbox::run_forward`] through a shared commit.
+    pub(super) async fn forward_shared(
+        &self,
+        commits: &CommitQueue,
+        identity: Identity,
+        fingerprint: Fingerprint,
+        message: Message,
+    ) -> Result<Outcome<()>, Error> {
+        let (answer, answered) = oneshot::channel();
+        let call = Call {
+            identity,
+            fingerprint,
+            message: message.with_current_trace(),
+            answer,
+        };
+        // A task of its own: a caller that gives up waiting must not leave the others'
+        // commit unfinished.
+        if let Some(group) = commits.join(call) {
+            tokio::spawn(commit_groups(Arc::clone(&self.shared), group));
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(Error::CommitUnknown {
+                source: "the shared commit ended before it answered: the runtime shut down".into(),
+            })
+        })
+    }
+
+    /// The inbox of `identity`'s consumer and scope on `shared`.
+    fn of(shared: &Arc<Shared<DB>>, identity: &Identity) -> Self {
+        Self {
+            shared: Arc::clone(shared),
+            consumer: identity.consumer.clone(),
+            scope: identity.scope.clone(),
+        }
+    }
+}
+
+/// Commits `group`, then each group of the calls that came meanwhile, until none wait.
+async fn commit_groups<DB: Backend>(shared: Arc<Shared<DB>>, mut group: Vec<Call>) {
+    let Some(commits) = shared.commits.as_ref() else {
+        return;
+    };
+    let mut in_flight = InFlight(Some(commits));
+    loop {
+        commit_group(&shared, group).await;
+        match commits.next() {
+            Some(next) => group = next,
+            None => {
+                in_flight.0 = None;
+                return;
+            }
+        }
+    }
+}
+
+/// Commits `calls` together, or one by one if that fails, and answers each.
+async fn commit_group<DB: Backend>(shared: &Arc<Shared<DB>>, calls: Vec<Call>) {
+    let claim_id = random_claim_id();
+    // A call alone takes the path it takes without sharing: one statement on PostgreSQL
+    // where a transaction takes four round trips.
+    let together = match calls.len() {
+        1 => None,
+        _ => Some(in_one_transaction(shared, &calls, claim_id).await),
+    };
+    let lost = match together {
+        None => None,
+        Some(Ok(claims)) => {
+            let mut forwarded = false;
+            for (call, claim) in calls.into_iter().zip(claims) {
+                let outcome = match claim {
+                    Claim::First => {
+                        forwarded = true;
+                        Outcome::Processed(())
+                    }
+                    Claim::Duplicate => Outcome::Duplicate,
+                    Claim::KeyReused { stored, received } => {
+                        Outcome::KeyReused { stored, received }
+                    }
+                };
+                Inbox::of(shared, &call.identity).settled(
+                    &call.identity,
+                    call.fingerprint,
+                    &outcome,
+                );
+                // A caller that stopped waiting is no longer told.
+                let _ = call.answer.send(Ok(outcome));
+            }
+            if forwarded {
+                shared.wake_relays();
+            }
+            return;
+        }
+        Some(Err(GroupFailed::RolledBack(error))) => {
+            tracing::debug!(%error, calls = calls.len(), "shared commit failed: one by one");
+            None
+        }
+        Some(Err(GroupFailed::CommitUnknown(claims, error))) => {
+            tracing::debug!(%error, calls = calls.len(), "shared commit lost its answer: reading back");
+            Some(claims)
+        }
+    };
+    let alone = calls.into_iter().enumerate().map(|(index, call)| {
+        // A call that held its key in a group whose commit may have happened is read back
+        // by the group's claim id; any other call runs as it would without sharing.
+        let held = lost
+            .as_ref()
+            .is_some_and(|claims| claims[index] == Claim::First);
+        async move {
+            let inbox = Inbox::of(shared, &call.identity);
+            let outcome = if held {
+                pause_before_retry(1, true).await;
+                inbox
+                    .forward_in_transactions(
+                        &call.identity,
+                        call.fingerprint,
+                        &call.message,
+                        Some((claim_id, ())),
+                        1,
+                    )
+                    .await
+            } else {
+                inbox
+                    .forward_alone(&call.identity, call.fingerprint, &call.message)
+                    .await
+            };
+            if matches!(outcome, Ok(Outcome::Processed(()))) {
+                shared.wake_relays();
+            }
+            let _ = call.answer.send(outcome);
+        }
+    });
+    futures_util::future::join_all(alone).await;
+}
+
+/// Claims the keys of `calls` and writes the outbox rows of those it holds, in one
+/// transaction: one statement per scope and consumer for the claims (as
+/// [`Inbox::claim_many`]), one for the rows where the database takes it.
+async fn in_one_transaction<DB: Backend>(
+    shared: &Arc<Shared<DB>>,
+    calls: &[Call],
+    claim_id: i64,
+) -> Result<Vec<Claim>, GroupFailed> {
+    // By scope and consumer, then (in the claim) by key: every group takes its row locks
+    // in one order, so groups sharing keys wait for each other instead of deadlocking. The
+    // sort is stable: of one key's calls, the first to come claims it.
+    let mut order: Vec<usize> = (0..calls.len()).collect();
+    let owner = |index: &usize| {
+        let identity = &calls[*index].identity;
+        (identity.scope.as_str(), identity.consumer.as_str())
+    };
+    order.sort_by_key(owner);
+    let _writer = shared.queue_writer().await;
+    let mut tx = (shared.pool.begin_with(DB::BEGIN).await)
+        .map_err(|error| GroupFailed::RolledBack(driver_error::<DB>(error)))?;
+    // Each call is in one partition, which overwrites its place.
+    let mut claims = vec![Claim::Duplicate; calls.len()];
+    let written = async {
+        for partition in order.chunk_by(|a, b| owner(a) == owner(b)) {
+            let inbox = Inbox::of(shared, &calls[partition[0]].identity);
+            let keys: Vec<&Key> = partition
+                .iter()
+                .map(|&index| &calls[index].identity.key)
+                .collect();
+            let fingerprints: Vec<Fingerprint> = partition
+                .iter()
+                .map(|&index| calls[index].fingerprint)
+                .collect();
+            let claimed = inbox
+                .claim_fingerprinted(&mut tx, &keys, &fingerprints, claim_id)
+                .await?;
+            for (&index, claim) in partition.iter().zip(claimed) {
+                claims[index] = claim;
+            }
+        }
+        let rows: Vec<NewOutboxRow<'_>> = calls
+            .iter()
+            .zip(&claims)
+            .filter(|(_, claim)| **claim == Claim::First)
+            .map(|(call, _)| NewOutboxRow {
+                scope: call.identity.scope.as_str(),
+                key: call.identity.key.as_str(),
+                destination: &call.message.destination,
+                payload: &call.message.payload,
+                headers: call.message.headers_json(),
+            })
+            .collect();
+        if !rows.is_empty() {
+            DB::forward_many(&mut tx, &shared.sql, &rows).await?;
+        }
+        Ok::<_, Error>(())
+    }
+    .await;
+    if let Err(error) = written {
+        // Rolled back here, not on drop, so that the write lock is gone before the next
+        // writer in the queue begins.
+        if let Err(rollback) = tx.rollback().await {
+            tracing::debug!(error = %rollback, "rolling a failed shared commit back");
+        }
+        return Err(GroupFailed::RolledBack(error));
+    }
+    match tx.commit().await {
+        Ok(()) => Ok(claims),
+        Err(error) if DB::is_commit_unknown(&error) => Err(GroupFailed::CommitUnknown(
+            claims,
+            driver_error::<DB>(error),
+        )),
+        Err(error) => Err(GroupFailed::RolledBack(driver_error::<DB>(error))),
+    }
+}
