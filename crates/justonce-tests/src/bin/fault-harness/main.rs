@@ -346,7 +346,9 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         && (args.mode != "correct"
             || !["broker-kill", "broker-restart"].contains(&args.scenario.as_str()))
     {
-        return Err("--batched is for the correct consumer of broker-kill and broker-restart".to_owned());
+        return Err(
+            "--batched is for the correct consumer of broker-kill and broker-restart".to_owned(),
+        );
     }
     // A consumer acknowledges to the broker, a single reader stores its position with its
     // work: each has the broken order that fits it.
