@@ -611,9 +611,10 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// the batch rolls back and its deliveries are run one by one, so that one failing
     /// message neither loses nor doubles the others.
     ///
-    /// The next batch is gathered while one commits and is acknowledged; batches are
-    /// settled in order. Let the broker send twice `batch_size` ahead (its prefetch), so
-    /// that the next batch has arrived when one is done.
+    /// A batch's acknowledgements go out while the next batch commits, and the batch after
+    /// is gathered meanwhile; batches are settled in order, each after its own commit. Let
+    /// the broker send three times `batch_size` ahead (its prefetch), so that the next
+    /// batch has arrived when one is done.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -708,8 +709,15 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     }
 
     /// Takes, runs and settles batches until `shutdown` resolves or the broker ends the
-    /// consumer, counting each in `stats`; an error once receiving or settling fails. The
-    /// next batch is gathered while one settles (see [`gathering`]).
+    /// consumer, counting each in `stats`; an error once receiving or settling fails.
+    ///
+    /// Three sides run at once, each on one batch, in order: one gathers the next batch
+    /// (see [`gathering`]), one runs a batch's work and commits it, one settles the batch
+    /// committed before. A batch is settled only after its commit, and batches are settled
+    /// in the order they were taken, so that the broker's round trips for one batch's
+    /// acknowledgements overlap the database's for the next batch's claim. At a shutdown
+    /// the batch running commits and every batch committed is settled; those only gathered
+    /// go back to the broker.
     async fn consume<E>(
         &self,
         deliveries: &mut Deliveries<'_, B>,
@@ -722,19 +730,41 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         E: std::error::Error + Send + Sync + 'static,
     {
         let receiver = &mut deliveries.receiver;
-        let (gather, mut batches) = gathering(receiver, shutdown, batch_size);
-        let settle = async move {
-            while let Some((batch, _settling)) = batches.next().await {
-                if self.settle_with(&batch, work, stats).await? {
+        let (gather, mut batches) = gathering(receiver, shutdown, batch_size, AHEAD);
+        let (committed, mut settling) = tokio::sync::mpsc::channel::<Judged<B::Delivery>>(AHEAD);
+        let run = async move {
+            loop {
+                let taken = tokio::select! {
+                    taken = batches.next() => taken,
+                    // Settling failed: its error ends the consumer.
+                    () = committed.closed() => None,
+                };
+                let Some((batch, taken)) = taken else { break };
+                let (settles, store_failed) = self.run_batch_with(&batch, work, stats).await;
+                let judged = Judged {
+                    batch,
+                    settles,
+                    _taken: taken,
+                };
+                if committed.send(judged).await.is_err() {
+                    break;
+                }
+                if store_failed {
                     tokio::select! {
                         () = batches.stopped() => break,
+                        () = committed.closed() => break,
                         () = tokio::time::sleep(self.broker.policy().store_pause) => {}
                     }
                 }
             }
+        };
+        let settle = async move {
+            while let Some(Judged { batch, settles, .. }) = settling.recv().await {
+                self.settle_judged(batch.iter().zip(settles)).await?;
+            }
             Ok(())
         };
-        let (gathered, settled) = tokio::join!(gather, settle);
+        let ((), settled, gathered) = tokio::join!(run, settle, gather);
         settled.and(gathered)
     }
 
@@ -845,8 +875,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         self.settle_with(batch, &WholeBatch(work), stats).await
     }
 
-    /// [`Consumer::settle_batch`] for either kind of work. A batch of several tenants'
-    /// messages is claimed and settled in runs of one tenant's, in order.
+    /// [`Consumer::settle_batch`] for either kind of work.
     async fn settle_with<E>(
         &self,
         batch: &[B::Delivery],
@@ -856,26 +885,45 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        for run in scope_runs(self.broker.policy(), self.inbox.scope(), batch) {
-            if self.settle_run(&batch[run.clone()], work, stats).await? {
-                // Not tried: the database that just failed would fail them too.
-                for untried in &batch[run.end..] {
-                    stats.returned += 1;
-                    self.settle_counted(untried, Settle::GiveBack).await?;
-                }
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        let (settles, store_failed) = self.run_batch_with(batch, work, stats).await;
+        self.settle_judged(batch.iter().zip(settles)).await?;
+        Ok(store_failed)
     }
 
-    /// [`Consumer::settle_with`] for a batch whose keys are all claimed in one scope.
-    async fn settle_run<E>(
+    /// Runs the work of `batch` as [`Consumer::settle_batch`] does, and says how each of
+    /// its deliveries is to be settled, in order, counted in `stats`; true when the
+    /// database failed: the delivery that met it and those after it are given back. A
+    /// batch of several tenants' messages is claimed in runs of one tenant's, in order.
+    async fn run_batch_with<E>(
         &self,
         batch: &[B::Delivery],
         work: &impl RunWork<DB, E>,
         stats: &mut ConsumerStats,
-    ) -> Result<bool, Error>
+    ) -> (Vec<Settle>, bool)
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut settles = Vec::with_capacity(batch.len());
+        for run in scope_runs(self.broker.policy(), self.inbox.scope(), batch) {
+            let (settled, store_failed) = self.run_scope_with(&batch[run], work, stats).await;
+            settles.extend(settled);
+            if store_failed {
+                // Not tried: the database that just failed would fail them too.
+                stats.returned += (batch.len() - settles.len()) as u64;
+                settles.resize(batch.len(), Settle::GiveBack);
+                return (settles, true);
+            }
+        }
+        (settles, false)
+    }
+
+    /// [`Consumer::run_batch_with`] for deliveries whose keys are all claimed in one scope.
+    async fn run_scope_with<E>(
+        &self,
+        batch: &[B::Delivery],
+        work: &impl RunWork<DB, E>,
+        stats: &mut ConsumerStats,
+    ) -> (Vec<Settle>, bool)
     where
         E: std::error::Error + Send + Sync + 'static,
     {
@@ -903,40 +951,44 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             match self.broker.working(&working, run).await {
                 Ok(outcomes) => {
                     let mut outcomes = outcomes.into_iter();
-                    let ran = read.into_iter().map(|read| match read {
-                        Err(unusable) => unusable.ran::<E>(),
-                        Ok(_) => match outcomes.next() {
-                            Some(outcome) => Ran::Outcome(outcome),
-                            // The batch answers every keyed delivery. Without an answer the
-                            // delivery is given back (on MQTT a copy is published and the
-                            // original acknowledged), and delivered again.
-                            None => Ran::Store(justonce_core::Error::Config(
-                                "the batch did not answer for a delivery".to_owned(),
-                            )),
-                        },
-                    });
-                    self.settle_all(batch.iter().zip(ran), stats).await?;
-                    return Ok(false);
+                    let settles = (batch.iter().zip(read))
+                        .map(|(delivery, read)| {
+                            let ran = match read {
+                                Err(unusable) => unusable.ran::<E>(),
+                                Ok(_) => match outcomes.next() {
+                                    Some(outcome) => Ran::Outcome(outcome),
+                                    // The batch answers every keyed delivery. Without an
+                                    // answer the delivery is given back (on MQTT a copy is
+                                    // published and the original acknowledged), and
+                                    // delivered again.
+                                    None => Ran::Store(justonce_core::Error::Config(
+                                        "the batch did not answer for a delivery".to_owned(),
+                                    )),
+                                },
+                            };
+                            self.judge(delivery, ran, stats)
+                        })
+                        .collect();
+                    return (settles, false);
                 }
                 Err(error) => {
                     tracing::debug!(%error, "a batch failed: running its deliveries one by one");
                 }
             }
         }
-        for (done, delivery) in batch.iter().enumerate() {
+        let mut settles = Vec::with_capacity(batch.len());
+        for delivery in batch {
             let ran = self.run_one_with(delivery, work).await;
-            if matches!(ran, Ran::Store(_)) {
-                self.settle(delivery, ran, stats).await?;
+            let store_failed = matches!(ran, Ran::Store(_));
+            settles.push(self.judge(delivery, ran, stats));
+            if store_failed {
                 // Not tried: the database that just failed would fail them too.
-                for untried in &batch[done + 1..] {
-                    stats.returned += 1;
-                    self.settle_counted(untried, Settle::GiveBack).await?;
-                }
-                return Ok(true);
+                stats.returned += (batch.len() - settles.len()) as u64;
+                settles.resize(batch.len(), Settle::GiveBack);
+                return (settles, true);
             }
-            self.settle(delivery, ran, stats).await?;
         }
-        Ok(false)
+        (settles, false)
     }
 
     /// Acknowledges, retries, dead-letters or gives back the delivery as `ran` says, and
@@ -947,21 +999,21 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         ran: Ran<E>,
         stats: &mut ConsumerStats,
     ) -> Result<(), Error> {
-        self.settle_all([(delivery, ran)], stats).await
+        let settle = self.judge(delivery, ran, stats);
+        self.settle_judged([(delivery, settle)]).await
     }
 
-    /// Settles each delivery in order, the acknowledgements of consecutive ones together.
-    async fn settle_all<'d, E: std::fmt::Display>(
+    /// Settles each delivery in order as judged, the acknowledgements of consecutive ones
+    /// together.
+    async fn settle_judged<'d>(
         &self,
-        settling: impl IntoIterator<Item = (&'d B::Delivery, Ran<E>)>,
-        stats: &mut ConsumerStats,
+        settling: impl IntoIterator<Item = (&'d B::Delivery, Settle)>,
     ) -> Result<(), Error>
     where
         B::Delivery: 'd,
     {
         let mut acks: Vec<&B::Delivery> = Vec::new();
-        for (delivery, ran) in settling {
-            let settle = self.judge(delivery, ran, stats);
+        for (delivery, settle) in settling {
             if settle == Settle::Ack {
                 acks.push(delivery);
                 continue;
@@ -1018,8 +1070,16 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
 }
 
 /// How many batches a consumer takes before the first of them is settled: the one
-/// settling, and the next, gathered meanwhile.
-const AHEAD: usize = 2;
+/// settling, the one running, and the next, gathered meanwhile.
+const AHEAD: usize = 3;
+
+/// A batch whose work has run, and how each of its deliveries is settled, in order.
+struct Judged<D> {
+    batch: Vec<D>,
+    settles: Vec<Settle>,
+    /// Its share of the batches taken and not settled, given back once it is settled.
+    _taken: tokio::sync::OwnedSemaphorePermit,
+}
 
 /// A batch, and its share of the batches that may be taken and not settled: dropped once
 /// the batch is settled.
@@ -1053,7 +1113,7 @@ impl<D> Batches<D> {
 
 /// Takes batches of up to `batch_size` from `receiver` into [`Batches`] until `shutdown`
 /// resolves, the receiver ends, receiving fails or the [`Batches`] are dropped. It takes
-/// a batch only while fewer than [`AHEAD`] are taken and not settled: the next batch is
+/// a batch only while fewer than `ahead` are taken and not settled: the next batch is
 /// gathered while one settles, so that the broker's round trips overlap the
 /// database's, and batches are still settled one after the other, in order. The future
 /// is the gathering, to run beside the settling (with `join!`); its error is receiving's.
@@ -1061,13 +1121,14 @@ pub(crate) fn gathering<'r, R: Receive + 'r>(
     receiver: &'r mut R,
     shutdown: &'r mut (impl Future + Unpin),
     batch_size: usize,
+    ahead: usize,
 ) -> (
     impl Future<Output = Result<(), Error>> + 'r,
     Batches<R::Delivery>,
 ) {
-    let (sent, taken) = tokio::sync::mpsc::channel(AHEAD);
+    let (sent, taken) = tokio::sync::mpsc::channel(ahead);
     let (stop, stopping) = watch::channel(false);
-    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(AHEAD));
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(ahead));
     let gather = async move {
         let ended = async {
             loop {

@@ -30,6 +30,11 @@ use tracing::Instrument;
 #[cfg(any(feature = "nats", feature = "redis"))]
 pub(crate) const PARTITION: i32 = 0;
 
+/// How many batches a reader takes before the first of them is done with: the one running,
+/// and the next, read meanwhile. A reader has no acknowledgements to wait for: its
+/// position commits with the work.
+const AHEAD: usize = 2;
+
 /// How long a reader waits without a new entry before it stores the offsets of the
 /// duplicates it read last.
 const IDLE: Duration = Duration::from_secs(1);
@@ -334,7 +339,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let (gather, mut batches) = gathering(&mut entries.entries, shutdown, batch_size);
+        let (gather, mut batches) = gathering(&mut entries.entries, shutdown, batch_size, AHEAD);
         let process = async move {
             loop {
                 let taken = tokio::select! {

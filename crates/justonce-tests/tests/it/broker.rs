@@ -408,6 +408,7 @@ on_brokers!(giving_back: [
     mqtt = crate::mqtt::Topic,
 ] (
     a_database_failure_gives_the_batch_back_and_asks_for_a_pause,
+    a_batched_consumer_stopped_mid_run_acknowledges_every_delivery_it_committed,
 ));
 
 on_brokers!(reading: [
@@ -906,6 +907,46 @@ where
     assert_eq!(stats.processed, 3, "nothing given back was lost");
     assert_eq!(db.doubled_effects().await, 0);
     assert_eq!(broker.dead_letters().await, 0);
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// A shutdown while batches commit and are acknowledged side by side: the batch committing
+/// finishes, and every delivery committed is acknowledged before the run returns, so that
+/// none of them comes back as a duplicate.
+async fn a_batched_consumer_stopped_mid_run_acknowledges_every_delivery_it_committed<B, DB>(
+    test: &str,
+) where
+    B: GivingBack,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..600).map(|n| format!("order:{n}")).collect();
+    broker.publish(&keys).await;
+    // A consumer of this test alone, for its metric, on the test's tables.
+    let name = format!("{}stopped", db.prefix);
+    assert_eq!(consumed(&name), 0);
+    let stopping = TestDb {
+        url: db.url.clone(),
+        prefix: db.prefix.clone(),
+        inbox: db.consumer(&name),
+    };
+    let consumer = broker.connect_for_batches(&stopping.inbox).await;
+    let stats = run_until(
+        |stopped| consumer.run_work_batched(&stopping, stopped, 20),
+        || async { db.rows("effects").await >= 100 },
+        effects(&db),
+    )
+    .await;
+    let committed = db.rows("effects").await as u64;
+    assert_eq!(stats.processed, committed, "{stats:?}");
+    assert_eq!(
+        consumed(&name),
+        committed,
+        "each delivery committed was acknowledged before the run returned: {stats:?}"
+    );
     drop(consumer);
     broker.delete().await;
     db.cleanup().await;

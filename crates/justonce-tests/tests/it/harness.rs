@@ -79,9 +79,14 @@ async fn a_worker_killed_twenty_times_loses_and_doubles_nothing_on_sqlite() {
 }
 
 async fn killed_consumer_on(broker: &str) {
-    let args = ["--scenario", "broker-kill", "--broker", broker];
-    let run = harness(&args).await;
-    assert_clean(&args, &run);
+    killed_consumer_taking(&["--scenario", "broker-kill", "--broker", broker]).await
+}
+
+/// broker-kill with `args`, as [`killed_consumer_on`] checks it.
+async fn killed_consumer_taking(args: &[&str]) {
+    let broker = args[3];
+    let run = harness(args).await;
+    assert_clean(args, &run);
     let figures = &run.1;
     assert_eq!(figures["faults"], 10, "{figures}");
     assert_eq!(
@@ -118,6 +123,18 @@ async fn a_nats_jetstream_consumer_killed_ten_times_loses_and_doubles_nothing() 
 #[tokio::test]
 async fn an_mqtt_consumer_killed_ten_times_loses_and_doubles_nothing() {
     killed_consumer_on("mqtt").await
+}
+
+/// A batch committing while the one before is acknowledged: a kill between the two loses
+/// and doubles nothing.
+#[tokio::test]
+async fn a_batched_rabbitmq_consumer_killed_ten_times_loses_and_doubles_nothing() {
+    killed_consumer_taking(&["--scenario", "broker-kill", "--broker", "amqp", "--batched"]).await
+}
+
+#[tokio::test]
+async fn a_batched_nats_jetstream_consumer_killed_ten_times_loses_and_doubles_nothing() {
+    killed_consumer_taking(&["--scenario", "broker-kill", "--broker", "nats", "--batched"]).await
 }
 
 #[tokio::test]

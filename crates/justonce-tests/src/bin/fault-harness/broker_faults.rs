@@ -86,7 +86,7 @@ async fn restart<DB: TestBackend, Q: RealQueue>(
     let points = fault_points(rng, keys, restarts);
     let mut server = OwnBroker::start(&args.broker).await?;
     let mut queue = Q::open(db, &server.url()).await?;
-    let mut consumer = Consumer::of(db, &queue, "run");
+    let mut consumer = Consumer::of(db, &queue, args.run_mode());
     let checked = async {
         let published = AtomicUsize::new(0);
         let publishing = publish_confirmed(&mut queue, db, &plan, &published, deadline);

@@ -5,10 +5,12 @@
 //! `fault-harness --scenario NAME [--backend postgres|mysql|sqlite]
 //! [--broker amqp|redis|nats|mqtt|redis-reader|nats-reader] [--short] [--json]
 //! [--broken ack-before-commit|separate-claim|auto-commit|key-per-try|answer-before-store]
-//! [--seed N]`
+//! [--batched] [--seed N]`
 //!
 //! `--broken` runs a deliberately broken worker instead of the correct one, to prove that
 //! the check catches what it is there to catch: such a run must report violations.
+//! `--batched` has the consumer of `broker-kill` and `broker-restart` take batches of up to
+//! 20 (`broker-worker`'s `run-batched`) instead of one delivery at a time.
 //!
 //! Prints one table (or one JSON object with `--json`): attempted, acknowledged, lost,
 //! duplicated and unexpected keys with their fractions, redeliveries and the recovery time
@@ -164,6 +166,8 @@ struct Args {
     seed: u64,
     /// The worker's mode: `correct`, or a deliberately broken one.
     mode: String,
+    /// Whether a correct broker consumer takes batches.
+    batched: bool,
 }
 
 impl Args {
@@ -176,6 +180,7 @@ impl Args {
             json: false,
             seed: Rng::clock_seed(),
             mode: "correct".to_owned(),
+            batched: false,
         };
         let mut raw = std::env::args().skip(1);
         while let Some(flag) = raw.next() {
@@ -196,11 +201,17 @@ impl Args {
                 "--broken" => {
                     args.mode = raw.next().filter(|m| BROKEN_MODES.contains(&m.as_str()))?
                 }
+                "--batched" => args.batched = true,
                 "--seed" => args.seed = raw.next()?.parse().ok().filter(|s| *s != 0)?,
                 _ => return None,
             }
         }
         (!args.scenario.is_empty()).then_some(args)
+    }
+
+    /// `broker-worker`'s mode for a correct consumer: one delivery at a time, or batches.
+    fn run_mode(&self) -> &'static str {
+        if self.batched { "run-batched" } else { "run" }
     }
 
     /// The short size in CI, the long one otherwise.
@@ -255,7 +266,7 @@ async fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let Some(args) = Args::parse() else {
         eprintln!(
-            "usage: fault-harness --scenario {} [--backend postgres|mysql|sqlite] [--broker {}] [--short] [--json] [--broken {}] [--seed N]",
+            "usage: fault-harness --scenario {} [--backend postgres|mysql|sqlite] [--broker {}] [--short] [--json] [--broken {}] [--batched] [--seed N]",
             SCENARIOS.join("|"),
             real_broker::BROKERS.join("|"),
             BROKEN_MODES.join("|")
@@ -331,6 +342,14 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
             args.scenario, args.mode
         ));
     }
+    if args.batched
+        && (args.mode != "correct"
+            || !["broker-kill", "broker-restart"].contains(&args.scenario.as_str()))
+    {
+        return Err(
+            "--batched is for the correct consumer of broker-kill and broker-restart".to_owned(),
+        );
+    }
     // A consumer acknowledges to the broker, a single reader stores its position with its
     // work: each has the broken order that fits it.
     let broken_for_broker = if args.broker.ends_with("-reader") {
@@ -360,7 +379,11 @@ async fn run<DB: TestBackend>(args: &Args, url: &str) -> Result<Report, String> 
         "fault-harness: {}{}{} on {} ({}), seed {}",
         args.scenario,
         if ["broker-kill", "broker-restart", "pause"].contains(&args.scenario.as_str()) {
-            format!(" through {}", args.broker)
+            format!(
+                " through {}{}",
+                args.broker,
+                if args.batched { " in batches" } else { "" }
+            )
         } else if args.scenario == "group-kill" {
             " through kafka".to_owned()
         } else {

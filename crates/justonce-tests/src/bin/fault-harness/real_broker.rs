@@ -1147,7 +1147,7 @@ async fn kill_consumer<DB: TestBackend, Q: RealQueue>(
     rng.shuffle(&mut plan);
     let queue = Q::open(db, &Q::shared_url()).await?;
     let mode = if args.mode == "correct" {
-        "run"
+        args.run_mode()
     } else {
         &args.mode
     };
