@@ -29,8 +29,8 @@
 //! (the database's own limit, as `justonce bench` measures it). It prints each figure, and
 //! the batch work's against both limits.
 //!
-//! The prefetch is twice the batch on RabbitMQ and NATS (at least 64), so that the next
-//! batch is at hand while one commits.
+//! The prefetch is three times the batch on RabbitMQ and NATS (at least 64), as the
+//! consumer holds three batches: one gathered, one committing, one being acknowledged.
 
 use justonce_sql::{Backend, Outcome, WorkFuture, sqlx};
 use justonce_tests::{
@@ -291,8 +291,8 @@ fn prefetch(args: &StreamArgs) -> usize {
         ("kafka", _) => args.batch,
         ("redis" | "redis-reader", _) => args.batch.max(16),
         (_, Some(prefetch)) => prefetch,
-        // Twice the batch: the next batch is gathered while one commits.
-        (_, None) => (2 * args.batch).max(64),
+        // Three batches in hand: gathered, committing, acknowledged.
+        (_, None) => (3 * args.batch).max(64),
     }
 }
 
