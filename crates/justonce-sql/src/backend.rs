@@ -2,7 +2,7 @@
 //! statements do.
 
 use crate::rows::{
-    Batch, Change, ClaimRow, DestinationCounts, EventBy, EventDetailTuple, EventListing,
+    Announce, Batch, Change, ClaimRow, DestinationCounts, EventBy, EventDetailTuple, EventListing,
     EventTuple, KeyCount, LeaseState, ListedTuple, Listing, NewOutboxRow, NewReplay, OffsetRow,
     OutboxRow, ReplayTuple, Replays, Schema, Stored, StoredOffset, Wakeups, Which,
 };
@@ -177,12 +177,12 @@ pub trait Queries<DB: sqlx::Database> {
         lease_ms: i64,
     ) -> impl Future<Output = Result<Option<i64>, Error>> + Send + 'a;
 
-    /// Writes an outbox row and, on PostgreSQL, notifies the relays at commit: the caller's
-    /// transaction may be the user's own, whose commit justonce does not see.
+    /// Writes an outbox row; announced as `announce` says.
     fn enqueue<'a>(
         &'a self,
         conn: &'a mut DB::Connection,
         row: NewOutboxRow<'a>,
+        announce: Announce,
     ) -> impl Future<Output = Result<i64, Error>> + Send + 'a;
 
     /// Reads outbox rows; taking due rows also hides them for a lease.

@@ -112,17 +112,22 @@ pub(super) fn statements(tables: &Tables) -> Statements {
              WHERE scope = $1 AND consumer = $2 AND key = $3
                AND NOT EXISTS (SELECT FROM inserted)"
         )),
-        // The row may be written in the user's own transaction, whose commit justonce does
-        // not see: the notification goes with it. One per channel and transaction, whatever
-        // the number of rows: PostgreSQL folds identical ones.
         enqueue: format!(
+            "INSERT INTO {outbox} (scope, key, destination, payload, headers)
+             VALUES ($1, $2, $3, $4, $5)
+             RETURNING id"
+        ),
+        // For the user's own transaction, whose commit justonce does not see: the
+        // notification goes with it. One per channel and transaction, whatever the number
+        // of rows: PostgreSQL folds identical ones.
+        enqueue_notifying: Some(format!(
             "WITH inserted AS (
                 INSERT INTO {outbox} (scope, key, destination, payload, headers)
                 VALUES ($1, $2, $3, $4, $5)
                 RETURNING id
              ), notified AS (SELECT pg_notify('{outbox}', ''))
              SELECT id FROM inserted, notified"
-        ),
+        )),
         skip_locked: "FOR UPDATE SKIP LOCKED",
         texts_of: |array| format!("SELECT json_array_elements_text({array}::json)"),
         // The oldest attempt is dropped once the history is full.
