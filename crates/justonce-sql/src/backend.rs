@@ -2,7 +2,7 @@
 //! statements do.
 
 use crate::rows::{
-    Announce, Batch, Change, ClaimRow, DestinationCounts, EventBy, EventDetailTuple, EventListing,
+    Batch, Change, ClaimRow, DestinationCounts, EventBy, EventDetailTuple, EventListing,
     EventTuple, KeyCount, LeaseState, ListedTuple, Listing, NewOutboxRow, NewReplay, OffsetRow,
     OutboxRow, ReplayTuple, Replays, Schema, Stored, StoredOffset, Wakeups, Which,
 };
@@ -182,7 +182,7 @@ pub trait Queries<DB: sqlx::Database> {
         &'a self,
         conn: &'a mut DB::Connection,
         row: NewOutboxRow<'a>,
-        announce: Announce,
+        announce: crate::rows::Announce,
     ) -> impl Future<Output = Result<i64, Error>> + Send + 'a;
 
     /// Reads outbox rows; taking due rows also hides them for a lease.
