@@ -513,9 +513,10 @@ pub fn tls_advice(name: &str, tls: &justonce_transport::tls::TlsError) -> String
 const BROKER_RETRY: Duration = Duration::from_secs(5);
 
 /// The work of a service consumer: one outbox row for the consumer's target, keyed
-/// `<consumer>:<id>`, with the message's body and content type. A consumer with a tenant
-/// (its inbox's scope) keys it `<consumer>:<tenant>:<id>` and sends the tenant along, as a
-/// source does.
+/// `<consumer>:<id>`, with the message's body and content type. A message with a tenant
+/// (fixed by the inbox's scope, or named by the message) is keyed
+/// `<consumer>:<tenant>:<id>`, stored in the tenant's scope, and sent with the tenant, as
+/// a source's event is.
 fn forward_to_target<DB: Backend>(
     name: String,
     inbox: Inbox<DB>,
@@ -523,10 +524,11 @@ fn forward_to_target<DB: Backend>(
     move |tx: &mut justonce_sql::sqlx::Transaction<'_, DB>,
           message: &Incoming|
           -> WorkFuture<'_, (), justonce_sql::Error> {
-        let (name, inbox) = (name.clone(), inbox.clone());
+        let name = name.clone();
+        let inbox = inbox.with_scope(message.scope.clone());
         Box::pin(async move {
-            let key = receiver::key_in_scope(&name, inbox.scope(), message.key.as_str())?;
-            let tenant = inbox.scope().as_str();
+            let key = receiver::key_in_scope(&name, &message.scope, message.key.as_str())?;
+            let tenant = message.scope.as_str();
             let mut row = Message::new(name.as_str(), message.body.clone());
             if !tenant.is_empty() {
                 row = row.header(receiver::TENANT_HEADER, tenant);

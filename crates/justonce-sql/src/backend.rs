@@ -2,9 +2,9 @@
 //! statements do.
 
 use crate::rows::{
-    Batch, Change, ClaimRow, DestinationCounts, EventBy, EventDetailTuple, EventListing,
-    EventTuple, KeyCount, LeaseState, ListedTuple, Listing, NewOutboxRow, NewReplay, OffsetRow,
-    OutboxRow, ReplayTuple, Replays, Schema, Stored, StoredOffset, Wakeups, Which,
+    Batch, BreakerTuple, Change, ClaimRow, DestinationCounts, EventBy, EventDetailTuple,
+    EventListing, EventTuple, KeyCount, LeaseState, ListedTuple, Listing, NewOutboxRow, NewReplay,
+    OffsetRow, OutboxRow, ReplayTuple, Replays, Schema, Stored, StoredOffset, Wakeups, Which,
 };
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
@@ -266,12 +266,12 @@ pub trait Reads<DB: sqlx::Database> {
         consumer: &'a str,
     ) -> impl Future<Output = Result<i64, Error>> + Send + 'a;
 
-    /// The destinations backed off, by name: failures in a row, milliseconds the pause
-    /// has left (negative once a probe may go), milliseconds since it was written.
+    /// The destinations backed off, by name and scope: failures in a row, milliseconds the
+    /// pause has left (negative once a probe may go), milliseconds since it was written.
     fn breakers<'a>(
         &'a self,
         pool: &'a sqlx::Pool<DB>,
-    ) -> impl Future<Output = Result<Vec<(String, i64, i64, i64)>, Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Vec<BreakerTuple>, Error>> + Send + 'a;
 
     /// Every stored offset, ordered by consumer, stream and partition.
     fn all_offsets<'a>(

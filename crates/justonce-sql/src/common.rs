@@ -4,9 +4,9 @@
 
 use crate::backend::{Backend, Reads};
 use crate::rows::{
-    Change, DestinationCounts, EventBy, EventDetailTuple, EventListing, EventTuple, KeyCount,
-    KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing, NewReplay, OffsetTuple, ReplayTuple,
-    Replays, Schema, Stored, StoredOffset, Tried, Waiting, Window,
+    BreakerTuple, Change, DestinationCounts, EventBy, EventDetailTuple, EventListing, EventTuple,
+    KeyCount, KeyCountTuple, LeaseRow, LeaseState, ListedTuple, Listing, NewReplay, OffsetTuple,
+    ReplayTuple, Replays, Schema, Stored, StoredOffset, Tried, Waiting, Window,
 };
 use crate::shared::driver_error;
 use crate::tables::Tables;
@@ -181,24 +181,28 @@ impl Common {
             } => statement(&self.untake).bind(after_ms).bind(id).bind(token),
             Change::Expire {
                 destination,
+                scope,
                 older_than_ms,
                 reason,
                 limit,
             } => statement(&self.expire)
                 .bind(reason)
                 .bind(destination)
+                .bind(scope)
                 .bind(older_than_ms)
                 .bind(limit),
             Change::BreakerOpen {
                 destination,
+                scope,
                 failures,
                 pause_ms,
             } => statement(&self.breaker_open)
                 .bind(destination)
+                .bind(scope)
                 .bind(failures)
                 .bind(pause_ms),
-            Change::BreakerClose { destination } => {
-                statement(&self.breaker_close).bind(destination)
+            Change::BreakerClose { destination, scope } => {
+                statement(&self.breaker_close).bind(destination).bind(scope)
             }
             // Every dead letter when `id` is none: it is bound twice for MariaDB's `?`.
             Change::Replay { id, window, limit } => {
@@ -428,10 +432,7 @@ where
             .map_err(driver_error::<DB>)
     }
 
-    async fn breakers<'a>(
-        &'a self,
-        pool: &'a sqlx::Pool<DB>,
-    ) -> Result<Vec<(String, i64, i64, i64)>, Error> {
+    async fn breakers<'a>(&'a self, pool: &'a sqlx::Pool<DB>) -> Result<Vec<BreakerTuple>, Error> {
         fetch_all(pool, &self.as_ref().breakers).await
     }
 

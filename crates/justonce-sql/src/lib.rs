@@ -152,6 +152,6 @@ pub fn describe_metrics() {
     );
     describe_gauge!(
         "justonce_destination_open",
-        "1 while a destination's breaker holds its deliveries back, by destination"
+        "1 while a destination's breaker holds its deliveries back, by destination and tenant"
     );
 }

@@ -55,8 +55,9 @@ pub(crate) struct Specific {
     pub(crate) enqueue_notifying: Option<String>,
     /// What makes concurrent relays skip each other's rows: `FOR UPDATE SKIP LOCKED`.
     pub(crate) skip_locked: &'static str,
-    /// A query of the texts in a JSON array given as the parameter named.
-    pub(crate) texts_of: fn(&str) -> String,
+    /// A query of the lanes held back, a JSON array given as the parameter named (see
+    /// [`Which::Due`]), that matches the outer row's `destination` and `scope`.
+    pub(crate) held_back: fn(&str) -> String,
     /// The assignment that appends one attempt to a row's history, keeping the last
     /// [`HISTORY_LENGTH`](crate::rows::HISTORY_LENGTH): its duration, status, answer and
     /// error as the parameters (or `NULL`) named.
@@ -217,7 +218,8 @@ impl Statements {
                  GROUP BY destination ORDER BY destination"
             )),
             breakers: text(format!(
-                "SELECT destination, failures, -{}, {} FROM {breakers} ORDER BY destination",
+                "SELECT destination, scope, failures, -{}, {} FROM {breakers}
+                 ORDER BY destination, scope",
                 (clock.age_ms)("open_until"),
                 (clock.age_ms)("updated_at")
             )),
@@ -348,20 +350,22 @@ impl Statements {
                 "UPDATE {outbox} SET dead = TRUE, last_error = $1
                  WHERE id IN (
                     SELECT id FROM {outbox}
-                    WHERE sent_at IS NULL AND NOT dead AND destination = $2
+                    WHERE sent_at IS NULL AND NOT dead AND destination = $2 AND scope = $3
                       AND created_at <= {}
-                    ORDER BY id LIMIT $4
+                    ORDER BY id LIMIT $5
                  )",
-                (clock.earlier_by)("$3")
+                (clock.earlier_by)("$4")
             )),
             breaker_open: text(format!(
-                "INSERT INTO {breakers} (destination, failures, open_until, updated_at)
-                 VALUES ($1, $2, {}, {now})
-                 ON CONFLICT (destination) DO UPDATE SET failures = excluded.failures,
+                "INSERT INTO {breakers} (destination, scope, failures, open_until, updated_at)
+                 VALUES ($1, $2, $3, {}, {now})
+                 ON CONFLICT (destination, scope) DO UPDATE SET failures = excluded.failures,
                     open_until = excluded.open_until, updated_at = excluded.updated_at",
-                (clock.later_by)("$3")
+                (clock.later_by)("$4")
             )),
-            breaker_close: text(format!("DELETE FROM {breakers} WHERE destination = $1")),
+            breaker_close: text(format!(
+                "DELETE FROM {breakers} WHERE destination = $1 AND scope = $2"
+            )),
             // A replay starts a new delivery window.
             replay: text(format!(
                 "UPDATE {outbox}
@@ -432,22 +436,22 @@ impl Statements {
             // Taking a row hides it until the lease ends, in one short statement: no lock
             // is held while it is sent, and a relay that dies leaves it due again. Rows are
             // chosen by due time, never by a cursor over ids, so a row committed after a
-            // higher-numbered one is not skipped. Destinations the relay holds back ($4, a
-            // JSON array) are left out, so that their rows do not crowd out the others'.
+            // higher-numbered one is not skipped. The lanes the relay holds back ($4) are
+            // left out, so that their rows do not crowd out the others'.
             take_due: text(format!(
                 "UPDATE {outbox}
                  SET next_attempt_at = {}, attempts = attempts + 1, lease_token = $3
                  WHERE id IN (
                     SELECT id FROM {outbox}
                     WHERE sent_at IS NULL AND NOT dead AND next_attempt_at <= {now}
-                      AND destination NOT IN ({})
+                      AND NOT EXISTS ({})
                     ORDER BY next_attempt_at, id
                     LIMIT $2
                     {skip_locked}
                  )
                  RETURNING {columns}",
                 (clock.later_by)("$1"),
-                (specific.texts_of)("$4")
+                (specific.held_back)("$4")
             )),
             outbox_row: text(format!("SELECT {columns} FROM {outbox} WHERE id = $1")),
             dead_letters: text(format!(

@@ -339,12 +339,15 @@ impl OutboxStats {
     }
 }
 
-/// A destination a relay backed off after failures in a row, as it last wrote it.
+/// A destination a relay backed off for one scope after failures in a row, as it last
+/// wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BackedOff {
     /// The destination's name.
     pub destination: String,
+    /// The scope whose deliveries it backed off: a tenant, or empty for rows without one.
+    pub scope: String,
     /// Failures in a row when the breaker last opened.
     pub failures: u32,
     /// How long the pause has left; zero once a probe may go through.
@@ -510,20 +513,24 @@ impl<DB: Backend> Outbox<DB> {
             .collect())
     }
 
-    /// The destinations whose breaker is open or probing, by name. Each relay has its own
-    /// breakers; this is what the relays last wrote. A relay that stopped while its breaker
+    /// The destinations whose breaker is open or probing, by name and scope. Each relay
+    /// has its own breakers, one for each destination and scope; this is what the relays
+    /// last wrote. A relay that stopped while its breaker
     /// was open leaves it here until another relay's breaker for it closes.
     pub async fn backed_off(&self) -> Result<Vec<BackedOff>, Error> {
         let rows = self.shared.sql.breakers(&self.shared.pool).await?;
         let duration = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
         Ok(rows
             .into_iter()
-            .map(|(destination, failures, left_ms, age_ms)| BackedOff {
-                destination,
-                failures: u32::try_from(failures).unwrap_or(u32::MAX),
-                pause_left: duration(left_ms),
-                since: duration(age_ms),
-            })
+            .map(
+                |(destination, scope, failures, left_ms, age_ms)| BackedOff {
+                    destination,
+                    scope,
+                    failures: u32::try_from(failures).unwrap_or(u32::MAX),
+                    pause_left: duration(left_ms),
+                    since: duration(age_ms),
+                },
+            )
             .collect())
     }
 

@@ -21,6 +21,7 @@ pub struct RelayOptions {
     batch_size: u32,
     concurrency: usize,
     per_destination: usize,
+    per_destination_total: usize,
     breaker_failures: u32,
     breaker_pause: Duration,
     lease: Duration,
@@ -37,6 +38,7 @@ impl Default for RelayOptions {
             batch_size: 100,
             concurrency: 16,
             per_destination: 8,
+            per_destination_total: 16,
             breaker_failures: 5,
             breaker_pause: Duration::from_secs(10),
             lease: Duration::from_secs(60),
@@ -55,12 +57,19 @@ impl RelayOptions {
         batch_size: u32,
         /// Deliveries in flight at once (default 16).
         concurrency: usize,
-        /// Deliveries in flight at once to one destination, under [`Relay::run`] (default 8):
-        /// a destination that is slow or down holds no more, and the others keep the rest.
+        /// Deliveries in flight at once to one destination for one scope (a lane), under
+        /// [`Relay::run`] (default 8): a lane that is slow or down holds no more, and the
+        /// others keep the rest. Rows without a scope are one lane of their destination.
         per_destination: usize,
+        /// Deliveries in flight at once to one destination over all its scopes, under
+        /// [`Relay::run`] (default 16, never below `per_destination`): many tenants do not
+        /// add up to more than this at one destination. Above `per_destination`, so that
+        /// one tenant's slow lane leaves room for the others.
+        per_destination_total: usize,
         /// Failures in a row (a timeout, a connection error, a 5xx or 429) after which
-        /// [`Relay::run`] backs off a destination as a whole (default 5): its rows wait,
-        /// untried, for the breaker's pause.
+        /// [`Relay::run`] backs off a lane, a destination for one scope (default 5): its
+        /// rows wait, untried, for the breaker's pause. The destination's other scopes
+        /// keep their own breakers.
         breaker_failures: u32,
         /// The breaker's first pause (default 10 s). When it ends, one delivery goes through:
         /// if it fails, the pause doubles (up to 32 times the first); if the destination
@@ -180,16 +189,16 @@ impl<DB: Backend> Relay<DB> {
         self
     }
 
-    /// Takes up to `limit` due rows under a lease token of their own, none for the
-    /// destinations `held_back`.
-    async fn take(&self, limit: usize, held_back: &[String]) -> Result<Taken, Error> {
+    /// Takes up to `limit` due rows under a lease token of their own, none for the lanes
+    /// `held_back` (JSON, as [`Which::Due`] reads it).
+    async fn take(&self, limit: usize, held_back: String) -> Result<Taken, Error> {
         let shared = &self.outbox.shared;
         let token = random_u64() as i64;
         let which = Which::Due {
             lease_ms: millis(self.options.lease),
             limit: i64::try_from(limit.max(1)).unwrap_or(i64::MAX),
             token,
-            held_back: json_array(held_back),
+            held_back,
         };
         let rows = {
             let _writer = shared.queue_writer().await;
@@ -206,7 +215,7 @@ impl<DB: Backend> Relay<DB> {
     /// results.
     pub async fn relay_once(&self) -> Result<RelayRound, Error> {
         let taken = self
-            .take(self.options.batch_size.max(1) as usize, &[])
+            .take(self.options.batch_size.max(1) as usize, "[]".to_owned())
             .await?;
         // At most `concurrency` deliveries in flight; a finished one makes room for the next.
         let mut waiting = taken.rows.iter();
@@ -233,12 +242,15 @@ impl<DB: Backend> Relay<DB> {
         Ok(round)
     }
 
-    /// Relays until `shutdown` resolves, keeping up to `concurrency` deliveries in flight:
-    /// a finished one makes room for due rows of any destination that is not at its
-    /// `per_destination` cap or backed off by its breaker, so that a slow or broken
-    /// destination never holds back the others. With nothing due it waits for a commit of
-    /// this process, a notification (PostgreSQL) or the poll interval. A database error is logged and
-    /// retried; at `shutdown` the deliveries in flight finish and are recorded.
+    /// Relays until `shutdown` resolves, keeping up to `concurrency` deliveries in flight
+    /// in lanes, one for each destination and scope: a finished one makes room for due
+    /// rows of any lane that is not at its `per_destination` cap, whose destination is not
+    /// at its `per_destination_total`, and that its breaker does not back off. So a slow
+    /// or broken destination never holds back the others, nor one tenant's backlog at a
+    /// destination the other tenants' deliveries. Lanes with rows ready take turns. With
+    /// nothing due it waits for a commit of this process, a notification (PostgreSQL) or
+    /// the poll interval. A database error is logged and retried; at `shutdown` the
+    /// deliveries in flight finish and are recorded.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let shared = &self.outbox.shared;
         let wakeups = match DB::outbox_wakeups(&shared.pool, &shared.tables).await {
@@ -263,7 +275,7 @@ impl<DB: Backend> Relay<DB> {
             if room > 0 && (2 * room >= concurrency || in_flight.is_empty()) {
                 let limit = room.min(self.options.per_destination.max(1));
                 let held_back = lanes.held_back(&self.options, Instant::now());
-                let take = self.take(limit, &held_back);
+                let take = self.take(limit, held_back);
                 let mut take = std::pin::pin!(take);
                 // The deliveries in flight go on meanwhile: one may hold the connection or
                 // the writer's place that the take waits for.
@@ -272,8 +284,8 @@ impl<DB: Backend> Relay<DB> {
                     tokio::select! {
                         taken = &mut take => break taken,
                         Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                            let (destination, outcome): (String, _) = done;
-                            if let Some(moved) = lanes.settle(&destination, outcome, &self.options) {
+                            let (lane, outcome): (LaneId, _) = done;
+                            if let Some(moved) = lanes.settle(&lane, outcome, &self.options) {
                                 breakers.push(self.record_breaker(moved));
                             }
                             settled = true;
@@ -287,7 +299,7 @@ impl<DB: Backend> Relay<DB> {
                             tracing::info!("taking due rows works again");
                             take_failing = false;
                         }
-                        // A destination held back from this take may have room again.
+                        // A lane held back from this take may have room again.
                         more_due = taken.rows.len() == limit || settled;
                         lanes.queue(taken);
                     }
@@ -310,8 +322,8 @@ impl<DB: Backend> Relay<DB> {
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                Some((destination, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
-                    if let Some(moved) = lanes.settle(&destination, outcome, &self.options) {
+                Some((lane, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Some(moved) = lanes.settle(&lane, outcome, &self.options) {
                         breakers.push(self.record_breaker(moved));
                     }
                 }
@@ -323,8 +335,8 @@ impl<DB: Backend> Relay<DB> {
         }
         loop {
             tokio::select! {
-                Some((destination, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
-                    if let Some(moved) = lanes.settle(&destination, outcome, &self.options) {
+                Some((lane, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Some(moved) = lanes.settle(&lane, outcome, &self.options) {
                         breakers.push(self.record_breaker(moved));
                     }
                 }
@@ -335,18 +347,18 @@ impl<DB: Backend> Relay<DB> {
         Ok(())
     }
 
-    /// [`Relay::deliver_and_record`] for a row it owns, named by its destination.
+    /// [`Relay::deliver_and_record`] for a row it owns, named by its lane.
     async fn deliver_owned(
         &self,
         row: OutboxRow,
         token: i64,
         taken_at: Instant,
-    ) -> (String, Result<Option<Settled>, Error>) {
+    ) -> (LaneId, Result<Option<Settled>, Error>) {
         let outcome = self.deliver_and_record(&row, token, taken_at).await;
         if let Ok(Some(settled)) = &outcome {
             count_delivery(&row.destination, settled.recorded);
         }
-        (row.destination, outcome)
+        ((row.destination, row.scope), outcome)
     }
 
     /// Delivers one row and records the result under the round's lease `token`; `None`
@@ -534,24 +546,29 @@ impl<DB: Backend> Relay<DB> {
             .map(drop)
     }
 
-    /// Writes a breaker's move for `justonce stats`, and when it opened, backs its
-    /// destination off.
+    /// Writes a breaker's move for `justonce stats`, and when it opened, backs its lane
+    /// off.
     async fn record_breaker(&self, moved: BreakerMoved) {
-        let (destination, change) = match &moved {
+        let ((destination, scope), change) = match &moved {
             BreakerMoved::Opened(opened) => (
-                &opened.destination,
+                &opened.lane,
                 Change::BreakerOpen {
-                    destination: &opened.destination,
+                    destination: &opened.lane.0,
+                    scope: &opened.lane.1,
                     failures: i64::from(opened.failures),
                     pause_ms: millis(opened.pause),
                 },
             ),
-            BreakerMoved::Closed(destination) => {
-                (destination, Change::BreakerClose { destination })
-            }
+            BreakerMoved::Closed(lane) => (
+                lane,
+                Change::BreakerClose {
+                    destination: &lane.0,
+                    scope: &lane.1,
+                },
+            ),
         };
         if let Err(error) = self.outbox.change(change).await {
-            tracing::warn!(%destination, %error, "recording the destination's breaker failed");
+            tracing::warn!(%destination, %scope, %error, "recording the destination's breaker failed");
         }
         if let BreakerMoved::Opened(opened) = moved {
             self.back_off(opened).await;
@@ -559,9 +576,10 @@ impl<DB: Backend> Relay<DB> {
     }
 
     /// What a breaker's opening does in the database: the rows it kept waiting are given
-    /// back, due when its pause ends, and the destination's rows past their delivery
-    /// window are dead-lettered now rather than one per probe.
+    /// back, due when its pause ends, and the lane's rows past their delivery window are
+    /// dead-lettered now rather than one per probe.
     async fn back_off(&self, opened: Opened) {
+        let (destination, scope) = &opened.lane;
         for (row, token) in &opened.untried {
             if let Err(error) = self.untake(row, *token, opened.pause).await {
                 tracing::warn!(id = row.id, %error, "giving back an untried row failed: it is due when its lease ends");
@@ -569,7 +587,7 @@ impl<DB: Backend> Relay<DB> {
         }
         let deliver_for = self
             .destinations
-            .get(&opened.destination)
+            .get(destination)
             .and_then(|route| route.deliver_for)
             .unwrap_or(self.options.deliver_for);
         let reason = format!(
@@ -578,7 +596,8 @@ impl<DB: Backend> Relay<DB> {
         );
         let expired = in_batches(EXPIRE_BATCH, |limit| {
             self.outbox.change(Change::Expire {
-                destination: &opened.destination,
+                destination,
+                scope,
                 older_than_ms: millis(deliver_for),
                 reason: &reason,
                 limit,
@@ -588,16 +607,16 @@ impl<DB: Backend> Relay<DB> {
         match expired {
             Ok(0) => {}
             Ok(expired) => {
-                tracing::warn!(destination = %opened.destination, expired, "deliveries past their window dead-lettered");
+                tracing::warn!(%destination, %scope, expired, "deliveries past their window dead-lettered");
                 metrics::counter!(
                     "justonce_deliveries_total",
                     "outcome" => "dead",
-                    "destination" => opened.destination.clone()
+                    "destination" => destination.clone()
                 )
                 .increment(expired);
             }
             Err(error) => {
-                tracing::warn!(destination = %opened.destination, %error, "dead-lettering expired deliveries failed");
+                tracing::warn!(%destination, %scope, %error, "dead-lettering expired deliveries failed");
             }
         }
     }
@@ -732,10 +751,13 @@ struct Settled {
     unwell: bool,
 }
 
-/// A breaker that opened: its destination, its pause, the failures in a row, and the rows
-/// taken for it that were waiting, with their lease tokens.
+/// A lane: a destination and a scope (empty for rows without one).
+type LaneId = (String, String);
+
+/// A breaker that opened: its lane, its pause, the failures in a row, and the rows taken
+/// for it that were waiting, with their lease tokens.
 struct Opened {
-    destination: String,
+    lane: LaneId,
     pause: Duration,
     failures: u32,
     untried: Vec<(OutboxRow, i64)>,
@@ -744,7 +766,7 @@ struct Opened {
 /// A breaker that moved, for [`Relay::record_breaker`].
 enum BreakerMoved {
     Opened(Opened),
-    Closed(String),
+    Closed(LaneId),
 }
 
 /// Rows taken under one lease token.
@@ -783,29 +805,28 @@ fn count_delivery(destination: &str, recorded: Recorded) {
     .increment(1);
 }
 
-/// `names` as a JSON array of strings.
-fn json_array(names: &[String]) -> String {
-    serde_json::Value::from(names).to_string()
-}
-
-/// Each destination's deliveries, in flight and taken but waiting for room, and its
-/// breaker, while [`Relay::run`] runs.
+/// Each lane's deliveries, in flight and taken but waiting for room, and its breaker,
+/// while [`Relay::run`] runs; with each destination's deliveries in flight over its lanes.
 #[derive(Default)]
 struct Lanes {
-    lanes: BTreeMap<String, Lane>,
+    lanes: BTreeMap<LaneId, Lane>,
+    in_flight: HashMap<String, usize>,
+    /// The lane that started a delivery last: the next one to start is the next lane
+    /// after it with a row ready, so that lanes take turns.
+    last: Option<LaneId>,
 }
 
 #[derive(Default)]
 struct Lane {
     in_flight: usize,
-    /// Rows taken for this destination, with their lease token and when they were taken.
+    /// Rows taken for this lane, with their lease token and when they were taken.
     waiting: VecDeque<(OutboxRow, i64, Instant)>,
     failures: u32,
     breaker: Breaker,
 }
 
 impl Lane {
-    /// Deliveries this destination may have in flight now.
+    /// Deliveries this lane may have in flight now.
     fn cap(&self, options: &RelayOptions) -> usize {
         match self.breaker {
             Breaker::Closed => options.per_destination.max(1),
@@ -813,9 +834,17 @@ impl Lane {
             Breaker::Open { .. } => 0,
         }
     }
+
+    /// Holds nothing worth keeping: no delivery, no row, no failure, no pause.
+    fn idle(&self) -> bool {
+        self.in_flight == 0
+            && self.waiting.is_empty()
+            && self.failures == 0
+            && matches!(self.breaker, Breaker::Closed)
+    }
 }
 
-/// A destination's breaker: closed, open until a time, or letting one probe through.
+/// A lane's breaker: closed, open until a time, or letting one probe through.
 #[derive(Default, Clone, Copy)]
 enum Breaker {
     #[default]
@@ -829,57 +858,99 @@ enum Breaker {
     },
 }
 
+/// Deliveries one destination may have in flight over all its lanes.
+fn destination_cap(options: &RelayOptions) -> usize {
+    options
+        .per_destination_total
+        .max(options.per_destination)
+        .max(1)
+}
+
 impl Lanes {
-    /// The destinations the next take leaves out: those with rows waiting, at their cap, or
-    /// backed off. A breaker whose pause has ended lets one probe through from now.
-    fn held_back(&mut self, options: &RelayOptions, now: Instant) -> Vec<String> {
+    /// The lanes the next take leaves out, as JSON for [`Which::Due`]: those with rows
+    /// waiting, at their cap, or backed off, as `[destination, scope]`; and every lane of a
+    /// destination at its cap, as `[destination]`. A breaker whose pause has ended lets one
+    /// probe through from now. Lanes that hold nothing are forgotten.
+    fn held_back(&mut self, options: &RelayOptions, now: Instant) -> String {
+        self.lanes.retain(|_, lane| !lane.idle());
         let mut held_back = Vec::new();
-        for (name, lane) in &mut self.lanes {
+        for ((destination, scope), lane) in &mut self.lanes {
             if let Breaker::Open { until, pause } = lane.breaker
                 && until <= now
             {
-                tracing::info!(destination = %name, "the breaker lets one delivery through");
+                tracing::info!(%destination, %scope, "the breaker lets one delivery through");
                 lane.breaker = Breaker::Probing { pause };
             }
             if !lane.waiting.is_empty() || lane.in_flight >= lane.cap(options) {
-                held_back.push(name.clone());
+                held_back.push(serde_json::json!([destination, scope]));
             }
         }
-        held_back
+        let cap = destination_cap(options);
+        for (destination, in_flight) in &self.in_flight {
+            if *in_flight >= cap {
+                held_back.push(serde_json::json!([destination]));
+            }
+        }
+        serde_json::Value::from(held_back).to_string()
     }
 
     fn queue(&mut self, taken: Taken) {
         for row in taken.rows {
-            let lane = self.lanes.entry(row.destination.clone()).or_default();
+            let id = (row.destination.clone(), row.scope.clone());
+            let lane = self.lanes.entry(id).or_default();
             lane.waiting.push_back((row, taken.token, taken.at));
         }
     }
 
-    /// A waiting row whose destination has room, counted as in flight.
+    /// A waiting row of the next lane, after the last one served, that has room and whose
+    /// destination has room; counted as in flight.
     fn next_ready(&mut self, options: &RelayOptions) -> Option<(OutboxRow, i64, Instant)> {
-        let lane = self
+        let cap = destination_cap(options);
+        let ready = |(id, lane): &(&LaneId, &Lane)| {
+            !lane.waiting.is_empty()
+                && lane.in_flight < lane.cap(options)
+                && self.in_flight.get(&id.0).copied().unwrap_or(0) < cap
+        };
+        let last = self.last.as_ref();
+        let after = self
             .lanes
-            .values_mut()
-            .find(|lane| !lane.waiting.is_empty() && lane.in_flight < lane.cap(options))?;
+            .iter()
+            .filter(|(id, _)| last.is_none_or(|last| *id > last));
+        let before = self
+            .lanes
+            .iter()
+            .filter(|(id, _)| last.is_some_and(|last| *id <= last));
+        let id = after.chain(before).find(ready)?.0.clone();
+        let lane = self.lanes.get_mut(&id)?;
         lane.in_flight += 1;
-        lane.waiting.pop_front()
+        let row = lane.waiting.pop_front();
+        *self.in_flight.entry(id.0.clone()).or_default() += 1;
+        self.last = Some(id);
+        row
     }
 
-    /// Records what became of a delivery to `destination`, and moves its breaker; says so
+    /// Records what became of a delivery in `id`'s lane, and moves its breaker; says so
     /// when the breaker opened or closed, for [`Relay::record_breaker`].
     fn settle(
         &mut self,
-        destination: &str,
+        id: &LaneId,
         outcome: Result<Option<Settled>, Error>,
         options: &RelayOptions,
     ) -> Option<BreakerMoved> {
-        let lane = self.lanes.entry(destination.to_owned()).or_default();
+        let (destination, scope) = (id.0.as_str(), id.1.as_str());
+        if let Some(in_flight) = self.in_flight.get_mut(destination) {
+            *in_flight = in_flight.saturating_sub(1);
+            if *in_flight == 0 {
+                self.in_flight.remove(destination);
+            }
+        }
+        let lane = self.lanes.entry(id.clone()).or_default();
         lane.in_flight = lane.in_flight.saturating_sub(1);
         let unwell = match outcome {
             Ok(Some(settled)) => settled.unwell,
             Ok(None) => return None,
             Err(error) => {
-                tracing::warn!(%error, destination, "recording a delivery failed");
+                tracing::warn!(%error, destination, scope, "recording a delivery failed");
                 return None;
             }
         };
@@ -905,13 +976,14 @@ impl Lanes {
                     .collect();
                 tracing::warn!(
                     destination,
+                    scope,
                     failures = lane.failures,
                     pause_ms = pause.as_millis() as u64,
                     untried = untried.len(),
                     "the destination keeps failing: its deliveries wait"
                 );
                 moved = Some(BreakerMoved::Opened(Opened {
-                    destination: destination.to_owned(),
+                    lane: id.clone(),
                     pause,
                     failures: lane.failures,
                     untried,
@@ -920,15 +992,19 @@ impl Lanes {
         } else {
             lane.failures = 0;
             if !matches!(lane.breaker, Breaker::Closed) {
-                tracing::info!(destination, "the destination answers again");
-                moved = Some(BreakerMoved::Closed(destination.to_owned()));
+                tracing::info!(destination, scope, "the destination answers again");
+                moved = Some(BreakerMoved::Closed(id.clone()));
             }
             lane.breaker = Breaker::Closed;
         }
         if before != std::mem::discriminant(&lane.breaker) {
             let open = !matches!(lane.breaker, Breaker::Closed);
-            metrics::gauge!("justonce_destination_open", "destination" => destination.to_owned())
-                .set(if open { 1.0 } else { 0.0 });
+            let mut labels = vec![metrics::Label::new("destination", destination.to_owned())];
+            // The tenant is a label where there is one, as in the receiver's counts.
+            if !scope.is_empty() {
+                labels.push(metrics::Label::new("tenant", scope.to_owned()));
+            }
+            metrics::gauge!("justonce_destination_open", labels).set(if open { 1.0 } else { 0.0 });
         }
         moved
     }
@@ -937,6 +1013,82 @@ impl Lanes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(id: i64, scope: &str) -> OutboxRow {
+        OutboxRow {
+            id,
+            scope: scope.to_owned(),
+            key: format!("k{id}"),
+            destination: "d".to_owned(),
+            payload: Vec::new(),
+            headers: String::new(),
+            attempts: 1,
+            last_error: None,
+            dead: false,
+            sent: false,
+            age_ms: 0,
+        }
+    }
+
+    fn taken(rows: Vec<OutboxRow>) -> Taken {
+        Taken {
+            rows,
+            token: 1,
+            at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn lanes_with_rows_ready_take_turns() {
+        let options = RelayOptions::default();
+        let mut lanes = Lanes::default();
+        lanes.queue(taken(vec![
+            row(1, "a"),
+            row(2, "a"),
+            row(3, "a"),
+            row(4, "b"),
+        ]));
+        lanes.queue(taken(vec![row(5, "b"), row(6, "")]));
+        let order: Vec<i64> = std::iter::from_fn(|| lanes.next_ready(&options))
+            .map(|(row, _, _)| row.id)
+            .collect();
+        assert_eq!(order, [6, 1, 4, 2, 5, 3]);
+    }
+
+    #[test]
+    fn a_lane_at_its_cap_and_a_destination_at_its_cap_are_held_back() {
+        let options = RelayOptions::default()
+            .per_destination(1)
+            .per_destination_total(2);
+        let mut lanes = Lanes::default();
+        lanes.queue(taken(vec![
+            row(1, "a"),
+            row(2, "a"),
+            row(3, "b"),
+            row(4, "c"),
+        ]));
+        let started: Vec<i64> = std::iter::from_fn(|| lanes.next_ready(&options))
+            .map(|(row, _, _)| row.id)
+            .collect();
+        assert_eq!(started, [1, 3], "one in each lane, two at the destination");
+        let held_back = lanes.held_back(&options, Instant::now());
+        assert_eq!(held_back, r#"[["d","a"],["d","b"],["d","c"],["d"]]"#);
+        let sent = Settled {
+            recorded: Recorded::Sent,
+            unwell: false,
+        };
+        let lane = ("d".to_owned(), "b".to_owned());
+        assert!(lanes.settle(&lane, Ok(Some(sent)), &options).is_none());
+        // Lane b is idle and forgotten; c has a row waiting and the destination room.
+        assert_eq!(
+            lanes.held_back(&options, Instant::now()),
+            r#"[["d","a"],["d","c"]]"#
+        );
+        assert_eq!(
+            lanes.next_ready(&options).map(|(row, _, _)| row.id),
+            Some(4)
+        );
+    }
 
     #[test]
     fn reasons_are_made_safe_to_store() {

@@ -297,10 +297,15 @@ pub enum Replays {
 /// since the Unix epoch, events replayed, whether it still runs.
 pub(crate) type ReplayTuple = (i64, String, i64, i64, i64, i64, bool);
 
+/// The columns of a `breakers` read as sqlx decodes them: destination, scope, failures,
+/// milliseconds the pause has left, milliseconds since it was written.
+pub(crate) type BreakerTuple = (String, String, i64, i64, i64);
+
 /// Which outbox rows to read.
 pub enum Which {
     /// Due rows, at most `limit`, hidden for `lease_ms` under `token` and counted as one
-    /// more attempt; none for the destinations in `held_back`, a JSON array of names.
+    /// more attempt; none for the lanes in `held_back`, a JSON array whose elements are
+    /// `[destination, scope]` for one lane or `[destination]` for all of a destination's.
     Due {
         lease_ms: i64,
         limit: i64,
@@ -344,23 +349,27 @@ pub enum Change<'a> {
         after_ms: i64,
         token: i64,
     },
-    /// Dead-letters at most `limit` unsent rows of `destination` written more than
-    /// `older_than_ms` ago, with `reason`.
+    /// Dead-letters at most `limit` unsent rows of `destination` in `scope` written more
+    /// than `older_than_ms` ago, with `reason`.
     Expire {
         destination: &'a str,
+        scope: &'a str,
         older_than_ms: i64,
         reason: &'a str,
         limit: i64,
     },
-    /// A relay backed `destination` off for `pause_ms` after `failures` in a row.
+    /// A relay backed `destination` off for the rows of `scope`, for `pause_ms` after
+    /// `failures` in a row.
     BreakerOpen {
         destination: &'a str,
+        scope: &'a str,
         failures: i64,
         pause_ms: i64,
     },
-    /// A relay's breaker for `destination` closed: it answers again.
+    /// A relay's breaker for `destination` and `scope` closed: it answers again.
     BreakerClose {
         destination: &'a str,
+        scope: &'a str,
     },
     /// The dead letters within `window` when `id` is `None`, at most `limit`, oldest first.
     Replay {

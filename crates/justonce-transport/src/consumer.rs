@@ -3,11 +3,13 @@
 //! attempts, dead letters, the pause after a database failure, metrics, logs, spans).
 
 use crate::reconnect::{Connection, Link};
-use crate::{ConsumerStats, Error, Incoming, KeyFrom, Ran};
+use crate::{ConsumerStats, Error, Incoming, KeyFrom, Ran, Tenants};
 use justonce_core::TraceContext;
 use justonce_core::trace::{TRACEPARENT, TRACESTATE};
-use justonce_sql::{Backend, Inbox, Outcome, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Outcome, Scope, WorkFuture, sqlx};
+use std::borrow::Cow;
 use std::future::Future;
+use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::Poll;
@@ -151,6 +153,9 @@ impl<DB: Backend, E: Send + 'static, F: BatchWork<DB, E>> RunWork<DB, E> for Who
 pub struct Policy {
     /// Where a delivery's key is.
     pub key_from: KeyFrom,
+    /// Where each delivery names its tenant, and the tenants taken; none when every key is
+    /// claimed in the inbox's scope.
+    pub tenants: Option<Tenants>,
     /// How many times failed work is tried before it is dead-lettered.
     pub max_attempts: u32,
     /// How long the consumer takes nothing after the database failed.
@@ -165,6 +170,7 @@ impl Default for Policy {
     fn default() -> Self {
         Self {
             key_from: KeyFrom::MessageId,
+            tenants: None,
             max_attempts: 5,
             store_pause: Duration::from_secs(1),
             reconnect_max_wait: Duration::from_secs(5),
@@ -178,6 +184,14 @@ macro_rules! policy_setters {
         $(#[$key_doc])*
         pub fn key_from(mut self, key_from: $crate::KeyFrom) -> Self {
             self.policy.key_from = key_from;
+            self
+        }
+
+        /// Each message's key claimed in the scope of the tenant it names there, one of
+        /// those taken; a message that names none, a blank one or another is dead-lettered
+        /// at once.
+        pub fn tenants(mut self, tenants: $crate::Tenants) -> Self {
+            self.policy.tenants = Some(tenants);
             self
         }
 
@@ -229,21 +243,125 @@ pub trait Received: Send + Sync {
     }
 }
 
-/// What a delivery's work sees, or why it has no usable key.
-pub(crate) fn incoming(key_from: &KeyFrom, delivery: &impl Received) -> Result<Incoming, String> {
-    let body = delivery.body();
-    let text = match key_from {
-        KeyFrom::MessageId => delivery.message_id()?,
+/// Why a delivery cannot run: both are dead-lettered at once, with the reason.
+#[derive(Debug, Clone)]
+pub(crate) enum Unusable {
+    /// It has no usable key.
+    NoKey(String),
+    /// It names no tenant, a blank one or one not taken.
+    NoTenant(String),
+}
+
+impl Unusable {
+    /// The reason a dead letter carries.
+    pub(crate) fn reason(self) -> String {
+        match self {
+            Unusable::NoKey(reason) | Unusable::NoTenant(reason) => reason,
+        }
+    }
+
+    /// What running the delivery came to.
+    pub(crate) fn ran<E>(self) -> Ran<E> {
+        match self {
+            Unusable::NoKey(reason) => Ran::NoKey(reason),
+            Unusable::NoTenant(reason) => Ran::NoTenant(reason),
+        }
+    }
+}
+
+/// The text at `from` in `delivery`, whose body is `body`.
+fn text_at(from: &KeyFrom, delivery: &impl Received, body: &[u8]) -> Result<String, String> {
+    match from {
+        KeyFrom::MessageId => delivery.message_id(),
         KeyFrom::Header(name) => delivery
             .header(name)
-            .ok_or_else(|| delivery.no_header(name))?,
-        KeyFrom::Json(pointer) => crate::json_id(&body, pointer)?,
+            .ok_or_else(|| delivery.no_header(name)),
+        KeyFrom::Json(pointer) => crate::json_id(body, pointer),
+    }
+}
+
+/// How many bytes of a tenant not taken a dead letter's reason shows, escaped.
+const SHOWN_TENANT_BYTES: usize = 64;
+
+/// The scope of the tenant `delivery` names, or why it is refused. A name not taken is
+/// shown escaped and cut short: it is the sender's, and must not forge a log line.
+fn tenant_of(tenants: &Tenants, delivery: &impl Received, body: &[u8]) -> Result<Scope, String> {
+    let named = text_at(&tenants.from, delivery, body).map_err(|why| format!("no tenant: {why}"))?;
+    if named.trim().is_empty() {
+        return Err("no tenant: the tenant is blank".to_owned());
+    }
+    if !tenants.allowed.contains(&named) {
+        let shown = crate::truncate(&named, SHOWN_TENANT_BYTES);
+        return Err(format!(
+            "tenant not allowed: {shown:?} is not one of the tenants this consumer takes"
+        ));
+    }
+    Scope::new(named).map_err(|error| format!("tenant not allowed: {error}"))
+}
+
+/// The scope `delivery` is claimed in: the tenant it names under `policy`'s tenants, else
+/// `scope`, the inbox's.
+pub(crate) fn scope_of(
+    policy: &Policy,
+    scope: &Scope,
+    delivery: &impl Received,
+) -> Result<Scope, String> {
+    match &policy.tenants {
+        None => Ok(scope.clone()),
+        // A header needs no copy of the body.
+        Some(tenants) if matches!(tenants.from, KeyFrom::Json(_)) => {
+            tenant_of(tenants, delivery, &delivery.body())
+        }
+        Some(tenants) => tenant_of(tenants, delivery, &[]),
+    }
+}
+
+/// The runs of `batch`, in order, whose messages are all claimed in one scope: one claim
+/// statement holds one scope. A delivery that cannot run joins the run it is in.
+pub(crate) fn scope_runs<D: Received>(
+    policy: &Policy,
+    scope: &Scope,
+    batch: &[D],
+) -> Vec<Range<usize>> {
+    if policy.tenants.is_none() {
+        return std::iter::once(0..batch.len()).collect();
+    }
+    let mut runs: Vec<(Range<usize>, Option<Scope>)> = Vec::new();
+    for (at, delivery) in batch.iter().enumerate() {
+        let scope = scope_of(policy, scope, delivery).ok();
+        match runs.last_mut() {
+            Some((run, held)) if scope.is_none() || held.is_none() || *held == scope => {
+                run.end = at + 1;
+                if held.is_none() {
+                    *held = scope;
+                }
+            }
+            _ => runs.push((at..at + 1, scope)),
+        }
+    }
+    runs.into_iter().map(|(run, _)| run).collect()
+}
+
+/// What a delivery's work sees under `policy`, claimed in `scope` unless the delivery names
+/// its tenant, or why it cannot run.
+pub(crate) fn incoming(
+    policy: &Policy,
+    scope: &Scope,
+    delivery: &impl Received,
+) -> Result<Incoming, Unusable> {
+    let body = delivery.body();
+    let text = text_at(&policy.key_from, delivery, &body).map_err(Unusable::NoKey)?;
+    let key = crate::message_key(text).map_err(Unusable::NoKey)?;
+    let scope = match &policy.tenants {
+        None => scope.clone(),
+        Some(tenants) => tenant_of(tenants, delivery, &body).map_err(Unusable::NoTenant)?,
     };
     let trace = delivery.header(TRACEPARENT).and_then(|traceparent| {
         TraceContext::parse(&traceparent, delivery.header(TRACESTATE).as_deref())
     });
     Ok(Incoming {
-        key: crate::message_key(text)?,
+        key,
+        scope,
         body,
         attempt: delivery.attempt(),
         redelivered: delivery.redelivered(),
@@ -632,9 +750,24 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         })
     }
 
-    /// What the work of `delivery` sees, or why it has no usable key.
+    /// What the work of `delivery` sees, or why it has no usable key or tenant.
     pub fn incoming(&self, delivery: &B::Delivery) -> Result<Incoming, String> {
-        incoming(&self.broker.policy().key_from, delivery)
+        self.read(delivery).map_err(Unusable::reason)
+    }
+
+    /// What the work of `delivery` sees, or why it cannot run.
+    fn read(&self, delivery: &B::Delivery) -> Result<Incoming, Unusable> {
+        incoming(self.broker.policy(), self.inbox.scope(), delivery)
+    }
+
+    /// The inbox that claims in `scope`: the consumer's own, or the same store and consumer
+    /// in the tenant's scope a message names.
+    fn inbox_in(&self, scope: &Scope) -> Cow<'_, Inbox<DB>> {
+        if scope == self.inbox.scope() {
+            Cow::Borrowed(&self.inbox)
+        } else {
+            Cow::Owned(self.inbox.with_scope(scope.clone()))
+        }
     }
 
     /// Runs the work of one delivery in a transaction with its key (see [`Inbox::run`]).
@@ -654,13 +787,13 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         if let Some(reason) = self.spent(delivery) {
             return Ran::Spent(reason);
         }
-        let incoming = match self.incoming(delivery) {
+        let incoming = match self.read(delivery) {
             Ok(incoming) => incoming,
-            Err(reason) => return Ran::NoKey(reason),
+            Err(unusable) => return unusable.ran(),
         };
         let alone: &[&Incoming] = &[&incoming];
-        let run = self
-            .inbox
+        let inbox = self.inbox_in(&incoming.scope);
+        let run = inbox
             .run(&incoming.key, &incoming.body, |tx| work.run(tx, alone))
             .instrument(crate::consume_span(&incoming));
         Ran::of(self.broker.working(&[delivery], run).await)
@@ -712,8 +845,32 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         self.settle_with(batch, &WholeBatch(work), stats).await
     }
 
-    /// [`Consumer::settle_batch`] for either kind of work.
+    /// [`Consumer::settle_batch`] for either kind of work. A batch of several tenants'
+    /// messages is claimed and settled in runs of one tenant's, in order.
     async fn settle_with<E>(
+        &self,
+        batch: &[B::Delivery],
+        work: &impl RunWork<DB, E>,
+        stats: &mut ConsumerStats,
+    ) -> Result<bool, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        for run in scope_runs(self.broker.policy(), self.inbox.scope(), batch) {
+            if self.settle_run(&batch[run.clone()], work, stats).await? {
+                // Not tried: the database that just failed would fail them too.
+                for untried in &batch[run.end..] {
+                    stats.returned += 1;
+                    self.settle_counted(untried, Settle::GiveBack).await?;
+                }
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// [`Consumer::settle_with`] for a batch whose keys are all claimed in one scope.
+    async fn settle_run<E>(
         &self,
         batch: &[B::Delivery],
         work: &impl RunWork<DB, E>,
@@ -724,16 +881,16 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     {
         // A delivery spent is dead-lettered alone, before it runs.
         if batch.len() > 1 && !batch.iter().any(|delivery| self.spent(delivery).is_some()) {
-            let read: Vec<Result<Incoming, String>> = batch
-                .iter()
-                .map(|delivery| self.incoming(delivery))
-                .collect();
+            let read: Vec<Result<Incoming, Unusable>> =
+                batch.iter().map(|delivery| self.read(delivery)).collect();
             let keyed: Vec<&Incoming> = read.iter().filter_map(|read| read.as_ref().ok()).collect();
             let working: Vec<&B::Delivery> = (batch.iter().zip(&read))
                 .filter(|(_, read)| read.is_ok())
                 .map(|(delivery, _)| delivery)
                 .collect();
-            let run = self.inbox.run_batch_at_once(
+            let scope = keyed.first().map_or(self.inbox.scope(), |first| &first.scope);
+            let inbox = self.inbox_in(scope);
+            let run = inbox.run_batch_at_once(
                 &keyed,
                 |incoming| (&incoming.key, incoming.body.as_slice()),
                 |tx, firsts| {
@@ -747,7 +904,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                 Ok(outcomes) => {
                     let mut outcomes = outcomes.into_iter();
                     let ran = read.into_iter().map(|read| match read {
-                        Err(reason) => Ran::<E>::NoKey(reason),
+                        Err(unusable) => unusable.ran::<E>(),
                         Ok(_) => match outcomes.next() {
                             Some(outcome) => Ran::Outcome(outcome),
                             // The batch answers every keyed delivery. Without an answer the
@@ -846,6 +1003,9 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         ran: Ran<E>,
         stats: &mut ConsumerStats,
     ) -> Settle {
+        if matches!(ran, Ran::NoTenant(_)) {
+            crate::count_rejected_tenant(&self.inbox, B::NAME);
+        }
         judge(
             ran,
             delivery.attempt(),
@@ -973,6 +1133,11 @@ pub(crate) fn judge<E: std::fmt::Display>(
         }
         Ran::NoKey(reason) => {
             tracing::warn!(%reason, delivery = id(), "a delivery without a usable key: dead-lettered");
+            stats.dead_lettered += 1;
+            Settle::DeadLetter { attempt, reason }
+        }
+        Ran::NoTenant(reason) => {
+            tracing::warn!(%reason, delivery = id(), "a delivery without a tenant taken: dead-lettered");
             stats.dead_lettered += 1;
             Settle::DeadLetter { attempt, reason }
         }

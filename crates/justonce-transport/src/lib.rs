@@ -133,10 +133,11 @@ with_any_broker! {
     };
     pub use reconnect::Link;
 }
-use justonce_core::{Key, TraceContext};
+use justonce_core::{Key, Scope, TraceContext};
 use justonce_sql::Outcome;
 #[cfg(any(feature = "kafka", feature = "nats", feature = "redis"))]
 pub use reader::{OrderedBroker, Position, Reader, ReaderDeliveries, StoredOffsets};
+use std::collections::BTreeSet;
 
 /// How long a broker's `probe` (such as [`amqp::probe`]) waits for the broker before it
 /// gives up: a broker that does not answer is as unusable as one that refuses.
@@ -189,12 +190,66 @@ pub enum KeyFrom {
     Json(String),
 }
 
+/// Where each message names its tenant, and the tenants a consumer takes: each message is
+/// claimed in its tenant's scope. A message that names no tenant, a blank one or one not
+/// taken is dead-lettered at once, since no later attempt can make it better.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenants {
+    from: KeyFrom,
+    allowed: BTreeSet<String>,
+}
+
+impl Tenants {
+    /// Each message names its tenant at `from`, a header or a JSON pointer, one of
+    /// `allowed` (at least one). A tenant becomes a part of keys, so it may not hold ':'.
+    pub fn new<I, T>(from: KeyFrom, allowed: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        if from == KeyFrom::MessageId {
+            return Err(Error::Config(
+                "a message names its tenant in a header or at a JSON pointer".to_owned(),
+            ));
+        }
+        let allowed: BTreeSet<String> = allowed.into_iter().map(Into::into).collect();
+        if allowed.is_empty() {
+            return Err(Error::Config(
+                "a tenant named by the message needs a list of the tenants taken".to_owned(),
+            ));
+        }
+        for tenant in &allowed {
+            if tenant.contains(Key::SEPARATOR) {
+                return Err(Error::Config(format!(
+                    "tenant {tenant:?} may not contain ':'"
+                )));
+            }
+            Scope::new(tenant.as_str())
+                .map_err(|error| Error::Config(format!("tenant {tenant:?}: {error}")))?;
+        }
+        Ok(Self { from, allowed })
+    }
+
+    /// Where each message names its tenant.
+    pub fn from(&self) -> &KeyFrom {
+        &self.from
+    }
+
+    /// The tenants taken.
+    pub fn allowed(&self) -> &BTreeSet<String> {
+        &self.allowed
+    }
+}
+
 /// One delivery as the work sees it.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Incoming {
     /// The key claimed for it.
     pub key: Key,
+    /// The tenant scope the key is claimed in: the one the message names when the
+    /// consumer takes [`Tenants`], else its inbox's.
+    pub scope: Scope,
     /// The message body.
     pub body: Vec<u8>,
     /// Which attempt this is, from 1.
@@ -233,6 +288,11 @@ pub fn describe_metrics() {
         "Messages consumed from a broker and settled, by consumer and broker"
     );
     metrics::describe_counter!(
+        REJECTED_TENANT,
+        "Messages dead-lettered for naming no tenant, a blank one or one not taken, by \
+         consumer and broker"
+    );
+    metrics::describe_counter!(
         "justonce_broker_reconnects_total",
         "Times a consumer connected again after losing its broker, by consumer and broker"
     );
@@ -255,6 +315,22 @@ with_any_broker! {
 }
 
 const CONSUMED: &str = "justonce_deliveries_consumed_total";
+const REJECTED_TENANT: &str = "justonce_deliveries_rejected_tenant_total";
+
+with_any_broker! {
+    /// Counts a message of the consumer of `inbox` refused for its tenant.
+    pub(crate) fn count_rejected_tenant<DB: justonce_sql::Backend>(
+        inbox: &justonce_sql::Inbox<DB>,
+        broker: &'static str,
+    ) {
+        metrics::counter!(
+            REJECTED_TENANT,
+            "consumer" => inbox.consumer().as_str().to_owned(),
+            "broker" => broker
+        )
+        .increment(1);
+    }
+}
 
 /// What running a delivery's work came to, for its settling.
 #[derive(Debug)]
@@ -264,6 +340,9 @@ pub enum Ran<E> {
     Outcome(Outcome<()>),
     /// The delivery has no usable key.
     NoKey(String),
+    /// The delivery names no tenant, a blank one or one the consumer does not take
+    /// ([`Tenants`]): dead-lettered at once with this reason.
+    NoTenant(String),
     /// The work failed.
     Work(E),
     /// The work panicked, with this message: a failed attempt, retried and dead-lettered

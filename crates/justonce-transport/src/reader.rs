@@ -11,12 +11,13 @@
 //! same key twice at two positions.
 
 use crate::consumer::{
-    BatchWork, EachMessage, Failed, Receive, Received, RunWork, Settle, WholeBatch, Work,
-    gathering, judge,
+    BatchWork, EachMessage, Failed, Receive, Received, RunWork, Settle, Unusable, WholeBatch, Work,
+    gathering, judge, scope_runs,
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
-use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError, sqlx};
+use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError, Scope, sqlx};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -439,21 +440,38 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     {
         match self.read(entry) {
             Ok((position, incoming)) => self.run_at(position, &incoming, &EachMessage(work)).await,
-            Err(reason) => Ran::NoKey(reason),
+            Err(unusable) => unusable.ran(),
         }
     }
 
-    /// What the work of `entry` sees, or why it has no usable key.
+    /// What the work of `entry` sees, or why it has no usable key or tenant.
     pub fn incoming(&self, entry: &O::Entry) -> Result<Incoming, String> {
-        let mut incoming = crate::consumer::incoming(&self.broker.policy().key_from, entry)?;
+        self.incoming_or_why(entry).map_err(Unusable::reason)
+    }
+
+    /// What the work of `entry` sees, or why it cannot run.
+    fn incoming_or_why(&self, entry: &O::Entry) -> Result<Incoming, Unusable> {
+        let policy = self.broker.policy();
+        let mut incoming = crate::consumer::incoming(policy, self.inbox.scope(), entry)?;
         // A reader runs an entry again in place: the broker handed it out once.
         (incoming.attempt, incoming.redelivered) = (1, false);
         Ok(incoming)
     }
 
     /// An entry's position and what its work sees, or why it has neither.
-    fn read<'e>(&'e self, entry: &'e O::Entry) -> Result<(Position<'e>, Incoming), String> {
-        Ok((self.broker.position(entry)?, self.incoming(entry)?))
+    fn read<'e>(&'e self, entry: &'e O::Entry) -> Result<(Position<'e>, Incoming), Unusable> {
+        let position = self.broker.position(entry).map_err(Unusable::NoKey)?;
+        Ok((position, self.incoming_or_why(entry)?))
+    }
+
+    /// The inbox that claims in `scope`: the reader's own, or the same store and consumer
+    /// in the tenant's scope an entry names. Offsets are the consumer's, in any scope.
+    fn inbox_in(&self, scope: &Scope) -> Cow<'_, Inbox<DB>> {
+        if scope == self.inbox.scope() {
+            Cow::Borrowed(&self.inbox)
+        } else {
+            Cow::Owned(self.inbox.with_scope(scope.clone()))
+        }
     }
 
     /// Runs `batch` in one transaction, or its entries one by one if that did not commit;
@@ -470,13 +488,18 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        if batch.len() > 1 && self.run_together(batch, work, stats, unstored).await {
-            return Ok((batch.len(), Processed::Done));
-        }
-        for (done, entry) in batch.iter().enumerate() {
-            match self.process(entry, work, stats, unstored, shutdown).await? {
-                Processed::Done => {}
-                ended => return Ok((done, ended)),
+        // One claim statement holds one scope: a batch of several tenants' entries runs in
+        // runs of one tenant's, in order.
+        for run in scope_runs(self.broker.policy(), self.inbox.scope(), batch) {
+            let entries = &batch[run.clone()];
+            if entries.len() > 1 && self.run_together(entries, work, stats, unstored).await {
+                continue;
+            }
+            for (done, entry) in entries.iter().enumerate() {
+                match self.process(entry, work, stats, unstored, shutdown).await? {
+                    Processed::Done => {}
+                    ended => return Ok((run.start + done, ended)),
+                }
             }
         }
         Ok((batch.len(), Processed::Done))
@@ -505,7 +528,11 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             return false;
         };
         let spans = Spans::of(read.iter().map(|(position, _)| *position));
-        let (inbox, spans) = (&self.inbox, &spans);
+        let scope = read
+            .first()
+            .map_or(self.inbox.scope(), |(_, first)| &first.scope);
+        let inbox = self.inbox_in(scope);
+        let (inbox, spans) = (&*inbox, &spans);
         let run = inbox
             .run_batch_at_once(
                 &read,
@@ -560,8 +587,12 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let id = || entry.log_id();
         let (position, mut incoming) = match self.read(entry) {
             Ok(read) => read,
-            Err(reason) => {
-                let settle = judge::<E>(Ran::NoKey(reason), 1, 1, stats, String::new, id);
+            Err(unusable) => {
+                let ran = unusable.ran::<E>();
+                if matches!(ran, Ran::NoTenant(_)) {
+                    crate::count_rejected_tenant(&self.inbox, O::NAME);
+                }
+                let settle = judge::<E>(ran, 1, 1, stats, String::new, id);
                 return self.settle(entry, settle, shutdown).await;
             }
         };
@@ -576,7 +607,11 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     stats.returned += 1;
                     return Ok(Processed::StoreFailed);
                 }
-                Ran::NoKey(_) | Ran::Work(_) | Ran::Panicked(_) | Ran::Spent(_) => {}
+                Ran::NoKey(_)
+                | Ran::NoTenant(_)
+                | Ran::Work(_)
+                | Ran::Panicked(_)
+                | Ran::Spent(_) => {}
             }
             let attempt = incoming.attempt;
             match judge(ran, attempt, max_attempts, stats, key, id) {
@@ -644,7 +679,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let inbox = &self.inbox;
+        let inbox = self.inbox_in(&incoming.scope);
+        let inbox = &*inbox;
         let alone: &[&Incoming] = &[incoming];
         let run = inbox
             .run(&incoming.key, &incoming.body, |tx| {

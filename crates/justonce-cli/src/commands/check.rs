@@ -7,13 +7,24 @@ use crate::cli::{CheckArgs, Subject};
 use crate::config::{BrokerOptions, ConsumerSettings, Settings};
 use anyhow::Result;
 use justonce_cli_support::Usage;
+use justonce_sql::{Backend, Inbox};
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, RandomState};
 use std::time::Instant;
 
 /// `justonce check` alone: says that the configuration and the database are fine, once every
-/// target's host resolves and every consumer's broker answers.
-pub async fn environment(settings: &Settings) -> Result<()> {
+/// target's host resolves and every consumer's broker answers. Warns of keys a source or
+/// consumer holds in a scope its configuration no longer gives it.
+pub async fn environment<DB: Backend>(settings: &Settings, inbox: &Inbox<DB>) -> Result<()> {
     let brokers = check_environment(settings).await?;
+    let counts = inbox.key_counts().await?;
+    let held = counts.iter().map(|count| {
+        let keys = u64::try_from(count.keys).unwrap_or(0);
+        (count.consumer.as_str(), count.scope.as_str(), keys)
+    });
+    for warning in scope_warnings(&settings.scopes(), held) {
+        eprintln!("warning: {warning}");
+    }
     println!(
         "configuration and database are fine: {}, {}, {}",
         counted(settings.sources.len(), "source", "sources"),
@@ -21,6 +32,37 @@ pub async fn environment(settings: &Settings) -> Result<()> {
         counted(brokers, "broker reached", "brokers reached")
     );
     Ok(())
+}
+
+/// A warning for each scope a configured source or consumer holds keys in that its
+/// configuration no longer gives it, from `held`: (name, scope, keys). A message claimed
+/// there and sent again is claimed anew in another scope, and acts again.
+fn scope_warnings<'a>(
+    scopes: &BTreeMap<&str, BTreeSet<String>>,
+    held: impl IntoIterator<Item = (&'a str, &'a str, u64)>,
+) -> Vec<String> {
+    let shown = |scope: &str| match scope {
+        "" => "no tenant".to_owned(),
+        tenant => format!("tenant {tenant}"),
+    };
+    held.into_iter()
+        .filter(|(_, _, keys)| *keys > 0)
+        .filter_map(|(name, scope, keys)| {
+            let given = scopes.get(name)?;
+            if given.contains(scope) {
+                return None;
+            }
+            let given: Vec<String> = given.iter().map(|scope| shown(scope)).collect();
+            Some(format!(
+                "{name} holds {} under {}, which its configuration no longer gives it (it \
+                 gives {}): a message claimed there and sent again is claimed anew and acts \
+                 again, until those keys are purged",
+                counted(keys, "key", "keys"),
+                shown(scope),
+                given.join(", ")
+            ))
+        })
+        .collect()
 }
 
 /// Resolves every source's and consumer's target host and probes every consumer's broker,
@@ -136,4 +178,41 @@ pub async fn conformance(settings: &Settings, args: CheckArgs, subject: Subject)
         json: args.json,
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys under no tenant while the configuration now sets one, and under a tenant since
+    /// taken off the list, are named; keys in a scope still given, and a name the
+    /// configuration no longer has, are not.
+    #[test]
+    fn keys_in_a_scope_no_longer_given_are_named() {
+        let scopes = BTreeMap::from([
+            (
+                "shop",
+                BTreeSet::from(["acme".to_owned(), "globex".to_owned()]),
+            ),
+            ("orders", BTreeSet::from([String::new()])),
+        ]);
+        let held = [
+            ("shop", "", 12),
+            ("shop", "acme", 3),
+            ("shop", "initech", 1),
+            ("orders", "", 5),
+            ("gone", "", 7),
+        ];
+        assert_eq!(
+            scope_warnings(&scopes, held),
+            [
+                "shop holds 12 keys under no tenant, which its configuration no longer gives \
+                 it (it gives tenant acme, tenant globex): a message claimed there and sent \
+                 again is claimed anew and acts again, until those keys are purged",
+                "shop holds 1 key under tenant initech, which its configuration no longer \
+                 gives it (it gives tenant acme, tenant globex): a message claimed there and \
+                 sent again is claimed anew and acts again, until those keys are purged",
+            ]
+        );
+    }
 }

@@ -125,7 +125,7 @@ async fn run_on<DB: Backend>(settings: Settings, command: OnStore) -> Result<()>
             crate::serve::serve(settings, inbox).await
         }
         OnStore::Migrate => migrate::apply(&inbox).await,
-        OnStore::Check => check::environment(&settings).await,
+        OnStore::Check => check::environment(&settings, &inbox).await,
         OnStore::Purge { batch_size, pause } => {
             purge::run(&settings, &inbox, batch_size, pause).await
         }

@@ -47,6 +47,7 @@ impl Stats {
             },
             "backed_off": backed_off.iter().map(|destination| serde_json::json!({
                 "destination": destination.destination,
+                "scope": (!destination.scope.is_empty()).then_some(&destination.scope),
                 "failures": destination.failures,
                 "pause_left_seconds": destination.pause_left.as_secs_f64(),
                 "since_seconds": destination.since.as_secs_f64(),
@@ -104,10 +105,11 @@ pub async fn print<DB: Backend>(inbox: &Inbox<DB>, json: bool) -> Result<()> {
     );
     print_table(
         "backed-off destinations",
-        &["destination", "failures", "pause left", "since"],
+        &["destination", "scope", "failures", "pause left", "since"],
         backed_off.iter().map(|destination| {
             vec![
                 destination.destination.clone(),
+                scope_or_none(&destination.scope).to_owned(),
                 destination.failures.to_string(),
                 format!("{} s", destination.pause_left.as_secs()),
                 format!("{} s ago", destination.since.as_secs()),

@@ -3,13 +3,15 @@
 use crate::admin_api::AdminToken;
 use anyhow::Result;
 use justonce_http::HttpDestination;
-use justonce_http::receiver::Source;
+use justonce_http::receiver::{Source, Tenant};
 use justonce_sql::{Retention, Scope};
+use justonce_transport::Tenants;
 use justonce_transport::amqp::AmqpOptions;
 use justonce_transport::kafka::KafkaOptions;
 use justonce_transport::mqtt::MqttOptions;
 use justonce_transport::nats::NatsOptions;
 use justonce_transport::redis_streams::RedisStreamOptions;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -201,6 +203,8 @@ pub struct ConsumerSettings {
     pub deliver_for: Duration,
     /// The tenant every message is stored for, if the consumer has one.
     pub tenant: Option<Scope>,
+    /// The tenants taken when each message names its own (also in `options`).
+    pub tenants: Option<Tenants>,
 }
 
 /// What to consume, per broker.
@@ -214,6 +218,31 @@ pub enum BrokerOptions {
 }
 
 impl Settings {
+    /// The scopes each source and consumer claims its keys in, by name: the empty scope
+    /// for one without tenants.
+    pub fn scopes(&self) -> BTreeMap<&str, BTreeSet<String>> {
+        let sources = self.sources.iter().map(|source| {
+            let scopes = match source.source.tenant() {
+                None => BTreeSet::from([String::new()]),
+                Some(Tenant::Fixed(scope)) => BTreeSet::from([scope.as_str().to_owned()]),
+                Some(Tenant::FromRequest { allowed, .. }) => allowed.clone(),
+                Some(Tenant::BySecret(secrets)) => {
+                    secrets.tenants().map(|t| t.as_str().to_owned()).collect()
+                }
+            };
+            (source.name.as_str(), scopes)
+        });
+        let consumers = self.consumers.iter().map(|consumer| {
+            let scopes = match (&consumer.tenant, &consumer.tenants) {
+                (Some(scope), _) => BTreeSet::from([scope.as_str().to_owned()]),
+                (None, Some(tenants)) => tenants.allowed().clone(),
+                (None, None) => BTreeSet::from([String::new()]),
+            };
+            (consumer.name.as_str(), scopes)
+        });
+        sources.chain(consumers).collect()
+    }
+
     /// The retention the shared store is opened with: every source and consumer keeps its
     /// keys at least this long, and purges each by its own.
     pub fn store_retention(&self) -> Result<Retention> {

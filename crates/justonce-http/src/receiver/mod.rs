@@ -10,7 +10,7 @@ mod tenant;
 
 pub use crate::standard_webhooks::signature as standard_webhooks_signature;
 pub use signature::{Rejected, Scheme};
-pub use tenant::Tenant;
+pub use tenant::{Tenant, TenantSecrets};
 
 use axum::Router;
 use axum::extract::{Path, Request, State};
@@ -82,7 +82,8 @@ impl Source {
     }
 
     /// The same source, storing each event in its tenant's scope under the key
-    /// `<source>:<tenant>:<id>`.
+    /// `<source>:<tenant>:<id>`. With [`Tenant::BySecret`], the tenants' own secrets verify
+    /// each request, not the source's scheme.
     pub fn with_tenant(self, tenant: Tenant) -> Self {
         Self {
             tenant: Some(tenant),
@@ -264,7 +265,13 @@ async fn receive_in_span<DB: Backend>(
             return response;
         }
     };
-    if source.scheme.verify(&parts.headers, &body).is_err() {
+    // The tenant whose secret verified the request, for a source whose tenants each sign
+    // with their own.
+    let verified = match &source.tenant {
+        Some(Tenant::BySecret(secrets)) => secrets.signer(&parts.headers, &body).map(Some),
+        _ => source.scheme.verify(&parts.headers, &body).map(|()| None),
+    };
+    let Ok(signer) = verified else {
         rejections.reject(
             &source.name,
             source.tenant_label(None),
@@ -275,11 +282,11 @@ async fn receive_in_span<DB: Backend>(
             "signature rejected",
             "the signature, its timestamp or its headers do not verify",
         );
-    }
+    };
     // After the signature: an unsigned request learns nothing of the tenants taken.
     let scope = match &source.tenant {
         None => Scope::none(),
-        Some(tenant) => match tenant.of(&parts.headers, &body) {
+        Some(tenant) => match tenant.of(&parts.headers, &body, signer) {
             Ok(scope) => scope,
             Err(refused) => {
                 rejections.reject(&source.name, source.tenant_label(None), "rejected_tenant");

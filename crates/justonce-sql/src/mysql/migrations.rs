@@ -185,4 +185,23 @@ ALTER TABLE {prefix}outbox ALTER COLUMN received_at SET DEFAULT (UTC_TIMESTAMP(6
 ALTER TABLE {prefix}migrations ALTER COLUMN applied_at SET DEFAULT (UTC_TIMESTAMP(6));
 ",
     },
+    Migration {
+        version: 8,
+        description: "breakers: the lanes a relay backed off, by destination and scope",
+        // A breaker is kept per destination and scope. The table holds only what the
+        // relays last wrote for `stats`, which each relay writes again when a breaker
+        // moves: it is made anew rather than converted.
+        // A scope is at most 128 bytes: the key stays within InnoDB's 3072.
+        sql: "
+DROP TABLE IF EXISTS {prefix}breakers;
+CREATE TABLE {prefix}breakers (
+    destination VARCHAR(255) NOT NULL,
+    scope VARCHAR(128) NOT NULL,
+    failures BIGINT NOT NULL,
+    open_until DATETIME(6) NOT NULL,
+    updated_at DATETIME(6) NOT NULL,
+    PRIMARY KEY (destination, scope)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+",
+    },
 ];

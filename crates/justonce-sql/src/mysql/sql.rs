@@ -209,21 +209,24 @@ impl MySqlStatements {
                      WHERE id = ? AND lease_token = ? AND {due}"
             )),
             breaker_open: arc(format!(
-                "INSERT INTO {breakers} (destination, failures, open_until, updated_at)
-                     VALUES (?, ?, {LATER}, {NOW})
+                "INSERT INTO {breakers} (destination, scope, failures, open_until, updated_at)
+                     VALUES (?, ?, ?, {LATER}, {NOW})
                      ON DUPLICATE KEY UPDATE failures = VALUES(failures),
                         open_until = VALUES(open_until), updated_at = VALUES(updated_at)"
             )),
-            breaker_close: arc(format!("DELETE FROM {breakers} WHERE destination = ?")),
+            breaker_close: arc(format!(
+                "DELETE FROM {breakers} WHERE destination = ? AND scope = ?"
+            )),
             breakers: arc(format!(
-                "SELECT destination, failures, -{}, {} FROM {breakers} ORDER BY destination",
+                "SELECT destination, scope, failures, -{}, {} FROM {breakers}
+                     ORDER BY destination, scope",
                 age_ms("open_until"),
                 age_ms("updated_at")
             )),
             // Leased rows too: should one be sent meanwhile, `mark_sent` outranks this.
             expire: arc(format!(
                 "UPDATE {outbox} SET dead = TRUE, last_error = ?
-                     WHERE {due} AND destination = ? AND created_at <= {EARLIER}
+                     WHERE {due} AND destination = ? AND scope = ? AND created_at <= {EARLIER}
                      ORDER BY id LIMIT ?"
             )),
             replay: arc(format!(
@@ -384,11 +387,16 @@ impl MySqlStatements {
                  VALUES (?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW})"
             )),
             // Taking due rows is three statements in one short transaction: MariaDB's UPDATE
-            // returns no rows. No lock is held while the rows are sent.
+            // returns no rows. No lock is held while the rows are sent. The lanes held back
+            // are compared byte for byte, as the outbox's columns are.
             due_ids: arc(format!(
                 "SELECT id FROM {outbox}
                  WHERE {due} AND next_attempt_at <= {NOW}
-                   AND NOT JSON_CONTAINS(?, JSON_QUOTE(destination))
+                   AND NOT EXISTS (
+                      SELECT 1 FROM JSON_TABLE(?, '$[*]' COLUMNS (
+                         d TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]',
+                         s TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[1]')) AS held
+                      WHERE held.d = destination AND coalesce(held.s, scope) = scope)
                  ORDER BY next_attempt_at, id
                  LIMIT ?
                  FOR UPDATE SKIP LOCKED"

@@ -129,7 +129,12 @@ pub(super) fn statements(tables: &Tables) -> Statements {
              SELECT id FROM inserted, notified"
         )),
         skip_locked: "FOR UPDATE SKIP LOCKED",
-        texts_of: |array| format!("SELECT json_array_elements_text({array}::json)"),
+        held_back: |array| {
+            format!(
+                "SELECT 1 FROM json_array_elements({array}::json) AS held(lane)
+                 WHERE held.lane->>0 = destination AND coalesce(held.lane->>1, scope) = scope"
+            )
+        },
         // The oldest attempt is dropped once the history is full.
         append_attempt: |duration, status, answer, error| {
             format!(

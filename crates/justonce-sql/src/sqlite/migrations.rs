@@ -149,4 +149,22 @@ UPDATE {prefix}outbox SET last_failed_at = json_extract(history, '$[#-1].at')
 CREATE INDEX IF NOT EXISTS {prefix}outbox_failed ON {prefix}outbox (last_failed_at);
 ",
     },
+    Migration {
+        version: 8,
+        description: "breakers: the lanes a relay backed off, by destination and scope",
+        // A breaker is kept per destination and scope. The table holds only what the
+        // relays last wrote for `stats`, which each relay writes again when a breaker
+        // moves: it is made anew rather than converted.
+        sql: "
+DROP TABLE IF EXISTS {prefix}breakers;
+CREATE TABLE {prefix}breakers (
+    destination TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    failures INTEGER NOT NULL,
+    open_until INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (destination, scope)
+);
+",
+    },
 ];

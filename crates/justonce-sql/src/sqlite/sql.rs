@@ -67,7 +67,13 @@ pub(super) fn statements(tables: &Tables) -> Statements {
         claim_and_forward: None,
         // The single writer already keeps two relays from taking one row.
         skip_locked: "",
-        texts_of: |array| format!("SELECT value FROM json_each({array})"),
+        held_back: |array| {
+            format!(
+                "SELECT 1 FROM json_each({array}) AS held
+                 WHERE held.value ->> 0 = destination
+                   AND coalesce(held.value ->> 1, scope) = scope"
+            )
+        },
         // The oldest attempt is dropped once the history is full.
         append_attempt: |duration, status, answer, error| {
             format!(

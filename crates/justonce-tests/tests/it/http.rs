@@ -1,6 +1,7 @@
 //! The relay's HTTP destination against a real receiver on loopback.
 
 use super::{key, on_every_database};
+use justonce_core::Scope;
 use justonce_http::HttpDestination;
 use justonce_sql::{Inbox, Message, RelayOptions, TraceContext};
 use justonce_tests::{Answer, RunningRelay, Sink, TestBackend, TestDb};
@@ -15,6 +16,7 @@ on_every_database!(
     poisoned_answers_are_recorded_and_dead_lettered_after_one_request,
     a_key_outside_visible_ascii_travels_percent_encoded,
     a_target_that_never_answers_holds_back_no_other_and_is_backed_off,
+    a_scope_a_target_hangs_on_holds_back_no_other_scope,
     rows_of_a_backed_off_target_past_their_window_are_dead_lettered_together,
     a_rows_trace_context_reaches_the_target,
 );
@@ -454,6 +456,88 @@ async fn a_target_that_never_answers_holds_back_no_other_and_is_backed_off<DB: T
         attempts,
         silent.connections(),
         "attempts counted against requests seen"
+    );
+    db.cleanup().await;
+}
+
+/// One destination, whose target hangs past the timeout on every row of the scope `slow`:
+/// 40 of them do not delay a row of the scope `quick`, neither while they fill their lane
+/// nor while their breaker, the lane's own, holds them back.
+async fn a_scope_a_target_hangs_on_holds_back_no_other_scope<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let slow = db.inbox.with_scope(Scope::new("slow").unwrap());
+    let quick = db.inbox.with_scope(Scope::new("quick").unwrap());
+    let mut hanging = std::collections::HashSet::new();
+    for n in 0..40 {
+        let id = format!("slow_{n}");
+        enqueue_for(&slow, &id, "shared").await;
+        hanging.insert(slow.identity(&key(&id)).derive("notify").to_string());
+    }
+    let sink = Sink::scripted(Arc::new(move |key, _| {
+        let mut answer = Answer::status(200);
+        if hanging.contains(key) {
+            answer.delay = Duration::from_secs(60);
+        }
+        answer
+    }))
+    .await;
+    let options = RelayOptions::default()
+        .lease(Duration::from_secs(8))
+        .breaker_pause(Duration::from_secs(30))
+        .poll_interval(Duration::from_millis(100));
+    let timeout = Duration::from_secs(2);
+    let relay = db.inbox.outbox().relay().options(options).destination(
+        "shared",
+        HttpDestination::with_timeout(&sink.url(), timeout).unwrap(),
+    );
+    let running = RunningRelay::start(relay);
+    let outbox = db.inbox.outbox();
+    while sink.requests() < 8 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut waits = Vec::new();
+    for n in 0..2 {
+        if n == 1 {
+            // The slow scope's first deliveries time out at about 2 s and open its breaker.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while outbox.backed_off().await.unwrap().is_empty() {
+                assert!(std::time::Instant::now() < deadline, "no breaker opened");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let id = format!("quick_{n}");
+        let expected = quick.identity(&key(&id)).derive("notify").to_string();
+        enqueue_for(&quick, &id, "shared").await;
+        let written = std::time::Instant::now();
+        loop {
+            let received = sink.received();
+            if let Some(request) = received.iter().find(|r| r.key.as_ref() == Some(&expected)) {
+                waits.push(request.at.saturating_duration_since(written));
+                break;
+            }
+            assert!(
+                written.elapsed() < Duration::from_secs(20),
+                "the quick scope's row {n} never arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    eprintln!("the quick scope's rows arrived after {waits:?}");
+    let backed_off = outbox.backed_off().await.unwrap();
+    running.stop().await;
+    for wait in &waits {
+        assert!(
+            *wait < Duration::from_secs(1),
+            "held back behind the slow scope: {waits:?}"
+        );
+    }
+    assert_eq!(backed_off.len(), 1, "{backed_off:?}");
+    assert_eq!(
+        (
+            backed_off[0].destination.as_str(),
+            backed_off[0].scope.as_str()
+        ),
+        ("shared", "slow")
     );
     db.cleanup().await;
 }

@@ -7,13 +7,13 @@ use super::broker::{
     Batching, GivingBack, TestBroker, consume_until, consumed, counted, read_to_end, take,
 };
 use super::{on_every_database, run_until};
-use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key, WorkFuture, sqlx};
 use justonce_tests::{BreakableRedis, TestBackend, TestDb, redis_url};
 use justonce_transport::redis_streams::{
     BODY_FIELD, KEY_FIELD, RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
     RedisStreamReader,
 };
-use justonce_transport::{ConsumerStats, Link, REASON_HEADER};
+use justonce_transport::{ConsumerStats, Incoming, KeyFrom, Link, REASON_HEADER, Tenants};
 use redis::AsyncCommands;
 use std::time::Duration;
 
@@ -25,6 +25,8 @@ on_every_database!(
     a_reader_that_cannot_move_its_offset_past_a_dead_letter_publishes_it_once,
     a_consumer_whose_connection_breaks_connects_again_and_goes_on,
     the_relay_adds_each_row_with_its_key,
+    a_consumer_takes_batches_of_interleaved_tenants_each_in_its_scope,
+    a_reader_takes_batches_of_interleaved_tenants_each_in_its_scope,
 );
 
 /// The group every reader of these tests joins.
@@ -582,4 +584,146 @@ impl TestBroker for ReadStream {
     async fn delete(self) {
         self.0.delete().await
     }
+}
+
+/// Two tenants' entries interleaved, the same ids in both, one repeated, and one of a
+/// tenant not taken, in the `tenant` field.
+const TENANT_ENTRIES: [(&str, &str); 6] = [
+    ("o1", "acme"),
+    ("o1", "globex"),
+    ("o2", "acme"),
+    ("o2", "acme"),
+    ("o1", "globex"),
+    ("o3", "umbrella"),
+];
+
+/// Adds [`TENANT_ENTRIES`] to `stream` in one round trip, so that one batch takes them.
+async fn add_for_tenants(stream: &Stream) {
+    let mut pipe = redis::pipe();
+    for (key, tenant) in TENANT_ENTRIES {
+        let fields: [(&str, &[u8]); 3] = [
+            (KEY_FIELD, key.as_bytes()),
+            (BODY_FIELD, b"x"),
+            ("tenant", tenant.as_bytes()),
+        ];
+        pipe.xadd(&stream.name, "*", &fields).ignore();
+    }
+    pipe.query_async::<()>(&mut stream.redis.clone())
+        .await
+        .unwrap();
+}
+
+/// The tenants the consumer or reader takes, named by the `tenant` field.
+fn acme_and_globex() -> Tenants {
+    Tenants::new(KeyFrom::Header("tenant".to_owned()), ["acme", "globex"]).unwrap()
+}
+
+/// A work that writes one effect named `<scope>/<key>`.
+fn scoped_work<DB: TestBackend>(
+    prefix: &str,
+) -> impl for<'e, 't> Fn(
+    &'t mut sqlx::Transaction<'e, DB>,
+    &'t Incoming,
+) -> WorkFuture<'t, (), sqlx::Error>
++ Sync
++ use<DB> {
+    let prefix = prefix.to_owned();
+    move |tx, message| {
+        let prefix = prefix.clone();
+        Box::pin(async move {
+            let effect = format!("{}/{}", message.scope.as_str(), message.key.as_str());
+            DB::insert_effect(tx, &prefix, "test", &effect).await
+        })
+    }
+}
+
+/// What a run over [`TENANT_ENTRIES`] must leave: one effect per tenant and id, the keys
+/// in each tenant's scope, and the tenant off the list dead-lettered at once.
+async fn assert_each_tenant_s_effects<DB: TestBackend>(
+    db: &TestDb<DB>,
+    stream: &Stream,
+    stats: ConsumerStats,
+) {
+    assert_eq!(
+        (
+            stats.processed,
+            stats.duplicates,
+            stats.retried,
+            stats.dead_lettered
+        ),
+        (3, 2, 0, 1),
+        "{stats:?}"
+    );
+    for effect in ["acme/o1", "globex/o1", "acme/o2"] {
+        assert_eq!(
+            db.effects_of(&Key::new(effect).unwrap()).await,
+            1,
+            "{effect}"
+        );
+    }
+    assert_eq!(db.rows("effects").await, 3);
+    let counts = db.inbox.key_counts().await.unwrap();
+    let scopes: Vec<(&str, i64)> = counts
+        .iter()
+        .map(|count| (count.scope.as_str(), count.keys))
+        .collect();
+    assert_eq!(scopes, [("acme", 2), ("globex", 1)]);
+    let dead = format!("{}.dead", stream.name);
+    let letters: redis::streams::StreamRangeReply =
+        stream.redis.clone().xrange_all(&dead).await.unwrap();
+    let [letter] = letters.ids.as_slice() else {
+        panic!("one dead letter: {letters:?}");
+    };
+    let reason: String = letter.get(REASON_HEADER).unwrap();
+    assert_eq!(
+        reason,
+        r#"tenant not allowed: "umbrella" is not one of the tenants this consumer takes"#
+    );
+}
+
+/// A consumer taking batches claims each run of one tenant's entries in its scope.
+async fn a_consumer_takes_batches_of_interleaved_tenants_each_in_its_scope<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let options = options(&stream, "a").tenants(acme_and_globex());
+    let consumer = RedisStreamConsumer::connect(&redis_url(), db.inbox.clone(), options)
+        .await
+        .unwrap();
+    add_for_tenants(&stream).await;
+    let dead = format!("{}.dead", stream.name);
+    let work = scoped_work::<DB>(&db.prefix);
+    let stats = run_until(
+        |stopped| consumer.run_batched(stopped, 16, work),
+        || async { stream.unsettled().await == 0 && stream.length(&dead).await == 1 },
+        || db.rows("effects"),
+    )
+    .await;
+    assert_each_tenant_s_effects(&db, &stream, stats).await;
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+/// A reader taking batches does the same, its offsets moving past every entry.
+async fn a_reader_takes_batches_of_interleaved_tenants_each_in_its_scope<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = ReadStream::open(&db).await;
+    add_for_tenants(&stream.0).await;
+    let options = options(&stream.0, "a").count(64).tenants(acme_and_globex());
+    let reader = RedisStreamReader::connect(&redis_url(), db.inbox.clone(), options)
+        .await
+        .unwrap();
+    let work = scoped_work::<DB>(&db.prefix);
+    let stats = run_until(
+        |stopped| reader.run_batched(stopped, 16, work),
+        || stream.settled(&db),
+        || db.rows("effects"),
+    )
+    .await;
+    assert_each_tenant_s_effects(&db, &stream.0, stats).await;
+    stream.delete().await;
+    db.cleanup().await;
 }

@@ -85,6 +85,35 @@ fn spelled(name: &str) -> String {
 /// The keys whose variable holds a comma-separated list.
 const LISTS: [&str; 2] = ["secrets", "tenants"];
 
+/// The key whose variable holds `TENANT=env:VARIABLE` pairs, comma-separated; a tenant
+/// named twice has two secrets.
+const TENANT_SECRETS: &str = "tenant_secrets";
+
+/// The table of each tenant's secrets that a `tenant_secrets` variable holds. A pair
+/// without `=` becomes a tenant with an empty name, which validation refuses.
+fn tenant_secrets(
+    value: &str,
+    span: &mut dyn FnMut() -> std::ops::Range<usize>,
+) -> DeValue<'static> {
+    let mut by_tenant: BTreeMap<String, toml::de::DeArray<'static>> = BTreeMap::new();
+    for pair in value.split(',') {
+        let (tenant, secret) = pair.split_once('=').unwrap_or(("", pair));
+        let secret = DeValue::String(secret.trim().to_owned().into());
+        by_tenant
+            .entry(tenant.trim().to_owned())
+            .or_default()
+            .push(Spanned::new(span(), secret));
+    }
+    let mut table = DeTable::new();
+    for (tenant, secrets) in by_tenant {
+        table.insert(
+            Spanned::new(span(), tenant.into()),
+            Spanned::new(span(), DeValue::Array(secrets)),
+        );
+    }
+    DeValue::Table(table)
+}
+
 /// Applies the variables to the file's `document`.
 ///
 /// `JUSTONCE_SERVER_<KEY>`, `JUSTONCE_SOURCES_<NAME>_<KEY>` and
@@ -92,7 +121,8 @@ const LISTS: [&str; 2] = ["secrets", "tenants"];
 /// that ends the variable wins, so `JUSTONCE_CONSUMERS_ORDERS_CLIENT_ID` is `client_id` of
 /// `orders`. A name meets the file's source or consumer spelled the same way (upper case,
 /// `-` as `_`); a name the file does not have declares a source or consumer, named in lower
-/// case. `secrets` and `tenants` take a comma-separated list. `DATABASE_URL` sets `server.database`, and
+/// case. `secrets` and `tenants` take a comma-separated list, `tenant_secrets`
+/// comma-separated `TENANT=env:VARIABLE` pairs. `DATABASE_URL` sets `server.database`, and
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` `server.otlp_endpoint`, when nothing else does.
 ///
 /// Each value gets a span of its own past the end of the file's `len` bytes, so that an
@@ -119,7 +149,9 @@ pub fn apply_env(document: &mut DeTable<'_>, env: &Env, len: usize) -> Result<Ap
             path.push(entry_named(document, &named, setting, name)?);
         }
         path.push(setting.key.to_owned());
-        let value = if LISTS.contains(&setting.key) {
+        let value = if setting.key == TENANT_SECRETS {
+            tenant_secrets(setting.value, &mut span)
+        } else if LISTS.contains(&setting.key) {
             let mut list = toml::de::DeArray::new();
             for item in setting.value.split(',') {
                 let item = DeValue::String(item.trim().to_owned().into());

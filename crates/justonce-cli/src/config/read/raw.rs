@@ -51,6 +51,7 @@ pub struct RawConsumer {
     pub sasl_username: Option<String>,
     pub sasl_password: Option<String>,
     pub tenant: Option<String>,
+    pub tenants: Option<Vec<String>>,
 }
 
 /// The `[server]` table, as written.
@@ -125,6 +126,7 @@ pub struct RawSource {
     pub signature_header: Option<String>,
     pub tenant: Option<String>,
     pub tenants: Option<Vec<String>>,
+    pub tenant_secrets: Option<BTreeMap<String, Vec<String>>>,
 }
 
 /// The keys of a section, read from its struct's fields: adding a field is all it takes for

@@ -1,19 +1,19 @@
 //! A broker consumer: which broker its URL names and the settings that broker takes.
 
-use super::entry::Entry;
+use super::entry::{Entry, TenantSetting};
 use super::secret::resolve_secret;
 use super::tls::{consumer_tls, with_tls};
 use crate::config::read::{Env, Origin, RawConsumer};
 use crate::config::settings::{BrokerOptions, ConsumerSettings};
 use anyhow::{Context, Result, anyhow, bail};
 use justonce_sql::{Consumer, Scope};
-use justonce_transport::KeyFrom;
 use justonce_transport::amqp::{AmqpOptions, QueueType};
 use justonce_transport::kafka::{KafkaOptions, Sasl, SaslMechanism};
 use justonce_transport::mqtt::MqttOptions;
 use justonce_transport::nats::NatsOptions;
 use justonce_transport::redis_streams::RedisStreamOptions;
 use justonce_transport::tls::Tls;
+use justonce_transport::{KeyFrom, Tenants};
 use std::time::Duration;
 
 /// The broker a consumer's URL names, read once from its scheme: every later choice
@@ -142,17 +142,30 @@ pub fn validate_consumer(
     let sasl = kafka_sasl(&raw, env, &at)?;
     let key_from = match entry.or_default("id", raw.id.as_deref(), "message_id") {
         "message_id" => KeyFrom::MessageId,
-        id => match id.split_once(':') {
-            Some(("header", header)) if !header.is_empty() => KeyFrom::Header(header.to_owned()),
-            Some(("json", pointer)) if pointer.starts_with('/') => {
-                KeyFrom::Json(pointer.to_owned())
-            }
-            _ => bail!(
+        id => located(id).map_err(|_| {
+            anyhow!(
                 "{}: {id:?} must be \"message_id\", \"header:NAME\" or \"json:/POINTER\"",
                 at("id")
-            ),
-        },
+            )
+        })?,
     };
+    // A fixed tenant is the inbox's scope; one the message names is read per message.
+    let (tenant, tenants) =
+        match entry.tenant(raw.tenant.as_deref(), raw.tenants.as_deref(), located)? {
+            None => (None, None),
+            Some(TenantSetting::Fixed(tenant)) => (
+                Some(Scope::new(tenant).with_context(|| at("tenant"))?),
+                None,
+            ),
+            Some(TenantSetting::Named { location, allowed }) => (
+                None,
+                Some(
+                    Tenants::new(location, allowed.iter().cloned())
+                        .with_context(|| at("tenants"))?,
+                ),
+            ),
+        };
+    let tenants_taken = tenants.clone();
     let retention = entry.retention(raw.retry_horizon.as_deref(), raw.retention.as_deref())?;
     let event_retention = entry.event_retention(
         raw.event_retention.as_deref(),
@@ -207,6 +220,9 @@ pub fn validate_consumer(
             }
             let group = or_name(raw.group.as_deref(), "group");
             let mut options = KafkaOptions::new(topic()?, group).key_from(key_from);
+            if let Some(tenants) = tenants {
+                options = options.tenants(tenants);
+            }
             if let Some(attempts) = max_attempts {
                 options = options.max_attempts(attempts);
             }
@@ -221,6 +237,9 @@ pub fn validate_consumer(
             let mut options = NatsOptions::new(&stream, subject)
                 .key_from(key_from)
                 .durable(or_name(raw.durable.as_deref(), "durable"));
+            if let Some(tenants) = tenants {
+                options = options.tenants(tenants);
+            }
             if let Some(attempts) = max_attempts {
                 options = options.max_attempts(attempts);
             }
@@ -235,6 +254,9 @@ pub fn validate_consumer(
         Broker::Redis => {
             let group = or_name(raw.group.as_deref(), "group");
             let mut options = RedisStreamOptions::new(stream()?, group).key_from(key_from);
+            if let Some(tenants) = tenants {
+                options = options.tenants(tenants);
+            }
             if let Some(attempts) = max_attempts {
                 options = options.max_attempts(attempts);
             }
@@ -246,6 +268,9 @@ pub fn validate_consumer(
             let client_id =
                 entry.or_default("client_id", raw.client_id.as_deref(), &default_client_id);
             let mut options = MqttOptions::new(topic, client_id).key_from(key_from);
+            if let Some(tenants) = tenants {
+                options = options.tenants(tenants);
+            }
             if let Some(attempts) = max_attempts {
                 options = options.max_attempts(attempts);
             }
@@ -268,6 +293,9 @@ pub fn validate_consumer(
             let mut options = AmqpOptions::new(&queue)
                 .key_from(key_from)
                 .queue_type(queue_type);
+            if let Some(tenants) = tenants {
+                options = options.tenants(tenants);
+            }
             if let Some(attempts) = max_attempts {
                 options = options.max_attempts(attempts);
             }
@@ -278,17 +306,6 @@ pub fn validate_consumer(
         }
     };
     let destination = entry.destination(&raw.target, &raw.target_secret, &raw.timeout)?;
-    // A message's tenant would have to be known before its claim, which the broker
-    // consumers make: only a fixed tenant for now.
-    let tenant = match raw.tenant.as_deref() {
-        None => None,
-        Some(tenant) if tenant.contains(':') => bail!(
-            "{}: {tenant:?}: a consumer's tenant is a fixed name without ':'; reading it \
-             from each message is not supported",
-            at("tenant")
-        ),
-        Some(tenant) => Some(Scope::new(tenant).with_context(|| at("tenant"))?),
-    };
     Ok(ConsumerSettings {
         name: name.to_owned(),
         from,
@@ -299,7 +316,22 @@ pub fn validate_consumer(
         destination,
         deliver_for,
         tenant,
+        tenants: tenants_taken,
     })
+}
+
+/// Where a message holds its id or tenant, as `id` and `tenant` spell it: `header:NAME` or
+/// `json:/POINTER`.
+fn located(text: &str) -> Result<KeyFrom, String> {
+    match text.split_once(':') {
+        Some(("header", header)) if !header.is_empty() => Ok(KeyFrom::Header(header.to_owned())),
+        Some(("json", pointer)) if pointer.starts_with('/') => {
+            Ok(KeyFrom::Json(pointer.to_owned()))
+        }
+        _ => Err(format!(
+            "{text:?} must be \"header:NAME\" or \"json:/POINTER\""
+        )),
+    }
 }
 
 /// The SASL settings of a Kafka consumer: all three, or none. The password is a reference

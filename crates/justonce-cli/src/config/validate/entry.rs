@@ -4,7 +4,7 @@
 use super::secret::resolve_secret;
 use super::units::duration_text;
 use crate::config::read::{Env, Origin, quoted};
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use justonce_cli_support::parse_duration;
 use justonce_http::HttpDestination;
 use justonce_sql::Retention;
@@ -12,6 +12,14 @@ use std::time::Duration;
 
 /// How long a delivery waits for its target's answer unless the target says otherwise.
 const DEFAULT_TARGET_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a source's or consumer's tenant comes from, as written.
+pub enum TenantSetting<'t, L> {
+    /// Every message is this tenant's.
+    Fixed(&'t str),
+    /// Each message names its tenant at `location`, one of `allowed`.
+    Named { location: L, allowed: &'t [String] },
+}
 
 /// One source or consumer being validated.
 pub struct Entry<'a, 'i> {
@@ -103,6 +111,65 @@ impl<'a, 'i> Entry<'a, 'i> {
             );
         }
         Ok(event_retention)
+    }
+
+    /// Where the entry's tenant comes from, as `tenant` and `tenants` say: none, a fixed
+    /// name, or where each message names it (`header:NAME` or `json:/POINTER`, read by
+    /// `location`) with the list of the tenants taken, which is required then so that a
+    /// sender cannot make up tenants.
+    pub fn tenant<'t, L>(
+        &self,
+        tenant: Option<&'t str>,
+        tenants: Option<&'t [String]>,
+        location: impl Fn(&str) -> Result<L, String>,
+    ) -> Result<Option<TenantSetting<'t, L>>> {
+        let Some(tenant) = tenant else {
+            if tenants.is_some() {
+                bail!(
+                    "{}: only applies with tenant = \"header:NAME\" or \"json:/POINTER\"",
+                    self.at("tenants")
+                );
+            }
+            return Ok(None);
+        };
+        // A tenant's name has no ':', so one with it says where the message names it.
+        if !tenant.contains(':') {
+            if tenants.is_some() {
+                bail!(
+                    "{}: only applies when the message names its tenant; tenant {tenant:?} is \
+                     fixed",
+                    self.at("tenants")
+                );
+            }
+            return Ok(Some(TenantSetting::Fixed(tenant)));
+        }
+        let location = location(tenant).map_err(|problem| {
+            anyhow!(
+                "{}: {problem}, or a tenant's name without ':'",
+                self.at("tenant")
+            )
+        })?;
+        let Some(tenants) = tenants else {
+            bail!(
+                "{}: is required with tenant = {tenant:?}: the tenants taken, so that a \
+                 sender cannot make up tenants",
+                self.at("tenants")
+            );
+        };
+        if tenants.is_empty() {
+            bail!("{}: must name at least one tenant", self.at("tenants"));
+        }
+        if let Some(twice) = tenants
+            .iter()
+            .enumerate()
+            .find_map(|(i, name)| tenants[..i].contains(name).then_some(name))
+        {
+            bail!("{}: {twice:?} is listed twice", self.at("tenants"));
+        }
+        Ok(Some(TenantSetting::Named {
+            location,
+            allowed: tenants,
+        }))
     }
 
     /// The HTTP target at `url`, signed when it has a `secret`, giving up on a delivery

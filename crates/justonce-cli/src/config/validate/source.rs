@@ -1,11 +1,12 @@
 //! A webhook source: its signature scheme, secrets and where its event's id is.
 
-use super::entry::Entry;
+use super::entry::{Entry, TenantSetting};
 use super::secret::resolve_secret;
 use crate::config::read::{Env, Origin, RawSource};
 use crate::config::settings::SourceSettings;
 use anyhow::{Context, Result, anyhow, bail};
-use justonce_http::receiver::{IdLocation, Scheme, Source, Tenant};
+use justonce_http::receiver::{IdLocation, Scheme, Source, Tenant, TenantSecrets};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The shortest signing secret a source takes.
@@ -120,50 +121,8 @@ pub fn validate_source(
         retention,
     )?;
     let deliver_for = entry.duration(raw.deliver_for.as_deref(), "3d", "deliver_for")?;
-    let secrets = raw
-        .secrets
-        .iter()
-        .map(|reference| resolve_secret(reference, env))
-        .collect::<Result<Vec<_>>>()
-        .with_context(|| at("secrets"))?;
-    match (kind, secrets.is_empty()) {
-        (SchemeKind::None, false) => bail!("{}: scheme none takes no secrets", at("secrets")),
-        (SchemeKind::None, true) => {}
-        (scheme, true) => bail!(
-            "{}: scheme {} needs at least one secret",
-            at("secrets"),
-            scheme.name()
-        ),
-        // A Standard Webhooks secret is checked once decoded, by its scheme.
-        (SchemeKind::StandardWebhooks, false) => {}
-        _ => {
-            if let Some(short) = secrets.iter().position(|s| s.len() < MIN_SECRET_BYTES) {
-                bail!(
-                    "{}: secret {} of the list is shorter than {MIN_SECRET_BYTES} bytes: \
-                     a short secret can be guessed from one signed request",
-                    at("secrets"),
-                    short + 1
-                );
-            }
-        }
-    }
-    let as_bytes = || {
-        secrets
-            .iter()
-            .map(|s| s.as_bytes().to_vec())
-            .collect::<Vec<_>>()
-    };
-    let scheme = match kind {
-        SchemeKind::StandardWebhooks => {
-            Scheme::standard_webhooks(&secrets, tolerance).with_context(|| at("secrets"))?
-        }
-        SchemeKind::Stripe => Scheme::Stripe {
-            secrets: as_bytes(),
-            tolerance,
-        },
-        SchemeKind::Github => Scheme::Github {
-            secrets: as_bytes(),
-        },
+    // The header is read even when a tenant's secrets, not the source's, are checked.
+    let signature_header = match kind {
         SchemeKind::HmacSha256 => {
             let header = entry.or_default(
                 "signature_header",
@@ -176,12 +135,40 @@ pub fn validate_source(
                     at("signature_header")
                 )
             })?;
-            Scheme::HmacSha256 {
-                secrets: as_bytes(),
-                header: header.to_ascii_lowercase(),
-            }
+            header.to_ascii_lowercase()
         }
-        SchemeKind::None => Scheme::None,
+        _ => String::new(),
+    };
+    let signing = Signing {
+        kind,
+        tolerance,
+        signature_header,
+    };
+    let by_tenant = match &raw.tenant_secrets {
+        None => None,
+        Some(_) if !raw.secrets.is_empty() => bail!(
+            "{}: give either secrets or tenant_secrets: with tenant_secrets, each tenant's \
+             secrets name its events' tenant",
+            at("secrets")
+        ),
+        Some(_) if kind == SchemeKind::None => {
+            bail!("{}: scheme none takes no secrets", at("tenant_secrets"))
+        }
+        Some(by_tenant) => Some(tenant_schemes(&entry, &signing, by_tenant, env)?),
+    };
+    let scheme = match by_tenant {
+        Some(_) => Scheme::None,
+        None => {
+            let secrets = raw
+                .secrets
+                .iter()
+                .map(|reference| resolve_secret(reference, env))
+                .collect::<Result<Vec<_>>>()
+                .with_context(|| at("secrets"))?;
+            signing
+                .scheme(&secrets)
+                .map_err(|problem| anyhow!("{}: {problem}", at("secrets")))?
+        }
     };
     let id = match (raw.id.as_deref(), kind.default_id()) {
         (None, Some(default)) => Some(entry.or_default("id", None, default)),
@@ -196,7 +183,11 @@ pub fn validate_source(
     })?;
     let id = location(id).map_err(|problem| anyhow!("{}: {problem}", at("id")))?;
     let mut source = Source::new(name, scheme, id).with_context(|| entry.named())?;
-    if let Some(tenant) = validate_tenant(&entry, raw.tenant.as_deref(), raw.tenants.as_deref())? {
+    let tenant = match by_tenant {
+        Some(schemes) => Some(secrets_tenant(&entry, &raw, schemes)?),
+        None => validate_tenant(&entry, raw.tenant.as_deref(), raw.tenants.as_deref())?,
+    };
+    if let Some(tenant) = tenant {
         source = source.with_tenant(tenant);
     }
     Ok(SourceSettings {
@@ -207,6 +198,127 @@ pub fn validate_source(
         destination: entry.destination(&raw.target, &raw.target_secret, &raw.timeout)?,
         deliver_for,
     })
+}
+
+/// How a source's scheme checks signatures, whoever's secrets it holds.
+struct Signing {
+    kind: SchemeKind,
+    tolerance: Duration,
+    /// The header of an hmac-sha256 signature, in lower case.
+    signature_header: String,
+}
+
+impl Signing {
+    /// The scheme holding `secrets`, resolved, or what is wrong with them; a problem never
+    /// shows a secret.
+    fn scheme(&self, secrets: &[String]) -> Result<Scheme, String> {
+        match (self.kind, secrets.is_empty()) {
+            (SchemeKind::None, false) => return Err("scheme none takes no secrets".to_owned()),
+            (SchemeKind::None, true) => return Ok(Scheme::None),
+            (scheme, true) => {
+                return Err(format!(
+                    "scheme {} needs at least one secret",
+                    scheme.name()
+                ));
+            }
+            // A Standard Webhooks secret is checked once decoded, by its scheme.
+            (SchemeKind::StandardWebhooks, false) => {
+                return Scheme::standard_webhooks(secrets, self.tolerance)
+                    .map_err(|error| error.to_string());
+            }
+            _ => {}
+        }
+        if let Some(short) = secrets.iter().position(|s| s.len() < MIN_SECRET_BYTES) {
+            return Err(format!(
+                "secret {} of the list is shorter than {MIN_SECRET_BYTES} bytes: a short \
+                 secret can be guessed from one signed request",
+                short + 1
+            ));
+        }
+        let secrets = secrets.iter().map(|s| s.as_bytes().to_vec()).collect();
+        Ok(match self.kind {
+            SchemeKind::Stripe => Scheme::Stripe {
+                secrets,
+                tolerance: self.tolerance,
+            },
+            SchemeKind::Github => Scheme::Github { secrets },
+            _ => Scheme::HmacSha256 {
+                secrets,
+                header: self.signature_header.clone(),
+            },
+        })
+    }
+}
+
+/// Each tenant of `tenant_secrets` with the scheme holding its secrets. One secret given to
+/// two tenants is refused: it could not say whose an event is.
+fn tenant_schemes(
+    entry: &Entry<'_, '_>,
+    signing: &Signing,
+    by_tenant: &BTreeMap<String, Vec<String>>,
+    env: &Env,
+) -> Result<Vec<(String, Scheme)>> {
+    let at = || entry.at("tenant_secrets");
+    if by_tenant.is_empty() {
+        bail!("{}: must name at least one tenant", at());
+    }
+    let mut seen: Vec<(&str, String)> = Vec::new();
+    let mut schemes = Vec::new();
+    for (tenant, references) in by_tenant {
+        let secrets = references
+            .iter()
+            .map(|reference| resolve_secret(reference, env))
+            .collect::<Result<Vec<_>>>()
+            .with_context(|| format!("{}: tenant {tenant:?}", at()))?;
+        for secret in &secrets {
+            if let Some((other, _)) = seen.iter().find(|(_, seen)| seen == secret) {
+                bail!(
+                    "{}: tenants {other:?} and {tenant:?} share a secret, which could not say \
+                     whose an event is",
+                    at()
+                );
+            }
+        }
+        seen.extend(
+            secrets
+                .iter()
+                .map(|secret| (tenant.as_str(), secret.clone())),
+        );
+        let scheme = signing
+            .scheme(&secrets)
+            .map_err(|problem| anyhow!("{}: tenant {tenant:?}: {problem}", at()))?;
+        schemes.push((tenant.clone(), scheme));
+    }
+    Ok(schemes)
+}
+
+/// The tenant of a source whose tenants sign with their own secrets: the secret's, which a
+/// request that names its tenant (`tenant = "header:NAME"` or `"json:/POINTER"`) must
+/// name too. The tenants are those of `tenant_secrets`, so `tenants` is not given.
+fn secrets_tenant(
+    entry: &Entry<'_, '_>,
+    raw: &RawSource,
+    schemes: Vec<(String, Scheme)>,
+) -> Result<Tenant> {
+    let at = |key| entry.at(key);
+    if raw.tenants.is_some() {
+        bail!(
+            "{}: the tenants are those of tenant_secrets; leave tenants out",
+            at("tenants")
+        );
+    }
+    let named = match raw.tenant.as_deref() {
+        None => None,
+        Some(tenant) => Some(location(tenant).map_err(|problem| {
+            anyhow!(
+                "{}: {problem}: with tenant_secrets the secret names the tenant, and a request \
+                 may name it too",
+                at("tenant")
+            )
+        })?),
+    };
+    let secrets = TenantSecrets::new(schemes, named).with_context(|| at("tenant_secrets"))?;
+    Ok(Tenant::BySecret(secrets))
 }
 
 /// Where a request holds a value, as `id` and `tenant` spell it: `header:NAME` or
@@ -227,61 +339,24 @@ fn location(text: &str) -> Result<IdLocation, String> {
 }
 
 /// The source's tenant, if it has tenants: a fixed name, or where each request names it,
-/// with the list of tenants taken, which is required then so that a sender cannot make up
-/// tenants.
+/// with the list of tenants taken.
 fn validate_tenant(
     entry: &Entry<'_, '_>,
     tenant: Option<&str>,
     tenants: Option<&[String]>,
 ) -> Result<Option<Tenant>> {
     let at = |key| entry.at(key);
-    let Some(tenant) = tenant else {
-        if tenants.is_some() {
-            bail!(
-                "{}: only applies with tenant = \"header:NAME\" or \"json:/POINTER\"",
-                at("tenants")
-            );
-        }
-        return Ok(None);
-    };
-    // A tenant's name has no ':', so one with it says where the request names it.
-    if !tenant.contains(':') {
-        if tenants.is_some() {
-            bail!(
-                "{}: only applies when the request names its tenant; tenant {tenant:?} is fixed",
-                at("tenants")
-            );
-        }
-        return Tenant::fixed(tenant)
+    match entry.tenant(tenant, tenants, location)? {
+        None => Ok(None),
+        Some(TenantSetting::Fixed(tenant)) => Tenant::fixed(tenant)
             .map(Some)
-            .with_context(|| at("tenant"));
+            .with_context(|| at("tenant")),
+        Some(TenantSetting::Named { location, allowed }) => {
+            Tenant::from_request(location, allowed.iter().cloned())
+                .map(Some)
+                .with_context(|| at("tenants"))
+        }
     }
-    let location = location(tenant).map_err(|problem| {
-        anyhow!(
-            "{}: {problem}, or a tenant's name without ':'",
-            at("tenant")
-        )
-    })?;
-    let Some(tenants) = tenants else {
-        bail!(
-            "{}: is required with tenant = {tenant:?}: the tenants this source takes, so that \
-             a sender cannot make up tenants",
-            at("tenants")
-        );
-    };
-    if tenants.is_empty() {
-        bail!("{}: must name at least one tenant", at("tenants"));
-    }
-    if let Some(twice) = tenants
-        .iter()
-        .enumerate()
-        .find_map(|(i, name)| tenants[..i].contains(name).then_some(name))
-    {
-        bail!("{}: {twice:?} is listed twice", at("tenants"));
-    }
-    Tenant::from_request(location, tenants.iter().cloned())
-        .map(Some)
-        .with_context(|| at("tenants"))
 }
 
 #[cfg(test)]
@@ -436,7 +511,7 @@ mod tests {
             assert!(error.contains(setting), "{setting:?} not in {error:?}");
             assert!(error.contains(expected), "{expected:?} not in {error:?}");
         }
-        // A consumer's tenant is fixed: its claim comes before anything reads the message.
+        // A consumer's tenant is fixed, or named by each message from a list.
         let env = env_of(&[
             ("SHOP_SECRET", "whsec_c2VjcmV0"),
             ("ORDERS_BROKER", "amqp://127.0.0.1:5672"),
@@ -456,8 +531,90 @@ mod tests {
                 .is_none()
         );
         let error = error_of(&consumer("header:X-Tenant"), &env);
-        assert!(error.contains("consumers.orders.tenant"), "{error}");
-        assert!(error.contains("is not supported"), "{error}");
+        assert!(error.contains("consumers.orders.tenants"), "{error}");
+        assert!(error.contains("is required"), "{error}");
+        let listed = consumer("json:/tenant").replace(
+            "tenant = \"json:/tenant\"",
+            "tenant = \"json:/tenant\"\ntenants = [\"acme\", \"globex\"]",
+        );
+        let settings = load_text(&listed, &env).unwrap();
+        assert!(settings.consumers[0].tenant.is_none());
+        let options = format!("{:?}", settings.consumers[0].options);
+        assert!(options.contains("Json(\"/tenant\")"), "{options}");
+        assert!(options.contains("\"globex\""), "{options}");
+    }
+
+    /// Each tenant signs with its own secrets, from the file or one variable; every mistake
+    /// is named by its setting, never with a secret.
+    #[test]
+    fn tenant_secrets_give_each_tenant_its_own() {
+        use justonce_http::receiver::Tenant;
+        let by_secret = SHOP.replace(
+            "secrets = [\"env:SHOP_SECRET\"]\ntarget = \"http://127.0.0.1:9000/hooks/shop\"\n",
+            "target = \"http://127.0.0.1:9000/hooks/shop\"\n\n[sources.shop.tenant_secrets]\n\
+             acme = [\"env:ACME\"]\nglobex = [\"env:GLOBEX\", \"env:GLOBEX_OLD\"]\n",
+        );
+        let env = env_of(&[
+            ("ACME", "whsec_YWNtZQ=="),
+            ("GLOBEX", "whsec_Z2xvYmV4"),
+            ("GLOBEX_OLD", "whsec_b2xk"),
+        ]);
+        let tenants = |text: &str, env| -> Vec<String> {
+            let settings = load_text(text, env).unwrap();
+            match settings.sources[0].source.tenant() {
+                Some(Tenant::BySecret(secrets)) => {
+                    secrets.tenants().map(|t| t.as_str().to_owned()).collect()
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(tenants(&by_secret, &env), ["acme", "globex"]);
+        let no_file = SHOP.replace("secrets = [\"env:SHOP_SECRET\"]\n", "");
+        let from_variable = env_of(&[
+            ("ACME", "whsec_YWNtZQ=="),
+            ("GLOBEX", "whsec_Z2xvYmV4"),
+            (
+                "JUSTONCE_SOURCES_SHOP_TENANT_SECRETS",
+                "acme=env:ACME, globex=env:GLOBEX",
+            ),
+        ]);
+        assert_eq!(tenants(&no_file, &from_variable), ["acme", "globex"]);
+        let shared = env_of(&[
+            ("ACME", "whsec_YWNtZQ=="),
+            ("GLOBEX", "whsec_YWNtZQ=="),
+            ("GLOBEX_OLD", "whsec_b2xk"),
+        ]);
+        let error = error_of(&by_secret, &shared);
+        assert!(error.contains("sources.shop.tenant_secrets"), "{error}");
+        assert!(error.contains("share a secret"), "{error}");
+        assert!(!error.contains("YWNtZQ"), "a secret was printed: {error}");
+        for (lines, setting, expected) in [
+            (
+                "secrets = [\"env:ACME\"]",
+                "sources.shop.secrets",
+                "give either secrets or tenant_secrets",
+            ),
+            (
+                "tenant = \"acme\"",
+                "sources.shop.tenant",
+                "must be \"header:NAME\"",
+            ),
+            (
+                "tenant = \"header:X-Tenant\"\ntenants = [\"acme\"]",
+                "sources.shop.tenants",
+                "leave tenants out",
+            ),
+        ] {
+            let text = by_secret.replace("[sources.shop]\n", &format!("[sources.shop]\n{lines}\n"));
+            let error = error_of(&text, &env);
+            assert!(error.contains(setting), "{setting:?} not in {error:?}");
+            assert!(error.contains(expected), "{expected:?} not in {error:?}");
+        }
+        let named = by_secret.replace(
+            "[sources.shop]\n",
+            "[sources.shop]\ntenant = \"header:X-Tenant\"\n",
+        );
+        assert_eq!(tenants(&named, &env), ["acme", "globex"]);
     }
 
     #[test]
