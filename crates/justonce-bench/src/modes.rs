@@ -14,6 +14,9 @@ pub(crate) enum Mode {
     HandWrittenForward,
     /// `Inbox::run_forward`: on PostgreSQL one statement.
     RunForward,
+    /// `Inbox::run` with `Inbox::forward` as its work, as a broker consumer of the service
+    /// runs it: four statements, and no NOTIFY in the transaction.
+    RunWithForward,
     /// A batch insert of the keys and the effects' insert sent with plain sqlx, in batches
     /// of this many messages, a transaction each.
     HandWrittenBatched(usize),
@@ -26,23 +29,25 @@ pub(crate) enum Mode {
 
 impl Mode {
     /// The modes that start from empty tables and take a message at a time, baseline first.
-    pub(crate) const ONE_BY_ONE: [Mode; 6] = [
+    pub(crate) const ONE_BY_ONE: [Mode; 7] = [
         Mode::HandWritten,
         Mode::OneStatement,
         Mode::Run,
         Mode::RunEffect,
         Mode::HandWrittenForward,
         Mode::RunForward,
+        Mode::RunWithForward,
     ];
 
     /// The names `--modes` takes: every mode but `run-again`, which comes with `run`.
-    pub(crate) const NAMES: [&'static str; 9] = [
+    pub(crate) const NAMES: [&'static str; 10] = [
         "hand-written",
         "one-statement",
         "run",
         "run_effect",
         "hand-written-forward",
         "run_forward",
+        "run-with-forward",
         "hand-written-batched",
         "hand-written-claim_many",
         "claim_many",
@@ -54,7 +59,7 @@ impl Mode {
             Mode::OneStatement | Mode::Run | Mode::RunAgain | Mode::RunEffect => {
                 Some(Mode::HandWritten)
             }
-            Mode::RunForward => Some(Mode::HandWrittenForward),
+            Mode::RunForward | Mode::RunWithForward => Some(Mode::HandWrittenForward),
             Mode::HandWrittenClaimMany(batch) => Some(Mode::HandWrittenBatched(batch)),
             Mode::ClaimMany(batch) => Some(Mode::HandWrittenClaimMany(batch)),
             Mode::HandWritten | Mode::HandWrittenForward | Mode::HandWrittenBatched(_) => None,
@@ -63,7 +68,10 @@ impl Mode {
 
     /// Whether the mode's effect is an outbox row rather than an effect row.
     pub(crate) fn forwards(self) -> bool {
-        matches!(self, Mode::HandWrittenForward | Mode::RunForward)
+        matches!(
+            self,
+            Mode::HandWrittenForward | Mode::RunForward | Mode::RunWithForward
+        )
     }
 
     /// Messages per transaction, for the batched modes.
@@ -85,6 +93,7 @@ impl Mode {
             Mode::RunEffect => "run_effect",
             Mode::HandWrittenForward => "hand-written-forward",
             Mode::RunForward => "run_forward",
+            Mode::RunWithForward => "run-with-forward",
             Mode::HandWrittenBatched(_) => "hand-written-batched",
             Mode::HandWrittenClaimMany(_) => "hand-written-claim_many",
             Mode::ClaimMany(_) => "claim_many",

@@ -167,6 +167,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 Mode::RunEffect => self.run_effect(share).await,
                 Mode::HandWrittenForward => self.hand_written(share, true).await,
                 Mode::RunForward => self.run_forward(share).await,
+                Mode::RunWithForward => self.run_with_forward(share).await,
                 Mode::HandWrittenBatched(batch) => {
                     self.hand_written_batches(share, batch, false).await
                 }
@@ -199,6 +200,22 @@ impl<DB: BenchDb> Bench<'_, DB> {
             // Processed or a duplicate: the outbox rows say which, when the mode ends.
             let _outcome = (self.inbox)
                 .run_forward(key, key.as_str().as_bytes(), message)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// `Inbox::run` with `Inbox::forward` as its work: the row is announced after the
+    /// commit, not by a NOTIFY in it.
+    pub(crate) async fn run_with_forward(&self, keys: &[Key]) -> Result<()> {
+        for key in keys {
+            // Processed or a duplicate: the outbox rows say which, when the mode ends.
+            let _outcome = (self.inbox)
+                .run(key, key.as_str().as_bytes(), |tx| {
+                    let message = Message::new("bench", key.as_str());
+                    let forward = self.inbox.forward(tx, key, message);
+                    Box::pin(async move { forward.await.map(drop) })
+                })
                 .await?;
         }
         Ok(())

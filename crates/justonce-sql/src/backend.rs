@@ -187,12 +187,12 @@ pub trait Queries<DB: sqlx::Database> {
         lease_ms: i64,
     ) -> impl Future<Output = Result<Option<i64>, Error>> + Send + 'a;
 
-    /// Writes an outbox row and, on PostgreSQL, notifies the relays at commit: the caller's
-    /// transaction may be the user's own, whose commit justonce does not see.
+    /// Writes an outbox row; announced as `announce` says.
     fn enqueue<'a>(
         &'a self,
         conn: &'a mut DB::Connection,
         row: NewOutboxRow<'a>,
+        announce: crate::rows::Announce,
     ) -> impl Future<Output = Result<i64, Error>> + Send + 'a;
 
     /// Reads outbox rows; taking due rows also hides them for a lease.

@@ -693,8 +693,25 @@ where
     }
 }
 
+/// Binds what a claim inserts: the identity, the fingerprint and the claim id.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn bind_claim<'q, DB, O>(
+    query: sqlx::query::QueryAs<'q, DB, O, DB::Arguments>,
+    row: crate::rows::ClaimRow<'q>,
+) -> sqlx::query::QueryAs<'q, DB, O, DB::Arguments>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    &'q [u8]: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+{
+    bind_identity_as(query, row.identity)
+        .bind(row.fingerprint.as_bytes().as_slice())
+        .bind(row.claim_id)
+}
+
 /// [`bind_identity`] for a statement that reads rows.
-fn bind_identity_as<'q, DB, O>(
+pub(crate) fn bind_identity_as<'q, DB, O>(
     query: sqlx::query::QueryAs<'q, DB, O, DB::Arguments>,
     identity: &'q Identity,
 ) -> sqlx::query::QueryAs<'q, DB, O, DB::Arguments>

@@ -8,10 +8,10 @@ use crate::dashboard::DuplicateCounts;
 use crate::effect::{Effect, with_claimed_row};
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
-use crate::rows::{Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored};
+use crate::rows::{Announce, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored};
 use crate::shared::{Shared, driver_error, in_batches, millis, random_u64, vanished};
 use crate::tables::Tables;
-use crate::wake::{NOTIFY_EVERY, RelayWake};
+use crate::wake::{Forwards, NOTIFY_EVERY, RelayWake};
 use group::CommitQueue;
 use justonce_core::{
     Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, OffsetCommit, Outcome, Retention,
@@ -104,10 +104,11 @@ impl InboxOptions {
     }
 
     /// On PostgreSQL, the shortest time between two notifications this process sends to
-    /// wake the relays of other processes after [`Inbox::run_forward`] commits (default
-    /// 5 ms). They are sent after the commit, not in it, and one covers every commit
-    /// since the last: longer spares the database under load, and a relay elsewhere
-    /// waits up to that long. This process's relays are woken at once.
+    /// wake the relays of other processes after a run that forwarded commits (default
+    /// 5 ms): [`Inbox::run_forward`], or [`Inbox::forward`] in a run's work. They are sent
+    /// after the commit, not in it, and one covers every commit since the last: longer
+    /// spares the database under load, and a relay elsewhere waits up to that long. This
+    /// process's relays are woken at once.
     pub fn notify_every(mut self, interval: Duration) -> Self {
         self.notify_every = interval;
         self
@@ -458,15 +459,16 @@ impl<DB: Backend> Inbox<DB> {
             return Ok(Vec::new());
         }
         let (mut tx, claimed) = self.begin_batch(messages, claim).await?;
+        let forwards = Forwards::new(self.shared(), false);
         for (message, claim) in messages.iter().zip(&claimed) {
             if *claim == Claim::First
-                && let Err(error) = work(&mut tx, message).await
+                && let Err(error) = forwards.around(work(&mut tx, message)).await
             {
                 return Err(roll_back_work(tx, error).await.into());
             }
         }
         let outcomes = commit_batch(tx, claimed).await?;
-        self.count_duplicates(&outcomes);
+        self.batch_committed(&outcomes, &forwards);
         Ok(outcomes)
     }
 
@@ -514,16 +516,21 @@ impl<DB: Backend> Inbox<DB> {
             .filter(|(_, claim)| **claim == Claim::First)
             .map(|(message, _)| message)
             .collect();
-        if let Err(error) = work(&mut tx, firsts).await {
+        let forwards = Forwards::new(self.shared(), false);
+        if let Err(error) = forwards.around(work(&mut tx, firsts)).await {
             return Err(roll_back_work(tx, error).await.into());
         }
         let outcomes = commit_batch(tx, claimed).await?;
-        self.count_duplicates(&outcomes);
+        self.batch_committed(&outcomes, &forwards);
         Ok(outcomes)
     }
 
-    /// Counts a batch's duplicates for the dashboard.
-    fn count_duplicates(&self, outcomes: &[Outcome<()>]) {
+    /// After a batch's commit: wakes the relays if its work forwarded rows, and counts its
+    /// duplicates for the dashboard.
+    fn batch_committed(&self, outcomes: &[Outcome<()>], forwards: &Forwards) {
+        if forwards.any() {
+            self.shared.wake_relays();
+        }
         let duplicates = outcomes
             .iter()
             .filter(|outcome| matches!(outcome, Outcome::Duplicate))
@@ -591,7 +598,8 @@ impl<DB: Backend> Inbox<DB> {
             if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
                 return Ok(outcome);
             }
-            self.run_attempts(&identity, fingerprint, work, None, 0)
+            let forwards = Forwards::new(self.shared(), false);
+            self.run_attempts(&identity, fingerprint, &forwards, work, None, 0)
                 .await
         }
         .instrument(run_span(&identity))
@@ -626,22 +634,17 @@ impl<DB: Backend> Inbox<DB> {
     ) -> Result<Outcome<()>, Error> {
         let identity = self.identity(key);
         let fingerprint = Fingerprint::of(payload);
-        async {
-            if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
-                return Ok(outcome);
-            }
-            if let Some(commits) = &self.shared.commits {
+        if let Some(commits) = &self.shared.commits {
+            let shared = async {
+                if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
+                    return Ok(outcome);
+                }
                 let identity = identity.clone();
-                return (self.forward_shared(commits, identity, fingerprint, message)).await;
-            }
-            let outcome = self.forward_alone(&identity, fingerprint, &message).await?;
-            if matches!(outcome, Outcome::Processed(())) {
-                self.shared.wake_relays();
-            }
-            Ok(outcome)
+                (self.forward_shared(commits, identity, fingerprint, message)).await
+            };
+            return shared.instrument(run_span(&identity)).await;
         }
-        .instrument(run_span(&identity))
-        .await
+        self.forward_alone(&identity, fingerprint, &message).await
     }
 
     /// [`Inbox::run_forward`] of one call in a commit of its own: its one statement where
@@ -652,37 +655,37 @@ impl<DB: Backend> Inbox<DB> {
         fingerprint: Fingerprint,
         message: &Message,
     ) -> Result<Outcome<()>, Error> {
-        let claim_id = random_claim_id();
+        let key = &identity.key;
         let row = ClaimRow {
             identity,
             fingerprint: &fingerprint,
-            claim_id,
+            claim_id: random_claim_id(),
         };
-        let outbox = NewOutboxRow {
-            scope: self.scope.as_str(),
-            key: identity.key.as_str(),
-            destination: &message.destination,
-            payload: &message.payload,
-            headers: message.headers_json(),
+        let statement = || {
+            let outbox = NewOutboxRow {
+                scope: self.scope.as_str(),
+                key: key.as_str(),
+                destination: &message.destination,
+                payload: &message.payload,
+                headers: message.headers_json(),
+            };
+            DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox)
         };
-        let statement = DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox);
-        let settled = self.one_statement(identity, fingerprint, claim_id, statement, ());
-        match settled.await? {
-            Settled::Done(outcome) => Ok(outcome),
-            Settled::Resume {
-                unknown_commit,
-                tries,
-            } => {
-                let resumed = self.forward_in_transactions(
-                    identity,
-                    fingerprint,
-                    message,
-                    unknown_commit,
-                    tries,
-                );
-                resumed.await
-            }
-        }
+        let run = OneStatementRun {
+            row,
+            forwards: true,
+            lost: (),
+        };
+        let forward = self.run_one_statement(
+            run,
+            statement,
+            |tx| {
+                let message = message.clone();
+                Box::pin(async move { self.forward(tx, key, message).await.map(drop) })
+            },
+            |error| error,
+        );
+        forward.await
     }
 
     /// The transactions of [`Inbox::run_forward`], after `tries` tries; `unknown_commit`
@@ -696,12 +699,14 @@ impl<DB: Backend> Inbox<DB> {
         tries: u32,
     ) -> Result<Outcome<()>, Error> {
         let key = &identity.key;
+        let forwards = Forwards::new(self.shared(), true);
         let forwarded = self.run_attempts(
             identity,
             fingerprint,
+            &forwards,
             |tx| {
                 let message = message.clone();
-                Box::pin(async move { self.forward(tx, key, message).await.map(|_| ()) })
+                Box::pin(async move { self.forward(tx, key, message).await.map(drop) })
             },
             unknown_commit,
             tries,
@@ -758,54 +763,83 @@ impl<DB: Backend> Inbox<DB> {
         let (sql, places) = effect.checked()?;
         let identity = self.identity(key);
         let fingerprint = Fingerprint::of(payload);
+        let row = ClaimRow {
+            identity: &identity,
+            fingerprint: &fingerprint,
+            claim_id: random_claim_id(),
+        };
+        let statement = || {
+            let arguments = effect.arguments.clone();
+            DB::claim_with_effect(&self.shared.pool, &self.shared.tables, row, sql, arguments)
+        };
+        let run = OneStatementRun {
+            row,
+            forwards: false,
+            lost: None,
+        };
+        let execute = self.run_one_statement(
+            run,
+            statement,
+            |tx| {
+                let in_transaction = with_claimed_row(sql, &places);
+                let arguments = effect.arguments.clone();
+                let statement = DB::execute_effect(&mut **tx, in_transaction, arguments);
+                Box::pin(async move { statement.await.map(Some) })
+            },
+            driver_error::<DB>,
+        );
+        execute.await
+    }
+
+    /// What [`Inbox::run_forward`] and [`Inbox::run_effect`] share: a run whose whole work
+    /// is one write. `statement` makes the one statement that claims the key and writes,
+    /// where the database has one; `work` writes in the transactions of [`Inbox::run`]
+    /// where it has none, and when that statement must be tried again. `failed` makes the
+    /// work's error the store's.
+    async fn run_one_statement<'a, 'env, T, E, F>(
+        &self,
+        run: OneStatementRun<'a, T>,
+        statement: impl FnOnce() -> Option<OneStatement<'a, T>>,
+        work: F,
+        failed: fn(E) -> Error,
+    ) -> Result<Outcome<T>, Error>
+    where
+        F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let OneStatementRun {
+            row,
+            forwards,
+            lost,
+        } = run;
+        let (identity, fingerprint) = (row.identity, *row.fingerprint);
         async {
-            if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
+            if let Some(outcome) = self.recently_settled(identity, fingerprint) {
                 return Ok(outcome);
             }
-            let claim_id = random_claim_id();
-            let row = ClaimRow {
-                identity: &identity,
-                fingerprint: &fingerprint,
-                claim_id,
-            };
-            let statement = DB::claim_with_effect(
-                &self.shared.pool,
-                &self.shared.tables,
-                row,
-                sql,
-                effect.arguments.clone(),
-            );
-            let (unknown_commit, tries) = match self
-                .one_statement(&identity, fingerprint, claim_id, statement, None)
-                .await?
-            {
+            let forwards = Forwards::new(self.shared(), forwards);
+            let settled = self.one_statement(row, &forwards, statement(), lost);
+            let (unknown_commit, tries) = match settled.await? {
                 Settled::Done(outcome) => return Ok(outcome),
                 Settled::Resume {
                     unknown_commit,
                     tries,
                 } => (unknown_commit, tries),
             };
-            let in_transaction = with_claimed_row(sql, &places);
             let ran = self.run_attempts(
-                &identity,
+                identity,
                 fingerprint,
-                |tx| {
-                    let statement = DB::execute_effect(
-                        &mut **tx,
-                        in_transaction.clone(),
-                        effect.arguments.clone(),
-                    );
-                    Box::pin(async move { statement.await.map(Some) })
-                },
+                &forwards,
+                work,
                 unknown_commit,
                 tries,
             );
             ran.await.map_err(|error| match error {
                 RunError::Store(error) => error,
-                RunError::Work(error) => driver_error::<DB>(error),
+                RunError::Work(error) => failed(error),
             })
         }
-        .instrument(run_span(&identity))
+        .instrument(run_span(identity))
         .await
     }
 
@@ -815,12 +849,12 @@ impl<DB: Backend> Inbox<DB> {
     /// came to, if reading the key back shows that it happened.
     async fn one_statement<T>(
         &self,
-        identity: &Identity,
-        fingerprint: Fingerprint,
-        claim_id: i64,
+        row: ClaimRow<'_>,
+        forwards: &Forwards,
         statement: Option<OneStatement<'_, T>>,
         lost: T,
     ) -> Result<Settled<T>, Error> {
+        let (identity, fingerprint, claim_id) = (row.identity, *row.fingerprint, row.claim_id);
         let resume = |unknown_commit, tries| {
             Ok(Settled::Resume {
                 unknown_commit,
@@ -838,7 +872,7 @@ impl<DB: Backend> Inbox<DB> {
                 } else {
                     skipped(identity, stored.fingerprint, fingerprint)
                 };
-                self.settled(identity, fingerprint, &outcome);
+                self.settled(identity, fingerprint, forwards, &outcome);
                 Ok(Settled::Done(outcome))
             }
             // A holder committed after the statement's snapshot: the transactions read it.
@@ -888,11 +922,24 @@ impl<DB: Backend> Inbox<DB> {
         Some(outcome)
     }
 
-    /// Records a run's outcome that the database answered: the key is committed.
-    fn settled<T>(&self, identity: &Identity, fingerprint: Fingerprint, outcome: &Outcome<T>) {
+    /// Records a run's outcome that the database answered: the key is committed, and with
+    /// it the rows the run forwarded, which the relays are woken for.
+    fn settled<T>(
+        &self,
+        identity: &Identity,
+        fingerprint: Fingerprint,
+        forwards: &Forwards,
+        outcome: &Outcome<T>,
+    ) {
         let committed_with = match outcome {
             Outcome::KeyReused { stored, .. } => *stored,
-            Outcome::Processed(_) | Outcome::Duplicate => fingerprint,
+            Outcome::Processed(_) => {
+                if forwards.any() {
+                    self.shared.wake_relays();
+                }
+                fingerprint
+            }
+            Outcome::Duplicate => fingerprint,
         };
         self.shared.recent.insert(identity, committed_with);
         count_claim(outcome, "database");
@@ -908,6 +955,7 @@ impl<DB: Backend> Inbox<DB> {
         &self,
         identity: &Identity,
         fingerprint: Fingerprint,
+        forwards: &Forwards,
         mut work: F,
         mut unknown_commit: Option<(i64, T)>,
         tries: u32,
@@ -919,11 +967,17 @@ impl<DB: Backend> Inbox<DB> {
         let mut attempt = tries + 1;
         loop {
             let failed = match self
-                .attempt(identity, fingerprint, &mut work, &mut unknown_commit)
+                .attempt(
+                    identity,
+                    fingerprint,
+                    forwards,
+                    &mut work,
+                    &mut unknown_commit,
+                )
                 .await
             {
                 Ok(outcome) => {
-                    self.settled(identity, fingerprint, &outcome);
+                    self.settled(identity, fingerprint, forwards, &outcome);
                     return Ok(outcome);
                 }
                 Err(failed) => failed,
@@ -960,6 +1014,7 @@ impl<DB: Backend> Inbox<DB> {
         &self,
         identity: &Identity,
         fingerprint: Fingerprint,
+        forwards: &Forwards,
         work: &mut F,
         unknown_commit: &mut Option<(i64, T)>,
     ) -> Result<Outcome<T>, Failed<E>>
@@ -999,7 +1054,7 @@ impl<DB: Backend> Inbox<DB> {
         }
         // This attempt holds the key, so no earlier commit happened.
         *unknown_commit = None;
-        let value = match work(&mut tx).await {
+        let value = match forwards.around(work(&mut tx)).await {
             Ok(value) => value,
             Err(error) => return Err(roll_back_work(tx, error).await),
         };
@@ -1053,18 +1108,38 @@ impl<DB: Backend> Inbox<DB> {
         message: Message,
     ) -> Result<i64, Error> {
         let derived = self.identity(key).derive(step);
-        self.write_outbox(tx, derived.as_str(), message).await
+        (self.write_outbox(tx, derived.as_str(), message, Announce::AtCommit)).await
     }
 
     /// Writes an outbox row that forwards a received message unchanged: it keeps the
-    /// message's own key, so the receiver deduplicates it as the same event.
+    /// message's own key, so the receiver deduplicates it as the same event. Returns the
+    /// row's id.
+    ///
+    /// How the relays hear of the row depends on whose transaction `tx` is:
+    ///
+    /// - In the work of [`Inbox::run`], [`Inbox::run_batch`] or [`Inbox::run_batch_at_once`]
+    ///   (the consumers and readers of justonce-transport run theirs there), on the
+    ///   transaction the work was given, the row is written without a notification. The
+    ///   run wakes the relays after its commit: this process's at once, other processes'
+    ///   by one NOTIFY shared with the commits around it ([`InboxOptions::notify_every`]).
+    ///   Concurrent commits then do not queue for PostgreSQL's notification lock.
+    /// - In a transaction of your own, from [`Inbox::begin`], a NOTIFY goes with the row and
+    ///   wakes the relays at its commit, as [`Inbox::enqueue`]'s does.
+    ///
+    /// Inside a run's work, forward on the transaction the work was given: a row forwarded
+    /// there in another transaction is found by the relays' poll.
     pub async fn forward(
         &self,
         tx: &mut sqlx::Transaction<'_, DB>,
         key: &Key,
         message: Message,
     ) -> Result<i64, Error> {
-        self.write_outbox(tx, key.as_str(), message).await
+        let announce = if Forwards::note(self.shared()) {
+            Announce::AfterCommit
+        } else {
+            Announce::AtCommit
+        };
+        (self.write_outbox(tx, key.as_str(), message, announce)).await
     }
 
     async fn write_outbox(
@@ -1072,6 +1147,7 @@ impl<DB: Backend> Inbox<DB> {
         tx: &mut sqlx::Transaction<'_, DB>,
         key: &str,
         message: Message,
+        announce: Announce,
     ) -> Result<i64, Error> {
         let row = NewOutboxRow {
             scope: self.scope.as_str(),
@@ -1080,7 +1156,7 @@ impl<DB: Backend> Inbox<DB> {
             payload: &message.payload,
             headers: message.headers_json(),
         };
-        self.shared.sql.enqueue(tx, row).await
+        self.shared.sql.enqueue(tx, row, announce).await
     }
 
     /// The outbox of this store: its relay, dead letters and clean-up.
@@ -1261,6 +1337,15 @@ fn run_span(identity: &Identity) -> tracing::Span {
         consumer = %identity.consumer,
         key = %identity.key,
     )
+}
+
+/// A run of [`Inbox::run_one_statement`]: the key to claim, with the claim id of the one
+/// statement, whether it forwards a row, and what it came to if its answer was lost and it
+/// committed.
+struct OneStatementRun<'a, T> {
+    row: ClaimRow<'a>,
+    forwards: bool,
+    lost: T,
 }
 
 /// What the one statement of a run came to.

@@ -4,9 +4,12 @@
 
 use crate::backend::{Backend, Queries, Reads};
 use crate::common::{
-    Common, EVENT_STATE, REPLAYED, apply_migrations, dashboard_minutes, failed_histories, statement,
+    Common, EVENT_STATE, REPLAYED, apply_migrations, bind_claim, bind_identity_as,
+    dashboard_minutes, failed_histories, statement,
 };
-use crate::rows::{ClaimRow, NewOutboxRow, OffsetRow, OutboxRow, OutboxTuple, Stored, Which};
+use crate::rows::{
+    Announce, ClaimRow, NewOutboxRow, OffsetRow, OutboxRow, OutboxTuple, Stored, Which,
+};
 use crate::shared::{driver_error, vanished};
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Scope};
@@ -23,6 +26,7 @@ pub struct Statements {
     pub(crate) find_many: Arc<str>,
     pub(crate) enqueue: Arc<str>,
     pub(crate) forward_many: Arc<str>,
+    pub(crate) enqueue_notifying: Arc<str>,
     pub(crate) take_due: Arc<str>,
     pub(crate) outbox_row: Arc<str>,
     pub(crate) dead_letters: Arc<str>,
@@ -46,10 +50,13 @@ pub(crate) struct Specific {
     pub(crate) has_unique_constraint: String,
     /// consumer, milliseconds, limit.
     pub(crate) purge_keys: String,
+    /// Writes an outbox row; whoever commits it wakes the relays.
     pub(crate) enqueue: String,
     /// Forwarding outbox rows without a notification: all of them in one statement where
     /// the database can (arrays), else one.
     pub(crate) forward_many: String,
+    /// `enqueue` with a NOTIFY at commit, where relays listen for one.
+    pub(crate) enqueue_notifying: Option<String>,
     /// What makes concurrent relays skip each other's rows: `FOR UPDATE SKIP LOCKED`.
     pub(crate) skip_locked: &'static str,
     /// A query of the lanes held back, a JSON array given as the parameter named (see
@@ -426,6 +433,9 @@ impl Statements {
             claim_and_forward: specific.claim_and_forward.map(text),
             insert_many: text(specific.insert_many),
             find_many: text(specific.find_many),
+            enqueue_notifying: text(
+                (specific.enqueue_notifying).unwrap_or_else(|| specific.enqueue.clone()),
+            ),
             enqueue: text(specific.enqueue),
             forward_many: text(specific.forward_many),
             // Taking a row hides it until the lease ends, in one short statement: no lock
@@ -502,15 +512,11 @@ where
         row: ClaimRow<'a>,
     ) -> Result<Stored, Error> {
         let id = row.identity;
-        let holder: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(self.claim.clone()))
-            .bind(id.scope.as_str())
-            .bind(id.consumer.as_str())
-            .bind(id.key.as_str())
-            .bind(row.fingerprint.as_bytes().as_slice())
-            .bind(row.claim_id)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(driver_error::<DB>)?;
+        let holder: Option<(i64, Vec<u8>)> =
+            bind_claim(sqlx::query_as(AssertSqlSafe(self.claim.clone())), row)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(driver_error::<DB>)?;
         match holder {
             Some((claim_id, fingerprint)) => Stored::decode(claim_id, fingerprint),
             // No row: a holder committed after the statement's snapshot was taken
@@ -527,10 +533,8 @@ where
         fingerprint: &'a Fingerprint,
         lease_ms: i64,
     ) -> Result<Option<i64>, Error> {
-        let token: Option<(i64,)> = sqlx::query_as(AssertSqlSafe(self.lease_claim.clone()))
-            .bind(identity.scope.as_str())
-            .bind(identity.consumer.as_str())
-            .bind(identity.key.as_str())
+        let lease_claim = sqlx::query_as(AssertSqlSafe(self.lease_claim.clone()));
+        let token: Option<(i64,)> = bind_identity_as(lease_claim, identity)
             .bind(fingerprint.as_bytes().as_slice())
             .bind(lease_ms)
             .fetch_optional(pool)
@@ -543,8 +547,13 @@ where
         &'a self,
         conn: &'a mut DB::Connection,
         row: NewOutboxRow<'a>,
+        announce: Announce,
     ) -> Result<i64, Error> {
-        let (id,): (i64,) = sqlx::query_as(AssertSqlSafe(self.enqueue.clone()))
+        let text = match announce {
+            Announce::AtCommit => &self.enqueue_notifying,
+            Announce::AfterCommit => &self.enqueue,
+        };
+        let (id,): (i64,) = sqlx::query_as(AssertSqlSafe(text.clone()))
             .bind(row.scope)
             .bind(row.key)
             .bind(row.destination)

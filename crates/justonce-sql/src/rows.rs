@@ -4,6 +4,7 @@
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Lease, Offset, Scope};
 
 /// One key to claim, with the attempt's claim id.
+#[derive(Clone, Copy)]
 pub struct ClaimRow<'a> {
     pub(crate) identity: &'a Identity,
     pub(crate) fingerprint: &'a Fingerprint,
@@ -104,6 +105,17 @@ pub struct NewOutboxRow<'a> {
     pub(crate) destination: &'a str,
     pub(crate) payload: &'a [u8],
     pub(crate) headers: String,
+}
+
+/// How the relays learn that an outbox row was committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Announce {
+    /// By a NOTIFY sent at the commit of the transaction that wrote it, where relays
+    /// listen: the user's own transaction, whose commit justonce does not see.
+    AtCommit,
+    /// By the run that commits the transaction, after the commit: no NOTIFY in it, which
+    /// would make concurrent commits queue for one lock.
+    AfterCommit,
 }
 
 /// The columns of every outbox read as sqlx decodes them.

@@ -6,8 +6,9 @@
 //! commits it covers.
 
 use crate::backend::Backend;
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -81,6 +82,57 @@ impl RelayWake {
         if DB::NOTIFIES {
             notify::<DB>(pool, channel).await;
         }
+    }
+}
+
+tokio::task_local! {
+    /// The run whose work runs on this task: [`Forwards::note`] tells it of a row forwarded.
+    static RUN: Forwards;
+}
+
+/// Whether the work of one run (or batch) forwarded a row in its transaction, which the
+/// run then announces after its commit. The work tells it through a task-local value, so
+/// that `Inbox::forward` keeps taking the transaction alone.
+#[derive(Clone)]
+pub(crate) struct Forwards {
+    /// The address of the store's shared state: a row forwarded to another store inside
+    /// this run is not this run's to announce.
+    store: usize,
+    forwarded: Arc<AtomicBool>,
+}
+
+impl Forwards {
+    /// A run on the store whose shared state is `store`; `forwarded` when it is known to
+    /// forward a row, as `run_forward` does.
+    pub(crate) fn new<S>(store: &S, forwarded: bool) -> Self {
+        Self {
+            store: std::ptr::from_ref(store).addr(),
+            forwarded: Arc::new(AtomicBool::new(forwarded)),
+        }
+    }
+
+    /// Runs a try of the run's work, telling it of this run.
+    pub(crate) fn around<F: Future>(&self, work: F) -> impl Future<Output = F::Output> {
+        RUN.scope(self.clone(), work)
+    }
+
+    /// Notes that the work of a run on `store` forwards a row; false when no run on it is
+    /// running on this task: the row is then announced at its own transaction's commit.
+    pub(crate) fn note<S>(store: &S) -> bool {
+        let store = std::ptr::from_ref(store).addr();
+        RUN.try_with(|run| {
+            let ours = run.store == store;
+            if ours {
+                run.forwarded.store(true, Ordering::Relaxed);
+            }
+            ours
+        })
+        .unwrap_or(false)
+    }
+
+    /// Whether a try of the work forwarded a row: the relays are woken when the run commits.
+    pub(crate) fn any(&self) -> bool {
+        self.forwarded.load(Ordering::Relaxed)
     }
 }
 

@@ -88,6 +88,7 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
         "run_effect",
         "hand-written-forward",
         "run_forward",
+        "run-with-forward",
         "hand-written-batched",
         "hand-written-claim_many",
         "claim_many",
@@ -192,7 +193,7 @@ async fn every_section_reports_and_leaves_no_table_behind<DB: TestBackend>(test:
 fn assert_against_baseline(result: &serde_json::Value) {
     let expected = match result["mode"].as_str().unwrap() {
         "hand-written" | "hand-written-forward" | "hand-written-batched" => None,
-        "run_forward" => Some("hand-written-forward"),
+        "run_forward" | "run-with-forward" => Some("hand-written-forward"),
         "hand-written-claim_many" => Some("hand-written-batched"),
         "claim_many" => Some("hand-written-claim_many"),
         _ => Some("hand-written"),

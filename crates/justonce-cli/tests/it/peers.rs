@@ -1,6 +1,7 @@
 //! `scripts/peers` with tiny counts: it installs the peers when they are missing (about 15 s
 //! the first time, from PyPI and npm; `scripts/services` installs them beforehand), prints
-//! a ratio per round and their medians, and each side stored every effect once.
+//! a ratio per round and their medians, for `Inbox::run` and `Inbox::run_effect` (one bench
+//! run) and the receiver, and each side stored every effect once.
 
 use justonce_sql::sqlx::{self, PgPool};
 use std::path::Path;
@@ -70,6 +71,8 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
     for comparison in [
         "consumer, 1 worker",
         "consumer, 2 workers",
+        "run_effect, 1 worker",
+        "run_effect, 2 workers",
         "receiver, 4 clients",
     ] {
         for round in 1..=ROUNDS {

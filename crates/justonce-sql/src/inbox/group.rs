@@ -14,6 +14,7 @@ use crate::backend::Backend;
 use crate::outbox::Message;
 use crate::rows::NewOutboxRow;
 use crate::shared::{Shared, driver_error};
+use crate::wake::Forwards;
 use justonce_core::{Claim, Error, Fingerprint, Identity, Key, Outcome};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
@@ -183,9 +184,11 @@ async fn commit_group<DB: Backend>(shared: &Arc<Shared<DB>>, calls: Vec<Call>) {
                         Outcome::KeyReused { stored, received }
                     }
                 };
+                // The relays are woken once for the group, below.
                 Inbox::of(shared, &call.identity).settled(
                     &call.identity,
                     call.fingerprint,
+                    &Forwards::new(shared, false),
                     &outcome,
                 );
                 // A caller that stopped waiting is no longer told.
@@ -229,9 +232,7 @@ async fn commit_group<DB: Backend>(shared: &Arc<Shared<DB>>, calls: Vec<Call>) {
                     .forward_alone(&call.identity, call.fingerprint, &call.message)
                     .await
             };
-            if matches!(outcome, Ok(Outcome::Processed(()))) {
-                shared.wake_relays();
-            }
+            // A call that forwarded has woken the relays after its commit.
             let _ = call.answer.send(outcome);
         }
     });

@@ -20,8 +20,8 @@ pub(crate) use sql::{KEYS_PER_STATEMENT, MAX_PARAMETERS, insert_many_row};
 use crate::backend::{Backend, Queries, Reads, Sealed, Watcher};
 use crate::common::{apply_migrations, bind_identity, statement};
 use crate::rows::{
-    Batch, ClaimRow, NewOutboxRow, OffsetRow, OutboxRow, OutboxTuple, Schema, Stored, Wakeups,
-    Which,
+    Announce, Batch, ClaimRow, NewOutboxRow, OffsetRow, OutboxRow, OutboxTuple, Schema, Stored,
+    Wakeups, Which,
 };
 use crate::shared::{driver_error, vanished};
 use crate::tables::Tables;
@@ -295,6 +295,8 @@ impl Queries<MySql> for MySqlStatements {
         &'a self,
         conn: &'a mut sqlx::mysql::MySqlConnection,
         row: NewOutboxRow<'a>,
+        // No relay listens: they poll, and this process's are woken after a run's commit.
+        _announce: Announce,
     ) -> Result<i64, Error> {
         let done = statement(&self.enqueue)
             .bind(row.scope)

@@ -7,6 +7,7 @@ mod sql;
 mod tls;
 
 use crate::backend::{Backend, ForwardFailed, OneStatement, Sealed, Watcher};
+use crate::common::bind_claim;
 use crate::effect;
 use crate::numbered::{self, Statements, migrate_in_transaction};
 use crate::rows::{Batch, ClaimRow, NewOutboxRow, Schema, Stored, Wakeups};
@@ -88,20 +89,15 @@ impl Backend for Postgres {
     ) -> Option<OneStatement<'a, ()>> {
         let statement = sql.claim_and_forward.clone()?;
         Some(Box::pin(async move {
-            let id = row.identity;
             let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
-            let stored: Option<(i64, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(statement))
-                .bind(id.scope.as_str())
-                .bind(id.consumer.as_str())
-                .bind(id.key.as_str())
-                .bind(row.fingerprint.as_bytes().as_slice())
-                .bind(row.claim_id)
-                .bind(outbox.destination)
-                .bind(outbox.payload)
-                .bind(outbox.headers)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(ForwardFailed::Statement)?;
+            let stored: Option<(i64, Vec<u8>)> =
+                bind_claim(sqlx::query_as(AssertSqlSafe(statement)), row)
+                    .bind(outbox.destination)
+                    .bind(outbox.payload)
+                    .bind(outbox.headers)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(ForwardFailed::Statement)?;
             Ok(stored.map(|(claim_id, fingerprint)| (claim_id, fingerprint, ())))
         }))
     }
@@ -116,18 +112,12 @@ impl Backend for Postgres {
         Some(Box::pin(async move {
             // The effect's own binds come first: the claim's are numbered after them.
             let statement = sql::claim_with_effect(&tables.keys, effect, arguments.len());
-            let id = row.identity;
             let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
-            let stored: Option<(Option<i64>, Option<Vec<u8>>, i64)> =
-                sqlx::query_as_with(AssertSqlSafe(statement), arguments)
-                    .bind(id.scope.as_str())
-                    .bind(id.consumer.as_str())
-                    .bind(id.key.as_str())
-                    .bind(row.fingerprint.as_bytes().as_slice())
-                    .bind(row.claim_id)
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(unclaimed_effect)?;
+            let claim = sqlx::query_as_with(AssertSqlSafe(statement), arguments);
+            let stored: Option<(Option<i64>, Option<Vec<u8>>, i64)> = bind_claim(claim, row)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(unclaimed_effect)?;
             Ok(stored.and_then(|(claim_id, fingerprint, changed)| {
                 Some((claim_id?, fingerprint?, Some(changed.unsigned_abs())))
             }))

@@ -117,17 +117,22 @@ pub(super) fn statements(tables: &Tables) -> Statements {
             "INSERT INTO {outbox} (scope, key, destination, payload, headers)
              SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[])"
         ),
-        // The row may be written in the user's own transaction, whose commit justonce does
-        // not see: the notification goes with it. One per channel and transaction, whatever
-        // the number of rows: PostgreSQL folds identical ones.
         enqueue: format!(
+            "INSERT INTO {outbox} (scope, key, destination, payload, headers)
+             VALUES ($1, $2, $3, $4, $5)
+             RETURNING id"
+        ),
+        // For the user's own transaction, whose commit justonce does not see: the
+        // notification goes with it. One per channel and transaction, whatever the number
+        // of rows: PostgreSQL folds identical ones.
+        enqueue_notifying: Some(format!(
             "WITH inserted AS (
                 INSERT INTO {outbox} (scope, key, destination, payload, headers)
                 VALUES ($1, $2, $3, $4, $5)
                 RETURNING id
              ), notified AS (SELECT pg_notify('{outbox}', ''))
              SELECT id FROM inserted, notified"
-        ),
+        )),
         skip_locked: "FOR UPDATE SKIP LOCKED",
         held_back: |array| {
             format!(

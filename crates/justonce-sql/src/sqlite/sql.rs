@@ -67,6 +67,8 @@ pub(super) fn statements(tables: &Tables) -> Statements {
             "INSERT INTO {outbox} (scope, key, destination, payload, headers, received_at)
              VALUES ($1, $2, $3, $4, $5, {NOW_MS})"
         ),
+        // No relay listens: they poll, and this process's are woken after the commit.
+        enqueue_notifying: None,
         // A WITH clause cannot insert on SQLite.
         claim_and_forward: None,
         // The single writer already keeps two relays from taking one row.

@@ -515,40 +515,108 @@ async fn wait_for_deliveries(sink: &Recorder, count: usize) {
     }
 }
 
-/// Forwards `events` distinct events through `inbox` at once, each to be processed.
-async fn forward_at_once<DB: TestBackend>(inbox: &Inbox<DB>, events: usize) {
-    let runs = (0..events).map(|n| {
-        let inbox = inbox.clone();
+/// How a test forwards its events: as the webhook receiver does ([`Inbox::run_forward`]),
+/// as a consumer does one at a time ([`Inbox::forward`] in the work of [`Inbox::run`]), or
+/// a batch at a time (in the work of [`Inbox::run_batch_at_once`]).
+#[derive(Debug, Clone, Copy)]
+enum Forwarding {
+    RunForward,
+    InRun,
+    InBatch,
+}
+
+const FORWARDINGS: [Forwarding; 3] = [
+    Forwarding::RunForward,
+    Forwarding::InRun,
+    Forwarding::InBatch,
+];
+
+/// Forwards `events` distinct events through `inbox` at once (batches of 10 at once for
+/// [`Forwarding::InBatch`]), each to be processed; their ids begin with `prefix`.
+async fn forward_at_once<DB: TestBackend>(
+    inbox: &Inbox<DB>,
+    how: Forwarding,
+    prefix: &str,
+    events: usize,
+) {
+    let keys: Vec<_> = (0..events)
+        .map(|n| key(&format!("shop:{prefix}_{n}")))
+        .collect();
+    let runs = keys.chunks(10).map(|chunk| {
+        let (inbox, chunk) = (inbox.clone(), chunk.to_vec());
         tokio::spawn(async move {
-            let message = Message::new("sink", format!("evt_{n}"));
-            let key = key(&format!("shop:evt_{n}"));
-            inbox
-                .run_forward(&key, key.as_str().as_bytes(), message)
-                .await
+            let message = |key: &justonce_sql::Key| Message::new("sink", key.as_str().to_owned());
+            let outcomes = match how {
+                Forwarding::InBatch => inbox
+                    .run_batch_at_once(
+                        &chunk,
+                        |key| (key, key.as_str().as_bytes()),
+                        |tx, firsts| {
+                            let inbox = inbox.clone();
+                            Box::pin(async move {
+                                for key in firsts {
+                                    inbox.forward(tx, key, message(key)).await?;
+                                }
+                                Ok::<_, justonce_sql::Error>(())
+                            })
+                        },
+                    )
+                    .await
+                    .unwrap(),
+                Forwarding::RunForward | Forwarding::InRun => {
+                    let runs = chunk.iter().map(|key| {
+                        let inbox = inbox.clone();
+                        async move {
+                            let payload = key.as_str().as_bytes();
+                            match how {
+                                Forwarding::RunForward => {
+                                    inbox.run_forward(key, payload, message(key)).await.unwrap()
+                                }
+                                _ => inbox
+                                    .run(key, payload, |tx| {
+                                        let forward = inbox.forward(tx, key, message(key));
+                                        Box::pin(async move { forward.await.map(drop) })
+                                    })
+                                    .await
+                                    .unwrap(),
+                            }
+                        }
+                    });
+                    futures_util::future::join_all(runs).await
+                }
+            };
+            assert!(
+                outcomes.iter().all(|o| *o == Outcome::Processed(())),
+                "{how:?}: {outcomes:?}"
+            );
         })
     });
     for run in futures_util::future::join_all(runs).await {
-        assert_eq!(run.unwrap().unwrap(), Outcome::Processed(()));
+        run.unwrap();
     }
 }
 
-/// A row forwarded by `run_forward` wakes its own process's relay as soon as it is
-/// committed, on every database: SQLite and MariaDB have no notifications at all.
+/// A row forwarded by `run_forward`, or by `forward` in a run's or a batch's work, wakes
+/// its own process's relay as soon as it is committed, on every database: SQLite and
+/// MariaDB have no notifications at all.
 async fn a_forwarded_row_wakes_the_relay_of_its_process<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let sink = Recorder::default();
     let running = sleepy_relay(&db.inbox, &sink);
     // Let the relay finish its first round and start waiting.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    forward_at_once(&db.inbox, 1).await;
-    wait_for_deliveries(&sink, 1).await;
+    for (done, how) in FORWARDINGS.into_iter().enumerate() {
+        forward_at_once(&db.inbox, how, &format!("{how:?}"), 1).await;
+        wait_for_deliveries(&sink, done + 1).await;
+    }
     running.stop().await;
     db.cleanup().await;
 }
 
 /// Rows forwarded by one process are delivered by a relay in another: the forwarding
-/// statement sends no NOTIFY, so only the one sent after its commits can wake that relay.
-/// A burst: the rows committed after the first notification need the next.
+/// statements inside runs send no NOTIFY, so only the one sent after their commits can
+/// wake that relay. A burst: the rows committed after the first notification need the
+/// next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_rows_wake_a_relay_in_another_process_on_postgres() {
     let db = TestDb::<sqlx::Postgres>::new("wake-other").await;
@@ -556,15 +624,39 @@ async fn forwarded_rows_wake_a_relay_in_another_process_on_postgres() {
     let sink = Recorder::default();
     let running = sleepy_relay(&elsewhere.inbox, &sink);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    forward_at_once(&db.inbox, 50).await;
-    wait_for_deliveries(&sink, 50).await;
+    for (done, how) in FORWARDINGS.into_iter().enumerate() {
+        forward_at_once(&db.inbox, how, &format!("{how:?}"), 50).await;
+        wait_for_deliveries(&sink, 50 * (done + 1)).await;
+    }
+    running.stop().await;
+    db.cleanup().await;
+}
+
+/// A row forwarded in a transaction of the caller's own, which justonce does not commit,
+/// still wakes a relay in another process: its NOTIFY goes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_forwarded_in_a_transaction_of_ones_own_wakes_a_relay_elsewhere_on_postgres() {
+    let db = TestDb::<sqlx::Postgres>::new("wake-own").await;
+    let elsewhere = TestDb::<sqlx::Postgres>::reopen(&db.url, &db.prefix).await;
+    let sink = Recorder::default();
+    let running = sleepy_relay(&elsewhere.inbox, &sink);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut tx = db.inbox.begin().await.unwrap();
+    let key = key("shop:own");
+    (db.inbox)
+        .forward(&mut tx, &key, Message::new("sink", "own"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    wait_for_deliveries(&sink, 1).await;
     running.stop().await;
     db.cleanup().await;
 }
 
 /// A burst of forwarded rows is announced to other processes by far fewer notifications
-/// than rows: one at the first commit, then at most one per `notify_every` (here 10 s,
-/// longer than the burst takes).
+/// than rows, however they are forwarded: one at the first commit, then at most one per
+/// `notify_every` (here a minute, longer than the bursts take). A NOTIFY in each
+/// transaction would send one per commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_forwarded_rows_sends_few_notifications_on_postgres() {
     const EVENTS: usize = 200;
@@ -574,14 +666,16 @@ async fn a_burst_of_forwarded_rows_sends_few_notifications_on_postgres() {
     listener.listen(&channel).await.unwrap();
     let options = InboxOptions::default()
         .prefix(&db.prefix)
-        .notify_every(Duration::from_secs(10));
+        .notify_every(Duration::from_secs(60));
     let inbox =
         Inbox::<sqlx::Postgres>::connect_with(&db.url, Consumer::new("test").unwrap(), options)
             .await
             .unwrap();
-    forward_at_once(&inbox, EVENTS).await;
-    assert_eq!(db.rows("outbox").await, EVENTS as i64);
-    // Notifications reach a listener in commit order: this one marks the burst's end.
+    for how in FORWARDINGS {
+        forward_at_once(&inbox, how, &format!("{how:?}"), EVENTS).await;
+    }
+    assert_eq!(db.rows("outbox").await, (3 * EVENTS) as i64);
+    // Notifications reach a listener in commit order: this one marks the bursts' end.
     sqlx::query("SELECT pg_notify($1, 'end')")
         .bind(&channel)
         .execute(db.inbox.pool())
@@ -596,7 +690,8 @@ async fn a_burst_of_forwarded_rows_sends_few_notifications_on_postgres() {
     }
     assert!(
         notified <= 2,
-        "{notified} notifications for {EVENTS} forwarded rows"
+        "{notified} notifications for {} forwarded rows",
+        3 * EVENTS
     );
     db.cleanup().await;
 }
