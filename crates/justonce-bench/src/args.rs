@@ -73,10 +73,11 @@ pub struct Args {
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     rate: u64,
     /// The receiver section posts its events, unsigned, to this URL instead of to the
-    /// receiver it serves: another receiver, under the same loads. What that one stores is
-    /// for whoever runs it to check.
+    /// receiver it serves: another receiver, under the same loads. Given more than once,
+    /// the events are spread over the URLs in turn: several processes on one database.
+    /// What they store is for whoever runs it to check.
     #[arg(long, value_name = "URL")]
-    receiver_url: Option<String>,
+    receiver_url: Vec<String>,
     /// Whether concurrent `run_forward` calls share commits, as `server.share_commits`
     /// has the receiver's: `false` measures a commit per event.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
@@ -142,7 +143,7 @@ impl TryFrom<Args> for Settings {
             capacity_outbox: count(args.capacity_outbox)?,
             clients: count(args.clients)?,
             rate: count(args.rate)?,
-            receiver_url: args.receiver_url,
+            receiver_urls: args.receiver_url,
             share_commits: args.share_commits,
             sections,
             json: args.json,
@@ -193,8 +194,8 @@ pub struct Settings {
     pub(crate) clients: usize,
     /// The receiver section's events started per second.
     pub(crate) rate: usize,
-    /// Where the receiver section posts instead of to its own receiver.
-    pub(crate) receiver_url: Option<String>,
+    /// Where the receiver section posts instead of to its own receiver, in turn.
+    pub(crate) receiver_urls: Vec<String>,
     /// Whether concurrent `run_forward` calls share commits.
     pub(crate) share_commits: bool,
     pub(crate) sections: Vec<Section>,

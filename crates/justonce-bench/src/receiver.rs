@@ -10,7 +10,7 @@
 //!
 //! With `--receiver-url`, the same loads go, unsigned, to another receiver instead, and
 //! checking what it stored is left to whoever runs it: so a receiver written without
-//! justonce is loaded exactly as `justonce serve` is.
+//! justonce is loaded exactly as `justonce serve` is. Several URLs take the events in turn.
 
 use crate::Serve;
 use crate::bench::Bench;
@@ -43,10 +43,10 @@ impl<DB: BenchDb> Bench<'_, DB> {
         ] {
             let mut progress = Progress::new();
             progress.update(format!("receiver: {requests} events {}", load.described()));
-            if let Some(url) = &self.settings.receiver_url {
+            if !self.settings.receiver_urls.is_empty() {
                 let sender = Sender {
                     client: reqwest::Client::new(),
-                    url: url.clone(),
+                    urls: self.settings.receiver_urls.clone().into(),
                     prefix: load.name(),
                     signed: false,
                 };
@@ -88,7 +88,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
         let _server = AbortOnDrop(tokio::spawn(serve(listener, app)));
         let sender = Sender {
             client: reqwest::Client::new(),
-            url,
+            urls: [url].into(),
             prefix: load.name(),
             signed: true,
         };
@@ -156,7 +156,8 @@ impl<T> Drop for AbortOnDrop<T> {
 #[derive(Clone)]
 struct Sender {
     client: reqwest::Client,
-    url: String,
+    /// Event `n` goes to the `n`th URL, in turn.
+    urls: Arc<[String]>,
     prefix: &'static str,
     /// Whether the events carry their signature, for the bench's own receiver.
     signed: bool,
@@ -168,7 +169,7 @@ impl Sender {
         let body = format!(r#"{{"id":"{}-{n}","amount":{n}}}"#, self.prefix);
         let mut request = self
             .client
-            .post(&self.url)
+            .post(&self.urls[n % self.urls.len()])
             .header("content-type", "application/json");
         if self.signed {
             let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET)

@@ -1,7 +1,8 @@
 //! `scripts/peers` with tiny counts: it installs the peers when they are missing (about 15 s
 //! the first time, from PyPI and npm; `scripts/services` installs them beforehand), prints
 //! a ratio per round and their medians, for `Inbox::run` and `Inbox::run_effect` (one bench
-//! run) and the receiver, and each side stored every effect once.
+//! run) and the receiver, one `serve` process and two, and each side stored every effect
+//! once.
 
 use justonce_sql::sqlx::{self, PgPool};
 use std::path::Path;
@@ -33,6 +34,8 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
             "--scratch",
             &scratch,
             "--keep",
+            "--processes",
+            "2",
         ])
         .kill_on_drop(true)
         .output();
@@ -74,6 +77,7 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
         "run_effect, 1 worker",
         "run_effect, 2 workers",
         "receiver, 4 clients",
+        "receiver, 2 processes",
     ] {
         for round in 1..=ROUNDS {
             let line = stdout
