@@ -6,6 +6,7 @@
 //! commits it covers.
 
 use crate::backend::Backend;
+use crate::shared::Shared;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -104,7 +105,7 @@ pub(crate) struct Forwards {
 impl Forwards {
     /// A run on the store whose shared state is `store`; `forwarded` when it is known to
     /// forward a row, as `run_forward` does.
-    pub(crate) fn new<S>(store: &S, forwarded: bool) -> Self {
+    pub(crate) fn new<DB: Backend>(store: &Shared<DB>, forwarded: bool) -> Self {
         Self {
             store: std::ptr::from_ref(store).addr(),
             forwarded: Arc::new(AtomicBool::new(forwarded)),
@@ -118,7 +119,7 @@ impl Forwards {
 
     /// Notes that the work of a run on `store` forwards a row; false when no run on it is
     /// running on this task: the row is then announced at its own transaction's commit.
-    pub(crate) fn note<S>(store: &S) -> bool {
+    pub(crate) fn note<DB: Backend>(store: &Shared<DB>) -> bool {
         let store = std::ptr::from_ref(store).addr();
         RUN.try_with(|run| {
             let ours = run.store == store;

@@ -7,7 +7,6 @@ use crate::{ConsumerStats, Error, Incoming, KeyFrom, Ran, Tenants};
 use justonce_core::TraceContext;
 use justonce_core::trace::{TRACEPARENT, TRACESTATE};
 use justonce_sql::{Backend, Inbox, Outcome, Scope, WorkFuture, sqlx};
-use std::borrow::Cow;
 use std::future::Future;
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
@@ -790,15 +789,6 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         incoming(self.broker.policy(), self.inbox.scope(), delivery)
     }
 
-    /// The inbox that claims in `scope`: the consumer's own, or the same store and consumer
-    /// in the tenant's scope a message names.
-    fn inbox_in(&self, scope: &Scope) -> Cow<'_, Inbox<DB>> {
-        if scope == self.inbox.scope() {
-            Cow::Borrowed(&self.inbox)
-        } else {
-            Cow::Owned(self.inbox.with_scope(scope.clone()))
-        }
-    }
 
     /// Runs the work of one delivery in a transaction with its key (see [`Inbox::run`]).
     pub async fn run_one<F, E>(&self, delivery: &B::Delivery, work: &F) -> Ran<E>
@@ -822,7 +812,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             Err(unusable) => return unusable.ran(),
         };
         let alone: &[&Incoming] = &[&incoming];
-        let inbox = self.inbox_in(&incoming.scope);
+        let inbox = crate::inbox_in(&self.inbox, &incoming.scope);
         let run = inbox
             .run(&incoming.key, &incoming.body, |tx| work.run(tx, alone))
             .instrument(crate::consume_span(&incoming));
@@ -937,7 +927,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                 .map(|(delivery, _)| delivery)
                 .collect();
             let scope = keyed.first().map_or(self.inbox.scope(), |first| &first.scope);
-            let inbox = self.inbox_in(scope);
+            let inbox = crate::inbox_in(&self.inbox, scope);
             let run = inbox.run_batch_at_once(
                 &keyed,
                 |incoming| (&incoming.key, incoming.body.as_slice()),

@@ -410,11 +410,25 @@ with_any_broker! {
     }
 }
 
+/// The inbox that claims in `scope`: `inbox` itself, or the same store and consumer in the
+/// tenant's scope a message names. Offsets are the consumer's, in any scope.
+pub(crate) fn inbox_in<'a, DB: justonce_sql::Backend>(
+    inbox: &'a justonce_sql::Inbox<DB>,
+    scope: &Scope,
+) -> std::borrow::Cow<'a, justonce_sql::Inbox<DB>> {
+    if scope == inbox.scope() {
+        std::borrow::Cow::Borrowed(inbox)
+    } else {
+        std::borrow::Cow::Owned(inbox.with_scope(scope.clone()))
+    }
+}
+
 /// What a consumer did with the deliveries it took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConsumerStats {
-    /// Work committed and acknowledged.
+    /// Work committed. Counted at the commit: an acknowledgement that then fails leaves
+    /// the delivery to come again, as a duplicate.
     pub processed: u64,
     /// Keys already processed: acknowledged without work.
     pub duplicates: u64,

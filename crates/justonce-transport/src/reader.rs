@@ -16,8 +16,7 @@ use crate::consumer::{
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
-use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError, Scope, sqlx};
-use std::borrow::Cow;
+use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError, sqlx};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -469,16 +468,6 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         Ok((position, self.incoming_or_why(entry)?))
     }
 
-    /// The inbox that claims in `scope`: the reader's own, or the same store and consumer
-    /// in the tenant's scope an entry names. Offsets are the consumer's, in any scope.
-    fn inbox_in(&self, scope: &Scope) -> Cow<'_, Inbox<DB>> {
-        if scope == self.inbox.scope() {
-            Cow::Borrowed(&self.inbox)
-        } else {
-            Cow::Owned(self.inbox.with_scope(scope.clone()))
-        }
-    }
-
     /// Runs `batch` in one transaction, or its entries one by one if that did not commit;
     /// how many entries, from the first, are done with, and how the next one ended (see
     /// [`Reader::run_batch`]).
@@ -536,7 +525,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let scope = read
             .first()
             .map_or(self.inbox.scope(), |(_, first)| &first.scope);
-        let inbox = self.inbox_in(scope);
+        let inbox = crate::inbox_in(&self.inbox, scope);
         let (inbox, spans) = (&*inbox, &spans);
         let run = inbox
             .run_batch_at_once(
@@ -684,7 +673,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let inbox = self.inbox_in(&incoming.scope);
+        let inbox = crate::inbox_in(&self.inbox, &incoming.scope);
         let inbox = &*inbox;
         let alone: &[&Incoming] = &[incoming];
         let run = inbox

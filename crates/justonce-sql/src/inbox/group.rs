@@ -83,8 +83,10 @@ impl Queue {
     }
 }
 
-/// Counts a group task out of the queue if it is dropped before it ends (its runtime shut
-/// down), so that later calls start groups of their own.
+/// Counts a group task out of the queue if it is dropped before it ends (it panicked, or
+/// its runtime shut down), so that later calls start groups of their own. With no group
+/// left in flight, nothing would take the calls that wait: they are dropped, and their
+/// callers told that the commit's outcome is unknown, rather than left waiting.
 struct InFlight<'a>(Option<&'a CommitQueue>);
 
 impl Drop for InFlight<'_> {
@@ -92,6 +94,9 @@ impl Drop for InFlight<'_> {
         if let Some(commits) = self.0.take() {
             let mut queue = commits.queue.lock().unwrap_or_else(PoisonError::into_inner);
             queue.in_flight -= 1;
+            if queue.in_flight == 0 {
+                queue.waiting.clear();
+            }
         }
     }
 }
@@ -127,7 +132,7 @@ impl<DB: Backend> Inbox<DB> {
         }
         answered.await.unwrap_or_else(|_| {
             Err(Error::CommitUnknown {
-                source: "the shared commit ended before it answered: the runtime shut down".into(),
+                source: "the shared commit's task ended before it answered".into(),
             })
         })
     }
@@ -188,7 +193,7 @@ async fn commit_group<DB: Backend>(shared: &Arc<Shared<DB>>, calls: Vec<Call>) {
                 Inbox::of(shared, &call.identity).settled(
                     &call.identity,
                     call.fingerprint,
-                    &Forwards::new(shared, false),
+                    &Forwards::new(shared.as_ref(), false),
                     &outcome,
                 );
                 // A caller that stopped waiting is no longer told.

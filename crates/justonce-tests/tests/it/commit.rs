@@ -27,11 +27,17 @@ const COMMIT: &[u8] = b"COMMIT";
 
 /// Forwards connections to PostgreSQL, and breaks the first one that sends `trigger`. With
 /// `then_refuse`, every connection after that is closed at once: the database stays out of
-/// reach.
-async fn proxy(upstream: String, trigger: &'static [u8], cut: Cut, then_refuse: bool) -> u16 {
+/// reach. Its port, and a flag that is false once it has cut.
+async fn proxy(
+    upstream: String,
+    trigger: &'static [u8],
+    cut: Cut,
+    then_refuse: bool,
+) -> (u16, Arc<AtomicBool>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let armed = Arc::new(AtomicBool::new(true));
+    let cut_yet = Arc::clone(&armed);
     tokio::spawn(async move {
         loop {
             let (client, _) = listener.accept().await.unwrap();
@@ -42,7 +48,7 @@ async fn proxy(upstream: String, trigger: &'static [u8], cut: Cut, then_refuse: 
             tokio::spawn(relay(client, server, trigger, cut, Arc::clone(&armed)));
         }
     });
-    port
+    (port, cut_yet)
 }
 
 async fn relay(
@@ -98,11 +104,11 @@ async fn inbox_through_proxy(
     cut: Cut,
     then_refuse: bool,
     share: bool,
-) -> (TestDb<Postgres>, Inbox<Postgres>) {
+) -> (TestDb<Postgres>, Inbox<Postgres>, Arc<AtomicBool>) {
     let db = TestDb::<Postgres>::new("commit").await;
     let direct = PgConnectOptions::from_str(&postgres_url()).unwrap();
     let upstream = format!("{}:{}", direct.get_host(), direct.get_port());
-    let port = proxy(upstream, trigger, cut, then_refuse).await;
+    let (port, armed) = proxy(upstream, trigger, cut, then_refuse).await;
     let pool = PgPoolOptions::new()
         .acquire_timeout(Duration::from_secs(1))
         // The proxy reads the protocol to find the COMMIT: in plain text, never TLS.
@@ -125,13 +131,13 @@ async fn inbox_through_proxy(
             .share_commits(share),
     )
     .unwrap();
-    (db, inbox)
+    (db, inbox, armed)
 }
 
 /// Runs one unit of work through a proxy that cuts its COMMIT; returns what `run` returned,
 /// how often the work ran, and how many effect rows exist.
 async fn run_through_proxy(cut: Cut, then_refuse: bool) -> (Result<Outcome<u32>, Error>, u32, i64) {
-    let (db, inbox) = inbox_through_proxy(COMMIT, cut, then_refuse, false).await;
+    let (db, inbox, _) = inbox_through_proxy(COMMIT, cut, then_refuse, false).await;
     let id = key("payment:1");
     let (key, prefix) = (&id, db.prefix.as_str());
     let mut calls = 0;
@@ -192,7 +198,7 @@ async fn forward_through_proxy(
     then_refuse: bool,
 ) -> (Result<Outcome<()>, Error>, i64, i64) {
     const EVENT: &str = "shop:evt_cut";
-    let (db, inbox) = inbox_through_proxy(EVENT.as_bytes(), cut, then_refuse, false).await;
+    let (db, inbox, _) = inbox_through_proxy(EVENT.as_bytes(), cut, then_refuse, false).await;
     let message = Message::new("sink", b"evt".to_vec());
     let outcome = inbox.run_forward(&key(EVENT), b"evt", message).await;
     let rows = (db.rows("keys").await, db.rows("outbox").await);
@@ -232,7 +238,7 @@ async fn effect_through_proxy(
     then_refuse: bool,
 ) -> (Result<Outcome<Option<u64>>, Error>, i64, i64) {
     const PAYMENT: &str = "payment:cut";
-    let (db, inbox) = inbox_through_proxy(PAYMENT.as_bytes(), cut, then_refuse, false).await;
+    let (db, inbox, _) = inbox_through_proxy(PAYMENT.as_bytes(), cut, then_refuse, false).await;
     let effect = Effect::<Postgres>::new(format!(
         "INSERT INTO {}effects (consumer, msg_key) SELECT $1, $2 FROM claimed",
         db.prefix
@@ -276,7 +282,7 @@ async fn an_effect_that_cannot_be_resolved_is_reported_unknown() {
 /// proxy cuts. Each is processed once, whether that COMMIT happened (read back by the
 /// group's claim id) or not (written again).
 async fn shared_forwards_through_proxy(cut: Cut) -> (Vec<Outcome<()>>, i64, i64) {
-    let (db, inbox) = inbox_through_proxy(COMMIT, cut, false, true).await;
+    let (db, inbox, armed) = inbox_through_proxy(COMMIT, cut, false, true).await;
     let forwards = (0..20).map(|n| {
         let inbox = inbox.clone();
         tokio::spawn(async move {
@@ -290,6 +296,8 @@ async fn shared_forwards_through_proxy(cut: Cut) -> (Vec<Outcome<()>>, i64, i64)
         .into_iter()
         .map(|forward| forward.unwrap().expect("stored"))
         .collect();
+    // A call alone sends no COMMIT (one statement): a cut COMMIT is a shared one.
+    assert!(!armed.load(Ordering::SeqCst), "no shared COMMIT was cut");
     let rows = (db.rows("keys").await, db.rows("outbox").await);
     db.cleanup().await;
     (outcomes, rows.0, rows.1)

@@ -96,6 +96,14 @@ async fn concurrent_forwards_sharing_commits_each_take_effect_once<DB: TestBacke
     assert_eq!(ids.len(), 1);
     let row = outbox.get(ids[0]).await.unwrap().expect("the row");
     assert_eq!(Some(row.payload), evt_7_processed);
+    // Each row holds its own call's body: the group pairs rows with their calls.
+    for n in (0..200).filter(|n| *n != 7) {
+        let name = format!("shop:evt_{n}");
+        let ids = outbox.ids_with_key(&name).await.unwrap();
+        assert_eq!(ids.len(), 1, "{name}");
+        let row = outbox.get(ids[0]).await.unwrap().expect("the row");
+        assert_eq!(row.payload, format!("body {n}").into_bytes(), "{name}");
+    }
     let again: Vec<(String, String)> = (0..100).map(|n| event(n * 2)).collect();
     let outcomes = forward_all(&inbox, &again).await;
     assert!(
