@@ -200,24 +200,7 @@ async fn a_consumer_with_a_tenant_stores_and_delivers_in_its_scope<DB: TestBacke
     let mut server = Server::configure_with(&url, &sink.url(), &consumer);
     server.start().await;
     // Every entry read and settled, the repeated one too, and two deliveries sent.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let groups: redis::streams::StreamInfoGroupsReply =
-            redis.xinfo_groups(&stream).await.unwrap();
-        let settled = groups
-            .groups
-            .iter()
-            .any(|group| group.entries_read == Some(3) && group.pending == 0);
-        if settled && sink.requests() >= 2 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the consumer did not settle the 3 entries and deliver 2: {:?}",
-            groups.groups
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    settled(&mut redis, &stream, 3, &sink, 2).await;
     // Stopped and its stream deleted before anything is asserted: a failure leaves
     // nothing on the shared Redis.
     server.stop().await;
@@ -290,24 +273,7 @@ async fn a_consumer_takes_each_message_s_tenant_from_the_message<DB: TestBackend
     );
     let mut server = Server::configure_with(&url, &sink.url(), &consumer);
     server.start().await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let groups: redis::streams::StreamInfoGroupsReply =
-            redis.xinfo_groups(&stream).await.unwrap();
-        let settled = groups
-            .groups
-            .iter()
-            .any(|group| group.entries_read == Some(6) && group.pending == 0);
-        if settled && sink.requests() >= 2 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the consumer did not settle the 6 entries and deliver 2: {:?}",
-            groups.groups
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    settled(&mut redis, &stream, 6, &sink, 2).await;
     let metrics = text_of(&client(), &format!("{}/metrics", server.admin)).await;
     let stats = stats_json(&server).await;
     server.stop().await;
@@ -649,4 +615,34 @@ async fn one_tenants_backlog_at_a_hanging_target_does_not_delay_another<DB: Test
     // acme's lane had 8 in flight at a time; a few more started as the first ones failed,
     // before the fifth failure opened its breaker, whose 10 s pause outlasts the test.
     assert!((8..=16).contains(&acme), "{acme} deliveries of acme tried");
+}
+
+/// Waits until the Redis group of `stream` has read `entries` entries with none pending,
+/// and `sink` has had `deliveries` requests.
+async fn settled(
+    redis: &mut redis::aio::MultiplexedConnection,
+    stream: &str,
+    entries: usize,
+    sink: &Sink,
+    deliveries: usize,
+) {
+    use redis::AsyncCommands;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let groups: redis::streams::StreamInfoGroupsReply =
+            redis.xinfo_groups(stream).await.unwrap();
+        let settled = groups
+            .groups
+            .iter()
+            .any(|group| group.entries_read == Some(entries) && group.pending == 0);
+        if settled && sink.requests() >= deliveries {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the consumer did not settle the {entries} entries and deliver {deliveries}: {:?}",
+            groups.groups
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
