@@ -39,13 +39,26 @@ async fn post_for(
     body: &str,
     signed: bool,
 ) -> (u16, serde_json::Value) {
+    let signature = signed.then(|| signature(body));
+    post_with(public, source, tenant, body, signature).await
+}
+
+/// Posts `body` to `source` with `signature` in `X-Signature` and `tenant` in `X-Tenant`,
+/// each if given; the status and answer.
+async fn post_with(
+    public: &str,
+    source: &str,
+    tenant: Option<&str>,
+    body: &str,
+    signature: Option<String>,
+) -> (u16, serde_json::Value) {
     let mut request = client()
         .post(format!("{public}/webhooks/{source}"))
         .header("content-type", "application/json")
         .body(body.to_owned())
         .timeout(Duration::from_secs(10));
-    if signed {
-        request = request.header("x-signature", signature(body));
+    if let Some(signature) = signature {
+        request = request.header("x-signature", signature);
     }
     if let Some(tenant) = tenant {
         request = request.header("x-tenant", tenant);
@@ -385,20 +398,7 @@ async fn post_signed_by(
     let hex: String = (mac.finalize().into_bytes().iter())
         .map(|b| format!("{b:02x}"))
         .collect();
-    let mut request = client()
-        .post(format!("{public}/webhooks/{source}"))
-        .header("content-type", "application/json")
-        .header("x-signature", format!("sha256={hex}"))
-        .body(body.to_owned())
-        .timeout(Duration::from_secs(10));
-    if let Some(tenant) = tenant {
-        request = request.header("x-tenant", tenant);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let text = response.text().await.unwrap();
-    let answer = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-    (status, answer)
+    post_with(public, source, tenant, body, Some(format!("sha256={hex}"))).await
 }
 
 /// The tenant of an event is the one whose secret verifies it: the same event id signed by
