@@ -148,20 +148,8 @@ async fn the_same_event_id_from_two_tenants_is_two_events<DB: TestBackend>(test:
     let expected_keys = [("demo", "acme"), ("demo", "globex"), ("fixed", "initech")]
         .map(|(consumer, scope)| (consumer.to_owned(), scope.to_owned(), 1));
     assert_eq!(keys, BTreeSet::from(expected_keys), "{stats}");
-    let listed: serde_json::Value =
-        serde_json::from_str(&text_of(&client(), &format!("{}/api/v1/events", server.admin)).await)
-            .unwrap();
-    let events: BTreeSet<(String, String)> = listed["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|event| {
-            (
-                event["key"].as_str().unwrap().to_owned(),
-                event["scope"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
+    let (events, listed) = listed_events(&server).await;
+    let events: BTreeSet<(String, String)> = events.into_iter().collect();
     assert_eq!(events, BTreeSet::from(expected), "{listed}");
 
     // The tenant is a label of the receiver's counts: only ever a listed one, or empty
@@ -469,20 +457,7 @@ async fn the_secret_that_verifies_names_the_tenant<DB: TestBackend>(test: &str) 
     assert_eq!(sink.requests(), 3, "a delivery was sent twice");
     // Each event stored once, in its tenant's scope (the admin API: the commands would
     // need the tenants' secrets in their environment too).
-    let listed: serde_json::Value =
-        serde_json::from_str(&text_of(&client(), &format!("{}/api/v1/events", server.admin)).await)
-            .unwrap();
-    let events: Vec<(String, String)> = listed["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|event| {
-            (
-                event["key"].as_str().unwrap().to_owned(),
-                event["scope"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
+    let (events, listed) = listed_events(&server).await;
     assert_eq!(events.len(), 3, "{listed}");
     assert_eq!(BTreeSet::from_iter(events), delivered, "{listed}");
     server.stop().await;
@@ -645,4 +620,23 @@ async fn settled(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The events the admin API lists, as (key, scope), and the listing as it came.
+async fn listed_events(server: &Server) -> (Vec<(String, String)>, serde_json::Value) {
+    let listed: serde_json::Value =
+        serde_json::from_str(&text_of(&client(), &format!("{}/api/v1/events", server.admin)).await)
+            .unwrap();
+    let events = listed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| {
+            (
+                event["key"].as_str().unwrap().to_owned(),
+                event["scope"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    (events, listed)
 }
