@@ -60,10 +60,13 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     } else {
         Vec::new()
     };
-    let mut relay = inbox
-        .outbox()
-        .relay()
-        .options(RelayOptions::default().lease(settings.relay_lease));
+    let mut relay = inbox.outbox().relay().options(
+        RelayOptions::default()
+            .lease(settings.relay_lease)
+            .per_destination(settings.relay_per_destination)
+            .per_destination_total(settings.relay_per_destination_total)
+            .concurrency(settings.relay_concurrency()),
+    );
     // Each source's and consumer's keys, with how long they are kept: for the purge lag.
     let kept = purge_plan
         .kept()

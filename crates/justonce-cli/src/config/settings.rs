@@ -15,6 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// `RelayOptions`' own deliveries in flight over all destinations.
+const RELAY_CONCURRENCY: usize = 16;
+
 /// Everything `serve` and the other commands need, checked. Not `Debug`: the database URL
 /// may hold a password.
 pub struct Settings {
@@ -24,6 +27,11 @@ pub struct Settings {
     pub body_limit: usize,
     /// How long a delivery the relay took stays hidden from other relays.
     pub relay_lease: Duration,
+    /// Deliveries in flight at once to one destination for one tenant.
+    pub relay_per_destination: usize,
+    /// Deliveries in flight at once to one destination over all its tenants: at least
+    /// `relay_per_destination`.
+    pub relay_per_destination_total: usize,
     /// How often the service purges what is past its retention; `None`: never.
     pub purge_every: Option<Duration>,
     /// What `serve` runs: every role unless `server.roles` or `serve --role` names fewer.
@@ -243,6 +251,12 @@ impl Settings {
             (consumer.name.as_str(), scopes)
         });
         sources.chain(consumers).collect()
+    }
+
+    /// Deliveries the relay keeps in flight over all destinations: the library's 16, or
+    /// more when one destination may take more.
+    pub fn relay_concurrency(&self) -> usize {
+        RELAY_CONCURRENCY.max(self.relay_per_destination_total)
     }
 
     /// The retention the shared store is opened with: every source and consumer keeps its

@@ -3,10 +3,14 @@
 use crate::serve::{
     Server, await_keys, client, database, drop_database, post, stats_json, text_of, usage_error,
 };
-use justonce_tests::{Sink, TestBackend};
+use justonce_tests::{Answer, Sink, TestBackend};
+use std::sync::Arc;
 use std::time::Duration;
 
-on_every_database!(a_receiver_stores_and_a_relay_elsewhere_delivers_each_event_once);
+on_every_database!(
+    a_receiver_stores_and_a_relay_elsewhere_delivers_each_event_once,
+    a_relay_capped_at_one_per_destination_sends_one_delivery_at_a_time,
+);
 
 /// A receiver-only process answers and stores each event but delivers none; a relay-only
 /// process on the same database, with no public listener, delivers each of them once.
@@ -78,6 +82,51 @@ async fn a_receiver_stores_and_a_relay_elsewhere_delivers_each_event_once<DB: Te
         stats["deliveries"],
         serde_json::json!({"sent": 20, "due": 0, "dead": 0})
     );
+    receiver.stop().await;
+    relay.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// `server.relay_per_destination = 1` holds a target to one delivery in flight: with every
+/// event stored before the relay starts, each arrives only after the one before it was
+/// answered, where the default cap of 8 would send them together.
+async fn a_relay_capped_at_one_per_destination_sends_one_delivery_at_a_time<DB: TestBackend>(
+    test: &str,
+) {
+    const EVENTS: usize = 5;
+    const ANSWER_AFTER: Duration = Duration::from_millis(300);
+    let (db, url) = database::<DB>(test).await;
+    let sink = Sink::scripted(Arc::new(|_, _| Answer {
+        delay: ANSWER_AFTER,
+        ..Answer::status(200)
+    }))
+    .await;
+    let client = client();
+    let mut receiver = Server::configure(&url, &sink.url());
+    receiver.start_with(&["--role", "receiver"]).await;
+    for n in 0..EVENTS {
+        let body = format!(r#"{{"id":"evt_{n}"}}"#);
+        let answer = post(&client, &receiver.public, &body).await.unwrap();
+        assert_eq!(answer, (200, "accepted".into()));
+    }
+    let caps = "relay_per_destination = 1\nrelay_per_destination_total = 1";
+    let mut relay = Server::configure_all(&url, &sink.url(), caps, "");
+    relay.start_with(&["--role", "relay"]).await;
+    let by_key = await_keys(&sink, EVENTS).await;
+    assert_eq!(by_key.len(), EVENTS);
+    assert!(
+        by_key.values().all(|bodies| bodies.len() == 1),
+        "{by_key:?}"
+    );
+    let arrivals: Vec<_> = sink.received().iter().map(|request| request.at).collect();
+    for (n, pair) in arrivals.windows(2).enumerate() {
+        let gap = pair[1].duration_since(pair[0]);
+        assert!(
+            gap >= ANSWER_AFTER,
+            "delivery {} came {gap:?} after the one before, which was still unanswered",
+            n + 2
+        );
+    }
     receiver.stop().await;
     relay.stop().await;
     drop_database(db, &url).await;

@@ -63,6 +63,8 @@ pub struct RawServer {
     pub database: Option<String>,
     pub body_limit: Option<String>,
     pub relay_lease: Option<String>,
+    pub relay_per_destination: Option<Count>,
+    pub relay_per_destination_total: Option<Count>,
     pub purge_every: Option<String>,
     pub roles: Option<String>,
     pub header_timeout: Option<String>,

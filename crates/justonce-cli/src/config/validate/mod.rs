@@ -21,6 +21,10 @@ use units::{duration_text, parse_size};
 
 /// The shortest `server.relay_lease`.
 const MIN_RELAY_LEASE: Duration = Duration::from_secs(2);
+/// The relay's deliveries in flight to one destination for one tenant, and for all its
+/// tenants, unless set: `RelayOptions`' own defaults.
+const RELAY_PER_DESTINATION: usize = 8;
+const RELAY_PER_DESTINATION_TOTAL: usize = 16;
 
 /// The server's settings, then each source and consumer.
 pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> {
@@ -150,6 +154,26 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         )? as usize,
     };
     let pool_size = count(server.pool_size, 10, (1, 10_000), "pool_size")? as u32;
+    let relay_per_destination = count(
+        server.relay_per_destination,
+        RELAY_PER_DESTINATION,
+        (1, 10_000),
+        "relay_per_destination",
+    )? as usize;
+    // Unless set, the total follows a larger cap per tenant instead of refusing it.
+    let relay_per_destination_total = count(
+        server.relay_per_destination_total,
+        RELAY_PER_DESTINATION_TOTAL.max(relay_per_destination),
+        (1, 10_000),
+        "relay_per_destination_total",
+    )? as usize;
+    if relay_per_destination_total < relay_per_destination {
+        bail!(
+            "{}: must be at least server.relay_per_destination ({relay_per_destination}): \
+             one tenant may have that many in flight",
+            origin.name(&["server", "relay_per_destination_total"])
+        );
+    }
     let acquire_timeout = positive(
         server.acquire_timeout.as_deref(),
         Duration::from_secs(2),
@@ -213,6 +237,8 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         database,
         body_limit,
         relay_lease,
+        relay_per_destination,
+        relay_per_destination_total,
         purge_every,
         roles,
         limits,
@@ -298,6 +324,74 @@ mod tests {
         for (text, key, expected) in cases {
             assert_named(&text, &env, key, expected);
         }
+    }
+
+    /// The relay's caps per destination come from the file or a variable, and reach the
+    /// relay's options; a cap of zero, or a total below the cap per tenant, is refused with
+    /// the setting named.
+    #[test]
+    fn the_relay_caps_per_destination_are_read_and_checked() {
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+        let defaults = load_text(SHOP, &env).unwrap();
+        assert_eq!(defaults.relay_per_destination, 8);
+        assert_eq!(defaults.relay_per_destination_total, 16);
+        assert_eq!(defaults.relay_concurrency(), 16);
+        let both = SHOP.replace(
+            "body_limit",
+            "relay_per_destination = 2\nrelay_per_destination_total = 40\nbody_limit",
+        );
+        let settings = load_text(&both, &env).unwrap();
+        assert_eq!(settings.relay_per_destination, 2);
+        assert_eq!(settings.relay_per_destination_total, 40);
+        // A destination may take more than the relay's usual 16 in flight only if the
+        // relay keeps that many.
+        assert_eq!(settings.relay_concurrency(), 40);
+        // A larger cap per tenant raises the total it was not given, instead of failing.
+        let lane = SHOP.replace("body_limit", "relay_per_destination = 20\nbody_limit");
+        let settings = load_text(&lane, &env).unwrap();
+        assert_eq!(settings.relay_per_destination_total, 20);
+        let by_variable = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_RELAY_PER_DESTINATION", "1"),
+        ]);
+        assert_eq!(
+            load_text(SHOP, &by_variable).unwrap().relay_per_destination,
+            1
+        );
+
+        let below = env_of(&[
+            ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_RELAY_PER_DESTINATION_TOTAL", "4"),
+        ]);
+        assert_named(
+            SHOP,
+            &below,
+            "server.relay_per_destination_total (from JUSTONCE_SERVER_RELAY_PER_DESTINATION_TOTAL)",
+            "must be at least server.relay_per_destination (8)",
+        );
+        for (setting, value) in [
+            ("relay_per_destination", "0"),
+            ("relay_per_destination_total", "0"),
+            ("relay_per_destination", "10001"),
+        ] {
+            let text = SHOP.replace("body_limit", &format!("{setting} = {value}\nbody_limit"));
+            assert_named(
+                &text,
+                &env,
+                &format!("server.{setting} (line 4)"),
+                "must be from 1 to 10000",
+            );
+        }
+        let text = SHOP.replace(
+            "body_limit",
+            "relay_per_destination = \"eight\"\nbody_limit",
+        );
+        assert_named(
+            &text,
+            &env,
+            "server.relay_per_destination (line 4)",
+            "is not a whole number",
+        );
     }
 
     /// The admin token is a reference to a variable that must be set when the service
