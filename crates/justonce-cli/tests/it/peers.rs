@@ -2,7 +2,7 @@
 //! the first time, from PyPI and npm; `scripts/services` installs them beforehand), prints
 //! a ratio per round and their medians, for `Inbox::run` and `Inbox::run_effect` (one bench
 //! run) and the receiver, one `serve` process and two, and each side stored every effect
-//! once.
+//! once. With --relays, `justonce serve` relays in one and two processes.
 
 use justonce_sql::sqlx::{self, PgPool};
 use std::path::Path;
@@ -104,6 +104,76 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
     assert_eq!(stored.receiver_keys, 2 * REQUESTS);
     assert_eq!(stored.receiver_outbox, (2 * REQUESTS, 2 * REQUESTS));
     assert_eq!(stored.serve_outbox, 2 * REQUESTS);
+}
+
+/// `scripts/peers --relays-only`: relays in one and in two processes deliver every stored
+/// event (the script fails otherwise), each round in its order, and the end gives each
+/// number's median deliveries/s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relays_run_in_one_and_two_processes_and_deliver_every_event() {
+    let scratch = format!("justonce_peers_test_{}", justonce_tests::unique());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/peers");
+    let run = tokio::process::Command::new(script)
+        .args(["--database", &justonce_tests::postgres_url()])
+        .args(["--bin", env!("CARGO_BIN_EXE_justonce")])
+        .args(["--rounds", &ROUNDS.to_string(), "--probe", "20"])
+        .args(["--relays-only", "--relays", "1,2"])
+        .args(["--deliveries", "200", "--targets", "2", "--clients", "4"])
+        .args(["--scratch", &scratch])
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(600), run)
+        .await
+        .expect("scripts/peers ends within 10 minutes")
+        .expect("run scripts/peers");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("relays: 200 events, 2 targets;"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("ratio"), "a peer was measured:\n{stdout}");
+    let rounds: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("  relay, ") && l.starts_with("round "))
+        .collect();
+    // Rising in odd rounds, falling in even ones.
+    let order: Vec<&str> = rounds
+        .iter()
+        .map(|l| {
+            l.split("relay, ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(order, ["1", "2", "2", "1"], "{stdout}");
+    for line in rounds {
+        assert!(number_before(line, " deliveries/s") > 0.0, "{line}");
+    }
+    for processes in ["1 process", "2 processes"] {
+        let summary = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("relay, {processes}")) && l.contains("median"))
+            .unwrap_or_else(|| panic!("no median of {processes} relays:\n{stdout}"));
+        assert!(ratio_after(summary, "median ") > 0.0, "{summary}");
+        assert!(
+            summary.ends_with(&format!("over {ROUNDS} round(s)")),
+            "{summary}"
+        );
+    }
+}
+
+/// The number just before `marker` in `line`.
+fn number_before(line: &str, marker: &str) -> f64 {
+    let (before, _) = line.split_once(marker).expect("the marker");
+    let number = before.split_whitespace().last().expect("a number");
+    number
+        .parse()
+        .unwrap_or_else(|_| panic!("{number} in {line}"))
 }
 
 /// Rows the peers and `justonce serve` left; (rows, distinct keys) where both count.
