@@ -3,6 +3,8 @@
 use crate::modes::Mode;
 use anyhow::{Context, Result};
 use justonce_cli_support::pacing;
+use justonce_sql::Key;
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -27,6 +29,12 @@ pub struct Args {
     /// Concurrent workers, each with its share of the stream.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     workers: u64,
+    /// The throughput section runs only this share of the stream, as worker INDEX of COUNT
+    /// takes it: 1/2 the first, third, fifth message…, 2/2 the second, fourth…. So that
+    /// COUNT bench processes on one database run the stream between them, each in tables
+    /// of its own, with its `--workers`.
+    #[arg(long, value_name = "INDEX/COUNT", value_parser = share)]
+    share: Option<Share>,
     /// The throughput section measures only the batched modes (hand-written-batched,
     /// hand-written-claim_many and claim_many), so that a stream long enough to time them
     /// well does not also go through the one-by-one modes, a hundred times slower.
@@ -129,6 +137,7 @@ impl TryFrom<Args> for Settings {
             duplicates: usize::from(args.duplicates),
             batches: args.batch.into_iter().map(count).collect::<Result<_>>()?,
             workers: count(args.workers)?,
+            share: args.share,
             batched_only: args.batched_only,
             modes: args.modes,
             rounds: count(args.rounds)?,
@@ -152,6 +161,50 @@ impl TryFrom<Args> for Settings {
     }
 }
 
+/// One worker's share of a stream: every `count`th message from the `index`th (from 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Share {
+    index: usize,
+    count: usize,
+}
+
+impl Share {
+    /// This share of `keys`, and how many distinct keys it holds.
+    pub(crate) fn of(self, keys: &[Key]) -> (Vec<Key>, usize) {
+        let share: Vec<Key> = keys
+            .iter()
+            .skip(self.index)
+            .step_by(self.count)
+            .cloned()
+            .collect();
+        let distinct = share.iter().map(Key::as_str).collect::<HashSet<_>>().len();
+        (share, distinct)
+    }
+}
+
+impl std::fmt::Display for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index + 1, self.count)
+    }
+}
+
+/// `INDEX/COUNT`, with INDEX from 1 to COUNT.
+fn share(text: &str) -> Result<Share, String> {
+    let expected =
+        || format!("expected INDEX/COUNT with INDEX from 1 to COUNT, such as 1/2, not {text:?}");
+    let (index, count) = text.split_once('/').ok_or_else(expected)?;
+    let (Ok(index), Ok(count)) = (index.parse::<usize>(), count.parse::<usize>()) else {
+        return Err(expected());
+    };
+    if index == 0 || index > count {
+        return Err(expected());
+    }
+    Ok(Share {
+        index: index - 1,
+        count,
+    })
+}
+
 /// A duration of at least a second.
 fn run_length(text: &str) -> Result<std::time::Duration, String> {
     match justonce_cli_support::parse_duration(text) {
@@ -170,6 +223,8 @@ pub struct Settings {
     /// section the first.
     pub(crate) batches: Vec<usize>,
     pub(crate) workers: usize,
+    /// The throughput section's share of the stream; all of it when none.
+    pub(crate) share: Option<Share>,
     /// The throughput section skips the modes that take a message at a time.
     pub(crate) batched_only: bool,
     /// The throughput section's modes by name; all when empty.

@@ -164,6 +164,7 @@ impl Report {
                 "database": self.database,
                 "mode": mode.name(),
                 "workers": settings.workers,
+                "share": settings.share.map(|share| share.to_string()),
                 "batch": batch,
                 "messages": settings.messages,
                 "duplicates_percent": settings.duplicates,
@@ -189,8 +190,12 @@ impl Report {
                 format!("{median:.2}x {} ({low:.2}-{high:.2})", baseline.name())
             })
             .unwrap_or_default();
+        let share = settings
+            .share
+            .map(|share| format!(", share {share} of the stream"))
+            .unwrap_or_default();
         println!(
-            "throughput  {:<9} {mode:<31} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<41} effects {effects} = distinct keys, median of {} round(s)",
+            "throughput  {:<9} {mode:<31} {:>2} worker(s) {per_second:>9.0} msg/s  {ratio:<41} effects {effects} = distinct keys, median of {} round(s){share}",
             self.database,
             settings.workers,
             per_round.len(),

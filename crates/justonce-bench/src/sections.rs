@@ -40,6 +40,10 @@ impl<DB: BenchDb> Bench<'_, DB> {
     /// reports each mode's median, and its ratio to its baseline of the same round.
     pub(crate) async fn throughput(&self, figures: &mut Figures) -> Result<()> {
         let (keys, distinct) = stream(self.settings.messages, self.settings.duplicates);
+        let (keys, distinct) = match self.settings.share {
+            Some(share) => share.of(&keys),
+            None => (keys, distinct),
+        };
         let batched = self.settings.batches.iter().flat_map(|&b| {
             [
                 Mode::HandWrittenBatched(b),

@@ -429,6 +429,9 @@ async fn numbers_out_of_range_are_bad_usage() {
         (bench, "--clients", "0"),
         (bench, "--rate", "0"),
         (bench, "--batch", "100,0"),
+        (bench, "--share", "0/2"),
+        (bench, "--share", "3/2"),
+        (bench, "--share", "half"),
         (bench, "--duration", "0s"),
         (bench, "--duration", "10"),
         (&["purge"], "--pause", "-1"),
@@ -526,4 +529,54 @@ async fn modes_measures_only_the_modes_named() {
         "{stderr}"
     );
     db.cleanup().await;
+}
+
+/// `--share` runs one worker's share of the stream: each of two processes, one share each,
+/// stores one effect per distinct key of its share, and says which share it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn share_runs_one_workers_share_of_the_stream() {
+    let db = TestDb::<justonce_sql::sqlx::Sqlite>::new("bench_share").await;
+    let args = [
+        "--only",
+        "throughput",
+        "--modes",
+        "run_effect",
+        "--messages",
+        "501",
+        "--rounds",
+        "1",
+    ];
+    for (index, share) in ["1/2", "2/2"].into_iter().enumerate() {
+        let results = bench_json(&db.url, &[&args[..], &["--share", share]].concat()).await;
+        let throughput: Vec<_> = results
+            .iter()
+            .filter(|r| r["bench"] == "throughput")
+            .collect();
+        let [result] = &throughput[..] else {
+            panic!("one throughput result: {results:?}");
+        };
+        assert_eq!(result["share"], share);
+        assert_eq!(
+            result["effects"],
+            distinct_in_share(501, 20, index, 2),
+            "{result}"
+        );
+    }
+    db.cleanup().await;
+}
+
+/// Distinct keys among messages `index`, `index + count`, … of the bench's stream.
+fn distinct_in_share(messages: usize, duplicates: usize, index: usize, count: usize) -> usize {
+    let (mut keys, mut distinct) = (Vec::new(), 0);
+    for n in 0..messages {
+        if n > 0 && (n * 7_919) % 100 < duplicates {
+            keys.push(keys[(n * 104_729) % n]);
+        } else {
+            keys.push(distinct);
+            distinct += 1;
+        }
+    }
+    let share: std::collections::HashSet<usize> =
+        keys.into_iter().skip(index).step_by(count).collect();
+    share.len()
 }

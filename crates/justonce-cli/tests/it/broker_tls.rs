@@ -4,7 +4,7 @@
 //! published twice over TLS reach the target once per key. With `tls_verify = "insecure"` it
 //! consumes and warns at start.
 
-use super::serve::{Server, client, database, drop_database, run_capturing};
+use super::serve::{Server, all_delivered, client, database, drop_database, run_capturing};
 use justonce_sql::sqlx::Sqlite;
 use justonce_sql::{Delivered, Delivery, Destination};
 use justonce_tests::Sink;
@@ -134,7 +134,7 @@ async fn consumes_over_tls_and_exits_2_with_another_ca(kind: Kind, test: &str) {
         };
         assert_eq!(publisher.deliver(delivery).await, Delivered::Sent, "{key}");
     }
-    let by_key = delivered_once(&sink, 10).await;
+    let by_key = delivered_once(&server, &sink, 10).await;
     for n in 0..10 {
         assert_eq!(by_key[&format!("orders:order-{n}")], 1, "order-{n}");
     }
@@ -159,9 +159,9 @@ async fn await_ready(server: &Server) {
     }
 }
 
-/// How often the sink received each key, once it has `keys` of them and a moment has passed
-/// for any second delivery.
-async fn delivered_once(sink: &Sink, keys: usize) -> HashMap<String, usize> {
+/// How often the sink received each key, once `server` has delivered `keys` events: the
+/// relay sends nothing more after that.
+async fn delivered_once(server: &Server, sink: &Sink, keys: usize) -> HashMap<String, usize> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let count = || {
         let mut by_key = HashMap::new();
@@ -178,7 +178,7 @@ async fn delivered_once(sink: &Sink, keys: usize) -> HashMap<String, usize> {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    all_delivered(server, keys).await;
     let by_key = count();
     assert_eq!(by_key.len(), keys, "{by_key:?}");
     by_key
@@ -215,7 +215,7 @@ async fn serve_warns_at_start_that_an_insecure_consumer_checks_no_certificate() 
         attempt: 1,
     };
     assert_eq!(publisher.deliver(delivery).await, Delivered::Sent);
-    assert_eq!(delivered_once(&sink, 1).await["orders:order-1"], 1);
+    assert_eq!(delivered_once(&server, &sink, 1).await["orders:order-1"], 1);
     serve.start_kill().unwrap();
     let output = serve.wait_with_output().await.unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

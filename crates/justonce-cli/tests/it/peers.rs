@@ -1,8 +1,9 @@
 //! `scripts/peers` with tiny counts: it installs the peers when they are missing (about 15 s
 //! the first time, from PyPI and npm; `scripts/services` installs them beforehand), prints
 //! a ratio per round and their medians, for `Inbox::run` and `Inbox::run_effect` (one bench
-//! run) and the receiver, one `serve` process and two, and each side stored every effect
-//! once. With --relays, `justonce serve` relays in one and two processes.
+//! run; with two workers, also two bench processes) and the receiver, one `serve` process
+//! and two, and each side stored every effect once. With --relays, `justonce serve` relays
+//! in one and two processes.
 
 use justonce_sql::sqlx::{self, PgPool};
 use std::path::Path;
@@ -74,8 +75,10 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
     for comparison in [
         "consumer, 1 worker",
         "consumer, 2 workers",
+        "consumer, 2 processes",
         "run_effect, 1 worker",
         "run_effect, 2 workers",
+        "run_effect, 2 processes",
         "receiver, 4 clients",
         "receiver, 2 processes",
     ] {

@@ -1442,6 +1442,26 @@ async fn the_printed_migrations_make_a_schema_the_service_accepts<DB: TestBacken
     drop_database(db, &url).await;
 }
 
+/// Waits until the admin API lists `count` events, each delivered. The relay never takes a
+/// delivered row again, so what a sink has received by then is all it will receive. Fails
+/// after 60 s.
+pub(crate) async fn all_delivered(server: &Server, count: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = text_of(&client(), &format!("{}/api/v1/events", server.admin)).await;
+        let listed: serde_json::Value = serde_json::from_str(&page).unwrap();
+        let events = listed["events"].as_array().unwrap();
+        if events.len() == count && events.iter().all(|event| event["state"] == "delivered") {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not {count} events all delivered: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `stats --json` as parsed JSON, with the age of the oldest due delivery taken out (it
 /// depends on the clock) after checking it is plausible.
 pub(crate) async fn stats_json(server: &Server) -> serde_json::Value {

@@ -2,8 +2,8 @@
 //! configuration; each event claimed, stored and delivered in its tenant's scope.
 
 use crate::serve::{
-    Server, client, database, drop_database, post, redis_orders, run_capturing, signature,
-    stats_json, text_of,
+    Server, all_delivered, client, database, drop_database, post, redis_orders, run_capturing,
+    signature, stats_json, text_of,
 };
 use justonce_tests::{Answer, Sink, TestBackend};
 use std::collections::BTreeSet;
@@ -128,7 +128,7 @@ async fn the_same_event_id_from_two_tenants_is_two_events<DB: TestBackend>(test:
     ]
     .map(|(key, tenant)| (key.to_owned(), tenant.to_owned()));
     assert_eq!(delivered, BTreeSet::from(expected.clone()));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    all_delivered(&server, 3).await;
     assert_eq!(sink.requests(), 3, "a delivery was sent twice");
 
     // The store holds one key and one event per tenant, each in its scope.
@@ -438,7 +438,7 @@ async fn the_secret_that_verifies_names_the_tenant<DB: TestBackend>(test: &str) 
     while sink.requests() < 3 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    all_delivered(&server, 3).await;
     let delivered: BTreeSet<(String, String)> = sink
         .received()
         .into_iter()

@@ -3,7 +3,7 @@
 //! `serve` work with the right CA and full verification, and stop at start with exit code
 //! 2, naming the database and the problem, when the certificate or the URL is wrong.
 
-use crate::serve::{Server, client, post, run_capturing};
+use crate::serve::{Server, all_delivered, client, post, run_capturing};
 use justonce_tests::Sink;
 use justonce_tests::cluster::{CERT_USER, Cluster};
 use justonce_tests::mariadb::TlsMariaDb;
@@ -237,12 +237,7 @@ async fn stored_once_and_delivered_once(url: &str) {
         post(&client, &server.public, body).await.unwrap(),
         (200, "duplicate".into())
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while sink.requests() == 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // A second delivery would come at once: the relay sends each row in one round.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    all_delivered(&server, 1).await;
     let received = sink.received();
     assert_eq!(received.len(), 1, "delivered once");
     assert_eq!(received[0].key.as_deref(), Some("demo:evt_tls"));

@@ -476,33 +476,31 @@ async fn a_row_committed_after_a_later_one_is_not_skipped_on_postgres() {
 async fn a_committed_row_wakes_the_relay_on_postgres() {
     let db = TestDb::<sqlx::Postgres>::new("wake").await;
     let sink = Recorder::default();
-    let relay = db
-        .inbox
-        .outbox()
-        .relay()
-        .options(RelayOptions::default().poll_interval(Duration::from_secs(600)))
-        .destination("sink", sink.clone());
-    let running = RunningRelay::start(relay);
-    // Let the relay finish its first round and start waiting.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let running = waiting_relay(&db.inbox, &sink).await;
     enqueue(&db.inbox, "evt_1", "email").await;
-    wait_for_deliveries(&sink, 1).await;
+    wait_for_deliveries(&sink, 2).await;
     running.stop().await;
     db.cleanup().await;
 }
 
-/// A relay that polls only every ten minutes: only a wake-up brings it rows in time.
-fn sleepy_relay<DB: TestBackend>(inbox: &Inbox<DB>, sink: &Recorder) -> RunningRelay {
+/// A relay that polls only every ten minutes, so that only a wake-up brings it rows in
+/// time; returned once its first round has delivered a row committed before it started.
+/// It listens, and watches this process's commits, before that round: every row committed
+/// after this returns reaches it by a wake-up, not by luck in its first round.
+async fn waiting_relay<DB: TestBackend>(inbox: &Inbox<DB>, sink: &Recorder) -> RunningRelay {
+    enqueue(inbox, "shop:before", "first round").await;
     let relay = inbox
         .outbox()
         .relay()
         .options(RelayOptions::default().poll_interval(Duration::from_secs(600)))
         .destination("sink", sink.clone());
-    RunningRelay::start(relay)
+    let running = RunningRelay::start(relay);
+    wait_for_deliveries(sink, 1).await;
+    running
 }
 
 /// Waits until `sink` has seen `count` deliveries; fails after 30 s, far past any poll but
-/// the ten-minute one of [`sleepy_relay`].
+/// the ten-minute one of [`waiting_relay`].
 async fn wait_for_deliveries(sink: &Recorder, count: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while sink.seen().len() < count {
@@ -602,12 +600,10 @@ async fn forward_at_once<DB: TestBackend>(
 async fn a_forwarded_row_wakes_the_relay_of_its_process<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let sink = Recorder::default();
-    let running = sleepy_relay(&db.inbox, &sink);
-    // Let the relay finish its first round and start waiting.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let running = waiting_relay(&db.inbox, &sink).await;
     for (done, how) in FORWARDINGS.into_iter().enumerate() {
         forward_at_once(&db.inbox, how, &format!("{how:?}"), 1).await;
-        wait_for_deliveries(&sink, done + 1).await;
+        wait_for_deliveries(&sink, 1 + done + 1).await;
     }
     running.stop().await;
     db.cleanup().await;
@@ -622,11 +618,10 @@ async fn forwarded_rows_wake_a_relay_in_another_process_on_postgres() {
     let db = TestDb::<sqlx::Postgres>::new("wake-other").await;
     let elsewhere = TestDb::<sqlx::Postgres>::reopen(&db.url, &db.prefix).await;
     let sink = Recorder::default();
-    let running = sleepy_relay(&elsewhere.inbox, &sink);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let running = waiting_relay(&elsewhere.inbox, &sink).await;
     for (done, how) in FORWARDINGS.into_iter().enumerate() {
         forward_at_once(&db.inbox, how, &format!("{how:?}"), 50).await;
-        wait_for_deliveries(&sink, 50 * (done + 1)).await;
+        wait_for_deliveries(&sink, 1 + 50 * (done + 1)).await;
     }
     running.stop().await;
     db.cleanup().await;
@@ -639,8 +634,7 @@ async fn a_row_forwarded_in_a_transaction_of_ones_own_wakes_a_relay_elsewhere_on
     let db = TestDb::<sqlx::Postgres>::new("wake-own").await;
     let elsewhere = TestDb::<sqlx::Postgres>::reopen(&db.url, &db.prefix).await;
     let sink = Recorder::default();
-    let running = sleepy_relay(&elsewhere.inbox, &sink);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let running = waiting_relay(&elsewhere.inbox, &sink).await;
     let mut tx = db.inbox.begin().await.unwrap();
     let key = key("shop:own");
     (db.inbox)
@@ -648,7 +642,7 @@ async fn a_row_forwarded_in_a_transaction_of_ones_own_wakes_a_relay_elsewhere_on
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    wait_for_deliveries(&sink, 1).await;
+    wait_for_deliveries(&sink, 2).await;
     running.stop().await;
     db.cleanup().await;
 }

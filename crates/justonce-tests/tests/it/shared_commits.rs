@@ -4,7 +4,6 @@
 use super::{key, on_every_database};
 use justonce_sql::{Inbox, InboxOptions, Key, Message, Outcome};
 use justonce_tests::{TestBackend, TestDb};
-use std::time::Duration;
 
 on_every_database!(
     concurrent_forwards_sharing_commits_each_take_effect_once,
@@ -118,6 +117,24 @@ async fn concurrent_forwards_sharing_commits_each_take_effect_once<DB: TestBacke
     db.cleanup().await;
 }
 
+/// Polls `call` once, then lets it run on in a task of its own. A `run_forward` of an inbox
+/// that shares commits joins the commit queue before it first waits, so the calls started
+/// one after another here are queued in that order when this returns: no sleep guesses
+/// when they are.
+fn queued<F>(call: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut call = Box::pin(call);
+    let waker = std::task::Waker::noop();
+    let first = call
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(waker));
+    assert!(first.is_pending(), "a call answered before its commit");
+    tokio::spawn(call)
+}
+
 /// Outbox keys that have more than one row.
 async fn outbox_keys_written_twice<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
     DB::count(
@@ -174,26 +191,27 @@ async fn a_failing_call_does_not_fail_the_others_of_its_shared_commit<DB: TestBa
         .claim(&mut held, &block, b"block")
         .await
         .unwrap();
+    // The first call takes the one group allowed in flight, which waits for the blocker;
+    // each of the 40 then joins the queue behind it, so that they form the next group.
     let first = {
         let inbox = inbox.clone();
-        tokio::spawn(async move {
+        queued(async move {
             let message = Message::new("sink", b"block".to_vec());
             inbox.run_forward(&block, b"block", message).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let calls = (0..40).map(|n| {
-        let inbox = inbox.clone();
-        tokio::spawn(async move {
-            let destination = if n == 13 { "refused" } else { "sink" };
-            let body = format!("body {n}");
-            let message = Message::new(destination, body.clone().into_bytes());
-            let key: Key = key(&format!("shop:evt_{n}"));
-            inbox.run_forward(&key, body.as_bytes(), message).await
+    let calls: Vec<_> = (0..40)
+        .map(|n| {
+            let inbox = inbox.clone();
+            queued(async move {
+                let destination = if n == 13 { "refused" } else { "sink" };
+                let body = format!("body {n}");
+                let message = Message::new(destination, body.clone().into_bytes());
+                let key: Key = key(&format!("shop:evt_{n}"));
+                inbox.run_forward(&key, body.as_bytes(), message).await
+            })
         })
-    });
-    let calls: Vec<_> = calls.collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+        .collect();
     held.rollback().await.unwrap();
     assert_eq!(first.await.unwrap().unwrap(), Outcome::Processed(()));
     for (n, call) in futures_util::future::join_all(calls)
