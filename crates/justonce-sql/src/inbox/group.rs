@@ -8,7 +8,7 @@
 //! a group at once, alone if need be. Calls that arrive while every allowed group commits
 //! wait, and form the next group when one ends. Each call is answered after the commit that
 //! holds it. A group that fails is run again one call at a time, as without sharing, so
-//! that one bad call never fails another; a group whose COMMIT lost its answer is read back
+//! that one bad call never fails another; a group whose commit lost its answer is read back
 //! by its claim id, as a single run is.
 
 use super::{Inbox, judge, pause_before_retry, random_claim_id};
