@@ -58,6 +58,21 @@ pub trait Backend: sqlx::Database<Arguments: Clone + Sync> + Sealed {
         None
     }
 
+    /// [`Backend::claim_and_forward`] for several calls in one statement over arrays,
+    /// committed on its own: one round trip for a whole shared commit. Each call is a claim
+    /// (all with one claim id, no key twice) and its outbox row. Returns, for each call in
+    /// order, the claim id and fingerprint of the row holding its key afterwards, or none
+    /// where a holder committed after the statement's snapshot. `None` where the database
+    /// cannot do it in one statement.
+    #[doc(hidden)]
+    fn claim_and_forward_many<'a>(
+        _pool: &'a sqlx::Pool<Self>,
+        _sql: &'a Self::Statements,
+        _calls: &'a [(ClaimRow<'a>, NewOutboxRow<'a>)],
+    ) -> Option<GroupStatement<'a>> {
+        None
+    }
+
     /// Claims the key and runs an effect's statement `effect`, with its `arguments`, in one
     /// statement committed on its own, as [`Backend::claim_and_forward`] does; also
     /// returns how many rows the effect changed. `None` where the database cannot.
@@ -395,7 +410,14 @@ pub type OneStatement<'a, T> = std::pin::Pin<
     Box<dyn Future<Output = Result<Option<(i64, Vec<u8>, T)>, ForwardFailed>> + Send + 'a>,
 >;
 
-/// Why a [`OneStatement`] gave no answer.
+/// The statement of [`Backend::claim_and_forward_many`], running: for each call, the claim
+/// id and fingerprint of the row holding its key afterwards, if seen.
+#[doc(hidden)]
+pub type GroupStatement<'a> = std::pin::Pin<
+    Box<dyn Future<Output = Result<Vec<Option<(i64, Vec<u8>)>>, ForwardFailed>> + Send + 'a>,
+>;
+
+/// Why a [`OneStatement`] or [`GroupStatement`] gave no answer.
 #[doc(hidden)]
 pub enum ForwardFailed {
     /// No connection was had: nothing was sent.

@@ -116,10 +116,11 @@ impl InboxOptions {
 
     /// Whether concurrent [`Inbox::run_forward`] calls share transactions (default
     /// false). On: a call that comes while others commit waits for their commit, then
-    /// commits with every call that came meanwhile (up to 256), in one transaction; a call
-    /// alone goes at once. Each call still gets its own outcome, only after the commit
-    /// that holds it. A shared transaction that fails is run again one call at a time, so
-    /// one failing call never fails another. Fewer commits mean fewer flushes of the disk:
+    /// commits with every call that came meanwhile (up to 256), in one commit: one
+    /// statement over arrays on PostgreSQL, one transaction elsewhere; a call alone goes at
+    /// once. Each call still gets its own outcome, only after the commit that holds it. A
+    /// shared commit that fails is run again one call at a time, so one failing call never
+    /// fails another. Fewer commits mean fewer flushes of the disk:
     /// more calls per second when many come at once.
     pub fn share_commits(mut self, share: bool) -> Self {
         self.share_commits = share;

@@ -22,6 +22,7 @@ pub struct Statements {
     pub(crate) common: Common,
     pub(crate) claim: Arc<str>,
     pub(crate) claim_and_forward: Option<Arc<str>>,
+    pub(crate) claim_and_forward_many: Option<Arc<str>>,
     pub(crate) insert_many: Arc<str>,
     pub(crate) find_many: Arc<str>,
     pub(crate) enqueue: Arc<str>,
@@ -45,6 +46,8 @@ pub(crate) struct Specific {
     pub(crate) claim: String,
     /// The claim and a forwarding outbox row in one statement, where the database can.
     pub(crate) claim_and_forward: Option<String>,
+    /// `claim_and_forward` for the calls of a shared commit, where the database can.
+    pub(crate) claim_and_forward_many: Option<String>,
     pub(crate) insert_many: String,
     pub(crate) find_many: String,
     pub(crate) has_unique_constraint: String,
@@ -431,6 +434,7 @@ impl Statements {
             common,
             claim: text(specific.claim),
             claim_and_forward: specific.claim_and_forward.map(text),
+            claim_and_forward_many: specific.claim_and_forward_many.map(text),
             insert_many: text(specific.insert_many),
             find_many: text(specific.find_many),
             enqueue_notifying: text(

@@ -1,21 +1,24 @@
 //! Shared commits ([`InboxOptions::share_commits`](super::InboxOptions::share_commits)):
 //! concurrent [`Inbox::run_forward`] calls on one store claim their keys and write their
-//! outbox rows in one transaction, so that one commit, one flush of the disk, serves many.
+//! outbox rows in one commit, so that one flush of the disk serves many: on PostgreSQL one
+//! statement over arrays, sent on its own (one round trip); on MariaDB and SQLite one
+//! transaction.
 //!
 //! Group commit, not a timer: a call that finds fewer groups committing than allowed starts
 //! a group at once, alone if need be. Calls that arrive while every allowed group commits
 //! wait, and form the next group when one ends. Each call is answered after the commit that
 //! holds it. A group that fails is run again one call at a time, as without sharing, so
-//! that one bad call never fails another; a group whose COMMIT lost its answer is read back
+//! that one bad call never fails another; a group whose commit lost its answer is read back
 //! by its claim id, as a single run is.
 
-use super::{Inbox, pause_before_retry, random_claim_id};
-use crate::backend::Backend;
+use super::{Inbox, judge, pause_before_retry, random_claim_id};
+use crate::backend::{Backend, ForwardFailed};
 use crate::outbox::Message;
-use crate::rows::NewOutboxRow;
+use crate::rows::{ClaimRow, NewOutboxRow, Stored};
 use crate::shared::{Shared, driver_error};
 use crate::wake::Forwards;
 use justonce_core::{Claim, Error, Fingerprint, Identity, Key, Outcome};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
 
@@ -109,6 +112,42 @@ enum GroupFailed {
     CommitUnknown(Vec<Claim>, Error),
 }
 
+impl GroupFailed {
+    /// What becomes of each call of the failed group: a call that held its key in a group
+    /// whose commit may have happened is read back by the group's claim id; any other runs
+    /// as it would without sharing.
+    fn fates(self, calls: usize) -> Vec<Fate> {
+        match self {
+            Self::RolledBack(error) => {
+                tracing::debug!(%error, calls, "shared commit failed: one by one");
+                (0..calls).map(|_| Fate::Alone).collect()
+            }
+            Self::CommitUnknown(claims, error) => {
+                tracing::debug!(%error, calls, "shared commit lost its answer: reading back");
+                claims
+                    .into_iter()
+                    .map(|claim| match claim {
+                        Claim::First => Fate::ReadBack,
+                        _ => Fate::Alone,
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// What became of one call of a group.
+enum Fate {
+    /// The group's commit settled it (or found its key's stored row unreadable).
+    Answered(Result<Claim, Error>),
+    /// Its key may have been claimed by a commit whose answer was lost: read back by the
+    /// group's claim id.
+    ReadBack,
+    /// The group committed nothing of it, or did not see its key's holder: it runs as it
+    /// would without sharing.
+    Alone,
+}
+
 impl<DB: Backend> Inbox<DB> {
     /// [`Inbox::run_forward`] through a shared commit.
     pub(super) async fn forward_shared(
@@ -168,84 +207,164 @@ async fn commit_groups<DB: Backend>(shared: Arc<Shared<DB>>, mut group: Vec<Call
 /// Commits `calls` together, or one by one if that fails, and answers each.
 async fn commit_group<DB: Backend>(shared: &Arc<Shared<DB>>, calls: Vec<Call>) {
     let claim_id = random_claim_id();
-    // A call alone takes the path it takes without sharing: one statement on PostgreSQL
-    // where a transaction takes four round trips.
-    let together = match calls.len() {
-        1 => None,
-        _ => Some(in_one_transaction(shared, &calls, claim_id).await),
+    // A call alone takes the path it takes without sharing: one statement on PostgreSQL.
+    // A group takes one statement too where the database has one, else a transaction.
+    let fates = if calls.len() == 1 {
+        vec![Fate::Alone]
+    } else if let Some(fates) = in_one_statement(shared, &calls, claim_id).await {
+        fates
+    } else {
+        match in_one_transaction(shared, &calls, claim_id).await {
+            Ok(claims) => claims.into_iter().map(Ok).map(Fate::Answered).collect(),
+            Err(failed) => failed.fates(calls.len()),
+        }
     };
-    let lost = match together {
-        None => None,
-        Some(Ok(claims)) => {
-            let mut forwarded = false;
-            for (call, claim) in calls.into_iter().zip(claims) {
-                let outcome = match claim {
-                    Claim::First => {
-                        forwarded = true;
-                        Outcome::Processed(())
-                    }
-                    Claim::Duplicate => Outcome::Duplicate,
-                    Claim::KeyReused { stored, received } => {
-                        Outcome::KeyReused { stored, received }
-                    }
-                };
-                // The relays are woken once for the group, below.
-                Inbox::of(shared, &call.identity).settled(
+    let mut forwarded = false;
+    let mut rest = Vec::new();
+    for (call, fate) in calls.into_iter().zip(fates) {
+        let claim = match fate {
+            Fate::Answered(claim) => claim,
+            Fate::ReadBack => {
+                rest.push((call, true));
+                continue;
+            }
+            Fate::Alone => {
+                rest.push((call, false));
+                continue;
+            }
+        };
+        let outcome = claim.map(|claim| match claim {
+            Claim::First => Outcome::Processed(()),
+            Claim::Duplicate => Outcome::Duplicate,
+            Claim::KeyReused { stored, received } => Outcome::KeyReused { stored, received },
+        });
+        if let Ok(outcome) = &outcome {
+            forwarded |= *outcome == Outcome::Processed(());
+            // The relays are woken once for the group, below.
+            Inbox::of(shared, &call.identity).settled(
+                &call.identity,
+                call.fingerprint,
+                &Forwards::new(shared.as_ref(), false),
+                outcome,
+            );
+        }
+        // A caller that stopped waiting is no longer told.
+        let _ = call.answer.send(outcome);
+    }
+    if forwarded {
+        shared.wake_relays();
+    }
+    let alone = rest.into_iter().map(|(call, held)| async move {
+        let inbox = Inbox::of(shared, &call.identity);
+        let outcome = if held {
+            pause_before_retry(1, true).await;
+            inbox
+                .forward_in_transactions(
                     &call.identity,
                     call.fingerprint,
-                    &Forwards::new(shared.as_ref(), false),
-                    &outcome,
-                );
-                // A caller that stopped waiting is no longer told.
-                let _ = call.answer.send(Ok(outcome));
-            }
-            if forwarded {
-                shared.wake_relays();
-            }
-            return;
-        }
-        Some(Err(GroupFailed::RolledBack(error))) => {
-            tracing::debug!(%error, calls = calls.len(), "shared commit failed: one by one");
-            None
-        }
-        Some(Err(GroupFailed::CommitUnknown(claims, error))) => {
-            tracing::debug!(%error, calls = calls.len(), "shared commit lost its answer: reading back");
-            Some(claims)
-        }
-    };
-    let alone = calls.into_iter().enumerate().map(|(index, call)| {
-        // A call that held its key in a group whose commit may have happened is read back
-        // by the group's claim id; any other call runs as it would without sharing.
-        let held = lost
-            .as_ref()
-            .is_some_and(|claims| claims[index] == Claim::First);
-        async move {
-            let inbox = Inbox::of(shared, &call.identity);
-            let outcome = if held {
-                pause_before_retry(1, true).await;
-                inbox
-                    .forward_in_transactions(
-                        &call.identity,
-                        call.fingerprint,
-                        &call.message,
-                        Some((claim_id, ())),
-                        1,
-                    )
-                    .await
-            } else {
-                inbox
-                    .forward_alone(&call.identity, call.fingerprint, &call.message)
-                    .await
-            };
-            // A call that forwarded has woken the relays after its commit.
-            let _ = call.answer.send(outcome);
-        }
+                    &call.message,
+                    Some((claim_id, ())),
+                    1,
+                )
+                .await
+        } else {
+            inbox
+                .forward_alone(&call.identity, call.fingerprint, &call.message)
+                .await
+        };
+        // A call that forwarded has woken the relays after its commit.
+        let _ = call.answer.send(outcome);
     });
     futures_util::future::join_all(alone).await;
 }
 
+/// Claims the keys of `calls` and writes the outbox rows of those it holds in one
+/// statement committed on its own ([`Backend::claim_and_forward_many`]): what became of
+/// each call, or `None` where the database has no such statement.
+async fn in_one_statement<DB: Backend>(
+    shared: &Arc<Shared<DB>>,
+    calls: &[Call],
+    claim_id: i64,
+) -> Option<Vec<Fate>> {
+    // Each key once, as its first call has it: that call claims it, and the later calls
+    // of the key are judged against it.
+    let mut places: HashMap<&Identity, usize> = HashMap::with_capacity(calls.len());
+    let mut firsts: Vec<usize> = Vec::with_capacity(calls.len());
+    let place_of: Vec<usize> = (calls.iter().enumerate())
+        .map(|(index, call)| {
+            *places.entry(&call.identity).or_insert_with(|| {
+                firsts.push(index);
+                firsts.len() - 1
+            })
+        })
+        .collect();
+    let claims: Vec<(ClaimRow<'_>, NewOutboxRow<'_>)> = firsts
+        .iter()
+        .map(|&index| {
+            let call = &calls[index];
+            let claim = ClaimRow {
+                identity: &call.identity,
+                fingerprint: &call.fingerprint,
+                claim_id,
+            };
+            (claim, outbox_row(call))
+        })
+        .collect();
+    let statement = DB::claim_and_forward_many(&shared.pool, &shared.sql, &claims)?;
+    let failed = match statement.await {
+        Ok(held) => {
+            let fates = (calls.iter().enumerate()).map(|(index, call)| {
+                let place = place_of[index];
+                // A holder committed after the statement's snapshot: the call's key is not
+                // this group's, and the call reads it as it would without sharing.
+                let Some((stored_claim_id, fingerprint)) = held[place].clone() else {
+                    return Fate::Alone;
+                };
+                let claim = Stored::decode(stored_claim_id, fingerprint).map(|stored| {
+                    let holds = stored.claim_id == claim_id && firsts[place] == index;
+                    judge(holds, stored.fingerprint, call.fingerprint)
+                });
+                Fate::Answered(claim)
+            });
+            return Some(fates.collect());
+        }
+        // The statement was its own commit: its answer may have been lost after the first
+        // call of each key claimed it.
+        Err(ForwardFailed::Statement(error)) if DB::is_commit_unknown(&error) => {
+            let claims = (0..calls.len())
+                .map(|index| {
+                    if firsts[place_of[index]] == index {
+                        Claim::First
+                    } else {
+                        Claim::Duplicate
+                    }
+                })
+                .collect();
+            GroupFailed::CommitUnknown(claims, driver_error::<DB>(error))
+        }
+        Err(ForwardFailed::Statement(error) | ForwardFailed::Connect(error)) => {
+            GroupFailed::RolledBack(driver_error::<DB>(error))
+        }
+        Err(ForwardFailed::Invalid(reason)) => {
+            GroupFailed::RolledBack(Error::InvalidStatement(reason))
+        }
+    };
+    Some(failed.fates(calls.len()))
+}
+
+/// The outbox row that forwards `call`'s message.
+fn outbox_row(call: &Call) -> NewOutboxRow<'_> {
+    NewOutboxRow {
+        scope: call.identity.scope.as_str(),
+        key: call.identity.key.as_str(),
+        destination: &call.message.destination,
+        payload: &call.message.payload,
+        headers: call.message.headers_json(),
+    }
+}
+
 /// Claims the keys of `calls` and writes the outbox rows of those it holds, in one
-/// transaction: one statement per scope and consumer for the claims (as
+/// transaction, where the database has no statement for it: one statement per scope and consumer for the claims (as
 /// [`Inbox::claim_many`]), one for the rows where the database takes it.
 async fn in_one_transaction<DB: Backend>(
     shared: &Arc<Shared<DB>>,
@@ -288,13 +407,7 @@ async fn in_one_transaction<DB: Backend>(
             .iter()
             .zip(&claims)
             .filter(|(_, claim)| **claim == Claim::First)
-            .map(|(call, _)| NewOutboxRow {
-                scope: call.identity.scope.as_str(),
-                key: call.identity.key.as_str(),
-                destination: &call.message.destination,
-                payload: &call.message.payload,
-                headers: call.message.headers_json(),
-            })
+            .map(|(call, _)| outbox_row(call))
             .collect();
         if !rows.is_empty() {
             DB::forward_many(&mut tx, &shared.sql, &rows).await?;

@@ -6,7 +6,7 @@ mod migrations;
 mod sql;
 mod tls;
 
-use crate::backend::{Backend, ForwardFailed, OneStatement, Sealed, Watcher};
+use crate::backend::{Backend, ForwardFailed, GroupStatement, OneStatement, Sealed, Watcher};
 use crate::common::bind_claim;
 use crate::effect;
 use crate::numbered::{self, Statements, migrate_in_transaction};
@@ -90,15 +90,57 @@ impl Backend for Postgres {
         let statement = sql.claim_and_forward.clone()?;
         Some(Box::pin(async move {
             let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
-            let stored: Option<(i64, Vec<u8>)> =
+            let (_, claim_id, fingerprint): Held =
                 bind_claim(sqlx::query_as(AssertSqlSafe(statement)), row)
                     .bind(outbox.destination)
                     .bind(outbox.payload)
                     .bind(outbox.headers)
-                    .fetch_optional(&mut *conn)
+                    .fetch_one(&mut *conn)
                     .await
                     .map_err(ForwardFailed::Statement)?;
-            Ok(stored.map(|(claim_id, fingerprint)| (claim_id, fingerprint, ())))
+            Ok(claim_id
+                .zip(fingerprint)
+                .map(|(claim_id, fingerprint)| (claim_id, fingerprint, ())))
+        }))
+    }
+
+    fn claim_and_forward_many<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        calls: &'a [(ClaimRow<'a>, NewOutboxRow<'a>)],
+    ) -> Option<GroupStatement<'a>> {
+        let statement = sql.claim_and_forward_many.clone()?;
+        let claim_id = calls.first()?.0.claim_id;
+        Some(Box::pin(async move {
+            let column = |of: fn(&'a (ClaimRow<'a>, NewOutboxRow<'a>)) -> &'a str| -> Vec<&'a str> {
+                calls.iter().map(of).collect()
+            };
+            let fingerprints: Vec<&[u8]> = calls
+                .iter()
+                .map(|(claim, _)| claim.fingerprint.as_bytes().as_slice())
+                .collect();
+            let payloads: Vec<&[u8]> = calls.iter().map(|(_, row)| row.payload).collect();
+            let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
+            let rows: Vec<Held> = sqlx::query_as(AssertSqlSafe(statement))
+                .bind(column(|(claim, _)| claim.identity.scope.as_str()))
+                .bind(column(|(claim, _)| claim.identity.consumer.as_str()))
+                .bind(column(|(claim, _)| claim.identity.key.as_str()))
+                .bind(fingerprints)
+                .bind(column(|(_, row)| row.destination))
+                .bind(payloads)
+                .bind(column(|(_, row)| row.headers.as_str()))
+                .bind(claim_id)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(ForwardFailed::Statement)?;
+            let mut held = vec![None; calls.len()];
+            for (place, claim_id, fingerprint) in rows {
+                let index = usize::try_from(place - 1).ok();
+                if let Some(slot) = index.and_then(|index| held.get_mut(index)) {
+                    *slot = claim_id.zip(fingerprint);
+                }
+            }
+            Ok(held)
         }))
     }
 
@@ -245,6 +287,10 @@ impl Backend for Postgres {
         migrate_in_transaction(pool, tables).await
     }
 }
+
+/// A row of a claim-and-forward statement: the call's place (from 1), and the claim id and
+/// fingerprint of the row holding its key, NULL where that row was not seen.
+type Held = (i64, Option<i64>, Option<Vec<u8>>);
 
 /// A failure of [`sql::claim_with_effect`]'s guard as the caller's statement's fault; any
 /// other failure as it is.

@@ -93,24 +93,24 @@ pub(super) fn statements(tables: &Tables) -> Statements {
                 FOR UPDATE SKIP LOCKED
              )"
         ),
-        // The claim as above, and the outbox row written only when the key was inserted
-        // (a data-modifying WITH runs whether or not it is read). No NOTIFY here: it would
-        // make these commits queue for one lock; the caller wakes the relays after it.
-        claim_and_forward: Some(format!(
-            "WITH inserted AS (
-                INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
-                VALUES ($1, $2, $3, $4, $5)
-                ON CONFLICT (scope, consumer, key) DO NOTHING
-                RETURNING claim_id, fingerprint
-             ), queued AS (
-                INSERT INTO {outbox} (scope, key, destination, payload, headers)
-                SELECT $1, $3, $6, $7, $8 FROM inserted
-             )
-             SELECT claim_id, fingerprint FROM inserted
-             UNION ALL
-             SELECT claim_id, fingerprint FROM {keys}
-             WHERE scope = $1 AND consumer = $2 AND key = $3
-               AND NOT EXISTS (SELECT FROM inserted)"
+        // A batch of one call, numbered as `claim` with the outbox row's values after it.
+        claim_and_forward: Some(claim_and_forward(
+            keys,
+            outbox,
+            "SELECT $1::text AS scope, $2::text AS consumer, $3::text AS key,
+                    $4::bytea AS fingerprint, $6::text AS destination, $7::bytea AS payload,
+                    $8::text AS headers, 1::bigint AS place",
+            "$5",
+        )),
+        // The calls of a shared commit, one array for each column, in the order they came.
+        claim_and_forward_many: Some(claim_and_forward(
+            keys,
+            outbox,
+            "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[],
+                                  $6::bytea[], $7::text[])
+             WITH ORDINALITY
+             AS batch (scope, consumer, key, fingerprint, destination, payload, headers, place)",
+            "$8",
         )),
         // In a transaction justonce commits, which wakes the relays after its commit.
         forward_many: format!(
@@ -159,6 +159,48 @@ pub(super) fn statements(tables: &Tables) -> Statements {
         )),
     };
     Statements::new(tables, &CLOCK, specific)
+}
+
+/// The claims of the calls in `batch`, and the outbox rows of those whose key it inserted,
+/// in one statement; the rows carry the claim id `claim_id`. `batch` is a query of the
+/// columns scope, consumer, key, fingerprint, destination, payload, headers and place (the
+/// call's place from 1), with no key twice. It returns a row for each place: the claim id
+/// and fingerprint of the row holding the key afterwards, or NULLs where a holder committed
+/// after the statement's snapshot (the caller asks again). The holder is read by one index
+/// lookup per key (the LIMIT keeps the planner from joining the whole table instead), and
+/// only for keys the statement did not insert.
+///
+/// Keys are inserted, and so locked, sorted by scope, consumer and key, as a transaction's
+/// claims are: statements and transactions sharing keys wait for each other instead of
+/// deadlocking. The outbox rows are written in the calls' order. A data-modifying WITH runs
+/// whether or not it is read. No NOTIFY here: it would make these commits queue for one
+/// lock; the caller wakes the relays after it.
+fn claim_and_forward(keys: &str, outbox: &str, batch: &str, claim_id: &str) -> String {
+    format!(
+        "WITH batch AS ({batch}),
+         inserted AS (
+            INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
+            SELECT scope, consumer, key, fingerprint, {claim_id}::bigint FROM batch
+            ORDER BY scope COLLATE \"C\", consumer COLLATE \"C\", key COLLATE \"C\"
+            ON CONFLICT (scope, consumer, key) DO NOTHING
+            RETURNING scope, consumer, key, claim_id, fingerprint
+         ), queued AS (
+            INSERT INTO {outbox} (scope, key, destination, payload, headers)
+            SELECT batch.scope, batch.key, batch.destination, batch.payload, batch.headers
+            FROM batch JOIN inserted USING (scope, consumer, key)
+            ORDER BY batch.place
+         )
+         SELECT batch.place, coalesce(inserted.claim_id, held.claim_id),
+                coalesce(inserted.fingerprint, held.fingerprint)
+         FROM batch
+         LEFT JOIN inserted USING (scope, consumer, key)
+         LEFT JOIN LATERAL (
+            SELECT claim_id, fingerprint FROM {keys}
+            WHERE scope = batch.scope AND consumer = batch.consumer AND key = batch.key
+              AND inserted.key IS NULL
+            LIMIT 1
+         ) AS held ON true"
+    )
 }
 
 /// The text of the error [`claim_with_effect`] raises when its effect changed rows while

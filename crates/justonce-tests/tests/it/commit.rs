@@ -1,6 +1,7 @@
 //! A COMMIT whose answer never arrives: a proxy between the runner and PostgreSQL breaks
 //! the connection right after COMMIT, once having forwarded it and once not; and the same
-//! for the one statement of `run_forward` and `run_effect`, which commits on its own.
+//! for the one statement of `run_forward`, `run_effect` and a shared commit, which commits
+//! on its own.
 
 use super::key;
 use justonce_sql::{Consumer, Effect, Error, Inbox, InboxOptions, Message, Outcome, RunError};
@@ -277,12 +278,17 @@ async fn an_effect_that_cannot_be_resolved_is_reported_unknown() {
     assert_eq!((keys, effects), (1, 1));
 }
 
+/// The consumer `test` twice in a row, each after its length: elements of an array
+/// parameter, which only a shared commit's statement binds. A lone call's statement binds
+/// its consumer once.
+const GROUP: &[u8] = b"\0\0\0\x04test\0\0\0\x04test";
+
 /// Twenty forwards at once through an inbox that shares commits: the first commits alone,
-/// in its one statement; the others wait for it, then share a transaction, whose COMMIT the
-/// proxy cuts. Each is processed once, whether that COMMIT happened (read back by the
-/// group's claim id) or not (written again).
+/// in its one statement; the others wait for it, then share one statement, committed on
+/// its own, whose answer the proxy cuts. Each is processed once, whether that statement
+/// committed (read back by the group's claim id) or not (written again).
 async fn shared_forwards_through_proxy(cut: Cut) -> (Vec<Outcome<()>>, i64, i64) {
-    let (db, inbox, armed) = inbox_through_proxy(COMMIT, cut, false, true).await;
+    let (db, inbox, armed) = inbox_through_proxy(GROUP, cut, false, true).await;
     let forwards = (0..20).map(|n| {
         let inbox = inbox.clone();
         tokio::spawn(async move {
@@ -296,8 +302,10 @@ async fn shared_forwards_through_proxy(cut: Cut) -> (Vec<Outcome<()>>, i64, i64)
         .into_iter()
         .map(|forward| forward.unwrap().expect("stored"))
         .collect();
-    // A call alone sends no COMMIT (one statement): a cut COMMIT is a shared one.
-    assert!(!armed.load(Ordering::SeqCst), "no shared COMMIT was cut");
+    assert!(
+        !armed.load(Ordering::SeqCst),
+        "no shared commit's statement was cut"
+    );
     let rows = (db.rows("keys").await, db.rows("outbox").await);
     db.cleanup().await;
     (outcomes, rows.0, rows.1)

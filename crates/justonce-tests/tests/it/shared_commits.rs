@@ -2,12 +2,13 @@
 //! each still gets its own outcome, with each effect (the forwarding outbox row) once.
 
 use super::{key, on_every_database};
-use justonce_sql::{Inbox, InboxOptions, Key, Message, Outcome};
+use justonce_sql::{Consumer, Fingerprint, Inbox, InboxOptions, Key, Message, Outcome, Scope};
 use justonce_tests::{TestBackend, TestDb};
 
 on_every_database!(
     concurrent_forwards_sharing_commits_each_take_effect_once,
     a_failing_call_does_not_fail_the_others_of_its_shared_commit,
+    one_shared_commit_answers_each_call_as_a_commit_of_its_own_would,
 );
 
 /// A second inbox on the test's tables that shares commits, with few connections (one group
@@ -239,5 +240,91 @@ async fn a_failing_call_does_not_fail_the_others_of_its_shared_commit<DB: TestBa
         .await
         .expect("drop the trigger's function");
     }
+    db.cleanup().await;
+}
+
+/// One shared commit holding a key twice with one body, a key twice with two bodies, two
+/// keys stored before (one with another body), and one key in another scope and for
+/// another consumer. A blocker holds the first commit back while the calls queue one after
+/// the other, so that they form one group in that order. Each call gets what a commit of
+/// its own would have given it: the first call of a key claims it, a later one is a
+/// duplicate or a key reuse of the first's body, a stored key is judged against its row.
+async fn one_shared_commit_answers_each_call_as_a_commit_of_its_own_would<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let inbox = sharing(&db, 2).await;
+    let forward = |inbox: Inbox<DB>, name: &'static str, body: &'static str| async move {
+        let message = Message::new("sink", body.as_bytes().to_vec());
+        inbox
+            .run_forward(&key(name), body.as_bytes(), message)
+            .await
+    };
+    for (name, body) in [("shop:stored", "stored"), ("shop:other", "first body")] {
+        let stored = forward(inbox.clone(), name, body).await;
+        assert_eq!(stored.unwrap(), Outcome::Processed(()));
+    }
+    let blocker = TestDb::<DB>::reopen(&db.url, &db.prefix).await;
+    let mut held = blocker.inbox.begin().await.unwrap();
+    let _ = (blocker.inbox.claim(&mut held, &key("shop:block"), b"block"))
+        .await
+        .unwrap();
+    let first = tokio::spawn(forward(inbox.clone(), "shop:block", "block"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let tenant = inbox.with_scope(Scope::new("tenant").unwrap());
+    let other_consumer = inbox.with_consumer(Consumer::new("other").unwrap());
+    let reused = |stored: &str, received: &str| Outcome::KeyReused {
+        stored: Fingerprint::of(stored),
+        received: Fingerprint::of(received),
+    };
+    let expected = [
+        (&inbox, "shop:a", "body a", Outcome::Processed(())),
+        (&inbox, "shop:a", "body a", Outcome::Duplicate),
+        (&inbox, "shop:b", "body b", Outcome::Processed(())),
+        (&inbox, "shop:b", "another b", reused("body b", "another b")),
+        (&inbox, "shop:stored", "stored", Outcome::Duplicate),
+        (
+            &inbox,
+            "shop:other",
+            "second body",
+            reused("first body", "second body"),
+        ),
+        (&tenant, "shop:a", "tenant a", Outcome::Processed(())),
+        (&other_consumer, "shop:a", "other a", Outcome::Processed(())),
+    ];
+    let mut calls = Vec::new();
+    for (inbox, name, body, _) in &expected {
+        calls.push(tokio::spawn(forward((*inbox).clone(), name, body)));
+        // Each call joins the queue before the next: the group holds them in this order.
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.rollback().await.unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), Outcome::Processed(()));
+    let outcomes: Vec<Outcome<()>> = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|call| call.unwrap().expect("stored"))
+        .collect();
+    let wanted: Vec<Outcome<()>> = expected.iter().map(|call| call.3.clone()).collect();
+    assert_eq!(outcomes, wanted);
+    // One row for each processed call, holding that call's body.
+    let outbox = db.inbox.outbox();
+    for (name, bodies) in [
+        ("shop:a", vec!["body a", "other a", "tenant a"]),
+        ("shop:b", vec!["body b"]),
+        ("shop:other", vec!["first body"]),
+    ] {
+        let mut stored = Vec::new();
+        for id in outbox.ids_with_key(name).await.unwrap() {
+            let row = outbox.get(id).await.unwrap().expect("the row");
+            stored.push(String::from_utf8(row.payload).unwrap());
+        }
+        stored.sort();
+        assert_eq!(stored, bodies, "{name}");
+    }
+    assert_eq!((db.rows("keys").await, db.rows("outbox").await), (7, 7));
+    blocker.inbox.pool().close().await;
+    inbox.pool().close().await;
     db.cleanup().await;
 }
