@@ -269,8 +269,7 @@ async fn one_shared_commit_answers_each_call_as_a_commit_of_its_own_would<DB: Te
     let _ = (blocker.inbox.claim(&mut held, &key("shop:block"), b"block"))
         .await
         .unwrap();
-    let first = tokio::spawn(forward(inbox.clone(), "shop:block", "block"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first = queued(forward(inbox.clone(), "shop:block", "block"));
     let tenant = inbox.with_scope(Scope::new("tenant").unwrap());
     let other_consumer = inbox.with_consumer(Consumer::new("other").unwrap());
     let reused = |stored: &str, received: &str| Outcome::KeyReused {
@@ -294,11 +293,9 @@ async fn one_shared_commit_answers_each_call_as_a_commit_of_its_own_would<DB: Te
     ];
     let mut calls = Vec::new();
     for (inbox, name, body, _) in &expected {
-        calls.push(tokio::spawn(forward((*inbox).clone(), name, body)));
         // Each call joins the queue before the next: the group holds them in this order.
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        calls.push(queued(forward((*inbox).clone(), name, body)));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
     held.rollback().await.unwrap();
     assert_eq!(first.await.unwrap().unwrap(), Outcome::Processed(()));
     let outcomes: Vec<Outcome<()>> = futures_util::future::join_all(calls)
