@@ -8,7 +8,7 @@
 //! subject and durable consumer of that name (the key is the `Order-Id` header), or the
 //! Redis stream of that name, read in group `test` (the key is the `key` field), or the
 //! MQTT topic of that name, on the persistent session of client `<queue>-c` (the key is the
-//! `key` user property), or the Kafka topic of that name, read in the group of that name (the
+//! `key` user property, dead letters go to `<queue>/dead`), or the Kafka topic of that name, read in the group of that name (the
 //! key is the `ce_id` header). `kind` is `consumer`, or `reader` for the single readers of NATS and
 //! Redis and for Kafka, which keep their offset in the database, or `member-<n>` for a consumer that shares
 //! the queue with others: on MQTT, client `<queue>-m<n>` in the shared subscription of group
@@ -103,7 +103,8 @@ async fn work<DB: TestBackend>(
             Some(member) => shared_mqtt_options(queue, member),
             None => mqtt_options(queue),
         }
-        .max_attempts(attempts);
+        .max_attempts(attempts)
+        .dead_letter_topic(format!("{queue}/dead"));
         let consumer = MqttConsumer::connect(broker, inbox.clone(), options).await?;
         consume(&consumer, prefix, mode).await
     } else if broker.starts_with("kafka:") {
