@@ -23,9 +23,9 @@
 //! a time, and on SIGUSR1 it takes the next delivery, prints `paused <key>` and stops itself
 //! with SIGSTOP before it runs it: resumed past the broker's wait, it runs and acknowledges
 //! a delivery the broker gave to another consumer meanwhile.
-//! `run-3-attempts`: `run`, with 3 attempts, where a message whose work ended its consumer
-//! that often is dead-lettered before it runs; the work ends this process on a key that
-//! starts with `exit`. `run-batched-3-attempts`: the same in batches of 20.
+//! `run-<n>-attempts`: `run`, with `n` attempts, where a message whose work ended its
+//! consumer that often is dead-lettered before it runs; the work ends this process on a key
+//! that starts with `exit`. `run-batched-<n>-attempts`: the same in batches of 20.
 //! `run-quorum` (RabbitMQ): `run-3-attempts`, on a quorum queue with a prefetch of 1.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
@@ -87,11 +87,11 @@ async fn work<DB: TestBackend>(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     justonce_tests::hang_at_failpoints();
     let reader = kind == "reader";
-    let attempts = if mode.ends_with("3-attempts") || mode == "run-quorum" {
-        3
-    } else {
-        Policy::default().max_attempts
-    };
+    let attempts = match mode.strip_suffix("-attempts") {
+        Some(run) => run.rsplit('-').next().and_then(|n| n.parse().ok()),
+        None => (mode == "run-quorum").then_some(3),
+    }
+    .unwrap_or(Policy::default().max_attempts);
     let inbox = Inbox::<DB>::connect_with(
         url,
         justonce_sql::Consumer::new("test")?,
@@ -172,7 +172,7 @@ async fn consume<B: Broker, DB: TestBackend>(
     let batch_size = match mode {
         "ack-before-commit" => return ack_before_commit(consumer, prefix).await,
         "run-pausing" => return run_pausing(consumer, prefix, terminated).await,
-        "run-batched" | "run-batched-3-attempts" => 20,
+        _ if mode.starts_with("run-batched") => 20,
         "pause-after-commit" => {
             let mut deliveries = consumer.deliveries().await?;
             let delivery = deliveries
