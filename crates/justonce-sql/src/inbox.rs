@@ -2,10 +2,10 @@
 
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
-use crate::backend::{Backend, ForwardFailed, OneStatement, Queries, Reads, Watcher};
+use crate::backend::{Backend, ForwardFailed, OneStatementAnswer, Queries, Reads, Watcher};
 use crate::common::migration_script;
 use crate::dashboard::DuplicateCounts;
-use crate::effect::{Effect, with_claimed_row};
+use crate::effect::{CheckedEffects, Effect, with_claimed_row};
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
 use crate::rows::{Announce, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored};
@@ -19,7 +19,7 @@ use justonce_core::{
 };
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
@@ -208,6 +208,7 @@ impl<DB: Backend> Inbox<DB> {
                 max_attempts: options.max_attempts,
                 writer: tokio::sync::Mutex::new(()),
                 recent: RecentKeys::new(options.recent_keys, options.retention.retry_horizon()),
+                effects: CheckedEffects::default(),
                 duplicates: DuplicateCounts::default(),
                 relays: RelayWake::new(options.notify_every),
                 // One group per two connections commits at once: the other connections
@@ -594,16 +595,15 @@ impl<DB: Backend> Inbox<DB> {
     {
         let identity = self.identity(key);
         let fingerprint = Fingerprint::of(payload);
-        async {
-            if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
-                return Ok(outcome);
-            }
-            let forwards = Forwards::new(self.shared(), false);
-            self.run_attempts(&identity, fingerprint, &forwards, work, None, 0)
-                .await
+        let span = run_span(&identity);
+        if let Some(outcome) = span.in_scope(|| self.recently_settled(&identity, fingerprint)) {
+            return Ok(outcome);
         }
-        .instrument(run_span(&identity))
-        .await
+        let forwards = Forwards::new(self.shared(), false);
+        // Pinned where it is made: the attempts' future is large, and moving it into the
+        // span's wrapper copied it on every call.
+        let attempts = pin!(self.run_attempts(&identity, fingerprint, &forwards, work, None, 0));
+        attempts.instrument(span).await
     }
 
     /// [`Inbox::run`] with [`Inbox::forward`] of `message` as the whole work: the webhook
@@ -676,7 +676,7 @@ impl<DB: Backend> Inbox<DB> {
             forwards: true,
             lost: (),
         };
-        let forward = self.run_one_statement(
+        self.run_one_statement(
             run,
             statement,
             |tx| {
@@ -684,8 +684,8 @@ impl<DB: Backend> Inbox<DB> {
                 Box::pin(async move { self.forward(tx, key, message).await.map(drop) })
             },
             |error| error,
-        );
-        forward.await
+        )
+        .await
     }
 
     /// The transactions of [`Inbox::run_forward`], after `tries` tries; `unknown_commit`
@@ -760,7 +760,7 @@ impl<DB: Backend> Inbox<DB> {
         payload: &[u8],
         effect: &Effect<DB>,
     ) -> Result<Outcome<Option<u64>>, Error> {
-        let (sql, places) = effect.checked()?;
+        let checked = self.shared.effects.check(effect, &self.shared.tables)?;
         let identity = self.identity(key);
         let fingerprint = Fingerprint::of(payload);
         let row = ClaimRow {
@@ -769,26 +769,32 @@ impl<DB: Backend> Inbox<DB> {
             claim_id: random_claim_id(),
         };
         let statement = || {
+            let statement = checked.one_statement.clone()?;
             let arguments = effect.arguments.clone();
-            DB::claim_with_effect(&self.shared.pool, &self.shared.tables, row, sql, arguments)
+            Some(DB::claim_with_effect(
+                &self.shared.pool,
+                statement,
+                row,
+                arguments,
+            ))
         };
         let run = OneStatementRun {
             row,
             forwards: false,
             lost: None,
         };
-        let execute = self.run_one_statement(
+        self.run_one_statement(
             run,
             statement,
             |tx| {
-                let in_transaction = with_claimed_row(sql, &places);
+                let in_transaction = with_claimed_row(effect.trimmed(&checked), &checked.places);
                 let arguments = effect.arguments.clone();
                 let statement = DB::execute_effect(&mut **tx, in_transaction, arguments);
                 Box::pin(async move { statement.await.map(Some) })
             },
             driver_error::<DB>,
-        );
-        execute.await
+        )
+        .await
     }
 
     /// What [`Inbox::run_forward`] and [`Inbox::run_effect`] share: a run whose whole work
@@ -796,16 +802,17 @@ impl<DB: Backend> Inbox<DB> {
     /// where the database has one; `work` writes in the transactions of [`Inbox::run`]
     /// where it has none, and when that statement must be tried again. `failed` makes the
     /// work's error the store's.
-    async fn run_one_statement<'a, 'env, T, E, F>(
+    async fn run_one_statement<'a, 'env, T, E, F, S>(
         &self,
         run: OneStatementRun<'a, T>,
-        statement: impl FnOnce() -> Option<OneStatement<'a, T>>,
+        statement: impl FnOnce() -> Option<S>,
         work: F,
         failed: fn(E) -> Error,
     ) -> Result<Outcome<T>, Error>
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
         E: std::error::Error + Send + Sync + 'static,
+        S: Future<Output = OneStatementAnswer<T>>,
     {
         let OneStatementRun {
             row,
@@ -813,10 +820,12 @@ impl<DB: Backend> Inbox<DB> {
             lost,
         } = run;
         let (identity, fingerprint) = (row.identity, *row.fingerprint);
-        async {
-            if let Some(outcome) = self.recently_settled(identity, fingerprint) {
-                return Ok(outcome);
-            }
+        let span = run_span(identity);
+        if let Some(outcome) = span.in_scope(|| self.recently_settled(identity, fingerprint)) {
+            return Ok(outcome);
+        }
+        // Pinned where it is made, as in `run`: moving it into the span's wrapper copied it.
+        let run = pin!(async {
             let forwards = Forwards::new(self.shared(), forwards);
             let settled = self.one_statement(row, &forwards, statement(), lost);
             let (unknown_commit, tries) = match settled.await? {
@@ -838,9 +847,8 @@ impl<DB: Backend> Inbox<DB> {
                 RunError::Store(error) => error,
                 RunError::Work(error) => failed(error),
             })
-        }
-        .instrument(run_span(identity))
-        .await
+        });
+        run.instrument(span).await
     }
 
     /// Runs the one statement that claims the key and writes, where the database has one
@@ -851,7 +859,7 @@ impl<DB: Backend> Inbox<DB> {
         &self,
         row: ClaimRow<'_>,
         forwards: &Forwards,
-        statement: Option<OneStatement<'_, T>>,
+        statement: Option<impl Future<Output = OneStatementAnswer<T>>>,
         lost: T,
     ) -> Result<Settled<T>, Error> {
         let (identity, fingerprint, claim_id) = (row.identity, *row.fingerprint, row.claim_id);
