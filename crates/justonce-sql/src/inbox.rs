@@ -661,7 +661,7 @@ impl<DB: Backend> Inbox<DB> {
             fingerprint: &fingerprint,
             claim_id: random_claim_id(),
         };
-        let statement = || {
+        let statement = || async move {
             let outbox = NewOutboxRow {
                 scope: self.scope.as_str(),
                 key: key.as_str(),
@@ -669,7 +669,7 @@ impl<DB: Backend> Inbox<DB> {
                 payload: &message.payload,
                 headers: message.headers_json(),
             };
-            DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox)
+            Some(DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox)?.await)
         };
         let run = OneStatementRun {
             row,
@@ -768,15 +768,11 @@ impl<DB: Backend> Inbox<DB> {
             fingerprint: &fingerprint,
             claim_id: random_claim_id(),
         };
-        let statement = || {
+        let checked = &*checked;
+        let statement = || async move {
             let statement = checked.one_statement.clone()?;
             let arguments = effect.arguments.clone();
-            Some(DB::claim_with_effect(
-                &self.shared.pool,
-                statement,
-                row,
-                arguments,
-            ))
+            Some(DB::claim_with_effect(&self.shared.pool, statement, row, arguments).await)
         };
         let run = OneStatementRun {
             row,
@@ -787,7 +783,7 @@ impl<DB: Backend> Inbox<DB> {
             run,
             statement,
             |tx| {
-                let in_transaction = with_claimed_row(effect.trimmed(&checked), &checked.places);
+                let in_transaction = with_claimed_row(effect.trimmed(checked), &checked.places);
                 let arguments = effect.arguments.clone();
                 let statement = DB::execute_effect(&mut **tx, in_transaction, arguments);
                 Box::pin(async move { statement.await.map(Some) })
@@ -805,14 +801,14 @@ impl<DB: Backend> Inbox<DB> {
     async fn run_one_statement<'a, 'env, T, E, F, S>(
         &self,
         run: OneStatementRun<'a, T>,
-        statement: impl FnOnce() -> Option<S>,
+        statement: impl FnOnce() -> S,
         work: F,
         failed: fn(E) -> Error,
     ) -> Result<Outcome<T>, Error>
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
         E: std::error::Error + Send + Sync + 'static,
-        S: Future<Output = OneStatementAnswer<T>>,
+        S: Future<Output = Option<OneStatementAnswer<T>>>,
     {
         let OneStatementRun {
             row,
@@ -827,7 +823,7 @@ impl<DB: Backend> Inbox<DB> {
         // Pinned where it is made, as in `run`: moving it into the span's wrapper copied it.
         let run = pin!(async {
             let forwards = Forwards::new(self.shared(), forwards);
-            let settled = self.one_statement(row, &forwards, statement(), lost);
+            let settled = self.one_statement(row, &forwards, statement, lost);
             let (unknown_commit, tries) = match settled.await? {
                 Settled::Done(outcome) => return Ok(outcome),
                 Settled::Resume {
@@ -852,16 +848,21 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// Runs the one statement that claims the key and writes, where the database has one
-    /// (`statement`): the outcome it settled, or where the transactions of
-    /// [`Inbox::run_attempts`] start from. `lost` is what a commit whose answer was lost
-    /// came to, if reading the key back shows that it happened.
-    async fn one_statement<T>(
+    /// (`statement` makes it, and answers nothing where there is none): the outcome it
+    /// settled, or where the transactions of [`Inbox::run_attempts`] start from. `lost` is
+    /// what a commit whose answer was lost came to, if reading the key back shows that it
+    /// happened. The statement's future is made and pinned where it is awaited: passed in
+    /// made, or moved into the await, the large future was copied on every run.
+    async fn one_statement<T, S>(
         &self,
         row: ClaimRow<'_>,
         forwards: &Forwards,
-        statement: Option<impl Future<Output = OneStatementAnswer<T>>>,
+        statement: impl FnOnce() -> S,
         lost: T,
-    ) -> Result<Settled<T>, Error> {
+    ) -> Result<Settled<T>, Error>
+    where
+        S: Future<Output = Option<OneStatementAnswer<T>>>,
+    {
         let (identity, fingerprint, claim_id) = (row.identity, *row.fingerprint, row.claim_id);
         let resume = |unknown_commit, tries| {
             Ok(Settled::Resume {
@@ -869,10 +870,10 @@ impl<DB: Backend> Inbox<DB> {
                 tries,
             })
         };
-        let Some(statement) = statement else {
+        let Some(answer) = pin!(statement()).await else {
             return resume(None, 0);
         };
-        match statement.await {
+        match answer {
             Ok(Some((stored_claim_id, stored_fingerprint, value))) => {
                 let stored = Stored::decode(stored_claim_id, stored_fingerprint)?;
                 let outcome = if stored.claim_id == claim_id {

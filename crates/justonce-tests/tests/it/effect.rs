@@ -80,7 +80,10 @@ where
     for payment in [key("payment:14"), key("payment:15")] {
         let effect = Effect::<DB>::new(blind.as_str()).bind(Some(payment.as_str().to_owned()));
         let error = db.inbox.run_effect(&payment, b"p", &effect).await;
-        assert!(matches!(error, Err(Error::InvalidStatement(_))), "{error:?}");
+        assert!(
+            matches!(error, Err(Error::InvalidStatement(_))),
+            "{error:?}"
+        );
     }
     assert_eq!((db.rows("keys").await, db.rows("effects").await), (3, 3));
     db.cleanup().await;
