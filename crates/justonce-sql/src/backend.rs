@@ -9,6 +9,7 @@ use crate::rows::{
 use crate::tables::Tables;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
 use std::future::Future;
+use std::sync::Arc;
 
 /// A database justonce can store keys in: [`sqlx::Postgres`] with the `postgres` feature,
 /// [`sqlx::MySql`] (MariaDB or MySQL) with the `mysql` feature, [`sqlx::Sqlite`] with the
@@ -73,18 +74,27 @@ pub trait Backend: sqlx::Database<Arguments: Clone + Sync> + Sealed {
         None
     }
 
-    /// Claims the key and runs an effect's statement `effect`, with its `arguments`, in one
-    /// statement committed on its own, as [`Backend::claim_and_forward`] does; also
-    /// returns how many rows the effect changed. `None` where the database cannot.
+    /// The one statement that claims a key in `tables` and runs an effect's statement
+    /// `effect`, which has `binds` parameters. `None` where the database cannot.
+    #[doc(hidden)]
+    fn claim_with_effect_sql(_tables: &Tables, _effect: &str, _binds: usize) -> Option<String> {
+        None
+    }
+
+    /// Claims the key and runs an effect with its `arguments` by `statement`, made by
+    /// [`Backend::claim_with_effect_sql`], committed on its own, as
+    /// [`Backend::claim_and_forward`] does; also returns how many rows the effect changed.
+    /// Not boxed, unlike [`OneStatement`]: the run awaits it where it was made, and a box
+    /// would copy the large future into it on every run. Where the database has no such
+    /// statement, no row: the run's transactions read the key.
     #[doc(hidden)]
     fn claim_with_effect<'a>(
         _pool: &'a sqlx::Pool<Self>,
-        _tables: &'a Tables,
+        _statement: Arc<str>,
         _row: ClaimRow<'a>,
-        _effect: &'a str,
         _arguments: Self::Arguments,
-    ) -> Option<OneStatement<'a, Option<u64>>> {
-        None
+    ) -> impl Future<Output = OneStatementAnswer<Option<u64>>> + Send + 'a {
+        async { Ok(None) }
     }
 
     /// Runs an effect's statement in the caller's transaction; how many rows it changed.
@@ -414,9 +424,12 @@ pub trait Reads<DB: sqlx::Database> {
 /// running: the claim id and fingerprint of the row holding the key afterwards, and what
 /// the statement's write came to.
 #[doc(hidden)]
-pub type OneStatement<'a, T> = std::pin::Pin<
-    Box<dyn Future<Output = Result<Option<(i64, Vec<u8>, T)>, ForwardFailed>> + Send + 'a>,
->;
+pub type OneStatement<'a, T> =
+    std::pin::Pin<Box<dyn Future<Output = OneStatementAnswer<T>> + Send + 'a>>;
+
+/// What a statement that claims a key and writes came to, as [`OneStatement`] describes.
+#[doc(hidden)]
+pub type OneStatementAnswer<T> = Result<Option<(i64, Vec<u8>, T)>, ForwardFailed>;
 
 /// The statement of [`Backend::claim_and_forward_many`], running: for each call, the claim
 /// id and fingerprint of the row holding its key afterwards, if seen.

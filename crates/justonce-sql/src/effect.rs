@@ -2,8 +2,11 @@
 //! one-row relation named `claimed` that exists only when the key was claimed now.
 
 use crate::backend::Backend;
+use crate::tables::Tables;
 use justonce_core::Error;
 use sqlx::{Arguments, AssertSqlSafe, Encode, Executor, IntoArguments, Type};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// The relation an [`Effect`] reads, to do nothing unless the key was claimed now.
 const CLAIMED: &str = "claimed";
@@ -47,12 +50,9 @@ impl<DB: sqlx::Database> Effect<DB> {
     }
 
     /// The SQL with its trailing semicolons and blanks removed, after checking that it is
-    /// one statement that reads `claimed` and that every bind was encoded; and where
-    /// `claimed` is read as a relation, as byte ranges.
-    pub(crate) fn checked(&self) -> Result<(&str, Vec<std::ops::Range<usize>>), Error> {
-        if let Some(unbound) = &self.unbound {
-            return Err(Error::InvalidStatement(unbound.clone()));
-        }
+    /// one statement that reads `claimed`; and where `claimed` is read as a relation, as
+    /// byte ranges.
+    fn checked(&self) -> Result<(&str, Vec<std::ops::Range<usize>>), Error> {
         let sql = self
             .sql
             .trim_end_matches(|c: char| c == ';' || c.is_whitespace());
@@ -65,6 +65,67 @@ impl<DB: sqlx::Database> Effect<DB> {
             )));
         }
         Ok((sql, places))
+    }
+
+    /// The SQL with its trailing semicolons and blanks removed.
+    pub(crate) fn trimmed(&self, checked: &CheckedEffect) -> &str {
+        &self.sql[..checked.len]
+    }
+}
+
+/// What checking an effect's SQL found, and the one statement that claims a key and runs
+/// it: the same for every run of the same SQL with as many binds.
+pub(crate) struct CheckedEffect {
+    /// The length of the SQL without its trailing semicolons and blanks.
+    len: usize,
+    /// Where `claimed` is read as a relation, as byte ranges.
+    pub(crate) places: Vec<std::ops::Range<usize>>,
+    binds: usize,
+    /// The claim and the effect in one statement, where the database has one.
+    pub(crate) one_statement: Option<Arc<str>>,
+}
+
+/// The effects an inbox has run, checked, by their SQL: a consumer runs the same few
+/// statements for every message, so each is checked and its one statement written once.
+#[derive(Default)]
+pub(crate) struct CheckedEffects(Mutex<HashMap<String, Arc<CheckedEffect>>>);
+
+impl CheckedEffects {
+    /// More SQL texts than this (made per message, say) start the memory afresh.
+    const MOST: usize = 256;
+
+    /// `effect` checked, as [`Effect`] describes, for this database and `tables`: an error
+    /// when a bind could not be encoded or the SQL is not one statement reading `claimed`.
+    pub(crate) fn check<DB: Backend>(
+        &self,
+        effect: &Effect<DB>,
+        tables: &Tables,
+    ) -> Result<Arc<CheckedEffect>, Error> {
+        if let Some(unbound) = &effect.unbound {
+            return Err(Error::InvalidStatement(unbound.clone()));
+        }
+        let binds = effect.arguments.len();
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(checked) = known.get(&effect.sql)
+            && checked.binds == binds
+        {
+            return Ok(Arc::clone(checked));
+        }
+        let (sql, places) = effect.checked()?;
+        let checked = Arc::new(CheckedEffect {
+            len: sql.len(),
+            one_statement: DB::claim_with_effect_sql(tables, sql, binds).map(Arc::from),
+            places,
+            binds,
+        });
+        if known.len() >= Self::MOST {
+            known.clear();
+        }
+        known.insert(effect.sql.clone(), Arc::clone(&checked));
+        Ok(checked)
     }
 }
 

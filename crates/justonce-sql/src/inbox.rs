@@ -2,10 +2,10 @@
 
 // The rule implemented here: https://agentwranglers.se/playbook/events/consuming-events/idempotent-consumers
 
-use crate::backend::{Backend, ForwardFailed, OneStatement, Queries, Reads, Watcher};
+use crate::backend::{Backend, ForwardFailed, OneStatementAnswer, Queries, Reads, Watcher};
 use crate::common::migration_script;
 use crate::dashboard::DuplicateCounts;
-use crate::effect::{Effect, with_claimed_row};
+use crate::effect::{CheckedEffects, Effect, with_claimed_row};
 use crate::outbox::{Message, Outbox};
 use crate::recent::RecentKeys;
 use crate::rows::{Announce, Batch, Change, ClaimRow, NewOutboxRow, OffsetRow, Stored};
@@ -19,7 +19,7 @@ use justonce_core::{
 };
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
@@ -209,6 +209,7 @@ impl<DB: Backend> Inbox<DB> {
                 max_attempts: options.max_attempts,
                 writer: tokio::sync::Mutex::new(()),
                 recent: RecentKeys::new(options.recent_keys, options.retention.retry_horizon()),
+                effects: CheckedEffects::default(),
                 duplicates: DuplicateCounts::default(),
                 relays: RelayWake::new(options.notify_every),
                 // One group per two connections commits at once: the other connections
@@ -595,16 +596,15 @@ impl<DB: Backend> Inbox<DB> {
     {
         let identity = self.identity(key);
         let fingerprint = Fingerprint::of(payload);
-        async {
-            if let Some(outcome) = self.recently_settled(&identity, fingerprint) {
-                return Ok(outcome);
-            }
-            let forwards = Forwards::new(self.shared(), false);
-            self.run_attempts(&identity, fingerprint, &forwards, work, None, 0)
-                .await
+        let span = run_span(&identity);
+        if let Some(outcome) = span.in_scope(|| self.recently_settled(&identity, fingerprint)) {
+            return Ok(outcome);
         }
-        .instrument(run_span(&identity))
-        .await
+        let forwards = Forwards::new(self.shared(), false);
+        // Pinned where it is made: the attempts' future is large, and moving it into the
+        // span's wrapper copied it on every call.
+        let attempts = pin!(self.run_attempts(&identity, fingerprint, &forwards, work, None, 0));
+        attempts.instrument(span).await
     }
 
     /// [`Inbox::run`] with [`Inbox::forward`] of `message` as the whole work: the webhook
@@ -662,7 +662,7 @@ impl<DB: Backend> Inbox<DB> {
             fingerprint: &fingerprint,
             claim_id: random_claim_id(),
         };
-        let statement = || {
+        let statement = || async move {
             let outbox = NewOutboxRow {
                 scope: self.scope.as_str(),
                 key: key.as_str(),
@@ -670,14 +670,14 @@ impl<DB: Backend> Inbox<DB> {
                 payload: &message.payload,
                 headers: message.headers_json(),
             };
-            DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox)
+            Some(DB::claim_and_forward(&self.shared.pool, &self.shared.sql, row, outbox)?.await)
         };
         let run = OneStatementRun {
             row,
             forwards: true,
             lost: (),
         };
-        let forward = self.run_one_statement(
+        self.run_one_statement(
             run,
             statement,
             |tx| {
@@ -685,8 +685,8 @@ impl<DB: Backend> Inbox<DB> {
                 Box::pin(async move { self.forward(tx, key, message).await.map(drop) })
             },
             |error| error,
-        );
-        forward.await
+        )
+        .await
     }
 
     /// The transactions of [`Inbox::run_forward`], after `tries` tries; `unknown_commit`
@@ -761,7 +761,7 @@ impl<DB: Backend> Inbox<DB> {
         payload: &[u8],
         effect: &Effect<DB>,
     ) -> Result<Outcome<Option<u64>>, Error> {
-        let (sql, places) = effect.checked()?;
+        let checked = self.shared.effects.check(effect, &self.shared.tables)?;
         let identity = self.identity(key);
         let fingerprint = Fingerprint::of(payload);
         let row = ClaimRow {
@@ -769,27 +769,29 @@ impl<DB: Backend> Inbox<DB> {
             fingerprint: &fingerprint,
             claim_id: random_claim_id(),
         };
-        let statement = || {
+        let checked = &*checked;
+        let statement = || async move {
+            let statement = checked.one_statement.clone()?;
             let arguments = effect.arguments.clone();
-            DB::claim_with_effect(&self.shared.pool, &self.shared.tables, row, sql, arguments)
+            Some(DB::claim_with_effect(&self.shared.pool, statement, row, arguments).await)
         };
         let run = OneStatementRun {
             row,
             forwards: false,
             lost: None,
         };
-        let execute = self.run_one_statement(
+        self.run_one_statement(
             run,
             statement,
             |tx| {
-                let in_transaction = with_claimed_row(sql, &places);
+                let in_transaction = with_claimed_row(effect.trimmed(checked), &checked.places);
                 let arguments = effect.arguments.clone();
                 let statement = DB::execute_effect(&mut **tx, in_transaction, arguments);
                 Box::pin(async move { statement.await.map(Some) })
             },
             driver_error::<DB>,
-        );
-        execute.await
+        )
+        .await
     }
 
     /// What [`Inbox::run_forward`] and [`Inbox::run_effect`] share: a run whose whole work
@@ -797,16 +799,17 @@ impl<DB: Backend> Inbox<DB> {
     /// where the database has one; `work` writes in the transactions of [`Inbox::run`]
     /// where it has none, and when that statement must be tried again. `failed` makes the
     /// work's error the store's.
-    async fn run_one_statement<'a, 'env, T, E, F>(
+    async fn run_one_statement<'a, 'env, T, E, F, S>(
         &self,
         run: OneStatementRun<'a, T>,
-        statement: impl FnOnce() -> Option<OneStatement<'a, T>>,
+        statement: impl FnOnce() -> S,
         work: F,
         failed: fn(E) -> Error,
     ) -> Result<Outcome<T>, Error>
     where
         F: for<'t> FnMut(&'t mut sqlx::Transaction<'env, DB>) -> WorkFuture<'t, T, E>,
         E: std::error::Error + Send + Sync + 'static,
+        S: Future<Output = Option<OneStatementAnswer<T>>>,
     {
         let OneStatementRun {
             row,
@@ -814,12 +817,14 @@ impl<DB: Backend> Inbox<DB> {
             lost,
         } = run;
         let (identity, fingerprint) = (row.identity, *row.fingerprint);
-        async {
-            if let Some(outcome) = self.recently_settled(identity, fingerprint) {
-                return Ok(outcome);
-            }
+        let span = run_span(identity);
+        if let Some(outcome) = span.in_scope(|| self.recently_settled(identity, fingerprint)) {
+            return Ok(outcome);
+        }
+        // Pinned where it is made, as in `run`: moving it into the span's wrapper copied it.
+        let run = pin!(async {
             let forwards = Forwards::new(self.shared(), forwards);
-            let settled = self.one_statement(row, &forwards, statement(), lost);
+            let settled = self.one_statement(row, &forwards, statement, lost);
             let (unknown_commit, tries) = match settled.await? {
                 Settled::Done(outcome) => return Ok(outcome),
                 Settled::Resume {
@@ -839,22 +844,26 @@ impl<DB: Backend> Inbox<DB> {
                 RunError::Store(error) => error,
                 RunError::Work(error) => failed(error),
             })
-        }
-        .instrument(run_span(identity))
-        .await
+        });
+        run.instrument(span).await
     }
 
     /// Runs the one statement that claims the key and writes, where the database has one
-    /// (`statement`): the outcome it settled, or where the transactions of
-    /// [`Inbox::run_attempts`] start from. `lost` is what a commit whose answer was lost
-    /// came to, if reading the key back shows that it happened.
-    async fn one_statement<T>(
+    /// (`statement` makes it, and answers nothing where there is none): the outcome it
+    /// settled, or where the transactions of [`Inbox::run_attempts`] start from. `lost` is
+    /// what a commit whose answer was lost came to, if reading the key back shows that it
+    /// happened. The statement's future is made and pinned where it is awaited: passed in
+    /// made, or moved into the await, the large future was copied on every run.
+    async fn one_statement<T, S>(
         &self,
         row: ClaimRow<'_>,
         forwards: &Forwards,
-        statement: Option<OneStatement<'_, T>>,
+        statement: impl FnOnce() -> S,
         lost: T,
-    ) -> Result<Settled<T>, Error> {
+    ) -> Result<Settled<T>, Error>
+    where
+        S: Future<Output = Option<OneStatementAnswer<T>>>,
+    {
         let (identity, fingerprint, claim_id) = (row.identity, *row.fingerprint, row.claim_id);
         let resume = |unknown_commit, tries| {
             Ok(Settled::Resume {
@@ -862,10 +871,10 @@ impl<DB: Backend> Inbox<DB> {
                 tries,
             })
         };
-        let Some(statement) = statement else {
+        let Some(answer) = pin!(statement()).await else {
             return resume(None, 0);
         };
-        match statement.await {
+        match answer {
             Ok(Some((stored_claim_id, stored_fingerprint, value))) => {
                 let stored = Stored::decode(stored_claim_id, stored_fingerprint)?;
                 let outcome = if stored.claim_id == claim_id {

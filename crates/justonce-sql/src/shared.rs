@@ -3,6 +3,7 @@
 
 use crate::backend::{Backend, Watcher};
 use crate::dashboard::DuplicateCounts;
+use crate::effect::CheckedEffects;
 use crate::inbox::group::CommitQueue;
 use crate::recent::RecentKeys;
 use crate::tables::Tables;
@@ -24,6 +25,8 @@ pub(crate) struct Shared<DB: Backend> {
     /// queue here beats SQLite's busy handler, which polls with sleeps of up to 100 ms.
     pub(crate) writer: tokio::sync::Mutex<()>,
     pub(crate) recent: RecentKeys,
+    /// The effects `Inbox::run_effect` has run, checked once each.
+    pub(crate) effects: CheckedEffects,
     /// Duplicates answered and not yet added to the store's counts.
     pub(crate) duplicates: DuplicateCounts,
     pub(crate) relays: RelayWake,

@@ -6,7 +6,9 @@ mod migrations;
 mod sql;
 mod tls;
 
-use crate::backend::{Backend, ForwardFailed, GroupStatement, OneStatement, Sealed, Watcher};
+use crate::backend::{
+    Backend, ForwardFailed, GroupStatement, OneStatement, OneStatementAnswer, Sealed, Watcher,
+};
 use crate::common::bind_claim;
 use crate::effect;
 use crate::numbered::{self, Statements, migrate_in_transaction};
@@ -16,7 +18,8 @@ use crate::tables::Tables;
 use crate::tls::Target;
 use justonce_core::{Consumer, Error, Scope};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener};
-use sqlx::{Arguments, AssertSqlSafe, Postgres};
+use sqlx::{AssertSqlSafe, Postgres};
+use std::sync::Arc;
 
 /// Checks the host list and `target_session_attrs` of a PostgreSQL URL without connecting
 /// or reading any file: an empty entry in the list, or a `target_session_attrs` that would
@@ -144,25 +147,25 @@ impl Backend for Postgres {
         }))
     }
 
-    fn claim_with_effect<'a>(
+    fn claim_with_effect_sql(tables: &Tables, effect: &str, binds: usize) -> Option<String> {
+        // The effect's own binds come first: the claim's are numbered after them.
+        Some(sql::claim_with_effect(&tables.keys, effect, binds))
+    }
+
+    async fn claim_with_effect<'a>(
         pool: &'a sqlx::Pool<Self>,
-        tables: &'a Tables,
+        statement: Arc<str>,
         row: ClaimRow<'a>,
-        effect: &'a str,
         arguments: PgArguments,
-    ) -> Option<OneStatement<'a, Option<u64>>> {
-        Some(Box::pin(async move {
-            // The effect's own binds come first: the claim's are numbered after them.
-            let statement = sql::claim_with_effect(&tables.keys, effect, arguments.len());
-            let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
-            let claim = sqlx::query_as_with(AssertSqlSafe(statement), arguments);
-            let stored: Option<(Option<i64>, Option<Vec<u8>>, i64)> = bind_claim(claim, row)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(unclaimed_effect)?;
-            Ok(stored.and_then(|(claim_id, fingerprint, changed)| {
-                Some((claim_id?, fingerprint?, Some(changed.unsigned_abs())))
-            }))
+    ) -> OneStatementAnswer<Option<u64>> {
+        let mut conn = pool.acquire().await.map_err(ForwardFailed::Connect)?;
+        let claim = sqlx::query_as_with(AssertSqlSafe(statement), arguments);
+        let stored: Option<(Option<i64>, Option<Vec<u8>>, i64)> = bind_claim(claim, row)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(unclaimed_effect)?;
+        Ok(stored.and_then(|(claim_id, fingerprint, changed)| {
+            Some((claim_id?, fingerprint?, Some(changed.unsigned_abs())))
         }))
     }
 

@@ -17,6 +17,7 @@ on_every_database!(
     an_effect_that_writes_without_a_claim_writes_once,
     claimed_takes_an_alias,
     two_statements_are_refused_before_they_are_sent,
+    one_statement_for_many_keys_writes_each_keys_own_row,
 );
 
 /// The effect of the tests: one row in the effect table for `msg_key`, with `consumer`.
@@ -54,6 +55,37 @@ where
         (db.rows("keys").await, db.effects_of(&payment).await),
         (1, 1)
     );
+    db.cleanup().await;
+}
+
+/// A consumer sends the same statement for every message, each with its own binds: each
+/// key gets the row its binds make, and a refused statement stays refused.
+async fn one_statement_for_many_keys_writes_each_keys_own_row<DB: TestBackend>(test: &str)
+where
+    for<'q> Option<String>: Encode<'q, DB> + Type<DB>,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let payments = [key("payment:11"), key("payment:12"), key("payment:13")];
+    for payment in &payments {
+        let effect = insert_effect::<DB>(&db.prefix, Some("test"), payment.as_str());
+        let outcome = db.inbox.run_effect(payment, b"p", &effect).await;
+        assert_eq!(outcome.unwrap(), Outcome::Processed(Some(1)));
+    }
+    for payment in &payments {
+        assert_eq!(db.effects_of(payment).await, 1, "{payment}");
+    }
+    let [first, _] = DB::PARAMETERS;
+    let prefix = &db.prefix;
+    let blind = format!("INSERT INTO {prefix}effects (consumer, msg_key) VALUES ('x', {first})");
+    for payment in [key("payment:14"), key("payment:15")] {
+        let effect = Effect::<DB>::new(blind.as_str()).bind(Some(payment.as_str().to_owned()));
+        let error = db.inbox.run_effect(&payment, b"p", &effect).await;
+        assert!(
+            matches!(error, Err(Error::InvalidStatement(_))),
+            "{error:?}"
+        );
+    }
+    assert_eq!((db.rows("keys").await, db.rows("effects").await), (3, 3));
     db.cleanup().await;
 }
 
