@@ -404,6 +404,7 @@ async fn the_console_finds_an_event_by_key_and_replays_it<DB: TestBackend>(test:
     );
     // Any part of the key, within the last day, which the page says.
     browser.goto(&format!("{}/events", server.admin)).await;
+    await_count(&browser, "#event-search", 1).await;
     browser
         .click("#event-search select[name=\"match\"] option[value=\"contains\"]")
         .await;
