@@ -98,7 +98,7 @@ async fn claim_many_on<DB: BenchDb>(url: &str, settings: &Settings, batch: usize
     let (keys, distinct) = sections::stream(settings.messages, settings.duplicates);
     let measured = bench.measure(Mode::ClaimMany(batch), &keys, distinct).await;
     bench.drop_tables().await?;
-    let per_second = measured?.first().map(|&(_, per_second)| per_second);
+    let per_second = measured?.first().map(|&(_, per_second, _)| per_second);
     per_second.context("claim_many was not measured")
 }
 
