@@ -33,6 +33,15 @@ mod sections;
 
 pub use args::{Args, Section, Settings};
 
+/// The distinct keys in one share (`INDEX/COUNT`, as `--share` takes it) of the bench's
+/// stream of `messages` messages with `duplicates` percent repeated: the effect rows that
+/// a throughput run of that share writes.
+pub fn distinct_in_share(messages: usize, duplicates: usize, share: &str) -> Result<usize> {
+    let share = args::share(share).map_err(anyhow::Error::msg)?;
+    let (keys, _) = sections::stream(messages, duplicates);
+    Ok(share.of(&keys).1)
+}
+
 /// Serves the receiver's router on the listener as `justonce serve` serves webhooks, so that
 /// the service's own caps and timeouts are part of what the receiver section times; runs
 /// until dropped.
