@@ -507,6 +507,14 @@ pub(crate) fn endless_key(n: usize, duplicates: usize, distinct: &mut usize) -> 
     Key::new(format!("endless:{id}")).expect("a valid key")
 }
 
+/// The wall clock in Unix milliseconds: several bench processes sharing a stream are timed
+/// from the earliest start among them to the latest end.
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,12 +527,4 @@ mod tests {
         assert_eq!(unique.len(), distinct);
         assert!((7_900..=8_100).contains(&distinct), "{distinct}");
     }
-}
-
-/// The wall clock in Unix milliseconds: several bench processes sharing a stream are timed
-/// from the earliest start among them to the latest end.
-fn unix_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis())
 }
