@@ -189,7 +189,7 @@ impl std::fmt::Display for Share {
 }
 
 /// `INDEX/COUNT`, with INDEX from 1 to COUNT.
-fn share(text: &str) -> Result<Share, String> {
+pub(crate) fn share(text: &str) -> Result<Share, String> {
     let expected =
         || format!("expected INDEX/COUNT with INDEX from 1 to COUNT, such as 1/2, not {text:?}");
     let (index, count) = text.split_once('/').ok_or_else(expected)?;

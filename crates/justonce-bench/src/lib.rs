@@ -33,6 +33,15 @@ mod sections;
 
 pub use args::{Args, Section, Settings};
 
+/// The distinct keys in one share (`INDEX/COUNT`, as `--share` takes it) of the bench's
+/// stream of `messages` messages with `duplicates` percent repeated: the effect rows that
+/// a throughput run of that share writes.
+pub fn distinct_in_share(messages: usize, duplicates: usize, share: &str) -> Result<usize> {
+    let share = args::share(share).map_err(anyhow::Error::msg)?;
+    let (keys, _) = sections::stream(messages, duplicates);
+    Ok(share.of(&keys).1)
+}
+
 /// Serves the receiver's router on the listener as `justonce serve` serves webhooks, so that
 /// the service's own caps and timeouts are part of what the receiver section times; runs
 /// until dropped.
@@ -98,7 +107,7 @@ async fn claim_many_on<DB: BenchDb>(url: &str, settings: &Settings, batch: usize
     let (keys, distinct) = sections::stream(settings.messages, settings.duplicates);
     let measured = bench.measure(Mode::ClaimMany(batch), &keys, distinct).await;
     bench.drop_tables().await?;
-    let per_second = measured?.first().map(|&(_, per_second)| per_second);
+    let per_second = measured?.first().map(|&(_, per_second, _)| per_second);
     per_second.context("claim_many was not measured")
 }
 

@@ -139,13 +139,15 @@ impl Report {
         Self { json, database }
     }
 
-    /// A mode's messages per second in each round, and its ratio to `against`'s baseline
-    /// in each round.
+    /// A mode's messages per second in each round, the messages this process ran and each
+    /// round's start and end in Unix milliseconds, and its ratio to `against`'s baseline in
+    /// each round.
     pub(crate) fn throughput(
         &self,
         mode: Mode,
         settings: &Settings,
         per_round: &[f64],
+        (run_messages, windows): (usize, &[[u128; 2]]),
         effects: usize,
         against: Option<(Mode, &[f64])>,
     ) {
@@ -171,6 +173,8 @@ impl Report {
                 "rounds": per_round.len(),
                 "messages_per_second": per_second.round(),
                 "messages_per_second_per_round": per_round.iter().map(|r| r.round()).collect::<Vec<_>>(),
+                "run_messages": run_messages,
+                "run_unix_ms_per_round": windows,
                 "effects": effects,
                 "effects_equal_distinct_keys": true,
                 "baseline": ratio.map(|(baseline, ..)| baseline.name()),

@@ -66,13 +66,13 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 named.is_empty() || named.iter().any(|name| name == mode.name())
             })
             .collect();
-        let mut rates: Vec<(Mode, Vec<f64>)> = modes
+        let mut rates: Vec<(Mode, Vec<f64>, Vec<[u128; 2]>)> = modes
             .iter()
             .flat_map(|&mode| match mode {
                 Mode::Run => vec![Mode::Run, Mode::RunAgain],
                 _ => vec![mode],
             })
-            .map(|mode| (mode, Vec::with_capacity(self.settings.rounds)))
+            .map(|mode| (mode, Vec::new(), Vec::new()))
             .collect();
         let mut progress = Progress::new();
         let rounds = self.settings.rounds;
@@ -91,17 +91,20 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 // An earlier mode's run left its keys in the inbox's memory, which would
                 // answer this one's from there.
                 let bench = self.with_fresh_inbox()?;
-                for (mode, per_second) in bench.measure(mode, &keys, distinct).await? {
-                    if let Some((_, per_round)) = rates.iter_mut().find(|(m, _)| *m == mode) {
+                for (mode, per_second, window) in bench.measure(mode, &keys, distinct).await? {
+                    if let Some((_, per_round, windows)) =
+                        rates.iter_mut().find(|(m, ..)| *m == mode)
+                    {
                         per_round.push(per_second);
+                        windows.push(window);
                     }
                 }
             }
         }
         progress.finish();
-        for (mode, per_round) in &rates {
+        for (mode, per_round, windows) in &rates {
             let against = mode.baseline().and_then(|baseline| {
-                let (_, base) = rates.iter().find(|(m, _)| *m == baseline)?;
+                let (_, base, _) = rates.iter().find(|(m, ..)| *m == baseline)?;
                 let ratios: Vec<f64> = per_round.iter().zip(base).map(|(r, b)| r / b).collect();
                 Some((baseline, ratios))
             });
@@ -110,6 +113,7 @@ impl<DB: BenchDb> Bench<'_, DB> {
                 *mode,
                 self.settings,
                 per_round,
+                (keys.len(), windows),
                 distinct,
                 against
                     .as_ref()
@@ -119,18 +123,21 @@ impl<DB: BenchDb> Bench<'_, DB> {
         Ok(())
     }
 
-    /// Messages per second of `mode` on `keys` from empty tables, once effect rows are
-    /// checked against the `distinct` keys; after `Mode::Run`, of `Mode::RunAgain` too.
+    /// Messages per second of `mode` on `keys` from empty tables, and the run's start and
+    /// end in Unix milliseconds, once effect rows are checked against the `distinct` keys;
+    /// after `Mode::Run`, of `Mode::RunAgain` too.
     pub(crate) async fn measure(
         &self,
         mode: Mode,
         keys: &[Key],
         distinct: usize,
-    ) -> Result<Vec<(Mode, f64)>> {
+    ) -> Result<Vec<(Mode, f64, [u128; 2])>> {
         self.empty().await?;
         let started = Instant::now();
+        let started_ms = unix_ms();
         self.run_mode(mode, keys).await?;
         let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
+        let window = [started_ms, unix_ms()];
         // A forwarded message's effect is its outbox row.
         let (table, key_column) = if mode.forwards() {
             (&self.tables.outbox, DB::OUTBOX_KEY)
@@ -144,15 +151,17 @@ impl<DB: BenchDb> Bench<'_, DB> {
             "{}: {effects} effect rows ({doubled} doubled) for {distinct} distinct keys",
             mode.name()
         );
-        let mut measured = vec![(mode, per_second)];
+        let mut measured = vec![(mode, per_second, window)];
         if mode == Mode::Run {
             // The same stream again through the same inbox: every message a duplicate.
             let started = Instant::now();
+            let started_ms = unix_ms();
             self.run_all(keys).await?;
             let per_second = keys.len() as f64 / started.elapsed().as_secs_f64();
+            let window = [started_ms, unix_ms()];
             let effects = DB::count(self.inbox.pool(), &self.tables.effects).await?;
             ensure!(effects == distinct as i64, "run-again wrote effects");
-            measured.push((Mode::RunAgain, per_second));
+            measured.push((Mode::RunAgain, per_second, window));
         }
         Ok(measured)
     }
@@ -496,6 +505,14 @@ pub(crate) fn endless_key(n: usize, duplicates: usize, distinct: &mut usize) -> 
         *distinct - 1
     };
     Key::new(format!("endless:{id}")).expect("a valid key")
+}
+
+/// The wall clock in Unix milliseconds: several bench processes sharing a stream are timed
+/// from the earliest start among them to the latest end.
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis())
 }
 
 #[cfg(test)]

@@ -32,13 +32,22 @@ pub struct RelayOptions {
     poll_interval: Duration,
 }
 
+impl RelayOptions {
+    /// The default deliveries in flight at once over all destinations.
+    pub const DEFAULT_CONCURRENCY: usize = 16;
+    /// The default deliveries in flight at once to one destination for one scope.
+    pub const DEFAULT_PER_DESTINATION: usize = 8;
+    /// The default deliveries in flight at once to one destination over all its scopes.
+    pub const DEFAULT_PER_DESTINATION_TOTAL: usize = 16;
+}
+
 impl Default for RelayOptions {
     fn default() -> Self {
         Self {
             batch_size: 100,
-            concurrency: 16,
-            per_destination: 8,
-            per_destination_total: 16,
+            concurrency: Self::DEFAULT_CONCURRENCY,
+            per_destination: Self::DEFAULT_PER_DESTINATION,
+            per_destination_total: Self::DEFAULT_PER_DESTINATION_TOTAL,
             breaker_failures: 5,
             breaker_pause: Duration::from_secs(10),
             lease: Duration::from_secs(60),

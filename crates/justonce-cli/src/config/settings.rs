@@ -15,9 +15,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// `RelayOptions`' own deliveries in flight over all destinations.
-const RELAY_CONCURRENCY: usize = 16;
-
 /// Everything `serve` and the other commands need, checked. Not `Debug`: the database URL
 /// may hold a password.
 pub struct Settings {
@@ -256,7 +253,7 @@ impl Settings {
     /// Deliveries the relay keeps in flight over all destinations: the library's 16, or
     /// more when one destination may take more.
     pub fn relay_concurrency(&self) -> usize {
-        RELAY_CONCURRENCY.max(self.relay_per_destination_total)
+        (justonce_sql::RelayOptions::DEFAULT_CONCURRENCY).max(self.relay_per_destination_total)
     }
 
     /// The retention the shared store is opened with: every source and consumer keeps its

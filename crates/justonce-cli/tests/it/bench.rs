@@ -546,7 +546,7 @@ async fn share_runs_one_workers_share_of_the_stream() {
         "--rounds",
         "1",
     ];
-    for (index, share) in ["1/2", "2/2"].into_iter().enumerate() {
+    for share in ["1/2", "2/2"] {
         let results = bench_json(&db.url, &[&args[..], &["--share", share]].concat()).await;
         let throughput: Vec<_> = results
             .iter()
@@ -558,25 +558,9 @@ async fn share_runs_one_workers_share_of_the_stream() {
         assert_eq!(result["share"], share);
         assert_eq!(
             result["effects"],
-            distinct_in_share(501, 20, index, 2),
+            justonce_bench::distinct_in_share(501, 20, share).unwrap(),
             "{result}"
         );
     }
     db.cleanup().await;
-}
-
-/// Distinct keys among messages `index`, `index + count`, … of the bench's stream.
-fn distinct_in_share(messages: usize, duplicates: usize, index: usize, count: usize) -> usize {
-    let (mut keys, mut distinct) = (Vec::new(), 0);
-    for n in 0..messages {
-        if n > 0 && (n * 7_919) % 100 < duplicates {
-            keys.push(keys[(n * 104_729) % n]);
-        } else {
-            keys.push(distinct);
-            distinct += 1;
-        }
-    }
-    let share: std::collections::HashSet<usize> =
-        keys.into_iter().skip(index).step_by(count).collect();
-    share.len()
 }

@@ -483,10 +483,12 @@ async fn a_committed_row_wakes_the_relay_on_postgres() {
     db.cleanup().await;
 }
 
-/// A relay that polls only every ten minutes, so that only a wake-up brings it rows in
-/// time; returned once its first round has delivered a row committed before it started.
-/// It listens, and watches this process's commits, before that round: every row committed
-/// after this returns reaches it by a wake-up, not by luck in its first round.
+/// A relay that polls only every ten minutes, so that a row reaches it in time only by a
+/// wake-up or in a round that is already under way; returned once its first round has
+/// delivered a row committed before it started. It listens, and watches this process's
+/// commits, before that round. A row committed while the relay still goes on from its
+/// first delivery (it takes rows again after each delivery) may be taken without a wake:
+/// these tests show that no row waits for the poll, not which of the two took it.
 async fn waiting_relay<DB: TestBackend>(inbox: &Inbox<DB>, sink: &Recorder) -> RunningRelay {
     enqueue(inbox, "shop:before", "first round").await;
     let relay = inbox

@@ -15,16 +15,13 @@ use crate::admin_api::AdminToken;
 use anyhow::{Context, Result, anyhow, bail};
 use justonce_cli_support::database::DatabaseKind;
 use justonce_cli_support::parse_duration;
+use justonce_sql::RelayOptions;
 use std::net::SocketAddr;
 use std::time::Duration;
 use units::{duration_text, parse_size};
 
 /// The shortest `server.relay_lease`.
 const MIN_RELAY_LEASE: Duration = Duration::from_secs(2);
-/// The relay's deliveries in flight to one destination for one tenant, and for all its
-/// tenants, unless set: `RelayOptions`' own defaults.
-const RELAY_PER_DESTINATION: usize = 8;
-const RELAY_PER_DESTINATION_TOTAL: usize = 16;
 
 /// The server's settings, then each source and consumer.
 pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settings> {
@@ -154,19 +151,30 @@ pub fn validate(raw: RawConfig, env: &Env, origin: &Origin<'_>) -> Result<Settin
         )? as usize,
     };
     let pool_size = count(server.pool_size, 10, (1, 10_000), "pool_size")? as u32;
-    let relay_per_destination = count(
-        server.relay_per_destination,
-        RELAY_PER_DESTINATION,
-        (1, 10_000),
-        "relay_per_destination",
-    )? as usize;
-    // Unless set, the total follows a larger cap per tenant instead of refusing it.
+    // Unless set, each cap follows the other instead of refusing it: the total rises to a
+    // larger cap per tenant, and the cap per tenant falls to a smaller total.
+    let relay_total_set = server.relay_per_destination_total.is_some();
     let relay_per_destination_total = count(
         server.relay_per_destination_total,
-        RELAY_PER_DESTINATION_TOTAL.max(relay_per_destination),
+        RelayOptions::DEFAULT_PER_DESTINATION_TOTAL,
         (1, 10_000),
         "relay_per_destination_total",
     )? as usize;
+    let relay_per_destination = count(
+        server.relay_per_destination,
+        if relay_total_set {
+            RelayOptions::DEFAULT_PER_DESTINATION.min(relay_per_destination_total)
+        } else {
+            RelayOptions::DEFAULT_PER_DESTINATION
+        },
+        (1, 10_000),
+        "relay_per_destination",
+    )? as usize;
+    let relay_per_destination_total = if relay_total_set {
+        relay_per_destination_total
+    } else {
+        relay_per_destination_total.max(relay_per_destination)
+    };
     if relay_per_destination_total < relay_per_destination {
         bail!(
             "{}: must be at least server.relay_per_destination ({relay_per_destination}): \
@@ -326,9 +334,9 @@ mod tests {
         }
     }
 
-    /// The relay's caps per destination come from the file or a variable, and reach the
-    /// relay's options; a cap of zero, or a total below the cap per tenant, is refused with
-    /// the setting named.
+    /// The relay's caps per destination come from the file or a variable, and the relay's
+    /// deliveries in flight follow a larger total; a cap left unset follows the other; a
+    /// cap of zero, or a total below the cap per tenant, is refused with the setting named.
     #[test]
     fn the_relay_caps_per_destination_are_read_and_checked() {
         let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
@@ -350,6 +358,25 @@ mod tests {
         let lane = SHOP.replace("body_limit", "relay_per_destination = 20\nbody_limit");
         let settings = load_text(&lane, &env).unwrap();
         assert_eq!(settings.relay_per_destination_total, 20);
+        // A smaller total lowers the cap per tenant it was not given, instead of failing.
+        let one = SHOP.replace("body_limit", "relay_per_destination_total = 1\nbody_limit");
+        let settings = load_text(&one, &env).unwrap();
+        assert_eq!(
+            (
+                settings.relay_per_destination,
+                settings.relay_per_destination_total
+            ),
+            (1, 1)
+        );
+        let twelve = SHOP.replace("body_limit", "relay_per_destination_total = 12\nbody_limit");
+        let settings = load_text(&twelve, &env).unwrap();
+        assert_eq!(
+            (
+                settings.relay_per_destination,
+                settings.relay_per_destination_total
+            ),
+            (8, 12)
+        );
         let by_variable = env_of(&[
             ("SHOP_SECRET", "whsec_c2VjcmV0"),
             ("JUSTONCE_SERVER_RELAY_PER_DESTINATION", "1"),
@@ -361,6 +388,7 @@ mod tests {
 
         let below = env_of(&[
             ("SHOP_SECRET", "whsec_c2VjcmV0"),
+            ("JUSTONCE_SERVER_RELAY_PER_DESTINATION", "8"),
             ("JUSTONCE_SERVER_RELAY_PER_DESTINATION_TOTAL", "4"),
         ]);
         assert_named(
