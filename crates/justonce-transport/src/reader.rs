@@ -238,7 +238,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         attempt > 1 || !(proven.partitions).contains(&(at.stream.to_owned(), at.partition))
     }
 
-    /// Notes a commit of this reader in the partition of `at`.
+    /// Notes a commit of this reader that stored the offset of `at` in its partition.
     fn prove(&self, at: Position<'_>) {
         let mut proven = crate::lock(&self.proven);
         proven
@@ -511,7 +511,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             Ok(spent) => {
                 let ran =
                     (self.run_at(position, &incoming, spent.as_ref(), &EachMessage(work))).await;
-                if matches!(ran, Ran::Outcome(_)) {
+                // Only a processed entry's transaction stored its offset: after a duplicate,
+                // a restarted reader reads from before it again.
+                if matches!(ran, Ran::Outcome(Outcome::Processed(()))) {
                     self.prove(position);
                 }
                 ran
@@ -685,7 +687,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             match &ran {
                 Ran::Outcome(outcome) => {
                     unstored.after(outcome, position);
-                    self.prove(position);
+                    if matches!(outcome, Outcome::Processed(())) {
+                        self.prove(position);
+                    }
                 }
                 Ran::Store(error) => {
                     tracing::warn!(key = key(), delivery = id(), %error, "database failed: the entry runs again after the pause");
