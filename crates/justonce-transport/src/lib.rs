@@ -255,7 +255,9 @@ pub struct Incoming {
     pub body: Vec<u8>,
     /// Which attempt this is, from 1.
     pub attempt: u32,
-    /// Whether the broker delivered it before (to this or another consumer) without an ack.
+    /// Whether it may be a re-run ([`Received::redelivered`]): the broker delivered it
+    /// before without an ack, or it is a later attempt published again (RabbitMQ, MQTT).
+    /// A reader sets it on each retry in place.
     pub redelivered: bool,
     /// The content type: AMQP's `content_type` property, a `Content-Type` header on NATS.
     pub content_type: Option<String>,
