@@ -30,7 +30,6 @@ impl BenchTables {
             "breakers",
             "replays",
             "duplicates",
-            "runs",
             "keys",
             "migrations",
         ]

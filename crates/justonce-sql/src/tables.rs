@@ -10,7 +10,6 @@ pub struct Tables {
     pub(crate) breakers: String,
     pub(crate) replays: String,
     pub(crate) duplicates: String,
-    pub(crate) runs: String,
     pub(crate) migrations: String,
 }
 
@@ -42,7 +41,6 @@ impl Tables {
             breakers: format!("{prefix}breakers"),
             replays: format!("{prefix}replays"),
             duplicates: format!("{prefix}duplicates"),
-            runs: format!("{prefix}runs"),
             migrations: format!("{prefix}migrations"),
         })
     }

@@ -730,7 +730,6 @@ impl<DB: TestBackend> TestDb<DB> {
             "breakers",
             "replays",
             "duplicates",
-            "runs",
             "keys",
             "migrations",
         ] {

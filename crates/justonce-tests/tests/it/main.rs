@@ -36,7 +36,6 @@ mod recent;
 mod redis_streams;
 mod relay_crash;
 mod run;
-mod runs;
 mod schema;
 mod shared_commits;
 mod spans;
