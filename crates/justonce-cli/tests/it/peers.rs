@@ -16,35 +16,24 @@ const REQUESTS: i64 = 100;
 async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
     let scratch = format!("justonce_peers_test_{}", justonce_tests::unique());
     let server = justonce_tests::postgres_url();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/peers");
-    let run = tokio::process::Command::new(script)
-        .args([
-            "--database",
-            &server,
-            "--bin",
-            env!("CARGO_BIN_EXE_justonce"),
-        ])
-        .args(["--rounds", &ROUNDS.to_string()])
-        .args(["--messages", &MESSAGES.to_string()])
-        .args(["--requests", &REQUESTS.to_string(), "--clients", "4"])
-        .args([
-            "--rate",
-            "200",
-            "--probe",
-            "20",
-            "--scratch",
-            &scratch,
-            "--keep",
-            "--processes",
-            "2",
-        ])
-        .kill_on_drop(true)
-        .output();
-    // A hung install or peer fails the test; the script is killed with the future.
-    let output = tokio::time::timeout(std::time::Duration::from_secs(600), run)
-        .await
-        .expect("scripts/peers ends within 10 minutes")
-        .expect("run scripts/peers");
+    let output = peers(&server, |command| {
+        command
+            .args(["--rounds", &ROUNDS.to_string()])
+            .args(["--messages", &MESSAGES.to_string()])
+            .args(["--requests", &REQUESTS.to_string(), "--clients", "4"])
+            .args([
+                "--rate",
+                "200",
+                "--probe",
+                "20",
+                "--scratch",
+                &scratch,
+                "--keep",
+                "--processes",
+                "2",
+            ]);
+    })
+    .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
 
@@ -115,20 +104,14 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relays_run_in_one_and_two_processes_and_deliver_every_event() {
     let scratch = format!("justonce_peers_test_{}", justonce_tests::unique());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/peers");
-    let run = tokio::process::Command::new(script)
-        .args(["--database", &justonce_tests::postgres_url()])
-        .args(["--bin", env!("CARGO_BIN_EXE_justonce")])
-        .args(["--rounds", &ROUNDS.to_string(), "--probe", "20"])
-        .args(["--relays-only", "--relays", "1,2"])
-        .args(["--deliveries", "200", "--targets", "2", "--clients", "4"])
-        .args(["--scratch", &scratch])
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(std::time::Duration::from_secs(600), run)
-        .await
-        .expect("scripts/peers ends within 10 minutes")
-        .expect("run scripts/peers");
+    let output = peers(&justonce_tests::postgres_url(), |command| {
+        command
+            .args(["--rounds", &ROUNDS.to_string(), "--probe", "20"])
+            .args(["--relays-only", "--relays", "1,2"])
+            .args(["--deliveries", "200", "--targets", "2", "--clients", "4"])
+            .args(["--scratch", &scratch]);
+    })
+    .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -228,4 +211,28 @@ fn distinct_keys(messages: usize, duplicates: usize) -> i64 {
     (0..messages)
         .filter(|n| *n == 0 || (n * 7_919) % 100 >= duplicates)
         .count() as i64
+}
+
+/// Runs `scripts/peers` on the database `server` with this build's binary and the
+/// arguments `args` adds. A hung install or peer fails the test; the script is killed
+/// with the future.
+async fn peers(
+    server: &str,
+    args: impl FnOnce(&mut tokio::process::Command),
+) -> std::process::Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/peers");
+    let mut command = tokio::process::Command::new(script);
+    command
+        .args([
+            "--database",
+            server,
+            "--bin",
+            env!("CARGO_BIN_EXE_justonce"),
+        ])
+        .kill_on_drop(true);
+    args(&mut command);
+    tokio::time::timeout(std::time::Duration::from_secs(600), command.output())
+        .await
+        .expect("scripts/peers ends within 10 minutes")
+        .expect("run scripts/peers")
 }
