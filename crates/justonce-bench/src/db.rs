@@ -30,6 +30,7 @@ impl BenchTables {
             "breakers",
             "replays",
             "duplicates",
+            "runs",
             "keys",
             "migrations",
         ]

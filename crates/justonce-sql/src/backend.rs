@@ -233,6 +233,14 @@ pub trait Queries<DB: sqlx::Database> {
         conn: &'a mut DB::Connection,
         at: OffsetRow<'a>,
     ) -> impl Future<Output = Result<bool, Error>> + Send + 'a;
+
+    /// Adds a run started to the key's count in one statement committed on its own, and
+    /// returns the runs started, this one included.
+    fn record_run<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        identity: &'a Identity,
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'a;
 }
 
 /// The statements every database binds and decodes alike: one implementation for all.

@@ -104,6 +104,7 @@ pub struct Common {
     pub(crate) add_duplicates: Arc<str>,
     /// The statement of each [`Change`], bound as [`Common::change`] says.
     pub(crate) purge_keys: Arc<str>,
+    pub(crate) purge_runs: Arc<str>,
     pub(crate) mark_sent: Arc<str>,
     pub(crate) mark_retry: Arc<str>,
     pub(crate) mark_dead: Arc<str>,
@@ -144,6 +145,14 @@ impl Common {
                 older_than_ms,
                 limit,
             } => statement(&self.purge_keys)
+                .bind(consumer)
+                .bind(older_than_ms)
+                .bind(limit),
+            Change::PurgeRuns {
+                consumer,
+                older_than_ms,
+                limit,
+            } => statement(&self.purge_runs)
                 .bind(consumer)
                 .bind(older_than_ms)
                 .bind(limit),

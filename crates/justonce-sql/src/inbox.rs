@@ -1249,10 +1249,26 @@ impl<DB: Backend> Inbox<DB> {
             .await
     }
 
+    /// Records that a run of `key` starts, in one statement committed on its own, and
+    /// returns how many runs of it this consumer has started in this scope, this one
+    /// included. A broker consumer calls it before it runs a delivery that may be a re-run:
+    /// a message whose work ends its process is then stopped after its attempts, whatever
+    /// the broker counts. The count is kept until [`Inbox::purge`] removes it.
+    pub async fn record_run(&self, key: &Key) -> Result<u64, Error> {
+        let identity = self.identity(key);
+        let _writer = self.shared.queue_writer().await;
+        self.shared
+            .sql
+            .record_run(&self.shared.pool, &identity)
+            .await
+    }
+
     /// Deletes this consumer's keys, in every scope, processed more than `older_than` ago
     /// (by the database's clock), `batch_size` rows per statement so that no statement holds many
-    /// locks, and returns how many were deleted. A purged key can be claimed again, so
-    /// `older_than` shorter than the retention's retry horizon is refused.
+    /// locks, and returns how many were deleted, with the counts of runs
+    /// ([`Inbox::record_run`]) whose last run started as long ago. A purged key can be
+    /// claimed again, so `older_than` shorter than the retention's retry horizon is
+    /// refused.
     pub async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
         in_batches(batch_size, |limit| {
             self.purge_batch(older_than, u32::try_from(limit).unwrap_or(u32::MAX))
@@ -1260,9 +1276,10 @@ impl<DB: Backend> Inbox<DB> {
         .await
     }
 
-    /// One statement of [`Inbox::purge`]: deletes at most `batch_size` of the keys it would
-    /// delete, and returns how many it did. Fewer than `batch_size` means none are left; a
-    /// caller that loops can report its progress between batches.
+    /// One batch of [`Inbox::purge`]: deletes at most `batch_size` of the keys it would
+    /// delete and at most `batch_size` of the counts of runs, one statement each, and
+    /// returns how many rows it deleted in all. Fewer than `batch_size` means none are left; a caller
+    /// that loops can report its progress between batches.
     pub async fn purge_batch(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
         let horizon = self.shared.retention.retry_horizon();
         if older_than < horizon {
@@ -1271,17 +1288,27 @@ impl<DB: Backend> Inbox<DB> {
                 retry_horizon: horizon,
             });
         }
-        let change = Change::PurgeKeys {
-            consumer: self.consumer.as_str(),
-            older_than_ms: millis(older_than),
-            limit: i64::from(batch_size.max(1)),
+        let (consumer, older_than_ms) = (self.consumer.as_str(), millis(older_than));
+        let limit = i64::from(batch_size.max(1));
+        let keys = Change::PurgeKeys {
+            consumer,
+            older_than_ms,
+            limit,
+        };
+        let runs = Change::PurgeRuns {
+            consumer,
+            older_than_ms,
+            limit,
         };
         let purged = {
             let _writer = self.shared.queue_writer().await;
-            self.shared.sql.change(&self.shared.pool, change).await
+            let keys = self.shared.sql.change(&self.shared.pool, keys).await;
+            self.shared.recent.clear();
+            let runs = self.shared.sql.change(&self.shared.pool, runs).await?;
+            // Below `batch_size` only when neither has more left.
+            keys? + runs
         };
-        self.shared.recent.clear();
-        purged
+        Ok(purged)
     }
 
     /// Purges the keys older than the configured retention; see [`Inbox::purge`].

@@ -33,6 +33,8 @@ pub struct Statements {
     pub(crate) dead_letters: Arc<str>,
     pub(crate) commit_offset: Arc<str>,
     pub(crate) lease_claim: Arc<str>,
+    /// scope, consumer, key: returns the runs started, this one included.
+    pub(crate) record_run: Arc<str>,
 }
 
 impl AsRef<Common> for Statements {
@@ -101,6 +103,7 @@ impl Statements {
             breakers,
             replays,
             duplicates,
+            runs,
             ..
         } = tables;
         let now = clock.now;
@@ -324,6 +327,15 @@ impl Statements {
                 (clock.earlier_by)("$2")
             )),
             purge_keys: text(specific.purge_keys),
+            // Few rows: only deliveries that may be re-runs are counted.
+            purge_runs: text(format!(
+                "DELETE FROM {runs} WHERE (scope, consumer, key) IN (
+                    SELECT scope, consumer, key FROM {runs}
+                    WHERE consumer = $1 AND last_run_at < {}
+                    LIMIT $3
+                 )",
+                (clock.earlier_by)("$2")
+            )),
             // Recorded only by the relay that took the row under this lease token, which a
             // replay takes away: a late relay's sent must not wipe an operator's replay.
             // It outranks a dead-lettering after the row's window ended while it was sent.
@@ -491,6 +503,15 @@ impl Statements {
                  RETURNING token",
                 later = (clock.later_by)("$5")
             )),
+            // One statement, committed on its own: the count holds even if the run that
+            // follows ends the process.
+            record_run: text(format!(
+                "INSERT INTO {runs} (scope, consumer, key, runs, last_run_at)
+                 VALUES ($1, $2, $3, 1, {now})
+                 ON CONFLICT (scope, consumer, key) DO UPDATE
+                 SET runs = {runs}.runs + 1, last_run_at = excluded.last_run_at
+                 RETURNING runs"
+            )),
         }
     }
 }
@@ -611,6 +632,21 @@ where
             .await
             .map_err(driver_error::<DB>)?;
         Ok(DB::rows_affected(&done) > 0)
+    }
+
+    async fn record_run<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<DB>,
+        identity: &'a Identity,
+    ) -> Result<u64, Error> {
+        let (runs,): (i64,) = bind_identity_as(
+            sqlx::query_as(AssertSqlSafe(self.record_run.clone())),
+            identity,
+        )
+        .fetch_one(pool)
+        .await
+        .map_err(driver_error::<DB>)?;
+        Ok(runs.unsigned_abs())
     }
 }
 

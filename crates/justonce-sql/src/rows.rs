@@ -325,6 +325,13 @@ pub enum Change<'a> {
         older_than_ms: i64,
         limit: i64,
     },
+    /// Deletes at most `limit` counts of runs of `consumer` whose last run started more
+    /// than `older_than_ms` ago.
+    PurgeRuns {
+        consumer: &'a str,
+        older_than_ms: i64,
+        limit: i64,
+    },
     MarkSent {
         id: i64,
         token: i64,

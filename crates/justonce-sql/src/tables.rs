@@ -10,6 +10,7 @@ pub struct Tables {
     pub(crate) breakers: String,
     pub(crate) replays: String,
     pub(crate) duplicates: String,
+    pub(crate) runs: String,
     pub(crate) migrations: String,
 }
 
@@ -41,6 +42,7 @@ impl Tables {
             breakers: format!("{prefix}breakers"),
             replays: format!("{prefix}replays"),
             duplicates: format!("{prefix}duplicates"),
+            runs: format!("{prefix}runs"),
             migrations: format!("{prefix}migrations"),
         })
     }

@@ -730,6 +730,7 @@ impl<DB: TestBackend> TestDb<DB> {
             "breakers",
             "replays",
             "duplicates",
+            "runs",
             "keys",
             "migrations",
         ] {

@@ -72,9 +72,7 @@ pub enum QueueType {
     /// counts each delivery lost with its consumer (`x-delivery-count`), and the consumer
     /// counts those as attempts. What the consumer gives back (while its database is down,
     /// or as it stops) is published again at the same attempt, so it is not counted. What
-    /// passes the broker's own delivery limit goes to the dead-letter queue. With a prefetch
-    /// of 1, each delivery lost is a run lost: one lost more often than `max_attempts`
-    /// allows (its work ended its process each time) is dead-lettered before it runs.
+    /// passes the broker's own delivery limit goes to the dead-letter queue.
     Quorum,
 }
 
@@ -276,8 +274,10 @@ impl Received for lapin::message::Delivery {
         failed_runs.saturating_add(counted(DELIVERY_COUNT_HEADER).unwrap_or(0))
     }
 
+    /// The broker's `redelivered` flag, or an attempt the consumer published again after
+    /// a failed run.
     fn redelivered(&self) -> bool {
-        self.redelivered
+        self.redelivered || self.attempt() > 1
     }
 }
 
@@ -313,14 +313,6 @@ impl Broker for Amqp {
             consumer,
             tag,
         })
-    }
-
-    /// A quorum queue counts each delivery lost with its consumer, and the consumer counts
-    /// its failed runs; what it gives back is published again at the same attempt. Every
-    /// delivery prefetched and lost is counted too: only with a prefetch of 1 is each one
-    /// lost a run lost. A classic queue counts nothing lost.
-    fn attempts_count_lost_runs(&self) -> bool {
-        self.options.queue_type == QueueType::Quorum && self.options.prefetch == 1
     }
 
     /// A new connection and channel, prepared as at connect. The one lost is dropped.

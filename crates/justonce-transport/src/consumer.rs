@@ -93,6 +93,9 @@ pub(crate) enum Failed<E> {
     /// The work panicked, with this message.
     #[error("the work panicked: {0}")]
     Panicked(String),
+    /// The work was not run: the runs started reached the attempts allowed.
+    #[error("{0}")]
+    Spent(Spent),
 }
 
 impl<E> Failed<E> {
@@ -101,8 +104,48 @@ impl<E> Failed<E> {
         match self {
             Failed::Work(error) => Ran::Work(error),
             Failed::Panicked(message) => Ran::Panicked(message),
+            Failed::Spent(Spent { attempt, reason }) => Ran::Spent { attempt, reason },
         }
     }
+}
+
+/// A delivery not run because the runs of its key already started reached the attempts
+/// allowed: the attempt it would have been, and the reason its dead letter carries.
+#[derive(Debug, Clone)]
+pub(crate) struct Spent {
+    attempt: u32,
+    reason: String,
+}
+
+impl std::fmt::Display for Spent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// Records in `inbox` that a run of `incoming` starts, for a delivery that may be a re-run,
+/// and says whether it is spent: the runs of its key already started reached
+/// `max_attempts`. The first delivery, which is not counted, is taken to have run: the
+/// count is the runs started before this one. A database failure is returned before
+/// anything is counted, so that a delivery given back while the database is down costs
+/// no attempt.
+pub(crate) async fn count_run<DB: Backend>(
+    inbox: &Inbox<DB>,
+    incoming: &Incoming,
+    max_attempts: u32,
+) -> Result<Option<Spent>, justonce_core::Error> {
+    let started = inbox.record_run(&incoming.key).await?;
+    if started < u64::from(max_attempts) {
+        return Ok(None);
+    }
+    let attempt = u32::try_from(started.saturating_add(1)).unwrap_or(u32::MAX);
+    Ok(Some(Spent {
+        attempt,
+        reason: format!(
+            "attempt {attempt}, past the {max_attempts} allowed: not run, since each run \
+             before it failed or was lost with a consumer that died under it"
+        ),
+    }))
 }
 
 /// The message a panic was given, when it is text.
@@ -236,7 +279,10 @@ pub trait Received: Send + Sync {
     fn content_type(&self) -> Option<String>;
     /// Which attempt this is, from 1.
     fn attempt(&self) -> u32;
-    /// Whether the broker delivered it before.
+    /// Whether the broker delivered it before, or this is a later attempt: a delivery that
+    /// may be a re-run. Its run is counted in the database before it starts, and one whose
+    /// runs started reached the policy's `max_attempts` is dead-lettered unrun. A first
+    /// delivery costs no write.
     fn redelivered(&self) -> bool {
         self.attempt() > 1
     }
@@ -458,16 +504,6 @@ pub trait Broker: Send + Sync {
     /// deliveries of the lost one are not settled: the broker delivers them again. A
     /// client that connects again by itself waits for it.
     fn reconnect(&self) -> impl Future<Output = Result<(), Error>> + Send;
-
-    /// Whether [`Received::attempt`] counts each run that ended, failed or lost with a
-    /// consumer that died under it, and nothing else: no delivery given back
-    /// ([`Settle::GiveBack`]), none taken ahead and lost before it ran. Where it does, a
-    /// delivery past the policy's `max_attempts` is dead-lettered before it runs, so that a
-    /// message whose work kills its process does not kill every consumer in turn. False
-    /// by default: a broker that keeps no such count.
-    fn attempts_count_lost_runs(&self) -> bool {
-        false
-    }
 
     /// Settles one delivery.
     fn settle(
@@ -804,31 +840,30 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        if let Some(reason) = self.spent(delivery) {
-            return Ran::Spent(reason);
-        }
         let incoming = match self.read(delivery) {
             Ok(incoming) => incoming,
             Err(unusable) => return unusable.ran(),
         };
         let alone: &[&Incoming] = &[&incoming];
         let inbox = crate::inbox_in(&self.inbox, &incoming.scope);
+        let spent = if delivery.redelivered() {
+            let max_attempts = self.broker.policy().max_attempts;
+            match count_run(&inbox, &incoming, max_attempts).await {
+                Ok(spent) => spent,
+                Err(error) => return Ran::Store(error),
+            }
+        } else {
+            None
+        };
+        // A spent delivery still claims its key: one whose work committed before its
+        // consumer died is acknowledged as a duplicate, not dead-lettered.
         let run = inbox
-            .run(&incoming.key, &incoming.body, |tx| work.run(tx, alone))
+            .run(&incoming.key, &incoming.body, |tx| match &spent {
+                Some(spent) => Box::pin(std::future::ready(Err(Failed::Spent(spent.clone())))),
+                None => work.run(tx, alone),
+            })
             .instrument(crate::consume_span(&incoming));
         Ran::of(self.broker.working(&[delivery], run).await)
-    }
-
-    /// Why `delivery` is dead-lettered before it runs, if it is: the broker counts more
-    /// runs of it ended than the attempts allow (see [`Broker::attempts_count_lost_runs`]).
-    fn spent(&self, delivery: &B::Delivery) -> Option<String> {
-        let (attempt, max_attempts) = (delivery.attempt(), self.broker.policy().max_attempts);
-        (attempt > max_attempts && self.broker.attempts_count_lost_runs()).then(|| {
-            format!(
-                "attempt {attempt}, past the {max_attempts} allowed: not run, since each run \
-                 before it failed or was lost with a consumer that died under it"
-            )
-        })
     }
 
     /// Claims the keys of `batch` with one statement, runs the work of each first claim in
@@ -917,8 +952,9 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        // A delivery spent is dead-lettered alone, before it runs.
-        if batch.len() > 1 && !batch.iter().any(|delivery| self.spent(delivery).is_some()) {
+        // A delivery that may be a re-run runs alone, with its own count of runs: one that
+        // ends the process is then given up alone, not with the batch around it.
+        if batch.len() > 1 && !batch.iter().any(Received::redelivered) {
             let read: Vec<Result<Incoming, Unusable>> =
                 batch.iter().map(|delivery| self.read(delivery)).collect();
             let keyed: Vec<&Incoming> = read.iter().filter_map(|read| read.as_ref().ok()).collect();
@@ -1192,7 +1228,7 @@ pub(crate) fn judge<E: std::fmt::Display>(
             stats.dead_lettered += 1;
             Settle::DeadLetter { attempt, reason }
         }
-        Ran::Spent(reason) => {
+        Ran::Spent { attempt, reason } => {
             tracing::warn!(key = key(), delivery = id(), %reason, "a delivery whose runs were lost with their consumer: dead-lettered");
             stats.dead_lettered += 1;
             Settle::DeadLetter { attempt, reason }

@@ -58,7 +58,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, TopicPartitionList};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -292,6 +292,8 @@ struct Changes {
     /// loop fills it when it assigns; the callback empties it when it gives the partitions
     /// up.
     positioned: Mutex<HashMap<i32, i64>>,
+    /// How many assignments the loop applied.
+    assigned: AtomicU64,
 }
 
 /// The consumer's context: forwards each rebalance to the reader's loop, and reports the
@@ -642,6 +644,7 @@ impl Records<'_> {
         }
         kafka.consumer.assign(&list).map_err(broker)?;
         *crate::lock(&kafka.changes.positioned) = positioned;
+        kafka.changes.assigned.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(
             ?partitions,
             "assigned partitions after their stored offsets"
@@ -693,6 +696,12 @@ impl OrderedBroker for Kafka {
     /// to this member is read again from its stored offset.
     fn holds(&self, record: &OwnedMessage) -> bool {
         crate::lock(&self.changes.positioned).contains_key(&record.partition())
+    }
+
+    /// Each assignment the group makes: the record a partition starts at may be the one its
+    /// previous member died on.
+    fn assignments(&self) -> u64 {
+        self.changes.assigned.load(Ordering::Relaxed)
     }
 
     fn position<'e>(&'e self, record: &'e OwnedMessage) -> Result<Position<'e>, String> {

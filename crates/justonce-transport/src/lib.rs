@@ -163,6 +163,7 @@ with_any_broker! {
     feature = "amqp",
     feature = "kafka",
     feature = "mqtt",
+    feature = "nats",
     feature = "redis"
 ))]
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -348,10 +349,16 @@ pub enum Ran<E> {
     /// The work panicked, with this message: a failed attempt, retried and dead-lettered
     /// as [`Ran::Work`] is.
     Panicked(String),
-    /// Not run: the broker counts more runs of it ended, failed or lost with a consumer
-    /// that died under it, than the attempts allow (see
-    /// [`Broker::attempts_count_lost_runs`]). Dead-lettered with this reason.
-    Spent(String),
+    /// Not run: the runs of its key already started, counted in the database for each
+    /// delivery that may be a re-run ([`Received::redelivered`]), reached the attempts
+    /// allowed. Its work ended, failed, or was lost with a consumer that died under it
+    /// each time. Dead-lettered on `attempt` with `reason`.
+    Spent {
+        /// The attempt it would have been.
+        attempt: u32,
+        /// Why, for the dead letter's reason header.
+        reason: String,
+    },
     /// The database failed; nothing was committed unless it says the commit is unknown.
     Store(justonce_core::Error),
 }

@@ -11,13 +11,13 @@
 //! same key twice at two positions.
 
 use crate::consumer::{
-    BatchWork, EachMessage, Failed, Receive, Received, RunWork, Settle, Unusable, WholeBatch, Work,
-    gathering, judge, scope_runs,
+    BatchWork, EachMessage, Failed, Receive, Received, RunWork, Settle, Spent, Unusable,
+    WholeBatch, Work, count_run, gathering, judge, scope_runs,
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
 use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError, sqlx};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -120,6 +120,13 @@ pub trait OrderedBroker: Send + Sync {
         true
     }
 
+    /// How many times partitions were assigned to this reader (Kafka's rebalances): a
+    /// partition assigned anew starts at an entry its previous reader may have died on.
+    /// Always 0 where nothing is assigned.
+    fn assignments(&self) -> u64 {
+        0
+    }
+
     /// Where `entry` sits, or why it has no position.
     fn position<'e>(&'e self, entry: &'e Self::Entry) -> Result<Position<'e>, String>;
 
@@ -149,11 +156,26 @@ pub trait OrderedBroker: Send + Sync {
 ///
 /// When the connection to the broker is lost, the reader connects again by itself, as a
 /// [`Consumer`](crate::Consumer) does, and reads again after the stored offsets.
+///
+/// An entry read after its partition was assigned (or after the reader started), before
+/// the reader's first commit there, may be the one its previous reader died on: its run is
+/// counted in the database before it starts, and once the runs started reach the policy's
+/// `max_attempts` it is dead-lettered unrun. So is each retry in place.
 #[derive(Debug)]
 pub struct Reader<O: OrderedBroker, DB: Backend> {
     broker: O,
     inbox: Inbox<DB>,
     connection: Connection,
+    proven: std::sync::Mutex<Proven>,
+}
+
+/// The partitions where this reader committed since they were assigned: an entry read
+/// there is not one a previous reader died on.
+#[derive(Debug, Default)]
+struct Proven {
+    /// The broker's [`OrderedBroker::assignments`] when the partitions were noted.
+    assignments: u64,
+    partitions: BTreeSet<(String, i32)>,
 }
 
 /// The entries of a [`Reader`], one at a time, in order, for callers that run them
@@ -198,7 +220,44 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             broker,
             inbox,
             connection,
+            proven: std::sync::Mutex::default(),
         }
+    }
+
+    /// Whether the entry at `at`, on `attempt`, may be a re-run: a retry, or read before
+    /// this reader's first commit in its partition since it was assigned.
+    fn may_rerun(&self, at: Position<'_>, attempt: u32) -> bool {
+        let mut proven = crate::lock(&self.proven);
+        let assignments = self.broker.assignments();
+        if proven.assignments != assignments {
+            *proven = Proven {
+                assignments,
+                partitions: BTreeSet::new(),
+            };
+        }
+        attempt > 1 || !(proven.partitions).contains(&(at.stream.to_owned(), at.partition))
+    }
+
+    /// Notes a commit of this reader in the partition of `at`.
+    fn prove(&self, at: Position<'_>) {
+        let mut proven = crate::lock(&self.proven);
+        proven
+            .partitions
+            .insert((at.stream.to_owned(), at.partition));
+    }
+
+    /// Counts the run of `incoming` at `at` if it may be a re-run, and says whether it is
+    /// spent (see [`count_run`]).
+    async fn count(
+        &self,
+        at: Position<'_>,
+        incoming: &Incoming,
+    ) -> Result<Option<Spent>, justonce_sql::Error> {
+        if !self.may_rerun(at, incoming.attempt) {
+            return Ok(None);
+        }
+        let inbox = crate::inbox_in(&self.inbox, &incoming.scope);
+        count_run(&inbox, incoming, self.broker.policy().max_attempts).await
     }
 
     /// The state of the connection to the broker while [`Reader::run`] runs: each change
@@ -428,6 +487,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
 
     /// The entries after the stored offsets, for callers that run them themselves.
     pub async fn deliveries(&self) -> Result<ReaderDeliveries<'_, O>, Error> {
+        // A new read starts at the stored offsets, where a run may have ended the last one.
+        crate::lock(&self.proven).partitions.clear();
         let stored = StoredOffsets {
             inbox: Arc::new(self.inbox.clone()),
         };
@@ -442,9 +503,20 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        match self.read(entry) {
-            Ok((position, incoming)) => self.run_at(position, &incoming, &EachMessage(work)).await,
-            Err(unusable) => unusable.ran(),
+        let (position, incoming) = match self.read(entry) {
+            Ok(read) => read,
+            Err(unusable) => return unusable.ran(),
+        };
+        match self.count(position, &incoming).await {
+            Ok(spent) => {
+                let ran =
+                    (self.run_at(position, &incoming, spent.as_ref(), &EachMessage(work))).await;
+                if matches!(ran, Ran::Outcome(_)) {
+                    self.prove(position);
+                }
+                ran
+            }
+            Err(error) => Ran::Store(error),
         }
     }
 
@@ -486,7 +558,10 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         // runs of one tenant's, in order.
         for run in scope_runs(self.broker.policy(), self.inbox.scope(), batch) {
             let entries = &batch[run.clone()];
-            if entries.len() > 1 && self.run_together(entries, work, stats, unstored).await {
+            // An entry that may be a re-run runs alone, with its own count of runs.
+            let together =
+                entries.len() > 1 && !entries.iter().any(|entry| self.may_rerun_entry(entry));
+            if together && self.run_together(entries, work, stats, unstored).await {
                 continue;
             }
             for (done, entry) in entries.iter().enumerate() {
@@ -556,8 +631,18 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 entry.log_id()
             });
         }
+        for (position, _) in &read {
+            self.prove(*position);
+        }
         unstored.stored(spans);
         true
+    }
+
+    /// Whether `entry`, read and not yet tried, may be a re-run (see [`Reader::may_rerun`]).
+    fn may_rerun_entry(&self, entry: &O::Entry) -> bool {
+        self.broker
+            .position(entry)
+            .is_ok_and(|at| self.may_rerun(at, 1))
     }
 
     /// Runs an entry's work with its retries, and gives up on it or counts it. A shutdown
@@ -593,9 +678,15 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let key = || incoming.key.as_str().to_owned();
         let max_attempts = self.broker.policy().max_attempts;
         loop {
-            let ran = self.run_at(position, &incoming, work).await;
+            let ran = match self.count(position, &incoming).await {
+                Ok(spent) => (self.run_at(position, &incoming, spent.as_ref(), work)).await,
+                Err(error) => Ran::Store(error),
+            };
             match &ran {
-                Ran::Outcome(outcome) => unstored.after(outcome, position),
+                Ran::Outcome(outcome) => {
+                    unstored.after(outcome, position);
+                    self.prove(position);
+                }
                 Ran::Store(error) => {
                     tracing::warn!(key = key(), delivery = id(), %error, "database failed: the entry runs again after the pause");
                     stats.returned += 1;
@@ -605,7 +696,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 | Ran::NoTenant(_)
                 | Ran::Work(_)
                 | Ran::Panicked(_)
-                | Ran::Spent(_) => {}
+                | Ran::Spent { .. } => {}
             }
             let attempt = incoming.attempt;
             match judge(ran, attempt, max_attempts, stats, key, id) {
@@ -664,10 +755,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// duplicates costs no writes: the offset moves with the next processed entry or when
     /// the reader is idle ([`Unstored`]), and a reader restarted before then reads those
     /// duplicates again, as duplicates.
+    ///
+    /// A `spent` entry claims its key and runs nothing: one processed before is a
+    /// duplicate, any other is dead-lettered.
     async fn run_at<E>(
         &self,
         at: Position<'_>,
         incoming: &Incoming,
+        spent: Option<&Spent>,
         work: &impl RunWork<DB, E>,
     ) -> Ran<E>
     where
@@ -679,6 +774,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let run = inbox
             .run(&incoming.key, &incoming.body, |tx| {
                 Box::pin(async move {
+                    if let Some(spent) = spent {
+                        return Err(InOrderError::Work(Failed::Spent(spent.clone())));
+                    }
                     work.run(tx, alone).await.map_err(InOrderError::Work)?;
                     match inbox
                         .commit_offset(tx, at.stream, at.partition, at.offset)

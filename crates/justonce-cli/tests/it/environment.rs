@@ -198,7 +198,7 @@ async fn database_url_is_used_and_the_setting_wins_over_it() {
         } = bare.run(&vars, &["migrate"]).await;
         assert_eq!(
             (code, stdout.as_str()),
-            (0, "8 migrations applied\n"),
+            (0, "9 migrations applied\n"),
             "{stderr}"
         );
         assert!(file(chosen).exists(), "{chosen} was not used");

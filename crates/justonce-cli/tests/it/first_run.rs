@@ -71,7 +71,7 @@ async fn read_only_commands_create_no_database_file() {
     let ran = folder.run(&[], &["migrate"]).await;
     assert_eq!(
         (ran.code, ran.stdout.as_str()),
-        (0, "8 migrations applied\n")
+        (0, "9 migrations applied\n")
     );
     let ran = folder.run(&[], &["check"]).await;
     assert_eq!(

@@ -1486,7 +1486,7 @@ pub(crate) async fn server_and_worker<DB: TestBackend>(
     let server = Server::configure(&url, "http://127.0.0.1:1/unused");
     assert_eq!(
         server.run(&["migrate"]).await,
-        (0, "8 migrations applied\n".to_owned())
+        (0, "9 migrations applied\n".to_owned())
     );
     let worker =
         justonce_sql::Inbox::<DB>::connect(&url, justonce_sql::Consumer::new("worker").unwrap())

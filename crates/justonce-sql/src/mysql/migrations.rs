@@ -204,4 +204,19 @@ CREATE TABLE {prefix}breakers (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 ",
     },
+    Migration {
+        version: 9,
+        description: "runs: how many runs of a key a consumer started, for deliveries that may be re-runs",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}runs (
+    scope VARBINARY(128) NOT NULL,
+    consumer VARBINARY(128) NOT NULL,
+    `key` VARBINARY(255) NOT NULL,
+    runs BIGINT NOT NULL,
+    last_run_at DATETIME(6) NOT NULL,
+    PRIMARY KEY (scope, consumer, `key`),
+    KEY runs_purge (consumer, last_run_at)
+) ENGINE=InnoDB;
+",
+    },
 ];

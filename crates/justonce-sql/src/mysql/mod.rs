@@ -399,4 +399,16 @@ impl Queries<MySql> for MySqlStatements {
             .map_err(driver_error::<MySql>)?;
         Ok(moved.rows_affected() > 0)
     }
+
+    async fn record_run<'a>(
+        &'a self,
+        pool: &'a sqlx::Pool<MySql>,
+        identity: &'a Identity,
+    ) -> Result<u64, Error> {
+        let done = bind_identity(statement(&self.record_run), identity)
+            .execute(pool)
+            .await
+            .map_err(driver_error::<MySql>)?;
+        Ok(done.last_insert_id().max(1))
+    }
 }

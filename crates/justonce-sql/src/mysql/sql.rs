@@ -63,6 +63,9 @@ pub struct MySqlStatements {
     pub(crate) ensure_lease: Arc<str>,
     pub(crate) lease_take_over: Arc<str>,
     pub(crate) lease_token: Arc<str>,
+    /// scope, consumer, key: the runs started before this one are the statement's
+    /// `LAST_INSERT_ID`, 0 for a first run.
+    pub(crate) record_run: Arc<str>,
 }
 
 impl AsRef<Common> for MySqlStatements {
@@ -81,6 +84,7 @@ impl MySqlStatements {
             replays,
             duplicates,
             migrations,
+            runs,
             ..
         } = tables;
         // What a stored event is, read from its outbox row.
@@ -170,6 +174,9 @@ impl MySqlStatements {
             )),
             purge_keys: arc(format!(
                 "DELETE FROM {keys} WHERE consumer = ? AND processed_at < {EARLIER} LIMIT ?"
+            )),
+            purge_runs: arc(format!(
+                "DELETE FROM {runs} WHERE consumer = ? AND last_run_at < {EARLIER} LIMIT ?"
             )),
             // Each outcome appends its attempt to the history in the same statement, first:
             // MariaDB's assignments see the ones before them. Each is recorded only under
@@ -446,6 +453,14 @@ impl MySqlStatements {
                    AND lease_until IS NOT NULL AND lease_until <= {NOW}"
             )),
             lease_token: arc(format!("SELECT token FROM {keys} WHERE {this_key}")),
+            // MySQL has no RETURNING: `LAST_INSERT_ID(expr)` hands the updated count back
+            // in the statement's answer, in one statement committed on its own. A row
+            // inserted leaves it 0.
+            record_run: arc(format!(
+                "INSERT INTO {runs} (scope, consumer, `key`, runs, last_run_at)
+                 VALUES (?, ?, ?, 1, {NOW})
+                 ON DUPLICATE KEY UPDATE runs = LAST_INSERT_ID(runs + 1), last_run_at = {NOW}"
+            )),
         }
     }
 }

@@ -173,4 +173,19 @@ CREATE TABLE {prefix}breakers (
 );
 ",
     },
+    Migration {
+        version: 9,
+        description: "runs: how many runs of a key a consumer started, for deliveries that may be re-runs",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}runs (
+    scope text COLLATE \"C\" NOT NULL,
+    consumer text COLLATE \"C\" NOT NULL,
+    key text COLLATE \"C\" NOT NULL,
+    runs bigint NOT NULL,
+    last_run_at timestamptz NOT NULL,
+    PRIMARY KEY (scope, consumer, key)
+);
+CREATE INDEX IF NOT EXISTS {prefix}runs_purge ON {prefix}runs (consumer, last_run_at);
+",
+    },
 ];

@@ -167,4 +167,19 @@ CREATE TABLE {prefix}breakers (
 );
 ",
     },
+    Migration {
+        version: 9,
+        description: "runs: how many runs of a key a consumer started, for deliveries that may be re-runs",
+        sql: "
+CREATE TABLE IF NOT EXISTS {prefix}runs (
+    scope TEXT NOT NULL,
+    consumer TEXT NOT NULL,
+    key TEXT NOT NULL,
+    runs INTEGER NOT NULL,
+    last_run_at INTEGER NOT NULL,
+    PRIMARY KEY (scope, consumer, key)
+);
+CREATE INDEX IF NOT EXISTS {prefix}runs_purge ON {prefix}runs (consumer, last_run_at);
+",
+    },
 ];

@@ -8,7 +8,7 @@
 //! subject and durable consumer of that name (the key is the `Order-Id` header), or the
 //! Redis stream of that name, read in group `test` (the key is the `key` field), or the
 //! MQTT topic of that name, on the persistent session of client `<queue>-c` (the key is the
-//! `key` user property), or the Kafka topic of that name, read in the group of that name (the
+//! `key` user property, dead letters go to `<queue>/dead`), or the Kafka topic of that name, read in the group of that name (the
 //! key is the `ce_id` header). `kind` is `consumer`, or `reader` for the single readers of NATS and
 //! Redis and for Kafka, which keep their offset in the database, or `member-<n>` for a consumer that shares
 //! the queue with others: on MQTT, client `<queue>-m<n>` in the shared subscription of group
@@ -23,9 +23,10 @@
 //! a time, and on SIGUSR1 it takes the next delivery, prints `paused <key>` and stops itself
 //! with SIGSTOP before it runs it: resumed past the broker's wait, it runs and acknowledges
 //! a delivery the broker gave to another consumer meanwhile.
-//! `run-quorum` (RabbitMQ): `run`, on a quorum queue with a prefetch of 1 and 3 attempts,
-//! where a message whose work ended its consumer more often than that is dead-lettered
-//! before it runs; the work ends this process on a key that starts with `exit`.
+//! `run-<n>-attempts`: `run`, with `n` attempts, where a message whose work ended its
+//! consumer that often is dead-lettered before it runs; the work ends this process on a key
+//! that starts with `exit`. `run-batched-<n>-attempts`: the same in batches of 20.
+//! `run-quorum` (RabbitMQ): `run-3-attempts`, on a quorum queue with a prefetch of 1.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
@@ -47,7 +48,9 @@ use justonce_transport::nats::{NatsConsumer, NatsOptions, NatsReader};
 use justonce_transport::redis_streams::{
     RedisStreamConsumer, RedisStreamOptions, RedisStreamReader,
 };
-use justonce_transport::{Broker, Consumer, ConsumerStats, KeyFrom, OrderedBroker, Ran, Reader};
+use justonce_transport::{
+    Broker, Consumer, ConsumerStats, KeyFrom, OrderedBroker, Policy, Ran, Reader,
+};
 use justonce_transport::{Incoming, Work};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Headers, Message};
@@ -84,6 +87,11 @@ async fn work<DB: TestBackend>(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     justonce_tests::hang_at_failpoints();
     let reader = kind == "reader";
+    let attempts = match mode.strip_suffix("-attempts") {
+        Some(run) => run.rsplit('-').next().and_then(|n| n.parse().ok()),
+        None => (mode == "run-quorum").then_some(3),
+    }
+    .unwrap_or(Policy::default().max_attempts);
     let inbox = Inbox::<DB>::connect_with(
         url,
         justonce_sql::Consumer::new("test")?,
@@ -94,7 +102,9 @@ async fn work<DB: TestBackend>(
         let options = match kind.strip_prefix("member-") {
             Some(member) => shared_mqtt_options(queue, member),
             None => mqtt_options(queue),
-        };
+        }
+        .max_attempts(attempts)
+        .dead_letter_topic(format!("{queue}/dead"));
         let consumer = MqttConsumer::connect(broker, inbox.clone(), options).await?;
         consume(&consumer, prefix, mode).await
     } else if broker.starts_with("kafka:") {
@@ -103,10 +113,11 @@ async fn work<DB: TestBackend>(
         }
         let options = KafkaOptions::new(queue, queue)
             .key_from(KeyFrom::Header(KAFKA_ID_HEADER.into()))
-            .session_timeout(KAFKA_SESSION_TIMEOUT);
+            .session_timeout(KAFKA_SESSION_TIMEOUT)
+            .max_attempts(attempts);
         read(&KafkaReader::connect(broker, inbox, options)?, prefix, mode).await
     } else if broker.starts_with("redis:") && reader {
-        let options = RedisStreamOptions::new(queue, "test");
+        let options = RedisStreamOptions::new(queue, "test").max_attempts(attempts);
         read(
             &RedisStreamReader::connect(broker, inbox, options).await?,
             prefix,
@@ -116,11 +127,14 @@ async fn work<DB: TestBackend>(
     } else if broker.starts_with("redis:") {
         let options = RedisStreamOptions::new(queue, "test")
             .consumer(format!("worker-{}", std::process::id()))
-            .claim_idle(std::time::Duration::from_millis(500));
+            .claim_idle(std::time::Duration::from_millis(500))
+            .max_attempts(attempts);
         let consumer = RedisStreamConsumer::connect(broker, inbox.clone(), options).await?;
         consume(&consumer, prefix, mode).await
     } else if broker.starts_with("nats:") && reader {
-        let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
+        let options = NatsOptions::new(queue, queue)
+            .key_from(KeyFrom::Header("Order-Id".into()))
+            .max_attempts(attempts);
         read(
             &NatsReader::connect(broker, inbox, options).await?,
             prefix,
@@ -128,17 +142,19 @@ async fn work<DB: TestBackend>(
         )
         .await
     } else if broker.starts_with("nats:") {
-        let options = NatsOptions::new(queue, queue).key_from(KeyFrom::Header("Order-Id".into()));
+        let options = NatsOptions::new(queue, queue)
+            .key_from(KeyFrom::Header("Order-Id".into()))
+            .max_attempts(attempts);
         let consumer = NatsConsumer::connect(broker, inbox.clone(), options).await?;
         consume(&consumer, prefix, mode).await
     } else {
         let options = match mode {
             "run-quorum" => AmqpOptions::new(queue)
                 .queue_type(QueueType::Quorum)
-                .prefetch(1)
-                .max_attempts(3),
+                .prefetch(1),
             _ => AmqpOptions::new(queue),
-        };
+        }
+        .max_attempts(attempts);
         let consumer = AmqpConsumer::connect(broker, inbox.clone(), options).await?;
         consume(&consumer, prefix, mode).await
     }
@@ -156,7 +172,7 @@ async fn consume<B: Broker, DB: TestBackend>(
     let batch_size = match mode {
         "ack-before-commit" => return ack_before_commit(consumer, prefix).await,
         "run-pausing" => return run_pausing(consumer, prefix, terminated).await,
-        "run-batched" => 20,
+        _ if mode.starts_with("run-batched") => 20,
         "pause-after-commit" => {
             let mut deliveries = consumer.deliveries().await?;
             let delivery = deliveries
@@ -257,7 +273,7 @@ async fn read<O: OrderedBroker, DB: TestBackend>(
             pause_after_commit(key.as_str(), ran).await
         }
         _ => {
-            let batched = mode == "run-batched";
+            let batched = mode.starts_with("run-batched");
             let batch_size = if batched { 20 } else { 1 };
             // In batches the first line a test waits for is the failpoint's: nothing to tell.
             let said = AtomicBool::new(batched);

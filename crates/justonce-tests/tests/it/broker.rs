@@ -11,7 +11,9 @@
 use super::{Xorshift, run_until};
 use justonce_sql::{Inbox, InboxOptions, Key};
 use justonce_tests::{OwnBroker, SeenBatches, TestBackend, TestDb, batch_work, consumer_work};
-use justonce_transport::{Broker, Consumer, ConsumerStats, Link, OrderedBroker, Reader};
+use justonce_transport::{
+    Broker, Consumer, ConsumerStats, Link, OrderedBroker, Ran, Reader, Received,
+};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -281,6 +283,11 @@ macro_rules! on_brokers {
             on_brokers!(@database mysql, sqlx::MySql, $broker, $tests);
         }
     };
+    (@broker_on $database:ident, $db:ty, [$($name:ident = $broker:ty),* $(,)?] $tests:tt) => {$(
+        mod $name {
+            on_brokers!(@database $database, $db, $broker, $tests);
+        }
+    )*};
     (@database $name:ident, $db:ty, $broker:ty, ($($test:ident),* $(,)?)) => {
         mod $name {
             $(
@@ -409,6 +416,30 @@ on_brokers!(giving_back: [
 ] (
     a_database_failure_gives_the_batch_back_and_asks_for_a_pause,
     a_batched_consumer_stopped_mid_run_acknowledges_every_delivery_it_committed,
+));
+
+// A message whose work ends its process, on every broker: the runs started are counted
+// in the database. PostgreSQL only: the count is proven on every database by `runs`.
+mod crash_loop {
+    on_brokers!(@broker_on postgres, sqlx::Postgres, [
+        amqp = crate::amqp::Queue,
+        nats = crate::nats::Stream,
+        nats_reader = crate::nats::ReadStream,
+        redis = crate::redis_streams::Stream,
+        redis_reader = crate::redis_streams::ReadStream,
+        mqtt = crate::mqtt::Topic,
+        kafka = crate::kafka::Topic,
+    ] (
+        a_message_that_kills_its_consumer_is_dead_lettered_after_its_attempts,
+        a_message_that_kills_a_batch_is_dead_lettered_alone,
+    ));
+}
+
+on_brokers!(given_back: [
+    nats = crate::nats::Stream,
+    redis = crate::redis_streams::Stream,
+] (
+    a_delivery_given_back_while_the_database_is_down_costs_no_attempt,
 ));
 
 on_brokers!(reading: [
@@ -555,21 +586,26 @@ async fn a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing<
     let db = TestDb::<DB>::new(test).await;
     let broker = with_repeats(B::open(&db).await).await;
     let mut random = Xorshift::from_clock();
+    // A run cut short by a kill is a run started, as one that ended its process: with 5
+    // attempts, a message that the kills caught in its run 5 times would be given up. The
+    // workers take more attempts than there are kills.
     for _ in 0..20 {
-        let mut running = worker(&db, &broker, "run");
+        let mut running = worker(&db, &broker, "run-25-attempts");
         tokio::time::sleep(Duration::from_millis(100 + random.below(300))).await;
         running.kill().await.expect("SIGKILL the consumer");
     }
-    let consumer = broker.connect(&db).await;
-    run_until(
-        |stopped| consumer.run_work(&db, stopped),
-        || async { db.rows("effects").await == 400 && broker.settled(&db).await },
-        effects(&db),
-    )
-    .await;
+    let mut finishing = worker(&db, &broker, "run-25-attempts");
+    let finished = async {
+        while !(db.rows("effects").await == 400 && broker.settled(&db).await) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), finished)
+        .await
+        .expect("every message took effect and was settled within 120 s");
+    finishing.kill().await.expect("SIGKILL the last consumer");
     assert_eq!(db.rows("effects").await, 400, "nothing lost");
     assert_eq!(db.doubled_effects().await, 0, "nothing doubled");
-    drop(consumer);
     broker.delete().await;
     db.cleanup().await;
 }
@@ -712,8 +748,10 @@ where
     broker.publish(&keys).await;
     let consumer = broker.connect_for_batches(&db.inbox).await;
     let seen = SeenBatches::default();
+    // Batches of 10: a reader runs its first batch entry by entry (see
+    // `FIRST_BATCH_ALONE`), and the batches after it whole.
     let stats = run_until(
-        |stopped| consumer.run_batch_work(&db, stopped, 100, seen.clone()),
+        |stopped| consumer.run_batch_work(&db, stopped, 10, seen.clone()),
         || async { db.rows("effects").await == 40 && broker.settled(&db).await },
         effects(&db),
     )
@@ -773,6 +811,11 @@ where
     db.cleanup().await;
 }
 
+/// The entries of a batch a reader runs one by one when it has just started, before the
+/// hanging one: the first batch after a start may be the one the reader before died on, so
+/// each of its entries runs alone, with its own count of runs.
+const FIRST_BATCH_ALONE: i64 = 10;
+
 /// A batch worker killed while a message in the middle of its batch runs, with the work of
 /// the ones before it written in the batch's open transaction: nothing of the batch was
 /// committed, and its redelivery (a reader: reading it again) takes effect once per key.
@@ -794,10 +837,15 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
         .expect("the worker reaches the failpoint within 30 s")
         .unwrap();
     assert_eq!(said.as_deref(), Some("hanging hang:order"));
+    let committed = if B::KEEPS_OFFSET {
+        FIRST_BATCH_ALONE
+    } else {
+        0
+    };
     assert_eq!(
         db.rows("effects").await,
-        0,
-        "nothing of the batch committed"
+        committed,
+        "nothing of the batch committed, but what a reader ran alone"
     );
     batcher.kill().await.expect("SIGKILL the worker");
 
@@ -809,7 +857,8 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
     )
     .await;
     assert_eq!(
-        stats.processed, 21,
+        stats.processed,
+        21 - committed.unsigned_abs(),
         "the whole batch again, the failpoint passed"
     );
     assert_eq!(db.doubled_effects().await, 0);
@@ -1145,5 +1194,128 @@ async fn a_consumer_goes_on_by_itself_while_its_broker_is_killed_and_started_aga
     assert_eq!(stats.processed, 2, "{stats:?}");
     assert_eq!(db.doubled_effects().await, 0);
     assert!(counted("justonce_broker_reconnects_total", &[("consumer", &name)]) >= 1);
+    db.cleanup().await;
+}
+
+/// A message whose work ends its consumer's process (as running out of memory would),
+/// among 20 that do not: each worker started dies on it until the runs of it started,
+/// counted in the database, reach the 3 attempts; then it is dead-lettered before it runs,
+/// and the worker goes on. Every other message takes effect once.
+async fn a_message_that_kills_its_consumer_is_dead_lettered_after_its_attempts<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+{
+    kills_until_dead_lettered::<B, DB>(test, "run-3-attempts").await;
+}
+
+/// The same in batches of 20: the killer's batch comes back, each of its messages runs
+/// alone with its own count, and only the killer is dead-lettered.
+async fn a_message_that_kills_a_batch_is_dead_lettered_alone<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+{
+    kills_until_dead_lettered::<B, DB>(test, "run-batched-3-attempts").await;
+}
+
+/// Starts workers in `mode`, each after the last one died, until all but the killer took
+/// effect and the killer is a dead letter; the workers died 3 times, on its 3 attempts.
+async fn kills_until_dead_lettered<B: Batching, DB: TestBackend>(test: &str, mode: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let mut keys: Vec<String> = (0..20).map(|n| format!("order:{n}")).collect();
+    keys.insert(5, "exit:order".to_owned());
+    broker.publish(&keys).await;
+    let done = async || {
+        db.rows("effects").await == 20
+            && broker.dead_letters().await == 1
+            && broker.settled(&db).await
+    };
+    let mut exits = 0;
+    loop {
+        let mut worker = worker(&db, &broker, mode);
+        let finished = async {
+            while !done().await {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::select! {
+            exited = worker.wait() => {
+                assert_eq!(exited.unwrap().code(), Some(justonce_tests::EXITED));
+                exits += 1;
+                assert!(exits <= 3, "a worker died on the killer's fourth run");
+            }
+            finished = tokio::time::timeout(Duration::from_secs(90), finished) => {
+                finished.expect("the worker went on and finished within 90 s");
+                worker.kill().await.unwrap();
+                break;
+            }
+        }
+    }
+    assert_eq!(exits, 3, "a worker died on each of the 3 attempts");
+    assert_eq!(db.rows("effects").await, 20);
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(db.effects_of(&Key::new("exit:order").unwrap()).await, 0);
+    assert_eq!(broker.dead_letters().await, 1);
+    assert!(settles(&broker, &db).await, "every delivery was settled");
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// A delivery given back while the database is down, more often than its attempts allow,
+/// is not counted as a run: the broker's own count passes the limit, and the message still
+/// runs once the database is back.
+async fn a_delivery_given_back_while_the_database_is_down_costs_no_attempt<B, DB>(test: &str)
+where
+    B: GivingBack,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    broker.publish(&["order:0".to_owned()]).await;
+    // No tables under this prefix: every claim, and every count of a run, fails.
+    let options = InboxOptions::default().prefix(format!("{}missing_", db.prefix));
+    let broken = Inbox::<DB>::connect_with(&db.url, db.inbox.consumer().clone(), options)
+        .await
+        .unwrap();
+    let connected = broker.connect_for_batches(&broken).await;
+    let failing = B::generic(&connected);
+    let work = consumer_work::<DB>(&db.prefix);
+    let mut stats = ConsumerStats::default();
+    let mut deliveries = failing.deliveries().await.unwrap();
+    // Twice the 2 attempts allowed, the broker counting each delivery.
+    let mut attempts = Vec::new();
+    while attempts.len() < 4 {
+        let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+            .await
+            .expect("a delivery within 30 s")
+            .unwrap()
+            .expect("the consumer is not cancelled");
+        attempts.push(delivery.attempt());
+        let ran = failing.run_one(&delivery, &work).await;
+        assert!(matches!(ran, Ran::Store(_)), "{ran:?}");
+        failing.settle(&delivery, ran, &mut stats).await.unwrap();
+    }
+    assert!(
+        attempts[3] > 2,
+        "the broker counted every delivery: {attempts:?}"
+    );
+    assert_eq!(stats.returned, 4, "{stats:?}");
+    deliveries.stop().await.unwrap();
+    drop(connected);
+
+    let consumer = broker.connect_for_batches(&db.inbox).await;
+    let stats = run_until(
+        |stopped| consumer.run_work(&db, stopped),
+        || async { db.rows("effects").await == 1 && broker.settled(&db).await },
+        effects(&db),
+    )
+    .await;
+    assert_eq!(stats.processed, 1, "the message given back ran: {stats:?}");
+    assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+    assert_eq!(broker.dead_letters().await, 0);
+    drop(consumer);
+    broker.delete().await;
     db.cleanup().await;
 }

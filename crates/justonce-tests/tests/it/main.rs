@@ -36,6 +36,7 @@ mod recent;
 mod redis_streams;
 mod relay_crash;
 mod run;
+mod runs;
 mod schema;
 mod shared_commits;
 mod spans;

@@ -30,8 +30,8 @@ async fn concurrent_migrations_apply_once<DB: TestBackend>(test: &str) {
         applied += task.await.unwrap();
     }
     assert_eq!(
-        applied, 8,
-        "each of the eight migrations applied by one migrator"
+        applied, 9,
+        "each of the nine migrations applied by one migrator"
     );
     for table in [
         "keys",
@@ -40,6 +40,7 @@ async fn concurrent_migrations_apply_once<DB: TestBackend>(test: &str) {
         "breakers",
         "replays",
         "duplicates",
+        "runs",
         "migrations",
     ] {
         DB::execute(db.inbox.pool(), format!("DROP TABLE {fresh}{table}"))
@@ -77,6 +78,7 @@ async fn a_keys_table_without_its_constraint_is_refused<DB: TestBackend>(test: &
         "breakers",
         "replays",
         "duplicates",
+        "runs",
         "migrations",
     ] {
         DB::execute(
@@ -134,8 +136,8 @@ async fn mysql_a_migration_cut_off_before_its_record_is_applied_again() {
         .unwrap();
     assert_eq!(
         db.inbox.migrate().await.unwrap(),
-        4,
-        "version 5 recorded again, then versions 6, 7 and 8"
+        5,
+        "version 5 recorded again, then versions 6, 7, 8 and 9"
     );
     let (version,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT max(version) FROM {}migrations",
@@ -144,7 +146,7 @@ async fn mysql_a_migration_cut_off_before_its_record_is_applied_again() {
     .fetch_one(db.inbox.pool())
     .await
     .unwrap();
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
     let columns = <sqlx::MySql as TestBackend>::count(
         db.inbox.pool(),
         format!(

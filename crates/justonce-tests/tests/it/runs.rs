@@ -1,0 +1,56 @@
+//! `Inbox::record_run`: the runs of a key a consumer started, counted in their own commit,
+//! apart for each scope and consumer, exact under concurrent counts, and purged with the
+//! keys once their last run is past the cutoff.
+
+use super::{key, on_every_database};
+use justonce_sql::Scope;
+use justonce_tests::{TestBackend, TestDb};
+use std::time::Duration;
+
+on_every_database!(each_run_started_adds_one_to_its_keys_count);
+
+const DAY_MS: i64 = 86_400_000;
+
+async fn each_run_started_adds_one_to_its_keys_count<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    for expected in 1..=3 {
+        assert_eq!(
+            db.inbox.record_run(&key("order:1")).await.unwrap(),
+            expected
+        );
+    }
+    // A first count after others on the same connections starts at 1.
+    assert_eq!(db.inbox.record_run(&key("order:2")).await.unwrap(), 1);
+    let tenant = db.inbox.with_scope(Scope::new("acme").unwrap());
+    assert_eq!(tenant.record_run(&key("order:1")).await.unwrap(), 1);
+    let audit = db.consumer("audit");
+    assert_eq!(audit.record_run(&key("order:1")).await.unwrap(), 1);
+    assert_eq!(db.inbox.record_run(&key("order:1")).await.unwrap(), 4);
+    assert_eq!(db.rows("runs").await, 4);
+    // Nothing but the count: no key is claimed.
+    assert_eq!(db.rows("keys").await, 0);
+
+    let counting = (0..10).map(|_| {
+        let inbox = db.inbox.clone();
+        tokio::spawn(async move { inbox.record_run(&key("order:3")).await.unwrap() })
+    });
+    let mut counts = Vec::new();
+    for count in counting {
+        counts.push(count.await.unwrap());
+    }
+    counts.sort_unstable();
+    assert_eq!(counts, (1..=10).collect::<Vec<u64>>(), "each count once");
+
+    // Purged with this consumer's keys once the last run is older than the cutoff.
+    let table = format!("{}runs", db.prefix);
+    DB::age_rows(db.inbox.pool(), table, "last_run_at", 8 * DAY_MS).await;
+    assert_eq!(db.inbox.record_run(&key("order:2")).await.unwrap(), 2);
+    let week = Duration::from_secs(7 * 86_400);
+    // order:1 in both scopes and order:3; order:2 ran just now, audit's is another
+    // consumer's.
+    assert_eq!(db.inbox.purge(week, 2).await.unwrap(), 3);
+    assert_eq!(db.rows("runs").await, 2);
+    assert_eq!(db.inbox.record_run(&key("order:1")).await.unwrap(), 1);
+    assert_eq!(db.inbox.record_run(&key("order:2")).await.unwrap(), 3);
+    db.cleanup().await;
+}
