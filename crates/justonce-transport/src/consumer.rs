@@ -110,7 +110,8 @@ impl<E> Failed<E> {
 }
 
 /// A delivery not run because the runs of its key already started reached the attempts
-/// allowed: the attempt it would have been, and the reason its dead letter carries.
+/// allowed: the attempt it would have been by the count, and the reason its dead letter
+/// carries.
 #[derive(Debug, Clone)]
 pub(crate) struct Spent {
     attempt: u32,
@@ -124,26 +125,31 @@ impl std::fmt::Display for Spent {
 }
 
 /// Records in `inbox` that a run of `incoming` starts, for a delivery that may be a re-run,
-/// and says whether it is spent: the runs of its key already started reached
-/// `max_attempts`. The first delivery, which is not counted, is taken to have run: the
-/// count is the runs started before this one. A database failure is returned before
-/// anything is counted, so that a delivery given back while the database is down costs
-/// no attempt.
+/// and says whether it is spent: the runs of its key counted before this one reached
+/// `max_attempts`. A run not counted (a consumer's first delivery, or a reader's entry after
+/// its commit in the partition) is not taken to have run: a delivery given back, or taken
+/// ahead and lost, before it ran costs no attempt. So a message whose work ends its
+/// process each time runs at most `max_attempts + 1` times. A database failure is returned
+/// before anything is counted, so that a delivery given back while the database is down
+/// costs no attempt.
 pub(crate) async fn count_run<DB: Backend>(
     inbox: &Inbox<DB>,
     incoming: &Incoming,
     max_attempts: u32,
 ) -> Result<Option<Spent>, justonce_core::Error> {
     let started = inbox.record_run(&incoming.key).await?;
-    if started < u64::from(max_attempts) {
+    if started <= u64::from(max_attempts) {
         return Ok(None);
     }
-    let attempt = u32::try_from(started.saturating_add(1)).unwrap_or(u32::MAX);
+    let counted = started - 1;
+    let attempt = u32::try_from(started)
+        .unwrap_or(u32::MAX)
+        .max(incoming.attempt);
     Ok(Some(Spent {
         attempt,
         reason: format!(
-            "attempt {attempt}, past the {max_attempts} allowed: not run, since each run \
-             before it failed or was lost with a consumer that died under it"
+            "not run: {counted} runs of it counted, {max_attempts} allowed; each ended \
+             without committing: it failed, or was lost with a consumer that died under it"
         ),
     }))
 }

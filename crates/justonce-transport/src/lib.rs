@@ -255,7 +255,9 @@ pub struct Incoming {
     pub body: Vec<u8>,
     /// Which attempt this is, from 1.
     pub attempt: u32,
-    /// Whether the broker delivered it before (to this or another consumer) without an ack.
+    /// Whether it may be a re-run ([`Received::redelivered`]): the broker delivered it
+    /// before without an ack, or it is a later attempt published again (RabbitMQ, MQTT).
+    /// A reader sets it on each retry in place.
     pub redelivered: bool,
     /// The content type: AMQP's `content_type` property, a `Content-Type` header on NATS.
     pub content_type: Option<String>,
@@ -350,11 +352,13 @@ pub enum Ran<E> {
     /// as [`Ran::Work`] is.
     Panicked(String),
     /// Not run: the runs of its key already started, counted in the database for each
-    /// delivery that may be a re-run ([`Received::redelivered`]), reached the attempts
-    /// allowed. Its work ended, failed, or was lost with a consumer that died under it
-    /// each time. Dead-lettered on `attempt` with `reason`.
+    /// delivery that may be a re-run ([`Received::redelivered`]), passed the attempts
+    /// allowed. Its work failed, or was lost with a consumer that died under it, each time.
+    /// A first run is not counted, so it may have run once more. Dead-lettered on
+    /// `attempt` with `reason`.
     Spent {
-        /// The attempt it would have been.
+        /// The attempt it would have been, by the count or the broker's, whichever is
+        /// higher: one more if its first run was not counted and the broker did not count it.
         attempt: u32,
         /// Why, for the dead letter's reason header.
         reason: String,

@@ -167,6 +167,15 @@ pub struct Reader<O: OrderedBroker, DB: Backend> {
     inbox: Inbox<DB>,
     connection: Connection,
     proven: std::sync::Mutex<Proven>,
+    store_failed: std::sync::Mutex<Option<StoreFailed>>,
+}
+
+/// The entry whose last run met a database failure, on its attempt, with what its count of
+/// runs said: the same attempt after the pause is not counted again, since it did not run.
+#[derive(Debug)]
+struct StoreFailed {
+    entry: (String, i32, Offset, u32),
+    spent: Option<Spent>,
 }
 
 /// The partitions where this reader committed since they were assigned: an entry read
@@ -221,6 +230,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             inbox,
             connection,
             proven: std::sync::Mutex::default(),
+            store_failed: std::sync::Mutex::default(),
         }
     }
 
@@ -238,7 +248,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         attempt > 1 || !(proven.partitions).contains(&(at.stream.to_owned(), at.partition))
     }
 
-    /// Notes a commit of this reader in the partition of `at`.
+    /// Notes a commit of this reader that stored the offset of `at` in its partition.
     fn prove(&self, at: Position<'_>) {
         let mut proven = crate::lock(&self.proven);
         proven
@@ -246,15 +256,49 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .insert((at.stream.to_owned(), at.partition));
     }
 
+    /// Counts the run of `incoming` at `at` if it may be a re-run, runs it, and notes a
+    /// database failure (see [`count_run`] and [`Reader::run_at`]).
+    async fn count_and_run<E>(
+        &self,
+        at: Position<'_>,
+        incoming: &Incoming,
+        work: &impl RunWork<DB, E>,
+    ) -> Ran<E>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let entry = (
+            at.stream.to_owned(),
+            at.partition,
+            at.offset,
+            incoming.attempt,
+        );
+        let spent = match self.count(at, incoming, &entry).await {
+            Ok(spent) => spent,
+            Err(error) => return Ran::Store(error),
+        };
+        let ran = self.run_at(at, incoming, spent.as_ref(), work).await;
+        *crate::lock(&self.store_failed) =
+            matches!(ran, Ran::Store(_)).then_some(StoreFailed { entry, spent });
+        ran
+    }
+
     /// Counts the run of `incoming` at `at` if it may be a re-run, and says whether it is
-    /// spent (see [`count_run`]).
+    /// spent (see [`count_run`]). The same attempt of an entry that met a database failure
+    /// is not counted twice.
     async fn count(
         &self,
         at: Position<'_>,
         incoming: &Incoming,
+        entry: &(String, i32, Offset, u32),
     ) -> Result<Option<Spent>, justonce_sql::Error> {
         if !self.may_rerun(at, incoming.attempt) {
             return Ok(None);
+        }
+        if let Some(failed) = crate::lock(&self.store_failed).as_ref()
+            && failed.entry == *entry
+        {
+            return Ok(failed.spent.clone());
         }
         let inbox = crate::inbox_in(&self.inbox, &incoming.scope);
         count_run(&inbox, incoming, self.broker.policy().max_attempts).await
@@ -507,17 +551,15 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             Ok(read) => read,
             Err(unusable) => return unusable.ran(),
         };
-        match self.count(position, &incoming).await {
-            Ok(spent) => {
-                let ran =
-                    (self.run_at(position, &incoming, spent.as_ref(), &EachMessage(work))).await;
-                if matches!(ran, Ran::Outcome(_)) {
-                    self.prove(position);
-                }
-                ran
-            }
-            Err(error) => Ran::Store(error),
+        let ran = self
+            .count_and_run(position, &incoming, &EachMessage(work))
+            .await;
+        // Only a processed entry's transaction stored its offset: after a duplicate,
+        // a restarted reader reads from before it again.
+        if matches!(ran, Ran::Outcome(Outcome::Processed(()))) {
+            self.prove(position);
         }
+        ran
     }
 
     /// What the work of `entry` sees, or why it has no usable key or tenant.
@@ -678,14 +720,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let key = || incoming.key.as_str().to_owned();
         let max_attempts = self.broker.policy().max_attempts;
         loop {
-            let ran = match self.count(position, &incoming).await {
-                Ok(spent) => (self.run_at(position, &incoming, spent.as_ref(), work)).await,
-                Err(error) => Ran::Store(error),
-            };
+            let ran = self.count_and_run(position, &incoming, work).await;
             match &ran {
                 Ran::Outcome(outcome) => {
                     unstored.after(outcome, position);
-                    self.prove(position);
+                    if matches!(outcome, Outcome::Processed(())) {
+                        self.prove(position);
+                    }
                 }
                 Ran::Store(error) => {
                     tracing::warn!(key = key(), delivery = id(), %error, "database failed: the entry runs again after the pause");

@@ -63,8 +63,8 @@ pub struct MySqlStatements {
     pub(crate) ensure_lease: Arc<str>,
     pub(crate) lease_take_over: Arc<str>,
     pub(crate) lease_token: Arc<str>,
-    /// scope, consumer, key: the runs started before this one are the statement's
-    /// `LAST_INSERT_ID`, 0 for a first run.
+    /// scope, consumer, key: the statement's `LAST_INSERT_ID` is the runs started, this
+    /// one included; 0 when it inserted the row (a first run).
     pub(crate) record_run: Arc<str>,
 }
 

@@ -3,7 +3,9 @@
 //! durable consumer, and the relay's publisher deduplicated by the stream. The proofs every
 //! broker shares are in `broker`.
 
-use super::broker::{Batching, GivingBack, TestBroker, consume_until, read_to_end, take};
+use super::broker::{
+    Batching, GivingBack, OneAttempt, TestBroker, consume_until, read_to_end, take,
+};
 use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
 use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
@@ -250,6 +252,20 @@ impl GivingBack for Stream {
 
     fn generic<DB: TestBackend>(consumer: &NatsConsumer<DB>) -> &NatsConsumer<DB> {
         consumer
+    }
+}
+
+impl OneAttempt for Stream {
+    async fn connect_with_one_attempt<DB: TestBackend>(
+        &self,
+        inbox: &Inbox<DB>,
+    ) -> NatsConsumer<DB> {
+        let options = options(self)
+            .ack_wait(Duration::from_secs(1))
+            .max_attempts(1);
+        NatsConsumer::connect(&nats_url(), inbox.clone(), options)
+            .await
+            .unwrap()
     }
 }
 

@@ -4,7 +4,8 @@
 //! broker shares are in `broker`.
 
 use super::broker::{
-    Batching, GivingBack, TestBroker, consume_until, consumed, counted, read_to_end, take,
+    Batching, GivingBack, OneAttempt, TestBroker, consume_until, consumed, counted, read_to_end,
+    take,
 };
 use super::{on_every_database, run_until};
 use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key, WorkFuture, sqlx};
@@ -446,6 +447,18 @@ impl GivingBack for Stream {
 
     fn generic<DB: TestBackend>(consumer: &RedisStreamConsumer<DB>) -> &RedisStreamConsumer<DB> {
         consumer
+    }
+}
+
+impl OneAttempt for Stream {
+    async fn connect_with_one_attempt<DB: TestBackend>(
+        &self,
+        inbox: &Inbox<DB>,
+    ) -> RedisStreamConsumer<DB> {
+        let options = options(self, "a").count(64).max_attempts(1);
+        RedisStreamConsumer::connect(&redis_url(), inbox.clone(), options)
+            .await
+            .unwrap()
     }
 }
 
