@@ -393,6 +393,21 @@ pub(crate) fn scope_runs<D: Received>(
     runs.into_iter().map(|(run, _)| run).collect()
 }
 
+/// The parts of `batch` that run apart, in order: each delivery that may be a re-run alone,
+/// and the first deliveries between them together.
+fn reruns_apart<D: Received>(batch: &[D]) -> Vec<Range<usize>> {
+    let mut parts: Vec<Range<usize>> = Vec::new();
+    for (at, delivery) in batch.iter().enumerate() {
+        match parts.last_mut() {
+            Some(part) if !delivery.redelivered() && !batch[part.start].redelivered() => {
+                part.end = at + 1;
+            }
+            _ => parts.push(at..at + 1),
+        }
+    }
+    parts
+}
+
 /// What a delivery's work sees under `policy`, claimed in `scope` unless the delivery names
 /// its tenant, or why it cannot run.
 pub(crate) fn incoming(
@@ -949,6 +964,9 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     }
 
     /// [`Consumer::run_batch_with`] for deliveries whose keys are all claimed in one scope.
+    /// A delivery that may be a re-run runs alone, with its own count of runs: one that ends
+    /// the process is then given up alone, not with the batch around it. The deliveries
+    /// between such ones run together, in order.
     async fn run_scope_with<E>(
         &self,
         batch: &[B::Delivery],
@@ -958,61 +976,20 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        // A delivery that may be a re-run runs alone, with its own count of runs: one that
-        // ends the process is then given up alone, not with the batch around it.
-        if batch.len() > 1 && !batch.iter().any(Received::redelivered) {
-            let read: Vec<Result<Incoming, Unusable>> =
-                batch.iter().map(|delivery| self.read(delivery)).collect();
-            let keyed: Vec<&Incoming> = read.iter().filter_map(|read| read.as_ref().ok()).collect();
-            let working: Vec<&B::Delivery> = (batch.iter().zip(&read))
-                .filter(|(_, read)| read.is_ok())
-                .map(|(delivery, _)| delivery)
-                .collect();
-            let scope = keyed.first().map_or(self.inbox.scope(), |first| &first.scope);
-            let inbox = crate::inbox_in(&self.inbox, scope);
-            let run = inbox.run_batch_at_once(
-                &keyed,
-                |incoming| (&incoming.key, incoming.body.as_slice()),
-                |tx, firsts| {
-                    Box::pin(async move {
-                        let firsts: Vec<&Incoming> = firsts.into_iter().copied().collect();
-                        work.run(tx, &firsts).await
-                    })
-                },
-            );
-            match self.broker.working(&working, run).await {
-                Ok(outcomes) => {
-                    let mut outcomes = outcomes.into_iter();
-                    let settles = (batch.iter().zip(read))
-                        .map(|(delivery, read)| {
-                            let ran = match read {
-                                Err(unusable) => unusable.ran::<E>(),
-                                Ok(_) => match outcomes.next() {
-                                    Some(outcome) => Ran::Outcome(outcome),
-                                    // The batch answers every keyed delivery. Without an
-                                    // answer the delivery is given back (on MQTT a copy is
-                                    // published and the original acknowledged), and
-                                    // delivered again.
-                                    None => Ran::Store(justonce_core::Error::Config(
-                                        "the batch did not answer for a delivery".to_owned(),
-                                    )),
-                                },
-                            };
-                            self.judge(delivery, ran, stats)
-                        })
-                        .collect();
-                    return (settles, false);
-                }
-                Err(error) => {
-                    tracing::debug!(%error, "a batch failed: running its deliveries one by one");
-                }
-            }
-        }
         let mut settles = Vec::with_capacity(batch.len());
-        for delivery in batch {
-            let ran = self.run_one_with(delivery, work).await;
-            let store_failed = matches!(ran, Ran::Store(_));
-            settles.push(self.judge(delivery, ran, stats));
+        for part in reruns_apart(batch) {
+            let part = &batch[part];
+            let together = match part.len() {
+                1 => None,
+                _ => self.run_together(part, work, stats).await,
+            };
+            let store_failed = match together {
+                Some(settled) => {
+                    settles.extend(settled);
+                    false
+                }
+                None => self.run_each(part, work, stats, &mut settles).await,
+            };
             if store_failed {
                 // Not tried: the database that just failed would fail them too.
                 stats.returned += (batch.len() - settles.len()) as u64;
@@ -1021,6 +998,89 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             }
         }
         (settles, false)
+    }
+
+    /// Claims the keys of `batch` with one statement and runs the work of its first claims
+    /// in one transaction; how each delivery is to be settled, in order, or `None` when the
+    /// batch failed and its deliveries are to run one by one.
+    async fn run_together<E>(
+        &self,
+        batch: &[B::Delivery],
+        work: &impl RunWork<DB, E>,
+        stats: &mut ConsumerStats,
+    ) -> Option<Vec<Settle>>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let read: Vec<Result<Incoming, Unusable>> =
+            batch.iter().map(|delivery| self.read(delivery)).collect();
+        let keyed: Vec<&Incoming> = read.iter().filter_map(|read| read.as_ref().ok()).collect();
+        let working: Vec<&B::Delivery> = (batch.iter().zip(&read))
+            .filter(|(_, read)| read.is_ok())
+            .map(|(delivery, _)| delivery)
+            .collect();
+        let scope = keyed.first().map_or(self.inbox.scope(), |first| &first.scope);
+        let inbox = crate::inbox_in(&self.inbox, scope);
+        let run = inbox.run_batch_at_once(
+            &keyed,
+            |incoming| (&incoming.key, incoming.body.as_slice()),
+            |tx, firsts| {
+                Box::pin(async move {
+                    let firsts: Vec<&Incoming> = firsts.into_iter().copied().collect();
+                    work.run(tx, &firsts).await
+                })
+            },
+        );
+        let outcomes = match self.broker.working(&working, run).await {
+            Ok(outcomes) => outcomes,
+            Err(error) => {
+                tracing::debug!(%error, "a batch failed: running its deliveries one by one");
+                return None;
+            }
+        };
+        let mut outcomes = outcomes.into_iter();
+        let settles = (batch.iter().zip(read))
+            .map(|(delivery, read)| {
+                let ran = match read {
+                    Err(unusable) => unusable.ran::<E>(),
+                    Ok(_) => match outcomes.next() {
+                        Some(outcome) => Ran::Outcome(outcome),
+                        // The batch answers every keyed delivery. Without an answer the
+                        // delivery is given back (on MQTT a copy is published and the
+                        // original acknowledged), and delivered again.
+                        None => Ran::Store(justonce_core::Error::Config(
+                            "the batch did not answer for a delivery".to_owned(),
+                        )),
+                    },
+                };
+                self.judge(delivery, ran, stats)
+            })
+            .collect();
+        Some(settles)
+    }
+
+    /// Runs the deliveries of `batch` one by one, pushing how each is to be settled onto
+    /// `settles`; true when the database failed, at the last one pushed: the rest is not
+    /// tried.
+    async fn run_each<E>(
+        &self,
+        batch: &[B::Delivery],
+        work: &impl RunWork<DB, E>,
+        stats: &mut ConsumerStats,
+        settles: &mut Vec<Settle>,
+    ) -> bool
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        for delivery in batch {
+            let ran = self.run_one_with(delivery, work).await;
+            let store_failed = matches!(ran, Ran::Store(_));
+            settles.push(self.judge(delivery, ran, stats));
+            if store_failed {
+                return true;
+            }
+        }
+        false
     }
 
     /// Acknowledges, retries, dead-letters or gives back the delivery as `ran` says, and

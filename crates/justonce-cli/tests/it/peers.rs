@@ -2,7 +2,8 @@
 //! the first time, from PyPI and npm; `scripts/services` installs them beforehand), prints
 //! a ratio per round and their medians, for `Inbox::run` and `Inbox::run_effect` (one bench
 //! run; with two workers, also two bench processes) and the receiver, one `serve` process
-//! and two, and each side stored every effect once. With --relays, `justonce serve` relays
+//! and two, and one delivering as it stores, and each side stored every effect once (the
+//! delivering one sent each too). With --relays, `justonce serve` relays
 //! in one and two processes.
 
 use justonce_sql::sqlx::{self, PgPool};
@@ -31,6 +32,7 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
                 "--keep",
                 "--processes",
                 "2",
+                "--delivering",
             ]);
     })
     .await;
@@ -70,6 +72,7 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
         "run_effect, 2 processes",
         "receiver, 4 clients",
         "receiver, 2 processes",
+        "receiver delivering, 4 clients",
     ] {
         for round in 1..=ROUNDS {
             let line = stdout
@@ -95,7 +98,8 @@ async fn the_peers_run_beside_justonce_and_each_stores_every_effect_once() {
     assert_eq!(stored.consumer_effects, (distinct, distinct));
     assert_eq!(stored.receiver_keys, 2 * REQUESTS);
     assert_eq!(stored.receiver_outbox, (2 * REQUESTS, 2 * REQUESTS));
-    assert_eq!(stored.serve_outbox, 2 * REQUESTS);
+    // The round's last `serve` delivered as it stored.
+    assert_eq!(stored.serve_outbox, (2 * REQUESTS, 2 * REQUESTS));
 }
 
 /// `scripts/peers --relays-only`: relays in one and in two processes deliver every stored
@@ -168,7 +172,8 @@ struct Stored {
     consumer_effects: (i64, i64),
     receiver_keys: i64,
     receiver_outbox: (i64, i64),
-    serve_outbox: i64,
+    /// Rows, and rows sent.
+    serve_outbox: (i64, i64),
 }
 
 async fn stored(pool: &PgPool) -> Stored {
@@ -191,9 +196,10 @@ async fn stored(pool: &PgPool) -> Stored {
             .0,
         receiver_outbox: count("SELECT count(*), count(DISTINCT key) FROM peer_receiver_outbox")
             .await,
-        serve_outbox: count("SELECT count(*), 0::bigint FROM justonce_outbox")
-            .await
-            .0,
+        serve_outbox: count(
+            "SELECT count(*), count(*) FILTER (WHERE sent_at IS NOT NULL) FROM justonce_outbox",
+        )
+        .await,
     }
 }
 

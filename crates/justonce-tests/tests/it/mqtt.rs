@@ -48,14 +48,48 @@ async fn publish(topic: &str, keys: impl IntoIterator<Item = String>) {
     }
 }
 
-/// A plain subscriber on `topic` with a clean session, answered by the broker before it
-/// returns, and the messages it receives.
-async fn subscriber(topic: &str) -> tokio::sync::mpsc::UnboundedReceiver<Message> {
+/// The settings of a plain rumqttc client `client_id` on the tests' broker.
+fn raw_options(client_id: &str) -> rumqttc::v5::MqttOptions {
     let url = mqtt_url();
     let address = url.trim_start_matches("mqtt://").trim_end_matches('/');
     let (host, port) = address.rsplit_once(':').unwrap_or((address, "1883"));
     let port = port.parse().expect("a port in the MQTT URL");
-    let mut options = rumqttc::v5::MqttOptions::new(format!("{topic}-s"), host, port);
+    rumqttc::v5::MqttOptions::new(client_id, host, port)
+}
+
+/// Takes the persistent session of `client_id` over and leaves it with a DISCONNECT the
+/// broker has read. A consumer dropped a moment ago may still hold its connection: a
+/// message sent there unacknowledged would reach the next client flagged DUP, as a
+/// possible re-run, which runs alone.
+async fn leave_session(client_id: &str) {
+    let mut options = raw_options(client_id);
+    options.set_clean_start(false);
+    options.set_session_expiry_interval(Some(300));
+    let (client, mut events) = rumqttc::v5::AsyncClient::new(options, 16);
+    let connected = async {
+        loop {
+            match events.poll().await {
+                Ok(rumqttc::v5::Event::Incoming(Packet::ConnAck(_))) => break,
+                Ok(_) => {}
+                Err(error) => panic!("MQTT at {}: {error}", mqtt_url()),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), connected)
+        .await
+        .expect("connected within 10 s");
+    client.disconnect().await.unwrap();
+    // The event loop ends once the DISCONNECT is sent.
+    let left = async { while events.poll().await.is_ok() {} };
+    tokio::time::timeout(Duration::from_secs(10), left)
+        .await
+        .expect("left the session within 10 s");
+}
+
+/// A plain subscriber on `topic` with a clean session, answered by the broker before it
+/// returns, and the messages it receives.
+async fn subscriber(topic: &str) -> tokio::sync::mpsc::UnboundedReceiver<Message> {
+    let mut options = raw_options(&format!("{topic}-s"));
     options.set_clean_start(true);
     let (client, mut events) = rumqttc::v5::AsyncClient::new(options, 16);
     client.subscribe(topic, QoS::AtLeastOnce).await.unwrap();
@@ -301,6 +335,7 @@ impl TestBroker for Topic {
         // Makes the session and its subscription, then leaves, so that messages published
         // next wait in the broker for the session's client.
         drop(TestBroker::connect(&topic, db).await);
+        leave_session(&format!("{}-c", topic.name)).await;
         topic
     }
 
@@ -313,6 +348,7 @@ impl TestBroker for Topic {
                     .await
                     .unwrap(),
             );
+            leave_session(&format!("{}-m{member}", topic.name)).await;
         }
         topic
     }
