@@ -219,6 +219,10 @@ fn distinct_keys(messages: usize, duplicates: usize) -> i64 {
         .count() as i64
 }
 
+/// One run of the script at a time: it picks free ports before its servers bind them, so
+/// two runs side by side may pick the same one.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Runs `scripts/peers` on the database `server` with this build's binary and the
 /// arguments `args` adds. A hung install or peer fails the test; the script is killed
 /// with the future.
@@ -237,6 +241,7 @@ async fn peers(
         ])
         .kill_on_drop(true);
     args(&mut command);
+    let _alone = ONE_AT_A_TIME.lock().await;
     tokio::time::timeout(std::time::Duration::from_secs(600), command.output())
         .await
         .expect("scripts/peers ends within 10 minutes")
