@@ -58,6 +58,7 @@ pub struct AmqpOptions {
     dead_letter_queue: String,
     declare: bool,
     queue_type: QueueType,
+    delivery_limit: Option<u32>,
     tls: Option<Tls>,
 }
 
@@ -93,6 +94,7 @@ impl AmqpOptions {
             prefetch: 16,
             declare: true,
             queue_type: QueueType::Classic,
+            delivery_limit: None,
             tls: None,
         }
     }
@@ -120,6 +122,17 @@ impl AmqpOptions {
     /// otherwise, and the consumer stops with a configuration error.
     pub fn queue_type(mut self, queue_type: QueueType) -> Self {
         self.queue_type = queue_type;
+        self
+    }
+
+    /// Declares a quorum queue with the broker's own delivery limit (`x-delivery-limit`): a
+    /// message delivered more than `limit` times without an acknowledgement goes to the
+    /// dead-letter queue, by the broker, even if no consumer of justonce sees it again. The
+    /// consumer's own count ([`Inbox::record_run`](justonce_sql::Inbox::record_run)) stops a
+    /// message that kills its process first, when `max_attempts` is below `limit`. A classic
+    /// queue has no such limit: it is not declared there.
+    pub fn delivery_limit(mut self, limit: u32) -> Self {
+        self.delivery_limit = Some(limit);
         self
     }
 
@@ -183,15 +196,20 @@ async fn open(url: &str, options: &AmqpOptions) -> Result<(Arc<Connection>, Chan
         .map_err(broker)?;
     if options.declare {
         let dead = &options.dead_letter_queue;
-        declare(
-            &connection,
-            &channel,
-            &options.queue,
-            options.queue_type,
-            Some(dead),
-        )
-        .await?;
-        declare(&connection, &channel, dead, options.queue_type, None).await?;
+        let queue = Declared {
+            name: &options.queue,
+            queue_type: options.queue_type,
+            dead_letters: Some(dead),
+            delivery_limit: options.delivery_limit,
+        };
+        declare(&connection, &channel, queue).await?;
+        let dead = Declared {
+            name: dead,
+            queue_type: options.queue_type,
+            dead_letters: None,
+            delivery_limit: None,
+        };
+        declare(&connection, &channel, dead).await?;
     }
     Ok((Arc::new(connection), channel))
 }
@@ -570,16 +588,30 @@ async fn open_channel(connection: &Connection) -> Result<Channel, Error> {
     Ok(channel)
 }
 
-/// Declares `queue` durable, of `queue_type`. A quorum queue dead-letters to `dead_letters`
+/// A queue as [`declare`] declares it.
+struct Declared<'q> {
+    name: &'q str,
+    queue_type: QueueType,
+    /// Where a quorum queue dead-letters what passes the broker's delivery limit.
+    dead_letters: Option<&'q str>,
+    /// A quorum queue's `x-delivery-limit`.
+    delivery_limit: Option<u32>,
+}
+
+/// Declares `queue` durable, of its type. A quorum queue dead-letters to its dead letters
 /// what passes the broker's own delivery limit, which would otherwise drop it. A refusal is
 /// a setting to fix; a connection lost meanwhile is not.
 async fn declare(
     connection: &Connection,
     channel: &Channel,
-    queue: &str,
-    queue_type: QueueType,
-    dead_letters: Option<&str>,
+    queue: Declared<'_>,
 ) -> Result<(), Error> {
+    let Declared {
+        name: queue,
+        queue_type,
+        dead_letters,
+        delivery_limit,
+    } = queue;
     let durable = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
@@ -598,6 +630,12 @@ async fn declare(
             arguments.insert(
                 "x-dead-letter-routing-key".into(),
                 AMQPValue::LongString(dead_letters.into()),
+            );
+        }
+        if let Some(limit) = delivery_limit {
+            arguments.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(i64::from(limit)),
             );
         }
     }

@@ -298,6 +298,50 @@ async fn a_quorum_queue_counts_deliveries_lost_with_their_consumer_as_attempts()
     db.cleanup().await;
 }
 
+/// A quorum queue declared with a delivery limit: a message lost with its consumer more
+/// often than the limit goes to the dead-letter queue by the broker itself, with its body
+/// and id, though no consumer of justonce saw it again.
+#[tokio::test]
+async fn a_quorum_queue_dead_letters_what_passes_its_delivery_limit() {
+    use futures_util::StreamExt;
+    let db = TestDb::<justonce_sql::sqlx::Sqlite>::new("amqp_limit").await;
+    let queue = Queue::new(&db).await;
+    let declare = |options: AmqpOptions| options.queue_type(QueueType::Quorum).delivery_limit(2);
+    connect(&db, &queue, declare).await.close().await.unwrap();
+    queue.publish("poison:order", b"kills whoever takes it").await;
+    // Taken and lost with its consumer, until the broker stops handing it out.
+    let mut lost = 0;
+    loop {
+        let channel = queue.connection.create_channel().await.unwrap();
+        let mut taken = channel
+            .basic_consume(
+                queue.name.as_str().into(),
+                "".into(),
+                Default::default(),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        let delivery = tokio::time::timeout(Duration::from_secs(2), taken.next()).await;
+        channel.close(200, "gone".into()).await.unwrap();
+        if delivery.is_err() {
+            break;
+        }
+        lost += 1;
+        assert!(lost <= 5, "the broker went on handing it out");
+    }
+    assert_eq!(lost, 3, "delivered once, and again up to its limit of 2");
+    assert_eq!(queue.ready().await, 0);
+    let (properties, body) = queue.get(&queue.dead()).await.expect("a dead letter");
+    assert_eq!(body, b"kills whoever takes it");
+    assert_eq!(
+        properties.message_id().as_ref().map(|id| id.as_str()),
+        Some("poison:order")
+    );
+    queue.delete().await;
+    db.cleanup().await;
+}
+
 /// A message whose work ends its consumer's process, on a quorum queue with a prefetch of
 /// 1: each worker started dies on it, on its first delivery and on each of the 3 attempts
 /// counted in the database after it; then it is dead-lettered before it runs, and the worker goes on. Every

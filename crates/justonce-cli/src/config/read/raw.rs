@@ -43,6 +43,7 @@ pub struct RawConsumer {
     pub max_attempts: Option<Count>,
     pub prefetch: Option<Count>,
     pub replicas: Option<Count>,
+    pub delivery_limit: Option<Count>,
     pub tls_ca: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,

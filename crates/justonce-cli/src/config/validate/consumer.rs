@@ -90,9 +90,14 @@ pub fn validate_consumer(
     };
     let tls = consumer_tls(&raw, over_tls, env, &at)?;
     // The keys that only some brokers take, in the order they are checked.
-    let broker_keys: [(&'static str, bool, &[Broker]); 13] = [
+    let broker_keys: [(&'static str, bool, &[Broker]); 14] = [
         ("queue", raw.queue.is_some(), &[Broker::RabbitMq]),
         ("queue_type", raw.queue_type.is_some(), &[Broker::RabbitMq]),
+        (
+            "delivery_limit",
+            raw.delivery_limit.is_some(),
+            &[Broker::RabbitMq],
+        ),
         (
             "prefetch",
             raw.prefetch.is_some(),
@@ -293,6 +298,22 @@ pub fn validate_consumer(
             let mut options = AmqpOptions::new(&queue)
                 .key_from(key_from)
                 .queue_type(queue_type);
+            if let Some(limit) = raw.delivery_limit {
+                // Only a quorum queue has a delivery limit: a classic one would ignore it.
+                if queue_type != QueueType::Quorum {
+                    bail!(
+                        "{}: needs queue_type = \"quorum\"",
+                        at("delivery_limit")
+                    );
+                }
+                let limit = u32::try_from(limit.0)
+                    .ok()
+                    .filter(|limit| *limit >= 1)
+                    .ok_or_else(|| {
+                        anyhow!("{}: must be from 1 to {}", at("delivery_limit"), u32::MAX)
+                    })?;
+                options = options.delivery_limit(limit);
+            }
             if let Some(tenants) = tenants {
                 options = options.tenants(tenants);
             }
@@ -464,6 +485,37 @@ mod tests {
                 "a password was printed: {error}"
             );
         }
+    }
+
+    #[test]
+    fn a_delivery_limit_needs_a_quorum_queue() {
+        let env = env_of(&[("SHOP_SECRET", "whsec_c2VjcmV0")]);
+        let amqp = |settings: &str| {
+            let consumer = ORDERS
+                .replace("env:ORDERS_BROKER", "amqp://127.0.0.1:5672/%2f")
+                .replace(
+                    "queue = \"orders\"",
+                    &format!("queue = \"orders\"\n{settings}"),
+                );
+            format!("{SHOP}{consumer}")
+        };
+        let settings = load_text(
+            &amqp("queue_type = \"quorum\"\ndelivery_limit = 20"),
+            &env,
+        )
+        .unwrap();
+        let options = format!("{:?}", settings.consumers[0].options);
+        assert!(options.contains("delivery_limit: Some(20)"), "{options}");
+        let error = error_of(&amqp("delivery_limit = 20"), &env);
+        assert!(
+            error.contains("consumers.orders.delivery_limit (line 14): needs queue_type = \"quorum\""),
+            "{error}"
+        );
+        let error = error_of(&amqp("queue_type = \"quorum\"\ndelivery_limit = 0"), &env);
+        assert!(
+            error.contains("consumers.orders.delivery_limit (line 15): must be from 1 to"),
+            "{error}"
+        );
     }
 
     #[test]
