@@ -308,7 +308,9 @@ async fn a_quorum_queue_dead_letters_what_passes_its_delivery_limit() {
     let queue = Queue::new(&db).await;
     let declare = |options: AmqpOptions| options.queue_type(QueueType::Quorum).delivery_limit(2);
     connect(&db, &queue, declare).await.close().await.unwrap();
-    queue.publish("poison:order", b"kills whoever takes it").await;
+    queue
+        .publish("poison:order", b"kills whoever takes it")
+        .await;
     // Taken and lost with its consumer, until the broker stops handing it out.
     let mut lost = 0;
     loop {

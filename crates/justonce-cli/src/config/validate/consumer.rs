@@ -301,10 +301,7 @@ pub fn validate_consumer(
             if let Some(limit) = raw.delivery_limit {
                 // Only a quorum queue has a delivery limit: a classic one would ignore it.
                 if queue_type != QueueType::Quorum {
-                    bail!(
-                        "{}: needs queue_type = \"quorum\"",
-                        at("delivery_limit")
-                    );
+                    bail!("{}: needs queue_type = \"quorum\"", at("delivery_limit"));
                 }
                 let limit = u32::try_from(limit.0)
                     .ok()
@@ -499,16 +496,15 @@ mod tests {
                 );
             format!("{SHOP}{consumer}")
         };
-        let settings = load_text(
-            &amqp("queue_type = \"quorum\"\ndelivery_limit = 20"),
-            &env,
-        )
-        .unwrap();
+        let settings =
+            load_text(&amqp("queue_type = \"quorum\"\ndelivery_limit = 20"), &env).unwrap();
         let options = format!("{:?}", settings.consumers[0].options);
         assert!(options.contains("delivery_limit: Some(20)"), "{options}");
         let error = error_of(&amqp("delivery_limit = 20"), &env);
         assert!(
-            error.contains("consumers.orders.delivery_limit (line 14): needs queue_type = \"quorum\""),
+            error.contains(
+                "consumers.orders.delivery_limit (line 14): needs queue_type = \"quorum\""
+            ),
             "{error}"
         );
         let error = error_of(&amqp("queue_type = \"quorum\"\ndelivery_limit = 0"), &env);
