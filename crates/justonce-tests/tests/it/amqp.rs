@@ -216,7 +216,6 @@ async fn a_message_without_a_key_or_with_a_blank_one_is_dead_lettered<DB: TestBa
 /// Deliveries the consumer gave back are not counted.
 #[tokio::test]
 async fn a_quorum_queue_counts_deliveries_lost_with_their_consumer_as_attempts() {
-    use futures_util::StreamExt;
     let db = TestDb::<justonce_sql::sqlx::Sqlite>::new("amqp_quorum").await;
     let queue = Queue::new(&db).await;
     let consumer = connect(&db, &queue, |options| {
@@ -242,24 +241,7 @@ async fn a_quorum_queue_counts_deliveries_lost_with_their_consumer_as_attempts()
     queue.publish("bad:order", b"never succeeds").await;
     // Twice, a consumer takes both and dies without settling them.
     for _ in 0..2 {
-        let channel = queue.connection.create_channel().await.unwrap();
-        let mut taken = channel
-            .basic_consume(
-                queue.name.as_str().into(),
-                "".into(),
-                Default::default(),
-                Default::default(),
-            )
-            .await
-            .unwrap();
-        for _ in 0..2 {
-            tokio::time::timeout(Duration::from_secs(10), taken.next())
-                .await
-                .expect("a delivery")
-                .unwrap()
-                .unwrap();
-        }
-        channel.close(200, "gone".into()).await.unwrap();
+        assert_eq!(take_and_lose(&queue, 2, Duration::from_secs(10)).await, 2);
     }
     // Each given back twice (as while the database is down), which is not counted, then
     // run as its third attempt.
@@ -298,12 +280,34 @@ async fn a_quorum_queue_counts_deliveries_lost_with_their_consumer_as_attempts()
     db.cleanup().await;
 }
 
+/// Takes up to `count` deliveries of `queue` on a channel of its own, each within `wait`,
+/// and closes the channel without settling them, as a consumer that dies does; how many
+/// came.
+async fn take_and_lose(queue: &Queue, count: usize, wait: Duration) -> usize {
+    use futures_util::StreamExt;
+    let channel = queue.connection.create_channel().await.unwrap();
+    let mut taken = channel
+        .basic_consume(
+            queue.name.as_str().into(),
+            "".into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let mut came = 0;
+    while came < count && tokio::time::timeout(wait, taken.next()).await.is_ok() {
+        came += 1;
+    }
+    channel.close(200, "gone".into()).await.unwrap();
+    came
+}
+
 /// A quorum queue declared with a delivery limit: a message lost with its consumer more
 /// often than the limit goes to the dead-letter queue by the broker itself, with its body
 /// and id, though no consumer of justonce saw it again.
 #[tokio::test]
 async fn a_quorum_queue_dead_letters_what_passes_its_delivery_limit() {
-    use futures_util::StreamExt;
     let db = TestDb::<justonce_sql::sqlx::Sqlite>::new("amqp_limit").await;
     let queue = Queue::new(&db).await;
     let declare = |options: AmqpOptions| options.queue_type(QueueType::Quorum).delivery_limit(2);
@@ -313,22 +317,7 @@ async fn a_quorum_queue_dead_letters_what_passes_its_delivery_limit() {
         .await;
     // Taken and lost with its consumer, until the broker stops handing it out.
     let mut lost = 0;
-    loop {
-        let channel = queue.connection.create_channel().await.unwrap();
-        let mut taken = channel
-            .basic_consume(
-                queue.name.as_str().into(),
-                "".into(),
-                Default::default(),
-                Default::default(),
-            )
-            .await
-            .unwrap();
-        let delivery = tokio::time::timeout(Duration::from_secs(2), taken.next()).await;
-        channel.close(200, "gone".into()).await.unwrap();
-        if delivery.is_err() {
-            break;
-        }
+    while take_and_lose(&queue, 1, Duration::from_secs(2)).await == 1 {
         lost += 1;
         assert!(lost <= 5, "the broker went on handing it out");
     }
