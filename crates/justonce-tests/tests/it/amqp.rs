@@ -355,32 +355,15 @@ async fn a_message_that_kills_its_consumer_is_dead_lettered_after_its_attempts_o
             && queue.ready_in(&queue.dead()).await == 1
             && queue.ready().await == 0
     };
-    let mut exits = 0;
-    loop {
-        let mut worker = tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
+    let start = || {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
             .args([&db.url, &db.prefix, &amqp_url(), &queue.name, "consumer"])
             .arg("run-quorum")
             .kill_on_drop(true)
             .spawn()
-            .expect("start broker-worker");
-        let finished = async {
-            while !done().await {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
-        tokio::select! {
-            exited = worker.wait() => {
-                assert_eq!(exited.unwrap().code(), Some(justonce_tests::EXITED));
-                exits += 1;
-                assert!(exits <= 4, "a worker died on its fifth delivery");
-            }
-            finished = tokio::time::timeout(Duration::from_secs(60), finished) => {
-                finished.expect("the worker went on and finished within a minute");
-                worker.kill().await.unwrap();
-                break;
-            }
-        }
-    }
+            .expect("start broker-worker")
+    };
+    let exits = super::broker::exits_until_done(start, done, 4).await;
     assert_eq!(
         exits, 4,
         "a worker died on its first run and its 3 counted attempts"

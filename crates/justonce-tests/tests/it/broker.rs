@@ -1246,27 +1246,7 @@ async fn kills_until_dead_lettered<B: Batching, DB: TestBackend>(test: &str, mod
             && broker.dead_letters().await == 1
             && broker.settled(&db).await
     };
-    let mut exits = 0;
-    loop {
-        let mut worker = worker(&db, &broker, mode);
-        let finished = async {
-            while !done().await {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
-        tokio::select! {
-            exited = worker.wait() => {
-                assert_eq!(exited.unwrap().code(), Some(justonce_tests::EXITED));
-                exits += 1;
-                assert!(exits <= 4, "a worker died on the killer's fifth run");
-            }
-            finished = tokio::time::timeout(Duration::from_secs(90), finished) => {
-                finished.expect("the worker went on and finished within 90 s");
-                worker.kill().await.unwrap();
-                break;
-            }
-        }
-    }
+    let exits = exits_until_done(|| worker(&db, &broker, mode), done, 4).await;
     assert_eq!(
         exits, 4,
         "a worker died on its first run and its 3 counted attempts"
@@ -1278,6 +1258,38 @@ async fn kills_until_dead_lettered<B: Batching, DB: TestBackend>(test: &str, mod
     assert!(settles(&broker, &db).await, "every delivery was settled");
     broker.delete().await;
     db.cleanup().await;
+}
+
+/// Starts a worker with `start`, and again each time one exits as a killed run makes it
+/// exit ([`justonce_tests::EXITED`]), until `done` holds; then kills the last and returns
+/// how many exited. Fails past `most` exits, or when a worker neither exits nor gets it
+/// done within 90 s.
+pub(crate) async fn exits_until_done(
+    start: impl Fn() -> tokio::process::Child,
+    done: impl AsyncFn() -> bool,
+    most: usize,
+) -> usize {
+    let mut exits = 0;
+    loop {
+        let mut worker = start();
+        let finished = async {
+            while !done().await {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::select! {
+            exited = worker.wait() => {
+                assert_eq!(exited.unwrap().code(), Some(justonce_tests::EXITED));
+                exits += 1;
+                assert!(exits <= most, "a worker died {exits} times, {most} at most");
+            }
+            finished = tokio::time::timeout(Duration::from_secs(90), finished) => {
+                finished.expect("the worker went on and finished within 90 s");
+                worker.kill().await.unwrap();
+                return exits;
+            }
+        }
+    }
 }
 
 /// A delivery given back while the database is down, more often than its single attempt
