@@ -45,18 +45,27 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
 /// The longest duration any setting takes.
 const MAX_DURATION: Duration = Duration::from_secs(36_500 * 86_400);
 
-/// SIGINT (Ctrl-C) or SIGTERM.
-pub async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+/// SIGINT (Ctrl-C) or SIGTERM, listened for from this call on: a signal that comes before
+/// the future is first polled still ends it, instead of the signal's default action ending
+/// the process. Call it within the runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
+    use tokio::signal::unix::{SignalKind, signal};
+    let interrupt = signal(SignalKind::interrupt()).ok();
+    let terminate = signal(SignalKind::terminate()).ok();
+    async move {
+        tokio::select! {
+            () = received(interrupt) => {}
+            () = received(terminate) => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+    }
+}
+
+/// The next signal `listener` receives; never, without a listener.
+async fn received(listener: Option<tokio::signal::unix::Signal>) {
+    match listener {
+        Some(mut listener) => {
+            listener.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }

@@ -47,6 +47,9 @@ pub fn check_failpoint() -> Result<()> {
 }
 
 pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<()> {
+    // Listened for before anything answers: a SIGTERM sent once the service is seen ready
+    // stops it gracefully, whatever startup work is still being polled.
+    let shutdown = shutdown_signal();
     let purge_plan = purge::Plan::of(&settings)?;
     let roles = settings.roles.clone();
     let mut sources = Vec::new();
@@ -250,7 +253,7 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     ));
     drop(misconfigured);
     let signal = async move {
-        shutdown_signal().await;
+        shutdown.await;
         tracing::info!("stopping: finishing requests in flight");
         let _ = stop.send(true);
     };
