@@ -966,7 +966,8 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// [`Consumer::run_batch_with`] for deliveries whose keys are all claimed in one scope.
     /// A delivery that may be a re-run runs alone, with its own count of runs: one that ends
     /// the process is then given up alone, not with the batch around it. The deliveries
-    /// between such ones run together, in order.
+    /// between such ones run together, in order. How each delivery tried is to be settled;
+    /// true when the database failed, at the last one.
     async fn run_scope_with<E>(
         &self,
         batch: &[B::Delivery],
@@ -991,9 +992,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                 None => self.run_each(part, work, stats, &mut settles).await,
             };
             if store_failed {
-                // Not tried: the database that just failed would fail them too.
-                stats.returned += (batch.len() - settles.len()) as u64;
-                settles.resize(batch.len(), Settle::GiveBack);
+                // The caller gives back the rest, untried.
                 return (settles, true);
             }
         }
