@@ -2,7 +2,7 @@
 //! `amqp://` URL, NATS JetStream for a `nats://` one, Redis Streams for a `redis://` one,
 //! MQTT for an `mqtt://` one, Kafka for a `kafka://` one.
 //!
-//! `broker-worker <database-url> <prefix> <broker-url> <queue> <kind> <mode>`
+//! `broker-worker <database-url> <prefix> <broker-url> <queue> <kind> <mode> [quorum]`
 //!
 //! The queue is a RabbitMQ queue (the key is the `message_id`), or the JetStream stream,
 //! subject and durable consumer of that name (the key is the `Order-Id` header), or the
@@ -27,6 +27,7 @@
 //! consumer that often is dead-lettered before it runs; the work ends this process on a key
 //! that starts with `exit`. `run-batched-<n>-attempts`: the same in batches of 20.
 //! `run-quorum` (RabbitMQ): `run-3-attempts`, on a quorum queue with a prefetch of 1.
+//! `quorum` after the mode (RabbitMQ): the queue is a quorum queue, in any mode.
 //! `ack-before-commit` (a consumer, not a reader or a member): deliberately broken, for the
 //! fault harness's own test: acknowledges each delivery, then runs its work, so that a kill
 //! in between loses it. `separate-claim` (a reader): deliberately broken the other way:
@@ -61,13 +62,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, prefix, broker, queue, kind, mode] = args.as_slice() else {
+    let (quorum, args) = match args.as_slice() {
+        [args @ .., last] if last == "quorum" => (true, args),
+        args => (false, args),
+    };
+    let [url, prefix, broker, queue, kind, mode] = args else {
         eprintln!(
-            "usage: broker-worker <database-url> <prefix> <broker-url> <queue> <kind> <mode>"
+            "usage: broker-worker <database-url> <prefix> <broker-url> <queue> <kind> <mode> [quorum]"
         );
         return ExitCode::from(2);
     };
-    let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, broker, queue, kind, mode).await);
+    let result = justonce_tests::with_backend!(url, DB => work::<DB>(url, prefix, broker, queue, kind, mode, quorum).await);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -84,6 +89,7 @@ async fn work<DB: TestBackend>(
     queue: &str,
     kind: &str,
     mode: &str,
+    quorum: bool,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     justonce_tests::hang_at_failpoints();
     let reader = kind == "reader";
@@ -152,6 +158,7 @@ async fn work<DB: TestBackend>(
             "run-quorum" => AmqpOptions::new(queue)
                 .queue_type(QueueType::Quorum)
                 .prefetch(1),
+            _ if quorum => AmqpOptions::new(queue).queue_type(QueueType::Quorum),
             _ => AmqpOptions::new(queue),
         }
         .max_attempts(attempts);

@@ -23,14 +23,18 @@ on_every_database!(
     the_relay_publishes_rows_with_their_key_as_message_id,
 );
 
-/// A queue (and its dead-letter queue) named after the test's prefix, deleted at the end.
-pub(crate) struct Queue {
+/// A queue (and its dead-letter queue) named after the test's prefix, deleted at the end:
+/// a classic queue, or a quorum queue where `QUORUM` holds.
+pub(crate) struct Queue<const QUORUM: bool = false> {
     name: String,
     connection: Connection,
     publisher: AmqpDestination,
 }
 
-impl Queue {
+/// A quorum queue, which the generic broker tests run on as on a classic one.
+pub(crate) type QuorumQueue = Queue<true>;
+
+impl<const QUORUM: bool> Queue<QUORUM> {
     async fn new<DB: TestBackend>(db: &TestDb<DB>) -> Self {
         let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
             .await
@@ -45,6 +49,16 @@ impl Queue {
 
     fn dead(&self) -> String {
         format!("{}.dead", self.name)
+    }
+
+    /// A consumer's options for this queue, declared as its type says.
+    fn options(&self) -> AmqpOptions {
+        let options = AmqpOptions::new(&self.name);
+        if QUORUM {
+            options.queue_type(QueueType::Quorum)
+        } else {
+            options
+        }
     }
 
     /// Publishes through the relay's own destination: `message_id` is the key.
@@ -129,18 +143,15 @@ fn header(properties: &BasicProperties, name: &str) -> Option<AMQPValue> {
         .and_then(|headers| headers.inner().get(name).cloned())
 }
 
+/// A consumer of the classic `queue` with the options `options` makes of its defaults.
 async fn connect<DB: TestBackend>(
     db: &TestDb<DB>,
     queue: &Queue,
     options: impl FnOnce(AmqpOptions) -> AmqpOptions,
 ) -> AmqpConsumer<DB> {
-    AmqpConsumer::connect(
-        &amqp_url(),
-        db.inbox.clone(),
-        options(AmqpOptions::new(&queue.name)),
-    )
-    .await
-    .unwrap()
+    AmqpConsumer::connect(&amqp_url(), db.inbox.clone(), options(queue.options()))
+        .await
+        .unwrap()
 }
 
 async fn failing_work_is_retried_then_dead_lettered<DB: TestBackend>(test: &str) {
@@ -549,7 +560,7 @@ impl super::broker::Restartable for Queue {
     }
 }
 
-impl GivingBack for Queue {
+impl<const QUORUM: bool> GivingBack for Queue<QUORUM> {
     type Adapter = justonce_transport::amqp::Amqp;
 
     fn generic<DB: TestBackend>(consumer: &AmqpConsumer<DB>) -> &AmqpConsumer<DB> {
@@ -557,9 +568,9 @@ impl GivingBack for Queue {
     }
 }
 
-impl Batching for Queue {
+impl<const QUORUM: bool> Batching for Queue<QUORUM> {
     async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> AmqpConsumer<DB> {
-        let options = AmqpOptions::new(&self.name).prefetch(64).max_attempts(2);
+        let options = self.options().prefetch(64).max_attempts(2);
         AmqpConsumer::connect(&amqp_url(), inbox.clone(), options)
             .await
             .unwrap()
@@ -570,7 +581,7 @@ impl Batching for Queue {
     }
 }
 
-impl TestBroker for Queue {
+impl<const QUORUM: bool> TestBroker for Queue<QUORUM> {
     type Consumer<DB: TestBackend> = AmqpConsumer<DB>;
 
     fn url() -> String {
@@ -578,14 +589,14 @@ impl TestBroker for Queue {
     }
 
     async fn open<DB: TestBackend>(db: &TestDb<DB>) -> Self {
-        let queue = Queue::new(db).await;
+        let queue = Self::new(db).await;
         // Declares the queues.
-        connect(db, &queue, |options| options)
-            .await
-            .close()
-            .await
-            .unwrap();
+        queue.connect(db).await.close().await.unwrap();
         queue
+    }
+
+    fn worker_options(&self) -> &'static [&'static str] {
+        if QUORUM { &["quorum"] } else { &[] }
     }
 
     fn name(&self) -> &str {
@@ -599,7 +610,9 @@ impl TestBroker for Queue {
     }
 
     async fn connect<DB: TestBackend>(&self, db: &TestDb<DB>) -> AmqpConsumer<DB> {
-        connect(db, self, |options| options).await
+        AmqpConsumer::connect(&amqp_url(), db.inbox.clone(), self.options())
+            .await
+            .unwrap()
     }
 
     async fn consume<DB: TestBackend>(

@@ -45,6 +45,12 @@ pub(crate) trait TestBroker: Sized {
     /// The name a worker process consumes.
     fn name(&self) -> &str;
 
+    /// What a worker process takes after its mode to consume the queue as declared: on
+    /// RabbitMQ, a quorum queue's type.
+    fn worker_options(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// Publishes one message per key, each stored by the broker before the next.
     async fn publish(&self, keys: &[String]);
 
@@ -428,6 +434,28 @@ on_brokers!(giving_back: [
     a_batched_consumer_stopped_mid_run_acknowledges_every_delivery_it_committed,
 ));
 
+// RabbitMQ's quorum queue, the replicated one, through the proofs of a classic queue: what
+// differs is the broker's, so one database runs them. A quorum queue's own delivery count and
+// limit have their tests in `amqp`.
+mod quorum {
+    on_brokers!(@broker_on postgres, sqlx::Postgres, [
+        amqp = crate::amqp::QuorumQueue,
+    ] (
+        each_message_delivered_twice_takes_effect_once,
+        a_worker_killed_between_commit_and_ack_leaves_one_effect,
+        a_consumer_killed_twenty_times_loses_nothing_and_doubles_nothing,
+        ten_thousand_messages_a_fifth_repeated_take_effect_once_per_key,
+        two_consumer_processes_on_one_queue_take_effect_once_each,
+        a_failing_message_in_a_batch_neither_loses_nor_doubles_the_others,
+        a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_nothing,
+        a_batch_work_gets_each_key_once_and_writes_one_effect_per_key,
+        a_failing_batch_work_runs_again_alone_and_the_poison_message_alone_fails,
+        a_work_that_panics_fails_its_attempts_and_the_consumer_goes_on,
+        a_database_failure_gives_the_batch_back_and_asks_for_a_pause,
+        a_batched_consumer_stopped_mid_run_acknowledges_every_delivery_it_committed,
+    ));
+}
+
 // A message whose work ends its process, on every broker: the runs started are counted
 // in the database. PostgreSQL only: the count is proven on every database by `runs`.
 mod crash_loop {
@@ -482,6 +510,7 @@ fn spawn_worker<B: TestBroker, DB: TestBackend>(
 ) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_broker-worker"))
         .args([&db.url, &db.prefix, &B::url(), broker.name(), kind, mode])
+        .args(broker.worker_options())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
