@@ -135,6 +135,18 @@ pub trait Backend: sqlx::Database<Arguments: Clone + Sync> + Sealed {
         keys: &'a [&'a str],
     ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a;
 
+    /// Counts a first run of each of `keys` (distinct), in one statement committed on its
+    /// own, unless one of them has runs counted already; how many it counted: all of them
+    /// or none, but for a count another process wrote meanwhile.
+    #[doc(hidden)]
+    fn record_first_runs<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Self::Statements,
+        scope: &'a Scope,
+        consumer: &'a Consumer,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'a;
+
     /// What wakes a waiting relay when another process commits a row: notifications on
     /// PostgreSQL, nothing elsewhere (the relay polls).
     #[doc(hidden)]

@@ -1263,6 +1263,28 @@ impl<DB: Backend> Inbox<DB> {
             .await
     }
 
+    /// Records that a run of each of `keys` starts, as [`Inbox::record_run`] does, in one
+    /// statement committed on its own, but only when none of them has a run counted yet;
+    /// whether it did. A consumer that took several deliveries that may be re-runs runs
+    /// them together when it did: none of them is known to have started a run before. When
+    /// one has, it runs each alone with its own count, so that a message whose work ends
+    /// the process is given up alone. A key given twice is counted once.
+    pub async fn record_first_runs(&self, keys: &[&Key]) -> Result<bool, Error> {
+        let mut distinct: Vec<&str> = keys.iter().map(|key| key.as_str()).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let _writer = self.shared.queue_writer().await;
+        let counted = DB::record_first_runs(
+            &self.shared.pool,
+            &self.shared.sql,
+            &self.scope,
+            &self.consumer,
+            &distinct,
+        )
+        .await?;
+        Ok(counted == distinct.len() as u64)
+    }
+
     /// Deletes this consumer's keys, in every scope, processed more than `older_than` ago
     /// (by the database's clock), `batch_size` rows per statement so that no statement holds many
     /// locks, and returns how many were deleted, with the counts of runs

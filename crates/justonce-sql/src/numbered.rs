@@ -35,6 +35,9 @@ pub struct Statements {
     pub(crate) lease_claim: Arc<str>,
     /// scope, consumer, key: returns the runs started, this one included.
     pub(crate) record_run: Arc<str>,
+    /// scope, consumer, keys (see [`Specific::keys_given`]): counts a first run of each
+    /// unless one of them has runs counted.
+    pub(crate) record_first_runs: Arc<str>,
 }
 
 impl AsRef<Common> for Statements {
@@ -52,6 +55,9 @@ pub(crate) struct Specific {
     pub(crate) claim_and_forward_many: Option<String>,
     pub(crate) insert_many: String,
     pub(crate) find_many: String,
+    /// The keys given as `$3` (an array on PostgreSQL, a JSON array on SQLite) as a
+    /// relation of one column, `key`, under the alias given.
+    pub(crate) keys_given: fn(&str) -> String,
     pub(crate) has_unique_constraint: String,
     /// consumer, milliseconds, limit.
     pub(crate) purge_keys: String,
@@ -512,6 +518,18 @@ impl Statements {
                  SET runs = {runs}.runs + 1, last_run_at = excluded.last_run_at
                  RETURNING runs"
             )),
+            record_first_runs: text(format!(
+                "INSERT INTO {runs} (scope, consumer, key, runs, last_run_at)
+                 SELECT $1, $2, batch.key, 1, {now} FROM {batch}
+                 WHERE NOT EXISTS (
+                    SELECT 1 FROM {runs} AS counted
+                    WHERE counted.scope = $1 AND counted.consumer = $2
+                      AND counted.key IN (SELECT listed.key FROM {listed})
+                 )
+                 ON CONFLICT (scope, consumer, key) DO NOTHING",
+                batch = (specific.keys_given)("batch"),
+                listed = (specific.keys_given)("listed"),
+            )),
         }
     }
 }
@@ -671,6 +689,32 @@ where
     let applied = apply_migrations::<DB>(&mut tx, tables).await?;
     tx.commit().await.map_err(driver_error::<DB>)?;
     Ok(applied)
+}
+
+/// [`Backend::record_first_runs`], with the keys given as `keys`: an array on PostgreSQL, a
+/// JSON array on SQLite.
+pub(crate) async fn record_first_runs<DB, Keys>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Statements,
+    scope: &Scope,
+    consumer: &Consumer,
+    keys: Keys,
+) -> Result<u64, Error>
+where
+    DB: Backend,
+    for<'c> &'c sqlx::Pool<DB>: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> Keys: Encode<'q, DB> + Type<DB>,
+{
+    let done = sqlx::query(AssertSqlSafe(sql.record_first_runs.clone()))
+        .bind(scope.as_str())
+        .bind(consumer.as_str())
+        .bind(keys)
+        .execute(pool)
+        .await
+        .map_err(driver_error::<DB>)?;
+    Ok(DB::rows_affected(&done))
 }
 
 /// The stored rows of a batch's keys, given as `keys`: an array on PostgreSQL, a JSON

@@ -6,7 +6,7 @@ use crate::reconnect::{Connection, Link};
 use crate::{ConsumerStats, Error, Incoming, KeyFrom, Ran, Tenants};
 use justonce_core::TraceContext;
 use justonce_core::trace::{TRACEPARENT, TRACESTATE};
-use justonce_sql::{Backend, Inbox, Outcome, Scope, WorkFuture, sqlx};
+use justonce_sql::{Backend, Inbox, Key, Outcome, Scope, WorkFuture, sqlx};
 use std::future::Future;
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
@@ -393,16 +393,15 @@ pub(crate) fn scope_runs<D: Received>(
     runs.into_iter().map(|(run, _)| run).collect()
 }
 
-/// The parts of `batch` that run apart, in order: each delivery that may be a re-run alone,
-/// and the first deliveries between them together.
-fn reruns_apart<D: Received>(batch: &[D]) -> Vec<Range<usize>> {
-    let mut parts: Vec<Range<usize>> = Vec::new();
+/// The parts of `batch` that run apart, in order: the first deliveries together, and the
+/// deliveries that may be re-runs apart from them (`true`).
+fn reruns_apart<D: Received>(batch: &[D]) -> Vec<(Range<usize>, bool)> {
+    let mut parts: Vec<(Range<usize>, bool)> = Vec::new();
     for (at, delivery) in batch.iter().enumerate() {
+        let rerun = delivery.redelivered();
         match parts.last_mut() {
-            Some(part) if !delivery.redelivered() && !batch[part.start].redelivered() => {
-                part.end = at + 1;
-            }
-            _ => parts.push(at..at + 1),
+            Some((part, reruns)) if *reruns == rerun => part.end = at + 1,
+            _ => parts.push((at..at + 1, rerun)),
         }
     }
     parts
@@ -853,11 +852,17 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         F: Work<DB, E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        self.run_one_with(delivery, &EachMessage(work)).await
+        self.run_one_with(delivery, &EachMessage(work), false).await
     }
 
     /// [`Consumer::run_one`] for either kind of work: a [`BatchWork`] gets a batch of one.
-    async fn run_one_with<E>(&self, delivery: &B::Delivery, work: &impl RunWork<DB, E>) -> Ran<E>
+    /// `counted`: the run of a delivery that may be a re-run is counted already.
+    async fn run_one_with<E>(
+        &self,
+        delivery: &B::Delivery,
+        work: &impl RunWork<DB, E>,
+        counted: bool,
+    ) -> Ran<E>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
@@ -867,7 +872,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         };
         let alone: &[&Incoming] = &[&incoming];
         let inbox = crate::inbox_in(&self.inbox, &incoming.scope);
-        let spent = if delivery.redelivered() {
+        let spent = if delivery.redelivered() && !counted {
             let max_attempts = self.broker.policy().max_attempts;
             match count_run(&inbox, &incoming, max_attempts).await {
                 Ok(spent) => spent,
@@ -964,10 +969,11 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     }
 
     /// [`Consumer::run_batch_with`] for deliveries whose keys are all claimed in one scope.
-    /// A delivery that may be a re-run runs alone, with its own count of runs: one that ends
-    /// the process is then given up alone, not with the batch around it. The deliveries
-    /// between such ones run together, in order. How each delivery tried is to be settled;
-    /// true when the database failed, at the last one.
+    /// The first deliveries run together, in order. So do the deliveries that may be
+    /// re-runs, with a run of each counted, when none of them has runs counted yet. Once one
+    /// has, each runs alone with its own count of runs: one that ends the process is then
+    /// given up alone, not with the batch around it. How each delivery tried is to be
+    /// settled; true when the database failed, at the last one.
     async fn run_scope_with<E>(
         &self,
         batch: &[B::Delivery],
@@ -978,10 +984,21 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         E: std::error::Error + Send + Sync + 'static,
     {
         let mut settles = Vec::with_capacity(batch.len());
-        for part in reruns_apart(batch) {
+        for (part, reruns) in reruns_apart(batch) {
             let part = &batch[part];
+            let counted = match (part.len(), reruns) {
+                (1, _) | (_, false) => false,
+                (_, true) => match self.record_first_runs(part).await {
+                    Ok(counted) => counted,
+                    Err(error) => {
+                        settles.push(self.judge(&part[0], Ran::<E>::Store(error), stats));
+                        return (settles, true);
+                    }
+                },
+            };
             let together = match part.len() {
                 1 => None,
+                _ if reruns && !counted => None,
                 _ => self.run_together(part, work, stats).await,
             };
             let store_failed = match together {
@@ -989,7 +1006,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                     settles.extend(settled);
                     false
                 }
-                None => self.run_each(part, work, stats, &mut settles).await,
+                None => self.run_each(part, work, stats, &mut settles, counted).await,
             };
             if store_failed {
                 // The caller gives back the rest, untried.
@@ -997,6 +1014,17 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             }
         }
         (settles, false)
+    }
+
+    /// Counts a run of each delivery of `reruns` with a key when none of them has runs
+    /// counted (see [`Inbox::record_first_runs`]); whether it did.
+    async fn record_first_runs(&self, reruns: &[B::Delivery]) -> Result<bool, justonce_core::Error> {
+        let read: Vec<Incoming> = reruns.iter().filter_map(|delivery| self.read(delivery).ok()).collect();
+        let Some(first) = read.first() else {
+            return Ok(false);
+        };
+        let keys: Vec<&Key> = read.iter().map(|incoming| &incoming.key).collect();
+        crate::inbox_in(&self.inbox, &first.scope).record_first_runs(&keys).await
     }
 
     /// Claims the keys of `batch` with one statement and runs the work of its first claims
@@ -1060,19 +1088,20 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
 
     /// Runs the deliveries of `batch` one by one, pushing how each is to be settled onto
     /// `settles`; true when the database failed, at the last one pushed: the rest is not
-    /// tried.
+    /// tried. `counted`: their runs are counted already, as a batch's.
     async fn run_each<E>(
         &self,
         batch: &[B::Delivery],
         work: &impl RunWork<DB, E>,
         stats: &mut ConsumerStats,
         settles: &mut Vec<Settle>,
+        counted: bool,
     ) -> bool
     where
         E: std::error::Error + Send + Sync + 'static,
     {
         for delivery in batch {
-            let ran = self.run_one_with(delivery, work).await;
+            let ran = self.run_one_with(delivery, work, counted).await;
             let store_failed = matches!(ran, Ran::Store(_));
             settles.push(self.judge(delivery, ran, stats));
             if store_failed {

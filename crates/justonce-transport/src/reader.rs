@@ -160,7 +160,9 @@ pub trait OrderedBroker: Send + Sync {
 /// An entry read after its partition was assigned (or after the reader started), before
 /// the reader's first commit there, may be the one its previous reader died on: its run is
 /// counted in the database before it starts, and once the runs started reach the policy's
-/// `max_attempts` it is dead-lettered unrun. So is each retry in place.
+/// `max_attempts` it is dead-lettered unrun. So is each retry in place. Such entries of one
+/// batch run together, their runs counted in one statement, when none of them has runs
+/// counted; else each alone.
 #[derive(Debug)]
 pub struct Reader<O: OrderedBroker, DB: Backend> {
     broker: O,
@@ -168,6 +170,20 @@ pub struct Reader<O: OrderedBroker, DB: Backend> {
     connection: Connection,
     proven: std::sync::Mutex<Proven>,
     store_failed: std::sync::Mutex<Option<StoreFailed>>,
+    /// The entries whose first runs were counted together last: run again after a
+    /// database failure, they are not counted again.
+    counted: std::sync::Mutex<Vec<(String, i32, Offset)>>,
+}
+
+/// Whether the first try of an entry counts a run before it starts. Each retry does.
+#[derive(Debug, Clone, Copy)]
+enum FirstTry {
+    /// Read after this reader's commit in the partition: not a re-run.
+    Proven,
+    /// It may be a re-run: counted alone.
+    Count,
+    /// It may be a re-run, and its run is counted already, with its batch's.
+    Counted,
 }
 
 /// The entry whose last run met a database failure, on its attempt, with what its count of
@@ -231,12 +247,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             connection,
             proven: std::sync::Mutex::default(),
             store_failed: std::sync::Mutex::default(),
+            counted: std::sync::Mutex::default(),
         }
     }
 
-    /// Whether the entry at `at`, on `attempt`, may be a re-run: a retry, or read before
-    /// this reader's first commit in its partition since it was assigned.
-    fn may_rerun(&self, at: Position<'_>, attempt: u32) -> bool {
+    /// Whether the entry at `at`, on its first try, may be a re-run: read before this
+    /// reader's first commit in its partition since it was assigned.
+    fn may_rerun(&self, at: Position<'_>) -> bool {
         let mut proven = crate::lock(&self.proven);
         let assignments = self.broker.assignments();
         if proven.assignments != assignments {
@@ -245,7 +262,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 partitions: BTreeSet::new(),
             };
         }
-        attempt > 1 || !(proven.partitions).contains(&(at.stream.to_owned(), at.partition))
+        !(proven.partitions).contains(&(at.stream.to_owned(), at.partition))
     }
 
     /// Notes a commit of this reader that stored the offset of `at` in its partition.
@@ -263,6 +280,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         at: Position<'_>,
         incoming: &Incoming,
         work: &impl RunWork<DB, E>,
+        first_try: FirstTry,
     ) -> Ran<E>
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -273,7 +291,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             at.offset,
             incoming.attempt,
         );
-        let spent = match self.count(at, incoming, &entry).await {
+        let spent = match self.count(incoming, &entry, first_try).await {
             Ok(spent) => spent,
             Err(error) => return Ran::Store(error),
         };
@@ -283,16 +301,16 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         ran
     }
 
-    /// Counts the run of `incoming` at `at` if it may be a re-run, and says whether it is
-    /// spent (see [`count_run`]). The same attempt of an entry that met a database failure
-    /// is not counted twice.
+    /// Counts the run of `incoming` if it may be a re-run and is not counted yet, and says
+    /// whether it is spent (see [`count_run`]). The same attempt of an entry that met a
+    /// database failure is not counted twice.
     async fn count(
         &self,
-        at: Position<'_>,
         incoming: &Incoming,
         entry: &(String, i32, Offset, u32),
+        first_try: FirstTry,
     ) -> Result<Option<Spent>, justonce_sql::Error> {
-        if !self.may_rerun(at, incoming.attempt) {
+        if incoming.attempt == 1 && !matches!(first_try, FirstTry::Count) {
             return Ok(None);
         }
         if let Some(failed) = crate::lock(&self.store_failed).as_ref()
@@ -551,8 +569,12 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             Ok(read) => read,
             Err(unusable) => return unusable.ran(),
         };
+        let first_try = match self.may_rerun(position) {
+            true => FirstTry::Count,
+            false => FirstTry::Proven,
+        };
         let ran = self
-            .count_and_run(position, &incoming, &EachMessage(work))
+            .count_and_run(position, &incoming, &EachMessage(work), first_try)
             .await;
         // Only a processed entry's transaction stored its offset: after a duplicate,
         // a restarted reader reads from before it again.
@@ -600,20 +622,69 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         // runs of one tenant's, in order.
         for run in scope_runs(self.broker.policy(), self.inbox.scope(), batch) {
             let entries = &batch[run.clone()];
-            // An entry that may be a re-run runs alone, with its own count of runs.
-            let together =
-                entries.len() > 1 && !entries.iter().any(|entry| self.may_rerun_entry(entry));
+            // Read before any of them runs: a commit of the first proves nothing of those
+            // after it, which the previous reader may have run with it, and died on.
+            let reruns: Vec<bool> = entries.iter().map(|entry| self.may_rerun_entry(entry)).collect();
+            let may_rerun = reruns.contains(&true);
+            let counted = match entries.len() > 1 && may_rerun {
+                false => false,
+                true => match self.record_first_runs(entries, &reruns).await {
+                    Ok(counted) => counted,
+                    Err(error) => {
+                        tracing::warn!(%error, "database failed: the batch runs again after the pause");
+                        stats.returned += 1;
+                        return Ok((run.start, Processed::StoreFailed));
+                    }
+                },
+            };
+            // Once one of them has runs counted, each runs alone, with its own count.
+            let together = entries.len() > 1 && (counted || !may_rerun);
             if together && self.run_together(entries, work, stats, unstored).await {
                 continue;
             }
-            for (done, entry) in entries.iter().enumerate() {
-                match self.process(entry, work, stats, unstored, shutdown).await? {
+            for (done, (entry, rerun)) in entries.iter().zip(reruns).enumerate() {
+                let first_try = match (rerun, counted) {
+                    (false, _) => FirstTry::Proven,
+                    (true, false) => FirstTry::Count,
+                    (true, true) => FirstTry::Counted,
+                };
+                match self.process(entry, work, stats, unstored, shutdown, first_try).await? {
                     Processed::Done => {}
                     ended => return Ok((run.start + done, ended)),
                 }
             }
         }
         Ok((batch.len(), Processed::Done))
+    }
+
+    /// Counts a run of each entry of `entries` that may be a re-run (`reruns`) when none of
+    /// them has runs counted (see [`Inbox::record_first_runs`]); whether it did, or did
+    /// for the same entries before their last database failure.
+    async fn record_first_runs(
+        &self,
+        entries: &[O::Entry],
+        reruns: &[bool],
+    ) -> Result<bool, justonce_sql::Error> {
+        let read: Vec<(Position<'_>, Incoming)> = (entries.iter().zip(reruns))
+            .filter(|(_, rerun)| **rerun)
+            .filter_map(|(entry, _)| self.read(entry).ok())
+            .collect();
+        let Some((_, first)) = read.first() else {
+            return Ok(false);
+        };
+        let positions: Vec<(String, i32, Offset)> = (read.iter())
+            .map(|(at, _)| (at.stream.to_owned(), at.partition, at.offset))
+            .collect();
+        if positions.iter().all(|at| crate::lock(&self.counted).contains(at)) {
+            return Ok(true);
+        }
+        let keys: Vec<&justonce_sql::Key> = read.iter().map(|(_, incoming)| &incoming.key).collect();
+        let inbox = crate::inbox_in(&self.inbox, &first.scope);
+        let counted = inbox.record_first_runs(&keys).await?;
+        if counted {
+            *crate::lock(&self.counted) = positions;
+        }
+        Ok(counted)
     }
 
     /// Claims the keys of `batch` with one statement, runs the work of each first claim and
@@ -684,11 +755,12 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     fn may_rerun_entry(&self, entry: &O::Entry) -> bool {
         self.broker
             .position(entry)
-            .is_ok_and(|at| self.may_rerun(at, 1))
+            .is_ok_and(|at| self.may_rerun(at))
     }
 
-    /// Runs an entry's work with its retries, and gives up on it or counts it. A shutdown
-    /// ends the wait before a retry at once. An entry whose partition was taken back, before
+    /// Runs an entry's work with its retries, and gives up on it or counts it; `first_try`
+    /// says whether its first try counts a run. A shutdown ends the wait before a retry at
+    /// once. An entry whose partition was taken back, before
     /// it ran or between two tries, is left to the partition's next reader.
     async fn process<E>(
         &self,
@@ -697,6 +769,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
         shutdown: &mut (impl Future + Unpin),
+        first_try: FirstTry,
     ) -> Result<Processed, Error>
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -720,7 +793,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let key = || incoming.key.as_str().to_owned();
         let max_attempts = self.broker.policy().max_attempts;
         loop {
-            let ran = self.count_and_run(position, &incoming, work).await;
+            let ran = self.count_and_run(position, &incoming, work, first_try).await;
             match &ran {
                 Ran::Outcome(outcome) => {
                     unstored.after(outcome, position);

@@ -157,6 +157,34 @@ impl Backend for MySql {
         Ok(found)
     }
 
+    async fn record_first_runs<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a MySqlStatements,
+        scope: &'a Scope,
+        consumer: &'a Consumer,
+        keys: &'a [&'a str],
+    ) -> Result<u64, Error> {
+        // Each key twice, in one statement: more than it holds are not counted, and run
+        // one by one.
+        if keys.len() * 2 + 4 > MAX_PARAMETERS {
+            return Ok(0);
+        }
+        let rows = vec!["SELECT ? AS `key`"; keys.len()].join(" UNION ALL ");
+        let text = with_list(&sql.record_first_runs, "?", keys.len()).replace("{rows}", &rows);
+        let mut insert = sqlx::query(AssertSqlSafe(text))
+            .bind(scope.as_str())
+            .bind(consumer.as_str());
+        for key in keys {
+            insert = insert.bind(*key);
+        }
+        insert = insert.bind(scope.as_str()).bind(consumer.as_str());
+        for key in keys {
+            insert = insert.bind(*key);
+        }
+        let done = insert.execute(pool).await.map_err(driver_error::<Self>)?;
+        Ok(done.rows_affected())
+    }
+
     async fn outbox_wakeups<'a>(
         _pool: &'a sqlx::Pool<Self>,
         _tables: &'a Tables,

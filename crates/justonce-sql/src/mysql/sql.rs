@@ -66,6 +66,9 @@ pub struct MySqlStatements {
     /// scope, consumer, key: the statement's `LAST_INSERT_ID` is the runs started, this
     /// one included; 0 when it inserted the row (a first run).
     pub(crate) record_run: Arc<str>,
+    /// scope, consumer, `{rows}` of one key each, scope, consumer, `{list}` of the same
+    /// keys: counts a first run of each unless one of them has runs counted.
+    pub(crate) record_first_runs: Arc<str>,
 }
 
 impl AsRef<Common> for MySqlStatements {
@@ -460,6 +463,18 @@ impl MySqlStatements {
                 "INSERT INTO {runs} (scope, consumer, `key`, runs, last_run_at)
                  VALUES (?, ?, ?, 1, {NOW})
                  ON DUPLICATE KEY UPDATE runs = LAST_INSERT_ID(runs + 1), last_run_at = {NOW}"
+            )),
+            // A key counted meanwhile by another process is left as it is, and reported
+            // as counted (`CLIENT_FOUND_ROWS`): it has a first run counted either way.
+            record_first_runs: arc(format!(
+                "INSERT INTO {runs} (scope, consumer, `key`, runs, last_run_at)
+                 SELECT ?, ?, batch.`key`, 1, {NOW} FROM ({{rows}}) AS batch
+                 WHERE NOT EXISTS (
+                    SELECT 1 FROM {runs} AS counted
+                    WHERE counted.scope = ? AND counted.consumer = ?
+                      AND counted.`key` IN ({{list}})
+                 )
+                 ON DUPLICATE KEY UPDATE runs = runs"
             )),
         }
     }

@@ -244,6 +244,16 @@ impl Backend for Postgres {
         numbered::find_many::<Self, _>(conn, sql, scope, consumer, keys).await
     }
 
+    async fn record_first_runs<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        scope: &'a Scope,
+        consumer: &'a Consumer,
+        keys: &'a [&'a str],
+    ) -> Result<u64, Error> {
+        numbered::record_first_runs::<Self, _>(pool, sql, scope, consumer, keys).await
+    }
+
     fn rows_affected(done: &Self::QueryResult) -> u64 {
         done.rows_affected()
     }

@@ -70,6 +70,7 @@ pub(super) fn statements(tables: &Tables) -> Statements {
              CROSS JOIN LATERAL ({find_one}) AS held
              WHERE batch.key NOT IN (SELECT key FROM inserted)"
         ),
+        keys_given: |alias| format!("unnest($3::text[]) AS {alias} (key)"),
         find_many: format!(
             "SELECT held.key, held.claim_id, held.fingerprint
              FROM unnest($3::text[]) AS batch (key)

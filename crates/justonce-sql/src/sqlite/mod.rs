@@ -118,14 +118,18 @@ impl Backend for Sqlite {
         consumer: &'a Consumer,
         keys: &'a [&'a str],
     ) -> Result<Vec<(String, Stored)>, Error> {
-        let json = format!(
-            "[{}]",
-            keys.iter()
-                .map(|key| json_string(key))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        numbered::find_many::<Self, _>(conn, sql, scope, consumer, json).await
+        numbered::find_many::<Self, _>(conn, sql, scope, consumer, json_array(keys)).await
+    }
+
+    async fn record_first_runs<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        scope: &'a Scope,
+        consumer: &'a Consumer,
+        keys: &'a [&'a str],
+    ) -> Result<u64, Error> {
+        let keys = json_array(keys);
+        numbered::record_first_runs::<Self, _>(pool, sql, scope, consumer, keys).await
     }
 
     async fn execute_effect(
@@ -189,4 +193,10 @@ mod tests {
         assert_eq!(json_string(r#"a"b\c"#), r#""a\"b\\c""#);
         assert_eq!(json_string("café"), "\"café\"");
     }
+}
+
+/// Keys as one JSON array of strings, which SQLite reads with `json_each`.
+fn json_array(keys: &[&str]) -> String {
+    let items: Vec<String> = keys.iter().map(|key| json_string(key)).collect();
+    format!("[{}]", items.join(","))
 }

@@ -37,6 +37,7 @@ pub(super) fn statements(tables: &Tables) -> Statements {
              ON CONFLICT (scope, consumer, key) DO NOTHING
              RETURNING key"
         ),
+        keys_given: |alias| format!("(SELECT value AS key FROM json_each($3)) AS {alias}"),
         find_many: format!(
             "SELECT key, claim_id, fingerprint FROM {keys}
              WHERE scope = $1 AND consumer = $2

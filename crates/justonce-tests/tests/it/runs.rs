@@ -1,13 +1,17 @@
 //! `Inbox::record_run`: the runs of a key a consumer started, counted in their own commit,
 //! apart for each scope and consumer, exact under concurrent counts, and purged with the
-//! keys once their last run is past the cutoff.
+//! keys once their last run is past the cutoff. `Inbox::record_first_runs`: a batch's first
+//! runs counted in one statement, only while none of its keys has runs counted.
 
 use super::{key, on_every_database};
 use justonce_sql::Scope;
 use justonce_tests::{TestBackend, TestDb};
 use std::time::Duration;
 
-on_every_database!(each_run_started_adds_one_to_its_keys_count);
+on_every_database!(
+    each_run_started_adds_one_to_its_keys_count,
+    first_runs_are_counted_together_only_while_none_of_the_keys_has_a_count,
+);
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -52,5 +56,32 @@ async fn each_run_started_adds_one_to_its_keys_count<DB: TestBackend>(test: &str
     assert_eq!(db.rows("runs").await, 2);
     assert_eq!(db.inbox.record_run(&key("order:1")).await.unwrap(), 1);
     assert_eq!(db.inbox.record_run(&key("order:2")).await.unwrap(), 3);
+    db.cleanup().await;
+}
+
+async fn first_runs_are_counted_together_only_while_none_of_the_keys_has_a_count<
+    DB: TestBackend,
+>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let (one, two, three) = (key("order:1"), key("order:2"), key("order:3"));
+    // A key given twice is counted once.
+    let counted = db.inbox.record_first_runs(&[&one, &two, &one]).await;
+    assert!(counted.unwrap(), "none had a count");
+    assert_eq!(db.rows("runs").await, 2);
+    // One of them has a count: none is counted, order:3 neither.
+    let counted = db.inbox.record_first_runs(&[&three, &two]).await;
+    assert!(!counted.unwrap(), "order:2 has a count");
+    assert_eq!(db.rows("runs").await, 2);
+    // The counts go on from the first run: the batch's was the first of each.
+    assert_eq!(db.inbox.record_run(&one).await.unwrap(), 2);
+    assert_eq!(db.inbox.record_run(&three).await.unwrap(), 1);
+    // Apart for each scope and consumer.
+    let tenant = db.inbox.with_scope(Scope::new("acme").unwrap());
+    assert!(tenant.record_first_runs(&[&one, &two]).await.unwrap());
+    let audit = db.consumer("audit");
+    assert!(audit.record_first_runs(&[&one, &two]).await.unwrap());
+    assert_eq!(db.rows("runs").await, 7);
     db.cleanup().await;
 }
