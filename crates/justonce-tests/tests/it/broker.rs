@@ -470,6 +470,7 @@ mod crash_loop {
     ] (
         a_message_that_kills_its_consumer_is_dead_lettered_after_its_attempts,
         a_message_that_kills_a_batch_is_dead_lettered_alone,
+        a_message_that_kills_a_later_batch_ends_its_attempts_and_one_more,
     ));
 }
 
@@ -1247,7 +1248,7 @@ where
 {
     // 4 deaths: on its first run, which a worker that committed before it does not count,
     // and on its 3 counted attempts.
-    kills_until_dead_lettered::<B, DB>(test, "run-3-attempts", 4).await;
+    kills_until_dead_lettered::<B, DB>(test, "run-3-attempts", 5, 4).await;
 }
 
 /// The same in batches of 20: the killer's batch comes back and runs together once more,
@@ -1262,32 +1263,47 @@ where
     // first of them with its batch. A reader counts the first batch it reads after a start:
     // it dies on the 3 counted attempts only.
     let deaths = if B::KEEPS_OFFSET { 3 } else { 4 };
-    kills_until_dead_lettered::<B, DB>(test, "run-batched-3-attempts", deaths).await;
+    kills_until_dead_lettered::<B, DB>(test, "run-batched-3-attempts", 5, deaths).await;
+}
+
+/// A killer in the second batch of 20, after a first batch committed: the worker dies on
+/// it with its batch, not counted, then on the 3 counted attempts, the first of them with
+/// its batch. A reader's commit of the first entry after its start proves nothing of the
+/// entries after it in the batch: the killer's run there is counted too.
+async fn a_message_that_kills_a_later_batch_ends_its_attempts_and_one_more<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+{
+    kills_until_dead_lettered::<B, DB>(test, "run-batched-3-attempts", 25, 4).await;
 }
 
 /// Starts workers in `mode`, each after the last one died, until all but the killer took
 /// effect and the killer is a dead letter, and checks the workers died `deaths` times.
+/// The killer comes after `killer_at` messages, 15 after it.
 async fn kills_until_dead_lettered<B: Batching, DB: TestBackend>(
     test: &str,
     mode: &str,
+    killer_at: usize,
     deaths: usize,
 ) {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
-    let mut keys: Vec<String> = (0..20).map(|n| format!("order:{n}")).collect();
-    keys.insert(5, "exit:order".to_owned());
+    let count = killer_at + 15;
+    let mut keys: Vec<String> = (0..count).map(|n| format!("order:{n}")).collect();
+    keys.insert(killer_at, "exit:order".to_owned());
     // A duplicate right before the killer: its transaction stores no offset, so a reader
     // restarted after the killer reads it again and must still count the killer's run.
-    keys.insert(5, "order:4".to_owned());
+    keys.insert(killer_at, format!("order:{}", killer_at - 1));
     broker.publish(&keys).await;
     let done = async || {
-        db.rows("effects").await == 20
+        db.rows("effects").await == count as i64
             && broker.dead_letters().await == 1
             && broker.settled(&db).await
     };
     let exits = exits_until_done(|| worker(&db, &broker, mode), done, deaths).await;
     assert_eq!(exits, deaths, "workers died on the killer");
-    assert_eq!(db.rows("effects").await, 20);
+    assert_eq!(db.rows("effects").await, count as i64);
     assert_eq!(db.doubled_effects().await, 0);
     assert_eq!(db.effects_of(&Key::new("exit:order").unwrap()).await, 0);
     assert_eq!(broker.dead_letters().await, 1);
