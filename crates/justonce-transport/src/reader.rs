@@ -624,7 +624,10 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             let entries = &batch[run.clone()];
             // Read before any of them runs: a commit of the first proves nothing of those
             // after it, which the previous reader may have run with it, and died on.
-            let reruns: Vec<bool> = entries.iter().map(|entry| self.may_rerun_entry(entry)).collect();
+            let reruns: Vec<bool> = entries
+                .iter()
+                .map(|entry| self.may_rerun_entry(entry))
+                .collect();
             let may_rerun = reruns.contains(&true);
             let counted = match entries.len() > 1 && may_rerun {
                 false => false,
@@ -648,7 +651,10 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     (true, false) => FirstTry::Count,
                     (true, true) => FirstTry::Counted,
                 };
-                match self.process(entry, work, stats, unstored, shutdown, first_try).await? {
+                match self
+                    .process(entry, work, stats, unstored, shutdown, first_try)
+                    .await?
+                {
                     Processed::Done => {}
                     ended => return Ok((run.start + done, ended)),
                 }
@@ -675,10 +681,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let positions: Vec<(String, i32, Offset)> = (read.iter())
             .map(|(at, _)| (at.stream.to_owned(), at.partition, at.offset))
             .collect();
-        if positions.iter().all(|at| crate::lock(&self.counted).contains(at)) {
+        if positions
+            .iter()
+            .all(|at| crate::lock(&self.counted).contains(at))
+        {
             return Ok(true);
         }
-        let keys: Vec<&justonce_sql::Key> = read.iter().map(|(_, incoming)| &incoming.key).collect();
+        let keys: Vec<&justonce_sql::Key> =
+            read.iter().map(|(_, incoming)| &incoming.key).collect();
         let inbox = crate::inbox_in(&self.inbox, &first.scope);
         let counted = inbox.record_first_runs(&keys).await?;
         if counted {
@@ -793,7 +803,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let key = || incoming.key.as_str().to_owned();
         let max_attempts = self.broker.policy().max_attempts;
         loop {
-            let ran = self.count_and_run(position, &incoming, work, first_try).await;
+            let ran = self
+                .count_and_run(position, &incoming, work, first_try)
+                .await;
             match &ran {
                 Ran::Outcome(outcome) => {
                     unstored.after(outcome, position);

@@ -184,6 +184,12 @@ fn json_string(text: &str) -> String {
     json
 }
 
+/// Keys as one JSON array of strings, which SQLite reads with `json_each`.
+fn json_array(keys: &[&str]) -> String {
+    let items: Vec<String> = keys.iter().map(|key| json_string(key)).collect();
+    format!("[{}]", items.join(","))
+}
+
 #[cfg(test)]
 mod tests {
     use super::json_string;
@@ -193,10 +199,4 @@ mod tests {
         assert_eq!(json_string(r#"a"b\c"#), r#""a\"b\\c""#);
         assert_eq!(json_string("café"), "\"café\"");
     }
-}
-
-/// Keys as one JSON array of strings, which SQLite reads with `json_each`.
-fn json_array(keys: &[&str]) -> String {
-    let items: Vec<String> = keys.iter().map(|key| json_string(key)).collect();
-    format!("[{}]", items.join(","))
 }

@@ -871,7 +871,11 @@ async fn a_worker_killed_in_the_middle_of_a_batch_loses_nothing_and_doubles_noth
         .expect("the worker reaches the failpoint within 30 s")
         .unwrap();
     assert_eq!(said.as_deref(), Some("hanging hang:order"));
-    assert_eq!(db.rows("effects").await, 0, "nothing of the batch committed");
+    assert_eq!(
+        db.rows("effects").await,
+        0,
+        "nothing of the batch committed"
+    );
     batcher.kill().await.expect("SIGKILL the worker");
 
     let consumer = broker.connect_for_batches(&db.inbox).await;
