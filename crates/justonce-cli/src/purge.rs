@@ -72,6 +72,11 @@ impl Plan {
                 consumer.purge_batch(retention.keep(), batch_size)
             })
             .await?;
+            let what = format!("counts of runs of {name}");
+            until_short(full, pacer, &mut progress, &what, || {
+                consumer.purge_runs_batch(retention.keep(), batch_size)
+            })
+            .await?;
         }
         let outbox = inbox.outbox();
         let mut sent = 0;

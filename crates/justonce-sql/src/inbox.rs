@@ -1287,22 +1287,56 @@ impl<DB: Backend> Inbox<DB> {
 
     /// Deletes this consumer's keys, in every scope, processed more than `older_than` ago
     /// (by the database's clock), `batch_size` rows per statement so that no statement holds many
-    /// locks, and returns how many were deleted, with the counts of runs
-    /// ([`Inbox::record_run`]) whose last run started as long ago. A purged key can be
-    /// claimed again, so `older_than` shorter than the retention's retry horizon is
-    /// refused.
+    /// locks, and returns how many keys were deleted. The counts of runs
+    /// ([`Inbox::record_run`]) whose last run started as long ago go too
+    /// ([`Inbox::purge_runs_batch`]). A purged key can be claimed again, so `older_than`
+    /// shorter than the retention's retry horizon is refused.
     pub async fn purge(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
-        in_batches(batch_size, |limit| {
+        let keys = in_batches(batch_size, |limit| {
             self.purge_batch(older_than, u32::try_from(limit).unwrap_or(u32::MAX))
         })
-        .await
+        .await?;
+        in_batches(batch_size, |limit| {
+            self.purge_runs_batch(older_than, u32::try_from(limit).unwrap_or(u32::MAX))
+        })
+        .await?;
+        Ok(keys)
     }
 
-    /// One batch of [`Inbox::purge`]: deletes at most `batch_size` of the keys it would
-    /// delete and at most `batch_size` of the counts of runs, one statement each, and
-    /// returns how many rows it deleted in all. Fewer than `batch_size` means none are left; a caller
-    /// that loops can report its progress between batches.
+    /// One batch of [`Inbox::purge`]'s keys: deletes at most `batch_size` of them in one
+    /// statement and returns how many it deleted. Fewer than `batch_size` means none are
+    /// left; a caller that loops can report its progress between batches.
     pub async fn purge_batch(&self, older_than: Duration, batch_size: u32) -> Result<u64, Error> {
+        let keys = Change::PurgeKeys {
+            consumer: self.consumer.as_str(),
+            older_than_ms: self.purge_cutoff(older_than)?,
+            limit: i64::from(batch_size.max(1)),
+        };
+        let _writer = self.shared.queue_writer().await;
+        let purged = self.shared.sql.change(&self.shared.pool, keys).await;
+        self.shared.recent.clear();
+        purged
+    }
+
+    /// One batch of the counts of runs [`Inbox::purge`] deletes, in every scope, whose last
+    /// run started more than `older_than` ago: at most `batch_size` in one statement; how
+    /// many it deleted.
+    pub async fn purge_runs_batch(
+        &self,
+        older_than: Duration,
+        batch_size: u32,
+    ) -> Result<u64, Error> {
+        let runs = Change::PurgeRuns {
+            consumer: self.consumer.as_str(),
+            older_than_ms: self.purge_cutoff(older_than)?,
+            limit: i64::from(batch_size.max(1)),
+        };
+        let _writer = self.shared.queue_writer().await;
+        self.shared.sql.change(&self.shared.pool, runs).await
+    }
+
+    /// `older_than` in milliseconds, or why it is refused: below the retry horizon.
+    fn purge_cutoff(&self, older_than: Duration) -> Result<i64, Error> {
         let horizon = self.shared.retention.retry_horizon();
         if older_than < horizon {
             return Err(Error::RetentionBelowHorizon {
@@ -1310,27 +1344,7 @@ impl<DB: Backend> Inbox<DB> {
                 retry_horizon: horizon,
             });
         }
-        let (consumer, older_than_ms) = (self.consumer.as_str(), millis(older_than));
-        let limit = i64::from(batch_size.max(1));
-        let keys = Change::PurgeKeys {
-            consumer,
-            older_than_ms,
-            limit,
-        };
-        let runs = Change::PurgeRuns {
-            consumer,
-            older_than_ms,
-            limit,
-        };
-        let purged = {
-            let _writer = self.shared.queue_writer().await;
-            let keys = self.shared.sql.change(&self.shared.pool, keys).await;
-            self.shared.recent.clear();
-            let runs = self.shared.sql.change(&self.shared.pool, runs).await?;
-            // Below `batch_size` only when neither has more left.
-            keys? + runs
-        };
-        Ok(purged)
+        Ok(millis(older_than))
     }
 
     /// Purges the keys older than the configured retention; see [`Inbox::purge`].
