@@ -681,10 +681,11 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let positions: Vec<(String, i32, Offset)> = (read.iter())
             .map(|(at, _)| (at.stream.to_owned(), at.partition, at.offset))
             .collect();
-        if positions
-            .iter()
-            .all(|at| crate::lock(&self.counted).contains(at))
-        {
+        let counted_before = {
+            let counted = crate::lock(&self.counted);
+            positions.iter().all(|at| counted.contains(at))
+        };
+        if counted_before {
             return Ok(true);
         }
         let keys: Vec<&justonce_sql::Key> =
