@@ -5,6 +5,7 @@
 mod amqp;
 pub mod browser;
 pub mod cluster;
+pub mod cpu;
 mod consume;
 pub mod mariadb;
 mod mqtt;

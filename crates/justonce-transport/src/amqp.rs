@@ -159,7 +159,7 @@ pub type AmqpConsumer<DB> = crate::Consumer<Amqp, DB>;
 pub struct Amqp {
     url: String,
     /// The connection and its channel, replaced when the consumer connects again.
-    open: std::sync::Mutex<(Arc<Connection>, Channel)>,
+    open: std::sync::Mutex<Open>,
     options: AmqpOptions,
 }
 
@@ -185,9 +185,12 @@ impl<DB: Backend> AmqpConsumer<DB> {
     }
 }
 
+/// A consumer's connection, its channel, and the channel's deliveries not settled.
+type Open = (Arc<Connection>, Channel, Arc<Unsettled>);
+
 /// Connects to `url` and prepares a consumer's channel: publisher confirms, the prefetch,
 /// and the queues unless they are declared elsewhere.
-async fn open(url: &str, options: &AmqpOptions) -> Result<(Arc<Connection>, Channel), Error> {
+async fn open(url: &str, options: &AmqpOptions) -> Result<Open, Error> {
     let connection = connect(url, options.tls.as_ref()).await?;
     let channel = open_channel(&connection).await?;
     channel
@@ -211,18 +214,19 @@ async fn open(url: &str, options: &AmqpOptions) -> Result<(Arc<Connection>, Chan
         };
         declare(&connection, &channel, dead).await?;
     }
-    Ok((Arc::new(connection), channel))
+    Ok((Arc::new(connection), channel, Arc::default()))
 }
 
 /// The deliveries of one `basic.consume`.
 pub struct AmqpReceiver {
     channel: Channel,
+    unsettled: Arc<Unsettled>,
     consumer: lapin::Consumer,
     tag: String,
 }
 
 impl Receive for AmqpReceiver {
-    type Delivery = lapin::message::Delivery;
+    type Delivery = AmqpDelivery;
 
     /// An end of the deliveries on a channel that closed is a lost connection, not the
     /// broker ending the consumer.
@@ -231,7 +235,13 @@ impl Receive for AmqpReceiver {
         if next.is_none() && !self.channel.status().connected() {
             return Err(channel_closed());
         }
-        Ok(next)
+        Ok(next.map(|delivery| {
+            crate::lock(&self.unsettled.tags).insert(delivery.delivery_tag);
+            AmqpDelivery {
+                delivery,
+                unsettled: Arc::clone(&self.unsettled),
+            }
+        }))
     }
 
     async fn stop(self) -> Result<(), Error> {
@@ -242,7 +252,66 @@ impl Receive for AmqpReceiver {
     }
 }
 
-impl Received for lapin::message::Delivery {
+/// A delivery of the consumer's channel. It derefs to lapin's delivery: its body, its
+/// properties, its tag.
+pub struct AmqpDelivery {
+    delivery: lapin::message::Delivery,
+    /// Its channel's deliveries not settled yet.
+    unsettled: Arc<Unsettled>,
+}
+
+impl std::ops::Deref for AmqpDelivery {
+    type Target = lapin::message::Delivery;
+
+    fn deref(&self) -> &lapin::message::Delivery {
+        &self.delivery
+    }
+}
+
+impl std::fmt::Debug for AmqpDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.delivery.fmt(f)
+    }
+}
+
+/// The tags of a channel's deliveries handed to the consumer and not yet settled. A tag
+/// leaves only once its settlement is written, so that one `multiple` acknowledgement never
+/// covers a delivery with another settlement on its way.
+#[derive(Default)]
+struct Unsettled {
+    tags: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+}
+
+impl Unsettled {
+    /// The delivery whose `multiple` acknowledgement settles exactly `deliveries`: all
+    /// from this channel, and no other delivery of it unsettled below the highest tag.
+    fn one_ack_for<'d>(
+        self: &Arc<Self>,
+        deliveries: &[&'d AmqpDelivery],
+    ) -> Option<&'d AmqpDelivery> {
+        let last = *deliveries
+            .iter()
+            .max_by_key(|delivery| delivery.delivery_tag)?;
+        if deliveries.len() < 2
+            || !(deliveries.iter()).all(|delivery| Arc::ptr_eq(&delivery.unsettled, self))
+        {
+            return None;
+        }
+        let tags = crate::lock(&self.tags);
+        let below = tags.range(..=last.delivery_tag).count();
+        let all_ours = (deliveries.iter()).all(|delivery| tags.contains(&delivery.delivery_tag));
+        (below == deliveries.len() && all_ours).then_some(last)
+    }
+
+    fn settled(&self, deliveries: &[&AmqpDelivery]) {
+        let mut tags = crate::lock(&self.tags);
+        for delivery in deliveries {
+            tags.remove(&delivery.delivery_tag);
+        }
+    }
+}
+
+impl Received for AmqpDelivery {
     fn message_id(&self) -> Result<String, String> {
         self.properties
             .message_id()
@@ -300,7 +369,7 @@ impl Received for lapin::message::Delivery {
 }
 
 impl Broker for Amqp {
-    type Delivery = lapin::message::Delivery;
+    type Delivery = AmqpDelivery;
     type Receiver<'b> = AmqpReceiver;
     const NAME: &'static str = "amqp";
 
@@ -311,13 +380,13 @@ impl Broker for Amqp {
     /// Waits at most 5 s for each goodbye: a close marks the channel closing at once, so
     /// the watch of the other calls, which fail once it is not open, cannot be used.
     async fn close(&self) -> Result<(), Error> {
-        let (connection, channel) = self.open();
+        let (connection, channel, _) = self.open();
         within_goodbye_wait(channel.close(200, "bye".into())).await?;
         within_goodbye_wait(connection.close(200, "bye".into())).await
     }
 
     async fn receive(&self) -> Result<AmqpReceiver, Error> {
-        let (_, channel) = self.open();
+        let (_, channel, unsettled) = self.open();
         let tag = format!("justonce-{}", std::process::id());
         let consume = channel.basic_consume(
             self.options.queue.as_str().into(),
@@ -328,6 +397,7 @@ impl Broker for Amqp {
         let consumer = while_open(&channel, consume).await?;
         Ok(AmqpReceiver {
             channel,
+            unsettled,
             consumer,
             tag,
         })
@@ -345,7 +415,7 @@ impl Broker for Amqp {
     /// the second one a duplicate. Given back is a requeueing nack.
     async fn settle(&self, delivery: &Self::Delivery, settle: Settle) -> Result<(), Error> {
         let options = &self.options;
-        let (_, channel) = self.open();
+        let (_, channel, _) = self.open();
         match settle {
             Settle::Ack => {}
             Settle::Retry { attempt } => {
@@ -369,29 +439,49 @@ impl Broker for Amqp {
                     multiple: false,
                     requeue: true,
                 };
-                return taken(while_open(&channel, delivery.nack(requeue)).await?);
+                taken(while_open(&channel, delivery.nack(requeue)).await?)?;
+                delivery.unsettled.settled(&[delivery]);
+                return Ok(());
             }
         }
-        taken(while_open(&channel, delivery.ack(BasicAckOptions::default())).await?)
+        taken(while_open(&channel, delivery.ack(BasicAckOptions::default())).await?)?;
+        delivery.unsettled.settled(&[delivery]);
+        Ok(())
     }
 
-    /// The acknowledgements of a batch are handed to the connection all at once, then
-    /// awaited together: one trip through the client for the batch, not one per delivery.
-    /// Each is still its own `basic.ack`, so no delivery outside the batch is acknowledged.
-    /// Each one taken is counted, whichever failed; the first failure is returned. Those
-    /// still pending when the channel closes are not counted: the broker delivers them
-    /// again.
+    /// A batch that holds every delivery of its channel not settled up to its highest tag
+    /// is acknowledged with one `multiple` acknowledgement of that tag: one frame for the
+    /// batch. Otherwise (a delivery below it is still being worked on, or its settlement
+    /// is on its way) each has its own `basic.ack`, so no delivery outside the batch is
+    /// acknowledged: these are handed to the connection all at once, then awaited
+    /// together. Each one taken is counted, whichever failed; the first failure is
+    /// returned. Those still pending when the channel closes are not counted: the broker
+    /// delivers them again.
     async fn ack_all(&self, deliveries: &[&Self::Delivery], acked: &mut u64) -> Result<(), Error> {
-        let (_, channel) = self.open();
+        let (_, channel, unsettled) = self.open();
+        if let Some(last) = unsettled.one_ack_for(deliveries) {
+            let all_up_to_last = BasicAckOptions { multiple: true };
+            taken(while_open(&channel, last.ack(all_up_to_last)).await?)?;
+            unsettled.settled(deliveries);
+            *acked += deliveries.len() as u64;
+            return Ok(());
+        }
         let mut acks: futures_util::stream::FuturesOrdered<_> = deliveries
             .iter()
-            .map(|delivery| delivery.ack(BasicAckOptions::default()))
+            .map(|&delivery| {
+                delivery
+                    .ack(BasicAckOptions::default())
+                    .map(move |done| (delivery, done))
+            })
             .collect();
         let mut failed = None;
         let all = async {
-            while let Some(done) = acks.next().await {
+            while let Some((delivery, done)) = acks.next().await {
                 match done.map_err(broker).and_then(taken) {
-                    Ok(()) => *acked += 1,
+                    Ok(()) => {
+                        delivery.unsettled.settled(&[delivery]);
+                        *acked += 1;
+                    }
                     Err(error) if failed.is_none() => failed = Some(error),
                     Err(_) => {}
                 }
@@ -404,10 +494,10 @@ impl Broker for Amqp {
 }
 
 impl Amqp {
-    /// The connection and channel in use.
-    fn open(&self) -> (Arc<Connection>, Channel) {
+    /// The connection and channel in use, with the channel's deliveries not settled.
+    fn open(&self) -> Open {
         let open = crate::lock(&self.open);
-        (Arc::clone(&open.0), open.1.clone())
+        (Arc::clone(&open.0), open.1.clone(), Arc::clone(&open.2))
     }
 
     /// Publishes the delivery again, with its properties, to `queue` through the default
@@ -415,7 +505,7 @@ impl Amqp {
     async fn publish_copy(
         &self,
         channel: &Channel,
-        delivery: &lapin::message::Delivery,
+        delivery: &AmqpDelivery,
         queue: &str,
         attempt: u32,
         reason: Option<&str>,

@@ -33,6 +33,7 @@
 //! consumer holds three batches: one gathered, one committing, one being acknowledged.
 
 use justonce_sql::{Backend, Outcome, WorkFuture, sqlx};
+use justonce_tests::cpu::{Clock, Timed};
 use justonce_tests::{
     StreamArgs, TestBackend, TestDb, acknowledge, amqp_url, batch_work, consume, consumer_work,
     publish_many,
@@ -48,7 +49,6 @@ use justonce_transport::{
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
 
 /// The partitions of the Kafka topic: a batch holds entries of several, each partition's
 /// offset stored in its transaction.
@@ -77,20 +77,20 @@ impl Path {
     }
 }
 
-/// The messages per second of each path of one run.
+/// The messages per second of each path of one run, with the cores busy meanwhile.
 #[derive(Default)]
 struct Figures {
-    baseline: f64,
-    one_by_one: f64,
-    batched: Option<f64>,
-    batch_work: Option<f64>,
+    baseline: Timed,
+    one_by_one: Timed,
+    batched: Option<Timed>,
+    batch_work: Option<Timed>,
     claim_many: f64,
 }
 
 impl Figures {
     /// The consumer's figure at `--batch`: with a batch work, or one by one when the batch
     /// is 1.
-    fn consumer(&self) -> f64 {
+    fn consumer(&self) -> Timed {
         self.batch_work.unwrap_or(self.one_by_one)
     }
 }
@@ -201,7 +201,7 @@ async fn main() -> std::process::ExitCode {
     let mut figures = Figures::default();
     let mut effects = ConsumerStats::default();
     for path in paths {
-        let (per_second, stats) = if args.broker == "kafka" {
+        let (timed, stats) = if args.broker == "kafka" {
             justonce_tests::with_backend!(args.backend, DB => measure_kafka::<DB>(&args, path).await)
         } else if args.broker.starts_with("nats") {
             justonce_tests::with_backend!(args.backend, DB => measure_nats::<DB>(&args, path).await)
@@ -213,10 +213,10 @@ async fn main() -> std::process::ExitCode {
             justonce_tests::with_backend!(args.backend, DB => measure::<DB>(&args, path).await)
         };
         match path {
-            Path::Baseline => figures.baseline = per_second,
-            Path::OneByOne => figures.one_by_one = per_second,
-            Path::Batched => figures.batched = Some(per_second),
-            Path::BatchWork => figures.batch_work = Some(per_second),
+            Path::Baseline => figures.baseline = timed,
+            Path::OneByOne => figures.one_by_one = timed,
+            Path::Batched => figures.batched = Some(timed),
+            Path::BatchWork => figures.batch_work = Some(timed),
         }
         if path != Path::Baseline {
             effects = stats;
@@ -231,11 +231,13 @@ async fn main() -> std::process::ExitCode {
 
 /// Prints the run's figures: a line, or a JSON object with `--json`.
 fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64) {
-    let against_baseline = figures.consumer() / figures.baseline;
-    let against_claim_many = figures.consumer() / figures.claim_many;
+    let consumer = figures.consumer();
+    let against_baseline = consumer.per_second / figures.baseline.per_second;
+    let against_claim_many = consumer.per_second / figures.claim_many;
     let prefetch = prefetch(args);
     if args.json {
         let hundredths = |r: f64| (r * 100.0).round() / 100.0;
+        let tenths = |r: f64| (r * 10.0).round() / 10.0;
         let result = serde_json::json!({
             "bench": "broker_throughput",
             "broker": args.broker,
@@ -244,11 +246,15 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
             "prefetch": prefetch,
             "messages": args.messages,
             "duplicates_percent": args.duplicates,
-            "messages_per_second": figures.consumer().round(),
-            "baseline_messages_per_second": figures.baseline.round(),
-            "one_by_one_messages_per_second": figures.one_by_one.round(),
-            "batched_messages_per_second": figures.batched.map(f64::round),
-            "batch_work_messages_per_second": figures.batch_work.map(f64::round),
+            "messages_per_second": consumer.per_second.round(),
+            "baseline_messages_per_second": figures.baseline.per_second.round(),
+            "one_by_one_messages_per_second": figures.one_by_one.per_second.round(),
+            "batched_messages_per_second": figures.batched.map(|timed| timed.per_second.round()),
+            "batch_work_messages_per_second": figures.batch_work.map(|timed| timed.per_second.round()),
+            "cores": justonce_tests::cpu::cores(),
+            "baseline_machine_cores_busy": tenths(figures.baseline.machine_cores),
+            "consumer_machine_cores_busy": tenths(consumer.machine_cores),
+            "consumer_process_cores_busy": tenths(consumer.process_cores),
             "against_baseline": hundredths(against_baseline),
             "claim_many_keys_per_second": figures.claim_many.round(),
             "against_claim_many": hundredths(against_claim_many),
@@ -260,23 +266,28 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
     }
     let batched = match (figures.batched, figures.batch_work) {
         (Some(each), Some(whole)) => format!(
-            "batches of {}: work per message {each:.0}, batch work {whole:.0}",
-            args.batch
+            "batches of {}: work per message {:.0}, batch work {:.0}",
+            args.batch, each.per_second, whole.per_second
         ),
         _ => String::new(),
     };
     println!(
         "{:<12} {:<8} prefetch {prefetch:<4} baseline {:.0}  one by one {:.0}  {batched} msg/s   \
          {against_baseline:.2}x baseline   claim_many ({}) {:.0} keys/s, {against_claim_many:.2}x   \
-         effects {} = distinct keys, duplicates {}, peak RSS {rss:.1} MiB",
+         effects {} = distinct keys, duplicates {}, peak RSS {rss:.1} MiB   \
+         cores busy of {}: baseline {:.1}, consumer {:.1} (this process {:.1})",
         args.broker,
         args.backend,
-        figures.baseline,
-        figures.one_by_one,
+        figures.baseline.per_second,
+        figures.one_by_one.per_second,
         args.batch,
         figures.claim_many,
         stats.processed,
         stats.duplicates,
+        justonce_tests::cpu::cores(),
+        figures.baseline.machine_cores,
+        consumer.machine_cores,
+        consumer.process_cores,
     );
 }
 
@@ -347,7 +358,10 @@ async fn check<DB: TestBackend + Backend>(db: &TestDb<DB>, args: &StreamArgs, pa
     );
 }
 
-async fn measure<DB: TestBackend + Backend>(args: &StreamArgs, path: Path) -> (f64, ConsumerStats) {
+async fn measure<DB: TestBackend + Backend>(
+    args: &StreamArgs,
+    path: Path,
+) -> (Timed, ConsumerStats) {
     let db = TestDb::<DB>::new("amqp-throughput").await;
     let queue = format!("{}bench", db.prefix);
     let options =
@@ -361,9 +375,9 @@ async fn measure<DB: TestBackend + Backend>(args: &StreamArgs, path: Path) -> (f
             .expect("RabbitMQ");
     publish_many(&connection, &queue, args.messages, args.distinct()).await;
 
-    let started = Instant::now();
+    let clock = Clock::start();
     let stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
-    let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
+    let timed = clock.stop(args.messages);
     check(&db, args, path).await;
     let channel = connection.create_channel().await.expect("a channel");
     for name in [format!("{queue}.dead"), queue] {
@@ -374,13 +388,13 @@ async fn measure<DB: TestBackend + Backend>(args: &StreamArgs, path: Path) -> (f
     }
     consumer.close().await.expect("closed");
     db.cleanup().await;
-    (per_second, stats)
+    (timed, stats)
 }
 
 async fn measure_nats<DB: TestBackend + Backend>(
     args: &StreamArgs,
     path: Path,
-) -> (f64, ConsumerStats) {
+) -> (Timed, ConsumerStats) {
     let db = TestDb::<DB>::new("nats-throughput").await;
     let stream = format!("{}BENCH", db.prefix);
     let url = std::env::var("JUSTONCE_TEST_NATS_URL")
@@ -412,18 +426,15 @@ async fn measure_nats<DB: TestBackend + Backend>(
         }
     }
 
-    let (per_second, stats) = if args.broker == "nats-reader" {
+    let (timed, stats) = if args.broker == "nats-reader" {
         let reader = NatsReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("NATS");
         read(&reader, &db, (args, path)).await
     } else {
-        let started = Instant::now();
+        let clock = Clock::start();
         let stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
-        (
-            args.messages as f64 / started.elapsed().as_secs_f64(),
-            stats,
-        )
+        (clock.stop(args.messages), stats)
     };
     check(&db, args, path).await;
     for name in [format!("{stream}_DEAD"), stream] {
@@ -433,13 +444,13 @@ async fn measure_nats<DB: TestBackend + Backend>(
             .expect("stream deleted");
     }
     db.cleanup().await;
-    (per_second, stats)
+    (timed, stats)
 }
 
 async fn measure_redis<DB: TestBackend + Backend>(
     args: &StreamArgs,
     path: Path,
-) -> (f64, ConsumerStats) {
+) -> (Timed, ConsumerStats) {
     let db = TestDb::<DB>::new("redis-throughput").await;
     let stream = format!("{}bench", db.prefix);
     let url = justonce_tests::redis_url();
@@ -467,19 +478,16 @@ async fn measure_redis<DB: TestBackend + Backend>(
         pipe.query_async::<()>(&mut redis).await.expect("added");
     }
 
-    let (per_second, stats) = if args.broker == "redis-reader" {
+    let (timed, stats) = if args.broker == "redis-reader" {
         let options = RedisStreamOptions::new(&stream, "bench").count(prefetch(args));
         let reader = RedisStreamReader::connect(&url, db.inbox.clone(), options)
             .await
             .expect("Redis");
         read(&reader, &db, (args, path)).await
     } else {
-        let started = Instant::now();
+        let clock = Clock::start();
         let stats = take(&consumer, &db, (args, path), &AtomicU64::new(0)).await;
-        (
-            args.messages as f64 / started.elapsed().as_secs_f64(),
-            stats,
-        )
+        (clock.stop(args.messages), stats)
     };
     check(&db, args, path).await;
     redis::cmd("DEL")
@@ -488,7 +496,7 @@ async fn measure_redis<DB: TestBackend + Backend>(
         .await
         .expect("stream deleted");
     db.cleanup().await;
-    (per_second, stats)
+    (timed, stats)
 }
 
 /// Reads `args.messages` entries through `reader` by `path`: only reading them, in batches
@@ -500,18 +508,18 @@ async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
     reader: &Reader<O, DB>,
     db: &TestDb<DB>,
     (args, path): (&StreamArgs, Path),
-) -> (f64, ConsumerStats) {
+) -> (Timed, ConsumerStats) {
     if path == Path::BatchWork {
         return read_batches(reader, db, args).await;
     }
     let work = consumer_work::<DB>(&db.prefix);
     let mut stats = ConsumerStats::default();
     let mut entries = reader.deliveries().await.expect("reading");
-    let mut started = None;
+    let mut clock = None;
     let mut taken = 0;
     while taken < args.messages {
         let first = entries.next().await.expect("an entry").expect("a stream");
-        started.get_or_insert_with(Instant::now);
+        clock.get_or_insert_with(Clock::start);
         let batch = entries
             .more(first, path.batch(args))
             .await
@@ -534,9 +542,9 @@ async fn read<O: OrderedBroker, DB: TestBackend + Backend>(
         }
         taken += batch.len();
     }
-    let elapsed = started.map_or(Duration::ZERO, |started| started.elapsed());
+    let timed = clock.expect("an entry read").stop(args.messages);
     entries.stop().await.expect("stopped");
-    (args.messages as f64 / elapsed.as_secs_f64(), stats)
+    (timed, stats)
 }
 
 /// Runs [`Reader::run_batches`] with the batch work until the reader's own metric counts
@@ -546,19 +554,19 @@ async fn read_batches<O: OrderedBroker, DB: TestBackend + Backend>(
     reader: &Reader<O, DB>,
     db: &TestDb<DB>,
     args: &StreamArgs,
-) -> (f64, ConsumerStats) {
+) -> (Timed, ConsumerStats) {
     let all = SETTLED.load(Ordering::Relaxed) + args.messages as u64;
     let whole_batches = batch_work::<DB>(&db.prefix, None);
-    let started = OnceLock::new();
-    let timed = timed::<DB>(whole_batches, &started);
-    let stats = (reader.run_batches(settled_reaches(all), args.batch, timed))
+    let clock = OnceLock::new();
+    let work = timed::<DB>(whole_batches, &clock);
+    let stats = (reader.run_batches(settled_reaches(all), args.batch, work))
         .await
         .expect("the batches run");
-    let elapsed = started.get().map_or(Duration::ZERO, Instant::elapsed);
-    (args.messages as f64 / elapsed.as_secs_f64(), stats)
+    let timed = clock.get().expect("a batch run").stop(args.messages);
+    (timed, stats)
 }
 
-/// `work`, noting in `started` when it first runs.
+/// `work`, starting `clock` when it first runs.
 fn timed<'w, DB: TestBackend>(
     work: impl for<'e, 't> Fn(
         &'t mut sqlx::Transaction<'e, DB>,
@@ -566,7 +574,7 @@ fn timed<'w, DB: TestBackend>(
     ) -> WorkFuture<'t, (), sqlx::Error>
     + Sync
     + 'w,
-    started: &'w OnceLock<Instant>,
+    clock: &'w OnceLock<Clock>,
 ) -> impl for<'e, 't> Fn(
     &'t mut sqlx::Transaction<'e, DB>,
     &'t [&'t Incoming],
@@ -574,7 +582,7 @@ fn timed<'w, DB: TestBackend>(
 + Sync
 + 'w {
     move |tx, batch| {
-        started.get_or_init(Instant::now);
+        clock.get_or_init(Clock::start);
         work(tx, batch)
     }
 }
@@ -593,7 +601,7 @@ fn count<E: std::fmt::Debug>(ran: Ran<E>, stats: &mut ConsumerStats) {
 async fn measure_kafka<DB: TestBackend + Backend>(
     args: &StreamArgs,
     path: Path,
-) -> (f64, ConsumerStats) {
+) -> (Timed, ConsumerStats) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -640,7 +648,7 @@ async fn measure_kafka<DB: TestBackend + Backend>(
     }
     let options = KafkaOptions::new(&topic, &topic).key_from(KeyFrom::Header("ce_id".into()));
     let reader = KafkaReader::connect(&url, db.inbox.clone(), options).expect("Kafka");
-    let (per_second, stats) = read(&reader, &db, (args, path)).await;
+    let (timed, stats) = read(&reader, &db, (args, path)).await;
     check(&db, args, path).await;
     drop(reader);
     (admin
@@ -648,13 +656,13 @@ async fn measure_kafka<DB: TestBackend + Backend>(
         .await)
         .expect("topics deleted");
     db.cleanup().await;
-    (per_second, stats)
+    (timed, stats)
 }
 
 async fn measure_mqtt<DB: TestBackend + Backend>(
     args: &StreamArgs,
     path: Path,
-) -> (f64, ConsumerStats) {
+) -> (Timed, ConsumerStats) {
     use justonce_transport::mqtt::MqttConsumer;
 
     let db = TestDb::<DB>::new("mqtt-throughput").await;
@@ -667,13 +675,13 @@ async fn measure_mqtt<DB: TestBackend + Backend>(
     // The publisher stays at most 500 ahead of what is settled, which the batch work's run
     // counts in SETTLED, and the other paths store there.
     SETTLED.store(0, Ordering::Relaxed);
-    let started = Instant::now();
+    let clock = Clock::start();
     let taking = take(&consumer, &db, (args, path), &SETTLED);
     let stats =
         justonce_tests::publish_while(&topic, (args.messages, args.distinct()), &SETTLED, taking)
             .await;
-    let per_second = args.messages as f64 / started.elapsed().as_secs_f64();
+    let timed = clock.stop(args.messages);
     check(&db, args, path).await;
     db.cleanup().await;
-    (per_second, stats)
+    (timed, stats)
 }

@@ -507,6 +507,71 @@ async fn acknowledging_a_batch_counts_the_deliveries_acknowledged_whichever_fail
     db.cleanup().await;
 }
 
+/// A batch is acknowledged with one `multiple` acknowledgement only when no earlier
+/// delivery of its channel is unsettled: a later batch acknowledged first leaves the
+/// earlier deliveries to the broker, which delivers them again once the consumer is gone.
+#[tokio::test]
+async fn acknowledging_a_later_batch_first_leaves_the_earlier_deliveries_unsettled() {
+    let db = TestDb::<sqlx::Postgres>::new("ack_later_batch").await;
+    let queue = Queue::new(&db).await;
+    let consumer = connect(&db, &queue, |options| options).await;
+    for n in 1..=6 {
+        queue.publish(&format!("order:{n}"), b"x").await;
+    }
+    let mut deliveries = consumer.deliveries().await.unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..6 {
+        let next = tokio::time::timeout(Duration::from_secs(30), deliveries.next());
+        taken.push(
+            next.await
+                .expect("a delivery within 30 s")
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    drop(deliveries);
+    let broker = consumer.broker();
+    let mut acked = 0;
+    let later: Vec<_> = taken[4..].iter().collect();
+    broker.ack_all(&later, &mut acked).await.unwrap();
+    let before: Vec<_> = taken[..2].iter().collect();
+    broker.ack_all(&before, &mut acked).await.unwrap();
+    assert_eq!(acked, 4, "both batches acknowledged");
+    consumer.close().await.unwrap();
+    assert_eq!(
+        queue.ready().await,
+        2,
+        "the two between them are delivered again"
+    );
+
+    let consumer = connect(&db, &queue, |options| options).await;
+    let mut deliveries = consumer.deliveries().await.unwrap();
+    let mut again = Vec::new();
+    for _ in 0..2 {
+        let next = tokio::time::timeout(Duration::from_secs(30), deliveries.next());
+        again.push(
+            next.await
+                .expect("a delivery within 30 s")
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    drop(deliveries);
+    let ids: Vec<_> = again
+        .iter()
+        .map(|d| d.properties.message_id().clone().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["order:3", "order:4"]);
+    let mut acked = 0;
+    let all: Vec<_> = again.iter().collect();
+    consumer.broker().ack_all(&all, &mut acked).await.unwrap();
+    assert_eq!(acked, 2);
+    consumer.close().await.unwrap();
+    assert_eq!(queue.ready().await, 0, "all acknowledged");
+    queue.delete().await;
+    db.cleanup().await;
+}
+
 async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(test: &str) {
     let db = TestDb::<DB>::new(test).await;
     let queue = Queue::new(&db).await;
