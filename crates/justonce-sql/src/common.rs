@@ -105,6 +105,7 @@ pub struct Common {
     /// The statement of each [`Change`], bound as [`Common::change`] says.
     pub(crate) purge_keys: Arc<str>,
     pub(crate) purge_runs: Arc<str>,
+    pub(crate) forget_runs: Arc<str>,
     pub(crate) mark_sent: Arc<str>,
     pub(crate) mark_retry: Arc<str>,
     pub(crate) mark_dead: Arc<str>,
@@ -156,6 +157,14 @@ impl Common {
                 .bind(consumer)
                 .bind(older_than_ms)
                 .bind(limit),
+            Change::ForgetRuns {
+                scope,
+                consumer,
+                key,
+            } => statement(&self.forget_runs)
+                .bind(scope)
+                .bind(consumer)
+                .bind(key),
             // The attempt appended to the history comes first in each: its duration,
             // status, answer and, for a failure, reason.
             Change::MarkSent { id, token, tried } => bind_tried(statement(&self.mark_sent), tried)

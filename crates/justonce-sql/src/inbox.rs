@@ -1318,6 +1318,19 @@ impl<DB: Backend> Inbox<DB> {
         purged
     }
 
+    /// Deletes the count of runs of `key` ([`Inbox::record_run`]) in this inbox's scope:
+    /// once its message has left the consumer, as a dead letter, a replay of it starts
+    /// its attempts again. Whether there was one.
+    pub async fn forget_runs(&self, key: &Key) -> Result<bool, Error> {
+        let forget = Change::ForgetRuns {
+            scope: self.scope.as_str(),
+            consumer: self.consumer.as_str(),
+            key: key.as_str(),
+        };
+        let _writer = self.shared.queue_writer().await;
+        Ok(self.shared.sql.change(&self.shared.pool, forget).await? > 0)
+    }
+
     /// One batch of the counts of runs [`Inbox::purge`] deletes, in every scope, whose last
     /// run started more than `older_than` ago: at most `batch_size` in one statement; how
     /// many it deleted.

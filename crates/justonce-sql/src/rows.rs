@@ -332,6 +332,12 @@ pub enum Change<'a> {
         older_than_ms: i64,
         limit: i64,
     },
+    /// Deletes the count of runs of `key` in `scope` of `consumer`.
+    ForgetRuns {
+        scope: &'a str,
+        consumer: &'a str,
+        key: &'a str,
+    },
     MarkSent {
         id: i64,
         token: i64,

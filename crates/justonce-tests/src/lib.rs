@@ -5,8 +5,8 @@
 mod amqp;
 pub mod browser;
 pub mod cluster;
-pub mod cpu;
 mod consume;
+pub mod cpu;
 pub mod mariadb;
 mod mqtt;
 pub mod nats_cluster;
@@ -699,6 +699,20 @@ impl<DB: TestBackend> TestDb<DB> {
             format!(
                 "SELECT count(*) FROM {}effects WHERE msg_key = '{}'",
                 self.prefix,
+                key.as_str().replace('\'', "''")
+            ),
+        )
+        .await
+    }
+
+    /// Counts of runs kept for `key`, in any scope and for any consumer.
+    pub async fn runs_counted(&self, key: &Key) -> i64 {
+        DB::count(
+            self.inbox.pool(),
+            format!(
+                "SELECT count(*) FROM {}runs WHERE {} = '{}'",
+                self.prefix,
+                DB::quoted("key"),
                 key.as_str().replace('\'', "''")
             ),
         )

@@ -337,7 +337,8 @@ const SHOWN_TENANT_BYTES: usize = 64;
 /// The scope of the tenant `delivery` names, or why it is refused. A name not taken is
 /// shown escaped and cut short: it is the sender's, and must not forge a log line.
 fn tenant_of(tenants: &Tenants, delivery: &impl Received, body: &[u8]) -> Result<Scope, String> {
-    let named = text_at(&tenants.from, delivery, body).map_err(|why| format!("no tenant: {why}"))?;
+    let named =
+        text_at(&tenants.from, delivery, body).map_err(|why| format!("no tenant: {why}"))?;
     if named.trim().is_empty() {
         return Err("no tenant: the tenant is blank".to_owned());
     }
@@ -845,7 +846,6 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         incoming(self.broker.policy(), self.inbox.scope(), delivery)
     }
 
-
     /// Runs the work of one delivery in a transaction with its key (see [`Inbox::run`]).
     pub async fn run_one<F, E>(&self, delivery: &B::Delivery, work: &F) -> Ran<E>
     where
@@ -1006,7 +1006,10 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                     settles.extend(settled);
                     false
                 }
-                None => self.run_each(part, work, stats, &mut settles, counted).await,
+                None => {
+                    self.run_each(part, work, stats, &mut settles, counted)
+                        .await
+                }
             };
             if store_failed {
                 // The caller gives back the rest, untried.
@@ -1018,13 +1021,21 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
 
     /// Counts a run of each delivery of `reruns` with a key when none of them has runs
     /// counted (see [`Inbox::record_first_runs`]); whether it did.
-    async fn record_first_runs(&self, reruns: &[B::Delivery]) -> Result<bool, justonce_core::Error> {
-        let read: Vec<Incoming> = reruns.iter().filter_map(|delivery| self.read(delivery).ok()).collect();
+    async fn record_first_runs(
+        &self,
+        reruns: &[B::Delivery],
+    ) -> Result<bool, justonce_core::Error> {
+        let read: Vec<Incoming> = reruns
+            .iter()
+            .filter_map(|delivery| self.read(delivery).ok())
+            .collect();
         let Some(first) = read.first() else {
             return Ok(false);
         };
         let keys: Vec<&Key> = read.iter().map(|incoming| &incoming.key).collect();
-        crate::inbox_in(&self.inbox, &first.scope).record_first_runs(&keys).await
+        crate::inbox_in(&self.inbox, &first.scope)
+            .record_first_runs(&keys)
+            .await
     }
 
     /// Claims the keys of `batch` with one statement and runs the work of its first claims
@@ -1046,7 +1057,9 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             .filter(|(_, read)| read.is_ok())
             .map(|(delivery, _)| delivery)
             .collect();
-        let scope = keyed.first().map_or(self.inbox.scope(), |first| &first.scope);
+        let scope = keyed
+            .first()
+            .map_or(self.inbox.scope(), |first| &first.scope);
         let inbox = crate::inbox_in(&self.inbox, scope);
         let run = inbox.run_batch_at_once(
             &keyed,
@@ -1153,10 +1166,15 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         result
     }
 
-    /// Settles one delivery and counts it as consumed, whatever the settlement.
+    /// Settles one delivery and counts it as consumed, whatever the settlement. A dead
+    /// letter's count of runs is forgotten once it is settled.
     async fn settle_counted(&self, delivery: &B::Delivery, settle: Settle) -> Result<(), Error> {
+        let dead_letter = matches!(settle, Settle::DeadLetter { .. });
         self.broker.settle(delivery, settle).await?;
         crate::count_consumed(&self.inbox, B::NAME, 1);
+        if dead_letter && let Ok(incoming) = self.read(delivery) {
+            crate::forget_runs(&self.inbox, &incoming, &delivery.log_id()).await;
+        }
         Ok(())
     }
 

@@ -434,6 +434,22 @@ pub(crate) fn inbox_in<'a, DB: justonce_sql::Backend>(
     }
 }
 
+/// Forgets the count of runs of a message that left the consumer as a dead letter, so that
+/// a replay of it starts its attempts again. Only after the dead letter is settled: a
+/// consumer that dies before then takes the message back with its count, and gives it up
+/// again. A database failure leaves the count, logged: the replay is then given up at
+/// once if it is delivered again, until the purge.
+pub(crate) async fn forget_runs<DB: justonce_sql::Backend>(
+    inbox: &justonce_sql::Inbox<DB>,
+    incoming: &Incoming,
+    log_id: &str,
+) {
+    let inbox = inbox_in(inbox, &incoming.scope);
+    if let Err(error) = inbox.forget_runs(&incoming.key).await {
+        tracing::warn!(%error, delivery = log_id, key = incoming.key.as_str(), "database failed: the dead letter's count of runs stays until the purge");
+    }
+}
+
 /// What a consumer did with the deliveries it took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -874,6 +874,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 () = tokio::time::sleep(self.broker.policy().store_pause) => {}
             }
         }
+        if let Ok((_, incoming)) = self.read(entry) {
+            crate::forget_runs(&self.inbox, &incoming, &entry.log_id()).await;
+        }
         Ok(Processed::Done)
     }
 

@@ -178,6 +178,9 @@ impl MySqlStatements {
             purge_keys: arc(format!(
                 "DELETE FROM {keys} WHERE consumer = ? AND processed_at < {EARLIER} LIMIT ?"
             )),
+            forget_runs: arc(format!(
+                "DELETE FROM {runs} WHERE scope = ? AND consumer = ? AND `key` = ?"
+            )),
             purge_runs: arc(format!(
                 "DELETE FROM {runs} WHERE consumer = ? AND last_run_at < {EARLIER} LIMIT ?"
             )),

@@ -1,6 +1,6 @@
 //! `Inbox::record_run`: the runs of a key a consumer started, counted in their own commit,
-//! apart for each scope and consumer, exact under concurrent counts, and purged with the
-//! keys once their last run is past the cutoff. `Inbox::record_first_runs`: a batch's first
+//! apart for each scope and consumer, exact under concurrent counts, purged with the
+//! keys once their last run is past the cutoff, and forgotten for a dead letter. `Inbox::record_first_runs`: a batch's first
 //! runs counted in one statement, only while none of its keys has runs counted.
 
 use super::{key, on_every_database};
@@ -56,6 +56,21 @@ async fn each_run_started_adds_one_to_its_keys_count<DB: TestBackend>(test: &str
     assert_eq!(db.rows("runs").await, 2);
     assert_eq!(db.inbox.record_run(&key("order:1")).await.unwrap(), 1);
     assert_eq!(db.inbox.record_run(&key("order:2")).await.unwrap(), 3);
+
+    // A dead letter's count is forgotten for its consumer and scope only: a replay of it
+    // counts from 1.
+    assert!(db.inbox.forget_runs(&key("order:1")).await.unwrap());
+    assert!(
+        !db.inbox.forget_runs(&key("order:1")).await.unwrap(),
+        "gone"
+    );
+    assert_eq!(audit.record_run(&key("order:1")).await.unwrap(), 2);
+    assert!(
+        !tenant.forget_runs(&key("order:2")).await.unwrap(),
+        "none in acme"
+    );
+    assert_eq!(db.inbox.record_run(&key("order:2")).await.unwrap(), 4);
+    assert_eq!(db.inbox.record_run(&key("order:1")).await.unwrap(), 1);
     db.cleanup().await;
 }
 
