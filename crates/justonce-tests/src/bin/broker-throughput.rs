@@ -27,7 +27,9 @@
 //! while one commits, until the consumer's own metric counts every message settled; on a
 //! reader its clock starts at the first batch's work. Then `claim_many` on the same database at the same batch size
 //! (the database's own limit, as `justonce bench` measures it). It prints each figure, and
-//! the batch work's against both limits.
+//! the batch work's against both limits, with the cores the machine and this process kept
+//! busy during the baseline and the consumer's run (from the kernel's counts): a figure
+//! with every core busy is bound by CPU, one with cores idle by waiting.
 //!
 //! The prefetch is three times the batch on RabbitMQ and NATS (at least 64), as the
 //! consumer holds three batches: one gathered, one committing, one being acknowledged.
