@@ -694,29 +694,22 @@ impl<DB: TestBackend> TestDb<DB> {
 
     /// Effect rows written for `key`.
     pub async fn effects_of(&self, key: &Key) -> i64 {
-        DB::count(
-            self.inbox.pool(),
-            format!(
-                "SELECT count(*) FROM {}effects WHERE msg_key = '{}'",
-                self.prefix,
-                key.as_str().replace('\'', "''")
-            ),
-        )
-        .await
+        self.rows_of("effects", "msg_key", key).await
     }
 
     /// Counts of runs kept for `key`, in any scope and for any consumer.
     pub async fn runs_counted(&self, key: &Key) -> i64 {
-        DB::count(
-            self.inbox.pool(),
-            format!(
-                "SELECT count(*) FROM {}runs WHERE {} = '{}'",
-                self.prefix,
-                DB::quoted("key"),
-                key.as_str().replace('\'', "''")
-            ),
-        )
-        .await
+        self.rows_of("runs", &DB::quoted("key"), key).await
+    }
+
+    /// Rows of this test's `table` whose `column` holds `key`.
+    async fn rows_of(&self, table: &str, column: &str, key: &Key) -> i64 {
+        let key = key.as_str().replace('\'', "''");
+        let sql = format!(
+            "SELECT count(*) FROM {}{table} WHERE {column} = '{key}'",
+            self.prefix
+        );
+        DB::count(self.inbox.pool(), sql).await
     }
 
     /// Keys with more than one effect row: a doubled effect.

@@ -518,18 +518,7 @@ async fn acknowledging_a_later_batch_first_leaves_the_earlier_deliveries_unsettl
     for n in 1..=6 {
         queue.publish(&format!("order:{n}"), b"x").await;
     }
-    let mut deliveries = consumer.deliveries().await.unwrap();
-    let mut taken = Vec::new();
-    for _ in 0..6 {
-        let next = tokio::time::timeout(Duration::from_secs(30), deliveries.next());
-        taken.push(
-            next.await
-                .expect("a delivery within 30 s")
-                .unwrap()
-                .unwrap(),
-        );
-    }
-    drop(deliveries);
+    let taken = deliveries_taken(&consumer, 6).await;
     let broker = consumer.broker();
     let mut acked = 0;
     let later: Vec<_> = taken[4..].iter().collect();
@@ -545,18 +534,7 @@ async fn acknowledging_a_later_batch_first_leaves_the_earlier_deliveries_unsettl
     );
 
     let consumer = connect(&db, &queue, |options| options).await;
-    let mut deliveries = consumer.deliveries().await.unwrap();
-    let mut again = Vec::new();
-    for _ in 0..2 {
-        let next = tokio::time::timeout(Duration::from_secs(30), deliveries.next());
-        again.push(
-            next.await
-                .expect("a delivery within 30 s")
-                .unwrap()
-                .unwrap(),
-        );
-    }
-    drop(deliveries);
+    let again = deliveries_taken(&consumer, 2).await;
     let ids: Vec<_> = again
         .iter()
         .map(|d| d.properties.message_id().clone().unwrap().to_string())
@@ -570,6 +548,25 @@ async fn acknowledging_a_later_batch_first_leaves_the_earlier_deliveries_unsettl
     assert_eq!(queue.ready().await, 0, "all acknowledged");
     queue.delete().await;
     db.cleanup().await;
+}
+
+/// The next `count` deliveries of `consumer`, taken and not settled.
+async fn deliveries_taken<DB: TestBackend>(
+    consumer: &AmqpConsumer<DB>,
+    count: usize,
+) -> Vec<justonce_transport::amqp::AmqpDelivery> {
+    let mut deliveries = consumer.deliveries().await.unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..count {
+        let next = tokio::time::timeout(Duration::from_secs(30), deliveries.next());
+        taken.push(
+            next.await
+                .expect("a delivery within 30 s")
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    taken
 }
 
 async fn the_relay_publishes_rows_with_their_key_as_message_id<DB: TestBackend>(test: &str) {
