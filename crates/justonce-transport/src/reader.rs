@@ -173,6 +173,10 @@ pub struct Reader<O: OrderedBroker, DB: Backend> {
     /// The entries whose first runs were counted together last: run again after a
     /// database failure, they are not counted again.
     counted: std::sync::Mutex<Vec<(String, i32, Offset)>>,
+    /// The entries of the last batch that may be re-runs, as read before any of it ran:
+    /// the rest of the batch that runs again after a database failure still may be, though
+    /// entries before it committed.
+    may_rerun: std::sync::Mutex<Vec<(String, i32, Offset)>>,
 }
 
 /// Whether the first try of an entry counts a run before it starts. Each retry does.
@@ -248,6 +252,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             proven: std::sync::Mutex::default(),
             store_failed: std::sync::Mutex::default(),
             counted: std::sync::Mutex::default(),
+            may_rerun: std::sync::Mutex::default(),
         }
     }
 
@@ -618,20 +623,16 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
+        let batch_reruns = self.batch_reruns(batch);
         // One claim statement holds one scope: a batch of several tenants' entries runs in
         // runs of one tenant's, in order.
         for run in scope_runs(self.broker.policy(), self.inbox.scope(), batch) {
             let entries = &batch[run.clone()];
-            // Read before any of them runs: a commit of the first proves nothing of those
-            // after it, which the previous reader may have run with it, and died on.
-            let reruns: Vec<bool> = entries
-                .iter()
-                .map(|entry| self.may_rerun_entry(entry))
-                .collect();
+            let reruns = &batch_reruns[run.clone()];
             let may_rerun = reruns.contains(&true);
             let counted = match entries.len() > 1 && may_rerun {
                 false => false,
-                true => match self.record_first_runs(entries, &reruns).await {
+                true => match self.record_first_runs(entries, reruns).await {
                     Ok(counted) => counted,
                     Err(error) => {
                         tracing::warn!(%error, "database failed: the batch runs again after the pause");
@@ -645,7 +646,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             if together && self.run_together(entries, work, stats, unstored).await {
                 continue;
             }
-            for (done, (entry, rerun)) in entries.iter().zip(reruns).enumerate() {
+            for (done, (entry, &rerun)) in entries.iter().zip(reruns).enumerate() {
                 let first_try = match (rerun, counted) {
                     (false, _) => FirstTry::Proven,
                     (true, false) => FirstTry::Count,
@@ -760,6 +761,29 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         }
         unstored.stored(spans);
         true
+    }
+
+    /// Whether each entry of `batch` may be a re-run, read before any of it runs: a commit
+    /// of the first proves nothing of those after it, which the previous reader may have
+    /// run with it, and died on. The rest of a batch the database failed in keeps what its
+    /// entries were when the batch was first read.
+    fn batch_reruns(&self, batch: &[O::Entry]) -> Vec<bool> {
+        let mut held = crate::lock(&self.may_rerun);
+        let positions: Vec<Option<(String, i32, Offset)>> = (batch.iter())
+            .map(|entry| {
+                let at = self.broker.position(entry).ok()?;
+                Some((at.stream.to_owned(), at.partition, at.offset))
+            })
+            .collect();
+        let reruns: Vec<bool> = (batch.iter().zip(&positions))
+            .map(|(entry, at)| {
+                at.as_ref().is_some_and(|at| held.contains(at)) || self.may_rerun_entry(entry)
+            })
+            .collect();
+        *held = (positions.into_iter().zip(&reruns))
+            .filter_map(|(at, rerun)| at.filter(|_| *rerun))
+            .collect();
+        reruns
     }
 
     /// Whether `entry`, read and not yet tried, may be a re-run (see [`Reader::may_rerun`]).

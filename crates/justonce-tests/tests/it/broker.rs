@@ -489,6 +489,16 @@ on_brokers!(reading: [
     a_batched_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_failure,
 ));
 
+// A trigger fails the database once: PostgreSQL's, and readers of one partition.
+mod first_batch {
+    on_brokers!(@broker_on postgres, sqlx::Postgres, [
+        nats_reader = crate::nats::ReadStream,
+        redis_reader = crate::redis_streams::ReadStream,
+    ] (
+        a_first_batch_cut_by_a_database_failure_still_counts_the_runs_of_its_rest,
+    ));
+}
+
 /// A worker process: a consumer, or the reader of a broker that keeps its offset.
 fn worker<B: TestBroker, DB: TestBackend>(
     db: &TestDb<DB>,
@@ -1053,6 +1063,72 @@ async fn a_batched_reader_runs_an_entry_again_after_the_pause_that_follows_a_dat
     DB: TestBackend,
 {
     run_again_after_a_database_failure::<B, DB>(test, 20).await
+}
+
+/// A reader's first batch after its start may hold the entries its predecessor died on.
+/// When the database fails in it after an entry committed, the rest of the batch runs
+/// again after the pause: that commit proves nothing of the rest, whose runs are counted.
+async fn a_first_batch_cut_by_a_database_failure_still_counts_the_runs_of_its_rest<B, DB>(
+    test: &str,
+) where
+    B: TestBroker,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..3).map(|n| format!("order:{n}")).collect();
+    broker.publish(&keys).await;
+    // A run of order:0 counted already, as by a reader that died on it: the batch of the
+    // three runs entry by entry, each with its own count.
+    let key = |name: &str| Key::new(name).unwrap();
+    db.inbox.record_run(&key("order:0")).await.unwrap();
+    // The first count of order:1 fails in the database; a sequence is not rolled back.
+    let prefix = &db.prefix;
+    for sql in [
+        format!("CREATE SEQUENCE {prefix}failures"),
+        format!(
+            "CREATE FUNCTION {prefix}fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                IF NEW.key = 'order:1' AND nextval('{prefix}failures') = 1 THEN
+                    RAISE EXCEPTION 'the database failed';
+                END IF;
+                RETURN NEW;
+             END $$"
+        ),
+        format!(
+            "CREATE TRIGGER {prefix}fail_once BEFORE INSERT ON {prefix}runs
+             FOR EACH ROW EXECUTE FUNCTION {prefix}fail_once()"
+        ),
+    ] {
+        DB::execute(db.inbox.pool(), sql).await.unwrap();
+    }
+    let reader = broker.connect(&db).await;
+    let done = || async { db.rows("effects").await == 3 && broker.settled(&db).await };
+    let stats = run_until(
+        |stopped| reader.run_work_batched(&db, stopped, 20),
+        done,
+        effects(&db),
+    )
+    .await;
+    assert_eq!(stats.returned, 1, "the database failed once: {stats:?}");
+    assert_eq!(stats.processed, 3, "{stats:?}");
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(db.runs_counted(&key("order:0")).await, 1);
+    for rest in ["order:1", "order:2"] {
+        assert_eq!(db.runs_counted(&key(rest)).await, 1, "{rest} is counted");
+    }
+    drop(reader);
+    DB::execute(
+        db.inbox.pool(),
+        format!("DROP FUNCTION {prefix}fail_once CASCADE"),
+    )
+    .await
+    .unwrap();
+    DB::execute(db.inbox.pool(), format!("DROP SEQUENCE {prefix}failures"))
+        .await
+        .unwrap();
+    broker.delete().await;
+    db.cleanup().await;
 }
 
 async fn run_again_after_a_database_failure<B: TestBroker, DB: TestBackend>(
