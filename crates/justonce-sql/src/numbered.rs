@@ -333,10 +333,10 @@ impl Statements {
                 (clock.earlier_by)("$2")
             )),
             purge_keys: text(specific.purge_keys),
-            // Few rows: only deliveries that may be re-runs are counted.
             forget_runs: text(format!(
                 "DELETE FROM {runs} WHERE scope = $1 AND consumer = $2 AND key = $3"
             )),
+            // Few rows: only deliveries that may be re-runs are counted.
             purge_runs: text(format!(
                 "DELETE FROM {runs} WHERE (scope, consumer, key) IN (
                     SELECT scope, consumer, key FROM {runs}

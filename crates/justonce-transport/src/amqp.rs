@@ -158,7 +158,8 @@ pub type AmqpConsumer<DB> = crate::Consumer<Amqp, DB>;
 /// retries and dead letters) and the prefetch.
 pub struct Amqp {
     url: String,
-    /// The connection and its channel, replaced when the consumer connects again.
+    /// The connection, its channel and the channel's deliveries not settled, replaced
+    /// together when the consumer connects again.
     open: std::sync::Mutex<Open>,
     options: AmqpOptions,
 }
@@ -253,7 +254,9 @@ impl Receive for AmqpReceiver {
 }
 
 /// A delivery of the consumer's channel. It derefs to lapin's delivery: its body, its
-/// properties, its tag.
+/// properties, its tag. Settle it through the consumer (`settle`, `settle_batch`): one
+/// acknowledged through lapin directly stays unsettled to the consumer, and the later
+/// batches of its channel go back to an acknowledgement per delivery.
 pub struct AmqpDelivery {
     delivery: lapin::message::Delivery,
     /// Its channel's deliveries not settled yet.
@@ -289,18 +292,18 @@ impl Unsettled {
         self: &Arc<Self>,
         deliveries: &[&'d AmqpDelivery],
     ) -> Option<&'d AmqpDelivery> {
-        let last = *deliveries
-            .iter()
-            .max_by_key(|delivery| delivery.delivery_tag)?;
-        if deliveries.len() < 2
-            || !(deliveries.iter()).all(|delivery| Arc::ptr_eq(&delivery.unsettled, self))
-        {
+        if !(deliveries.iter()).all(|delivery| Arc::ptr_eq(&delivery.unsettled, self)) {
             return None;
         }
-        let tags = crate::lock(&self.tags);
-        let below = tags.range(..=last.delivery_tag).count();
-        let all_ours = (deliveries.iter()).all(|delivery| tags.contains(&delivery.delivery_tag));
-        (below == deliveries.len() && all_ours).then_some(last)
+        let tags: Vec<u64> = deliveries
+            .iter()
+            .map(|delivery| delivery.delivery_tag)
+            .collect();
+        let last = one_ack_tag(&crate::lock(&self.tags), &tags)?;
+        deliveries
+            .iter()
+            .find(|delivery| delivery.delivery_tag == last)
+            .copied()
     }
 
     fn settled(&self, deliveries: &[&AmqpDelivery]) {
@@ -309,6 +312,16 @@ impl Unsettled {
             tags.remove(&delivery.delivery_tag);
         }
     }
+}
+
+/// The tag whose `multiple` acknowledgement settles exactly `batch`, two deliveries or
+/// more of a channel whose unsettled tags are `unsettled`: every one of them unsettled, and
+/// no other unsettled below the highest.
+fn one_ack_tag(unsettled: &std::collections::BTreeSet<u64>, batch: &[u64]) -> Option<u64> {
+    let last = *batch.iter().max()?;
+    let below = unsettled.range(..=last).count();
+    let all_unsettled = batch.iter().all(|tag| unsettled.contains(tag));
+    (batch.len() >= 2 && below == batch.len() && all_unsettled).then_some(last)
 }
 
 impl Received for AmqpDelivery {
@@ -832,4 +845,39 @@ async fn within_goodbye_wait(
 
 fn broker(error: lapin::Error) -> Error {
     crate::tls::broker_error(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_ack_tag;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn one_multiple_ack_only_for_every_unsettled_tag_up_to_the_highest() {
+        let unsettled: BTreeSet<u64> = [3, 4, 5, 6, 7].into();
+        assert_eq!(
+            one_ack_tag(&unsettled, &[3, 4, 5]),
+            Some(5),
+            "a whole prefix"
+        );
+        assert_eq!(one_ack_tag(&unsettled, &[5, 3, 4]), Some(5), "in any order");
+        assert_eq!(
+            one_ack_tag(&unsettled, &[4, 5]),
+            None,
+            "3 below is unsettled"
+        );
+        assert_eq!(one_ack_tag(&unsettled, &[6, 7]), None, "a gap below");
+        assert_eq!(
+            one_ack_tag(&unsettled, &[2, 3]),
+            None,
+            "2 is settled already"
+        );
+        assert_eq!(one_ack_tag(&unsettled, &[3]), None, "one has its own ack");
+        assert_eq!(one_ack_tag(&unsettled, &[]), None);
+        assert_eq!(
+            one_ack_tag(&BTreeSet::new(), &[1, 2]),
+            None,
+            "another channel's"
+        );
+    }
 }

@@ -435,20 +435,32 @@ pub(crate) fn inbox_in<'a, DB: justonce_sql::Backend>(
 }
 
 /// Forgets the count of runs of a message that left the consumer as a dead letter, so that
-/// a replay of it starts its attempts again. Only after the dead letter is settled: a
-/// consumer that dies before then takes the message back with its count, and gives it up
-/// again. A database failure leaves the count, logged: the replay is then given up at
-/// once if it is delivered again, until the purge.
+/// a replay of it is not given up for its past runs. Only after the dead letter is
+/// settled: a consumer that dies before then takes the message back with its count, and
+/// gives it up again. A database failure, or no answer within [`FORGET_WAIT`], leaves the
+/// count, logged: the wait holds up the settling of the batches after it.
 pub(crate) async fn forget_runs<DB: justonce_sql::Backend>(
     inbox: &justonce_sql::Inbox<DB>,
     incoming: &Incoming,
     log_id: &str,
 ) {
     let inbox = inbox_in(inbox, &incoming.scope);
-    if let Err(error) = inbox.forget_runs(&incoming.key).await {
-        tracing::warn!(%error, delivery = log_id, key = incoming.key.as_str(), "database failed: the dead letter's count of runs stays until the purge");
-    }
+    let forgot = tokio::time::timeout(FORGET_WAIT, inbox.forget_runs(&incoming.key)).await;
+    let failed = match forgot {
+        Ok(Ok(_)) => return,
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => format!("no answer within {FORGET_WAIT:?}"),
+    };
+    tracing::warn!(
+        error = failed,
+        delivery = log_id,
+        key = incoming.key.as_str(),
+        "database failed: the dead letter's count of runs stays until the purge"
+    );
 }
+
+/// How long forgetting a dead letter's count of runs may take.
+const FORGET_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a consumer did with the deliveries it took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

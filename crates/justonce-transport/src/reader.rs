@@ -175,7 +175,8 @@ pub struct Reader<O: OrderedBroker, DB: Backend> {
     counted: std::sync::Mutex<Vec<(String, i32, Offset)>>,
     /// The entries of the last batch that may be re-runs, as read before any of it ran:
     /// the rest of the batch that runs again after a database failure still may be, though
-    /// entries before it committed.
+    /// entries before it committed. As `counted`, it holds one batch: the reader runs its
+    /// batches in turn, and callers of [`Reader::run_batch`] one at a time.
     may_rerun: std::sync::Mutex<Vec<(String, i32, Offset)>>,
 }
 
@@ -504,7 +505,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// from the first, are done with: fewer than all when the database failed on the next,
     /// which the caller runs again, with those after it, after the policy's `store_pause`.
     /// Once it returns, the stored offset of each partition is that of its last entry done
-    /// with.
+    /// with. Run one batch at a time: the reader remembers what it read of the last one.
     pub async fn run_batch<F, E>(
         &self,
         batch: &[O::Entry],
@@ -768,17 +769,16 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// run with it, and died on. The rest of a batch the database failed in keeps what its
     /// entries were when the batch was first read.
     fn batch_reruns(&self, batch: &[O::Entry]) -> Vec<bool> {
-        let mut held = crate::lock(&self.may_rerun);
         let positions: Vec<Option<(String, i32, Offset)>> = (batch.iter())
             .map(|entry| {
                 let at = self.broker.position(entry).ok()?;
                 Some((at.stream.to_owned(), at.partition, at.offset))
             })
             .collect();
-        let reruns: Vec<bool> = (batch.iter().zip(&positions))
-            .map(|(entry, at)| {
-                at.as_ref().is_some_and(|at| held.contains(at)) || self.may_rerun_entry(entry)
-            })
+        let unproven: Vec<bool> = batch.iter().map(|e| self.may_rerun_entry(e)).collect();
+        let mut held = crate::lock(&self.may_rerun);
+        let reruns: Vec<bool> = (positions.iter().zip(unproven))
+            .map(|(at, unproven)| unproven || at.as_ref().is_some_and(|at| held.contains(at)))
             .collect();
         *held = (positions.into_iter().zip(&reruns))
             .filter_map(|(at, rerun)| at.filter(|_| *rerun))

@@ -1,7 +1,8 @@
 //! `Inbox::record_run`: the runs of a key a consumer started, counted in their own commit,
-//! apart for each scope and consumer, exact under concurrent counts, purged with the
-//! keys once their last run is past the cutoff, and forgotten for a dead letter. `Inbox::record_first_runs`: a batch's first
-//! runs counted in one statement, only while none of its keys has runs counted.
+//! apart for each scope and consumer, exact under concurrent counts, purged with the keys
+//! once their last run is past the cutoff, and forgotten for a dead letter.
+//! `Inbox::record_first_runs`: a batch's first runs counted in one statement, only while
+//! none of its keys has runs counted.
 
 use super::{key, on_every_database};
 use justonce_sql::Scope;
