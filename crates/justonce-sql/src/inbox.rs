@@ -1319,8 +1319,8 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// Deletes the count of runs of `key` ([`Inbox::record_run`]) in this inbox's scope:
-    /// once its message has left the consumer, as a dead letter, a replay of it starts
-    /// its attempts again. Whether there was one.
+    /// once its message has left the consumer as a dead letter, a replay of it is not
+    /// given up for its past runs. Whether there was one.
     pub async fn forget_runs(&self, key: &Key) -> Result<bool, Error> {
         let forget = Change::ForgetRuns {
             scope: self.scope.as_str(),

@@ -172,13 +172,16 @@ pub struct Reader<O: OrderedBroker, DB: Backend> {
     store_failed: std::sync::Mutex<Option<StoreFailed>>,
     /// The entries whose first runs were counted together last: run again after a
     /// database failure, they are not counted again.
-    counted: std::sync::Mutex<Vec<(String, i32, Offset)>>,
+    counted: std::sync::Mutex<Vec<Place>>,
     /// The entries of the last batch that may be re-runs, as read before any of it ran:
     /// the rest of the batch that runs again after a database failure still may be, though
     /// entries before it committed. As `counted`, it holds one batch: the reader runs its
     /// batches in turn, and callers of [`Reader::run_batch`] one at a time.
-    may_rerun: std::sync::Mutex<Vec<(String, i32, Offset)>>,
+    may_rerun: std::sync::Mutex<Vec<Place>>,
 }
+
+/// Where an entry sits, owned: its stream, its partition, its offset.
+type Place = (String, i32, Offset);
 
 /// Whether the first try of an entry counts a run before it starts. Each retry does.
 #[derive(Debug, Clone, Copy)]
@@ -680,7 +683,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let Some((_, first)) = read.first() else {
             return Ok(false);
         };
-        let positions: Vec<(String, i32, Offset)> = (read.iter())
+        let positions: Vec<Place> = (read.iter())
             .map(|(at, _)| (at.stream.to_owned(), at.partition, at.offset))
             .collect();
         let counted_before = {
@@ -769,28 +772,25 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// run with it, and died on. The rest of a batch the database failed in keeps what its
     /// entries were when the batch was first read.
     fn batch_reruns(&self, batch: &[O::Entry]) -> Vec<bool> {
-        let positions: Vec<Option<(String, i32, Offset)>> = (batch.iter())
+        // An entry without a position is dead-lettered unrun: no run of it to count.
+        let read: Vec<Option<(Place, bool)>> = (batch.iter())
             .map(|entry| {
                 let at = self.broker.position(entry).ok()?;
-                Some((at.stream.to_owned(), at.partition, at.offset))
+                let held = (at.stream.to_owned(), at.partition, at.offset);
+                Some((held, self.may_rerun(at)))
             })
             .collect();
-        let unproven: Vec<bool> = batch.iter().map(|e| self.may_rerun_entry(e)).collect();
         let mut held = crate::lock(&self.may_rerun);
-        let reruns: Vec<bool> = (positions.iter().zip(unproven))
-            .map(|(at, unproven)| unproven || at.as_ref().is_some_and(|at| held.contains(at)))
+        let reruns: Vec<bool> = (read.iter())
+            .map(|read| {
+                read.as_ref()
+                    .is_some_and(|(at, unproven)| *unproven || held.contains(at))
+            })
             .collect();
-        *held = (positions.into_iter().zip(&reruns))
-            .filter_map(|(at, rerun)| at.filter(|_| *rerun))
+        *held = (read.into_iter().zip(&reruns))
+            .filter_map(|(read, rerun)| read.filter(|_| *rerun).map(|(at, _)| at))
             .collect();
         reruns
-    }
-
-    /// Whether `entry`, read and not yet tried, may be a re-run (see [`Reader::may_rerun`]).
-    fn may_rerun_entry(&self, entry: &O::Entry) -> bool {
-        self.broker
-            .position(entry)
-            .is_ok_and(|at| self.may_rerun(at))
     }
 
     /// Runs an entry's work with its retries, and gives up on it or counts it; `first_try`
