@@ -115,6 +115,27 @@ pub trait Backend: sqlx::Database<Arguments: Clone + Sync> + Sealed {
         batch: &'a Batch<'a>,
     ) -> impl Future<Output = Result<Vec<(String, Stored)>, Error>> + Send + 'a;
 
+    /// [`Backend::insert_many`], with each of `offsets` moved forward in the same
+    /// transaction (in the same statement, where the database can), and whether every one
+    /// moved; the keys' rows are not all known when one did not.
+    #[doc(hidden)]
+    fn insert_many_at<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Self::Statements,
+        batch: &'a Batch<'a>,
+        offsets: &'a [OffsetRow<'a>],
+    ) -> impl Future<Output = Result<(Vec<(String, Stored)>, bool), Error>> + Send + 'a {
+        async move {
+            let rows = Self::insert_many(&mut *conn, sql, batch).await?;
+            for at in offsets {
+                if !sql.commit_offset(&mut *conn, *at).await? {
+                    return Ok((rows, false));
+                }
+            }
+            Ok((rows, true))
+        }
+    }
+
     /// Writes outbox rows that forward received messages, in the caller's transaction and
     /// in as few statements as the database takes, without waking the relays: the caller
     /// wakes them after its commit.

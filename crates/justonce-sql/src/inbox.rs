@@ -386,6 +386,21 @@ impl<DB: Backend> Inbox<DB> {
         fingerprints: &[Fingerprint],
         claim_id: i64,
     ) -> Result<Vec<Claim>, Error> {
+        let claimed = (self.claim_at_offsets(tx, keys, fingerprints, claim_id, &[])).await?;
+        // With no offsets to move, none can have been passed.
+        Ok(claimed.unwrap_or_default())
+    }
+
+    /// [`Inbox::claim_fingerprinted`] with `offsets` moved in the same transaction, in its
+    /// statement where the database can; `None` when one of them did not move.
+    async fn claim_at_offsets(
+        &self,
+        tx: &mut DB::Connection,
+        keys: &[&Key],
+        fingerprints: &[Fingerprint],
+        claim_id: i64,
+        offsets: &[OffsetRow<'_>],
+    ) -> Result<Option<Vec<Claim>>, Error> {
         let key_of = |index: usize| keys[index].as_str();
         // Sorted vectors and binary searches rather than hash maps: the batch is sorted
         // anyway, and this runs for every message of every batch.
@@ -413,7 +428,10 @@ impl<DB: Backend> Inbox<DB> {
         };
         // The row holding each distinct key, in the batch's order.
         let mut holders: Vec<Option<Stored>> = vec![None; batch.keys.len()];
-        let rows = DB::insert_many(tx, &self.shared.sql, &batch).await?;
+        let (rows, moved) = DB::insert_many_at(tx, &self.shared.sql, &batch, offsets).await?;
+        if !moved {
+            return Ok(None);
+        }
         put_in_place(&batch.keys, rows, &mut holders);
         let unread: Vec<&str> = batch
             .keys
@@ -427,7 +445,8 @@ impl<DB: Backend> Inbox<DB> {
                 DB::find_many(tx, &self.shared.sql, &self.scope, &self.consumer, &unread).await?;
             put_in_place(&batch.keys, rows, &mut holders);
         }
-        keys.iter()
+        let claims = keys
+            .iter()
             .enumerate()
             .map(|(index, key)| {
                 let place = distinct_of[index];
@@ -436,7 +455,8 @@ impl<DB: Backend> Inbox<DB> {
                 let holds = stored.claim_id == batch.claim_id && firsts[place] == index;
                 Ok(judge(holds, stored.fingerprint, fingerprints[index]))
             })
-            .collect()
+            .collect::<Result<_, Error>>()?;
+        Ok(Some(claims))
     }
 
     /// Runs a batch in one transaction: claims the keys of `messages` with one statement
@@ -460,7 +480,10 @@ impl<DB: Backend> Inbox<DB> {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        let (mut tx, claimed) = self.begin_batch(messages, claim).await?;
+        // With no offsets to move, none can have been passed.
+        let Some((mut tx, claimed)) = self.begin_batch(messages, claim, &[]).await? else {
+            return Ok(Vec::new());
+        };
         let forwards = Forwards::new(self.shared(), false);
         for (message, claim) in messages.iter().zip(&claimed) {
             if *claim == Claim::First
@@ -508,10 +531,58 @@ impl<DB: Backend> Inbox<DB> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        let ran = self.run_batch_in_one(messages, claim, &[], work).await?;
+        // With no offsets to move, none can have been passed.
+        Ok(ran.unwrap_or_default())
+    }
+
+    /// [`Inbox::run_batch_at_once`] for entries read from a stream: the offset of each
+    /// span's partition moves to the span's `last` in the batch's transaction, with the
+    /// claim (in the claim's statement, on PostgreSQL). `None`, with nothing committed
+    /// and the work not run, when a stored offset was at or past its span's `first`: an
+    /// entry of the batch was processed or given up before, as
+    /// [`Inbox::commit_offset_span`] says.
+    pub async fn run_batch_at_offsets<'env, M, E, F>(
+        &self,
+        messages: &[M],
+        claim: impl Fn(&M) -> (&Key, &[u8]),
+        spans: &[OffsetSpan<'_>],
+        work: F,
+    ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
+    where
+        F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let offsets: Vec<OffsetRow<'_>> = (spans.iter())
+            .map(|span| OffsetRow {
+                consumer: self.consumer.as_str(),
+                stream: span.stream,
+                partition: span.partition,
+                offset: span.last,
+                above: span.first,
+            })
+            .collect();
+        self.run_batch_in_one(messages, claim, &offsets, work).await
+    }
+
+    /// [`Inbox::run_batch_at_offsets`] with the offsets as rows to store.
+    async fn run_batch_in_one<'env, M, E, F>(
+        &self,
+        messages: &[M],
+        claim: impl Fn(&M) -> (&Key, &[u8]),
+        offsets: &[OffsetRow<'_>],
+        work: F,
+    ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
+    where
+        F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
         if messages.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
-        let (tx, claimed) = self.begin_batch(messages, claim).await?;
+        let Some((tx, claimed)) = self.begin_batch(messages, claim, offsets).await? else {
+            return Ok(None);
+        };
         // 'env, not 'static: the work may borrow what outlives the call.
         let mut tx: sqlx::Transaction<'env, DB> = tx;
         let firsts: Vec<&M> = (messages.iter().zip(&claimed))
@@ -524,7 +595,7 @@ impl<DB: Backend> Inbox<DB> {
         }
         let outcomes = commit_batch(tx, claimed).await?;
         self.batch_committed(&outcomes, &forwards);
-        Ok(outcomes)
+        Ok(Some(outcomes))
     }
 
     /// After a batch's commit: wakes the relays if its work forwarded rows, and counts its
@@ -542,22 +613,33 @@ impl<DB: Backend> Inbox<DB> {
             .add(self.consumer.as_str(), duplicates as u64);
     }
 
-    /// Begins a batch's transaction and claims the keys of `messages` in it.
+    /// Begins a batch's transaction, claims the keys of `messages` in it and moves
+    /// `offsets`; `None`, rolled back, when one of them did not move.
     async fn begin_batch<M, E>(
         &self,
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
-    ) -> Result<(sqlx::Transaction<'static, DB>, Vec<Claim>), RunError<E>> {
-        let claims: Vec<(Key, &[u8])> = messages
+        offsets: &[OffsetRow<'_>],
+    ) -> Result<Option<(sqlx::Transaction<'static, DB>, Vec<Claim>)>, RunError<E>> {
+        let (keys, fingerprints): (Vec<&Key>, Vec<Fingerprint>) = messages
             .iter()
             .map(|message| {
                 let (key, payload) = claim(message);
-                (key.clone(), payload)
+                (key, Fingerprint::of(payload))
             })
-            .collect();
+            .unzip();
         let mut tx = self.begin().await.map_err(RunError::Store)?;
-        match self.claim_many(&mut tx, &claims).await {
-            Ok(claimed) => Ok((tx, claimed)),
+        let claimed = self
+            .claim_at_offsets(&mut tx, &keys, &fingerprints, random_claim_id(), offsets)
+            .await;
+        match claimed {
+            Ok(Some(claimed)) => Ok(Some((tx, claimed))),
+            Ok(None) => {
+                if let Err(error) = tx.rollback().await {
+                    tracing::debug!(%error, "rolling back a batch whose offset was passed");
+                }
+                Ok(None)
+            }
             Err(error) => Err(rolled_back(tx, RunError::Store(error)).await),
         }
     }
@@ -1469,6 +1551,20 @@ where
             Failed::Store(error) => RunError::Store(error),
         }
     }
+}
+
+/// The entries of one partition in a batch read from a stream, from the first offset to
+/// the last, for [`Inbox::run_batch_at_offsets`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetSpan<'a> {
+    /// The stream.
+    pub stream: &'a str,
+    /// The stream's partition.
+    pub partition: i32,
+    /// The offset of the batch's first entry in the partition.
+    pub first: Offset,
+    /// The offset of its last entry, which is stored.
+    pub last: Offset,
 }
 
 /// Why [`Inbox::run`] failed.

@@ -24,6 +24,7 @@ pub struct Statements {
     pub(crate) claim_and_forward: Option<Arc<str>>,
     pub(crate) claim_and_forward_many: Option<Arc<str>>,
     pub(crate) insert_many: Arc<str>,
+    pub(crate) insert_many_at_offsets: Option<Arc<str>>,
     pub(crate) find_many: Arc<str>,
     pub(crate) enqueue: Arc<str>,
     pub(crate) forward_many: Arc<str>,
@@ -54,6 +55,9 @@ pub(crate) struct Specific {
     /// `claim_and_forward` for the calls of a shared commit, where the database can.
     pub(crate) claim_and_forward_many: Option<String>,
     pub(crate) insert_many: String,
+    /// `insert_many` with the offsets of the batch's partitions moved in it, where the
+    /// database can.
+    pub(crate) insert_many_at_offsets: Option<String>,
     pub(crate) find_many: String,
     /// The keys given as `$3` (an array on PostgreSQL, a JSON array on SQLite) as a
     /// relation of one column, `key`, under the alias given.
@@ -457,6 +461,7 @@ impl Statements {
             claim_and_forward: specific.claim_and_forward.map(text),
             claim_and_forward_many: specific.claim_and_forward_many.map(text),
             insert_many: text(specific.insert_many),
+            insert_many_at_offsets: specific.insert_many_at_offsets.map(text),
             find_many: text(specific.find_many),
             enqueue_notifying: text(
                 (specific.enqueue_notifying).unwrap_or_else(|| specific.enqueue.clone()),

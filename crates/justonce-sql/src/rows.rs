@@ -488,6 +488,7 @@ pub struct StoredOffset {
 }
 
 /// A stream position to store, if the stored one is below `above`.
+#[derive(Clone, Copy)]
 pub struct OffsetRow<'a> {
     pub(crate) consumer: &'a str,
     pub(crate) stream: &'a str,

@@ -240,7 +240,7 @@ pub const BACKENDS: [&str; 3] = ["postgres", "mysql", "sqlite"];
 pub const WORKER_FAILPOINT: &str = "committed-not-acknowledged";
 
 /// The flags of the throughput benchmarks: `[--backend postgres|mysql|sqlite] [--messages N]
-/// [--duplicates PERCENT] [--batch N] [--json]`, and `--broker NAME` where the benchmark
+/// [--duplicates PERCENT] [--batch N] [--batches-at-once N] [--json]`, and `--broker NAME` where the benchmark
 /// has brokers.
 pub struct StreamArgs {
     /// `postgres`, `mysql` or `sqlite`.
@@ -255,6 +255,8 @@ pub struct StreamArgs {
     pub batch: usize,
     /// How many messages the broker sends ahead, if not the benchmark's own choice.
     pub prefetch: Option<usize>,
+    /// How many batches a consumer runs at once.
+    pub batches_at_once: usize,
     /// One JSON object per result instead of a table.
     pub json: bool,
 }
@@ -270,6 +272,7 @@ impl StreamArgs {
             duplicates: 20,
             batch,
             prefetch: None,
+            batches_at_once: 1,
             json: false,
         };
         let mut raw = std::env::args().skip(1);
@@ -285,6 +288,9 @@ impl StreamArgs {
                 }
                 "--batch" => args.batch = raw.next()?.parse().ok().filter(|n| *n > 0)?,
                 "--prefetch" => args.prefetch = Some(raw.next()?.parse().ok().filter(|n| *n > 0)?),
+                "--batches-at-once" => {
+                    args.batches_at_once = raw.next()?.parse().ok().filter(|n| *n > 0)?
+                }
                 "--broker" => args.broker = raw.next().filter(|b| brokers.contains(&b.as_str()))?,
                 _ => return None,
             }

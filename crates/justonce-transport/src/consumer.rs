@@ -4,6 +4,8 @@
 
 use crate::reconnect::{Connection, Link};
 use crate::{ConsumerStats, Error, Incoming, KeyFrom, Ran, Tenants};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
 use justonce_core::TraceContext;
 use justonce_core::trace::{TRACEPARENT, TRACESTATE};
 use justonce_sql::{Backend, Inbox, Key, Outcome, Scope, WorkFuture, sqlx};
@@ -580,6 +582,7 @@ pub struct Consumer<B: Broker, DB: Backend> {
     broker: B,
     inbox: Inbox<DB>,
     connection: Connection,
+    batches_at_once: usize,
 }
 
 impl<B: Broker + std::fmt::Debug, DB: Backend> std::fmt::Debug for Consumer<B, DB> {
@@ -588,6 +591,7 @@ impl<B: Broker + std::fmt::Debug, DB: Backend> std::fmt::Debug for Consumer<B, D
             .field("broker", &self.broker)
             .field("inbox", &self.inbox)
             .field("connection", &self.connection)
+            .field("batches_at_once", &self.batches_at_once)
             .finish()
     }
 }
@@ -626,7 +630,22 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             broker,
             inbox,
             connection: Connection::default(),
+            batches_at_once: 1,
         }
+    }
+
+    /// Lets [`Consumer::run_batched`] and [`Consumer::run_batches`] run up to `batches`
+    /// batches at once, each in its own transaction on its own connection of the inbox's
+    /// pool; 1 (the default) runs one after the other.
+    ///
+    /// More than one overlaps one batch's round trips to the database with another's,
+    /// where the database, not the work, is what a consumer waits on. Batches are still
+    /// acknowledged in the order they were taken, each after its own commit. But a later
+    /// batch may commit before an earlier one: choose 1 where the order effects commit in
+    /// matters. The pool needs a connection for each batch.
+    pub fn batches_at_once(mut self, batches: usize) -> Self {
+        self.batches_at_once = batches.max(1);
+        self
     }
 
     /// The state of the connection to the broker while [`Consumer::run`] runs: each change
@@ -670,7 +689,8 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// A batch's acknowledgements go out while the next batch commits, and the batch after
     /// is gathered meanwhile; batches are settled in order, each after its own commit. Let
     /// the broker send three times `batch_size` ahead (its prefetch), so that the next
-    /// batch has arrived when one is done.
+    /// batch has arrived when one is done; with [`Consumer::batches_at_once`], that many
+    /// more batches.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -767,13 +787,14 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// Takes, runs and settles batches until `shutdown` resolves or the broker ends the
     /// consumer, counting each in `stats`; an error once receiving or settling fails.
     ///
-    /// Three sides run at once, each on one batch, in order: one gathers the next batch
-    /// (see [`gathering`]), one runs a batch's work and commits it, one settles the batch
-    /// committed before. A batch is settled only after its commit, and batches are settled
-    /// in the order they were taken, so that the broker's round trips for one batch's
-    /// acknowledgements overlap the database's for the next batch's claim. At a shutdown
-    /// the batch running commits and every batch committed is settled; those only gathered
-    /// go back to the broker.
+    /// Three sides run at once, in order: one gathers the next batch (see [`gathering`]),
+    /// one runs batches' work and commits them (up to `batches_at_once` at a time), one
+    /// settles the batches committed before. A batch is settled only after its commit, and
+    /// batches are settled in the order they were taken, so that the broker's round trips
+    /// for one batch's acknowledgements overlap the database's for the next batch's claim.
+    /// After a database failure no batch starts for the policy's `store_pause`; those
+    /// running go on. At a shutdown the batches running commit and every batch committed is
+    /// settled; those only gathered go back to the broker.
     async fn consume<E>(
         &self,
         deliveries: &mut Deliveries<'_, B>,
@@ -785,32 +806,56 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
+        let at_once = self.batches_at_once;
+        // Batches taken and not settled: the one settling, those running, and the next,
+        // gathered meanwhile.
         let receiver = &mut deliveries.receiver;
-        let (gather, mut batches) = gathering(receiver, shutdown, batch_size, AHEAD);
-        let (committed, mut settling) = tokio::sync::mpsc::channel::<Judged<B::Delivery>>(AHEAD);
+        let (gather, mut batches) = gathering(receiver, shutdown, batch_size, at_once + 2);
+        let (committed, mut settling) =
+            tokio::sync::mpsc::channel::<Judged<B::Delivery>>(at_once + 2);
+        let run_batch = |batch: Vec<B::Delivery>, taken| async move {
+            let mut stats = ConsumerStats::default();
+            let (settles, store_failed) = self.run_batch_with(&batch, work, &mut stats).await;
+            let judged = Judged {
+                batch,
+                settles,
+                _taken: taken,
+            };
+            (judged, stats, store_failed)
+        };
         let run = async move {
+            let mut running = FuturesOrdered::new();
+            // Taking ended: a shutdown, the receiver's end, or a failure to receive.
+            let mut ended = false;
+            let mut pause = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+            let mut pausing = false;
             loop {
-                let taken = tokio::select! {
-                    taken = batches.next() => taken,
-                    // Settling failed: its error ends the consumer.
-                    () = committed.closed() => None,
-                };
-                let Some((batch, taken)) = taken else { break };
-                let (settles, store_failed) = self.run_batch_with(&batch, work, stats).await;
-                let judged = Judged {
-                    batch,
-                    settles,
-                    _taken: taken,
-                };
-                if committed.send(judged).await.is_err() {
+                if ended && running.is_empty() {
                     break;
                 }
-                if store_failed {
-                    tokio::select! {
-                        () = batches.stopped() => break,
-                        () = committed.closed() => break,
-                        () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+                let stopped = batches.stopped();
+                tokio::select! {
+                    Some((judged, ran, store_failed)) = running.next() => {
+                        *stats += ran;
+                        if committed.send(judged).await.is_err() {
+                            break;
+                        }
+                        if store_failed {
+                            let resume = tokio::time::Instant::now() + self.broker.policy().store_pause;
+                            pause.as_mut().reset(resume);
+                            pausing = true;
+                        }
                     }
+                    taken = batches.next(), if !ended && !pausing && running.len() < at_once => {
+                        match taken {
+                            Some((batch, taken)) => running.push_back(run_batch(batch, taken)),
+                            None => ended = true,
+                        }
+                    }
+                    () = &mut pause, if pausing => pausing = false,
+                    () = stopped, if pausing && !ended => ended = true,
+                    // Settling failed: its error ends the consumer.
+                    () = committed.closed() => break,
                 }
             }
         };
@@ -1206,10 +1251,6 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         )
     }
 }
-
-/// How many batches a consumer takes before the first of them is settled: the one
-/// settling, the one running, and the next, gathered meanwhile.
-const AHEAD: usize = 3;
 
 /// A batch whose work has run, and how each of its deliveries is settled, in order.
 struct Judged<D> {

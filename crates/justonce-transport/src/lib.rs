@@ -481,6 +481,17 @@ pub struct ConsumerStats {
     pub returned: u64,
 }
 
+impl std::ops::AddAssign for ConsumerStats {
+    fn add_assign(&mut self, more: Self) {
+        self.processed += more.processed;
+        self.duplicates += more.duplicates;
+        self.key_reused += more.key_reused;
+        self.retried += more.retried;
+        self.dead_lettered += more.dead_lettered;
+        self.returned += more.returned;
+    }
+}
+
 /// Why a consumer or publisher stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

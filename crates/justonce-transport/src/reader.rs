@@ -16,7 +16,7 @@ use crate::consumer::{
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
-use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, Outcome, RunError, sqlx};
+use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, OffsetSpan, Outcome, RunError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -730,23 +730,27 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .first()
             .map_or(self.inbox.scope(), |(_, first)| &first.scope);
         let inbox = crate::inbox_in(&self.inbox, scope);
-        let (inbox, spans) = (&*inbox, &spans);
         let run = inbox
-            .run_batch_at_once(
+            .run_batch_at_offsets(
                 &read,
                 |(_, incoming)| (&incoming.key, incoming.body.as_slice()),
+                &spans.offsets(),
                 |tx, firsts| {
                     Box::pin(async move {
                         let firsts: Vec<&Incoming> =
                             firsts.into_iter().map(|(_, incoming)| incoming).collect();
-                        work.run(tx, &firsts).await.map_err(InOrderError::Work)?;
-                        spans.commit(inbox, tx).await
+                        work.run(tx, &firsts).await
                     })
                 },
             )
             .await;
         let outcomes = match run {
-            Ok(outcomes) => outcomes,
+            Ok(Some(outcomes)) => outcomes,
+            // One by one, the entries processed before are found duplicates.
+            Ok(None) => {
+                tracing::debug!("a batch's entry was processed before: running them one by one");
+                return false;
+            }
             Err(error) => {
                 tracing::debug!(%error, "a batch failed: running its entries one by one");
                 return false;
@@ -763,7 +767,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         for (position, _) in &read {
             self.prove(*position);
         }
-        unstored.stored(spans);
+        unstored.stored(&spans);
         true
     }
 
@@ -1007,23 +1011,19 @@ impl<'a> Spans<'a> {
         Self(spans)
     }
 
-    /// Stores each partition's last offset in `tx`, if the stored offset is below the
+    /// Each partition's span, to store its last offset if the stored offset is below the
     /// first: otherwise a reader before this one moved past an entry of the batch (gave it
     /// up) after this one loaded the offsets, as [`Inbox::commit_offset`] says of a single
-    /// entry. One statement per partition.
-    async fn commit<DB: Backend, E>(
-        &self,
-        inbox: &Inbox<DB>,
-        tx: &mut sqlx::Transaction<'_, DB>,
-    ) -> Result<(), InOrderError<E>> {
-        for (&(stream, partition), &(first, last)) in &self.0 {
-            let moved = (inbox.commit_offset_span(tx, stream, partition, first, last)).await;
-            match moved.map_err(InOrderError::Offset)? {
-                OffsetCommit::Moved => {}
-                OffsetCommit::AlreadyProcessed => return Err(InOrderError::AlreadyProcessed),
-            }
-        }
-        Ok(())
+    /// entry.
+    fn offsets(&self) -> Vec<OffsetSpan<'a>> {
+        (self.0.iter())
+            .map(|(&(stream, partition), &(first, last))| OffsetSpan {
+                stream,
+                partition,
+                first,
+                last,
+            })
+            .collect()
     }
 }
 

@@ -28,7 +28,7 @@ use crate::tables::Tables;
 use crate::tls::Target;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
 use migrations::MIGRATION_LOCK_SECONDS;
-use sql::{MySqlStatements, with_list};
+use sql::{MySqlStatements, with_keys, with_list};
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError};
 use sqlx::{AssertSqlSafe, MySql};
 
@@ -139,14 +139,14 @@ impl Backend for MySql {
     ) -> Result<Vec<(String, Stored)>, Error> {
         let mut found = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(KEYS_PER_STATEMENT) {
-            let text = with_list(&sql.find_many, "?", chunk.len());
-            let mut query = sqlx::query_as(AssertSqlSafe(text))
-                .bind(scope.as_str())
-                .bind(consumer.as_str());
+            let text = with_keys(&sql.find_many, chunk.len());
+            let mut query = sqlx::query_as(AssertSqlSafe(text));
             for key in chunk {
                 query = query.bind(*key);
             }
             let rows: Vec<(String, i64, Vec<u8>)> = query
+                .bind(scope.as_str())
+                .bind(consumer.as_str())
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(driver_error::<Self>)?;

@@ -388,11 +388,16 @@ impl MySqlStatements {
                  VALUES {{list}}
                  ON DUPLICATE KEY UPDATE claim_id = claim_id"
             )),
+            // One lookup of each key, joined: a locking read of `key IN (...)` scans a
+            // range and locks the gaps between the keys too, so that a concurrent batch
+            // whose keys fall between them waits for this one's commit.
             find_many: arc(format!(
-                "SELECT {}, claim_id, fingerprint FROM {keys}
-                 WHERE scope = ? AND consumer = ? AND `key` IN ({{list}})
+                "SELECT {}, held.claim_id, held.fingerprint
+                 FROM ({{list}}) AS batch
+                 JOIN {keys} AS held ON held.`key` = batch.`key`
+                 WHERE held.scope = ? AND held.consumer = ?
                  LOCK IN SHARE MODE",
-                text("`key`")
+                text("held.`key`")
             )),
             enqueue: arc(format!(
                 "INSERT INTO {outbox}
@@ -509,4 +514,11 @@ pub(crate) fn forward_many_row() -> String {
 /// `template` with `{list}` replaced by `count` copies of `item`, comma separated.
 pub(super) fn with_list(template: &str, item: &str, count: usize) -> String {
     template.replace("{list}", &vec![item; count].join(", "))
+}
+
+/// `template` with `{list}` replaced by `count` parameters as a relation of one column,
+/// `key`.
+pub(super) fn with_keys(template: &str, count: usize) -> String {
+    let rest = " UNION ALL SELECT ?".repeat(count.saturating_sub(1));
+    template.replace("{list}", &format!("SELECT ? AS `key`{rest}"))
 }

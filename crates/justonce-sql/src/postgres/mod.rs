@@ -12,7 +12,7 @@ use crate::backend::{
 use crate::common::bind_claim;
 use crate::effect;
 use crate::numbered::{self, Statements, migrate_in_transaction};
-use crate::rows::{Batch, ClaimRow, NewOutboxRow, Schema, Stored, Wakeups};
+use crate::rows::{Batch, ClaimRow, NewOutboxRow, OffsetRow, Schema, Stored, Wakeups};
 use crate::shared::driver_error;
 use crate::tables::Tables;
 use crate::tls::Target;
@@ -32,6 +32,10 @@ pub fn check_postgres_hosts(url: &str) -> Result<(), Error> {
 impl Sealed for Postgres {}
 
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+/// A row of the claim that moves offsets: a key, with its holder's claim id and
+/// fingerprint unless this batch inserted it; or, with no key, the offsets moved.
+type ClaimedAtOffsets = (Option<String>, Option<i64>, Option<Vec<u8>>, Option<i64>);
+
 impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";
     const ONE_WRITER: bool = false;
@@ -210,6 +214,59 @@ impl Backend for Postgres {
         }
         known.extend(batch.inserted(inserted));
         Ok(known)
+    }
+
+    async fn insert_many_at<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        batch: &'a Batch<'a>,
+        offsets: &'a [OffsetRow<'a>],
+    ) -> Result<(Vec<(String, Stored)>, bool), Error> {
+        let Some(statement) = sql
+            .insert_many_at_offsets
+            .clone()
+            .filter(|_| !offsets.is_empty())
+        else {
+            return Ok((Self::insert_many(conn, sql, batch).await?, true));
+        };
+        let fingerprints: Vec<&[u8]> = batch
+            .fingerprints
+            .iter()
+            .map(|fingerprint| fingerprint.as_bytes().as_slice())
+            .collect();
+        let column = |of: fn(&OffsetRow<'a>) -> i64| offsets.iter().map(of).collect::<Vec<_>>();
+        // The row with no key counts the offsets moved; an inserted key comes back
+        // without its row, as from `insert_many`.
+        let rows: Vec<ClaimedAtOffsets> =
+            sqlx::query_as(AssertSqlSafe(statement))
+                .bind(batch.scope.as_str())
+                .bind(batch.consumer.as_str())
+                .bind(&batch.keys)
+                .bind(&fingerprints)
+                .bind(batch.claim_id)
+                .bind(offsets.iter().map(|at| at.stream).collect::<Vec<_>>())
+                .bind(offsets.iter().map(|at| at.partition).collect::<Vec<_>>())
+                .bind(column(|at| at.offset.position))
+                .bind(column(|at| at.offset.sequence))
+                .bind(column(|at| at.above.position))
+                .bind(column(|at| at.above.sequence))
+                .fetch_all(conn)
+                .await
+                .map_err(driver_error::<Self>)?;
+        let mut moved = 0;
+        let mut inserted = Vec::new();
+        let mut known = Vec::with_capacity(rows.len());
+        for (key, claim_id, fingerprint, moves) in rows {
+            match (key, claim_id.zip(fingerprint)) {
+                (None, _) => moved = moves.unwrap_or_default(),
+                (Some(key), Some((claim_id, fingerprint))) => {
+                    known.push((key, Stored::decode(claim_id, fingerprint)?));
+                }
+                (Some(key), None) => inserted.push(key),
+            }
+        }
+        known.extend(batch.inserted(inserted));
+        Ok((known, moved == offsets.len() as i64))
     }
 
     async fn forward_many<'a>(

@@ -21,6 +21,7 @@ pub(super) fn statements(tables: &Tables) -> Statements {
         prefix,
         keys,
         outbox,
+        offsets,
         ..
     } = tables;
     // One index lookup per key of a batch, whatever the planner knows of the table: its
@@ -54,22 +55,11 @@ pub(super) fn statements(tables: &Tables) -> Statements {
         // that were not inserted, as held before it began (its snapshot does not see
         // its own inserts); a key committed by another transaction while it ran is in
         // neither half, and is read with find_many.
-        insert_many: format!(
-            "WITH inserted AS (
-                INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
-                SELECT $1, $2, batch.key, batch.fingerprint, $5
-                FROM unnest($3::text[], $4::bytea[]) AS batch (key, fingerprint)
-                ORDER BY batch.key COLLATE \"C\"
-                ON CONFLICT (scope, consumer, key) DO NOTHING
-                RETURNING key
-             )
-             SELECT key, NULL::bigint, NULL::bytea FROM inserted
-             UNION ALL
-             SELECT held.key, held.claim_id, held.fingerprint
-             FROM unnest($3::text[]) AS batch (key)
-             CROSS JOIN LATERAL ({find_one}) AS held
-             WHERE batch.key NOT IN (SELECT key FROM inserted)"
-        ),
+        insert_many: insert_many(keys, &find_one, None),
+        // The same with the offsets of a batch's partitions moved in the statement, each
+        // only past a stored offset below its span's first ($10, $11), and the count of
+        // those moved in a row of its own, its key NULL.
+        insert_many_at_offsets: Some(insert_many(keys, &find_one, Some(offsets))),
         keys_given: |alias| format!("unnest($3::text[]) AS {alias} (key)"),
         find_many: format!(
             "SELECT held.key, held.claim_id, held.fingerprint
@@ -246,5 +236,55 @@ pub(super) fn claim_with_effect(keys: &str, effect: &str, binds: usize) -> Strin
             WHERE scope = {scope} AND consumer = {consumer} AND key = {key}
               AND NOT EXISTS (SELECT FROM justonce_claim)
          ) AS justonce_held ON true"
+    )
+}
+
+/// The statement that claims a batch's keys (see `insert_many` in [`statements`]), with the
+/// offsets of its partitions moved in it when `offsets` names their table.
+fn insert_many(keys: &str, find_one: &str, offsets: Option<&str>) -> String {
+    let (moving, moved, no_moves) = match offsets {
+        Some(offsets) => (
+            format!(
+                "spans AS (
+                    SELECT * FROM unnest(
+                        $6::text[], $7::int4[], $8::int8[], $9::int8[], $10::int8[], $11::int8[]
+                    ) AS span (stream, partition_id, position, sequence, above_position, above_sequence)
+                 ),
+                 moved AS (
+                    INSERT INTO {offsets} (consumer, stream, partition_id, position, sequence, updated_at)
+                    SELECT $2, stream, partition_id, position, sequence, now() FROM spans
+                    ON CONFLICT (consumer, stream, partition_id) DO UPDATE
+                    SET position = excluded.position, sequence = excluded.sequence,
+                        updated_at = excluded.updated_at
+                    WHERE ({offsets}.position, {offsets}.sequence) < (
+                        SELECT above_position, above_sequence FROM spans
+                        WHERE spans.stream = excluded.stream
+                          AND spans.partition_id = excluded.partition_id
+                    )
+                    RETURNING 1
+                 ),"
+            ),
+            "SELECT NULL, NULL, NULL, (SELECT count(*) FROM moved)
+             UNION ALL
+             ",
+            ", NULL::bigint",
+        ),
+        None => (String::new(), "", ""),
+    };
+    format!(
+        "WITH {moving} inserted AS (
+            INSERT INTO {keys} (scope, consumer, key, fingerprint, claim_id)
+            SELECT $1, $2, batch.key, batch.fingerprint, $5
+            FROM unnest($3::text[], $4::bytea[]) AS batch (key, fingerprint)
+            ORDER BY batch.key COLLATE \"C\"
+            ON CONFLICT (scope, consumer, key) DO NOTHING
+            RETURNING key
+         )
+         {moved}SELECT key, NULL::bigint, NULL::bytea{no_moves} FROM inserted
+         UNION ALL
+         SELECT held.key, held.claim_id, held.fingerprint{no_moves}
+         FROM unnest($3::text[]) AS batch (key)
+         CROSS JOIN LATERAL ({find_one}) AS held
+         WHERE batch.key NOT IN (SELECT key FROM inserted)"
     )
 }

@@ -73,6 +73,7 @@ pub(super) fn statements(tables: &Tables) -> Statements {
         // A WITH clause cannot insert on SQLite.
         claim_and_forward: None,
         claim_and_forward_many: None,
+        insert_many_at_offsets: None,
         // The single writer already keeps two relays from taking one row.
         skip_locked: "",
         held_back: |array| {

@@ -2,7 +2,8 @@
 //! batches, with a share of them repeated, beside the broker's own limit and the database's.
 //!
 //! `broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt|kafka]
-//! [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] [--batch N] [--prefetch N] [--json]`
+//! [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] [--batch N] [--prefetch N]
+//! [--batches-at-once N] [--json]`
 //!
 //! The program publishes the messages to a fresh durable queue, file-stored stream, Redis
 //! stream or Kafka topic (of three partitions) and waits for the broker's confirms, then
@@ -31,8 +32,10 @@
 //! busy during the baseline and the consumer's run (from the kernel's counts): a figure
 //! with every core busy is bound by CPU, one with cores idle by waiting.
 //!
-//! The prefetch is three times the batch on RabbitMQ and NATS (at least 64), as the
-//! consumer holds three batches: one gathered, one committing, one being acknowledged.
+//! With `--batches-at-once`, a consumer (not a reader) runs that many batches at once, each
+//! on its own connection (`Consumer::batches_at_once`). The prefetch is that many batches
+//! and two more on RabbitMQ and NATS (at least 64), as the consumer holds them: one
+//! gathered, those committing, one being acknowledged.
 
 use justonce_sql::{Backend, Outcome, WorkFuture, sqlx};
 use justonce_tests::cpu::{Clock, Timed};
@@ -192,7 +195,7 @@ async fn main() -> std::process::ExitCode {
         eprintln!(
             "usage: broker-throughput [--broker amqp|nats|nats-reader|redis|redis-reader|mqtt|kafka] \
              [--backend postgres|mysql|sqlite] [--messages N] [--duplicates PERCENT] \
-             [--batch N] [--prefetch N] [--json]"
+             [--batch N] [--prefetch N] [--batches-at-once N] [--json]"
         );
         return std::process::ExitCode::from(2);
     };
@@ -246,6 +249,7 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
             "database": args.backend,
             "batch": args.batch,
             "prefetch": prefetch,
+            "batches_at_once": args.batches_at_once,
             "messages": args.messages,
             "duplicates_percent": args.duplicates,
             "messages_per_second": consumer.per_second.round(),
@@ -304,8 +308,8 @@ fn prefetch(args: &StreamArgs) -> usize {
         ("kafka", _) => args.batch,
         ("redis" | "redis-reader", _) => args.batch.max(16),
         (_, Some(prefetch)) => prefetch,
-        // Three batches in hand: gathered, committing, acknowledged.
-        (_, None) => (3 * args.batch).max(64),
+        // The batches in hand: gathered, committing, acknowledged.
+        (_, None) => ((args.batches_at_once + 2) * args.batch).max(64),
     }
 }
 
@@ -370,7 +374,8 @@ async fn measure<DB: TestBackend + Backend>(
         AmqpOptions::new(&queue).prefetch(u16::try_from(prefetch(args)).unwrap_or(u16::MAX));
     let consumer = AmqpConsumer::connect(&amqp_url(), db.inbox.clone(), options)
         .await
-        .expect("RabbitMQ");
+        .expect("RabbitMQ")
+        .batches_at_once(args.batches_at_once);
     let connection =
         lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
             .await
@@ -406,7 +411,8 @@ async fn measure_nats<DB: TestBackend + Backend>(
         .prefetch(prefetch(args));
     let consumer = NatsConsumer::connect(&url, db.inbox.clone(), options.clone())
         .await
-        .expect("NATS");
+        .expect("NATS")
+        .batches_at_once(args.batches_at_once);
     let jetstream = async_nats::jetstream::new(async_nats::connect(&url).await.expect("NATS"));
     let distinct = args.distinct();
     // The client holds back publishes while too many acks are outstanding: await them in
@@ -459,7 +465,8 @@ async fn measure_redis<DB: TestBackend + Backend>(
     let options = RedisStreamOptions::new(&stream, "bench").count(prefetch(args));
     let consumer = RedisStreamConsumer::connect(&url, db.inbox.clone(), options)
         .await
-        .expect("Redis");
+        .expect("Redis")
+        .batches_at_once(args.batches_at_once);
     let mut redis = redis::Client::open(url.as_str())
         .expect("a Redis URL")
         .get_multiplexed_async_connection()
@@ -673,7 +680,8 @@ async fn measure_mqtt<DB: TestBackend + Backend>(
     let consumer =
         MqttConsumer::connect(&url, db.inbox.clone(), justonce_tests::mqtt_options(&topic))
             .await
-            .expect("MQTT");
+            .expect("MQTT")
+            .batches_at_once(args.batches_at_once);
     // The publisher stays at most 500 ahead of what is settled, which the batch work's run
     // counts in SETTLED, and the other paths store there.
     SETTLED.store(0, Ordering::Relaxed);

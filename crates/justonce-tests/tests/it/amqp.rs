@@ -625,7 +625,7 @@ impl super::broker::Restartable for Queue {
 impl<const QUORUM: bool> GivingBack for Queue<QUORUM> {
     type Adapter = justonce_transport::amqp::Amqp;
 
-    fn generic<DB: TestBackend>(consumer: &AmqpConsumer<DB>) -> &AmqpConsumer<DB> {
+    fn generic<DB: TestBackend>(consumer: AmqpConsumer<DB>) -> AmqpConsumer<DB> {
         consumer
     }
 }

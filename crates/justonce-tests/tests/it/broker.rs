@@ -12,9 +12,11 @@ use super::{Xorshift, run_until};
 use justonce_sql::{Inbox, InboxOptions, Key};
 use justonce_tests::{OwnBroker, SeenBatches, TestBackend, TestDb, batch_work, consumer_work};
 use justonce_transport::{
-    Broker, Consumer, ConsumerStats, Link, OrderedBroker, Ran, Reader, Received,
+    Broker, Consumer, ConsumerStats, Incoming, Link, OrderedBroker, Ran, Reader, Received,
 };
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -198,7 +200,7 @@ pub(crate) trait GivingBack: Batching {
     type Adapter: Broker;
 
     /// The consumer as the generic [`Consumer`] it is.
-    fn generic<DB: TestBackend>(consumer: &Self::Consumer<DB>) -> &Consumer<Self::Adapter, DB>;
+    fn generic<DB: TestBackend>(consumer: Self::Consumer<DB>) -> Consumer<Self::Adapter, DB>;
 }
 
 /// A broker whose consumer gives deliveries back and can give each message one attempt.
@@ -433,6 +435,25 @@ on_brokers!(giving_back: [
     a_database_failure_gives_the_batch_back_and_asks_for_a_pause,
     a_batched_consumer_stopped_mid_run_acknowledges_every_delivery_it_committed,
 ));
+
+// Two transactions at once: SQLite takes one writer at a time.
+mod at_once {
+    on_brokers!(@broker_on postgres, sqlx::Postgres, [
+        amqp = crate::amqp::Queue,
+        nats = crate::nats::Stream,
+        redis = crate::redis_streams::Stream,
+        mqtt = crate::mqtt::Topic,
+    ] (
+        batches_run_two_at_once_and_each_message_takes_effect_once,
+    ));
+    mod on_mariadb {
+        on_brokers!(@broker_on mysql, sqlx::MySql, [
+            amqp = crate::amqp::Queue,
+        ] (
+            batches_run_two_at_once_and_each_message_takes_effect_once,
+        ));
+    }
+}
 
 // RabbitMQ's quorum queue, the replicated one, through the proofs of a classic queue: what
 // differs is the broker's, so one database runs them. A quorum queue's own delivery count and
@@ -958,8 +979,7 @@ where
     let broken = Inbox::<DB>::connect_with(&db.url, consumer, options)
         .await
         .unwrap();
-    let connected = broker.connect_for_batches(&broken).await;
-    let failing = B::generic(&connected);
+    let failing = B::generic(broker.connect_for_batches(&broken).await);
     let mut deliveries = failing.deliveries().await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
         .await
@@ -982,7 +1002,7 @@ where
         "every delivery given back is settled, and counted"
     );
     drop(deliveries);
-    drop(connected);
+    drop(failing);
 
     let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
@@ -997,6 +1017,64 @@ where
     drop(consumer);
     broker.delete().await;
     db.cleanup().await;
+}
+
+/// A consumer that runs two batches at once: a batch's work waits (up to a second) for
+/// another batch's work to be running beside it, so that one after the other fails the
+/// test; 60 messages all waiting take effect once each, and every one is acknowledged.
+async fn batches_run_two_at_once_and_each_message_takes_effect_once<B, DB>(test: &str)
+where
+    B: GivingBack,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..60).map(|n| format!("order:{n}")).collect();
+    broker.publish(&keys).await;
+    let consumer = B::generic(broker.connect_for_batches(&db.inbox).await).batches_at_once(2);
+    let most = Arc::new(AtomicUsize::new(0));
+    let work = beside_another::<DB>(&db.prefix, most.clone());
+    let stats = run_until(
+        |stopped| consumer.run_batches(stopped, 10, work),
+        || async { db.rows("effects").await == 60 && broker.settled(&db).await },
+        effects(&db),
+    )
+    .await;
+    assert_eq!(most.load(Ordering::SeqCst), 2, "two batches ran at once");
+    assert_eq!(stats.processed, 60, "{stats:?}");
+    assert_eq!(db.doubled_effects().await, 0);
+    assert!(settles(&broker, &db).await, "every delivery acknowledged");
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
+}
+
+/// [`batch_work`], run once another batch's work runs beside it, or after a second alone;
+/// `most` keeps how many ran at once at most.
+fn beside_another<DB: TestBackend>(
+    prefix: &str,
+    most: Arc<AtomicUsize>,
+) -> impl for<'e, 't> Fn(
+    &'t mut justonce_sql::sqlx::Transaction<'e, DB>,
+    &'t [&'t Incoming],
+) -> justonce_sql::WorkFuture<'t, (), justonce_sql::sqlx::Error>
++ Sync
++ use<DB> {
+    let write = batch_work::<DB>(prefix, None);
+    let running = Arc::new(AtomicUsize::new(0));
+    move |tx, batch| {
+        let (running, most) = (running.clone(), most.clone());
+        let written = write(tx, batch);
+        Box::pin(async move {
+            most.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+            let alone_until = tokio::time::Instant::now() + Duration::from_secs(1);
+            while most.load(Ordering::SeqCst) < 2 && tokio::time::Instant::now() < alone_until {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            running.fetch_sub(1, Ordering::SeqCst);
+            written.await
+        })
+    }
 }
 
 /// A shutdown while batches commit and are acknowledged side by side: the batch committing
@@ -1427,8 +1505,7 @@ where
     let broken = Inbox::<DB>::connect_with(&db.url, db.inbox.consumer().clone(), options)
         .await
         .unwrap();
-    let connected = broker.connect_with_one_attempt(&broken).await;
-    let failing = B::generic(&connected);
+    let failing = B::generic(broker.connect_with_one_attempt(&broken).await);
     let work = consumer_work::<DB>(&db.prefix);
     let mut stats = ConsumerStats::default();
     let mut deliveries = failing.deliveries().await.unwrap();
@@ -1451,7 +1528,7 @@ where
     );
     assert_eq!(stats.returned, 4, "{stats:?}");
     deliveries.stop().await.unwrap();
-    drop(connected);
+    drop(failing);
 
     let consumer = broker.connect_with_one_attempt(&db.inbox).await;
     let stats = run_until(

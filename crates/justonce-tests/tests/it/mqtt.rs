@@ -299,7 +299,7 @@ impl super::broker::Restartable for Topic {
 impl GivingBack for Topic {
     type Adapter = justonce_transport::mqtt::Mqtt;
 
-    fn generic<DB: TestBackend>(consumer: &MqttConsumer<DB>) -> &MqttConsumer<DB> {
+    fn generic<DB: TestBackend>(consumer: MqttConsumer<DB>) -> MqttConsumer<DB> {
         consumer
     }
 }

@@ -250,7 +250,7 @@ impl super::broker::Restartable for Stream {
 impl GivingBack for Stream {
     type Adapter = justonce_transport::nats::Nats;
 
-    fn generic<DB: TestBackend>(consumer: &NatsConsumer<DB>) -> &NatsConsumer<DB> {
+    fn generic<DB: TestBackend>(consumer: NatsConsumer<DB>) -> NatsConsumer<DB> {
         consumer
     }
 }

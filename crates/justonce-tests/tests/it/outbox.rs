@@ -4,7 +4,7 @@
 use super::{key, on_every_database};
 use justonce_sql::{
     Consumer, Delivered, Delivery, Destination, Inbox, InboxOptions, Message, Offset, OffsetCommit,
-    Outcome, RelayOptions, RelayRound,
+    OffsetSpan, Outcome, RelayOptions, RelayRound,
 };
 use justonce_tests::{RunningRelay, TestBackend, TestDb};
 use std::collections::VecDeque;
@@ -21,6 +21,7 @@ on_every_database!(
     a_row_for_an_unknown_destination_is_retried,
     sent_rows_are_purged_after_their_retention,
     offsets_never_move_backwards,
+    a_batch_moves_its_partitions_offsets_with_its_work_or_not_at_all,
     a_killed_reader_resumes_at_its_stored_offset,
     a_row_past_its_delivery_window_is_dead_lettered,
     run_forward_writes_one_row_with_the_key_and_skips_what_was_seen,
@@ -437,6 +438,69 @@ async fn offsets_never_move_backwards<DB: TestBackend>(test: &str) {
         inbox.load_offsets("orders").await.unwrap()[0].1,
         Offset::new(7, 1)
     );
+    db.cleanup().await;
+}
+
+/// A batch read from a stream moves the offset of each of its partitions in its own
+/// transaction: all of them with its keys and effects, or, when a stored offset is at or
+/// past a span's first entry, none of them and nothing else.
+async fn a_batch_moves_its_partitions_offsets_with_its_work_or_not_at_all<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let inbox = &db.inbox;
+    let prefix = db.prefix.as_str();
+    let span = |partition, first: i64, last: i64| OffsetSpan {
+        stream: "orders",
+        partition,
+        first: first.into(),
+        last: last.into(),
+    };
+    let run = |names: &'static [&'static str], spans: Vec<OffsetSpan<'static>>| async move {
+        let keys: Vec<justonce_sql::Key> = names.iter().map(|name| key(name)).collect();
+        inbox
+            .run_batch_at_offsets(
+                &keys,
+                |key| (key, key.as_str().as_bytes()),
+                &spans,
+                |tx, firsts| {
+                    let firsts: Vec<&str> = firsts.iter().map(|key| key.as_str()).collect();
+                    Box::pin(async move { DB::insert_effects(tx, prefix, "test", &firsts).await })
+                },
+            )
+            .await
+            .unwrap()
+    };
+
+    let first = run(&["a", "b", "c"], vec![span(0, 1, 2), span(1, 1, 1)]).await;
+    assert_eq!(first, Some(vec![Outcome::Processed(()); 3]));
+    assert_eq!(
+        inbox.load_offsets("orders").await.unwrap(),
+        vec![(0, Offset::from(2)), (1, Offset::from(1))]
+    );
+
+    // Partition 1 is past this span's first entry: nothing commits, on partition 0 either.
+    let passed = run(&["d", "e"], vec![span(0, 3, 3), span(1, 1, 2)]).await;
+    assert_eq!(passed, None);
+    assert_eq!(
+        inbox.load_offsets("orders").await.unwrap(),
+        vec![(0, Offset::from(2)), (1, Offset::from(1))]
+    );
+    assert_eq!(db.rows("keys").await, 3, "the passed batch claimed nothing");
+    assert_eq!(
+        db.rows("effects").await,
+        3,
+        "the passed batch wrote nothing"
+    );
+
+    // Past the stored offsets, with a key claimed before: a duplicate, and both move.
+    let next = run(&["a", "d"], vec![span(0, 3, 3), span(1, 2, 2)]).await;
+    assert_eq!(next, Some(vec![Outcome::Duplicate, Outcome::Processed(())]));
+    assert_eq!(
+        inbox.load_offsets("orders").await.unwrap(),
+        vec![(0, Offset::from(3)), (1, Offset::from(2))]
+    );
+    assert_eq!(db.rows("effects").await, 4);
     db.cleanup().await;
 }
 

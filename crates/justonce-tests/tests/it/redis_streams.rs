@@ -445,7 +445,7 @@ impl super::broker::Restartable for Stream {
 impl GivingBack for Stream {
     type Adapter = justonce_transport::redis_streams::RedisStreams;
 
-    fn generic<DB: TestBackend>(consumer: &RedisStreamConsumer<DB>) -> &RedisStreamConsumer<DB> {
+    fn generic<DB: TestBackend>(consumer: RedisStreamConsumer<DB>) -> RedisStreamConsumer<DB> {
         consumer
     }
 }
