@@ -531,7 +531,9 @@ impl<DB: Backend> Inbox<DB> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let ran = self.run_batch_in_one(messages, claim, &[], work).await?;
+        let ran = self
+            .run_batch_at_offsets(messages, claim, &[], work)
+            .await?;
         // With no offsets to move, none can have been passed.
         Ok(ran.unwrap_or_default())
     }
@@ -562,25 +564,10 @@ impl<DB: Backend> Inbox<DB> {
                 above: span.first,
             })
             .collect();
-        self.run_batch_in_one(messages, claim, &offsets, work).await
-    }
-
-    /// [`Inbox::run_batch_at_offsets`] with the offsets as rows to store.
-    async fn run_batch_in_one<'env, M, E, F>(
-        &self,
-        messages: &[M],
-        claim: impl Fn(&M) -> (&Key, &[u8]),
-        offsets: &[OffsetRow<'_>],
-        work: F,
-    ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
-    where
-        F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
         if messages.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        let Some((tx, claimed)) = self.begin_batch(messages, claim, offsets).await? else {
+        let Some((tx, claimed)) = self.begin_batch(messages, claim, &offsets).await? else {
             return Ok(None);
         };
         // 'env, not 'static: the work may borrow what outlives the call.

@@ -237,22 +237,21 @@ impl Backend for Postgres {
         let column = |of: fn(&OffsetRow<'a>) -> i64| offsets.iter().map(of).collect::<Vec<_>>();
         // The row with no key counts the offsets moved; an inserted key comes back
         // without its row, as from `insert_many`.
-        let rows: Vec<ClaimedAtOffsets> =
-            sqlx::query_as(AssertSqlSafe(statement))
-                .bind(batch.scope.as_str())
-                .bind(batch.consumer.as_str())
-                .bind(&batch.keys)
-                .bind(&fingerprints)
-                .bind(batch.claim_id)
-                .bind(offsets.iter().map(|at| at.stream).collect::<Vec<_>>())
-                .bind(offsets.iter().map(|at| at.partition).collect::<Vec<_>>())
-                .bind(column(|at| at.offset.position))
-                .bind(column(|at| at.offset.sequence))
-                .bind(column(|at| at.above.position))
-                .bind(column(|at| at.above.sequence))
-                .fetch_all(conn)
-                .await
-                .map_err(driver_error::<Self>)?;
+        let rows: Vec<ClaimedAtOffsets> = sqlx::query_as(AssertSqlSafe(statement))
+            .bind(batch.scope.as_str())
+            .bind(batch.consumer.as_str())
+            .bind(&batch.keys)
+            .bind(&fingerprints)
+            .bind(batch.claim_id)
+            .bind(offsets.iter().map(|at| at.stream).collect::<Vec<_>>())
+            .bind(offsets.iter().map(|at| at.partition).collect::<Vec<_>>())
+            .bind(column(|at| at.offset.position))
+            .bind(column(|at| at.offset.sequence))
+            .bind(column(|at| at.above.position))
+            .bind(column(|at| at.above.sequence))
+            .fetch_all(conn)
+            .await
+            .map_err(driver_error::<Self>)?;
         let mut moved = 0;
         let mut inserted = Vec::new();
         let mut known = Vec::with_capacity(rows.len());
