@@ -29,8 +29,11 @@
 //! reader its clock starts at the first batch's work. Then `claim_many` on the same database at the same batch size
 //! (the database's own limit, as `justonce bench` measures it). It prints each figure, and
 //! the batch work's against both limits, with the cores the machine and this process kept
-//! busy during the baseline and the consumer's run (from the kernel's counts): a figure
-//! with every core busy is bound by CPU, one with cores idle by waiting.
+//! busy during the baseline, the consumer's run and `claim_many` (from the kernel's counts):
+//! a figure with every core busy is bound by CPU, one with cores idle by waiting. From
+//! those it prints the machine's ceiling: the messages per second its cores could carry if
+//! the broker's CPU per message (on the baseline) and the database's (on `claim_many`)
+//! were all that ran.
 //!
 //! With `--batches-at-once`, a consumer (not a reader) runs that many batches at once, each
 //! on its own connection (`Consumer::batches_at_once`). The prefetch is that many batches
@@ -38,7 +41,7 @@
 //! gathered, those committing, one being acknowledged.
 
 use justonce_sql::{Backend, Outcome, WorkFuture, sqlx};
-use justonce_tests::cpu::{Clock, Timed};
+use justonce_tests::cpu::{self, Clock, Timed};
 use justonce_tests::{
     StreamArgs, TestBackend, TestDb, acknowledge, amqp_url, batch_work, consume, consumer_work,
     publish_many,
@@ -89,7 +92,7 @@ struct Figures {
     one_by_one: Timed,
     batched: Option<Timed>,
     batch_work: Option<Timed>,
-    claim_many: f64,
+    claim_many: Timed,
 }
 
 impl Figures {
@@ -97,6 +100,14 @@ impl Figures {
     /// is 1.
     fn consumer(&self) -> Timed {
         self.batch_work.unwrap_or(self.one_by_one)
+    }
+
+    /// The most messages per second the machine's cores could carry, if the broker's work
+    /// for one (its CPU per message on the baseline) and the database's (on `claim_many`)
+    /// were all that ran, side by side: a consumer above the bar needs no more than this.
+    fn ceiling(&self) -> f64 {
+        let per_message = |timed: Timed| timed.machine_cores / timed.per_second;
+        cpu::cores() as f64 / (per_message(self.baseline) + per_message(self.claim_many))
     }
 }
 
@@ -238,7 +249,7 @@ async fn main() -> std::process::ExitCode {
 fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64) {
     let consumer = figures.consumer();
     let against_baseline = consumer.per_second / figures.baseline.per_second;
-    let against_claim_many = consumer.per_second / figures.claim_many;
+    let against_claim_many = consumer.per_second / figures.claim_many.per_second;
     let prefetch = prefetch(args);
     if args.json {
         let hundredths = |r: f64| (r * 100.0).round() / 100.0;
@@ -257,12 +268,14 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
             "one_by_one_messages_per_second": figures.one_by_one.per_second.round(),
             "batched_messages_per_second": figures.batched.map(|timed| timed.per_second.round()),
             "batch_work_messages_per_second": figures.batch_work.map(|timed| timed.per_second.round()),
-            "cores": justonce_tests::cpu::cores(),
+            "cores": cpu::cores(),
             "baseline_machine_cores_busy": tenths(figures.baseline.machine_cores),
             "consumer_machine_cores_busy": tenths(consumer.machine_cores),
             "consumer_process_cores_busy": tenths(consumer.process_cores),
             "against_baseline": hundredths(against_baseline),
-            "claim_many_keys_per_second": figures.claim_many.round(),
+            "claim_many_keys_per_second": figures.claim_many.per_second.round(),
+            "claim_many_machine_cores_busy": tenths(figures.claim_many.machine_cores),
+            "machine_ceiling_messages_per_second": figures.ceiling().round(),
             "against_claim_many": hundredths(against_claim_many),
             "effects": stats.processed,
             "peak_rss_mib": (rss * 10.0).round() / 10.0,
@@ -281,19 +294,22 @@ fn report(args: &StreamArgs, figures: &Figures, stats: &ConsumerStats, rss: f64)
         "{:<12} {:<8} prefetch {prefetch:<4} baseline {:.0}  one by one {:.0}  {batched} msg/s   \
          {against_baseline:.2}x baseline   claim_many ({}) {:.0} keys/s, {against_claim_many:.2}x   \
          effects {} = distinct keys, duplicates {}, peak RSS {rss:.1} MiB   \
-         cores busy of {}: baseline {:.1}, consumer {:.1} (this process {:.1})",
+         cores busy of {}: baseline {:.1}, consumer {:.1} (this process {:.1}), claim_many {:.1}   \
+         the machine's ceiling {:.0} msg/s",
         args.broker,
         args.backend,
         figures.baseline.per_second,
         figures.one_by_one.per_second,
         args.batch,
-        figures.claim_many,
+        figures.claim_many.per_second,
         stats.processed,
         stats.duplicates,
-        justonce_tests::cpu::cores(),
+        cpu::cores(),
         figures.baseline.machine_cores,
         consumer.machine_cores,
         consumer.process_cores,
+        figures.claim_many.machine_cores,
+        figures.ceiling(),
     );
 }
 
@@ -315,14 +331,20 @@ fn prefetch(args: &StreamArgs) -> usize {
 
 /// Messages per second through `claim_many` in batches of `--batch` on a fresh database of
 /// the backend, the same number of messages with the same share repeated.
-async fn claim_many<DB: TestBackend + Backend>(args: &StreamArgs) -> f64 {
+async fn claim_many<DB: TestBackend + Backend>(args: &StreamArgs) -> Timed {
     let db = TestDb::<DB>::new("claim-many").await;
+    // The cores are counted over the call, its preparation of the database included.
+    let clock = Clock::start();
     let per_second =
         justonce_bench::claim_many_per_second(&db.url, args.messages, args.duplicates, args.batch)
             .await
             .expect("claim_many measured");
+    let timed = clock.stop(args.messages);
     db.cleanup().await;
-    per_second
+    Timed {
+        per_second,
+        ..timed
+    }
 }
 
 /// Takes `args.messages` deliveries from `consumer` by `path`, and returns what it counted
