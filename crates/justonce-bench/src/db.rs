@@ -755,11 +755,11 @@ impl BenchDb for MySql {
         let mut found = Vec::with_capacity(keys.len());
         for keys in keys.chunks(statements::MYSQL_KEYS_PER_STATEMENT) {
             let sql = tables.claim_many.find_many(keys.len());
-            let mut select = sqlx::query_as(AssertSqlSafe(sql)).bind("").bind(CONSUMER);
+            let mut select = sqlx::query_as(AssertSqlSafe(sql));
             for key in keys {
                 select = select.bind(*key);
             }
-            found.extend(select.fetch_all(&mut **tx).await?);
+            found.extend(select.bind("").bind(CONSUMER).fetch_all(&mut **tx).await?);
         }
         Ok(found)
     }

@@ -387,8 +387,7 @@ impl<DB: Backend> Inbox<DB> {
         claim_id: i64,
     ) -> Result<Vec<Claim>, Error> {
         let claimed = (self.claim_at_offsets(tx, keys, fingerprints, claim_id, &[])).await?;
-        // With no offsets to move, none can have been passed.
-        Ok(claimed.unwrap_or_default())
+        Ok(claimed.expect(NO_OFFSETS))
     }
 
     /// [`Inbox::claim_fingerprinted`] with `offsets` moved in the same transaction, in its
@@ -480,10 +479,8 @@ impl<DB: Backend> Inbox<DB> {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        // With no offsets to move, none can have been passed.
-        let Some((mut tx, claimed)) = self.begin_batch(messages, claim, &[]).await? else {
-            return Ok(Vec::new());
-        };
+        let begun = self.begin_batch(messages, claim, &[]).await?;
+        let (mut tx, claimed) = begun.expect(NO_OFFSETS);
         let forwards = Forwards::new(self.shared(), false);
         for (message, claim) in messages.iter().zip(&claimed) {
             if *claim == Claim::First
@@ -534,8 +531,7 @@ impl<DB: Backend> Inbox<DB> {
         let ran = self
             .run_batch_at_offsets(messages, claim, &[], work)
             .await?;
-        // With no offsets to move, none can have been passed.
-        Ok(ran.unwrap_or_default())
+        Ok(ran.expect(NO_OFFSETS))
     }
 
     /// [`Inbox::run_batch_at_once`] for entries read from a stream: the offset of each
@@ -543,7 +539,8 @@ impl<DB: Backend> Inbox<DB> {
     /// claim (in the claim's statement, on PostgreSQL). `None`, with nothing committed
     /// and the work not run, when a stored offset was at or past its span's `first`: an
     /// entry of the batch was processed or given up before, as
-    /// [`Inbox::commit_offset_span`] says.
+    /// [`Inbox::commit_offset_span`] says. Give one span per partition. With no
+    /// messages, nothing runs and no offset moves.
     pub async fn run_batch_at_offsets<'env, M, E, F>(
         &self,
         messages: &[M],
@@ -1540,8 +1537,11 @@ where
     }
 }
 
+/// Why a claim with no offsets to move has claims: none can have been passed.
+const NO_OFFSETS: &str = "a batch with no offsets to move moves them all";
+
 /// The entries of one partition in a batch read from a stream, from the first offset to
-/// the last, for [`Inbox::run_batch_at_offsets`].
+/// the last, for [`Inbox::run_batch_at_offsets`]: one span per partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OffsetSpan<'a> {
     /// The stream.

@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | PostgreSQL | scope, consumer, keys (`text[]`), fingerprints (`bytea[]`), claim id | scope, consumer, keys (`text[]`) |
 //! | SQLite | scope, consumer, claim id, JSON array of `[key, hex fingerprint]` | scope, consumer, JSON array of keys |
-//! | MariaDB/MySQL | per key: scope, consumer, key, fingerprint, claim id | scope, consumer, then each key |
+//! | MariaDB/MySQL | per key: scope, consumer, key, fingerprint, claim id | each key, then scope, consumer |
 //!
 //! On PostgreSQL `insert_many` also returns the keys it did not insert that were held
 //! before it began, with their claim id and fingerprint.
@@ -23,6 +23,8 @@ pub struct ClaimMany {
     find_many: String,
     /// MariaDB/MySQL: one key's row of `insert_many`'s list.
     row: String,
+    /// `find_many` for a number of keys.
+    find_many_of: fn(&str, usize) -> String,
 }
 
 impl ClaimMany {
@@ -33,7 +35,7 @@ impl ClaimMany {
 
     /// The statement that reads the claim id and fingerprint of `keys` keys held.
     pub fn find_many(&self, keys: usize) -> String {
-        with_list(&self.find_many, "?", keys)
+        (self.find_many_of)(&self.find_many, keys)
     }
 }
 
@@ -56,6 +58,7 @@ pub fn postgres(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
         insert_many: statements.insert_many.to_string(),
         find_many: statements.find_many.to_string(),
         row: String::new(),
+        find_many_of: |find_many, _| find_many.to_owned(),
     })
 }
 
@@ -68,6 +71,7 @@ pub fn sqlite(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
         insert_many: statements.insert_many.to_string(),
         find_many: statements.find_many.to_string(),
         row: String::new(),
+        find_many_of: |find_many, _| find_many.to_owned(),
     })
 }
 
@@ -80,6 +84,7 @@ pub fn mysql(prefix: &str) -> Result<ClaimMany, justonce_core::Error> {
         insert_many: statements.insert_many.to_string(),
         find_many: statements.find_many.to_string(),
         row: crate::mysql::insert_many_row(),
+        find_many_of: crate::mysql::with_keys,
     })
 }
 

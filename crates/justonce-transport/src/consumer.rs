@@ -635,8 +635,9 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     }
 
     /// Lets [`Consumer::run_batched`] and [`Consumer::run_batches`] run up to `batches`
-    /// batches at once, each in its own transaction on its own connection of the inbox's
-    /// pool; 1 (the default) runs one after the other.
+    /// batches at once (at most 1,024), each in its own transaction on its own connection
+    /// of the inbox's pool; 1 (the default) runs one after the other. [`Consumer::run`]
+    /// then runs that many messages at once, as batches of one.
     ///
     /// More than one overlaps one batch's round trips to the database with another's,
     /// where the database, not the work, is what a consumer waits on. Batches are still
@@ -644,7 +645,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// batch may commit before an earlier one: choose 1 where the order effects commit in
     /// matters. The pool needs a connection for each batch.
     pub fn batches_at_once(mut self, batches: usize) -> Self {
-        self.batches_at_once = batches.max(1);
+        self.batches_at_once = batches.clamp(1, 1_024);
         self
     }
 
@@ -689,8 +690,8 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// A batch's acknowledgements go out while the next batch commits, and the batch after
     /// is gathered meanwhile; batches are settled in order, each after its own commit. Let
     /// the broker send three times `batch_size` ahead (its prefetch), so that the next
-    /// batch has arrived when one is done; with [`Consumer::batches_at_once`], that many
-    /// more batches.
+    /// batch has arrived when one is done; with [`Consumer::batches_at_once`], two batches
+    /// more than those running.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -825,7 +826,9 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         };
         let run = async move {
             let mut running = FuturesOrdered::new();
-            // Taking ended: a shutdown, the receiver's end, or a failure to receive.
+            // Taking ended: a shutdown, the receiver's end, a failure to receive, or one to
+            // settle. The batches running still finish: their runs counted and their
+            // commits are not cut short.
             let mut ended = false;
             let mut pause = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
             let mut pausing = false;
@@ -837,8 +840,10 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                 tokio::select! {
                     Some((judged, ran, store_failed)) = running.next() => {
                         *stats += ran;
+                        // Settling failed: the batch is left unsettled, and its error ends
+                        // the consumer.
                         if committed.send(judged).await.is_err() {
-                            break;
+                            ended = true;
                         }
                         if store_failed {
                             let resume = tokio::time::Instant::now() + self.broker.policy().store_pause;
@@ -854,8 +859,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                     }
                     () = &mut pause, if pausing => pausing = false,
                     () = stopped, if pausing && !ended => ended = true,
-                    // Settling failed: its error ends the consumer.
-                    () = committed.closed() => break,
+                    () = committed.closed(), if !ended => ended = true,
                 }
             }
         };

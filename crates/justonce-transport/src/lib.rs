@@ -483,12 +483,21 @@ pub struct ConsumerStats {
 
 impl std::ops::AddAssign for ConsumerStats {
     fn add_assign(&mut self, more: Self) {
-        self.processed += more.processed;
-        self.duplicates += more.duplicates;
-        self.key_reused += more.key_reused;
-        self.retried += more.retried;
-        self.dead_lettered += more.dead_lettered;
-        self.returned += more.returned;
+        // Named in full, so that a new count cannot be left out.
+        let Self {
+            processed,
+            duplicates,
+            key_reused,
+            retried,
+            dead_lettered,
+            returned,
+        } = more;
+        self.processed += processed;
+        self.duplicates += duplicates;
+        self.key_reused += key_reused;
+        self.retried += retried;
+        self.dead_lettered += dead_lettered;
+        self.returned += returned;
     }
 }
 

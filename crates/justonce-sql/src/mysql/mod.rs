@@ -15,7 +15,7 @@ mod sql;
 mod tls;
 
 use sql::forward_many_row;
-pub(crate) use sql::{KEYS_PER_STATEMENT, MAX_PARAMETERS, insert_many_row};
+pub(crate) use sql::{KEYS_PER_STATEMENT, MAX_PARAMETERS, insert_many_row, with_keys};
 
 use crate::backend::{Backend, Queries, Reads, Sealed, Watcher};
 use crate::common::{apply_migrations, bind_identity, statement};
@@ -28,7 +28,7 @@ use crate::tables::Tables;
 use crate::tls::Target;
 use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
 use migrations::MIGRATION_LOCK_SECONDS;
-use sql::{MySqlStatements, with_keys, with_list};
+use sql::{MySqlStatements, with_list};
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError};
 use sqlx::{AssertSqlSafe, MySql};
 

@@ -388,13 +388,13 @@ impl MySqlStatements {
                  VALUES {{list}}
                  ON DUPLICATE KEY UPDATE claim_id = claim_id"
             )),
-            // One lookup of each key, joined: a locking read of `key IN (...)` scans a
-            // range and locks the gaps between the keys too, so that a concurrent batch
-            // whose keys fall between them waits for this one's commit.
+            // One lookup of each key, joined in this order: a locking read of
+            // `key IN (...)` scans a range and locks the gaps between the keys too, so that
+            // a concurrent batch whose keys fall between them waits for this one's commit.
             find_many: arc(format!(
                 "SELECT {}, held.claim_id, held.fingerprint
                  FROM ({{list}}) AS batch
-                 JOIN {keys} AS held ON held.`key` = batch.`key`
+                 STRAIGHT_JOIN {keys} AS held ON held.`key` = batch.`key`
                  WHERE held.scope = ? AND held.consumer = ?
                  LOCK IN SHARE MODE",
                 text("held.`key`")
@@ -518,7 +518,7 @@ pub(super) fn with_list(template: &str, item: &str, count: usize) -> String {
 
 /// `template` with `{list}` replaced by `count` parameters as a relation of one column,
 /// `key`.
-pub(super) fn with_keys(template: &str, count: usize) -> String {
+pub(crate) fn with_keys(template: &str, count: usize) -> String {
     let rest = " UNION ALL SELECT ?".repeat(count.saturating_sub(1));
     template.replace("{list}", &format!("SELECT ? AS `key`{rest}"))
 }

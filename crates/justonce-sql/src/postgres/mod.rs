@@ -31,11 +31,11 @@ pub fn check_postgres_hosts(url: &str) -> Result<(), Error> {
 
 impl Sealed for Postgres {}
 
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 /// A row of the claim that moves offsets: a key, with its holder's claim id and
 /// fingerprint unless this batch inserted it; or, with no key, the offsets moved.
 type ClaimedAtOffsets = (Option<String>, Option<i64>, Option<Vec<u8>>, Option<i64>);
 
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";
     const ONE_WRITER: bool = false;

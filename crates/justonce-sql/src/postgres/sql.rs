@@ -240,7 +240,9 @@ pub(super) fn claim_with_effect(keys: &str, effect: &str, binds: usize) -> Strin
 }
 
 /// The statement that claims a batch's keys (see `insert_many` in [`statements`]), with the
-/// offsets of its partitions moved in it when `offsets` names their table.
+/// offsets of its partitions moved in it when `offsets` names their table. The offsets'
+/// count is read last, so that the keys are locked before the offsets, as a reader running
+/// entries one by one locks them: two readers at a partition's handover cannot deadlock.
 fn insert_many(keys: &str, find_one: &str, offsets: Option<&str>) -> String {
     let (moving, moved, no_moves) = match offsets {
         Some(offsets) => (
@@ -264,9 +266,9 @@ fn insert_many(keys: &str, find_one: &str, offsets: Option<&str>) -> String {
                     RETURNING 1
                  ),"
             ),
-            "SELECT NULL, NULL, NULL, (SELECT count(*) FROM moved)
+            "
              UNION ALL
-             ",
+             SELECT NULL, NULL, NULL, (SELECT count(*) FROM moved)",
             ", NULL::bigint",
         ),
         None => (String::new(), "", ""),
@@ -280,11 +282,11 @@ fn insert_many(keys: &str, find_one: &str, offsets: Option<&str>) -> String {
             ON CONFLICT (scope, consumer, key) DO NOTHING
             RETURNING key
          )
-         {moved}SELECT key, NULL::bigint, NULL::bytea{no_moves} FROM inserted
+         SELECT key, NULL::bigint, NULL::bytea{no_moves} FROM inserted
          UNION ALL
          SELECT held.key, held.claim_id, held.fingerprint{no_moves}
          FROM unnest($3::text[]) AS batch (key)
          CROSS JOIN LATERAL ({find_one}) AS held
-         WHERE batch.key NOT IN (SELECT key FROM inserted)"
+         WHERE batch.key NOT IN (SELECT key FROM inserted){moved}"
     )
 }

@@ -445,12 +445,14 @@ mod at_once {
         mqtt = crate::mqtt::Topic,
     ] (
         batches_run_two_at_once_and_each_message_takes_effect_once,
+        two_batches_at_once_stopped_mid_run_acknowledge_every_delivery_committed,
     ));
     mod on_mariadb {
         on_brokers!(@broker_on mysql, sqlx::MySql, [
             amqp = crate::amqp::Queue,
         ] (
             batches_run_two_at_once_and_each_message_takes_effect_once,
+            two_batches_at_once_stopped_mid_run_acknowledge_every_delivery_committed,
         ));
     }
 }
@@ -1086,6 +1088,22 @@ async fn a_batched_consumer_stopped_mid_run_acknowledges_every_delivery_it_commi
     B: GivingBack,
     DB: TestBackend,
 {
+    stopped_mid_run::<B, DB>(test, 1).await;
+}
+
+/// [`a_batched_consumer_stopped_mid_run_acknowledges_every_delivery_it_committed`] with two
+/// batches committing at once: both finish, and are acknowledged.
+async fn two_batches_at_once_stopped_mid_run_acknowledge_every_delivery_committed<B, DB>(test: &str)
+where
+    B: GivingBack,
+    DB: TestBackend,
+{
+    stopped_mid_run::<B, DB>(test, 2).await;
+}
+
+/// Stops a consumer running `batches_at_once` batches of 20 once 100 effects committed, and
+/// checks that each delivery committed was acknowledged.
+async fn stopped_mid_run<B: GivingBack, DB: TestBackend>(test: &str, batches_at_once: usize) {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
     let keys: Vec<String> = (0..600).map(|n| format!("order:{n}")).collect();
@@ -1098,7 +1116,8 @@ async fn a_batched_consumer_stopped_mid_run_acknowledges_every_delivery_it_commi
         prefix: db.prefix.clone(),
         inbox: db.consumer(&name),
     };
-    let consumer = broker.connect_for_batches(&stopping.inbox).await;
+    let consumer = B::generic(broker.connect_for_batches(&stopping.inbox).await)
+        .batches_at_once(batches_at_once);
     let stats = run_until(
         |stopped| consumer.run_work_batched(&stopping, stopped, 20),
         || async { db.rows("effects").await >= 100 },
