@@ -3,7 +3,7 @@
 //! access is refused as documented.
 
 use crate::serve::{
-    Server, claim_with_delivery, client, database, drop_database, free_port, signature,
+    CLOSED_PORT, Server, claim_with_delivery, client, database, drop_database, signature,
 };
 use justonce_sql::{
     Consumer, Fingerprint, Identity, Inbox, KEY_CONTAINS_WINDOW, Key, LeaseClaim, Leases, Scope,
@@ -197,7 +197,7 @@ queue = "orders"
 target = "http://127.0.0.1:{closed}/unreachable"
 "#,
         sink = sink.url(),
-        closed = free_port(),
+        closed = CLOSED_PORT,
     );
     let (mut server, _log) = server_with_token(&url, &sink, &more).await;
     let api = Api::of(&server);

@@ -5,7 +5,7 @@
 //! test run leaves the checkout as it was.
 
 use crate::admin_api::{Api, TOKEN, post_event, requests_with, server_with_token};
-use crate::serve::{Server, amqp_url, database, delete_queue, drop_database, free_port};
+use crate::serve::{CLOSED_PORT, Server, amqp_url, database, delete_queue, drop_database};
 use axum::response::Html;
 use justonce_tests::browser::{Browser, wait_until};
 use justonce_tests::{Answer, Sink, TestBackend};
@@ -189,7 +189,7 @@ target = "{sink}"
 "#,
         amqp = amqp_url(),
         sink = sink.url(),
-        closed = free_port(),
+        closed = CLOSED_PORT,
     );
     let (mut server, _log) = server_with_token(&url, &sink, &consumers).await;
 

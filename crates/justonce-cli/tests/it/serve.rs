@@ -48,6 +48,11 @@ pub(crate) struct Server {
     pub(crate) open_files: Option<u64>,
 }
 
+/// A port nothing listens on: below the range the kernel hands out for port 0, so that no
+/// server another test starts meanwhile can take it, as it can a port [`free_port`] found
+/// free and let go.
+pub(crate) const CLOSED_PORT: u16 = 1;
+
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
