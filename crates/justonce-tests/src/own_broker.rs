@@ -53,6 +53,12 @@ impl OwnBroker {
         }
     }
 
+    /// The file of a broker that confirms a message before it saves it: Mosquitto's store,
+    /// written at its autosaves. `None` where a confirm follows the write.
+    pub fn saved_after_confirm(&self) -> Option<StoreFile> {
+        (self.kind == "mqtt").then(|| StoreFile(self.folder.join("mosquitto.db")))
+    }
+
     /// Writes the configuration files the broker reads.
     fn configure(&self) -> Result<(), String> {
         let write = |name: &str, text: String| {
@@ -89,8 +95,8 @@ impl OwnBroker {
                     .then_some(())
                     .ok_or_else(|| format!("cannot give {} to rabbitmq", self.folder.display()))
             }
-            // Mosquitto writes its database at shutdown and at autosaves only: every change
-            // is saved at once, which still leaves a window between a PUBACK and the save.
+            // Mosquitto writes its database at shutdown and at autosaves only: here after
+            // every change, but after the PUBACK (see `saved_after_confirm`).
             "mqtt" => write(
                 "mosquitto.conf",
                 format!(
@@ -239,6 +245,35 @@ impl Drop for OwnBroker {
             let _ = child.start_kill();
         }
         let _ = std::fs::remove_dir_all(&self.folder);
+    }
+}
+
+/// A store a broker writes whole at each save, to a new file renamed over the last.
+#[derive(Clone)]
+pub struct StoreFile(PathBuf);
+
+impl StoreFile {
+    /// Waits up to `wait` for a save that begins after now; whether one came. Mosquitto
+    /// handles packets and saves in one thread, so a save seen after a confirm arrived
+    /// began after the confirm was sent, and holds the message confirmed.
+    pub async fn saved_again(&self, wait: Duration) -> bool {
+        let now = self.save();
+        let given_up = Instant::now() + wait;
+        while Instant::now() < given_up {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            if self.save() != now {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Which save the file holds: its inode and time of writing (an inode alone may be
+    /// handed out again two saves later).
+    fn save(&self) -> Option<(u64, std::time::SystemTime)> {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = std::fs::metadata(&self.0).ok()?;
+        Some((metadata.ino(), metadata.modified().ok()?))
     }
 }
 

@@ -19,7 +19,7 @@ use crate::real_broker::{
 };
 use crate::report::Report;
 use crate::{Args, Rng};
-use justonce_tests::OwnBroker;
+use justonce_tests::{OwnBroker, StoreFile};
 use justonce_tests::{TestBackend, TestDb};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -89,7 +89,9 @@ async fn restart<DB: TestBackend, Q: RealQueue>(
     let mut consumer = Consumer::of(db, &queue, args.run_mode());
     let checked = async {
         let published = AtomicUsize::new(0);
-        let publishing = publish_confirmed(&mut queue, db, &plan, &published, deadline);
+        let saved = server.saved_after_confirm();
+        let publishing =
+            publish_confirmed(&mut queue, db, &plan, &published, saved.as_ref(), deadline);
         let restarting = async {
             consumer.start()?;
             let mut faults = Faults::default();
@@ -229,12 +231,15 @@ impl Faults {
 /// Publishes the messages of `plan` in chunks, each confirmed by the broker before the
 /// next, never more than [`AHEAD`] keys past the effects committed, so that the broker's
 /// faults find work in flight; a chunk the broker did not confirm is published again on a
-/// new connection until it is. Returns the messages sent, and those sent again.
+/// new connection until it is. A broker that confirms before it saves (`saved`) has
+/// confirmed a chunk once a save follows: a kill before that may lose it, as if it were
+/// never confirmed. Returns the messages sent, and those sent again.
 async fn publish_confirmed<DB: TestBackend, Q: RealQueue>(
     queue: &mut Q,
     db: &TestDb<DB>,
     plan: &[u32],
     published: &AtomicUsize,
+    saved: Option<&StoreFile>,
     deadline: Instant,
 ) -> Result<(u64, u64), String> {
     let mut seen = vec![false; plan.len()];
@@ -258,7 +263,11 @@ async fn publish_confirmed<DB: TestBackend, Q: RealQueue>(
             sent += messages.len() as u64;
             let confirmed = tokio::time::timeout(CONFIRM_WAIT, queue.publish(&messages)).await;
             if let Ok(Ok(())) = confirmed {
-                break;
+                match saved {
+                    None => break,
+                    Some(store) if store.saved_again(CONFIRM_WAIT).await => break,
+                    Some(_) => {}
+                }
             }
             again += messages.len() as u64;
             // Refused while the broker is down: tried again until it is back.
