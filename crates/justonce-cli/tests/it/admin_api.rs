@@ -110,16 +110,24 @@ async fn assert_bad(api: &Api, method: Method, path: &str, parameter: &str) {
 }
 
 /// Asks `check` again until it gives a value, for at most a minute.
-async fn until<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
+async fn until<T, F: Future<Output = Option<T>>>(what: &str, check: impl FnMut() -> F) -> T {
+    within_a_minute(check)
+        .await
+        .unwrap_or_else(|| panic!("waited a minute for {what}"))
+}
+
+/// Asks `check` again until it gives a value; `None` after a minute.
+async fn within_a_minute<T, F: Future<Output = Option<T>>>(
+    mut check: impl FnMut() -> F,
+) -> Option<T> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(value) = check().await {
-            return value;
+            return Some(value);
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waited a minute for {what}"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -199,7 +207,7 @@ target = "http://127.0.0.1:{closed}/unreachable"
         sink = sink.url(),
         closed = CLOSED_PORT,
     );
-    let (mut server, _log) = server_with_token(&url, &sink, &more).await;
+    let (mut server, log) = server_with_token(&url, &sink, &more).await;
     let api = Api::of(&server);
     let body = |n: u32| format!(r#"{{"id":"evt_{n}","n":{n}}}"#);
     for n in 1..=3 {
@@ -480,13 +488,18 @@ target = "http://127.0.0.1:{closed}/unreachable"
     assert_eq!(committed, justonce_sql::OffsetCommit::Moved);
     tx.commit().await.unwrap();
     claim_with_delivery(&orders, "o-1", "orders").await;
-    let consumers = until("the consumer's failed connection", || async {
+    let failed = within_a_minute(|| async {
         let consumers = api.get("/api/v1/consumers").await;
         consumers["consumers"][0]["last_error"]
             .is_string()
             .then_some(consumers)
-    })
-    .await;
+    });
+    let Some(consumers) = failed.await else {
+        // What serve logged says whether its consumer tried at all.
+        server.kill().await;
+        let logged = log.await.unwrap_or_default().join("\n");
+        panic!("waited a minute for the consumer's failed connection; serve logged:\n{logged}");
+    };
     let orders_state = &consumers["consumers"][0];
     assert_eq!(consumers["consumers"].as_array().unwrap().len(), 1);
     assert_eq!(
