@@ -647,8 +647,23 @@ pub async fn probe(url: &str, options: &AmqpOptions) -> Result<(), Error> {
     .await
 }
 
-/// Connects to `url`; an `amqps://` URL over TLS with `tls`, or the defaults.
+/// Connects to `url`; an `amqps://` URL over TLS with `tls`, or the defaults. Gives up
+/// after [`CONNECT_WAIT`]: lapin has no bound of its own, and a connection failing while
+/// its handshake starts can leave lapin waiting for it forever.
 async fn connect(url: &str, tls: Option<&Tls>) -> Result<Connection, Error> {
+    tokio::time::timeout(CONNECT_WAIT, connect_unbounded(url, tls))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Broker(
+                format!("no connection within {} s", CONNECT_WAIT.as_secs()).into(),
+            ))
+        })
+}
+
+/// How long opening a connection may take: a TCP connect, TLS, and the AMQP handshake.
+const CONNECT_WAIT: Duration = Duration::from_secs(15);
+
+async fn connect_unbounded(url: &str, tls: Option<&Tls>) -> Result<Connection, Error> {
     let uri: AMQPUri = url
         .parse()
         .map_err(|e| Error::Config(format!("AMQP URL: {e}")))?;

@@ -832,11 +832,12 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             let mut ended = false;
             let mut pause = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
             let mut pausing = false;
+            // Polled only until it resolves: then taking has ended.
+            let mut stopped = batches.stopped();
             loop {
                 if ended && running.is_empty() {
                     break;
                 }
-                let stopped = batches.stopped();
                 tokio::select! {
                     Some((judged, ran, store_failed)) = running.next() => {
                         *stats += ran;
@@ -858,7 +859,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
                         }
                     }
                     () = &mut pause, if pausing => pausing = false,
-                    () = stopped, if pausing && !ended => ended = true,
+                    () = &mut stopped, if pausing && !ended => ended = true,
                     () = committed.closed(), if !ended => ended = true,
                 }
             }

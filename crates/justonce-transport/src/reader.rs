@@ -470,6 +470,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     {
         let (gather, mut batches) = gathering(&mut entries.entries, shutdown, batch_size, AHEAD);
         let process = async move {
+            // Each time it resolves, processing returns.
+            let mut stopped = batches.stopped();
             loop {
                 let taken = tokio::select! {
                     taken = batches.next() => taken,
@@ -481,7 +483,6 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 let Some((mut batch, _running)) = taken else {
                     return Ok(());
                 };
-                let mut stopped = batches.stopped();
                 loop {
                     // Read ahead, or waiting out a pause: the partition may have moved since.
                     batch.retain(|entry| self.broker.holds(entry));
@@ -725,7 +726,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         else {
             return false;
         };
-        let spans = Spans::of(read.iter().map(|(position, _)| *position));
+        let spans = spans(read.iter().map(|(position, _)| *position));
         let scope = read
             .first()
             .map_or(self.inbox.scope(), |(_, first)| &first.scope);
@@ -734,7 +735,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .run_batch_at_offsets(
                 &read,
                 |(_, incoming)| (&incoming.key, incoming.body.as_slice()),
-                &spans.offsets(),
+                &spans,
                 |tx, firsts| {
                     Box::pin(async move {
                         let firsts: Vec<&Incoming> =
@@ -996,35 +997,27 @@ enum InOrderError<E> {
     Offset(#[source] justonce_sql::Error),
 }
 
-/// The first and the last offset of a batch's entries in each partition.
-struct Spans<'a>(BTreeMap<(&'a str, i32), (Offset, Offset)>);
-
-impl<'a> Spans<'a> {
-    fn of(positions: impl IntoIterator<Item = Position<'a>>) -> Self {
-        let mut spans = BTreeMap::new();
-        for at in positions {
-            spans
-                .entry((at.stream, at.partition))
-                .and_modify(|(_, last)| *last = at.offset)
-                .or_insert((at.offset, at.offset));
+/// Each partition's span of a batch's entries: its first and last offset. The batch stores
+/// the last if the stored offset is below the first: otherwise a reader before this one
+/// moved past an entry of the batch (gave it up) after this one loaded the offsets, as
+/// [`Inbox::commit_offset`] says of a single entry.
+fn spans<'a>(positions: impl IntoIterator<Item = Position<'a>>) -> Vec<OffsetSpan<'a>> {
+    // A batch holds a few partitions: a search of the spans beats a map.
+    let mut spans: Vec<OffsetSpan<'a>> = Vec::new();
+    for at in positions {
+        match (spans.iter_mut())
+            .find(|span| (span.stream, span.partition) == (at.stream, at.partition))
+        {
+            Some(span) => span.last = at.offset,
+            None => spans.push(OffsetSpan {
+                stream: at.stream,
+                partition: at.partition,
+                first: at.offset,
+                last: at.offset,
+            }),
         }
-        Self(spans)
     }
-
-    /// Each partition's span, to store its last offset if the stored offset is below the
-    /// first: otherwise a reader before this one moved past an entry of the batch (gave it
-    /// up) after this one loaded the offsets, as [`Inbox::commit_offset`] says of a single
-    /// entry.
-    fn offsets(&self) -> Vec<OffsetSpan<'a>> {
-        (self.0.iter())
-            .map(|(&(stream, partition), &(first, last))| OffsetSpan {
-                stream,
-                partition,
-                first,
-                last,
-            })
-            .collect()
-    }
+    spans
 }
 
 /// The offset of the last entry read in each partition, when its transaction did not store
@@ -1043,9 +1036,9 @@ impl Unstored {
     }
 
     /// Forgets the partitions of a batch that stored its offsets.
-    fn stored(&mut self, spans: &Spans<'_>) {
-        for &(stream, partition) in spans.0.keys() {
-            self.0.remove(&(stream.to_owned(), partition));
+    fn stored(&mut self, spans: &[OffsetSpan<'_>]) {
+        for span in spans {
+            self.0.remove(&(span.stream.to_owned(), span.partition));
         }
     }
 

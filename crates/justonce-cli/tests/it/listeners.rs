@@ -463,3 +463,38 @@ async fn readyz_never_reports_connected_a_kafka_consumer_whose_brokers_do_not_an
     server.stop().await;
     drop_database(db, &url).await;
 }
+
+/// A RabbitMQ consumer on a port that takes connections and never answers gives its
+/// connection up after 15 s: `/readyz` names the consumer's last error, and it tries again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_rabbitmq_consumer_whose_broker_never_answers() {
+    let (db, url) = database::<Sqlite>("readyz-silent-amqp").await;
+    // The kernel completes the handshakes; nothing ever reads or writes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"amqp://guest:guest@127.0.0.1:{port}/%2f\"\n\
+         queue = \"{}orders\"\ntarget = \"http://127.0.0.1:1/x\"\n",
+        db.prefix
+    );
+    let mut server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
+    server.start().await;
+    let client = client();
+    let mut named = String::new();
+    for _ in 0..300 {
+        let (status, body, _) = timed_get(&client, &format!("{}/readyz", server.admin)).await;
+        assert_eq!(status, 503, "{body}");
+        if body.contains("not connected:") {
+            named = body;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let problem: serde_json::Value = serde_json::from_str(&named).unwrap();
+    assert_eq!(problem["consumers"]["orders"], "connecting", "{named}");
+    let last_error = problem["last_errors"]["orders"].as_str().unwrap();
+    assert!(last_error.contains("no connection within 15 s"), "{named}");
+    server.stop().await;
+    drop(silent);
+    drop_database(db, &url).await;
+}
