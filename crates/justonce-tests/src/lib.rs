@@ -19,7 +19,7 @@ pub mod tls;
 pub use amqp::{amqp_url, publish_keys, publish_many, try_publish_keys};
 pub use consume::{acknowledge, consume};
 pub use mqtt::{publish_while, publish_while_consuming};
-pub use own_broker::{OwnBroker, StoreFile, process_status};
+pub use own_broker::{OwnBroker, Publishing, StoreFile, process_status};
 pub use redis::{BreakableRedis, TestRedis, redis_url};
 pub use sink::{Answer, Received, Script, Sink};
 

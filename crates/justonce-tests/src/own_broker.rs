@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
@@ -20,6 +22,8 @@ pub struct OwnBroker {
     /// RabbitMQ's distribution port, for the node's Erlang peers.
     dist_port: u16,
     running: Option<Child>,
+    /// How often it was killed: a save after a kill is another process's.
+    kills: Arc<AtomicU64>,
 }
 
 impl OwnBroker {
@@ -38,6 +42,7 @@ impl OwnBroker {
             port: ports[0],
             dist_port: ports[1],
             running: None,
+            kills: Arc::default(),
         };
         broker.configure()?;
         broker.start_again().await?;
@@ -56,7 +61,10 @@ impl OwnBroker {
     /// The file of a broker that confirms a message before it saves it: Mosquitto's store,
     /// written at its autosaves. `None` where a confirm follows the write.
     pub fn saved_after_confirm(&self) -> Option<StoreFile> {
-        (self.kind == "mqtt").then(|| StoreFile(self.folder.join("mosquitto.db")))
+        (self.kind == "mqtt").then(|| StoreFile {
+            path: self.folder.join("mosquitto.db"),
+            kills: Arc::clone(&self.kills),
+        })
     }
 
     /// Writes the configuration files the broker reads.
@@ -221,6 +229,9 @@ impl OwnBroker {
 
     /// SIGKILLs the broker and waits until it is gone.
     pub async fn kill(&mut self) -> Result<(), String> {
+        // Counted before the kill: whoever sees a save and then this count unchanged saw
+        // the killed process's save.
+        self.kills.fetch_add(1, Ordering::SeqCst);
         if self.kind == "amqp" {
             kill_node(&self.folder.join("beam.pid")).await;
         }
@@ -250,19 +261,33 @@ impl Drop for OwnBroker {
 
 /// A store a broker writes whole at each save, to a new file renamed over the last.
 #[derive(Clone)]
-pub struct StoreFile(PathBuf);
+pub struct StoreFile {
+    path: PathBuf,
+    kills: Arc<AtomicU64>,
+}
+
+/// The broker process a confirm came from: taken before publishing.
+#[derive(Clone, Copy)]
+pub struct Publishing(u64);
 
 impl StoreFile {
-    /// Waits up to `wait` for a save that begins after now; whether one came. Mosquitto
-    /// handles packets and saves in one thread, so a save seen after a confirm arrived
-    /// began after the confirm was sent, and holds the message confirmed.
-    pub async fn saved_again(&self, wait: Duration) -> bool {
+    /// Taken before publishing, for [`StoreFile::saved_again`].
+    pub fn publishing(&self) -> Publishing {
+        Publishing(self.kills.load(Ordering::SeqCst))
+    }
+
+    /// Waits up to `wait` for a save that begins after now, by the process that took what
+    /// was published since `publishing`; whether one came. Mosquitto handles packets and
+    /// saves in one thread, so its save seen after a confirm arrived began after the
+    /// confirm was sent: it holds the message, or the consumer's acknowledgement of it. A
+    /// broker killed meanwhile may have lost it: a save of the restarted one proves nothing.
+    pub async fn saved_again(&self, publishing: Publishing, wait: Duration) -> bool {
         let now = self.save();
         let given_up = Instant::now() + wait;
         while Instant::now() < given_up {
             tokio::time::sleep(Duration::from_millis(2)).await;
             if self.save() != now {
-                return true;
+                return self.kills.load(Ordering::SeqCst) == publishing.0;
             }
         }
         false
@@ -272,7 +297,7 @@ impl StoreFile {
     /// handed out again two saves later).
     fn save(&self) -> Option<(u64, std::time::SystemTime)> {
         use std::os::unix::fs::MetadataExt;
-        let metadata = std::fs::metadata(&self.0).ok()?;
+        let metadata = std::fs::metadata(&self.path).ok()?;
         Some((metadata.ino(), metadata.modified().ok()?))
     }
 }

@@ -651,51 +651,73 @@ pub async fn probe(url: &str, options: &AmqpOptions) -> Result<(), Error> {
 /// after [`CONNECT_WAIT`]: lapin has no bound of its own, and a connection failing while
 /// its handshake starts can leave lapin waiting for it forever.
 async fn connect(url: &str, tls: Option<&Tls>) -> Result<Connection, Error> {
-    tokio::time::timeout(CONNECT_WAIT, connect_unbounded(url, tls))
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::Broker(
-                format!("no connection within {} s", CONNECT_WAIT.as_secs()).into(),
-            ))
-        })
-}
-
-/// How long opening a connection may take: a TCP connect, TLS, and the AMQP handshake.
-const CONNECT_WAIT: Duration = Duration::from_secs(15);
-
-async fn connect_unbounded(url: &str, tls: Option<&Tls>) -> Result<Connection, Error> {
     let uri: AMQPUri = url
         .parse()
         .map_err(|e| Error::Config(format!("AMQP URL: {e}")))?;
-    let properties = ConnectionProperties::default();
-    if uri.scheme != AMQPScheme::AMQPS {
-        if tls.is_some() {
+    // lapin's own TLS takes no verifier and adds a CA to the system's roots: the connection
+    // is made here with the one rustls configuration every broker uses.
+    let connector = match (uri.scheme == AMQPScheme::AMQPS, tls) {
+        (true, tls) => {
+            let config = tls.cloned().unwrap_or_default().client_config()?;
+            Some(RustlsConnector::from(Arc::new(config)))
+        }
+        (false, None) => None,
+        (false, Some(_)) => {
             return Err(Error::Config(
                 "TLS settings need an amqps:// URL".to_owned(),
             ));
         }
-        return Connection::connect_uri(uri, properties)
-            .await
-            .map_err(broker);
-    }
-    // lapin's own TLS takes no verifier and adds a CA to the system's roots: the connection
-    // is made here with the one rustls configuration every broker uses.
-    let config = tls.cloned().unwrap_or_default().client_config()?;
-    let connector = RustlsConnector::from(Arc::new(config));
-    let runtime = lapin::runtime::default_runtime().map_err(broker)?;
-    let open = async move |uri: AMQPUri, runtime| {
-        let host = uri.authority.host.as_str();
-        let addresses: Vec<std::net::SocketAddr> =
-            tokio::net::lookup_host((host, uri.authority.port))
-                .await?
-                .collect();
-        let stream = AsyncTcpStream::connect(&runtime, addresses).await?;
-        Ok(stream.into_rustls(&connector, host).await?)
     };
-    Connection::connector(uri, runtime, open, properties)
-        .await
-        .map_err(broker)
+    let socket = Opening::default();
+    let kept = Arc::clone(&socket.0);
+    let open = async move |uri: AMQPUri, _| {
+        let host = uri.authority.host.as_str();
+        let stream = tokio::net::TcpStream::connect((host, uri.authority.port)).await?;
+        stream.set_nodelay(true)?;
+        let stream = stream.into_std()?;
+        *crate::lock(&kept) = Some(stream.try_clone()?);
+        let stream = tokio::net::TcpStream::from_std(stream)?;
+        let stream = AsyncTcpStream::Plain(async_compat::Compat::new(stream));
+        Ok(match &connector {
+            Some(connector) => stream.into_rustls(connector, host).await?,
+            None => stream,
+        })
+    };
+    let runtime = lapin::runtime::default_runtime().map_err(broker)?;
+    let opening = Connection::connector(uri, runtime, open, ConnectionProperties::default());
+    let Ok(opened) = tokio::time::timeout(CONNECT_WAIT, opening).await else {
+        return Err(Error::Broker(
+            format!("no connection within {} s", CONNECT_WAIT.as_secs()).into(),
+        ));
+    };
+    let connection = opened.map_err(broker)?;
+    socket.opened();
+    Ok(connection)
 }
+
+/// A copy of the socket of a connection being opened, shut down when dropped unless it
+/// opened: lapin's IO thread waits on the socket until it closes, past a caller that gave
+/// up on it.
+#[derive(Default)]
+struct Opening(Arc<std::sync::Mutex<Option<std::net::TcpStream>>>);
+
+impl Opening {
+    /// The connection holds its own socket: the copy goes, open.
+    fn opened(self) {
+        crate::lock(&self.0).take();
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(copy) = crate::lock(&self.0).take() {
+            let _ = copy.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// How long opening a connection may take: a TCP connect, TLS, and the AMQP handshake.
+const CONNECT_WAIT: Duration = Duration::from_secs(15);
 
 async fn open_channel(connection: &Connection) -> Result<Channel, Error> {
     let channel = connection.create_channel().await.map_err(broker)?;

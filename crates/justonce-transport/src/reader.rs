@@ -1017,6 +1017,8 @@ fn spans<'a>(positions: impl IntoIterator<Item = Position<'a>>) -> Vec<OffsetSpa
             }),
         }
     }
+    // In one order for every reader, so that two taking the same rows lock them alike.
+    spans.sort_unstable_by_key(|span| (span.stream, span.partition));
     spans
 }
 

@@ -695,3 +695,32 @@ impl<const QUORUM: bool> TestBroker for Queue<QUORUM> {
         Queue::delete(self).await
     }
 }
+
+/// A broker that takes the connection and never answers the AMQP handshake: the probe
+/// gives up, and the socket is shut, so that lapin's thread, which waits on it, ends.
+#[tokio::test]
+async fn a_connection_given_up_on_is_shut() {
+    use tokio::io::AsyncReadExt;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("amqp://guest:guest@{}/%2f", silent.local_addr().unwrap());
+    let probing = tokio::spawn(async move {
+        justonce_transport::amqp::probe(&url, &AmqpOptions::new("orders")).await
+    });
+    let (mut accepted, _) = silent.accept().await.unwrap();
+    let mut header = [0; 8];
+    accepted.read_exact(&mut header).await.unwrap();
+    assert_eq!(
+        &header, b"AMQP\x00\x00\x09\x01",
+        "the protocol header, then a wait"
+    );
+    let error = probing.await.unwrap().unwrap_err();
+    assert!(
+        error.to_string().contains("no answer within 5 s"),
+        "{error}"
+    );
+    let closed = tokio::time::timeout(Duration::from_secs(5), accepted.read(&mut [0; 1])).await;
+    assert!(
+        matches!(closed, Ok(Ok(0))),
+        "the client's side is shut: {closed:?}"
+    );
+}

@@ -261,19 +261,24 @@ async fn publish_confirmed<DB: TestBackend, Q: RealQueue>(
         let messages: Vec<String> = chunk.iter().map(|key| key_name(*key)).collect();
         loop {
             sent += messages.len() as u64;
+            let publishing = saved.map(StoreFile::publishing);
             let confirmed = tokio::time::timeout(CONFIRM_WAIT, queue.publish(&messages)).await;
-            if let Ok(Ok(())) = confirmed {
-                match saved {
-                    None => break,
-                    Some(store) if store.saved_again(CONFIRM_WAIT).await => break,
-                    Some(_) => {}
+            let unconfirmed = match (confirmed, saved.zip(publishing)) {
+                (Ok(Ok(())), None) => break,
+                (Ok(Ok(())), Some((store, publishing))) => {
+                    if store.saved_again(publishing, CONFIRM_WAIT).await {
+                        break;
+                    }
+                    "confirmed, and not saved by the broker that confirmed it".to_owned()
                 }
-            }
+                (Ok(Err(error)), _) => error,
+                (Err(_), _) => format!("no confirm within {} s", CONFIRM_WAIT.as_secs()),
+            };
             again += messages.len() as u64;
             // Refused while the broker is down: tried again until it is back.
             loop {
                 if Instant::now() >= deadline {
-                    return Err(format!("the broker did not confirm in time: {confirmed:?}"));
+                    return Err(format!("the broker did not confirm in time: {unconfirmed}"));
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 if queue.reconnect().await.is_ok() {

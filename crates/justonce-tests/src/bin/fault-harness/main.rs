@@ -62,9 +62,9 @@
 //!   that commits nothing for 30 s after the broker is back hangs: it is killed and
 //!   started again, and the run reports a breach. Mosquitto
 //!   writes its store at its autosaves, after the PUBACK: a SIGKILL in between loses a
-//!   message it acknowledged. So a chunk counts as confirmed by Mosquitto once its store
-//!   file was saved after the chunk's last PUBACK (each save is a new file); a chunk not
-//!   saved within 5 s is published again.
+//!   message it acknowledged. So a chunk counts as confirmed by Mosquitto once the same
+//!   process saved its store file after the chunk's last PUBACK (each save is a new
+//!   file); a chunk not saved within 5 s is published again.
 //!   Kafka has no restart: its test broker keeps its data in memory.
 //! - `pause`: a consumer pauses. 10,000 keys (short: 1,000) on a queue of the run's own on
 //!   the machine's broker, published in a part per pause and one more, each just before
