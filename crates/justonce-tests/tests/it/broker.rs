@@ -446,6 +446,7 @@ mod at_once {
     ] (
         batches_run_two_at_once_and_each_message_takes_effect_once,
         two_batches_at_once_stopped_mid_run_acknowledge_every_delivery_committed,
+        batches_at_once_pause_after_a_database_failure,
     ));
     mod on_mariadb {
         on_brokers!(@broker_on mysql, sqlx::MySql, [
@@ -453,6 +454,7 @@ mod at_once {
         ] (
             batches_run_two_at_once_and_each_message_takes_effect_once,
             two_batches_at_once_stopped_mid_run_acknowledge_every_delivery_committed,
+            batches_at_once_pause_after_a_database_failure,
         ));
     }
 }
@@ -1099,6 +1101,66 @@ where
     DB: TestBackend,
 {
     stopped_mid_run::<B, DB>(test, 2).await;
+}
+
+/// Two batches at once on a database that fails every claim: after each failure no new
+/// batch starts for the policy's pause (1 s), so that the consumer does not spin on the
+/// failing database; nothing is acknowledged, and a healthy consumer then gives each
+/// message one effect.
+async fn batches_at_once_pause_after_a_database_failure<B, DB>(test: &str)
+where
+    B: GivingBack,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..60).map(|n| format!("order:{n}")).collect();
+    broker.publish(&keys).await;
+    // No tables under this prefix: every claim fails in the database.
+    let options = InboxOptions::default().prefix(format!("{}missing_", db.prefix));
+    let consumer = justonce_sql::Consumer::new(format!("{}broken", db.prefix)).unwrap();
+    let broken = Inbox::<DB>::connect_with(&db.url, consumer, options)
+        .await
+        .unwrap();
+    let failing = B::generic(broker.connect_for_batches(&broken).await).batches_at_once(2);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopping = async {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let _ = stop.send(());
+    };
+    let work = consumer_work::<DB>(&db.prefix);
+    let running = tokio::time::timeout(
+        Duration::from_secs(30),
+        failing.run_batched(stopped, 5, work),
+    );
+    let (ran, ()) = tokio::join!(running, stopping);
+    let stats = ran.expect("stopped within 30 s").unwrap();
+    assert_eq!(stats.processed + stats.duplicates, 0, "{stats:?}");
+    assert!(
+        stats.returned > 0,
+        "the failing batches were given back: {stats:?}"
+    );
+    // Batches start at 0 s, after 1 s and after 2 s: 3 rounds of 2 batches of at most 5.
+    // Without the pause, hundreds would be.
+    assert!(
+        stats.returned <= 30,
+        "no batch starts during the pause: {stats:?}"
+    );
+    drop(failing);
+
+    let consumer = broker.connect_for_batches(&db.inbox).await;
+    let stats = run_until(
+        |stopped| consumer.run_work_batched(&db, stopped, 20),
+        || async { db.rows("effects").await == 60 && broker.settled(&db).await },
+        effects(&db),
+    )
+    .await;
+    assert_eq!(stats.processed, 60, "nothing given back was lost");
+    assert_eq!(db.doubled_effects().await, 0);
+    assert_eq!(broker.dead_letters().await, 0);
+    drop(consumer);
+    broker.delete().await;
+    db.cleanup().await;
 }
 
 /// Stops a consumer running `batches_at_once` batches of 20 once 100 effects committed, and
