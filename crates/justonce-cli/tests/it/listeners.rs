@@ -300,17 +300,7 @@ async fn readyz_names_a_consumer_that_cannot_connect() {
     let mut server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
     server.start().await;
     let client = client();
-    let mut named = String::new();
-    for _ in 0..100 {
-        let (status, body, _) = timed_get(&client, &format!("{}/readyz", server.admin)).await;
-        assert_eq!(status, 503, "{body}");
-        if body.contains("not connected:") {
-            named = body;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let problem: serde_json::Value = serde_json::from_str(&named).unwrap();
+    let (problem, named) = readyz_naming_a_consumer(&server, 100).await;
     let detail = problem["detail"].as_str().unwrap();
     assert!(
         detail.contains("consumer orders: not connected: ") && detail.contains("ACCESS_REFUSED"),
@@ -445,19 +435,8 @@ async fn readyz_never_reports_connected_a_kafka_consumer_whose_brokers_do_not_an
     );
     let mut server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
     server.start().await;
-    let client = client();
-    let mut named = String::new();
-    // Past the probe's 5 s: every answer until the error is named is a 503.
-    for _ in 0..150 {
-        let (status, body, _) = timed_get(&client, &format!("{}/readyz", server.admin)).await;
-        assert_eq!(status, 503, "{body}");
-        if body.contains("not connected:") {
-            named = body;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let problem: serde_json::Value = serde_json::from_str(&named).unwrap();
+    // Past the probe's 5 s.
+    let (problem, named) = readyz_naming_a_consumer(&server, 150).await;
     assert_eq!(problem["consumers"]["orders"], "connecting", "{named}");
     assert!(problem["last_errors"]["orders"].is_string(), "{named}");
     server.stop().await;
@@ -479,23 +458,26 @@ async fn readyz_names_a_rabbitmq_consumer_whose_broker_never_answers() {
     );
     let mut server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
     server.start().await;
-    let client = client();
-    let mut named = String::new();
-    for _ in 0..300 {
-        let (status, body, _) = timed_get(&client, &format!("{}/readyz", server.admin)).await;
-        assert_eq!(status, 503, "{body}");
-        if body.contains("not connected:") {
-            named = body;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(!named.is_empty(), "no error named within 30 s");
-    let problem: serde_json::Value = serde_json::from_str(&named).unwrap();
+    let (problem, named) = readyz_naming_a_consumer(&server, 300).await;
     assert_eq!(problem["consumers"]["orders"], "connecting", "{named}");
     let last_error = problem["last_errors"]["orders"].as_str().unwrap();
     assert!(last_error.contains("no connection within 15 s"), "{named}");
     server.stop().await;
     drop(silent);
     drop_database(db, &url).await;
+}
+
+/// `/readyz`'s problem, and its text, once it names a consumer not connected; asked every
+/// 100 ms, at most `tries` times. Every answer until then is a 503.
+async fn readyz_naming_a_consumer(server: &Server, tries: usize) -> (serde_json::Value, String) {
+    let client = client();
+    for _ in 0..tries {
+        let (status, body, _) = timed_get(&client, &format!("{}/readyz", server.admin)).await;
+        assert_eq!(status, 503, "{body}");
+        if body.contains("not connected:") {
+            return (serde_json::from_str(&body).unwrap(), body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("/readyz named no consumer's error in {tries} tries");
 }

@@ -974,15 +974,10 @@ where
     let broker = B::open(&db).await;
     let keys: Vec<String> = (0..3).map(|n| format!("order:{n}")).collect();
     broker.publish(&keys).await;
-    // No tables under this prefix: every claim fails in the database.
-    let options = InboxOptions::default().prefix(format!("{}missing_", db.prefix));
     // A consumer of this test alone, for its metric.
     let consumer_name = format!("{}broken", db.prefix);
     assert_eq!(consumed(&consumer_name), 0);
-    let consumer = justonce_sql::Consumer::new(consumer_name.as_str()).unwrap();
-    let broken = Inbox::<DB>::connect_with(&db.url, consumer, options)
-        .await
-        .unwrap();
+    let broken = failing_inbox(&db, &consumer_name).await;
     let failing = B::generic(broker.connect_for_batches(&broken).await);
     let mut deliveries = failing.deliveries().await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
@@ -1007,15 +1002,34 @@ where
     );
     drop(deliveries);
     drop(failing);
+    each_given_back_takes_effect_once(broker, db, 3).await;
+}
 
+/// An inbox of consumer `name` under a prefix with no tables: every claim fails in the
+/// database.
+async fn failing_inbox<DB: TestBackend>(db: &TestDb<DB>, name: &str) -> Inbox<DB> {
+    let options = InboxOptions::default().prefix(format!("{}missing_", db.prefix));
+    let consumer = justonce_sql::Consumer::new(name).unwrap();
+    Inbox::<DB>::connect_with(&db.url, consumer, options)
+        .await
+        .unwrap()
+}
+
+/// A healthy consumer gives each of the `keys` messages given back one effect, and none is
+/// dead-lettered; then the queue and the tables go.
+async fn each_given_back_takes_effect_once<B: GivingBack, DB: TestBackend>(
+    broker: B,
+    db: TestDb<DB>,
+    keys: u64,
+) {
     let consumer = broker.connect_for_batches(&db.inbox).await;
     let stats = run_until(
         |stopped| consumer.run_work_batched(&db, stopped, 20),
-        || async { db.rows("effects").await == 3 && broker.settled(&db).await },
+        || async { db.rows("effects").await == keys as i64 && broker.settled(&db).await },
         effects(&db),
     )
     .await;
-    assert_eq!(stats.processed, 3, "nothing given back was lost");
+    assert_eq!(stats.processed, keys, "nothing given back was lost");
     assert_eq!(db.doubled_effects().await, 0);
     assert_eq!(broker.dead_letters().await, 0);
     drop(consumer);
@@ -1116,12 +1130,7 @@ where
     let broker = B::open(&db).await;
     let keys: Vec<String> = (0..60).map(|n| format!("order:{n}")).collect();
     broker.publish(&keys).await;
-    // No tables under this prefix: every claim fails in the database.
-    let options = InboxOptions::default().prefix(format!("{}missing_", db.prefix));
-    let consumer = justonce_sql::Consumer::new(format!("{}broken", db.prefix)).unwrap();
-    let broken = Inbox::<DB>::connect_with(&db.url, consumer, options)
-        .await
-        .unwrap();
+    let broken = failing_inbox(&db, &format!("{}broken", db.prefix)).await;
     let failing = B::generic(broker.connect_for_batches(&broken).await).batches_at_once(2);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let stopping = async {
@@ -1147,20 +1156,7 @@ where
         "no batch starts during the pause: {stats:?}"
     );
     drop(failing);
-
-    let consumer = broker.connect_for_batches(&db.inbox).await;
-    let stats = run_until(
-        |stopped| consumer.run_work_batched(&db, stopped, 20),
-        || async { db.rows("effects").await == 60 && broker.settled(&db).await },
-        effects(&db),
-    )
-    .await;
-    assert_eq!(stats.processed, 60, "nothing given back was lost");
-    assert_eq!(db.doubled_effects().await, 0);
-    assert_eq!(broker.dead_letters().await, 0);
-    drop(consumer);
-    broker.delete().await;
-    db.cleanup().await;
+    each_given_back_takes_effect_once(broker, db, 60).await;
 }
 
 /// Stops a consumer running `batches_at_once` batches of 20 once 100 effects committed, and
