@@ -970,10 +970,7 @@ where
     B: GivingBack,
     DB: TestBackend,
 {
-    let db = TestDb::<DB>::new(test).await;
-    let broker = B::open(&db).await;
-    let keys: Vec<String> = (0..3).map(|n| format!("order:{n}")).collect();
-    broker.publish(&keys).await;
+    let (db, broker) = with_orders::<B, DB>(test, 3).await;
     // A consumer of this test alone, for its metric.
     let consumer_name = format!("{}broken", db.prefix);
     assert_eq!(consumed(&consumer_name), 0);
@@ -1003,6 +1000,16 @@ where
     drop(deliveries);
     drop(failing);
     each_given_back_takes_effect_once(broker, db, 3).await;
+}
+
+/// A database and a queue of `test`'s own, holding `count` messages keyed `order:0`,
+/// `order:1`, and so on.
+async fn with_orders<B: TestBroker, DB: TestBackend>(test: &str, count: usize) -> (TestDb<DB>, B) {
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    let keys: Vec<String> = (0..count).map(|n| format!("order:{n}")).collect();
+    broker.publish(&keys).await;
+    (db, broker)
 }
 
 /// An inbox of consumer `name` under a prefix with no tables: every claim fails in the
@@ -1045,10 +1052,7 @@ where
     B: GivingBack,
     DB: TestBackend,
 {
-    let db = TestDb::<DB>::new(test).await;
-    let broker = B::open(&db).await;
-    let keys: Vec<String> = (0..60).map(|n| format!("order:{n}")).collect();
-    broker.publish(&keys).await;
+    let (db, broker) = with_orders::<B, DB>(test, 60).await;
     let consumer = B::generic(broker.connect_for_batches(&db.inbox).await).batches_at_once(2);
     let most = Arc::new(AtomicUsize::new(0));
     let work = beside_another::<DB>(&db.prefix, most.clone());
@@ -1126,10 +1130,7 @@ where
     B: GivingBack,
     DB: TestBackend,
 {
-    let db = TestDb::<DB>::new(test).await;
-    let broker = B::open(&db).await;
-    let keys: Vec<String> = (0..60).map(|n| format!("order:{n}")).collect();
-    broker.publish(&keys).await;
+    let (db, broker) = with_orders::<B, DB>(test, 60).await;
     let broken = failing_inbox(&db, &format!("{}broken", db.prefix)).await;
     let failing = B::generic(broker.connect_for_batches(&broken).await).batches_at_once(2);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -1162,10 +1163,7 @@ where
 /// Stops a consumer running `batches_at_once` batches of 20 once 100 effects committed, and
 /// checks that each delivery committed was acknowledged.
 async fn stopped_mid_run<B: GivingBack, DB: TestBackend>(test: &str, batches_at_once: usize) {
-    let db = TestDb::<DB>::new(test).await;
-    let broker = B::open(&db).await;
-    let keys: Vec<String> = (0..600).map(|n| format!("order:{n}")).collect();
-    broker.publish(&keys).await;
+    let (db, broker) = with_orders::<B, DB>(test, 600).await;
     // A consumer of this test alone, for its metric, on the test's tables.
     let name = format!("{}stopped", db.prefix);
     assert_eq!(consumed(&name), 0);
@@ -1229,10 +1227,7 @@ async fn a_first_batch_cut_by_a_database_failure_still_counts_the_runs_of_its_re
     B: TestBroker,
     DB: TestBackend,
 {
-    let db = TestDb::<DB>::new(test).await;
-    let broker = B::open(&db).await;
-    let keys: Vec<String> = (0..3).map(|n| format!("order:{n}")).collect();
-    broker.publish(&keys).await;
+    let (db, broker) = with_orders::<B, DB>(test, 3).await;
     // A run of order:0 counted already, as by a reader that died on it: the batch of the
     // three runs entry by entry, each with its own count.
     let key = |name: &str| Key::new(name).unwrap();
