@@ -552,6 +552,48 @@ impl<DB: Backend> Inbox<DB> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        let before: Option<std::future::Ready<bool>> = None;
+        (self.run_batch_moving(messages, claim, spans, before, work)).await
+    }
+
+    /// [`Inbox::run_batch_at_offsets`] for a batch read while the batch before it, of the
+    /// same partitions, still commits. Its keys are claimed and its work runs beside that
+    /// batch's commit. Then it waits for `before`, whether that batch committed, and moves
+    /// the offsets last, so that only this step waits on the other's lock of the offset
+    /// rows. `None`, rolled back, when `before` is false (the entries before this batch
+    /// did not commit, and this batch must not skip them) or an offset was passed.
+    ///
+    /// Start it once the batch before has run its work: that batch then takes no lock
+    /// this one could hold.
+    pub async fn run_batch_after<'env, M, E, F>(
+        &self,
+        messages: &[M],
+        claim: impl Fn(&M) -> (&Key, &[u8]),
+        spans: &[OffsetSpan<'_>],
+        before: impl Future<Output = bool>,
+        work: F,
+    ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
+    where
+        F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        (self.run_batch_moving(messages, claim, spans, Some(before), work)).await
+    }
+
+    /// [`Inbox::run_batch_at_offsets`], with the offsets moved in the claim's statement,
+    /// or, given `before`, after the work once `before` is true.
+    async fn run_batch_moving<'env, M, E, F>(
+        &self,
+        messages: &[M],
+        claim: impl Fn(&M) -> (&Key, &[u8]),
+        spans: &[OffsetSpan<'_>],
+        before: Option<impl Future<Output = bool>>,
+        work: F,
+    ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
+    where
+        F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
         let offsets: Vec<OffsetRow<'_>> = (spans.iter())
             .map(|span| OffsetRow {
                 consumer: self.consumer.as_str(),
@@ -564,7 +606,11 @@ impl<DB: Backend> Inbox<DB> {
         if messages.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        let Some((tx, claimed)) = self.begin_batch(messages, claim, &offsets).await? else {
+        let in_claim: &[OffsetRow<'_>] = match before {
+            Some(_) => &[],
+            None => &offsets,
+        };
+        let Some((tx, claimed)) = self.begin_batch(messages, claim, in_claim).await? else {
             return Ok(None);
         };
         // 'env, not 'static: the work may borrow what outlives the call.
@@ -577,9 +623,40 @@ impl<DB: Backend> Inbox<DB> {
         if let Err(error) = forwards.around(work(&mut tx, firsts)).await {
             return Err(roll_back_work(tx, error).await.into());
         }
+        if let Some(before) = before {
+            let moved = match before.await {
+                false => Ok(false),
+                true => self.move_offsets_in(&mut tx, &offsets).await,
+            };
+            match moved {
+                Ok(true) => {}
+                Ok(false) => {
+                    if let Err(error) = tx.rollback().await {
+                        tracing::debug!(%error, "rolling back a batch that may not commit");
+                    }
+                    return Ok(None);
+                }
+                Err(error) => return Err(rolled_back(tx, RunError::Store(error)).await),
+            }
+        }
         let outcomes = commit_batch(tx, claimed).await?;
         self.batch_committed(&outcomes, &forwards);
         Ok(Some(outcomes))
+    }
+
+    /// Moves each of `offsets` in `tx`, one statement each; false at the first that did not
+    /// move.
+    async fn move_offsets_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+        offsets: &[OffsetRow<'_>],
+    ) -> Result<bool, Error> {
+        for at in offsets {
+            if !self.shared.sql.commit_offset(tx, *at).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// After a batch's commit: wakes the relays if its work forwarded rows, and counts its

@@ -16,23 +16,26 @@ use crate::consumer::{
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
-use justonce_sql::{Backend, Inbox, Offset, OffsetCommit, OffsetSpan, Outcome, RunError};
+use futures_util::future::{MaybeDone, maybe_done};
+use justonce_sql::{
+    Backend, Inbox, Key, Offset, OffsetCommit, OffsetSpan, Outcome, RunError, WorkFuture,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, oneshot, watch};
 use tracing::Instrument;
 
 /// The partition a stream with one partition keeps its offset in.
 #[cfg(any(feature = "nats", feature = "redis"))]
 pub(crate) const PARTITION: i32 = 0;
 
-/// How many batches a reader takes before the first of them is done with: the one running,
-/// and the next, read meanwhile. A reader has no acknowledgements to wait for: its
-/// position commits with the work.
-const AHEAD: usize = 2;
+/// How many batches a reader takes before the first of them is done with: the one
+/// committing, the next, whose work runs beside that commit, and one read meanwhile. A
+/// reader has no acknowledgements to wait for: its position commits with the work.
+const AHEAD: usize = 3;
 
 /// How long a reader waits without a new entry before it stores the offsets of the
 /// duplicates it read last.
@@ -274,12 +277,10 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         !(proven.partitions).contains(&(at.stream.to_owned(), at.partition))
     }
 
-    /// Notes a commit of this reader that stored the offset of `at` in its partition.
-    fn prove(&self, at: Position<'_>) {
+    /// Notes a commit of this reader that stored an offset in `partition` of `stream`.
+    fn prove(&self, stream: &str, partition: i32) {
         let mut proven = crate::lock(&self.proven);
-        proven
-            .partitions
-            .insert((at.stream.to_owned(), at.partition));
+        proven.partitions.insert((stream.to_owned(), partition));
     }
 
     /// Counts the run of `incoming` at `at` if it may be a re-run, runs it, and notes a
@@ -367,6 +368,11 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// entries run one by one, with their retries in place and dead letters, so that one
     /// failing entry neither loses nor doubles the others and each partition stays in
     /// order. A batch never holds an entry of a partition the broker took back.
+    ///
+    /// Once its partitions have a commit of this reader, a batch's claim and work run while
+    /// the batch before it commits, and its offsets move after that commit (see
+    /// [`Inbox::run_batch_after`]). If the batch before did not commit, neither does this
+    /// one: both run again, in order.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -472,30 +478,103 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let process = async move {
             // Each time it resolves, processing returns.
             let mut stopped = batches.stopped();
+            // The batch whose transaction runs while the next is taken.
+            let mut committing = None;
             loop {
+                // The next batch first, to start it beside the one committing.
                 let taken = tokio::select! {
+                    biased;
                     taken = batches.next() => taken,
+                    () = ended(&mut committing) => {
+                        if self.finish(committing.take(), work, stats, unstored, &mut stopped).await? {
+                            return Ok(());
+                        }
+                        continue;
+                    }
                     () = tokio::time::sleep(IDLE), if unstored.is_some() => {
                         unstored.store(&self.inbox).await;
                         continue;
                     }
                 };
-                let Some((mut batch, _running)) = taken else {
+                let Some((mut batch, running)) = taken else {
+                    self.finish(committing, work, stats, unstored, &mut stopped)
+                        .await?;
                     return Ok(());
                 };
+                // Read ahead: the partition may have moved since.
+                batch.retain(|entry| self.broker.holds(entry));
+                let Some(mut before) = committing.take() else {
+                    if self.all_proven(&batch) {
+                        committing = Some(self.start(batch, running, work, None));
+                    } else if self
+                        .in_turn(batch, true, work, stats, unstored, &mut stopped)
+                        .await?
+                    {
+                        return Ok(());
+                    }
+                    continue;
+                };
+                if !self.all_proven(&batch) {
+                    // The batch before may prove the partitions: then this one runs beside
+                    // the next.
+                    if self
+                        .finish(Some(before), work, stats, unstored, &mut stopped)
+                        .await?
+                    {
+                        return Ok(());
+                    }
+                    if self.all_proven(&batch) {
+                        committing = Some(self.start(batch, running, work, None));
+                    } else if self
+                        .in_turn(batch, true, work, stats, unstored, &mut stopped)
+                        .await?
+                    {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                // Started once the batch before has run its work, so that it waits on no
+                // lock this one takes.
+                tokio::select! {
+                    _ = &mut before.worked => {}
+                    () = before.run.as_mut() => {}
+                }
+                let mut after = self.start(batch, running, work, before.committed.take());
+                // The batch before's end, with this one's work running beside it.
                 loop {
-                    // Read ahead, or waiting out a pause: the partition may have moved since.
-                    batch.retain(|entry| self.broker.holds(entry));
-                    let (done, ended) =
-                        (self.run_entries(&batch, work, stats, unstored, &mut stopped)).await?;
-                    batch.drain(..done);
-                    match ended {
-                        Processed::Done => break,
-                        Processed::Stopped => return Ok(()),
-                        Processed::StoreFailed => tokio::select! {
-                            () = &mut stopped => return Ok(()),
-                            () = tokio::time::sleep(self.broker.policy().store_pause) => {}
-                        },
+                    tokio::select! {
+                        biased;
+                        () = before.run.as_mut() => break,
+                        () = after.run.as_mut(), if !is_done(&after) => {}
+                    }
+                }
+                let Some((batch, _running, ran)) = before.run.as_mut().take_output() else {
+                    // Never: it ended. The batch after it was told it did not commit.
+                    committing = Some(after);
+                    continue;
+                };
+                match ran {
+                    Some(ran) => {
+                        self.count_together(&batch, ran, stats, unstored);
+                        committing = Some(after);
+                    }
+                    // The batch after waits for this one: told it did not commit, it rolls
+                    // back, and runs again after this one's entries, one by one.
+                    None => {
+                        after.run.as_mut().await;
+                        if self
+                            .in_turn(batch, false, work, stats, unstored, &mut stopped)
+                            .await?
+                        {
+                            return Ok(());
+                        }
+                        if let Some((batch, _running, _)) = after.run.as_mut().take_output()
+                            && self
+                                .in_turn(batch, true, work, stats, unstored, &mut stopped)
+                                .await?
+                        {
+                            return Ok(());
+                        }
                     }
                 }
             }
@@ -552,7 +631,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let mut unstored = Unstored::default();
         // Nothing stops the caller's batch halfway: it runs until done or the database fails.
         let mut running = std::pin::pin!(std::future::pending::<()>());
-        let (done, _) = (self.run_entries(batch, work, stats, &mut unstored, &mut running)).await?;
+        let run = self.run_entries(batch, work, stats, &mut unstored, &mut running, true);
+        let (done, _) = run.await?;
         unstored.store(&self.inbox).await;
         Ok(done)
     }
@@ -589,7 +669,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         // Only a processed entry's transaction stored its offset: after a duplicate,
         // a restarted reader reads from before it again.
         if matches!(ran, Ran::Outcome(Outcome::Processed(()))) {
-            self.prove(position);
+            self.prove(position.stream, position.partition);
         }
         ran
     }
@@ -614,6 +694,117 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         Ok((position, self.incoming_or_why(entry)?))
     }
 
+    /// Whether `batch` may run together beside the batch before it: more than one entry,
+    /// of one scope, none of them a possible re-run.
+    fn all_proven(&self, batch: &[O::Entry]) -> bool {
+        if batch.len() < 2 || scope_runs(self.broker.policy(), self.inbox.scope(), batch).len() > 1
+        {
+            return false;
+        }
+        let held = crate::lock(&self.may_rerun);
+        batch.iter().all(|entry| {
+            self.broker.position(entry).is_ok_and(|at| {
+                !self.may_rerun(at)
+                    && !(held.iter()).any(|(stream, partition, offset)| {
+                        (stream.as_str(), *partition, *offset)
+                            == (at.stream, at.partition, at.offset)
+                    })
+            })
+        })
+    }
+
+    /// Starts the transaction of `batch`, run together, after the batch `before` (see
+    /// [`Inbox::run_batch_after`]), or first.
+    fn start<'s, E>(
+        &'s self,
+        batch: Vec<O::Entry>,
+        running: OwnedSemaphorePermit,
+        work: &'s impl RunWork<DB, E>,
+        before: Option<oneshot::Receiver<bool>>,
+    ) -> Committing<impl Future<Output = Committed<O::Entry>> + 's>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let (worked, worked_now) = oneshot::channel();
+        let (committed, committed_now) = oneshot::channel();
+        let signals = Signals {
+            worked: Some(worked),
+            before,
+            committed: Some(committed),
+        };
+        let run = async move {
+            let ran = self.commit_together(&batch, work, signals).await;
+            (batch, running, ran)
+        };
+        Committing {
+            run: Box::pin(maybe_done(run)),
+            worked: worked_now,
+            committed: Some(committed_now),
+        }
+    }
+
+    /// Waits for the transaction of `committing` and counts it; if it did not commit, runs
+    /// its entries one by one. True once the shutdown came.
+    async fn finish<E, F>(
+        &self,
+        committing: Option<Committing<F>>,
+        work: &impl RunWork<DB, E>,
+        stats: &mut ConsumerStats,
+        unstored: &mut Unstored,
+        stopped: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Result<bool, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+        F: Future<Output = Committed<O::Entry>>,
+    {
+        let Some(mut committing) = committing else {
+            return Ok(false);
+        };
+        committing.run.as_mut().await;
+        let Some((batch, _running, ran)) = committing.run.as_mut().take_output() else {
+            return Ok(false);
+        };
+        match ran {
+            Some(ran) => {
+                self.count_together(&batch, ran, stats, unstored);
+                Ok(false)
+            }
+            None => (self.in_turn(batch, false, work, stats, unstored, stopped)).await,
+        }
+    }
+
+    /// Runs `batch` (together first if `together`), and what remains of it after each
+    /// database failure once the pause is over. True once the shutdown came.
+    async fn in_turn<E>(
+        &self,
+        mut batch: Vec<O::Entry>,
+        mut together: bool,
+        work: &impl RunWork<DB, E>,
+        stats: &mut ConsumerStats,
+        unstored: &mut Unstored,
+        stopped: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Result<bool, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        loop {
+            // Read ahead, or waiting out a pause: the partition may have moved since.
+            batch.retain(|entry| self.broker.holds(entry));
+            let run = self.run_entries(&batch, work, stats, unstored, stopped, together);
+            let (done, ended) = run.await?;
+            batch.drain(..done);
+            together = true;
+            match ended {
+                Processed::Done => return Ok(false),
+                Processed::Stopped => return Ok(true),
+                Processed::StoreFailed => tokio::select! {
+                    () = &mut *stopped => return Ok(true),
+                    () = tokio::time::sleep(self.broker.policy().store_pause) => {}
+                },
+            }
+        }
+    }
+
     /// Runs `batch` in one transaction, or its entries one by one if that did not commit;
     /// how many entries, from the first, are done with, and how the next one ended (see
     /// [`Reader::run_batch`]).
@@ -624,6 +815,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
         shutdown: &mut (impl Future + Unpin),
+        try_together: bool,
     ) -> Result<(usize, Processed), Error>
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -647,7 +839,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 },
             };
             // Once one of them has runs counted, each runs alone, with its own count.
-            let together = entries.len() > 1 && (counted || !may_rerun);
+            let together = try_together && entries.len() > 1 && (counted || !may_rerun);
             if together && self.run_together(entries, work, stats, unstored).await {
                 continue;
             }
@@ -717,59 +909,116 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
+        let ran = self.commit_together(batch, work, Signals::default()).await;
+        ran.map(|ran| self.count_together(batch, ran, stats, unstored))
+            .is_some()
+    }
+
+    /// The transaction of [`Reader::run_together`]: what each entry's work saw and what it
+    /// came to, once committed. `signals` says when the work ended, waits for the batch
+    /// before, and says whether this one committed.
+    async fn commit_together<E>(
+        &self,
+        batch: &[O::Entry],
+        work: &impl RunWork<DB, E>,
+        signals: Signals,
+    ) -> Option<Together>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let Signals {
+            worked,
+            before,
+            committed,
+        } = signals;
         // An entry without a key is dead-lettered before the offset moves past it: the
         // batch runs one by one.
-        let Ok(read) = batch
-            .iter()
+        let read: Vec<(Position<'_>, Incoming)> = (batch.iter())
             .map(|entry| self.read(entry))
-            .collect::<Result<Vec<_>, _>>()
-        else {
-            return false;
-        };
+            .collect::<Result<_, _>>()
+            .ok()?;
         let spans = spans(read.iter().map(|(position, _)| *position));
         let scope = read
             .first()
             .map_or(self.inbox.scope(), |(_, first)| &first.scope);
         let inbox = crate::inbox_in(&self.inbox, scope);
-        let run = inbox
-            .run_batch_at_offsets(
-                &read,
-                |(_, incoming)| (&incoming.key, incoming.body.as_slice()),
-                &spans,
-                |tx, firsts| {
-                    Box::pin(async move {
-                        let firsts: Vec<&Incoming> =
-                            firsts.into_iter().map(|(_, incoming)| incoming).collect();
-                        work.run(tx, &firsts).await
-                    })
-                },
-            )
-            .await;
+        let work = batch_work(|tx, firsts: Vec<&(Position<'_>, Incoming)>| {
+            Box::pin(async move {
+                let firsts: Vec<&Incoming> =
+                    firsts.into_iter().map(|(_, incoming)| incoming).collect();
+                let ran = work.run(tx, &firsts).await;
+                if let Some(worked) = worked {
+                    let _ = worked.send(());
+                }
+                ran
+            })
+        });
+        let run = match before {
+            None => {
+                inbox
+                    .run_batch_at_offsets(&read, claimed_as, &spans, work)
+                    .await
+            }
+            Some(before) => {
+                let before = async { before.await.unwrap_or(false) };
+                (inbox.run_batch_after(&read, claimed_as, &spans, before, work)).await
+            }
+        };
         let outcomes = match run {
             Ok(Some(outcomes)) => outcomes,
             // One by one, the entries processed before are found duplicates.
             Ok(None) => {
-                tracing::debug!("a batch's entry was processed before: running them one by one");
-                return false;
+                tracing::debug!(
+                    "a batch's entry was processed before, or the batch before it did not commit: running them one by one"
+                );
+                return None;
             }
             Err(error) => {
                 tracing::debug!(%error, "a batch failed: running its entries one by one");
-                return false;
+                return None;
             }
         };
+        if let Some(committed) = committed {
+            let _ = committed.send(true);
+        }
+        let incomings = read.into_iter().map(|(_, incoming)| incoming).collect();
+        Some(Together {
+            incomings,
+            outcomes,
+        })
+    }
+
+    /// Counts a batch that committed together in `stats`, and notes its partitions proven
+    /// and their offsets stored.
+    fn count_together(
+        &self,
+        batch: &[O::Entry],
+        ran: Together,
+        stats: &mut ConsumerStats,
+        unstored: &mut Unstored,
+    ) {
         crate::count_consumed(&self.inbox, O::NAME, batch.len() as u64);
         let max_attempts = self.broker.policy().max_attempts;
-        for ((entry, (_, incoming)), outcome) in batch.iter().zip(&read).zip(outcomes) {
+        for ((entry, incoming), outcome) in batch.iter().zip(&ran.incomings).zip(ran.outcomes) {
             let key = || incoming.key.as_str().to_owned();
-            judge::<E>(Ran::Outcome(outcome), 1, max_attempts, stats, key, || {
-                entry.log_id()
-            });
+            judge::<std::convert::Infallible>(
+                Ran::Outcome(outcome),
+                1,
+                max_attempts,
+                stats,
+                key,
+                || entry.log_id(),
+            );
         }
-        for (position, _) in &read {
-            self.prove(*position);
+        // Every entry of a batch that ran together has a position.
+        let positions = batch
+            .iter()
+            .filter_map(|entry| self.broker.position(entry).ok());
+        let spans = spans(positions);
+        for span in &spans {
+            self.prove(span.stream, span.partition);
         }
         unstored.stored(&spans);
-        true
     }
 
     /// Whether each entry of `batch` may be a re-run, read before any of it runs: a commit
@@ -840,7 +1089,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 Ran::Outcome(outcome) => {
                     unstored.after(outcome, position);
                     if matches!(outcome, Outcome::Processed(())) {
-                        self.prove(position);
+                        self.prove(position.stream, position.partition);
                     }
                 }
                 Ran::Store(error) => {
@@ -969,6 +1218,63 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .await
             .map(drop)
     }
+}
+
+/// How a batch's transaction meets the batches beside it: it says when its work ended
+/// and whether it committed, and waits for the batch before it to commit.
+#[derive(Default)]
+struct Signals {
+    worked: Option<oneshot::Sender<()>>,
+    before: Option<oneshot::Receiver<bool>>,
+    committed: Option<oneshot::Sender<bool>>,
+}
+
+/// What each entry of a batch that committed together saw, and what it came to.
+struct Together {
+    incomings: Vec<Incoming>,
+    outcomes: Vec<Outcome<()>>,
+}
+
+/// A batch whose transaction ended: the batch, its place among those taken, and what it
+/// came to if it committed.
+type Committed<D> = (Vec<D>, OwnedSemaphorePermit, Option<Together>);
+
+/// A batch's transaction running while the reader takes the next.
+struct Committing<F: Future> {
+    run: Pin<Box<MaybeDone<F>>>,
+    /// Resolves once its work ended: the batch after it may start.
+    worked: oneshot::Receiver<()>,
+    /// Whether it committed, for the batch after it.
+    committed: Option<oneshot::Receiver<bool>>,
+}
+
+/// What an entry read is claimed as: its key and its body.
+fn claimed_as<'r>((_, incoming): &'r (Position<'_>, Incoming)) -> (&'r Key, &'r [u8]) {
+    (&incoming.key, &incoming.body)
+}
+
+/// Gives `work` the signature a batch's transaction runs it with.
+fn batch_work<'env, DB: Backend, M, E, F>(work: F) -> F
+where
+    F: for<'t> FnOnce(
+        &'t mut justonce_sql::sqlx::Transaction<'env, DB>,
+        Vec<&'t M>,
+    ) -> WorkFuture<'t, (), E>,
+{
+    work
+}
+
+/// Resolves once the transaction of `committing` ended; never when there is none.
+async fn ended<F: Future>(committing: &mut Option<Committing<F>>) {
+    match committing {
+        Some(committing) => committing.run.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether the transaction of `committing` ended.
+fn is_done<F: Future>(committing: &Committing<F>) -> bool {
+    matches!(&*committing.run, MaybeDone::Done(_))
 }
 
 /// What processing an entry came to.

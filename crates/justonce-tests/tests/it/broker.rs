@@ -512,6 +512,7 @@ on_brokers!(reading: [
 ] (
     a_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_failure,
     a_batched_reader_runs_an_entry_again_after_the_pause_that_follows_a_database_failure,
+    a_batch_that_fails_is_not_skipped_by_the_batch_running_beside_it,
 ));
 
 // A trigger fails the database once: PostgreSQL's, and readers of one partition.
@@ -1216,6 +1217,44 @@ async fn a_batched_reader_runs_an_entry_again_after_the_pause_that_follows_a_dat
     DB: TestBackend,
 {
     run_again_after_a_database_failure::<B, DB>(test, 20).await
+}
+
+/// A reader runs a batch while the one before it commits. When the one before fails, the
+/// batch beside it rolls back too: committed, it would store an offset past the failed
+/// entries, and they would never take effect. Both run again, in order, and each key takes
+/// effect once.
+async fn a_batch_that_fails_is_not_skipped_by_the_batch_running_beside_it<B, DB>(test: &str)
+where
+    B: Batching,
+    DB: TestBackend,
+{
+    let db = TestDb::<DB>::new(test).await;
+    let broker = B::open(&db).await;
+    // Batches of 5: the first runs alone, as the reader's first; then each runs beside the
+    // one before. The third fails once, on `fail1:order`.
+    let mut keys: Vec<String> = (0..30).map(|n| format!("order:{n}")).collect();
+    keys.insert(12, "fail1:order".to_owned());
+    broker.publish(&keys).await;
+    // Reads of 64 on Redis: every batch holds 5, but the last.
+    let reader = broker.connect_for_batches(&db.inbox).await;
+    let seen = SeenBatches::default();
+    let stats = run_until(
+        |stopped| reader.run_batch_work(&db, stopped, 5, seen.clone()),
+        || async { db.rows("effects").await == 31 && broker.settled(&db).await },
+        effects(&db),
+    )
+    .await;
+    assert_eq!(stats.processed, 31, "{stats:?}");
+    assert_eq!(db.doubled_effects().await, 0);
+    let batches = seen.lock().unwrap().clone();
+    let fourth: Vec<String> = keys[15..20].to_vec();
+    assert!(
+        batches.iter().filter(|batch| **batch == fourth).count() == 2,
+        "the batch after the failed one ran beside it, rolled back, and ran again: {batches:?}"
+    );
+    drop(reader);
+    broker.delete().await;
+    db.cleanup().await;
 }
 
 /// A reader's first batch after its start may hold the entries its predecessor died on.
