@@ -552,25 +552,26 @@ impl<DB: Backend> Inbox<DB> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let before: Option<std::future::Ready<bool>> = None;
-        (self.run_batch_moving(messages, claim, spans, before, work)).await
+        (self.run_batch_moving(messages, claim, spans, None, work)).await
     }
 
-    /// [`Inbox::run_batch_at_offsets`] for a batch read while the batch before it, of the
-    /// same partitions, still commits. Its keys are claimed and its work runs beside that
-    /// batch's commit. Then it waits for `before`, whether that batch committed, and moves
-    /// the offsets last, so that only this step waits on the other's lock of the offset
-    /// rows. `None`, rolled back, when `before` is false (the entries before this batch
-    /// did not commit, and this batch must not skip them) or an offset was passed.
+    /// [`Inbox::run_batch_at_offsets`] for a batch read while the batch before it still
+    /// runs, its transaction open: `before` holds that batch's spans. This batch's keys are
+    /// claimed and its work runs beside that batch. Its offsets move last: where that batch
+    /// moves a partition's offset too, this one waits for its commit, and moves only from
+    /// its `last`. `None`, rolled back, when an offset did not move: that batch rolled back
+    /// (its entries did not commit, and this batch must not skip them), or a stored offset
+    /// was at or past this batch's `first`.
     ///
-    /// Start it once the batch before has run its work: that batch then takes no lock
-    /// this one could hold.
+    /// Start it once the batch before has claimed its keys and moved its offsets (it runs
+    /// its work): then this batch only waits for that one, in the database, which sees any
+    /// deadlock between them.
     pub async fn run_batch_after<'env, M, E, F>(
         &self,
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
         spans: &[OffsetSpan<'_>],
-        before: impl Future<Output = bool>,
+        before: &[OffsetSpan<'_>],
         work: F,
     ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
     where
@@ -581,19 +582,25 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// [`Inbox::run_batch_at_offsets`], with the offsets moved in the claim's statement,
-    /// or, given `before`, after the work once `before` is true.
+    /// or, after a batch `before`, once the work ran.
     async fn run_batch_moving<'env, M, E, F>(
         &self,
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
         spans: &[OffsetSpan<'_>],
-        before: Option<impl Future<Output = bool>>,
+        before: Option<&[OffsetSpan<'_>]>,
         work: F,
     ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
     where
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
+        let at_least = |span: &OffsetSpan<'_>| {
+            let before = before?.iter();
+            let mut same =
+                before.filter(|b| (b.stream, b.partition) == (span.stream, span.partition));
+            same.next().map(|b| b.last)
+        };
         let offsets: Vec<OffsetRow<'_>> = (spans.iter())
             .map(|span| OffsetRow {
                 consumer: self.consumer.as_str(),
@@ -601,6 +608,7 @@ impl<DB: Backend> Inbox<DB> {
                 partition: span.partition,
                 offset: span.last,
                 above: span.first,
+                at_least: at_least(span),
             })
             .collect();
         if messages.is_empty() {
@@ -623,16 +631,12 @@ impl<DB: Backend> Inbox<DB> {
         if let Err(error) = forwards.around(work(&mut tx, firsts)).await {
             return Err(roll_back_work(tx, error).await.into());
         }
-        if let Some(before) = before {
-            let moved = match before.await {
-                false => Ok(false),
-                true => self.move_offsets_in(&mut tx, &offsets).await,
-            };
-            match moved {
+        if before.is_some() {
+            match self.move_offsets_in(&mut tx, &offsets).await {
                 Ok(true) => {}
                 Ok(false) => {
                     if let Err(error) = tx.rollback().await {
-                        tracing::debug!(%error, "rolling back a batch that may not commit");
+                        tracing::debug!(%error, "rolling back a batch whose offset did not move");
                     }
                     return Ok(None);
                 }
@@ -1356,6 +1360,7 @@ impl<DB: Backend> Inbox<DB> {
             partition,
             offset: last,
             above: first,
+            at_least: None,
         };
         Ok(if self.shared.sql.commit_offset(tx, at).await? {
             OffsetCommit::Moved

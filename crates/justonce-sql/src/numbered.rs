@@ -12,7 +12,7 @@ use crate::rows::{
 };
 use crate::shared::{driver_error, vanished};
 use crate::tables::Tables;
-use justonce_core::{Consumer, Error, Fingerprint, Identity, Scope};
+use justonce_core::{Consumer, Error, Fingerprint, Identity, Offset, Scope};
 use sqlx::{AssertSqlSafe, Decode, Encode, Executor, IntoArguments, Type};
 use std::sync::Arc;
 
@@ -33,6 +33,7 @@ pub struct Statements {
     pub(crate) outbox_row: Arc<str>,
     pub(crate) dead_letters: Arc<str>,
     pub(crate) commit_offset: Arc<str>,
+    pub(crate) commit_offset_after: Arc<str>,
     pub(crate) lease_claim: Arc<str>,
     /// scope, consumer, key: returns the runs started, this one included.
     pub(crate) record_run: Arc<str>,
@@ -502,6 +503,20 @@ impl Statements {
                      updated_at = excluded.updated_at
                  WHERE ({offsets}.position, {offsets}.sequence) < ($6, $7)"
             )),
+            // After a batch whose transaction is open: the UPDATE waits for its row lock,
+            // and the CASE reads the row as that batch left it (PostgreSQL's read committed
+            // re-reads a row it waited for; a WHERE would be judged on the row before).
+            // Moved if the offset it returns is the new one.
+            commit_offset_after: text(format!(
+                "UPDATE {offsets}
+                 SET (position, sequence, updated_at) = (
+                     CASE WHEN {moves} THEN $4 ELSE position END,
+                     CASE WHEN {moves} THEN $5 ELSE sequence END,
+                     {now})
+                 WHERE consumer = $1 AND stream = $2 AND partition_id = $3
+                 RETURNING position, sequence",
+                moves = "(position, sequence) < ($6, $7) AND (position, sequence) >= ($8, $9)"
+            )),
             // Takes a free key, or an expired lease on it with the same payload, with a
             // larger token than the last holder's. A key in any other state returns no
             // row, and `lease_state` says which.
@@ -556,6 +571,7 @@ where
     for<'r> OutboxTuple: sqlx::FromRow<'r, DB::Row>,
     for<'r> (i64, Vec<u8>): sqlx::FromRow<'r, DB::Row>,
     for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+    for<'r> (i64, i64): sqlx::FromRow<'r, DB::Row>,
 {
     async fn claim<'a>(
         &'a self,
@@ -646,18 +662,35 @@ where
         conn: &'a mut DB::Connection,
         at: OffsetRow<'a>,
     ) -> Result<bool, Error> {
-        let done = statement(&self.commit_offset)
-            .bind(at.consumer)
-            .bind(at.stream)
-            .bind(at.partition)
-            .bind(at.offset.position)
-            .bind(at.offset.sequence)
-            .bind(at.above.position)
-            .bind(at.above.sequence)
-            .execute(conn)
-            .await
-            .map_err(driver_error::<DB>)?;
-        Ok(DB::rows_affected(&done) > 0)
+        let Some(at_least) = at.at_least else {
+            let done = statement(&self.commit_offset)
+                .bind(at.consumer)
+                .bind(at.stream)
+                .bind(at.partition)
+                .bind(at.offset.position)
+                .bind(at.offset.sequence)
+                .bind(at.above.position)
+                .bind(at.above.sequence)
+                .execute(conn)
+                .await
+                .map_err(driver_error::<DB>)?;
+            return Ok(DB::rows_affected(&done) > 0);
+        };
+        let stored: Option<(i64, i64)> =
+            sqlx::query_as(AssertSqlSafe(self.commit_offset_after.clone()))
+                .bind(at.consumer)
+                .bind(at.stream)
+                .bind(at.partition)
+                .bind(at.offset.position)
+                .bind(at.offset.sequence)
+                .bind(at.above.position)
+                .bind(at.above.sequence)
+                .bind(at_least.position)
+                .bind(at_least.sequence)
+                .fetch_optional(conn)
+                .await
+                .map_err(driver_error::<DB>)?;
+        Ok(stored.is_some_and(|(position, sequence)| Offset::new(position, sequence) == at.offset))
     }
 
     async fn record_run<'a>(

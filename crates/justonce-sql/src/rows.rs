@@ -487,7 +487,8 @@ pub struct StoredOffset {
     pub offset: Offset,
 }
 
-/// A stream position to store, if the stored one is below `above`.
+/// A stream position to store, if the stored one is below `above` (and, given `at_least`,
+/// not below it).
 #[derive(Clone, Copy)]
 pub struct OffsetRow<'a> {
     pub(crate) consumer: &'a str,
@@ -495,6 +496,9 @@ pub struct OffsetRow<'a> {
     pub(crate) partition: i32,
     pub(crate) offset: Offset,
     pub(crate) above: Offset,
+    /// Where the batch before, its transaction still open, moves the offset: this one
+    /// waits for it, and moves only if it committed. The row exists.
+    pub(crate) at_least: Option<Offset>,
 }
 
 /// Wakes a waiting relay when an outbox row may have been committed.

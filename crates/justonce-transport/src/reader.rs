@@ -533,47 +533,46 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     }
                     continue;
                 }
-                // Started once the batch before has run its work, so that it waits on no
-                // lock this one takes.
-                tokio::select! {
-                    _ = &mut before.worked => {}
-                    () = before.run.as_mut() => {}
-                }
-                let mut after = self.start(batch, running, work, before.committed.take());
-                // The batch before's end, with this one's work running beside it.
-                loop {
-                    tokio::select! {
-                        biased;
-                        () = before.run.as_mut() => break,
-                        () = after.run.as_mut(), if !is_done(&after) => {}
-                    }
-                }
-                let Some((batch, _running, ran)) = before.run.as_mut().take_output() else {
-                    // Never: it ended. The batch after it was told it did not commit.
-                    committing = Some(after);
-                    continue;
+                // Started once the batch before has claimed its keys and moved its offsets:
+                // then this one waits for it only in the database, which sees any deadlock.
+                let ended_first = tokio::select! {
+                    biased;
+                    () = before.run.as_mut() => true,
+                    _ = &mut before.claimed => false,
                 };
-                match ran {
-                    Some(ran) => {
-                        self.count_together(&batch, ran, stats, unstored);
-                        committing = Some(after);
+                if ended_first {
+                    if self
+                        .finish(Some(before), work, stats, unstored, &mut stopped)
+                        .await?
+                    {
+                        return Ok(());
                     }
-                    // The batch after waits for this one: told it did not commit, it rolls
-                    // back, and runs again after this one's entries, one by one.
-                    None => {
-                        after.run.as_mut().await;
-                        if self
-                            .in_turn(batch, false, work, stats, unstored, &mut stopped)
-                            .await?
-                        {
-                            return Ok(());
-                        }
-                        if let Some((batch, _running, _)) = after.run.as_mut().take_output()
-                            && self
-                                .in_turn(batch, true, work, stats, unstored, &mut stopped)
+                    committing = Some(self.start(batch, running, work, None));
+                    continue;
+                }
+                let mut after = self.start(batch, running, work, Some(&before.spans));
+                tokio::join!(before.run.as_mut(), after.run.as_mut());
+                let (Some(first), Some(second)) = (
+                    before.run.as_mut().take_output(),
+                    after.run.as_mut().take_output(),
+                ) else {
+                    continue; // Never: both ended.
+                };
+                // The batch after moves its offsets from where the one before left them: it
+                // did not commit if that one did not, and runs again after it, in order.
+                let first_committed = first.2.is_some();
+                for ((batch, _running, ran), together) in
+                    [(first, false), (second, !first_committed)]
+                {
+                    match ran {
+                        Some(ran) => self.count_together(&batch, ran, stats, unstored),
+                        None => {
+                            if self
+                                .in_turn(batch, together, work, stats, unstored, &mut stopped)
                                 .await?
-                        {
-                            return Ok(());
+                            {
+                                return Ok(());
+                            }
                         }
                     }
                 }
@@ -713,33 +712,41 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         })
     }
 
-    /// Starts the transaction of `batch`, run together, after the batch `before` (see
-    /// [`Inbox::run_batch_after`]), or first.
+    /// Starts the transaction of `batch`, run together, after the batch whose spans are
+    /// `before` (see [`Inbox::run_batch_after`]), or first.
     fn start<'s, E>(
         &'s self,
         batch: Vec<O::Entry>,
         running: OwnedSemaphorePermit,
         work: &'s impl RunWork<DB, E>,
-        before: Option<oneshot::Receiver<bool>>,
+        before: Option<&[HeldSpan]>,
     ) -> Committing<impl Future<Output = Committed<O::Entry>> + 's>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let (worked, worked_now) = oneshot::channel();
-        let (committed, committed_now) = oneshot::channel();
-        let signals = Signals {
-            worked: Some(worked),
-            before,
-            committed: Some(committed),
-        };
+        let (claimed, claimed_now) = oneshot::channel();
+        let positions = batch
+            .iter()
+            .filter_map(|entry| self.broker.position(entry).ok());
+        let held: Vec<HeldSpan> = (spans(positions).iter())
+            .map(|span| {
+                (
+                    span.stream.to_owned(),
+                    span.partition,
+                    span.first,
+                    span.last,
+                )
+            })
+            .collect();
+        let before = before.map(<[HeldSpan]>::to_vec);
         let run = async move {
-            let ran = self.commit_together(&batch, work, signals).await;
+            let ran = (self.commit_together(&batch, work, Some(claimed), before.as_deref())).await;
             (batch, running, ran)
         };
         Committing {
             run: Box::pin(maybe_done(run)),
-            worked: worked_now,
-            committed: Some(committed_now),
+            claimed: claimed_now,
+            spans: held,
         }
     }
 
@@ -909,28 +916,24 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let ran = self.commit_together(batch, work, Signals::default()).await;
+        let ran = self.commit_together(batch, work, None, None).await;
         ran.map(|ran| self.count_together(batch, ran, stats, unstored))
             .is_some()
     }
 
     /// The transaction of [`Reader::run_together`]: what each entry's work saw and what it
-    /// came to, once committed. `signals` says when the work ended, waits for the batch
-    /// before, and says whether this one committed.
+    /// came to, once committed. `claimed` hears when the keys are claimed and the offsets
+    /// moved, or, after the batch whose spans are `before`, when the keys are claimed.
     async fn commit_together<E>(
         &self,
         batch: &[O::Entry],
         work: &impl RunWork<DB, E>,
-        signals: Signals,
+        claimed: Option<oneshot::Sender<()>>,
+        before: Option<&[HeldSpan]>,
     ) -> Option<Together>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let Signals {
-            worked,
-            before,
-            committed,
-        } = signals;
         // An entry without a key is dead-lettered before the offset moves past it: the
         // batch runs one by one.
         let read: Vec<(Position<'_>, Incoming)> = (batch.iter())
@@ -944,13 +947,12 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let inbox = crate::inbox_in(&self.inbox, scope);
         let work = batch_work(|tx, firsts: Vec<&(Position<'_>, Incoming)>| {
             Box::pin(async move {
+                if let Some(claimed) = claimed {
+                    let _ = claimed.send(());
+                }
                 let firsts: Vec<&Incoming> =
                     firsts.into_iter().map(|(_, incoming)| incoming).collect();
-                let ran = work.run(tx, &firsts).await;
-                if let Some(worked) = worked {
-                    let _ = worked.send(());
-                }
-                ran
+                work.run(tx, &firsts).await
             })
         });
         let run = match before {
@@ -960,8 +962,15 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     .await
             }
             Some(before) => {
-                let before = async { before.await.unwrap_or(false) };
-                (inbox.run_batch_after(&read, claimed_as, &spans, before, work)).await
+                let before: Vec<OffsetSpan<'_>> = (before.iter())
+                    .map(|(stream, partition, first, last)| OffsetSpan {
+                        stream,
+                        partition: *partition,
+                        first: *first,
+                        last: *last,
+                    })
+                    .collect();
+                (inbox.run_batch_after(&read, claimed_as, &spans, &before, work)).await
             }
         };
         let outcomes = match run {
@@ -978,9 +987,6 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 return None;
             }
         };
-        if let Some(committed) = committed {
-            let _ = committed.send(true);
-        }
         let incomings = read.into_iter().map(|(_, incoming)| incoming).collect();
         Some(Together {
             incomings,
@@ -1220,14 +1226,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     }
 }
 
-/// How a batch's transaction meets the batches beside it: it says when its work ended
-/// and whether it committed, and waits for the batch before it to commit.
-#[derive(Default)]
-struct Signals {
-    worked: Option<oneshot::Sender<()>>,
-    before: Option<oneshot::Receiver<bool>>,
-    committed: Option<oneshot::Sender<bool>>,
-}
+/// A batch's span of a partition, owned: its stream, its partition, its first and last
+/// offset.
+type HeldSpan = (String, i32, Offset, Offset);
 
 /// What each entry of a batch that committed together saw, and what it came to.
 struct Together {
@@ -1242,10 +1243,11 @@ type Committed<D> = (Vec<D>, OwnedSemaphorePermit, Option<Together>);
 /// A batch's transaction running while the reader takes the next.
 struct Committing<F: Future> {
     run: Pin<Box<MaybeDone<F>>>,
-    /// Resolves once its work ended: the batch after it may start.
-    worked: oneshot::Receiver<()>,
-    /// Whether it committed, for the batch after it.
-    committed: Option<oneshot::Receiver<bool>>,
+    /// Resolves once its keys are claimed and its offsets moved: the batch after it may
+    /// start.
+    claimed: oneshot::Receiver<()>,
+    /// Its spans, for the batch after it.
+    spans: Vec<HeldSpan>,
 }
 
 /// What an entry read is claimed as: its key and its body.
@@ -1270,11 +1272,6 @@ async fn ended<F: Future>(committing: &mut Option<Committing<F>>) {
         Some(committing) => committing.run.as_mut().await,
         None => std::future::pending().await,
     }
-}
-
-/// Whether the transaction of `committing` ended.
-fn is_done<F: Future>(committing: &Committing<F>) -> bool {
-    matches!(&*committing.run, MaybeDone::Done(_))
 }
 
 /// What processing an entry came to.

@@ -407,6 +407,7 @@ impl Queries<MySql> for MySqlStatements {
         at: OffsetRow<'a>,
     ) -> Result<bool, Error> {
         let Offset { position, sequence } = at.offset;
+        let at_least = at.at_least.unwrap_or(Offset::new(i64::MIN, i64::MIN));
         statement(&self.ensure_offset)
             .bind(at.consumer)
             .bind(at.stream)
@@ -422,6 +423,8 @@ impl Queries<MySql> for MySqlStatements {
             .bind(at.partition)
             .bind(at.above.position)
             .bind(at.above.sequence)
+            .bind(at_least.position)
+            .bind(at_least.sequence)
             .execute(&mut *conn)
             .await
             .map_err(driver_error::<MySql>)?;

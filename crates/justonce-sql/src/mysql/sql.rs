@@ -442,11 +442,13 @@ impl MySqlStatements {
                  ON DUPLICATE KEY UPDATE position = position",
                 MIN = i64::MIN
             )),
-            // The WHERE makes an older offset a no-op, whatever order commits come in.
+            // The WHERE makes an older offset a no-op, whatever order commits come in. An
+            // UPDATE reads the row as last committed, after any lock on it: a batch's
+            // offset moves only from where the batch before it left it, if given.
             move_offset: arc(format!(
                 "UPDATE {offsets} SET position = ?, sequence = ?, updated_at = {NOW}
                  WHERE consumer = ? AND stream = ? AND partition_id = ?
-                   AND (position, sequence) < (?, ?)"
+                   AND (position, sequence) < (?, ?) AND (position, sequence) >= (?, ?)"
             )),
             // A new key starts as an expired lease that nobody held, in this transaction only.
             ensure_lease: arc(format!(

@@ -22,6 +22,7 @@ on_every_database!(
     sent_rows_are_purged_after_their_retention,
     offsets_never_move_backwards,
     a_batch_moves_its_partitions_offsets_with_its_work_or_not_at_all,
+    a_batch_after_another_commits_only_once_that_one_did,
     a_killed_reader_resumes_at_its_stored_offset,
     a_row_past_its_delivery_window_is_dead_lettered,
     run_forward_writes_one_row_with_the_key_and_skips_what_was_seen,
@@ -501,6 +502,103 @@ async fn a_batch_moves_its_partitions_offsets_with_its_work_or_not_at_all<DB: Te
         vec![(0, Offset::from(3)), (1, Offset::from(2))]
     );
     assert_eq!(db.rows("effects").await, 4);
+    db.cleanup().await;
+}
+
+/// A batch run after another (`run_batch_after`) moves its offsets only from where that
+/// one moves them: while that one's transaction is open, it waits for it; if that one
+/// rolled back, it commits nothing, neither its keys nor its work. After a commit it moves
+/// on; a stored offset at or past its first entry stops it too.
+async fn a_batch_after_another_commits_only_once_that_one_did<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let inbox = &db.inbox;
+    let prefix = db.prefix.as_str();
+    let span = |first: i64, last: i64| OffsetSpan {
+        stream: "orders",
+        partition: 0,
+        first: first.into(),
+        last: last.into(),
+    };
+    let keys =
+        |names: &[&str]| -> Vec<justonce_sql::Key> { names.iter().map(|name| key(name)).collect() };
+    let run_at = |names: Vec<justonce_sql::Key>, span: OffsetSpan<'static>| async move {
+        inbox
+            .run_batch_at_offsets(
+                &names,
+                |key| (key, key.as_str().as_bytes()),
+                &[span],
+                |tx, firsts| {
+                    let firsts: Vec<&str> = firsts.iter().map(|key| key.as_str()).collect();
+                    Box::pin(async move { DB::insert_effects(tx, prefix, "test", &firsts).await })
+                },
+            )
+            .await
+            .unwrap()
+    };
+    let run_after = |names: Vec<justonce_sql::Key>,
+                     span: OffsetSpan<'static>,
+                     before: OffsetSpan<'static>| async move {
+        inbox
+            .run_batch_after(
+                &names,
+                |key| (key, key.as_str().as_bytes()),
+                &[span],
+                &[before],
+                |tx, firsts| {
+                    let firsts: Vec<&str> = firsts.iter().map(|key| key.as_str()).collect();
+                    Box::pin(async move { DB::insert_effects(tx, prefix, "test", &firsts).await })
+                },
+            )
+            .await
+            .unwrap()
+    };
+
+    // The first batch ever, then one after it.
+    assert_eq!(
+        run_at(keys(&["a"]), span(1, 1)).await,
+        Some(vec![Outcome::Processed(())])
+    );
+    let after = run_after(keys(&["b", "c"]), span(2, 3), span(1, 1)).await;
+    assert_eq!(after, Some(vec![Outcome::Processed(()); 2]));
+    assert_eq!(
+        inbox.load_offsets("orders").await.unwrap(),
+        vec![(0, Offset::from(3))]
+    );
+
+    // The batch before (4 to 5) still open: the batch after waits for its end, and moves
+    // only if it committed.
+    for commits in [false, true] {
+        let mut before = inbox.begin().await.unwrap();
+        let moved = inbox.commit_offset_span(&mut before, "orders", 0, 4.into(), 5.into());
+        assert_eq!(moved.await.unwrap(), OffsetCommit::Moved);
+        let end_before = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            match commits {
+                true => before.commit().await.unwrap(),
+                false => before.rollback().await.unwrap(),
+            }
+        };
+        let (after, ()) = tokio::join!(
+            run_after(keys(&["d", "e"]), span(6, 7), span(4, 5)),
+            end_before
+        );
+        let (outcome, stored, rows) = match commits {
+            true => (Some(vec![Outcome::Processed(()); 2]), 7, 5),
+            false => (None, 3, 3),
+        };
+        assert_eq!(after, outcome, "the batch before committed: {commits}");
+        assert_eq!(
+            inbox.load_offsets("orders").await.unwrap(),
+            vec![(0, Offset::from(stored))]
+        );
+        assert_eq!(db.rows("keys").await, rows, "keys of the batch after");
+        assert_eq!(db.rows("effects").await, rows, "effects of the batch after");
+    }
+
+    // A stored offset at this batch's first: nothing commits either.
+    let passed = run_after(keys(&["f"]), span(7, 8), span(6, 7)).await;
+    assert_eq!(passed, None, "the stored offset is past the span's first");
+    assert_eq!(db.rows("keys").await, 5);
     db.cleanup().await;
 }
 

@@ -25,6 +25,7 @@ on_every_database!(
     a_reader_stopped_while_failing_work_waits_to_run_again_stops_at_once,
     a_reader_that_cannot_move_its_offset_past_a_dead_letter_publishes_it_once,
     a_consumer_whose_connection_breaks_connects_again_and_goes_on,
+    two_batches_at_once_whose_connection_breaks_take_effect_once_each,
     the_relay_adds_each_row_with_its_key,
     a_consumer_takes_batches_of_interleaved_tenants_each_in_its_scope,
     a_reader_takes_batches_of_interleaved_tenants_each_in_its_scope,
@@ -414,6 +415,56 @@ async fn a_consumer_whose_connection_breaks_connects_again_and_goes_on<DB: TestB
     )
     .await;
     assert_eq!((stats.processed, stats.duplicates), (2, 0), "{stats:?}");
+    assert_eq!(db.doubled_effects().await, 0);
+    assert!(counted("justonce_broker_reconnects_total", &[("consumer", &name)]) >= 1);
+    stream.delete().await;
+    db.cleanup().await;
+}
+
+/// Two batches at once, and the connection breaks while they run: a batch committed whose
+/// acknowledgement is lost stays pending, is taken over after the consumer connects again,
+/// and is a duplicate. Every entry takes effect once and ends acknowledged.
+async fn two_batches_at_once_whose_connection_breaks_take_effect_once_each<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = Stream::new(&db).await;
+    let proxy = BreakableRedis::start().await;
+    let name = format!("{}breaking", db.prefix);
+    let reading = read_as(&db, &name);
+    let options = options(&stream, "a").reconnect_max_wait(Duration::from_millis(200));
+    let consumer = RedisStreamConsumer::connect(&proxy.url(), reading.inbox.clone(), options)
+        .await
+        .unwrap()
+        .batches_at_once(2);
+    let link = consumer.link();
+    stream.add((0..2_000).map(|n| format!("order:{n}"))).await;
+    // 0: before the break; 1: broken; 2: up again.
+    let step = std::sync::atomic::AtomicU8::new(0);
+    let work = justonce_tests::consumer_work::<DB>(&db.prefix);
+    let stats = run_until(
+        |stopped| consumer.run_batched(stopped, 10, work),
+        || async {
+            use std::sync::atomic::Ordering::Relaxed;
+            match step.load(Relaxed) {
+                0 if db.rows("effects").await >= 200 => {
+                    proxy.set_up(false);
+                    step.store(1, Relaxed);
+                }
+                1 if matches!(*link.borrow(), Link::Reconnecting { .. }) => {
+                    proxy.set_up(true);
+                    step.store(2, Relaxed);
+                }
+                2 => return db.rows("effects").await == 2_000 && stream.unsettled().await == 0,
+                _ => {}
+            }
+            false
+        },
+        || async { i64::from(step.load(std::sync::atomic::Ordering::Relaxed)) },
+    )
+    .await;
+    assert_eq!(stats.processed, 2_000, "{stats:?}");
+    assert_eq!(db.rows("effects").await, 2_000);
     assert_eq!(db.doubled_effects().await, 0);
     assert!(counted("justonce_broker_reconnects_total", &[("consumer", &name)]) >= 1);
     stream.delete().await;
