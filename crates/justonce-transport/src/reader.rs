@@ -32,9 +32,9 @@ use tracing::Instrument;
 #[cfg(any(feature = "nats", feature = "redis"))]
 pub(crate) const PARTITION: i32 = 0;
 
-/// How many batches a reader takes before the first of them is done with: the one
-/// committing, the next, whose work runs beside that commit, and one read meanwhile. A
-/// reader has no acknowledgements to wait for: its position commits with the work.
+/// How many batches a reader takes before the first of them is done with: two running at
+/// once, and one read meanwhile. A reader has no acknowledgements to wait for: its
+/// position commits with the work.
 const AHEAD: usize = 3;
 
 /// How long a reader waits without a new entry before it stores the offsets of the
@@ -369,10 +369,10 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// failing entry neither loses nor doubles the others and each partition stays in
     /// order. A batch never holds an entry of a partition the broker took back.
     ///
-    /// Once its partitions have a commit of this reader, a batch's claim and work run while
-    /// the batch before it commits, and its offsets move after that commit (see
-    /// [`Inbox::run_batch_after`]). If the batch before did not commit, neither does this
-    /// one: both run again, in order.
+    /// Once its partitions have a commit of this reader, it runs two batches at once: the
+    /// second claims its keys and runs its work beside the first, and moves its offsets
+    /// only from where the first left them (see [`Inbox::run_batch_after`]). If the first
+    /// did not commit, neither does the second: both run again, in order.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -478,15 +478,15 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let process = async move {
             // Each time it resolves, processing returns.
             let mut stopped = batches.stopped();
-            // The batch whose transaction runs while the next is taken.
-            let mut committing = None;
+            // The first batch of two at once, running while the second is taken.
+            let mut leading = None;
             loop {
-                // The next batch first, to start it beside the one committing.
+                // The next batch first, to start it beside the one running.
                 let taken = tokio::select! {
                     biased;
                     taken = batches.next() => taken,
-                    () = ended(&mut committing) => {
-                        if self.finish(committing.take(), work, stats, unstored, &mut stopped).await? {
+                    () = ended(&mut leading) => {
+                        if self.finish(leading.take(), work, stats, unstored, &mut stopped).await? {
                             return Ok(());
                         }
                         continue;
@@ -497,15 +497,15 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     }
                 };
                 let Some((mut batch, running)) = taken else {
-                    self.finish(committing, work, stats, unstored, &mut stopped)
+                    self.finish(leading, work, stats, unstored, &mut stopped)
                         .await?;
                     return Ok(());
                 };
                 // Read ahead: the partition may have moved since.
                 batch.retain(|entry| self.broker.holds(entry));
-                let Some(mut before) = committing.take() else {
+                let Some(mut before) = leading.take() else {
                     if self.all_proven(&batch) {
-                        committing = Some(self.start(batch, running, work, None));
+                        leading = Some(self.start(batch, running, work, None));
                     } else if self
                         .in_turn(batch, true, work, stats, unstored, &mut stopped)
                         .await?
@@ -524,7 +524,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                         return Ok(());
                     }
                     if self.all_proven(&batch) {
-                        committing = Some(self.start(batch, running, work, None));
+                        leading = Some(self.start(batch, running, work, None));
                     } else if self
                         .in_turn(batch, true, work, stats, unstored, &mut stopped)
                         .await?
@@ -547,7 +547,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     {
                         return Ok(());
                     }
-                    committing = Some(self.start(batch, running, work, None));
+                    leading = Some(self.start(batch, running, work, None));
                     continue;
                 }
                 let mut after = self.start(batch, running, work, Some(&before.spans));
@@ -720,7 +720,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         running: OwnedSemaphorePermit,
         work: &'s impl RunWork<DB, E>,
         before: Option<&[HeldSpan]>,
-    ) -> Committing<impl Future<Output = Committed<O::Entry>> + 's>
+    ) -> Running<impl Future<Output = BatchEnded<O::Entry>> + 's>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
@@ -743,18 +743,18 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             let ran = (self.commit_together(&batch, work, Some(claimed), before.as_deref())).await;
             (batch, running, ran)
         };
-        Committing {
+        Running {
             run: Box::pin(maybe_done(run)),
             claimed: claimed_now,
             spans: held,
         }
     }
 
-    /// Waits for the transaction of `committing` and counts it; if it did not commit, runs
+    /// Waits for the transaction of `leading` and counts it; if it did not commit, runs
     /// its entries one by one. True once the shutdown came.
     async fn finish<E, F>(
         &self,
-        committing: Option<Committing<F>>,
+        leading: Option<Running<F>>,
         work: &impl RunWork<DB, E>,
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
@@ -762,13 +762,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     ) -> Result<bool, Error>
     where
         E: std::error::Error + Send + Sync + 'static,
-        F: Future<Output = Committed<O::Entry>>,
+        F: Future<Output = BatchEnded<O::Entry>>,
     {
-        let Some(mut committing) = committing else {
+        let Some(mut leading) = leading else {
             return Ok(false);
         };
-        committing.run.as_mut().await;
-        let Some((batch, _running, ran)) = committing.run.as_mut().take_output() else {
+        leading.run.as_mut().await;
+        let Some((batch, _running, ran)) = leading.run.as_mut().take_output() else {
             return Ok(false);
         };
         match ran {
@@ -1238,10 +1238,10 @@ struct Together {
 
 /// A batch whose transaction ended: the batch, its place among those taken, and what it
 /// came to if it committed.
-type Committed<D> = (Vec<D>, OwnedSemaphorePermit, Option<Together>);
+type BatchEnded<D> = (Vec<D>, OwnedSemaphorePermit, Option<Together>);
 
-/// A batch's transaction running while the reader takes the next.
-struct Committing<F: Future> {
+/// A batch run together, its transaction running while the reader takes the next batch.
+struct Running<F: Future> {
     run: Pin<Box<MaybeDone<F>>>,
     /// Resolves once its keys are claimed and its offsets moved: the batch after it may
     /// start.
@@ -1266,10 +1266,10 @@ where
     work
 }
 
-/// Resolves once the transaction of `committing` ended; never when there is none.
-async fn ended<F: Future>(committing: &mut Option<Committing<F>>) {
-    match committing {
-        Some(committing) => committing.run.as_mut().await,
+/// Resolves once the transaction of `leading` ended; never when there is none.
+async fn ended<F: Future>(leading: &mut Option<Running<F>>) {
+    match leading {
+        Some(leading) => leading.run.as_mut().await,
         None => std::future::pending().await,
     }
 }
