@@ -5,7 +5,7 @@
 use crate::backend::{Backend, Queries, Reads};
 use crate::common::{
     Common, EVENT_STATE, REPLAYED, apply_migrations, bind_claim, bind_identity_as,
-    dashboard_minutes, failed_histories, statement,
+    dashboard_minutes, failed_histories,
 };
 use crate::rows::{
     Announce, ClaimRow, NewOutboxRow, OffsetRow, OutboxRow, OutboxTuple, Stored, Which,
@@ -501,12 +501,13 @@ impl Statements {
                  ON CONFLICT (consumer, stream, partition_id) DO UPDATE
                  SET position = excluded.position, sequence = excluded.sequence,
                      updated_at = excluded.updated_at
-                 WHERE ({offsets}.position, {offsets}.sequence) < ($6, $7)"
+                 WHERE ({offsets}.position, {offsets}.sequence) < ($6, $7)
+                 RETURNING position, sequence"
             )),
             // After a batch whose transaction is open: the UPDATE waits for its row lock,
             // and the CASE reads the row as that batch left it (PostgreSQL's read committed
             // re-reads a row it waited for; a WHERE would be judged on the row before).
-            // Moved if the offset it returns is the new one.
+            // Moved if the offset it returns is the new one, as with the one above.
             commit_offset_after: text(format!(
                 "UPDATE {offsets}
                  SET (position, sequence, updated_at) = (
@@ -662,34 +663,25 @@ where
         conn: &'a mut DB::Connection,
         at: OffsetRow<'a>,
     ) -> Result<bool, Error> {
-        let Some(at_least) = at.at_least else {
-            let done = statement(&self.commit_offset)
-                .bind(at.consumer)
-                .bind(at.stream)
-                .bind(at.partition)
-                .bind(at.offset.position)
-                .bind(at.offset.sequence)
-                .bind(at.above.position)
-                .bind(at.above.sequence)
-                .execute(conn)
-                .await
-                .map_err(driver_error::<DB>)?;
-            return Ok(DB::rows_affected(&done) > 0);
+        let (sql, at_least) = match at.at_least {
+            None => (&self.commit_offset, None),
+            Some(at_least) => (&self.commit_offset_after, Some(at_least)),
         };
-        let stored: Option<(i64, i64)> =
-            sqlx::query_as(AssertSqlSafe(self.commit_offset_after.clone()))
-                .bind(at.consumer)
-                .bind(at.stream)
-                .bind(at.partition)
-                .bind(at.offset.position)
-                .bind(at.offset.sequence)
-                .bind(at.above.position)
-                .bind(at.above.sequence)
-                .bind(at_least.position)
-                .bind(at_least.sequence)
-                .fetch_optional(conn)
-                .await
-                .map_err(driver_error::<DB>)?;
+        let mut query = sqlx::query_as(AssertSqlSafe(sql.clone()))
+            .bind(at.consumer)
+            .bind(at.stream)
+            .bind(at.partition)
+            .bind(at.offset.position)
+            .bind(at.offset.sequence)
+            .bind(at.above.position)
+            .bind(at.above.sequence);
+        if let Some(at_least) = at_least {
+            query = query.bind(at_least.position).bind(at_least.sequence);
+        }
+        let stored: Option<(i64, i64)> = query
+            .fetch_optional(conn)
+            .await
+            .map_err(driver_error::<DB>)?;
         Ok(stored.is_some_and(|(position, sequence)| Offset::new(position, sequence) == at.offset))
     }
 

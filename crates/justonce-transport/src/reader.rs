@@ -503,36 +503,28 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 };
                 // Read ahead: the partition may have moved since.
                 batch.retain(|entry| self.broker.holds(entry));
-                let Some(mut before) = leading.take() else {
-                    if self.all_proven(&batch) {
-                        leading = Some(self.start(batch, running, work, None));
-                    } else if self
-                        .in_turn(batch, true, work, stats, unstored, &mut stopped)
-                        .await?
-                    {
-                        return Ok(());
+                let mut before = match leading.take() {
+                    Some(before) if self.all_proven(&batch) => before,
+                    other => {
+                        // The batch before may prove the partitions: then this one runs
+                        // first of the next two.
+                        if self
+                            .finish(other, work, stats, unstored, &mut stopped)
+                            .await?
+                        {
+                            return Ok(());
+                        }
+                        if self.all_proven(&batch) {
+                            leading = Some(self.start(batch, running, work, None));
+                        } else if self
+                            .in_turn(batch, true, work, stats, unstored, &mut stopped)
+                            .await?
+                        {
+                            return Ok(());
+                        }
+                        continue;
                     }
-                    continue;
                 };
-                if !self.all_proven(&batch) {
-                    // The batch before may prove the partitions: then this one runs beside
-                    // the next.
-                    if self
-                        .finish(Some(before), work, stats, unstored, &mut stopped)
-                        .await?
-                    {
-                        return Ok(());
-                    }
-                    if self.all_proven(&batch) {
-                        leading = Some(self.start(batch, running, work, None));
-                    } else if self
-                        .in_turn(batch, true, work, stats, unstored, &mut stopped)
-                        .await?
-                    {
-                        return Ok(());
-                    }
-                    continue;
-                }
                 // Started once the batch before has claimed its keys and moved its offsets:
                 // then this one waits for it only in the database, which sees any deadlock.
                 let ended_first = tokio::select! {
