@@ -187,7 +187,8 @@ pub type SeenBatches = Arc<Mutex<Vec<Vec<String>>>>;
 
 /// The broker tests' work for whole batches: notes the keys of each batch in `seen`, if
 /// given, then writes one effect row per key with one multi-row INSERT. The whole batch
-/// fails when [`consumer_work`] would fail one of its messages.
+/// fails when [`consumer_work`] would fail one of its messages, and first waits
+/// [`SLOW_WORK`] if a key starts with `slow`.
 pub fn batch_work<DB: TestBackend>(
     prefix: &str,
     seen: Option<SeenBatches>,
@@ -207,18 +208,26 @@ pub fn batch_work<DB: TestBackend>(
                 .push(noted);
         }
         let refused = batch.iter().try_for_each(|message| refuse(message));
+        let slow = keys.iter().any(|key| key.starts_with("slow"));
         let prefix = prefix.clone();
         Box::pin(async move {
+            if slow {
+                tokio::time::sleep(SLOW_WORK).await;
+            }
             refused?;
             DB::insert_effects(tx, &prefix, "test", &keys).await
         })
     }
 }
 
+/// How long [`batch_work`] takes for a batch that holds a key starting with `slow`.
+pub const SLOW_WORK: std::time::Duration = std::time::Duration::from_millis(300);
+
 /// Why the tests' work refuses `message`: a key that starts with `fail` on attempts up to
-/// the digit after it, and always one that starts with `bad`.
+/// the digit after it, and always one that starts with `bad`, after any `slow`.
 fn refuse(message: &Incoming) -> Result<(), sqlx::Error> {
     let key = message.key.as_str();
+    let key = key.strip_prefix("slow").unwrap_or(key);
     let failures = key
         .strip_prefix("fail")
         .and_then(|rest| rest.get(..1)?.parse::<u32>().ok())

@@ -529,7 +529,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 // then this one waits for it only in the database, which sees any deadlock.
                 let ended_first = tokio::select! {
                     biased;
-                    () = before.run.as_mut() => true,
+                    () = Pin::new(&mut before.run) => true,
                     _ = &mut before.claimed => false,
                 };
                 if ended_first {
@@ -543,29 +543,22 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     continue;
                 }
                 let mut after = self.start(batch, running, work, Some(&before.spans));
-                tokio::join!(before.run.as_mut(), after.run.as_mut());
+                tokio::join!(Pin::new(&mut before.run), Pin::new(&mut after.run));
                 let (Some(first), Some(second)) = (
-                    before.run.as_mut().take_output(),
-                    after.run.as_mut().take_output(),
+                    Pin::new(&mut before.run).take_output(),
+                    Pin::new(&mut after.run).take_output(),
                 ) else {
                     continue; // Never: both ended.
                 };
                 // The batch after moves its offsets from where the one before left them: it
                 // did not commit if that one did not, and runs again after it, in order.
                 let first_committed = first.2.is_some();
-                for ((batch, _running, ran), together) in
-                    [(first, false), (second, !first_committed)]
-                {
-                    match ran {
-                        Some(ran) => self.count_together(&batch, ran, stats, unstored),
-                        None => {
-                            if self
-                                .in_turn(batch, together, work, stats, unstored, &mut stopped)
-                                .await?
-                            {
-                                return Ok(());
-                            }
-                        }
+                for (ended, together) in [(first, false), (second, !first_committed)] {
+                    if self
+                        .after_together(ended, together, work, stats, unstored, &mut stopped)
+                        .await?
+                    {
+                        return Ok(());
                     }
                 }
             }
@@ -712,7 +705,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         running: OwnedSemaphorePermit,
         work: &'s impl RunWork<DB, E>,
         before: Option<&[HeldSpan]>,
-    ) -> Running<impl Future<Output = BatchEnded<O::Entry>> + 's>
+    ) -> Running<'s, O::Entry>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
@@ -736,7 +729,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             (batch, running, ran)
         };
         Running {
-            run: Box::pin(maybe_done(run)),
+            // Boxed: the reader's future would otherwise nest too deep for the compiler's
+            // default limit in the caller's crate.
+            run: maybe_done(Box::pin(run)),
             claimed: claimed_now,
             spans: held,
         }
@@ -744,9 +739,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
 
     /// Waits for the transaction of `leading` and counts it; if it did not commit, runs
     /// its entries one by one. True once the shutdown came.
-    async fn finish<E, F>(
+    async fn finish<E>(
         &self,
-        leading: Option<Running<F>>,
+        leading: Option<Running<'_, O::Entry>>,
         work: &impl RunWork<DB, E>,
         stats: &mut ConsumerStats,
         unstored: &mut Unstored,
@@ -754,21 +749,37 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     ) -> Result<bool, Error>
     where
         E: std::error::Error + Send + Sync + 'static,
-        F: Future<Output = BatchEnded<O::Entry>>,
     {
         let Some(mut leading) = leading else {
             return Ok(false);
         };
-        leading.run.as_mut().await;
-        let Some((batch, _running, ran)) = leading.run.as_mut().take_output() else {
+        Pin::new(&mut leading.run).await;
+        let Some(ended) = Pin::new(&mut leading.run).take_output() else {
             return Ok(false);
         };
+        (self.after_together(ended, false, work, stats, unstored, stopped)).await
+    }
+
+    /// Counts a batch whose transaction `ended`, run together; if it did not commit, runs it
+    /// in turn (together first if `together`). True once the shutdown came.
+    async fn after_together<E>(
+        &self,
+        (batch, _running, ran): BatchEnded<O::Entry>,
+        together: bool,
+        work: &impl RunWork<DB, E>,
+        stats: &mut ConsumerStats,
+        unstored: &mut Unstored,
+        stopped: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Result<bool, Error>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         match ran {
             Some(ran) => {
                 self.count_together(&batch, ran, stats, unstored);
                 Ok(false)
             }
-            None => (self.in_turn(batch, false, work, stats, unstored, stopped)).await,
+            None => (self.in_turn(batch, together, work, stats, unstored, stopped)).await,
         }
     }
 
@@ -789,7 +800,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         loop {
             // Read ahead, or waiting out a pause: the partition may have moved since.
             batch.retain(|entry| self.broker.holds(entry));
-            let run = self.run_entries(&batch, work, stats, unstored, stopped, together);
+            // Boxed, as a batch's transaction is: see `Reader::start`.
+            let run = Box::pin(self.run_entries(&batch, work, stats, unstored, stopped, together));
             let (done, ended) = run.await?;
             batch.drain(..done);
             together = true;
@@ -1232,9 +1244,12 @@ struct Together {
 /// came to if it committed.
 type BatchEnded<D> = (Vec<D>, OwnedSemaphorePermit, Option<Together>);
 
+/// The transaction of a batch run together.
+type BatchRun<'s, D> = Pin<Box<dyn Future<Output = BatchEnded<D>> + Send + 's>>;
+
 /// A batch run together, its transaction running while the reader takes the next batch.
-struct Running<F: Future> {
-    run: Pin<Box<MaybeDone<F>>>,
+struct Running<'s, D> {
+    run: MaybeDone<BatchRun<'s, D>>,
     /// Resolves once its keys are claimed and its offsets moved: the batch after it may
     /// start.
     claimed: oneshot::Receiver<()>,
@@ -1259,9 +1274,9 @@ where
 }
 
 /// Resolves once the transaction of `leading` ended; never when there is none.
-async fn ended<F: Future>(leading: &mut Option<Running<F>>) {
+async fn ended<D>(leading: &mut Option<Running<'_, D>>) {
     match leading {
-        Some(leading) => leading.run.as_mut().await,
+        Some(leading) => Pin::new(&mut leading.run).await,
         None => std::future::pending().await,
     }
 }

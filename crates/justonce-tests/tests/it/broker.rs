@@ -1231,9 +1231,10 @@ where
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
     // Batches of 5: the first runs alone, as the reader's first; then two at a time. The
-    // fourth, the first of a pair, fails once, on `fail1:order`.
+    // fourth, the first of a pair, fails once, on `slowfail1:order`, after a wait long
+    // enough for the fifth to start beside it.
     let mut keys: Vec<String> = (0..30).map(|n| format!("order:{n}")).collect();
-    keys.insert(15, "fail1:order".to_owned());
+    keys.insert(15, "slowfail1:order".to_owned());
     broker.publish(&keys).await;
     // Reads of 64 on Redis: every batch holds 5, but the last.
     let reader = broker.connect_for_batches(&db.inbox).await;
