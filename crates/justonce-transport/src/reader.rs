@@ -370,9 +370,10 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// order. A batch never holds an entry of a partition the broker took back.
     ///
     /// Once its partitions have a commit of this reader, it runs two batches at once: the
-    /// second claims its keys and runs its work beside the first, and moves its offsets
-    /// only from where the first left them (see [`Inbox::run_batch_after`]). If the first
-    /// did not commit, neither does the second: both run again, in order.
+    /// next starts once the one before holds its offsets, claims its keys and runs its work
+    /// beside it, and moves its offsets only from where that one left them (see
+    /// [`Inbox::run_batch_after`]). If the one before did not commit, neither does the
+    /// next: both run again, in order.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -478,7 +479,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let process = async move {
             // Each time it resolves, processing returns.
             let mut stopped = batches.stopped();
-            // The first batch of two at once, running while the second is taken.
+            let mut on = ReadLoop {
+                work,
+                stats,
+                unstored,
+                stopped: &mut stopped,
+            };
+            // The batch run together that the next one may start beside: it holds its
+            // offsets until its commit, and the next one's offsets move after it.
             let mut leading = None;
             loop {
                 // The next batch first, to start it beside the one running.
@@ -486,19 +494,18 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     biased;
                     taken = batches.next() => taken,
                     () = ended(&mut leading) => {
-                        if self.finish(leading.take(), work, stats, unstored, &mut stopped).await? {
+                        if self.finish(leading.take(), &mut on).await? {
                             return Ok(());
                         }
                         continue;
                     }
-                    () = tokio::time::sleep(IDLE), if unstored.is_some() => {
-                        unstored.store(&self.inbox).await;
+                    () = tokio::time::sleep(IDLE), if on.unstored.is_some() => {
+                        on.unstored.store(&self.inbox).await;
                         continue;
                     }
                 };
                 let Some((mut batch, running)) = taken else {
-                    self.finish(leading, work, stats, unstored, &mut stopped)
-                        .await?;
+                    self.finish(leading, &mut on).await?;
                     return Ok(());
                 };
                 // Read ahead: the partition may have moved since.
@@ -506,58 +513,45 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 let mut before = match leading.take() {
                     Some(before) if self.all_proven(&batch) => before,
                     other => {
-                        // The batch before may prove the partitions: then this one runs
-                        // first of the next two.
-                        if self
-                            .finish(other, work, stats, unstored, &mut stopped)
-                            .await?
-                        {
+                        // The batch before may prove the partitions: then this one leads.
+                        if self.finish(other, &mut on).await? {
                             return Ok(());
                         }
                         if self.all_proven(&batch) {
-                            leading = Some(self.start(batch, running, work, None));
-                        } else if self
-                            .in_turn(batch, true, work, stats, unstored, &mut stopped)
-                            .await?
-                        {
+                            leading = Some(self.start(batch, running, on.work, None));
+                        } else if self.in_turn(batch, true, &mut on).await? {
                             return Ok(());
                         }
                         continue;
                     }
                 };
-                // Started once the batch before has claimed its keys and moved its offsets:
-                // then this one waits for it only in the database, which sees any deadlock.
+                // Started once the batch before holds its offsets: then this one waits for
+                // it only in the database, which sees any deadlock.
                 let ended_first = tokio::select! {
                     biased;
                     () = Pin::new(&mut before.run) => true,
-                    _ = &mut before.claimed => false,
+                    held = &mut before.holding => held.is_err(),
                 };
                 if ended_first {
-                    if self
-                        .finish(Some(before), work, stats, unstored, &mut stopped)
-                        .await?
-                    {
+                    if self.finish(Some(before), &mut on).await? {
                         return Ok(());
                     }
-                    leading = Some(self.start(batch, running, work, None));
+                    leading = Some(self.start(batch, running, on.work, None));
                     continue;
                 }
-                let mut after = self.start(batch, running, work, Some(&before.spans));
-                tokio::join!(Pin::new(&mut before.run), Pin::new(&mut after.run));
-                let (Some(first), Some(second)) = (
-                    Pin::new(&mut before.run).take_output(),
-                    Pin::new(&mut after.run).take_output(),
-                ) else {
-                    continue; // Never: both ended.
-                };
-                // The batch after moves its offsets from where the one before left them: it
-                // did not commit if that one did not, and runs again after it, in order.
-                let first_committed = first.2.is_some();
-                for (ended, together) in [(first, false), (second, !first_committed)] {
-                    if self
-                        .after_together(ended, together, work, stats, unstored, &mut stopped)
-                        .await?
-                    {
+                let mut after = self.start(batch, running, on.work, Some(&before.spans));
+                // The batch before ends first: this one's offsets wait for its commit.
+                let first = end_beside(&mut before, Some(&mut after)).await;
+                if first.2.is_some() {
+                    self.after_together(first, false, &mut on).await?;
+                    leading = Some(after);
+                    continue;
+                }
+                // It did not commit, so neither does this one: its offsets would skip the
+                // entries before. Both run again, in order.
+                let second = end_beside(&mut after, None).await;
+                for (ended, together) in [(first, false), (second, true)] {
+                    if self.after_together(ended, together, &mut on).await? {
                         return Ok(());
                     }
                 }
@@ -709,7 +703,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let (claimed, claimed_now) = oneshot::channel();
+        let (holds, holding) = oneshot::channel();
         let positions = batch
             .iter()
             .filter_map(|entry| self.broker.position(entry).ok());
@@ -725,14 +719,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .collect();
         let before = before.map(<[HeldSpan]>::to_vec);
         let run = async move {
-            let ran = (self.commit_together(&batch, work, Some(claimed), before.as_deref())).await;
+            let ran = (self.commit_together(&batch, work, Some(holds), before.as_deref())).await;
             (batch, running, ran)
         };
         Running {
             // Boxed: the reader's future would otherwise nest too deep for the compiler's
             // default limit in the caller's crate.
             run: maybe_done(Box::pin(run)),
-            claimed: claimed_now,
+            holding,
             spans: held,
         }
     }
@@ -742,10 +736,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     async fn finish<E>(
         &self,
         leading: Option<Running<'_, O::Entry>>,
-        work: &impl RunWork<DB, E>,
-        stats: &mut ConsumerStats,
-        unstored: &mut Unstored,
-        stopped: &mut (impl Future<Output = ()> + Unpin),
+        on: &mut ReadLoop<'_, impl RunWork<DB, E>, impl Future<Output = ()> + Unpin>,
     ) -> Result<bool, Error>
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -753,11 +744,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let Some(mut leading) = leading else {
             return Ok(false);
         };
-        Pin::new(&mut leading.run).await;
-        let Some(ended) = Pin::new(&mut leading.run).take_output() else {
-            return Ok(false);
-        };
-        (self.after_together(ended, false, work, stats, unstored, stopped)).await
+        let ended = end_beside(&mut leading, None).await;
+        (self.after_together(ended, false, on)).await
     }
 
     /// Counts a batch whose transaction `ended`, run together; if it did not commit, runs it
@@ -766,20 +754,17 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         &self,
         (batch, _running, ran): BatchEnded<O::Entry>,
         together: bool,
-        work: &impl RunWork<DB, E>,
-        stats: &mut ConsumerStats,
-        unstored: &mut Unstored,
-        stopped: &mut (impl Future<Output = ()> + Unpin),
+        on: &mut ReadLoop<'_, impl RunWork<DB, E>, impl Future<Output = ()> + Unpin>,
     ) -> Result<bool, Error>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
         match ran {
             Some(ran) => {
-                self.count_together(&batch, ran, stats, unstored);
+                self.count_together(&batch, ran, on.stats, on.unstored);
                 Ok(false)
             }
-            None => (self.in_turn(batch, together, work, stats, unstored, stopped)).await,
+            None => (self.in_turn(batch, together, on)).await,
         }
     }
 
@@ -789,10 +774,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         &self,
         mut batch: Vec<O::Entry>,
         mut together: bool,
-        work: &impl RunWork<DB, E>,
-        stats: &mut ConsumerStats,
-        unstored: &mut Unstored,
-        stopped: &mut (impl Future<Output = ()> + Unpin),
+        on: &mut ReadLoop<'_, impl RunWork<DB, E>, impl Future<Output = ()> + Unpin>,
     ) -> Result<bool, Error>
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -801,7 +783,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             // Read ahead, or waiting out a pause: the partition may have moved since.
             batch.retain(|entry| self.broker.holds(entry));
             // Boxed, as a batch's transaction is: see `Reader::start`.
-            let run = Box::pin(self.run_entries(&batch, work, stats, unstored, stopped, together));
+            let run = Box::pin(self.run_entries(
+                &batch,
+                on.work,
+                on.stats,
+                on.unstored,
+                on.stopped,
+                together,
+            ));
             let (done, ended) = run.await?;
             batch.drain(..done);
             together = true;
@@ -809,7 +798,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 Processed::Done => return Ok(false),
                 Processed::Stopped => return Ok(true),
                 Processed::StoreFailed => tokio::select! {
-                    () = &mut *stopped => return Ok(true),
+                    () = &mut *on.stopped => return Ok(true),
                     () = tokio::time::sleep(self.broker.policy().store_pause) => {}
                 },
             }
@@ -926,13 +915,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     }
 
     /// The transaction of [`Reader::run_together`]: what each entry's work saw and what it
-    /// came to, once committed. `claimed` hears when the keys are claimed and the offsets
-    /// moved, or, after the batch whose spans are `before`, when the keys are claimed.
+    /// came to, once committed. `holds` hears when the batch holds its offsets: once its
+    /// keys are claimed and its offsets moved with them, or, after the batch whose spans
+    /// are `before`, once its offsets moved after its work.
     async fn commit_together<E>(
         &self,
         batch: &[O::Entry],
         work: &impl RunWork<DB, E>,
-        claimed: Option<oneshot::Sender<()>>,
+        holds: Option<oneshot::Sender<()>>,
         before: Option<&[HeldSpan]>,
     ) -> Option<Together>
     where
@@ -949,10 +939,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .first()
             .map_or(self.inbox.scope(), |(_, first)| &first.scope);
         let inbox = crate::inbox_in(&self.inbox, scope);
+        let (holds_at_claim, holds_after_work) = match before {
+            None => (holds, None),
+            Some(_) => (None, holds),
+        };
         let work = batch_work(|tx, firsts: Vec<&(Position<'_>, Incoming)>| {
             Box::pin(async move {
-                if let Some(claimed) = claimed {
-                    let _ = claimed.send(());
+                if let Some(holds) = holds_at_claim {
+                    let _ = holds.send(());
                 }
                 let firsts: Vec<&Incoming> =
                     firsts.into_iter().map(|(_, incoming)| incoming).collect();
@@ -974,7 +968,12 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                         last: *last,
                     })
                     .collect();
-                (inbox.run_batch_after(&read, claimed_as, &spans, &before, work)).await
+                let holding = || {
+                    if let Some(holds) = holds_after_work {
+                        let _ = holds.send(());
+                    }
+                };
+                (inbox.run_batch_after(&read, claimed_as, &spans, &before, holding, work)).await
             }
         };
         let outcomes = match run {
@@ -1250,9 +1249,8 @@ type BatchRun<'s, D> = Pin<Box<dyn Future<Output = BatchEnded<D>> + Send + 's>>;
 /// A batch run together, its transaction running while the reader takes the next batch.
 struct Running<'s, D> {
     run: MaybeDone<BatchRun<'s, D>>,
-    /// Resolves once its keys are claimed and its offsets moved: the batch after it may
-    /// start.
-    claimed: oneshot::Receiver<()>,
+    /// Resolves once it holds its offsets, until its commit: the batch after it may start.
+    holding: oneshot::Receiver<()>,
     /// Its spans, for the batch after it.
     spans: Vec<HeldSpan>,
 }
@@ -1271,6 +1269,28 @@ where
     ) -> WorkFuture<'t, (), E>,
 {
     work
+}
+
+/// What the reader's loop carries from one batch to the next.
+struct ReadLoop<'l, W, S> {
+    work: &'l W,
+    stats: &'l mut ConsumerStats,
+    unstored: &'l mut Unstored,
+    /// Resolves once processing is to return.
+    stopped: &'l mut S,
+}
+
+/// Waits for the transaction of `batch` to end, while that of `beside`, if any, runs on.
+async fn end_beside<D>(
+    batch: &mut Running<'_, D>,
+    beside: Option<&mut Running<'_, D>>,
+) -> BatchEnded<D> {
+    if let Some(beside) = beside {
+        futures_util::future::select(Pin::new(&mut batch.run), Pin::new(&mut beside.run)).await;
+    }
+    Pin::new(&mut batch.run).await;
+    // Taken once: each batch run is ended here, once.
+    (Pin::new(&mut batch.run).take_output()).expect("a batch run ends once")
 }
 
 /// Resolves once the transaction of `leading` ended; never when there is none.
