@@ -233,24 +233,34 @@ pub async fn serve<DB: Backend>(settings: Settings, inbox: Inbox<DB>) -> Result<
     };
     // A consumer whose first connection fails its TLS handshake stops the service.
     let (misconfigured, mut misconfiguration) = tokio::sync::mpsc::channel(1);
-    let consuming = futures_util::future::join_all(consumers.into_iter().map(
-        |(name, from, options, inbox)| {
-            let states = Arc::clone(&consumer_states);
-            // The lines of the consumer, of its broker client and of each message carry
-            // its name. At the error level, so that no filter that shows them leaves it out.
-            let span = tracing::error_span!("consumer", consumer = %name);
-            consume(
-                name,
-                from,
-                options,
-                inbox,
-                states,
-                consumers_stopping.clone(),
-                misconfigured.clone(),
-            )
-            .instrument(span)
-        },
-    ));
+    // Each consumer on a task of its own, so that consumers use every core. Dropped with
+    // the set when the service stops.
+    let mut consumer_tasks = tokio::task::JoinSet::new();
+    for (name, from, options, inbox) in consumers {
+        // The lines of the consumer, of its broker client and of each message carry its
+        // name. At the error level, so that no filter that shows them leaves it out.
+        let span = tracing::error_span!("consumer", consumer = %name);
+        let consuming = consume(
+            name,
+            from,
+            options,
+            inbox,
+            Arc::clone(&consumer_states),
+            consumers_stopping.clone(),
+            misconfigured.clone(),
+        );
+        consumer_tasks.spawn(consuming.instrument(span));
+    }
+    let consuming = async {
+        while let Some(ended) = consumer_tasks.join_next().await {
+            // A panic is a bug: it ends the service, as it did on the service's own task.
+            if let Err(error) = ended
+                && error.is_panic()
+            {
+                std::panic::resume_unwind(error.into_panic());
+            }
+        }
+    };
     drop(misconfigured);
     let signal = async move {
         shutdown.await;

@@ -552,8 +552,7 @@ impl<DB: Backend> Inbox<DB> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let first: Option<(&[OffsetSpan<'_>], fn())> = None;
-        (self.run_batch_moving(messages, claim, spans, first, work)).await
+        (self.run_batch_moving(messages, claim, spans, None, || {}, work)).await
     }
 
     /// [`Inbox::run_batch_at_offsets`] for a batch read while the batch before it still
@@ -582,26 +581,25 @@ impl<DB: Backend> Inbox<DB> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let after = Some((before, holding));
-        (self.run_batch_moving(messages, claim, spans, after, work)).await
+        (self.run_batch_moving(messages, claim, spans, Some(before), holding, work)).await
     }
 
     /// [`Inbox::run_batch_at_offsets`], with the offsets moved in the claim's statement,
-    /// or, `after` a batch (its spans, and what to call once this one's offsets moved), once
-    /// the work ran.
+    /// or, after a batch whose spans are `before`, once the work ran, `holding` called once
+    /// they moved.
     async fn run_batch_moving<'env, M, E, F>(
         &self,
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
         spans: &[OffsetSpan<'_>],
-        after: Option<(&[OffsetSpan<'_>], impl FnOnce() + Send)>,
+        before: Option<&[OffsetSpan<'_>]>,
+        holding: impl FnOnce() + Send,
         work: F,
     ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
     where
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let (before, holding) = after.unzip();
         let at_least = |span: &OffsetSpan<'_>| {
             let before = before?.iter();
             let mut same =
@@ -638,7 +636,7 @@ impl<DB: Backend> Inbox<DB> {
         if let Err(error) = forwards.around(work(&mut tx, firsts)).await {
             return Err(roll_back_work(tx, error).await.into());
         }
-        if let Some(holding) = holding {
+        if before.is_some() {
             match self.move_offsets_in(&mut tx, &offsets).await {
                 Ok(true) => holding(),
                 Ok(false) => {

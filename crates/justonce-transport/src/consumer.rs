@@ -2,7 +2,7 @@
 //! delivery, what it carries and how to settle it; [`Consumer`] holds the policy (the key,
 //! attempts, dead letters, the pause after a database failure, metrics, logs, spans).
 
-use crate::reconnect::{Connection, Link};
+use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, KeyFrom, Ran, Tenants};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
@@ -673,6 +673,31 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// long after each failed attempt up to the policy's `reconnect_max_wait`, and goes on.
     /// A shutdown ends the wait at once. A refused setting or a database failure met while
     /// connecting again ends it with that error.
+    ///
+    /// With a shutdown and work that may move between threads, its future may too: run
+    /// each consumer on a task of its own, so that several use every core.
+    ///
+    /// ```no_run
+    /// # async fn example<B: justonce_transport::Broker + 'static>(
+    /// #     consumer: justonce_transport::Consumer<B, justonce_sql::sqlx::Postgres>,
+    /// # ) {
+    /// let consuming = tokio::spawn(async move {
+    ///     let shutdown = tokio::signal::ctrl_c();
+    ///     consumer
+    ///         .run(shutdown, |tx, message| {
+    ///             Box::pin(async move {
+    ///                 justonce_sql::sqlx::query("INSERT INTO shipments (order_key) VALUES ($1)")
+    ///                     .bind(message.key.as_str())
+    ///                     .execute(&mut **tx)
+    ///                     .await
+    ///                     .map(drop)
+    ///             })
+    ///         })
+    ///         .await
+    /// });
+    /// # let _ = consuming.await;
+    /// # }
+    /// ```
     pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
     where
         F: Work<DB, E>,
@@ -759,7 +784,7 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let deliveries = self.deliveries().await?;
+        let mut deliveries = self.deliveries().await?;
         let mut stats = ConsumerStats::default();
         let mut shutdown = std::pin::pin!(shutdown);
         let names = (self.inbox.consumer().as_str(), B::NAME);
@@ -767,20 +792,21 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
             self.broker.reconnect().await?;
             self.deliveries().await
         };
-        let kept = (self.connection).keep_receiving(
-            deliveries,
-            self.broker.policy(),
-            names,
-            &mut shutdown,
-            async |deliveries, shutdown| {
-                (self.consume(deliveries, shutdown, batch_size, work, &mut stats)).await
-            },
-            connect,
-        );
-        // Nothing to stop after a shutdown while connecting again: the receiver is gone.
-        let Some(deliveries) = kept.await? else {
-            return Ok(stats);
-        };
+        loop {
+            let round = self.consume(&mut deliveries, &mut shutdown, batch_size, work, &mut stats);
+            let lost = match round.await {
+                Ok(()) => break,
+                Err(lost) if lost_connection(&lost) => lost,
+                Err(error) => return Err(error),
+            };
+            let policy = self.broker.policy();
+            let again = self.connection.reconnect(lost, policy, names, &mut shutdown, &connect);
+            // Nothing to stop after a shutdown while connecting again: the receiver is gone.
+            let Some(again) = again.await? else {
+                return Ok(stats);
+            };
+            deliveries = again;
+        }
         deliveries.stop().await?;
         Ok(stats)
     }
@@ -1428,3 +1454,4 @@ fn failed(
     stats.dead_lettered += 1;
     Settle::DeadLetter { attempt, reason }
 }
+

@@ -353,6 +353,30 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// An entry whose transaction had not committed at shutdown is read again by the next
     /// reader. A lost connection does not end it: it connects again as
     /// [`Consumer::run`](crate::Consumer::run) does, and reads on after the stored offsets.
+    ///
+    /// Its future may run on a task of its own, as a consumer's may:
+    ///
+    /// ```no_run
+    /// # async fn example<O: justonce_transport::OrderedBroker + 'static>(
+    /// #     reader: justonce_transport::Reader<O, justonce_sql::sqlx::Postgres>,
+    /// # ) {
+    /// let reading = tokio::spawn(async move {
+    ///     let shutdown = tokio::signal::ctrl_c();
+    ///     reader
+    ///         .run(shutdown, |tx, entry| {
+    ///             Box::pin(async move {
+    ///                 justonce_sql::sqlx::query("INSERT INTO shipments (order_key) VALUES ($1)")
+    ///                     .bind(entry.key.as_str())
+    ///                     .execute(&mut **tx)
+    ///                     .await
+    ///                     .map(drop)
+    ///             })
+    ///         })
+    ///         .await
+    /// });
+    /// # let _ = reading.await;
+    /// # }
+    /// ```
     pub async fn run<F, E>(&self, shutdown: impl Future, work: F) -> Result<ConsumerStats, Error>
     where
         F: Work<DB, E>,
@@ -418,7 +442,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let entries = self.deliveries().await?;
+        let mut entries = self.deliveries().await?;
         let mut stats = ConsumerStats::default();
         let mut unstored = Unstored::default();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -427,33 +451,32 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             self.broker.reconnect().await?;
             self.deliveries().await
         };
-        let kept = (self.connection).keep_receiving(
-            entries,
-            self.broker.policy(),
-            names,
-            &mut shutdown,
-            async |entries, shutdown| {
-                let read = self.read_on(
-                    entries,
-                    shutdown,
-                    batch_size,
-                    work,
-                    &mut stats,
-                    &mut unstored,
-                );
-                let read = read.await;
-                if read.as_ref().is_err_and(lost_connection) {
-                    // The new read starts after the stored offsets: those of the
-                    // duplicates read last too, so that they are not read again.
-                    unstored.store(&self.inbox).await;
-                }
-                read
-            },
-            connect,
-        );
-        let Some(entries) = kept.await? else {
-            return Ok(stats);
-        };
+        loop {
+            let read = self.read_on(
+                &mut entries,
+                &mut shutdown,
+                batch_size,
+                work,
+                &mut stats,
+                &mut unstored,
+            );
+            let lost = match read.await {
+                Ok(()) => break,
+                Err(lost) if lost_connection(&lost) => lost,
+                Err(error) => return Err(error),
+            };
+            // The new read starts after the stored offsets: those of the duplicates read
+            // last too, so that they are not read again.
+            unstored.store(&self.inbox).await;
+            let policy = self.broker.policy();
+            let again = self
+                .connection
+                .reconnect(lost, policy, names, &mut shutdown, &connect);
+            let Some(again) = again.await? else {
+                return Ok(stats);
+            };
+            entries = again;
+        }
         unstored.store(&self.inbox).await;
         entries.stop().await?;
         Ok(stats)

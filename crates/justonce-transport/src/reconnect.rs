@@ -69,37 +69,6 @@ impl Connection {
         self.link.subscribe()
     }
 
-    /// Runs `round` on `receiving` until a round ends without losing the connection: then
-    /// returns the receiver, for the caller to stop. After a lost connection, connects again
-    /// with `connect` as [`Connection::reconnect`] does, and runs the next round on what it
-    /// gives; `None` if `shutdown` resolved meanwhile. Any other error is returned.
-    pub(crate) async fn keep_receiving<R, S, C>(
-        &self,
-        mut receiving: R,
-        policy: &Policy,
-        names: (&str, &'static str),
-        shutdown: &mut S,
-        mut round: impl AsyncFnMut(&mut R, &mut S) -> Result<(), Error>,
-        connect: impl Fn() -> C,
-    ) -> Result<Option<R>, Error>
-    where
-        S: Future + Unpin,
-        C: Future<Output = Result<R, Error>>,
-    {
-        loop {
-            match round(&mut receiving, shutdown).await {
-                Ok(()) => return Ok(Some(receiving)),
-                Err(lost) if lost_connection(&lost) => {
-                    match (self.reconnect(lost, policy, names, shutdown, &connect)).await? {
-                        Some(again) => receiving = again,
-                        None => return Ok(None),
-                    }
-                }
-                Err(error) => return Err(error),
-            }
-        }
-    }
-
     /// After `lost`, waits and calls `connect` until it succeeds; `None` if `shutdown`
     /// resolved first, which ends a wait or an attempt at once. An attempt that fails with a
     /// connection error is tried again after a longer wait; any other error is returned.
