@@ -552,7 +552,7 @@ impl<DB: Backend> Inbox<DB> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        (self.run_batch_moving(messages, claim, spans, None, || {}, work)).await
+        (self.run_batch_moving(messages, claim, spans, None, work)).await
     }
 
     /// [`Inbox::run_batch_at_offsets`] for a batch read while the batch before it still
@@ -563,37 +563,32 @@ impl<DB: Backend> Inbox<DB> {
     /// (its entries did not commit, and this batch must not skip them), or a stored offset
     /// was at or past this batch's `first`.
     ///
-    /// Start it once the batch before holds its offsets: it has claimed its keys and moved
-    /// them in the claim ([`Inbox::run_batch_at_offsets`], running its work), or it is a
-    /// batch after another whose `holding` was called. Then this batch only waits for that
-    /// one, in the database, which sees any deadlock between them. `holding` is called once
-    /// this batch's offsets moved, before its commit: the next batch may start after it then.
+    /// Start it once the batch before has claimed its keys and moved its offsets (it runs
+    /// its work): then this batch only waits for that one, in the database, which sees any
+    /// deadlock between them.
     pub async fn run_batch_after<'env, M, E, F>(
         &self,
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
         spans: &[OffsetSpan<'_>],
         before: &[OffsetSpan<'_>],
-        holding: impl FnOnce() + Send,
         work: F,
     ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
     where
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        (self.run_batch_moving(messages, claim, spans, Some(before), holding, work)).await
+        (self.run_batch_moving(messages, claim, spans, Some(before), work)).await
     }
 
     /// [`Inbox::run_batch_at_offsets`], with the offsets moved in the claim's statement,
-    /// or, after a batch whose spans are `before`, once the work ran, `holding` called once
-    /// they moved.
+    /// or, after a batch `before`, once the work ran.
     async fn run_batch_moving<'env, M, E, F>(
         &self,
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
         spans: &[OffsetSpan<'_>],
         before: Option<&[OffsetSpan<'_>]>,
-        holding: impl FnOnce() + Send,
         work: F,
     ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
     where
@@ -638,7 +633,7 @@ impl<DB: Backend> Inbox<DB> {
         }
         if before.is_some() {
             match self.move_offsets_in(&mut tx, &offsets).await {
-                Ok(true) => holding(),
+                Ok(true) => {}
                 Ok(false) => {
                     if let Err(error) = tx.rollback().await {
                         tracing::debug!(%error, "rolling back a batch whose offset did not move");

@@ -394,10 +394,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// order. A batch never holds an entry of a partition the broker took back.
     ///
     /// Once its partitions have a commit of this reader, it runs two batches at once: the
-    /// next starts once the one before holds its offsets, claims its keys and runs its work
-    /// beside it, and moves its offsets only from where that one left them (see
-    /// [`Inbox::run_batch_after`]). If the one before did not commit, neither does the
-    /// next: both run again, in order.
+    /// second claims its keys and runs its work beside the first, and moves its offsets
+    /// only from where the first left them (see [`Inbox::run_batch_after`]). If the first
+    /// did not commit, neither does the second: both run again, in order.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -508,8 +507,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 unstored,
                 stopped: &mut stopped,
             };
-            // The batch run together that the next one may start beside: it holds its
-            // offsets until its commit, and the next one's offsets move after it.
+            // The first batch of two at once, running while the second is taken.
             let mut leading = None;
             loop {
                 // The next batch first, to start it beside the one running.
@@ -536,7 +534,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 let mut before = match leading.take() {
                     Some(before) if self.all_proven(&batch) => before,
                     other => {
-                        // The batch before may prove the partitions: then this one leads.
+                        // The batch before may prove the partitions: then this one runs
+                        // first of the next two.
                         if self.finish(other, &mut on).await? {
                             return Ok(());
                         }
@@ -548,12 +547,12 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                         continue;
                     }
                 };
-                // Started once the batch before holds its offsets: then this one waits for
-                // it only in the database, which sees any deadlock.
+                // Started once the batch before has claimed its keys and moved its offsets:
+                // then this one waits for it only in the database, which sees any deadlock.
                 let ended_first = tokio::select! {
                     biased;
                     () = Pin::new(&mut before.run) => true,
-                    held = &mut before.holding => held.is_err(),
+                    claimed = &mut before.claimed => claimed.is_err(),
                 };
                 if ended_first {
                     if self.finish(Some(before), &mut on).await? {
@@ -565,15 +564,11 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 let mut after = self.start(batch, running, on.work, Some(&before.spans));
                 // The batch before ends first: this one's offsets wait for its commit.
                 let first = end_beside(&mut before, Some(&mut after)).await;
-                if first.2.is_some() {
-                    self.after_together(first, false, &mut on).await?;
-                    leading = Some(after);
-                    continue;
-                }
-                // It did not commit, so neither does this one: its offsets would skip the
-                // entries before. Both run again, in order.
                 let second = end_beside(&mut after, None).await;
-                for (ended, together) in [(first, false), (second, true)] {
+                // The batch after moves its offsets from where the one before left them: it
+                // did not commit if that one did not, and runs again after it, in order.
+                let first_committed = first.2.is_some();
+                for (ended, together) in [(first, false), (second, !first_committed)] {
                     if self.after_together(ended, together, &mut on).await? {
                         return Ok(());
                     }
@@ -726,7 +721,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let (holds, holding) = oneshot::channel();
+        let (claimed, claimed_now) = oneshot::channel();
         let positions = batch
             .iter()
             .filter_map(|entry| self.broker.position(entry).ok());
@@ -742,14 +737,14 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .collect();
         let before = before.map(<[HeldSpan]>::to_vec);
         let run = async move {
-            let ran = (self.commit_together(&batch, work, Some(holds), before.as_deref())).await;
+            let ran = (self.commit_together(&batch, work, Some(claimed), before.as_deref())).await;
             (batch, running, ran)
         };
         Running {
             // Boxed: the reader's future would otherwise nest too deep for the compiler's
             // default limit in the caller's crate.
             run: maybe_done(Box::pin(run)),
-            holding,
+            claimed: claimed_now,
             spans: held,
         }
     }
@@ -938,14 +933,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     }
 
     /// The transaction of [`Reader::run_together`]: what each entry's work saw and what it
-    /// came to, once committed. `holds` hears when the batch holds its offsets: once its
-    /// keys are claimed and its offsets moved with them, or, after the batch whose spans
-    /// are `before`, once its offsets moved after its work.
+    /// came to, once committed. `claimed` hears when the keys are claimed and the offsets
+    /// moved, or, after the batch whose spans are `before`, when the keys are claimed.
     async fn commit_together<E>(
         &self,
         batch: &[O::Entry],
         work: &impl RunWork<DB, E>,
-        holds: Option<oneshot::Sender<()>>,
+        claimed: Option<oneshot::Sender<()>>,
         before: Option<&[HeldSpan]>,
     ) -> Option<Together>
     where
@@ -962,14 +956,10 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .first()
             .map_or(self.inbox.scope(), |(_, first)| &first.scope);
         let inbox = crate::inbox_in(&self.inbox, scope);
-        let (holds_at_claim, holds_after_work) = match before {
-            None => (holds, None),
-            Some(_) => (None, holds),
-        };
         let work = batch_work(|tx, firsts: Vec<&(Position<'_>, Incoming)>| {
             Box::pin(async move {
-                if let Some(holds) = holds_at_claim {
-                    let _ = holds.send(());
+                if let Some(claimed) = claimed {
+                    let _ = claimed.send(());
                 }
                 let firsts: Vec<&Incoming> =
                     firsts.into_iter().map(|(_, incoming)| incoming).collect();
@@ -991,12 +981,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                         last: *last,
                     })
                     .collect();
-                let holding = || {
-                    if let Some(holds) = holds_after_work {
-                        let _ = holds.send(());
-                    }
-                };
-                (inbox.run_batch_after(&read, claimed_as, &spans, &before, holding, work)).await
+                (inbox.run_batch_after(&read, claimed_as, &spans, &before, work)).await
             }
         };
         let outcomes = match run {
@@ -1272,8 +1257,9 @@ type BatchRun<'s, D> = Pin<Box<dyn Future<Output = BatchEnded<D>> + Send + 's>>;
 /// A batch run together, its transaction running while the reader takes the next batch.
 struct Running<'s, D> {
     run: MaybeDone<BatchRun<'s, D>>,
-    /// Resolves once it holds its offsets, until its commit: the batch after it may start.
-    holding: oneshot::Receiver<()>,
+    /// Resolves once its keys are claimed and its offsets moved: the batch after it may
+    /// start.
+    claimed: oneshot::Receiver<()>,
     /// Its spans, for the batch after it.
     spans: Vec<HeldSpan>,
 }

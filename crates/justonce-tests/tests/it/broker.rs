@@ -1219,10 +1219,10 @@ async fn a_batched_reader_runs_an_entry_again_after_the_pause_that_follows_a_dat
     run_again_after_a_database_failure::<B, DB>(test, 20).await
 }
 
-/// A reader starts a batch beside the one before it once that one holds its offsets, and
-/// moves its own only from where that one left them. When the one before fails, this one
-/// does not commit: committed, it would store an offset past the failed entries, and they
-/// would never take effect. Both run again, in order, and each key takes effect once.
+/// A reader runs two batches at once, the second moving its offsets only from where the
+/// first left them. When the first fails, the second does not commit: committed, it would
+/// store an offset past the failed entries, and they would never take effect. Both run
+/// again, in order, and each key takes effect once.
 async fn a_batch_that_fails_is_not_skipped_by_the_batch_running_beside_it<B, DB>(test: &str)
 where
     B: Batching,
@@ -1230,9 +1230,9 @@ where
 {
     let db = TestDb::<DB>::new(test).await;
     let broker = B::open(&db).await;
-    // Batches of 5: the first runs alone, as the reader's first; the second leads those
-    // after it. It holds its offsets from its claim on, and fails once, on
-    // `slowfail1:order`, after a wait long enough for the third to start beside it.
+    // Batches of 5: the first runs alone, as the reader's first; then two at a time. The
+    // second, the first of a pair, fails once, on `slowfail1:order`, after a wait long
+    // enough for the third to start beside it.
     let mut keys: Vec<String> = (0..30).map(|n| format!("order:{n}")).collect();
     keys.insert(5, "slowfail1:order".to_owned());
     broker.publish(&keys).await;
