@@ -385,6 +385,12 @@ pub trait TestBackend: Backend {
     /// The single number a counting query returns.
     fn count<'a>(pool: &'a sqlx::Pool<Self>, sql: String) -> impl Future<Output = i64> + Send + 'a;
 
+    /// [`TestBackend::count`] in the caller's transaction.
+    fn count_in<'a>(
+        conn: &'a mut Self::Connection,
+        sql: String,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+
     /// The single text column a query returns, one value per row.
     fn texts<'a>(
         pool: &'a sqlx::Pool<Self>,
@@ -478,6 +484,11 @@ macro_rules! same_on_every_database {
                 .await
                 .unwrap_or_else(|e| panic!("{sql}: {e}"));
             count
+        }
+
+        async fn count_in(conn: &mut Self::Connection, sql: String) -> Result<i64, sqlx::Error> {
+            let (count,): (i64,) = sqlx::query_as(AssertSqlSafe(sql)).fetch_one(conn).await?;
+            Ok(count)
         }
 
         async fn texts(pool: &sqlx::Pool<Self>, sql: String) -> Result<Vec<String>, sqlx::Error> {

@@ -12,15 +12,16 @@
 
 use crate::consumer::{
     BatchWork, EachMessage, Failed, Receive, Received, RunWork, Settle, Spent, Unusable,
-    WholeBatch, Work, count_run, gathering, judge, scope_runs,
+    WholeBatch, Work, count_run, gathering, judge, key_of, scope_runs,
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
 use futures_util::future::{MaybeDone, maybe_done};
 use justonce_sql::{
-    Backend, Inbox, Key, Offset, OffsetCommit, OffsetSpan, Outcome, RunError, WorkFuture,
+    Backend, BatchBefore, Inbox, Key, Offset, OffsetCommit, OffsetSpan, Outcome, RunError,
+    WorkFuture,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -181,6 +182,8 @@ pub struct Reader<O: OrderedBroker, DB: Backend> {
     /// entries before it committed. As `counted`, it holds one batch: the reader runs its
     /// batches in turn, and callers of [`Reader::run_batch`] one at a time.
     may_rerun: std::sync::Mutex<Vec<Place>>,
+    /// 1, or 2 to run a second batch beside the first.
+    batches_at_once: usize,
 }
 
 /// Where an entry sits, owned: its stream, its partition, its offset.
@@ -260,7 +263,22 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             store_failed: std::sync::Mutex::default(),
             counted: std::sync::Mutex::default(),
             may_rerun: std::sync::Mutex::default(),
+            batches_at_once: 1,
         }
+    }
+
+    /// Lets [`Reader::run_batched`] and [`Reader::run_batches`] run two batches at once
+    /// (`batches` of 2 or more); 1, the default, runs one after the other.
+    ///
+    /// The second batch claims its keys and runs its work beside the first, each in its own
+    /// transaction on its own connection of the inbox's pool. Its offsets move only after
+    /// the first commits, and if the first rolls back, so does the second: each partition
+    /// still commits in order. But the second's work runs before the first commits, so it
+    /// does not see the first's writes. Choose 2 only where an entry's work does not read
+    /// what an earlier entry of its partition wrote.
+    pub fn batches_at_once(mut self, batches: usize) -> Self {
+        self.batches_at_once = batches.clamp(1, 2);
+        self
     }
 
     /// Whether the entry at `at`, on its first try, may be a re-run: read before this
@@ -393,10 +411,11 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// failing entry neither loses nor doubles the others and each partition stays in
     /// order. A batch never holds an entry of a partition the broker took back.
     ///
-    /// Once its partitions have a commit of this reader, it runs two batches at once: the
-    /// second claims its keys and runs its work beside the first, and moves its offsets
-    /// only from where the first left them (see [`Inbox::run_batch_after`]). If the first
-    /// did not commit, neither does the second: both run again, in order.
+    /// With [`Reader::batches_at_once`] of 2, once its partitions have a commit of this
+    /// reader, it runs two batches at once: the second claims its keys and runs its work
+    /// beside the first, and moves its offsets only from where the first left them (see
+    /// [`Inbox::run_batch_after`]). If the first did not commit, neither does the second:
+    /// both run again, in order.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -531,8 +550,10 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 };
                 // Read ahead: the partition may have moved since.
                 batch.retain(|entry| self.broker.holds(entry));
-                let mut before = match leading.take() {
-                    Some(before) if self.all_proven(&batch) => before,
+                let (mut before, as_before) = match leading.take() {
+                    Some((before, Some(as_before))) if self.all_proven(&batch) => {
+                        (before, as_before)
+                    }
                     other => {
                         // The batch before may prove the partitions: then this one runs
                         // first of the next two.
@@ -540,28 +561,16 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                             return Ok(());
                         }
                         if self.all_proven(&batch) {
-                            leading = Some(self.start(batch, running, on.work, None));
+                            leading = Some(self.start_first(batch, running, on.work));
                         } else if self.in_turn(batch, true, &mut on).await? {
                             return Ok(());
                         }
                         continue;
                     }
                 };
-                // Started once the batch before has claimed its keys and moved its offsets:
-                // then this one waits for it only in the database, which sees any deadlock.
-                let ended_first = tokio::select! {
-                    biased;
-                    () = Pin::new(&mut before.run) => true,
-                    claimed = &mut before.claimed => claimed.is_err(),
-                };
-                if ended_first {
-                    if self.finish(Some(before), &mut on).await? {
-                        return Ok(());
-                    }
-                    leading = Some(self.start(batch, running, on.work, None));
-                    continue;
-                }
-                let mut after = self.start(batch, running, on.work, Some(&before.spans));
+                // Beside the batch before, polled after it: it asks for its connection
+                // after that one did (see `Inbox::run_batch_after`).
+                let mut after = self.start(batch, running, on.work, None, Some(as_before));
                 // The batch before ends first: this one's offsets wait for its commit.
                 let first = end_beside(&mut before, Some(&mut after)).await;
                 let second = end_beside(&mut after, None).await;
@@ -709,43 +718,64 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         })
     }
 
-    /// Starts the transaction of `batch`, run together, after the batch whose spans are
-    /// `before` (see [`Inbox::run_batch_after`]), or first.
+    /// Starts the transaction of `batch`, run together, first of two when two run at once:
+    /// then with what the batch after it takes of it.
+    fn start_first<'s, E>(
+        &'s self,
+        batch: Vec<O::Entry>,
+        running: OwnedSemaphorePermit,
+        work: &'s impl RunWork<DB, E>,
+    ) -> Leading<'s, O::Entry>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        if self.batches_at_once < 2 {
+            return (self.start(batch, running, work, None, None), None);
+        }
+        let (claimed, claimed_now) = oneshot::channel();
+        let positions = batch
+            .iter()
+            .filter_map(|entry| self.broker.position(entry).ok());
+        let spans = (spans(positions).iter())
+            .map(|span| {
+                let (stream, partition) = (span.stream.to_owned(), span.partition);
+                (stream, partition, span.first, span.last)
+            })
+            .collect();
+        let policy = self.broker.policy();
+        let keys = batch.iter().filter_map(|entry| key_of(policy, entry));
+        let before = Before {
+            spans,
+            keys: keys.collect(),
+            claimed: claimed_now,
+        };
+        (
+            self.start(batch, running, work, Some(claimed), None),
+            Some(before),
+        )
+    }
+
+    /// Starts the transaction of `batch`, run together, after the batch `before` (see
+    /// [`Inbox::run_batch_after`]) or first; `claimed` hears when it has claimed.
     fn start<'s, E>(
         &'s self,
         batch: Vec<O::Entry>,
         running: OwnedSemaphorePermit,
         work: &'s impl RunWork<DB, E>,
-        before: Option<&[HeldSpan]>,
+        claimed: Option<oneshot::Sender<()>>,
+        before: Option<Before>,
     ) -> Running<'s, O::Entry>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let (claimed, claimed_now) = oneshot::channel();
-        let positions = batch
-            .iter()
-            .filter_map(|entry| self.broker.position(entry).ok());
-        let held: Vec<HeldSpan> = (spans(positions).iter())
-            .map(|span| {
-                (
-                    span.stream.to_owned(),
-                    span.partition,
-                    span.first,
-                    span.last,
-                )
-            })
-            .collect();
-        let before = before.map(<[HeldSpan]>::to_vec);
         let run = async move {
-            let ran = (self.commit_together(&batch, work, Some(claimed), before.as_deref())).await;
+            let ran = (self.commit_together(&batch, work, claimed, before)).await;
             (batch, running, ran)
         };
         Running {
             // Boxed: the reader's future would otherwise nest too deep for the compiler's
             // default limit in the caller's crate.
             run: maybe_done(Box::pin(run)),
-            claimed: claimed_now,
-            spans: held,
         }
     }
 
@@ -753,13 +783,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// its entries one by one. True once the shutdown came.
     async fn finish<E>(
         &self,
-        leading: Option<Running<'_, O::Entry>>,
+        leading: Option<Leading<'_, O::Entry>>,
         on: &mut ReadLoop<'_, impl RunWork<DB, E>, impl Future<Output = ()> + Unpin>,
     ) -> Result<bool, Error>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let Some(mut leading) = leading else {
+        let Some((mut leading, _)) = leading else {
             return Ok(false);
         };
         let ended = end_beside(&mut leading, None).await;
@@ -934,13 +964,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
 
     /// The transaction of [`Reader::run_together`]: what each entry's work saw and what it
     /// came to, once committed. `claimed` hears when the keys are claimed and the offsets
-    /// moved, or, after the batch whose spans are `before`, when the keys are claimed.
+    /// moved; the batch `before`, its transaction open, runs beside it.
     async fn commit_together<E>(
         &self,
         batch: &[O::Entry],
         work: &impl RunWork<DB, E>,
         claimed: Option<oneshot::Sender<()>>,
-        before: Option<&[HeldSpan]>,
+        before: Option<Before>,
     ) -> Option<Together>
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -973,7 +1003,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     .await
             }
             Some(before) => {
-                let before: Vec<OffsetSpan<'_>> = (before.iter())
+                let spans_before: Vec<OffsetSpan<'_>> = (before.spans.iter())
                     .map(|(stream, partition, first, last)| OffsetSpan {
                         stream,
                         partition: *partition,
@@ -981,7 +1011,12 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                         last: *last,
                     })
                     .collect();
-                (inbox.run_batch_after(&read, claimed_as, &spans, &before, work)).await
+                let before = BatchBefore {
+                    spans: &spans_before,
+                    keys: &before.keys,
+                    claimed: async { before.claimed.await.is_ok() },
+                };
+                (inbox.run_batch_after(&read, claimed_as, &spans, before, work)).await
             }
         };
         let outcomes = match run {
@@ -1257,11 +1292,19 @@ type BatchRun<'s, D> = Pin<Box<dyn Future<Output = BatchEnded<D>> + Send + 's>>;
 /// A batch run together, its transaction running while the reader takes the next batch.
 struct Running<'s, D> {
     run: MaybeDone<BatchRun<'s, D>>,
-    /// Resolves once its keys are claimed and its offsets moved: the batch after it may
-    /// start.
-    claimed: oneshot::Receiver<()>,
-    /// Its spans, for the batch after it.
+}
+
+/// A batch running first, and, when two run at once, what the batch after it takes of it.
+type Leading<'s, D> = (Running<'s, D>, Option<Before>);
+
+/// A batch running first of two, as the batch after it sees it.
+struct Before {
+    /// Its spans.
     spans: Vec<HeldSpan>,
+    /// Its keys.
+    keys: HashSet<Key>,
+    /// Resolves once its keys are claimed and its offsets moved.
+    claimed: oneshot::Receiver<()>,
 }
 
 /// What an entry read is claimed as: its key and its body.
@@ -1303,9 +1346,9 @@ async fn end_beside<D>(
 }
 
 /// Resolves once the transaction of `leading` ended; never when there is none.
-async fn ended<D>(leading: &mut Option<Running<'_, D>>) {
+async fn ended<D>(leading: &mut Option<Leading<'_, D>>) {
     match leading {
-        Some(leading) => Pin::new(&mut leading.run).await,
+        Some((leading, _)) => Pin::new(&mut leading.run).await,
         None => std::future::pending().await,
     }
 }

@@ -35,10 +35,11 @@
 //! the broker's CPU per message (on the baseline) and the database's (on `claim_many`)
 //! were all that ran.
 //!
-//! With `--batches-at-once`, a consumer (not a reader) runs that many batches at once, each
-//! on its own connection (`Consumer::batches_at_once`). The prefetch is that many batches
-//! and two more on RabbitMQ and NATS (at least 64), as the consumer holds them: one
-//! gathered, those committing, one being acknowledged.
+//! With `--batches-at-once`, a consumer runs that many batches at once, each on its own
+//! connection (`Consumer::batches_at_once`), and a reader two with 2 or more
+//! (`Reader::batches_at_once`). The prefetch is that many batches and two more on RabbitMQ
+//! and NATS (at least 64), as the consumer holds them: one gathered, those committing, one
+//! being acknowledged.
 
 use justonce_sql::{Backend, Outcome, WorkFuture, sqlx};
 use justonce_tests::cpu::{self, Clock, Timed};
@@ -459,7 +460,8 @@ async fn measure_nats<DB: TestBackend + Backend>(
     let (timed, stats) = if args.broker == "nats-reader" {
         let reader = NatsReader::connect(&url, db.inbox.clone(), options)
             .await
-            .expect("NATS");
+            .expect("NATS")
+            .batches_at_once(args.batches_at_once);
         read(&reader, &db, (args, path)).await
     } else {
         let clock = Clock::start();
@@ -513,7 +515,8 @@ async fn measure_redis<DB: TestBackend + Backend>(
         let options = RedisStreamOptions::new(&stream, "bench").count(prefetch(args));
         let reader = RedisStreamReader::connect(&url, db.inbox.clone(), options)
             .await
-            .expect("Redis");
+            .expect("Redis")
+            .batches_at_once(args.batches_at_once);
         read(&reader, &db, (args, path)).await
     } else {
         let clock = Clock::start();
@@ -678,7 +681,9 @@ async fn measure_kafka<DB: TestBackend + Backend>(
         }
     }
     let options = KafkaOptions::new(&topic, &topic).key_from(KeyFrom::Header("ce_id".into()));
-    let reader = KafkaReader::connect(&url, db.inbox.clone(), options).expect("Kafka");
+    let reader = KafkaReader::connect(&url, db.inbox.clone(), options)
+        .expect("Kafka")
+        .batches_at_once(args.batches_at_once);
     let (timed, stats) = read(&reader, &db, (args, path)).await;
     check(&db, args, path).await;
     drop(reader);

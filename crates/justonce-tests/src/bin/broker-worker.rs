@@ -18,7 +18,8 @@
 //! consumes until it is killed, or until SIGTERM, and then prints `processed <n> duplicates
 //! <n>` as a consumer counted them; a reader runs until it is killed, and prints `took
 //! <key>` as it runs its first entry (a Kafka member: once the group assigned it
-//! partitions). `run-batched`: the same in batches of 20, without `took`. The work stops at
+//! partitions). `run-batched`: the same in batches of 20, without `took`; a reader runs two
+//! at once. The work stops at
 //! its `hang` failpoint in this process. `run-pausing` (a consumer): `run`, one delivery at
 //! a time, and on SIGUSR1 it takes the next delivery, prints `paused <key>` and stops itself
 //! with SIGSTOP before it runs it: resumed past the broker's wait, it runs and acknowledges
@@ -121,11 +122,11 @@ async fn work<DB: TestBackend>(
             .key_from(KeyFrom::Header(KAFKA_ID_HEADER.into()))
             .session_timeout(KAFKA_SESSION_TIMEOUT)
             .max_attempts(attempts);
-        read(&KafkaReader::connect(broker, inbox, options)?, prefix, mode).await
+        read(KafkaReader::connect(broker, inbox, options)?, prefix, mode).await
     } else if broker.starts_with("redis:") && reader {
         let options = RedisStreamOptions::new(queue, "test").max_attempts(attempts);
         read(
-            &RedisStreamReader::connect(broker, inbox, options).await?,
+            RedisStreamReader::connect(broker, inbox, options).await?,
             prefix,
             mode,
         )
@@ -142,7 +143,7 @@ async fn work<DB: TestBackend>(
             .key_from(KeyFrom::Header("Order-Id".into()))
             .max_attempts(attempts);
         read(
-            &NatsReader::connect(broker, inbox, options).await?,
+            NatsReader::connect(broker, inbox, options).await?,
             prefix,
             mode,
         )
@@ -256,7 +257,7 @@ async fn run_pausing<B: Broker, DB: TestBackend>(
 
 /// What a single reader of any broker does in `mode`.
 async fn read<O: OrderedBroker, DB: TestBackend>(
-    reader: &Reader<O, DB>,
+    reader: Reader<O, DB>,
     prefix: &str,
     mode: &str,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -282,6 +283,7 @@ async fn read<O: OrderedBroker, DB: TestBackend>(
         _ => {
             let batched = mode.starts_with("run-batched");
             let batch_size = if batched { 20 } else { 1 };
+            let reader = reader.batches_at_once(if batched { 2 } else { 1 });
             // In batches the first line a test waits for is the failpoint's: nothing to tell.
             let said = AtomicBool::new(batched);
             let forever = std::future::pending::<()>();

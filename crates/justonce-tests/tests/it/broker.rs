@@ -187,7 +187,7 @@ where
 /// A broker whose consumer (or reader) claims what has arrived in batches.
 pub(crate) trait Batching: TestBroker {
     /// A consumer claiming in `inbox` that takes up to 64 messages ahead and gives failed
-    /// work 2 attempts.
+    /// work 2 attempts; a reader runs two batches at once.
     async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> Self::Consumer<DB>;
 
     /// How many messages the dead-letter queue or stream holds.

@@ -562,7 +562,9 @@ async fn a_reader_without_an_id_setting_is_refused_with_a_typed_error() {
 
 impl Batching for Topic {
     async fn connect_for_batches<DB: TestBackend>(&self, inbox: &Inbox<DB>) -> KafkaReader<DB> {
-        KafkaReader::connect(&kafka_url(), inbox.clone(), options(self).max_attempts(2)).unwrap()
+        KafkaReader::connect(&kafka_url(), inbox.clone(), options(self).max_attempts(2))
+            .unwrap()
+            .batches_at_once(2)
     }
 
     async fn dead_letters(&self) -> u64 {

@@ -8,18 +8,19 @@ use super::broker::{
 };
 use super::on_every_database;
 use async_nats::jetstream::{self, consumer::pull};
-use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key};
+use justonce_sql::{Delivered, Delivery, Destination, Inbox, Key, WorkFuture};
 use justonce_tests::{TestBackend, TestDb, consumer_work, nats_url};
 use justonce_transport::nats::{
     MSG_ID_HEADER, NatsConsumer, NatsDestination, NatsOptions, NatsReader,
 };
-use justonce_transport::{ConsumerStats, KeyFrom, REASON_HEADER};
+use justonce_transport::{ConsumerStats, Incoming, KeyFrom, REASON_HEADER};
 use std::time::Duration;
 
 on_every_database!(
     failing_work_is_redelivered_then_dead_lettered,
     a_message_without_its_key_header_is_dead_lettered_with_the_reason,
     a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_moves_on,
+    a_readers_work_sees_what_every_entry_before_it_wrote,
     the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat,
 );
 
@@ -187,6 +188,52 @@ async fn a_reader_runs_failing_work_again_in_place_then_dead_letters_it_and_move
     db.cleanup().await;
 }
 
+/// A reader runs its batches one after the other unless told otherwise: each entry's work
+/// sees what every entry before it wrote, in its batch and in the batches before. Each work
+/// here counts the effects before it writes its own: the count is the entry's place.
+async fn a_readers_work_sees_what_every_entry_before_it_wrote<DB: TestBackend>(test: &str) {
+    let db = TestDb::<DB>::new(test).await;
+    let stream = ReadStream::open(&db).await;
+    let keys: Vec<String> = (0..300).map(|n| format!("order:{n}")).collect();
+    stream.publish(&keys).await;
+    let reader = NatsReader::connect(&nats_url(), db.inbox.clone(), options(&stream.0))
+        .await
+        .unwrap();
+    let prefix = db.prefix.clone();
+    let stale = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let done = async {
+        while db.rows("effects").await < 300 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = stop.send(());
+    };
+    let noted = stale.clone();
+    let running = reader.run_batched(stopped, 20, move |tx, message: &Incoming| {
+        let (stale, prefix) = (noted.clone(), prefix.clone());
+        let key = message.key.as_str().to_owned();
+        Box::pin(async move {
+            let count = format!("SELECT COUNT(*) FROM {prefix}effects");
+            let before = DB::count_in(tx, count).await?;
+            let place: i64 = key.trim_start_matches("order:").parse().unwrap();
+            if before != place {
+                stale.lock().unwrap().push((key.clone(), before));
+            }
+            DB::insert_effect(tx, &prefix, "test", &key).await
+        }) as WorkFuture<'_, (), justonce_sql::sqlx::Error>
+    });
+    let (stats, ()) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(running, done)
+    })
+    .await
+    .expect("300 effects within 60 s");
+    assert_eq!(stats.unwrap().processed, 300);
+    assert_eq!(stale.lock().unwrap().clone(), Vec::<(String, i64)>::new());
+    assert_eq!(stream.positions(&db).await, (300, Some(300)));
+    stream.delete().await;
+    db.cleanup().await;
+}
+
 async fn the_relay_publishes_with_its_key_and_the_stream_drops_a_repeat<DB: TestBackend>(
     test: &str,
 ) {
@@ -343,6 +390,7 @@ impl Batching for ReadStream {
         NatsReader::connect(&nats_url(), inbox.clone(), options)
             .await
             .unwrap()
+            .batches_at_once(2)
     }
 
     async fn dead_letters(&self) -> u64 {

@@ -587,6 +587,7 @@ impl Batching for ReadStream {
         RedisStreamReader::connect(&redis_url(), inbox.clone(), options)
             .await
             .unwrap()
+            .batches_at_once(2)
     }
 
     async fn dead_letters(&self) -> u64 {
