@@ -27,11 +27,6 @@ pub trait Backend: sqlx::Database<Arguments: Clone + Sync> + Sealed {
     #[doc(hidden)]
     const ONE_WRITER: bool;
 
-    /// Whether claims of distinct keys in two open transactions never wait for each other,
-    /// so that a batch may claim before the batch before it has.
-    #[doc(hidden)]
-    const DISTINCT_CLAIMS_NEVER_WAIT: bool;
-
     /// The tables' migrations, and how they are recorded.
     #[doc(hidden)]
     const SCHEMA: Schema;

@@ -17,7 +17,6 @@ use justonce_core::{
     Claim, Consumer, Error, Fingerprint, Identity, Key, Offset, OffsetCommit, Outcome, Retention,
     Scope,
 };
-use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -557,67 +556,45 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// [`Inbox::run_batch_at_offsets`] for a batch read while the batch before it still
-    /// runs, its transaction open (see [`BatchBefore`]). This batch's keys are claimed and
-    /// its work runs beside that batch. Its offsets move last: where that batch moves a
-    /// partition's offset too, this one waits for its commit, and moves only from its
-    /// `last`. `None`, rolled back, when an offset did not move: that batch rolled back
+    /// runs, its transaction open: `before` holds that batch's spans. This batch's keys are
+    /// claimed and its work runs beside that batch. Its offsets move last: where that batch
+    /// moves a partition's offset too, this one waits for its commit, and moves only from
+    /// its `last`. `None`, rolled back, when an offset did not move: that batch rolled back
     /// (its entries did not commit, and this batch must not skip them), or a stored offset
     /// was at or past this batch's `first`.
     ///
-    /// On PostgreSQL, where claims of distinct keys never wait for each other, this batch
-    /// claims at once, unless it shares a key with the batch before. Its offsets move once
-    /// that batch has claimed and moved its own. Elsewhere, or with a shared key, it begins
-    /// once that batch has claimed. Either way it waits for that batch only in the
-    /// database, which sees any deadlock between them.
-    ///
-    /// Start it after the batch before has asked for its connection: this one holds its
-    /// own while it waits for that batch's claim.
+    /// Start it once the batch before has claimed its keys and moved its offsets (it runs
+    /// its work): then this batch only waits for that one, in the database, which sees any
+    /// deadlock between them.
     pub async fn run_batch_after<'env, M, E, F>(
         &self,
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
         spans: &[OffsetSpan<'_>],
-        before: BatchBefore<'_, impl Future<Output = bool> + Send>,
+        before: &[OffsetSpan<'_>],
         work: F,
     ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
     where
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let BatchBefore {
-            spans: before,
-            keys,
-            claimed,
-        } = before;
-        let mut claimed = pin!(claimed);
-        let shares_key = messages
-            .iter()
-            .any(|message| keys.contains(claim(message).0));
-        let at_once = DB::DISTINCT_CLAIMS_NEVER_WAIT && !shares_key;
-        if !at_once && !claimed.as_mut().await {
-            return Ok(None);
-        }
-        let late: Option<Pin<&mut (dyn Future<Output = bool> + Send)>> =
-            at_once.then_some(claimed.as_mut());
-        (self.run_batch_moving(messages, &claim, spans, Some((before, late)), work)).await
+        (self.run_batch_moving(messages, claim, spans, Some(before), work)).await
     }
 
     /// [`Inbox::run_batch_at_offsets`], with the offsets moved in the claim's statement,
-    /// or, after a batch `before`, once the work ran: once that batch has claimed too, if
-    /// its claim is given.
+    /// or, after a batch `before`, once the work ran.
     async fn run_batch_moving<'env, M, E, F>(
         &self,
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
         spans: &[OffsetSpan<'_>],
-        before: Option<BeforeClaim<'_, '_>>,
+        before: Option<&[OffsetSpan<'_>]>,
         work: F,
     ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
     where
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let (before, before_claimed) = before.unzip();
         let at_least = |span: &OffsetSpan<'_>| {
             let before = before?.iter();
             let mut same =
@@ -655,17 +632,7 @@ impl<DB: Backend> Inbox<DB> {
             return Err(roll_back_work(tx, error).await.into());
         }
         if before.is_some() {
-            // Claimed before the batch before: its offsets must be held first, so that
-            // these wait for its commit.
-            let claimed_before = match before_claimed.flatten() {
-                Some(claimed) => claimed.await,
-                None => true,
-            };
-            let moved = match claimed_before {
-                true => self.move_offsets_in(&mut tx, &offsets).await,
-                false => Ok(false),
-            };
-            match moved {
+            match self.move_offsets_in(&mut tx, &offsets).await {
                 Ok(true) => {}
                 Ok(false) => {
                     if let Err(error) = tx.rollback().await {
@@ -1668,25 +1635,6 @@ pub struct OffsetSpan<'a> {
     /// The offset of its last entry, which is stored.
     pub last: Offset,
 }
-
-/// The batch before one run with [`Inbox::run_batch_after`], its transaction open.
-#[derive(Debug)]
-pub struct BatchBefore<'a, C> {
-    /// Its spans: where it moves each partition's offset.
-    pub spans: &'a [OffsetSpan<'a>],
-    /// Its keys.
-    pub keys: &'a HashSet<Key>,
-    /// Resolves once it has claimed its keys and moved its offsets: true; false once it
-    /// ended without.
-    pub claimed: C,
-}
-
-/// The spans of the batch before one run after it, and, when this one claimed at once,
-/// that one's claim, to wait for before this one's offsets move.
-type BeforeClaim<'a, 'c> = (
-    &'a [OffsetSpan<'a>],
-    Option<Pin<&'c mut (dyn Future<Output = bool> + Send)>>,
-);
 
 /// Why [`Inbox::run`] failed.
 #[derive(Debug, thiserror::Error)]

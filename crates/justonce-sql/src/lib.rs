@@ -97,7 +97,7 @@ pub use events::{
     Event, EventDetail, EventFilter, EventPage, EventState, KEY_CONTAINS_WINDOW, REPLAYED_EVENTS,
     ReplayRange, ReplayWindow,
 };
-pub use inbox::{BatchBefore, Inbox, InboxOptions, OffsetSpan, RunError, WorkFuture};
+pub use inbox::{Inbox, InboxOptions, OffsetSpan, RunError, WorkFuture};
 pub use justonce_core::*;
 pub use leases::StoredKey;
 pub use outbox::{Attempt, BackedOff, Message, Outbox, OutboxStats, Row, RowFilter, RowSummary};

@@ -410,16 +410,6 @@ fn reruns_apart<D: Received>(batch: &[D]) -> Vec<(Range<usize>, bool)> {
     parts
 }
 
-/// The key of a delivery under `policy`, if it has a usable one.
-pub(crate) fn key_of(policy: &Policy, delivery: &impl Received) -> Option<Key> {
-    // The body is copied only where the key is in it.
-    let text = match &policy.key_from {
-        KeyFrom::Json(_) => text_at(&policy.key_from, delivery, &delivery.body()),
-        from => text_at(from, delivery, &[]),
-    };
-    crate::message_key(text.ok()?).ok()
-}
-
 /// What a delivery's work sees under `policy`, claimed in `scope` unless the delivery names
 /// its tenant, or why it cannot run.
 pub(crate) fn incoming(

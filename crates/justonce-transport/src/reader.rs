@@ -12,16 +12,15 @@
 
 use crate::consumer::{
     BatchWork, EachMessage, Failed, Receive, Received, RunWork, Settle, Spent, Unusable,
-    WholeBatch, Work, count_run, gathering, judge, key_of, scope_runs,
+    WholeBatch, Work, count_run, gathering, judge, scope_runs,
 };
 use crate::reconnect::{Connection, Link, lost_connection};
 use crate::{ConsumerStats, Error, Incoming, Policy, Ran};
 use futures_util::future::{MaybeDone, maybe_done};
 use justonce_sql::{
-    Backend, BatchBefore, Inbox, Key, Offset, OffsetCommit, OffsetSpan, Outcome, RunError,
-    WorkFuture,
+    Backend, Inbox, Key, Offset, OffsetCommit, OffsetSpan, Outcome, RunError, WorkFuture,
 };
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,7 +33,7 @@ use tracing::Instrument;
 pub(crate) const PARTITION: i32 = 0;
 
 /// How many batches a reader takes before the first of them is done with: two running at
-/// once, and one read meanwhile. A reader has no acknowledgements to wait for: its
+/// once (with [`Reader::batches_at_once`] of 2), and one read meanwhile. A reader has no acknowledgements to wait for: its
 /// position commits with the work.
 const AHEAD: usize = 3;
 
@@ -550,10 +549,8 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 };
                 // Read ahead: the partition may have moved since.
                 batch.retain(|entry| self.broker.holds(entry));
-                let (mut before, as_before) = match leading.take() {
-                    Some((before, Some(as_before))) if self.all_proven(&batch) => {
-                        (before, as_before)
-                    }
+                let mut before = match leading.take() {
+                    Some(before) if self.batches_at_once > 1 && self.all_proven(&batch) => before,
                     other => {
                         // The batch before may prove the partitions: then this one runs
                         // first of the next two.
@@ -561,16 +558,28 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                             return Ok(());
                         }
                         if self.all_proven(&batch) {
-                            leading = Some(self.start_first(batch, running, on.work));
+                            leading = Some(self.start(batch, running, on.work, None));
                         } else if self.in_turn(batch, true, &mut on).await? {
                             return Ok(());
                         }
                         continue;
                     }
                 };
-                // Beside the batch before, polled after it: it asks for its connection
-                // after that one did (see `Inbox::run_batch_after`).
-                let mut after = self.start(batch, running, on.work, None, Some(as_before));
+                // Started once the batch before has claimed its keys and moved its offsets:
+                // then this one waits for it only in the database, which sees any deadlock.
+                let ended_first = tokio::select! {
+                    biased;
+                    () = Pin::new(&mut before.run) => true,
+                    claimed = &mut before.claimed => claimed.is_err(),
+                };
+                if ended_first {
+                    if self.finish(Some(before), &mut on).await? {
+                        return Ok(());
+                    }
+                    leading = Some(self.start(batch, running, on.work, None));
+                    continue;
+                }
+                let mut after = self.start(batch, running, on.work, Some(&before.spans));
                 // The batch before ends first: this one's offsets wait for its commit.
                 let first = end_beside(&mut before, Some(&mut after)).await;
                 let second = end_beside(&mut after, None).await;
@@ -718,64 +727,43 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         })
     }
 
-    /// Starts the transaction of `batch`, run together, first of two when two run at once:
-    /// then with what the batch after it takes of it.
-    fn start_first<'s, E>(
-        &'s self,
-        batch: Vec<O::Entry>,
-        running: OwnedSemaphorePermit,
-        work: &'s impl RunWork<DB, E>,
-    ) -> Leading<'s, O::Entry>
-    where
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        if self.batches_at_once < 2 {
-            return (self.start(batch, running, work, None, None), None);
-        }
-        let (claimed, claimed_now) = oneshot::channel();
-        let positions = batch
-            .iter()
-            .filter_map(|entry| self.broker.position(entry).ok());
-        let spans = (spans(positions).iter())
-            .map(|span| {
-                let (stream, partition) = (span.stream.to_owned(), span.partition);
-                (stream, partition, span.first, span.last)
-            })
-            .collect();
-        let policy = self.broker.policy();
-        let keys = batch.iter().filter_map(|entry| key_of(policy, entry));
-        let before = Before {
-            spans,
-            keys: keys.collect(),
-            claimed: claimed_now,
-        };
-        (
-            self.start(batch, running, work, Some(claimed), None),
-            Some(before),
-        )
-    }
-
-    /// Starts the transaction of `batch`, run together, after the batch `before` (see
-    /// [`Inbox::run_batch_after`]) or first; `claimed` hears when it has claimed.
+    /// Starts the transaction of `batch`, run together, after the batch whose spans are
+    /// `before` (see [`Inbox::run_batch_after`]), or first.
     fn start<'s, E>(
         &'s self,
         batch: Vec<O::Entry>,
         running: OwnedSemaphorePermit,
         work: &'s impl RunWork<DB, E>,
-        claimed: Option<oneshot::Sender<()>>,
-        before: Option<Before>,
+        before: Option<&[HeldSpan]>,
     ) -> Running<'s, O::Entry>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
+        let (claimed, claimed_now) = oneshot::channel();
+        let positions = batch
+            .iter()
+            .filter_map(|entry| self.broker.position(entry).ok());
+        let held: Vec<HeldSpan> = (spans(positions).iter())
+            .map(|span| {
+                (
+                    span.stream.to_owned(),
+                    span.partition,
+                    span.first,
+                    span.last,
+                )
+            })
+            .collect();
+        let before = before.map(<[HeldSpan]>::to_vec);
         let run = async move {
-            let ran = (self.commit_together(&batch, work, claimed, before)).await;
+            let ran = (self.commit_together(&batch, work, Some(claimed), before.as_deref())).await;
             (batch, running, ran)
         };
         Running {
             // Boxed: the reader's future would otherwise nest too deep for the compiler's
             // default limit in the caller's crate.
             run: maybe_done(Box::pin(run)),
+            claimed: claimed_now,
+            spans: held,
         }
     }
 
@@ -783,13 +771,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// its entries one by one. True once the shutdown came.
     async fn finish<E>(
         &self,
-        leading: Option<Leading<'_, O::Entry>>,
+        leading: Option<Running<'_, O::Entry>>,
         on: &mut ReadLoop<'_, impl RunWork<DB, E>, impl Future<Output = ()> + Unpin>,
     ) -> Result<bool, Error>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let Some((mut leading, _)) = leading else {
+        let Some(mut leading) = leading else {
             return Ok(false);
         };
         let ended = end_beside(&mut leading, None).await;
@@ -964,13 +952,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
 
     /// The transaction of [`Reader::run_together`]: what each entry's work saw and what it
     /// came to, once committed. `claimed` hears when the keys are claimed and the offsets
-    /// moved; the batch `before`, its transaction open, runs beside it.
+    /// moved, or, after the batch whose spans are `before`, when the keys are claimed.
     async fn commit_together<E>(
         &self,
         batch: &[O::Entry],
         work: &impl RunWork<DB, E>,
         claimed: Option<oneshot::Sender<()>>,
-        before: Option<Before>,
+        before: Option<&[HeldSpan]>,
     ) -> Option<Together>
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -1003,7 +991,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     .await
             }
             Some(before) => {
-                let spans_before: Vec<OffsetSpan<'_>> = (before.spans.iter())
+                let before: Vec<OffsetSpan<'_>> = (before.iter())
                     .map(|(stream, partition, first, last)| OffsetSpan {
                         stream,
                         partition: *partition,
@@ -1011,12 +999,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                         last: *last,
                     })
                     .collect();
-                let before = BatchBefore {
-                    spans: &spans_before,
-                    keys: &before.keys,
-                    claimed: async { before.claimed.await.is_ok() },
-                };
-                (inbox.run_batch_after(&read, claimed_as, &spans, before, work)).await
+                (inbox.run_batch_after(&read, claimed_as, &spans, &before, work)).await
             }
         };
         let outcomes = match run {
@@ -1292,19 +1275,11 @@ type BatchRun<'s, D> = Pin<Box<dyn Future<Output = BatchEnded<D>> + Send + 's>>;
 /// A batch run together, its transaction running while the reader takes the next batch.
 struct Running<'s, D> {
     run: MaybeDone<BatchRun<'s, D>>,
-}
-
-/// A batch running first, and, when two run at once, what the batch after it takes of it.
-type Leading<'s, D> = (Running<'s, D>, Option<Before>);
-
-/// A batch running first of two, as the batch after it sees it.
-struct Before {
-    /// Its spans.
-    spans: Vec<HeldSpan>,
-    /// Its keys.
-    keys: HashSet<Key>,
-    /// Resolves once its keys are claimed and its offsets moved.
+    /// Resolves once its keys are claimed and its offsets moved: the batch after it may
+    /// start.
     claimed: oneshot::Receiver<()>,
+    /// Its spans, for the batch after it.
+    spans: Vec<HeldSpan>,
 }
 
 /// What an entry read is claimed as: its key and its body.
@@ -1346,9 +1321,9 @@ async fn end_beside<D>(
 }
 
 /// Resolves once the transaction of `leading` ended; never when there is none.
-async fn ended<D>(leading: &mut Option<Leading<'_, D>>) {
+async fn ended<D>(leading: &mut Option<Running<'_, D>>) {
     match leading {
-        Some((leading, _)) => Pin::new(&mut leading.run).await,
+        Some(leading) => Pin::new(&mut leading.run).await,
         None => std::future::pending().await,
     }
 }

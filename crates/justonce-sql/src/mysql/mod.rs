@@ -56,8 +56,6 @@ fn is_duplicate(error: &sqlx::Error) -> bool {
 impl Backend for MySql {
     const BEGIN: &'static str = "BEGIN";
     const ONE_WRITER: bool = false;
-    // InnoDB's gap locks make an insert wait on a neighbouring key.
-    const DISTINCT_CLAIMS_NEVER_WAIT: bool = false;
     const SCHEMA: Schema = migrations::SCHEMA;
 
     type Statements = MySqlStatements;

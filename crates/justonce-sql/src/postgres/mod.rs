@@ -39,7 +39,6 @@ type ClaimedAtOffsets = (Option<String>, Option<i64>, Option<Vec<u8>>, Option<i6
 impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";
     const ONE_WRITER: bool = false;
-    const DISTINCT_CLAIMS_NEVER_WAIT: bool = true;
     const NOTIFIES: bool = true;
 
     const SCHEMA: Schema = migrations::SCHEMA;

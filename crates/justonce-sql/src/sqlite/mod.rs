@@ -26,7 +26,6 @@ impl Backend for Sqlite {
     // whatever the busy timeout; an immediate one waits for the write lock.
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const ONE_WRITER: bool = true;
-    const DISTINCT_CLAIMS_NEVER_WAIT: bool = false;
 
     const SCHEMA: Schema = migrations::SCHEMA;
 

@@ -23,7 +23,6 @@ on_every_database!(
     offsets_never_move_backwards,
     a_batch_moves_its_partitions_offsets_with_its_work_or_not_at_all,
     a_batch_after_another_commits_only_once_that_one_did,
-    a_batch_after_another_claims_beside_it_where_the_database_allows,
     a_killed_reader_resumes_at_its_stored_offset,
     a_row_past_its_delivery_window_is_dead_lettered,
     run_forward_writes_one_row_with_the_key_and_skips_what_was_seen,
@@ -536,12 +535,22 @@ async fn a_batch_after_another_commits_only_once_that_one_did<DB: TestBackend>(t
             .await
             .unwrap()
     };
-    // The batch before has claimed its keys (none of these) and moved its offsets.
     let run_after = |names: Vec<justonce_sql::Key>,
                      span: OffsetSpan<'static>,
                      before: OffsetSpan<'static>| async move {
-        let claimed = claimed_signal(true);
-        run_batch_after(inbox, prefix, &names, span, before, &[], claimed, None).await
+        inbox
+            .run_batch_after(
+                &names,
+                |key| (key, key.as_str().as_bytes()),
+                &[span],
+                &[before],
+                |tx, firsts| {
+                    let firsts: Vec<&str> = firsts.iter().map(|key| key.as_str()).collect();
+                    Box::pin(async move { DB::insert_effects(tx, prefix, "test", &firsts).await })
+                },
+            )
+            .await
+            .unwrap()
     };
 
     // The first batch ever, then one after it.
@@ -590,158 +599,6 @@ async fn a_batch_after_another_commits_only_once_that_one_did<DB: TestBackend>(t
     let passed = run_after(keys(&["f"]), span(7, 8), span(6, 7)).await;
     assert_eq!(passed, None, "the stored offset is past the span's first");
     assert_eq!(db.rows("keys").await, 5);
-    db.cleanup().await;
-}
-
-/// Runs `names` with `Inbox::run_batch_after`, one effect row per first claim, after a
-/// batch of `before_keys` that says it claimed through `claimed`; `worked` hears when the
-/// work ran.
-#[allow(clippy::too_many_arguments)]
-async fn run_batch_after<DB: TestBackend>(
-    inbox: &justonce_sql::Inbox<DB>,
-    prefix: &str,
-    names: &[justonce_sql::Key],
-    span: OffsetSpan<'_>,
-    before: OffsetSpan<'_>,
-    before_keys: &[&str],
-    claimed: tokio::sync::oneshot::Receiver<bool>,
-    worked: Option<tokio::sync::oneshot::Sender<()>>,
-) -> Option<Vec<Outcome<()>>> {
-    let keys = before_keys.iter().map(|name| key(name)).collect();
-    let before = justonce_sql::BatchBefore {
-        spans: &[before],
-        keys: &keys,
-        claimed: async { claimed.await.unwrap_or(false) },
-    };
-    inbox
-        .run_batch_after(
-            names,
-            |key| (key, key.as_str().as_bytes()),
-            &[span],
-            before,
-            |tx, firsts| {
-                let firsts: Vec<&str> = firsts.iter().map(|key| key.as_str()).collect();
-                Box::pin(async move {
-                    if let Some(worked) = worked {
-                        let _ = worked.send(());
-                    }
-                    DB::insert_effects(tx, prefix, "test", &firsts).await
-                })
-            },
-        )
-        .await
-        .unwrap()
-}
-
-/// A signal of the batch before's claim, already given as `claimed`.
-fn claimed_signal(claimed: bool) -> tokio::sync::oneshot::Receiver<bool> {
-    let (send, receive) = tokio::sync::oneshot::channel();
-    send.send(claimed).unwrap();
-    receive
-}
-
-/// On PostgreSQL a batch after another claims its keys and runs its work beside that one's
-/// claim, unless it shares a key with it; elsewhere, or with a shared key, only once that
-/// one has claimed. Either way its offsets move only after that one's commit, and if that
-/// one ended without claiming, it commits nothing.
-async fn a_batch_after_another_claims_beside_it_where_the_database_allows<DB: TestBackend>(
-    test: &str,
-) {
-    let db = TestDb::<DB>::new(test).await;
-    let inbox = &db.inbox;
-    let prefix = db.prefix.as_str();
-    let on_postgres = std::any::TypeId::of::<DB>() == std::any::TypeId::of::<sqlx::Postgres>();
-    let span = |first: i64, last: i64| OffsetSpan {
-        stream: "orders",
-        partition: 0,
-        first: first.into(),
-        last: last.into(),
-    };
-    let (first_keys, first_spans) = ([key("a")], [span(1, 1)]);
-    let first = inbox.run_batch_at_offsets(
-        &first_keys,
-        |key| (key, key.as_str().as_bytes()),
-        &first_spans,
-        |tx, firsts| {
-            let firsts: Vec<&str> = firsts.iter().map(|key| key.as_str()).collect();
-            Box::pin(async move { DB::insert_effects(tx, prefix, "test", &firsts).await })
-        },
-    );
-    assert_eq!(first.await.unwrap(), Some(vec![Outcome::Processed(())]));
-
-    // The batch before (2 to 3) has begun, and holds its offsets; it says it claimed only
-    // once the driver below lets it.
-    let mut offsets = 1;
-    for (after_keys, before_keys, beside) in [
-        (["b", "c"], ["x", "y"], on_postgres),
-        (["d", "e"], ["e", "z"], false),
-    ] {
-        let (first, last) = (offsets + 1, offsets + 2);
-        let mut before = inbox.begin().await.unwrap();
-        let moved = inbox.commit_offset_span(&mut before, "orders", 0, first.into(), last.into());
-        assert_eq!(moved.await.unwrap(), OffsetCommit::Moved);
-        let (claim, claimed) = tokio::sync::oneshot::channel();
-        let (worked, work_ran) = tokio::sync::oneshot::channel();
-        let names: Vec<justonce_sql::Key> = after_keys.iter().map(|name| key(name)).collect();
-        let after = run_batch_after(
-            inbox,
-            prefix,
-            &names,
-            span(last + 1, last + 2),
-            span(first, last),
-            &before_keys,
-            claimed,
-            Some(worked),
-        );
-        let drive = async {
-            let mut work_ran = work_ran;
-            let ran_beside = tokio::time::timeout(Duration::from_millis(500), &mut work_ran).await;
-            claim.send(true).unwrap();
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let stored = inbox.load_offsets("orders").await.unwrap();
-            before.commit().await.unwrap();
-            (ran_beside.is_ok(), stored)
-        };
-        let (after, (ran_beside, stored_while_open)) = tokio::join!(after, drive);
-        assert_eq!(
-            ran_beside, beside,
-            "the work ran beside the claim before, with {after_keys:?} after {before_keys:?}"
-        );
-        assert_eq!(
-            stored_while_open,
-            vec![(0, Offset::from(offsets))],
-            "nothing is stored before the batch before commits"
-        );
-        assert_eq!(after, Some(vec![Outcome::Processed(()); 2]));
-        offsets = last + 2;
-        assert_eq!(
-            inbox.load_offsets("orders").await.unwrap(),
-            vec![(0, Offset::from(offsets))]
-        );
-    }
-    assert_eq!(db.rows("effects").await, 5);
-
-    // The batch before ended without claiming: whether this batch claimed beside it or
-    // not, nothing of it commits.
-    let before = span(offsets + 1, offsets + 2);
-    let names = [key("f")];
-    let ended = run_batch_after(
-        inbox,
-        prefix,
-        &names,
-        span(offsets + 3, offsets + 3),
-        before,
-        &[],
-        claimed_signal(false),
-        None,
-    );
-    assert_eq!(ended.await, None);
-    assert_eq!(db.rows("keys").await, 5);
-    assert_eq!(db.rows("effects").await, 5);
-    assert_eq!(
-        inbox.load_offsets("orders").await.unwrap(),
-        vec![(0, Offset::from(offsets))]
-    );
     db.cleanup().await;
 }
 
