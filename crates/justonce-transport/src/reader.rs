@@ -33,8 +33,8 @@ use tracing::Instrument;
 pub(crate) const PARTITION: i32 = 0;
 
 /// How many batches a reader takes before the first of them is done with: two running at
-/// once (with [`Reader::batches_at_once`] of 2), and one read meanwhile. A reader has no acknowledgements to wait for: its
-/// position commits with the work.
+/// once (with [`Reader::batches_at_once`] of 2), and one read meanwhile. A reader has no
+/// acknowledgements to wait for: its position commits with the work.
 const AHEAD: usize = 3;
 
 /// How long a reader waits without a new entry before it stores the offsets of the

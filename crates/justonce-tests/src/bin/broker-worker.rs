@@ -19,8 +19,7 @@
 //! <n>` as a consumer counted them; a reader runs until it is killed, and prints `took
 //! <key>` as it runs its first entry (a Kafka member: once the group assigned it
 //! partitions). `run-batched`: the same in batches of 20, without `took`; a reader runs two
-//! at once. The work stops at
-//! its `hang` failpoint in this process. `run-pausing` (a consumer): `run`, one delivery at
+//! at once. The work stops at its `hang` failpoint in this process. `run-pausing` (a consumer): `run`, one delivery at
 //! a time, and on SIGUSR1 it takes the next delivery, prints `paused <key>` and stops itself
 //! with SIGSTOP before it runs it: resumed past the broker's wait, it runs and acknowledges
 //! a delivery the broker gave to another consumer meanwhile.
