@@ -642,8 +642,10 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
     /// More than one overlaps one batch's round trips to the database with another's,
     /// where the database, not the work, is what a consumer waits on. Batches are still
     /// acknowledged in the order they were taken, each after its own commit. But a later
-    /// batch may commit before an earlier one: choose 1 where the order effects commit in
-    /// matters. The pool needs a connection for each batch.
+    /// batch may commit before an earlier one, and its work does not see the writes of the
+    /// batches running beside it: choose 1 where the order effects commit in matters, or
+    /// where a message's work reads what an earlier message wrote. The pool needs a
+    /// connection for each batch.
     pub fn batches_at_once(mut self, batches: usize) -> Self {
         self.batches_at_once = batches.clamp(1, 1_024);
         self
