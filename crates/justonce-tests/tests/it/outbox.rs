@@ -23,6 +23,7 @@ on_every_database!(
     offsets_never_move_backwards,
     a_batch_moves_its_partitions_offsets_with_its_work_or_not_at_all,
     a_batch_after_another_commits_only_once_that_one_did,
+    a_batch_after_another_commit_works_after_it_and_sees_its_writes,
     a_killed_reader_resumes_at_its_stored_offset,
     a_row_past_its_delivery_window_is_dead_lettered,
     run_forward_writes_one_row_with_the_key_and_skips_what_was_seen,
@@ -502,6 +503,135 @@ async fn a_batch_moves_its_partitions_offsets_with_its_work_or_not_at_all<DB: Te
         vec![(0, Offset::from(3)), (1, Offset::from(2))]
     );
     assert_eq!(db.rows("effects").await, 4);
+    db.cleanup().await;
+}
+
+/// A batch run after another's commit (`run_batch_after_commit`) runs its work only once
+/// that one ended, and sees what it wrote. On PostgreSQL it has claimed its keys before:
+/// its transaction waits, claimed, while the one before is open. Given up, it commits
+/// nothing.
+async fn a_batch_after_another_commit_works_after_it_and_sees_its_writes<DB: TestBackend>(
+    test: &str,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let inbox = &db.inbox;
+    let prefix = db.prefix.as_str();
+    let on_postgres = std::any::TypeId::of::<DB>() == std::any::TypeId::of::<sqlx::Postgres>();
+    let span = |first: i64, last: i64| OffsetSpan {
+        stream: "orders",
+        partition: 0,
+        first: first.into(),
+        last: last.into(),
+    };
+    let (first_keys, first_spans) = ([key("a")], [span(1, 1)]);
+    let first = inbox.run_batch_at_offsets(
+        &first_keys,
+        |key| (key, key.as_str().as_bytes()),
+        &first_spans,
+        |tx, firsts| {
+            let firsts: Vec<&str> = firsts.iter().map(|key| key.as_str()).collect();
+            Box::pin(async move { DB::insert_effects(tx, prefix, "test", &firsts).await })
+        },
+    );
+    assert_eq!(first.await.unwrap(), Some(vec![Outcome::Processed(())]));
+
+    // Each work counts the effects it sees, then writes its own.
+    let seen = Mutex::new(None);
+    let run_after = |names: &'static [&'static str],
+                     span: OffsetSpan<'static>,
+                     before: OffsetSpan<'static>,
+                     ended: tokio::sync::oneshot::Receiver<bool>| {
+        let seen = &seen;
+        async move {
+            let names: Vec<justonce_sql::Key> = names.iter().map(|name| key(name)).collect();
+            let ended = async { ended.await.unwrap_or(false) };
+            inbox
+                .run_batch_after_commit(
+                    &names,
+                    |key| (key, key.as_str().as_bytes()),
+                    &[span],
+                    &[before],
+                    ended,
+                    |tx, firsts| {
+                        let firsts: Vec<&str> = firsts.iter().map(|key| key.as_str()).collect();
+                        Box::pin(async move {
+                            let count = format!("SELECT count(*) FROM {prefix}effects");
+                            let count = DB::count_in(tx, count).await?;
+                            *seen.lock().unwrap() = Some(count);
+                            DB::insert_effects(tx, prefix, "test", &firsts).await
+                        })
+                    },
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let claims_waiting = || async {
+        let claims = format!(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE state = 'idle in transaction' AND query LIKE '%{prefix}keys%'"
+        );
+        DB::count(inbox.pool(), claims).await
+    };
+
+    // The batch before (2 to 3) is open: it moved its offset and wrote its effect.
+    let mut before = inbox.begin().await.unwrap();
+    let moved = inbox.commit_offset_span(&mut before, "orders", 0, 2.into(), 3.into());
+    assert_eq!(moved.await.unwrap(), OffsetCommit::Moved);
+    DB::insert_effects(&mut before, prefix, "test", &["x"])
+        .await
+        .unwrap();
+    let (end, ended) = tokio::sync::oneshot::channel();
+    let drive = async {
+        // Up to 5 s for the claim, on a loaded machine; the work may not start meanwhile.
+        let mut claimed_early = 0;
+        for _ in 0..25 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            claimed_early = match on_postgres {
+                true => claims_waiting().await,
+                false => 0,
+            };
+            if claimed_early > 0 || !on_postgres {
+                break;
+            }
+        }
+        let worked_early = seen.lock().unwrap().is_some();
+        before.commit().await.unwrap();
+        end.send(true).unwrap();
+        (worked_early, claimed_early)
+    };
+    let (after, (worked_early, claimed_early)) =
+        tokio::join!(run_after(&["b", "c"], span(4, 5), span(2, 3), ended), drive);
+    assert!(!worked_early, "the work waited for the batch before");
+    assert_eq!(
+        claimed_early,
+        i64::from(on_postgres),
+        "the batch after claimed ahead, on PostgreSQL only"
+    );
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some(2),
+        "the work saw the effects committed before it"
+    );
+    assert_eq!(after, Some(vec![Outcome::Processed(()); 2]));
+    assert_eq!(
+        inbox.load_offsets("orders").await.unwrap(),
+        vec![(0, Offset::from(5))]
+    );
+    assert_eq!(db.rows("effects").await, 4);
+
+    // Given up: nothing of it commits, and its work does not run.
+    *seen.lock().unwrap() = None;
+    let (end, ended) = tokio::sync::oneshot::channel();
+    end.send(false).unwrap();
+    let gave_up = run_after(&["d"], span(6, 6), span(4, 5), ended).await;
+    assert_eq!(gave_up, None);
+    assert_eq!(*seen.lock().unwrap(), None);
+    assert_eq!(db.rows("keys").await, 3);
+    assert_eq!(
+        inbox.load_offsets("orders").await.unwrap(),
+        vec![(0, Offset::from(5))]
+    );
     db.cleanup().await;
 }
 
