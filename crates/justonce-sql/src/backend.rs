@@ -180,21 +180,6 @@ pub trait Backend: sqlx::Database<Arguments: Clone + Sync> + Sealed {
     #[doc(hidden)]
     const NOTIFIES: bool = false;
 
-    /// The statement that opens a writing transaction at READ COMMITTED, where each
-    /// statement sees what committed before it, even after the transaction began. `None`
-    /// where justonce opens none.
-    #[doc(hidden)]
-    const BEGIN_READ_COMMITTED: Option<&'static str> = None;
-
-    /// Whether the pool's transactions are READ COMMITTED unless a statement says otherwise;
-    /// false wherever [`Backend::BEGIN_READ_COMMITTED`] is `None`.
-    #[doc(hidden)]
-    fn reads_committed(
-        _pool: &sqlx::Pool<Self>,
-    ) -> impl Future<Output = Result<bool, Error>> + Send + '_ {
-        std::future::ready(Ok(false))
-    }
-
     /// Wakes the relays of other processes that listen on `channel`, in a statement of its
     /// own; nothing where they only poll.
     #[doc(hidden)]

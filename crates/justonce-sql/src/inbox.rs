@@ -479,7 +479,7 @@ impl<DB: Backend> Inbox<DB> {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        let begun = self.begin_batch(messages, claim, &[], DB::BEGIN).await?;
+        let begun = self.begin_batch(messages, claim, &[]).await?;
         let (mut tx, claimed) = begun.expect(NO_OFFSETS);
         let forwards = Forwards::new(self.shared(), false);
         for (message, claim) in messages.iter().zip(&claimed) {
@@ -552,8 +552,7 @@ impl<DB: Backend> Inbox<DB> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let no_wait = None::<std::future::Ready<bool>>;
-        (self.run_batch_moving(messages, claim, spans, None, no_wait, work)).await
+        (self.run_batch_moving(messages, claim, spans, None, work)).await
     }
 
     /// [`Inbox::run_batch_at_offsets`] for a batch read while the batch before it still
@@ -579,53 +578,17 @@ impl<DB: Backend> Inbox<DB> {
         F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let no_wait = None::<std::future::Ready<bool>>;
-        (self.run_batch_moving(messages, claim, spans, Some(before), no_wait, work)).await
-    }
-
-    /// Whether this inbox's transactions are READ COMMITTED by default, on a database where
-    /// [`Inbox::run_batch_after_commit`] claims before the batch before commits: PostgreSQL
-    /// at its own default. Asked of the database on each call.
-    pub async fn reads_committed(&self) -> Result<bool, Error> {
-        DB::reads_committed(&self.shared.pool).await
-    }
-
-    /// [`Inbox::run_batch_after`], with the work run only once `before_ended` resolves: the
-    /// batch before has committed, or ended without. So the work sees what that batch
-    /// wrote. On PostgreSQL this batch begins at READ COMMITTED and claims its keys first,
-    /// beside that batch's work and commit; each statement of its work then sees what
-    /// committed before it. Elsewhere it begins once `before_ended` resolves.
-    ///
-    /// `before_ended` resolving to false gives up: `None`, rolled back, the work not run,
-    /// as when an offset did not move. Give up if the batch before may wait for this one's
-    /// keys, as its work claims one of them: the database does not see that wait.
-    pub async fn run_batch_after_commit<'env, M, E, F>(
-        &self,
-        messages: &[M],
-        claim: impl Fn(&M) -> (&Key, &[u8]),
-        spans: &[OffsetSpan<'_>],
-        before: &[OffsetSpan<'_>],
-        before_ended: impl Future<Output = bool>,
-        work: F,
-    ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
-    where
-        F: for<'t> FnOnce(&'t mut sqlx::Transaction<'env, DB>, Vec<&'t M>) -> WorkFuture<'t, (), E>,
-        E: std::error::Error + Send + Sync + 'static,
-    {
-        let wait = Some(before_ended);
-        (self.run_batch_moving(messages, claim, spans, Some(before), wait, work)).await
+        (self.run_batch_moving(messages, claim, spans, Some(before), work)).await
     }
 
     /// [`Inbox::run_batch_at_offsets`], with the offsets moved in the claim's statement,
-    /// or, after a batch `before`, once the work ran; the work runs once `before_ended`
-    /// resolves, if given (see [`Inbox::run_batch_after_commit`]).
+    /// or, after a batch `before`, once the work ran.
     async fn run_batch_moving<'env, M, E, F>(
         &self,
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
         spans: &[OffsetSpan<'_>],
         before: Option<&[OffsetSpan<'_>]>,
-        mut before_ended: Option<impl Future<Output = bool>>,
         work: F,
     ) -> Result<Option<Vec<Outcome<()>>>, RunError<E>>
     where
@@ -655,22 +618,7 @@ impl<DB: Backend> Inbox<DB> {
             Some(_) => &[],
             None => &offsets,
         };
-        // Only READ COMMITTED lets a transaction begun before another's commit see its
-        // writes: elsewhere the snapshot may be taken at the first statement.
-        let begin = match (&before_ended, DB::BEGIN_READ_COMMITTED) {
-            (Some(_), Some(read_committed)) => read_committed,
-            (Some(_), None) => {
-                if let Some(ended) = before_ended.take()
-                    && !ended.await
-                {
-                    return Ok(None);
-                }
-                DB::BEGIN
-            }
-            (None, _) => DB::BEGIN,
-        };
-        let begun = self.begin_batch(messages, claim, in_claim, begin).await?;
-        let Some((tx, claimed)) = begun else {
+        let Some((tx, claimed)) = self.begin_batch(messages, claim, in_claim).await? else {
             return Ok(None);
         };
         // 'env, not 'static: the work may borrow what outlives the call.
@@ -679,14 +627,6 @@ impl<DB: Backend> Inbox<DB> {
             .filter(|(_, claim)| **claim == Claim::First)
             .map(|(message, _)| message)
             .collect();
-        if let Some(ended) = before_ended
-            && !ended.await
-        {
-            if let Err(error) = tx.rollback().await {
-                tracing::debug!(%error, "rolling back a batch that gave up waiting");
-            }
-            return Ok(None);
-        }
         let forwards = Forwards::new(self.shared(), false);
         if let Err(error) = forwards.around(work(&mut tx, firsts)).await {
             return Err(roll_back_work(tx, error).await.into());
@@ -745,7 +685,6 @@ impl<DB: Backend> Inbox<DB> {
         messages: &[M],
         claim: impl Fn(&M) -> (&Key, &[u8]),
         offsets: &[OffsetRow<'_>],
-        begin: &'static str,
     ) -> Result<Option<(sqlx::Transaction<'static, DB>, Vec<Claim>)>, RunError<E>> {
         let (keys, fingerprints): (Vec<&Key>, Vec<Fingerprint>) = messages
             .iter()
@@ -754,8 +693,7 @@ impl<DB: Backend> Inbox<DB> {
                 (key, Fingerprint::of(payload))
             })
             .unzip();
-        let begun = self.shared.pool.begin_with(begin).await;
-        let mut tx = begun.map_err(|error| RunError::Store(driver_error::<DB>(error)))?;
+        let mut tx = self.begin().await.map_err(RunError::Store)?;
         let claimed = self
             .claim_at_offsets(&mut tx, &keys, &fingerprints, random_claim_id(), offsets)
             .await;

@@ -33,19 +33,13 @@ use tracing::Instrument;
 pub(crate) const PARTITION: i32 = 0;
 
 /// How many batches a reader takes before the first of them is done with: two running at
-/// once (with [`Reader::batches_at_once`] of 2, or one claiming ahead), and one read
-/// meanwhile. A reader has no acknowledgements to wait for: its position commits with the
-/// work.
+/// once (with [`Reader::batches_at_once`] of 2), and one read meanwhile. A reader has no
+/// acknowledgements to wait for: its position commits with the work.
 const AHEAD: usize = 3;
 
 /// How long a reader waits without a new entry before it stores the offsets of the
 /// duplicates it read last.
 const IDLE: Duration = Duration::from_secs(1);
-
-/// How long a batch that claimed ahead waits for the one before it to end. Past it, it
-/// rolls back and runs again after that one: that one may wait for a key it holds, a
-/// wait between two transactions that the database does not see.
-const BEFORE_END_WAIT: Duration = Duration::from_secs(10);
 
 /// Where an entry sits: its stream (or topic), its partition, and its offset there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,9 +267,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     }
 
     /// Lets [`Reader::run_batched`] and [`Reader::run_batches`] run two batches at once
-    /// (`batches` of 2 or more); 1, the default, runs each batch's work after the one
-    /// before committed. With 1, on PostgreSQL at READ COMMITTED, the next batch claims
-    /// its keys while the one before commits (see [`Inbox::run_batch_after_commit`]).
+    /// (`batches` of 2 or more); 1, the default, runs one after the other.
     ///
     /// The second batch claims its keys and runs its work beside the first, each in its own
     /// transaction on its own connection of the inbox's pool. Its offsets move only after
@@ -418,13 +410,11 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
     /// failing entry neither loses nor doubles the others and each partition stays in
     /// order. A batch never holds an entry of a partition the broker took back.
     ///
-    /// Once its partitions have a commit of this reader, the next batch claims its keys
-    /// while the one before commits, where [`Inbox::reads_committed`]; its work runs after
-    /// that commit (see [`Inbox::run_batch_after_commit`]). With
-    /// [`Reader::batches_at_once`] of 2, it runs two batches at once: the second claims its
-    /// keys and runs its work beside the first, and moves its offsets only from where the
-    /// first left them (see [`Inbox::run_batch_after`]). Either way, if the batch before
-    /// did not commit, neither does the next: both run again, in order.
+    /// With [`Reader::batches_at_once`] of 2, once its partitions have a commit of this
+    /// reader, it runs two batches at once: the second claims its keys and runs its work
+    /// beside the first, and moves its offsets only from where the first left them (see
+    /// [`Inbox::run_batch_after`]). If the first did not commit, neither does the second:
+    /// both run again, in order.
     pub async fn run_batched<F, E>(
         &self,
         shutdown: impl Future,
@@ -526,8 +516,6 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         E: std::error::Error + Send + Sync + 'static,
     {
         let (gather, mut batches) = gathering(&mut entries.entries, shutdown, batch_size, AHEAD);
-        let claims_ahead = self.batches_at_once == 1 && self.claims_ahead().await;
-        let beside = self.batches_at_once > 1 || claims_ahead;
         let process = async move {
             // Each time it resolves, processing returns.
             let mut stopped = batches.stopped();
@@ -562,7 +550,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 // Read ahead: the partition may have moved since.
                 batch.retain(|entry| self.broker.holds(entry));
                 let mut before = match leading.take() {
-                    Some(before) if beside && self.all_proven(&batch) => before,
+                    Some(before) if self.batches_at_once > 1 && self.all_proven(&batch) => before,
                     other => {
                         // The batch before may prove the partitions: then this one runs
                         // first of the next two.
@@ -570,10 +558,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                             return Ok(());
                         }
                         if self.all_proven(&batch) {
-                            let first = Start::Leading {
-                                tells_end: claims_ahead,
-                            };
-                            leading = Some(self.start(batch, running, on.work, first));
+                            leading = Some(self.start(batch, running, on.work, None));
                         } else if self.in_turn(batch, true, &mut on).await? {
                             return Ok(());
                         }
@@ -591,28 +576,12 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                     if self.finish(Some(before), &mut on).await? {
                         return Ok(());
                     }
-                    let first = Start::Leading {
-                        tells_end: claims_ahead,
-                    };
-                    leading = Some(self.start(batch, running, on.work, first));
+                    leading = Some(self.start(batch, running, on.work, None));
                     continue;
                 }
-                let after = Start::After {
-                    spans: &before.spans,
-                    ended: before.ended.take(),
-                };
-                let mut after = self.start(batch, running, on.work, after);
+                let mut after = self.start(batch, running, on.work, Some(&before.spans));
                 // The batch before ends first: this one's offsets wait for its commit.
                 let first = end_beside(&mut before, Some(&mut after)).await;
-                // Claiming ahead, each batch waits for the one before, so that one may go
-                // first of the next two once this one committed.
-                if claims_ahead && first.2.is_some() {
-                    if self.after_together(first, false, &mut on).await? {
-                        return Ok(());
-                    }
-                    leading = Some(after);
-                    continue;
-                }
                 let second = end_beside(&mut after, None).await;
                 // The batch after moves its offsets from where the one before left them: it
                 // did not commit if that one did not, and runs again after it, in order.
@@ -758,41 +727,18 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         })
     }
 
-    /// Whether a batch may claim its keys while the one before it commits, and still see
-    /// that one's writes in its work: where the inbox's transactions read committed.
-    async fn claims_ahead(&self) -> bool {
-        self.inbox.reads_committed().await.unwrap_or_else(|error| {
-            tracing::debug!(%error, "asking the isolation level: batches run one after the other");
-            false
-        })
-    }
-
-    /// Starts the transaction of `batch`, run together, first or after a batch (see
-    /// [`Inbox::run_batch_after`]).
+    /// Starts the transaction of `batch`, run together, after the batch whose spans are
+    /// `before` (see [`Inbox::run_batch_after`]), or first.
     fn start<'s, E>(
         &'s self,
         batch: Vec<O::Entry>,
         running: OwnedSemaphorePermit,
         work: &'s impl RunWork<DB, E>,
-        start: Start<'_>,
+        before: Option<&[HeldSpan]>,
     ) -> Running<'s, O::Entry>
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        let (before, before_ended, tells_end) = match start {
-            Start::Leading { tells_end } => (None, None, tells_end),
-            Start::After { spans, ended } => {
-                let tells_end = ended.is_some();
-                (Some(spans.to_vec()), ended, tells_end)
-            }
-        };
-        let (tell_end, ended) = match tells_end {
-            true => {
-                let (tell, hear) = oneshot::channel();
-                (Some(tell), Some(hear))
-            }
-            false => (None, None),
-        };
         let (claimed, claimed_now) = oneshot::channel();
         let positions = batch
             .iter()
@@ -807,12 +753,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                 )
             })
             .collect();
+        let before = before.map(<[HeldSpan]>::to_vec);
         let run = async move {
-            let before = before.as_deref().map(|spans| (spans, before_ended));
-            let ran = (self.commit_together(&batch, work, Some(claimed), before)).await;
-            if let Some(tell_end) = tell_end {
-                let _ = tell_end.send(());
-            }
+            let ran = (self.commit_together(&batch, work, Some(claimed), before.as_deref())).await;
             (batch, running, ran)
         };
         Running {
@@ -820,7 +763,6 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             // default limit in the caller's crate.
             run: maybe_done(Box::pin(run)),
             claimed: claimed_now,
-            ended,
             spans: held,
         }
     }
@@ -1010,15 +952,13 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
 
     /// The transaction of [`Reader::run_together`]: what each entry's work saw and what it
     /// came to, once committed. `claimed` hears when the keys are claimed and the offsets
-    /// moved, or, after the batch whose spans are `before`, when the keys are claimed. With
-    /// the signal of that batch's end too, the work waits for it (see
-    /// [`Inbox::run_batch_after_commit`]).
+    /// moved, or, after the batch whose spans are `before`, when the keys are claimed.
     async fn commit_together<E>(
         &self,
         batch: &[O::Entry],
         work: &impl RunWork<DB, E>,
         claimed: Option<oneshot::Sender<()>>,
-        before: Option<(&[HeldSpan], Option<oneshot::Receiver<()>>)>,
+        before: Option<&[HeldSpan]>,
     ) -> Option<Together>
     where
         E: std::error::Error + Send + Sync + 'static,
@@ -1034,18 +974,9 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
             .first()
             .map_or(self.inbox.scope(), |(_, first)| &first.scope);
         let inbox = crate::inbox_in(&self.inbox, scope);
-        let (before, before_ended) = match before {
-            Some((spans, ended)) => (Some(spans), ended),
-            None => (None, None),
-        };
-        // Waiting for the batch before, this one has claimed: the next may start.
-        let (claimed_at_work, claimed_at_wait) = match before_ended {
-            Some(_) => (None, claimed),
-            None => (claimed, None),
-        };
         let work = batch_work(|tx, firsts: Vec<&(Position<'_>, Incoming)>| {
             Box::pin(async move {
-                if let Some(claimed) = claimed_at_work {
+                if let Some(claimed) = claimed {
                     let _ = claimed.send(());
                 }
                 let firsts: Vec<&Incoming> =
@@ -1068,25 +999,7 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
                         last: *last,
                     })
                     .collect();
-                match before_ended {
-                    None => (inbox.run_batch_after(&read, claimed_as, &spans, &before, work)).await,
-                    Some(ended) => {
-                        let ended = async move {
-                            if let Some(claimed) = claimed_at_wait {
-                                let _ = claimed.send(());
-                            }
-                            // Dropped, the batch before ended too: its future went first.
-                            tokio::select! {
-                                _ = ended => true,
-                                () = tokio::time::sleep(BEFORE_END_WAIT) => false,
-                            }
-                        };
-                        let run = inbox.run_batch_after_commit(
-                            &read, claimed_as, &spans, &before, ended, work,
-                        );
-                        run.await
-                    }
-                }
+                (inbox.run_batch_after(&read, claimed_as, &spans, &before, work)).await
             }
         };
         let outcomes = match run {
@@ -1365,23 +1278,8 @@ struct Running<'s, D> {
     /// Resolves once its keys are claimed and its offsets moved: the batch after it may
     /// start.
     claimed: oneshot::Receiver<()>,
-    /// Resolves once its transaction ended, for the batch after it to run its work; where
-    /// that batch claims ahead.
-    ended: Option<oneshot::Receiver<()>>,
     /// Its spans, for the batch after it.
     spans: Vec<HeldSpan>,
-}
-
-/// How a batch run together starts.
-enum Start<'b> {
-    /// First, or alone; it tells its end when the batch after it claims ahead.
-    Leading { tells_end: bool },
-    /// After the batch whose spans are `spans`; with that batch's `ended`, it claims ahead
-    /// of that batch's commit and runs its work after it, and tells its own end.
-    After {
-        spans: &'b [HeldSpan],
-        ended: Option<oneshot::Receiver<()>>,
-    },
 }
 
 /// What an entry read is claimed as: its key and its body.

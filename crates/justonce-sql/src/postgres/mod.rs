@@ -40,7 +40,6 @@ impl Backend for Postgres {
     const BEGIN: &'static str = "BEGIN";
     const ONE_WRITER: bool = false;
     const NOTIFIES: bool = true;
-    const BEGIN_READ_COMMITTED: Option<&'static str> = Some("BEGIN ISOLATION LEVEL READ COMMITTED");
 
     const SCHEMA: Schema = migrations::SCHEMA;
 
@@ -65,13 +64,6 @@ impl Backend for Postgres {
             listener: Some(listener),
             ..Wakeups::none()
         })
-    }
-
-    async fn reads_committed(pool: &sqlx::Pool<Self>) -> Result<bool, Error> {
-        sqlx::query_scalar("SELECT current_setting('transaction_isolation') = 'read committed'")
-            .fetch_one(pool)
-            .await
-            .map_err(driver_error::<Self>)
     }
 
     async fn notify_relays<'a>(pool: &'a sqlx::Pool<Self>, channel: &'a str) -> Result<(), Error> {
