@@ -961,12 +961,13 @@ impl<B: Broker, DB: Backend> Consumer<B, DB> {
         };
         // A spent delivery still claims its key: one whose work committed before its
         // consumer died is acknowledged as a duplicate, not dead-lettered.
-        let run = inbox
-            .run(&incoming.key, &incoming.body, |tx| match &spent {
-                Some(spent) => Box::pin(std::future::ready(Err(Failed::Spent(spent.clone())))),
-                None => work.run(tx, alone),
-            })
-            .instrument(crate::consume_span(&incoming));
+        let run = std::pin::pin!(inbox.run(&incoming.key, &incoming.body, |tx| match &spent {
+            Some(spent) => Box::pin(std::future::ready(Err(Failed::Spent(spent.clone())))),
+            None => work.run(tx, alone),
+        }));
+        // The run's future is large: pinned where it is made, the span and the broker's
+        // wrapper hold a pointer to it instead of copying it.
+        let run = run.instrument(crate::consume_span(&incoming));
         Ran::of(self.broker.working(&[delivery], run).await)
     }
 

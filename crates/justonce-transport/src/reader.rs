@@ -1214,25 +1214,25 @@ impl<O: OrderedBroker, DB: Backend> Reader<O, DB> {
         let inbox = crate::inbox_in(&self.inbox, &incoming.scope);
         let inbox = &*inbox;
         let alone: &[&Incoming] = &[incoming];
-        let run = inbox
-            .run(&incoming.key, &incoming.body, |tx| {
-                Box::pin(async move {
-                    if let Some(spent) = spent {
-                        return Err(InOrderError::Work(Failed::Spent(spent.clone())));
-                    }
-                    work.run(tx, alone).await.map_err(InOrderError::Work)?;
-                    match inbox
-                        .commit_offset(tx, at.stream, at.partition, at.offset)
-                        .await
-                        .map_err(InOrderError::Offset)?
-                    {
-                        OffsetCommit::Moved => Ok(()),
-                        OffsetCommit::AlreadyProcessed => Err(InOrderError::AlreadyProcessed),
-                    }
-                })
+        let run = std::pin::pin!(inbox.run(&incoming.key, &incoming.body, |tx| {
+            Box::pin(async move {
+                if let Some(spent) = spent {
+                    return Err(InOrderError::Work(Failed::Spent(spent.clone())));
+                }
+                work.run(tx, alone).await.map_err(InOrderError::Work)?;
+                match inbox
+                    .commit_offset(tx, at.stream, at.partition, at.offset)
+                    .await
+                    .map_err(InOrderError::Offset)?
+                {
+                    OffsetCommit::Moved => Ok(()),
+                    OffsetCommit::AlreadyProcessed => Err(InOrderError::AlreadyProcessed),
+                }
             })
-            .instrument(crate::consume_span(incoming))
-            .await;
+        }));
+        // The run's future is large: pinned where it is made, the span holds a pointer to it
+        // instead of copying it.
+        let run = run.instrument(crate::consume_span(incoming)).await;
         match run {
             Ok(outcome) => Ran::Outcome(outcome),
             Err(RunError::Work(InOrderError::Work(failed))) => failed.ran(),
