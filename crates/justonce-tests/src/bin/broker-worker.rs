@@ -19,10 +19,11 @@
 //! <n>` as a consumer counted them; a reader runs until it is killed, and prints `took
 //! <key>` as it runs its first entry (a Kafka member: once the group assigned it
 //! partitions). `run-batched`: the same in batches of 20, without `took`; a reader runs two
-//! at once. The work stops at its `hang` failpoint in this process. `run-pausing` (a consumer): `run`, one delivery at
-//! a time, and on SIGUSR1 it takes the next delivery, prints `paused <key>` and stops itself
-//! with SIGSTOP before it runs it: resumed past the broker's wait, it runs and acknowledges
-//! a delivery the broker gave to another consumer meanwhile.
+//! at once. The work stops at its `hang` failpoint in this process. `run-pausing` (a
+//! consumer): `run`, one delivery at a time, and on SIGUSR1 it takes the next delivery,
+//! prints `paused <key>` and stops itself with SIGSTOP before it runs it: resumed past the
+//! broker's wait, it runs and acknowledges a delivery the broker gave to another consumer
+//! meanwhile.
 //! `run-<n>-attempts`: `run`, with `n` attempts, where a message whose work ended its
 //! consumer that often is dead-lettered before it runs; the work ends this process on a key
 //! that starts with `exit`. `run-batched-<n>-attempts`: the same in batches of 20.
