@@ -167,14 +167,15 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// Connects to `url` with `options`.
+    ///
+    /// Its pool pings a connection before handing it out only if it sat idle for more than
+    /// a second. sqlx pings every one by default: a round trip more per transaction.
     pub async fn connect_with(
         url: &str,
         consumer: Consumer,
         options: InboxOptions,
     ) -> Result<Self, Error> {
-        let pool_options = sqlx::pool::PoolOptions::new()
-            .max_connections(options.pool_size)
-            .acquire_timeout(options.acquire_timeout);
+        let pool_options = crate::pool::options(options.pool_size, options.acquire_timeout);
         let (pool, watcher) = DB::connect(url, pool_options).await?;
         Self::owning(pool, watcher, consumer, options)
     }
@@ -311,12 +312,25 @@ impl<DB: Backend> Inbox<DB> {
 
     /// Opens a writing transaction: `BEGIN IMMEDIATE` on SQLite, so that it waits for the
     /// write lock up front instead of failing with SQLITE_BUSY when it first writes.
+    ///
+    /// A connection found broken by its BEGIN is replaced at once, up to the pool's size:
+    /// the pool of [`Inbox::connect_with`] does not ping one used within the last second.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, DB>, Error> {
-        self.shared
-            .pool
-            .begin_with(DB::BEGIN)
-            .await
-            .map_err(driver_error::<DB>)
+        let pool = &self.shared.pool;
+        let mut replaced = 0;
+        loop {
+            match pool.begin_with(DB::BEGIN).await {
+                // Nothing was done on it: BEGIN was its first statement.
+                Err(error)
+                    if DB::is_commit_unknown(&error)
+                        && replaced < pool.options().get_max_connections() =>
+                {
+                    tracing::debug!(%error, "a pooled connection was broken at BEGIN: taking another");
+                    replaced += 1;
+                }
+                begun => return begun.map_err(driver_error::<DB>),
+            }
+        }
     }
 
     /// Claims `key` inside the caller's transaction, through the unique constraint.

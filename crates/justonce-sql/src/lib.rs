@@ -75,6 +75,7 @@ mod mysql;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod numbered;
 mod outbox;
+mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod recent;

@@ -260,10 +260,12 @@ pub(super) async fn connect(
                 Err(sqlx::Error::Protocol(failover.hosts.refusal().to_owned()))
             })
         })
-        .before_acquire(move |_, meta| {
+        .before_acquire(move |conn, meta| {
             // A connection older than the last switch may be to the old primary.
             let current = meta.age < on_acquire.since_switch();
-            Box::pin(async move { Ok(current) })
+            Box::pin(async move {
+                Ok(current && crate::pool::answers_if_idle(conn, meta.idle_for).await?)
+            })
         });
     let pool = failover.hosts.targets[current]
         .connect_pool(pool, driver_error::<Postgres>)

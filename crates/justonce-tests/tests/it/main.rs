@@ -29,6 +29,7 @@ mod nats;
 mod nats_cluster;
 mod outbox;
 mod payments;
+mod pool;
 mod purge;
 mod rabbitmq_worker;
 mod receiver;

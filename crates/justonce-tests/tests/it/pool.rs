@@ -1,0 +1,134 @@
+//! The inbox's pool: a connection the server ended while it sat in the pool is replaced
+//! before anything is lost, whether or not the pool pinged it first.
+
+use super::{key, process};
+use justonce_sql::{Consumer, Inbox, InboxOptions, Outcome};
+use justonce_tests::{TestBackend, TestDb};
+use std::time::Duration;
+
+/// How a server names a connection and ends another one.
+struct Server {
+    /// The connection's own id, as a signed 64-bit number.
+    own_id: &'static str,
+    end: fn(i64) -> String,
+    /// How many connections have that id: 0 once it is gone.
+    open: fn(i64) -> String,
+}
+
+const POSTGRES: Server = Server {
+    own_id: "SELECT pg_backend_pid()::bigint",
+    end: |id| format!("SELECT pg_terminate_backend({id})"),
+    open: |id| format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {id}"),
+};
+
+const MARIADB: Server = Server {
+    own_id: "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+    end: |id| format!("KILL CONNECTION {id}"),
+    open: |id| {
+        format!(
+            "SELECT CAST(count(*) AS SIGNED) FROM information_schema.processlist WHERE id = {id}"
+        )
+    },
+};
+
+/// An inbox on `db`'s tables whose pool holds one connection.
+async fn one_connection<DB: TestBackend>(db: &TestDb<DB>) -> Inbox<DB> {
+    let options = InboxOptions::default().prefix(&db.prefix).pool_size(1);
+    Inbox::connect_with(&db.url, Consumer::new("test").unwrap(), options)
+        .await
+        .expect("connect")
+}
+
+/// Ends the only connection of `inbox`'s pool from `db`'s own pool while it sits idle, and
+/// waits until the server has let it go. Returns its id.
+async fn end_the_idle_connection<DB: TestBackend>(
+    db: &TestDb<DB>,
+    inbox: &Inbox<DB>,
+    server: &Server,
+) -> i64 {
+    let id = DB::count(inbox.pool(), server.own_id.to_owned()).await;
+    // sqlx puts a connection back once it answered a ping: then it sits idle.
+    while inbox.pool().num_idle() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    DB::execute(db.inbox.pool(), (server.end)(id))
+        .await
+        .expect("end the connection");
+    for _ in 0..500 {
+        if DB::count(db.inbox.pool(), (server.open)(id)).await == 0 {
+            assert_eq!(
+                inbox.pool().num_idle(),
+                1,
+                "the ended connection is still pooled"
+            );
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("connection {id} was not ended within 5 s");
+}
+
+/// A connection ended while idle for a moment, too short for the pool to ping it: the
+/// run's BEGIN finds it broken and takes another, and the message takes effect once.
+async fn a_connection_ended_while_idle_is_replaced_at_begin<DB: TestBackend>(
+    test: &str,
+    server: &Server,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let inbox = one_connection(&db).await;
+    end_the_idle_connection(&db, &inbox, server).await;
+    let id = key("charge:after-the-end");
+    assert_eq!(
+        process(&db, &inbox, &id, b"p").await,
+        Outcome::Processed(())
+    );
+    assert_eq!(db.effects_of(&id).await, 1);
+    assert_eq!(process(&db, &inbox, &id, b"p").await, Outcome::Duplicate);
+    inbox.pool().close().await;
+    db.cleanup().await;
+}
+
+/// A connection ended and left idle past a second is pinged before use: a statement on the
+/// pool outside any transaction runs on a new connection instead of failing.
+async fn a_connection_ended_and_left_idle_is_pinged_before_use<DB: TestBackend>(
+    test: &str,
+    server: &Server,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let inbox = one_connection(&db).await;
+    let ended = end_the_idle_connection(&db, &inbox, server).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let now = DB::count(inbox.pool(), server.own_id.to_owned()).await;
+    assert_ne!(now, ended, "the statement ran on a new connection");
+    inbox.pool().close().await;
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_ended_while_idle_is_replaced_at_begin_on_postgres() {
+    a_connection_ended_while_idle_is_replaced_at_begin::<sqlx::Postgres>("ended_idle", &POSTGRES)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_ended_while_idle_is_replaced_at_begin_on_mysql() {
+    a_connection_ended_while_idle_is_replaced_at_begin::<sqlx::MySql>("ended_idle", &MARIADB).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_ended_and_left_idle_is_pinged_before_use_on_postgres() {
+    a_connection_ended_and_left_idle_is_pinged_before_use::<sqlx::Postgres>(
+        "ended_left_idle",
+        &POSTGRES,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_ended_and_left_idle_is_pinged_before_use_on_mysql() {
+    a_connection_ended_and_left_idle_is_pinged_before_use::<sqlx::MySql>(
+        "ended_left_idle",
+        &MARIADB,
+    )
+    .await;
+}
