@@ -2,7 +2,7 @@
 //! before anything is lost, whether or not the pool pinged it first.
 
 use super::{key, process};
-use justonce_sql::{Consumer, Inbox, InboxOptions, Outcome};
+use justonce_sql::{Consumer, Inbox, InboxOptions, Message, Outcome};
 use justonce_tests::{TestBackend, TestDb};
 use std::time::Duration;
 
@@ -88,6 +88,27 @@ async fn a_connection_ended_while_idle_is_replaced_at_begin<DB: TestBackend>(
     db.cleanup().await;
 }
 
+/// The same, for a webhook's forward: on PostgreSQL its one statement runs outside a
+/// transaction and finds the connection broken; what follows reads back that nothing was
+/// written, and writes the outbox row once.
+async fn a_forward_on_a_connection_ended_while_idle_is_stored_once<DB: TestBackend>(
+    test: &str,
+    server: &Server,
+) {
+    let db = TestDb::<DB>::new(test).await;
+    let inbox = one_connection(&db).await;
+    end_the_idle_connection(&db, &inbox, server).await;
+    let id = key("shop:evt_after_the_end");
+    let message = Message::new("shop", "body");
+    let forwarded = inbox.run_forward(&id, b"body", message.clone()).await;
+    assert_eq!(forwarded.expect("forward"), Outcome::Processed(()));
+    let again = inbox.run_forward(&id, b"body", message).await;
+    assert_eq!(again.expect("forward again"), Outcome::Duplicate);
+    assert_eq!(db.rows("outbox").await, 1);
+    inbox.pool().close().await;
+    db.cleanup().await;
+}
+
 /// A connection ended and left idle past a second is pinged before use: a statement on the
 /// pool outside any transaction runs on a new connection instead of failing.
 async fn a_connection_ended_and_left_idle_is_pinged_before_use<DB: TestBackend>(
@@ -128,6 +149,24 @@ async fn a_connection_ended_and_left_idle_is_pinged_before_use_on_postgres() {
 async fn a_connection_ended_and_left_idle_is_pinged_before_use_on_mysql() {
     a_connection_ended_and_left_idle_is_pinged_before_use::<sqlx::MySql>(
         "ended_left_idle",
+        &MARIADB,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_on_a_connection_ended_while_idle_is_stored_once_on_postgres() {
+    a_forward_on_a_connection_ended_while_idle_is_stored_once::<sqlx::Postgres>(
+        "ended_forward",
+        &POSTGRES,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_on_a_connection_ended_while_idle_is_stored_once_on_mysql() {
+    a_forward_on_a_connection_ended_while_idle_is_stored_once::<sqlx::MySql>(
+        "ended_forward",
         &MARIADB,
     )
     .await;
