@@ -6,6 +6,34 @@ use justonce_sql::{Consumer, Inbox, InboxOptions, Message, Outcome};
 use justonce_tests::{TestBackend, TestDb};
 use std::time::Duration;
 
+/// Each test on the servers whose connections can break: PostgreSQL and MariaDB.
+macro_rules! on_servers {
+    ($($test:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test::<sqlx::Postgres>(stringify!($test), &super::POSTGRES).await
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test::<sqlx::MySql>(stringify!($test), &super::MARIADB).await
+                }
+            )*
+        }
+    };
+}
+
+on_servers!(
+    a_connection_ended_while_idle_is_replaced_at_begin,
+    a_forward_on_a_connection_ended_while_idle_is_stored_once,
+    a_connection_ended_and_left_idle_is_pinged_before_use,
+);
+
 /// How a server names a connection and ends another one.
 struct Server {
     /// The connection's own id, as a signed 64-bit number.
@@ -31,12 +59,25 @@ const MARIADB: Server = Server {
     },
 };
 
-/// An inbox on `db`'s tables whose pool holds one connection.
-async fn one_connection<DB: TestBackend>(db: &TestDb<DB>) -> Inbox<DB> {
+/// A test's tables, an inbox on them whose pool holds one connection, and that
+/// connection's id, once the server has ended it while it sat idle in the pool.
+async fn one_connection_ended<DB: TestBackend>(
+    test: &str,
+    server: &Server,
+) -> (TestDb<DB>, Inbox<DB>, i64) {
+    let db = TestDb::<DB>::new(test).await;
     let options = InboxOptions::default().prefix(&db.prefix).pool_size(1);
-    Inbox::connect_with(&db.url, Consumer::new("test").unwrap(), options)
+    let inbox = Inbox::connect_with(&db.url, Consumer::new("test").unwrap(), options)
         .await
-        .expect("connect")
+        .expect("connect");
+    let ended = end_the_idle_connection(&db, &inbox, server).await;
+    (db, inbox, ended)
+}
+
+/// Closes the test's own pool, then drops its tables.
+async fn close<DB: TestBackend>(db: TestDb<DB>, inbox: Inbox<DB>) {
+    inbox.pool().close().await;
+    db.cleanup().await;
 }
 
 /// Ends the only connection of `inbox`'s pool from `db`'s own pool while it sits idle, and
@@ -74,9 +115,7 @@ async fn a_connection_ended_while_idle_is_replaced_at_begin<DB: TestBackend>(
     test: &str,
     server: &Server,
 ) {
-    let db = TestDb::<DB>::new(test).await;
-    let inbox = one_connection(&db).await;
-    end_the_idle_connection(&db, &inbox, server).await;
+    let (db, inbox, _) = one_connection_ended::<DB>(test, server).await;
     let id = key("charge:after-the-end");
     assert_eq!(
         process(&db, &inbox, &id, b"p").await,
@@ -84,8 +123,7 @@ async fn a_connection_ended_while_idle_is_replaced_at_begin<DB: TestBackend>(
     );
     assert_eq!(db.effects_of(&id).await, 1);
     assert_eq!(process(&db, &inbox, &id, b"p").await, Outcome::Duplicate);
-    inbox.pool().close().await;
-    db.cleanup().await;
+    close(db, inbox).await;
 }
 
 /// The same, for a webhook's forward: on PostgreSQL its one statement runs outside a
@@ -95,9 +133,7 @@ async fn a_forward_on_a_connection_ended_while_idle_is_stored_once<DB: TestBacke
     test: &str,
     server: &Server,
 ) {
-    let db = TestDb::<DB>::new(test).await;
-    let inbox = one_connection(&db).await;
-    end_the_idle_connection(&db, &inbox, server).await;
+    let (db, inbox, _) = one_connection_ended::<DB>(test, server).await;
     let id = key("shop:evt_after_the_end");
     let message = Message::new("shop", "body");
     let forwarded = inbox.run_forward(&id, b"body", message.clone()).await;
@@ -105,8 +141,7 @@ async fn a_forward_on_a_connection_ended_while_idle_is_stored_once<DB: TestBacke
     let again = inbox.run_forward(&id, b"body", message).await;
     assert_eq!(again.expect("forward again"), Outcome::Duplicate);
     assert_eq!(db.rows("outbox").await, 1);
-    inbox.pool().close().await;
-    db.cleanup().await;
+    close(db, inbox).await;
 }
 
 /// A connection ended and left idle past a second is pinged before use: a statement on the
@@ -115,59 +150,9 @@ async fn a_connection_ended_and_left_idle_is_pinged_before_use<DB: TestBackend>(
     test: &str,
     server: &Server,
 ) {
-    let db = TestDb::<DB>::new(test).await;
-    let inbox = one_connection(&db).await;
-    let ended = end_the_idle_connection(&db, &inbox, server).await;
+    let (db, inbox, ended) = one_connection_ended::<DB>(test, server).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let now = DB::count(inbox.pool(), server.own_id.to_owned()).await;
     assert_ne!(now, ended, "the statement ran on a new connection");
-    inbox.pool().close().await;
-    db.cleanup().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_ended_while_idle_is_replaced_at_begin_on_postgres() {
-    a_connection_ended_while_idle_is_replaced_at_begin::<sqlx::Postgres>("ended_idle", &POSTGRES)
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_ended_while_idle_is_replaced_at_begin_on_mysql() {
-    a_connection_ended_while_idle_is_replaced_at_begin::<sqlx::MySql>("ended_idle", &MARIADB).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_ended_and_left_idle_is_pinged_before_use_on_postgres() {
-    a_connection_ended_and_left_idle_is_pinged_before_use::<sqlx::Postgres>(
-        "ended_left_idle",
-        &POSTGRES,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_ended_and_left_idle_is_pinged_before_use_on_mysql() {
-    a_connection_ended_and_left_idle_is_pinged_before_use::<sqlx::MySql>(
-        "ended_left_idle",
-        &MARIADB,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forward_on_a_connection_ended_while_idle_is_stored_once_on_postgres() {
-    a_forward_on_a_connection_ended_while_idle_is_stored_once::<sqlx::Postgres>(
-        "ended_forward",
-        &POSTGRES,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forward_on_a_connection_ended_while_idle_is_stored_once_on_mysql() {
-    a_forward_on_a_connection_ended_while_idle_is_stored_once::<sqlx::MySql>(
-        "ended_forward",
-        &MARIADB,
-    )
-    .await;
+    close(db, inbox).await;
 }
