@@ -168,8 +168,8 @@ impl<DB: Backend> Inbox<DB> {
 
     /// Connects to `url` with `options`.
     ///
-    /// Its pool pings a connection before handing it out only if it sat idle for more than
-    /// a second. sqlx pings every one by default: a round trip more per transaction.
+    /// Its pool does not ping the connection of a transaction before handing it out, as
+    /// sqlx does by default: see [`Inbox::begin`].
     pub async fn connect_with(
         url: &str,
         consumer: Consumer,
@@ -313,13 +313,14 @@ impl<DB: Backend> Inbox<DB> {
     /// Opens a writing transaction: `BEGIN IMMEDIATE` on SQLite, so that it waits for the
     /// write lock up front instead of failing with SQLITE_BUSY when it first writes.
     ///
-    /// A connection found broken by its BEGIN is replaced at once, up to the pool's size:
-    /// the pool of [`Inbox::connect_with`] does not ping one used within the last second.
+    /// The pool of [`Inbox::connect_with`] hands out its connection without a ping: BEGIN
+    /// tests it, one round trip instead of two. A connection found broken by its BEGIN is
+    /// replaced at once, up to the pool's size, as a failed ping would have been.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, DB>, Error> {
         let pool = &self.shared.pool;
         let mut replaced = 0;
         loop {
-            match pool.begin_with(DB::BEGIN).await {
+            match crate::pool::unpinged(pool.begin_with(DB::BEGIN)).await {
                 // Nothing was done on it: BEGIN was its first statement.
                 Err(error)
                     if DB::is_commit_unknown(&error)

@@ -263,9 +263,9 @@ pub(super) async fn connect(
         .before_acquire(move |conn, meta| {
             // A connection older than the last switch may be to the old primary.
             let current = meta.age < on_acquire.since_switch();
-            Box::pin(async move {
-                Ok(current && crate::pool::answers_if_idle(conn, meta.idle_for).await?)
-            })
+            Box::pin(
+                async move { Ok(current && crate::pool::answers_unless_beginning(conn).await?) },
+            )
         });
     let pool = failover.hosts.targets[current]
         .connect_pool(pool, driver_error::<Postgres>)

@@ -1,5 +1,5 @@
 //! The inbox's pool: a connection the server ended while it sat in the pool is replaced
-//! before anything is lost, whether or not the pool pinged it first.
+//! before anything is lost, found broken by a transaction's BEGIN or by a ping.
 
 use super::{key, process};
 use justonce_sql::{Consumer, Inbox, InboxOptions, Message, Outcome};
@@ -31,7 +31,7 @@ macro_rules! on_servers {
 on_servers!(
     a_connection_ended_while_idle_is_replaced_at_begin,
     a_forward_on_a_connection_ended_while_idle_is_stored_once,
-    a_connection_ended_and_left_idle_is_pinged_before_use,
+    a_statement_outside_a_transaction_gets_a_connection_that_answers,
 );
 
 /// How a server names a connection and ends another one.
@@ -109,8 +109,8 @@ async fn end_the_idle_connection<DB: TestBackend>(
     panic!("connection {id} was not ended within 5 s");
 }
 
-/// A connection ended while idle for a moment, too short for the pool to ping it: the
-/// run's BEGIN finds it broken and takes another, and the message takes effect once.
+/// A connection ended while idle: the run's BEGIN, unpinged, finds it broken and takes
+/// another, and the message takes effect once.
 async fn a_connection_ended_while_idle_is_replaced_at_begin<DB: TestBackend>(
     test: &str,
     server: &Server,
@@ -127,8 +127,7 @@ async fn a_connection_ended_while_idle_is_replaced_at_begin<DB: TestBackend>(
 }
 
 /// The same, for a webhook's forward: on PostgreSQL its one statement runs outside a
-/// transaction and finds the connection broken; what follows reads back that nothing was
-/// written, and writes the outbox row once.
+/// transaction, on a connection that answered a ping, and writes the outbox row once.
 async fn a_forward_on_a_connection_ended_while_idle_is_stored_once<DB: TestBackend>(
     test: &str,
     server: &Server,
@@ -144,14 +143,13 @@ async fn a_forward_on_a_connection_ended_while_idle_is_stored_once<DB: TestBacke
     close(db, inbox).await;
 }
 
-/// A connection ended and left idle past a second is pinged before use: a statement on the
-/// pool outside any transaction runs on a new connection instead of failing.
-async fn a_connection_ended_and_left_idle_is_pinged_before_use<DB: TestBackend>(
+/// A statement outside a transaction gets a connection that answered a ping: one ended
+/// while idle is closed, and the statement runs on a new one instead of failing.
+async fn a_statement_outside_a_transaction_gets_a_connection_that_answers<DB: TestBackend>(
     test: &str,
     server: &Server,
 ) {
     let (db, inbox, ended) = one_connection_ended::<DB>(test, server).await;
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
     let now = DB::count(inbox.pool(), server.own_id.to_owned()).await;
     assert_ne!(now, ended, "the statement ran on a new connection");
     close(db, inbox).await;
