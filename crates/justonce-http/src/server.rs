@@ -806,7 +806,7 @@ impl<DB: Backend> Transactional for Inbox<DB> {
                     .with_scope(identity.scope.clone())
                     .with_consumer(identity.consumer.clone());
                 if claimer.claim(&mut tx, &identity.key, body).await? != Claim::First {
-                    tx.rollback().await.map_err(driver_error)?;
+                    self.roll_back(tx).await?;
                     return Ok(Begun::Taken);
                 }
             }
@@ -837,23 +837,18 @@ impl<DB: Backend> OpenTx<DB> {
     }
 }
 
-fn driver_error(error: sqlx::Error) -> justonce_core::Error {
-    justonce_core::Error::database(false, error)
-}
-
 impl<DB: Backend> Open for OpenTx<DB> {
     fn commit(self: Box<Self>, stored: Option<(Identity, Vec<u8>)>) -> LeaseFuture<'static, ()> {
         Box::pin(async move {
-            let mut tx = self.take().await?;
-            if let Some((identity, result)) = stored {
-                self.inbox.store_result(&mut tx, &identity, &result).await?;
-            }
-            tx.commit().await.map_err(driver_error)
+            let tx = self.take().await?;
+            let stored = stored.as_ref();
+            let stored = stored.map(|(identity, result)| (identity, result.as_slice()));
+            self.inbox.commit_with_result(tx, stored).await
         })
     }
 
     fn rollback(self: Box<Self>) -> LeaseFuture<'static, ()> {
-        Box::pin(async move { self.take().await?.rollback().await.map_err(driver_error) })
+        Box::pin(async move { self.inbox.roll_back(self.take().await?).await })
     }
 }
 

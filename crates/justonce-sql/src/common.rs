@@ -643,7 +643,7 @@ where
     ) -> Result<Result<u64, i64>, Error> {
         let common = self.as_ref();
         let failed = driver_error::<DB>;
-        let mut tx = pool.begin_with(DB::BEGIN).await.map_err(failed)?;
+        let mut tx = crate::pool::begin(pool).await.map_err(failed)?;
         if let Some(lock) = &common.replay_lock {
             statement(lock).execute(&mut *tx).await.map_err(failed)?;
         }

@@ -317,21 +317,7 @@ impl<DB: Backend> Inbox<DB> {
     /// tests it, one round trip instead of two. A connection found broken by its BEGIN is
     /// replaced at once, up to the pool's size, as a failed ping would have been.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, DB>, Error> {
-        let pool = &self.shared.pool;
-        let mut replaced = 0;
-        loop {
-            match crate::pool::unpinged(pool.begin_with(DB::BEGIN)).await {
-                // Nothing was done on it: BEGIN was its first statement.
-                Err(error)
-                    if DB::is_commit_unknown(&error)
-                        && replaced < pool.options().get_max_connections() =>
-                {
-                    tracing::debug!(%error, "a pooled connection was broken at BEGIN: taking another");
-                    replaced += 1;
-                }
-                begun => return begun.map_err(driver_error::<DB>),
-            }
-        }
+        (crate::pool::begin(&self.shared.pool).await).map_err(driver_error::<DB>)
     }
 
     /// Claims `key` inside the caller's transaction, through the unique constraint.

@@ -3,7 +3,7 @@
 use crate::backend::{Backend, Queries, Reads};
 use crate::inbox::Inbox;
 use crate::rows::Change;
-use crate::shared::millis;
+use crate::shared::{driver_error, millis};
 use justonce_core::{Error, Fingerprint, Identity, Lease, LeaseClaim, LeaseFuture, Leases};
 use std::time::Duration;
 use tracing::Instrument;
@@ -83,6 +83,24 @@ impl<DB: Backend> Inbox<DB> {
         result: &[u8],
     ) -> Result<(), Error> {
         self.shared().sql.store_result(tx, identity, result).await
+    }
+
+    /// Stores `stored`'s result with its key, if there is one, and commits `tx`: the
+    /// transaction's writes, the key and the result take effect together.
+    pub async fn commit_with_result(
+        &self,
+        mut tx: sqlx::Transaction<'_, DB>,
+        stored: Option<(&Identity, &[u8])>,
+    ) -> Result<(), Error> {
+        if let Some((identity, result)) = stored {
+            self.store_result(&mut tx, identity, result).await?;
+        }
+        tx.commit().await.map_err(driver_error::<DB>)
+    }
+
+    /// Rolls `tx` back at once, so that its connection goes back to the pool clean.
+    pub async fn roll_back(&self, tx: sqlx::Transaction<'_, DB>) -> Result<(), Error> {
+        tx.rollback().await.map_err(driver_error::<DB>)
     }
 
     /// Runs one change to a lease; no row changed means another holder has the key.

@@ -715,10 +715,7 @@ where
     for<'q, 'r> i64: Encode<'q, DB> + Decode<'r, DB> + Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
-    let mut tx = pool
-        .begin_with(DB::BEGIN)
-        .await
-        .map_err(driver_error::<DB>)?;
+    let mut tx = crate::pool::begin(pool).await.map_err(driver_error::<DB>)?;
     let applied = apply_migrations::<DB>(&mut tx, tables).await?;
     tx.commit().await.map_err(driver_error::<DB>)?;
     Ok(applied)

@@ -1,15 +1,16 @@
 //! How the inbox's pool tests a connection before handing it out.
 //!
 //! sqlx pings every connection it hands out: a round trip before each transaction, on the
-//! path of every message. This pool skips the ping for [`Inbox::begin`](crate::Inbox::begin):
-//! BEGIN tests the connection as well, and a connection it finds broken is replaced at
-//! once, as a failed ping would have been. Every other use is pinged first, so that a
-//! statement outside a transaction never runs on a connection that broke while idle.
+//! path of every message. This pool skips the ping for a transaction's connection
+//! ([`begin`]): BEGIN tests the connection as well, and a connection it finds broken is
+//! replaced at once, as a failed ping would have been. Every other use is pinged first, so
+//! that a statement outside a transaction never runs on a connection that broke while idle.
 
+use crate::backend::Backend;
 use std::future::Future;
 
 tokio::task_local! {
-    /// Set while `Inbox::begin` takes its connection.
+    /// Set while [`begin`] takes its connection.
     static BEGINNING: ();
 }
 
@@ -33,7 +34,29 @@ pub(crate) async fn answers_unless_beginning<C: sqlx::Connection>(
     Ok(BEGINNING.try_with(|_| ()).is_ok() || conn.ping().await.is_ok())
 }
 
+/// Opens a transaction on a connection of `pool` handed out without a ping, as the
+/// database's writers begin theirs (`DB::BEGIN`). A connection found broken by its BEGIN
+/// is replaced at once, up to the pool's size.
+pub(crate) async fn begin<DB: Backend>(
+    pool: &sqlx::Pool<DB>,
+) -> Result<sqlx::Transaction<'static, DB>, sqlx::Error> {
+    let mut replaced = 0;
+    loop {
+        match unpinged(pool.begin_with(DB::BEGIN)).await {
+            // Nothing was done on it: BEGIN was its first statement.
+            Err(error)
+                if DB::is_commit_unknown(&error)
+                    && replaced < pool.options().get_max_connections() =>
+            {
+                tracing::debug!(%error, "a pooled connection was broken at BEGIN: taking another");
+                replaced += 1;
+            }
+            begun => return begun,
+        }
+    }
+}
+
 /// Runs `begin`, whose connection is handed out without a ping: its BEGIN tests it.
-pub(crate) async fn unpinged<F: Future>(begin: F) -> F::Output {
+async fn unpinged<F: Future>(begin: F) -> F::Output {
     BEGINNING.scope((), begin).await
 }

@@ -381,7 +381,7 @@ async fn in_one_transaction<DB: Backend>(
     };
     order.sort_by_key(owner);
     let _writer = shared.queue_writer().await;
-    let mut tx = (shared.pool.begin_with(DB::BEGIN).await)
+    let mut tx = (crate::pool::begin(&shared.pool).await)
         .map_err(|error| GroupFailed::RolledBack(driver_error::<DB>(error)))?;
     // Each call is in one partition, which overwrites its place.
     let mut claims = vec![Claim::Duplicate; calls.len()];

@@ -290,7 +290,9 @@ impl Queries<MySql> for MySqlStatements {
         lease_ms: i64,
     ) -> Result<Option<i64>, Error> {
         // One transaction, so that the token read back is the one this claim set.
-        let mut tx = pool.begin().await.map_err(driver_error::<MySql>)?;
+        let mut tx = crate::pool::begin(pool)
+            .await
+            .map_err(driver_error::<MySql>)?;
         bind_identity(statement(&self.ensure_lease), identity)
             .bind(fingerprint.as_bytes().as_slice())
             .execute(&mut *tx)
@@ -351,7 +353,9 @@ impl Queries<MySql> for MySqlStatements {
                 token,
                 held_back,
             } => {
-                let mut tx = pool.begin().await.map_err(driver_error::<MySql>)?;
+                let mut tx = crate::pool::begin(pool)
+                    .await
+                    .map_err(driver_error::<MySql>)?;
                 let ids: Vec<(i64,)> = sqlx::query_as(AssertSqlSafe(self.due_ids.clone()))
                     .bind(held_back)
                     .bind(limit)
