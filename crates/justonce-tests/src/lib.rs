@@ -50,6 +50,10 @@ pub fn kafka_url() -> String {
         .unwrap_or_else(|_| "kafka://127.0.0.1:19092".to_owned())
 }
 
+/// The session timeout of the tests' Kafka group members: a member killed or paused is
+/// replaced within seconds.
+pub const KAFKA_SESSION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Creates `topic`, of `partitions` partitions, on the Kafka broker at `url`.
 pub async fn create_kafka_topic(url: &str, topic: &str, partitions: i32) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

@@ -16,14 +16,13 @@
 //! `pause-after-commit`: takes one message, runs its work and commits, prints
 //! `committed <key> <outcome>`, then waits to be killed before it could acknowledge. `run`:
 //! consumes until it is killed, or until SIGTERM, and then prints `processed <n> duplicates
-//! <n>` as a consumer counted them; a reader runs until it is killed, and prints `took
-//! <key>` as it runs its first entry (a Kafka member: once the group assigned it
-//! partitions). `run-batched`: the same in batches of 20, without `took`; a reader runs two
-//! at once. The work stops at its `hang` failpoint in this process. `run-pausing` (a
-//! consumer): `run`, one delivery at a time, and on SIGUSR1 it takes the next delivery,
-//! prints `paused <key>` and stops itself with SIGSTOP before it runs it: resumed past the
-//! broker's wait, it runs and acknowledges a delivery the broker gave to another consumer
-//! meanwhile.
+//! <n>` as it counted them; a reader also prints `took <key>` as it runs its first entry (a
+//! Kafka member: once the group assigned it partitions). `run-batched`: the same in batches
+//! of 20, without `took`; a reader runs two at once. The work stops at its `hang` failpoint
+//! in this process. `run-pausing`: `run`, one delivery at a time, and on SIGUSR1 it takes
+//! the next delivery, prints `paused <key>` and stops itself with SIGSTOP before it runs it:
+//! resumed past the broker's wait, it runs a delivery the broker gave to another consumer
+//! (or group member) meanwhile.
 //! `run-<n>-attempts`: `run`, with `n` attempts, where a message whose work ended its
 //! consumer that often is dead-lettered before it runs; the work ends this process on a key
 //! that starts with `exit`. `run-batched-<n>-attempts`: the same in batches of 20.
@@ -41,7 +40,8 @@
 
 use justonce_sql::{Inbox, InboxOptions, Key, Outcome};
 use justonce_tests::{
-    TestBackend, consumer_work, effect_unless_claimed, mqtt_options, shared_mqtt_options,
+    KAFKA_SESSION_TIMEOUT, TestBackend, consumer_work, effect_unless_claimed, mqtt_options,
+    shared_mqtt_options,
 };
 use justonce_transport::amqp::{AmqpConsumer, AmqpOptions, QueueType};
 use justonce_transport::kafka::{KafkaOptions, KafkaReader};
@@ -58,6 +58,7 @@ use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 #[tokio::main(flavor = "current_thread")]
@@ -194,33 +195,20 @@ async fn consume<B: Broker, DB: TestBackend>(
         _ => 1,
     };
     let stats = consumer.run_batched(terminated, batch_size, work).await?;
-    println!(
-        "processed {} duplicates {}",
-        stats.processed, stats.duplicates
-    );
+    print_counts(&stats);
     Ok(())
 }
 
 /// `run-pausing`: runs and settles each delivery, and on SIGUSR1 stops the process with
-/// SIGSTOP between taking the next delivery and running it, at the failpoint where a
-/// consumer holds a delivery with nothing of it committed: no lock in the database, so that
-/// another consumer can take the delivery over and commit it. Prints the counts as `run`
-/// does once terminated.
+/// SIGSTOP between taking the next delivery and running it (see [`pause_if_asked`]).
+/// Prints the counts as `run` does once terminated.
 async fn run_pausing<B: Broker, DB: TestBackend>(
     consumer: &Consumer<B, DB>,
     prefix: &str,
     terminated: impl std::future::Future,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let work = consumer_work::<DB>(prefix);
-    let mut asked = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())?;
-    // Noted aside, so that the wait for a delivery is never cancelled for it.
-    let pause_asked = std::sync::Arc::new(AtomicBool::new(false));
-    let noting = std::sync::Arc::clone(&pause_asked);
-    tokio::spawn(async move {
-        while asked.recv().await.is_some() {
-            noting.store(true, Ordering::Relaxed);
-        }
-    });
+    let pause_asked = pause_on_usr1()?;
     let mut terminated = std::pin::pin!(terminated);
     let mut deliveries = consumer.deliveries().await?;
     let mut stats = ConsumerStats::default();
@@ -232,27 +220,89 @@ async fn run_pausing<B: Broker, DB: TestBackend>(
                 None => break,
             },
         };
-        if pause_asked.swap(false, Ordering::Relaxed) {
-            let mut stdout = std::io::stdout();
-            writeln!(stdout, "paused {}", consumer.incoming(&delivery)?.key)?;
-            stdout.flush()?;
-            // Blocks until SIGCONT: the stop is certain to come before the delivery runs.
-            let stopped = std::process::Command::new("kill")
-                .args(["-STOP", &std::process::id().to_string()])
-                .status()?;
-            if !stopped.success() {
-                return Err("cannot stop this process with SIGSTOP".into());
-            }
-        }
+        pause_if_asked(&pause_asked, &consumer.incoming(&delivery)?.key)?;
         let ran = consumer.run_one(&delivery, &work).await;
         consumer.settle(&delivery, ran, &mut stats).await?;
     }
     deliveries.stop().await?;
+    print_counts(&stats);
+    Ok(())
+}
+
+/// `run-pausing` for a reader: as [`run_pausing`], one entry at a time, each stored with
+/// its offset as it runs.
+async fn read_pausing<O: OrderedBroker, DB: TestBackend>(
+    reader: &Reader<O, DB>,
+    prefix: &str,
+    terminated: impl std::future::Future,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let work = consumer_work::<DB>(prefix);
+    let pause_asked = pause_on_usr1()?;
+    let mut terminated = std::pin::pin!(terminated);
+    let mut entries = reader.deliveries().await?;
+    let mut stats = ConsumerStats::default();
+    loop {
+        let entry = tokio::select! {
+            _ = &mut terminated => break,
+            next = entries.next() => match next? {
+                Some(entry) => entry,
+                None => break,
+            },
+        };
+        pause_if_asked(&pause_asked, &reader.incoming(&entry)?.key)?;
+        match reader.run_one(&entry, &work).await {
+            Ran::Outcome(Outcome::Processed(())) => stats.processed += 1,
+            Ran::Outcome(_) => stats.duplicates += 1,
+            other => return Err(format!("{other:?}").into()),
+        }
+    }
+    entries.stop().await?;
+    print_counts(&stats);
+    Ok(())
+}
+
+/// Notes each SIGUSR1 aside, so that the wait for a delivery is never cancelled for it.
+fn pause_on_usr1() -> Result<Arc<AtomicBool>, std::io::Error> {
+    let mut asked = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())?;
+    let pause_asked = Arc::new(AtomicBool::new(false));
+    let noting = Arc::clone(&pause_asked);
+    tokio::spawn(async move {
+        while asked.recv().await.is_some() {
+            noting.store(true, Ordering::Relaxed);
+        }
+    });
+    Ok(pause_asked)
+}
+
+/// If a pause was asked, prints `paused <key>` and stops the process with SIGSTOP, holding
+/// the delivery of `key` with nothing of it committed: no lock in the database, so that
+/// another consumer can take the delivery over and commit it. Resumed past the broker's
+/// wait, the caller runs a delivery the broker gave to another meanwhile.
+fn pause_if_asked(
+    pause_asked: &AtomicBool,
+    key: &Key,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if pause_asked.swap(false, Ordering::Relaxed) {
+        let mut stdout = std::io::stdout();
+        writeln!(stdout, "paused {key}")?;
+        stdout.flush()?;
+        // Blocks until SIGCONT: the stop is certain to come before the delivery runs.
+        let stopped = std::process::Command::new("kill")
+            .args(["-STOP", &std::process::id().to_string()])
+            .status()?;
+        if !stopped.success() {
+            return Err("cannot stop this process with SIGSTOP".into());
+        }
+    }
+    Ok(())
+}
+
+/// What `run` prints once terminated, for the harness to sum.
+fn print_counts(stats: &ConsumerStats) {
     println!(
         "processed {} duplicates {}",
         stats.processed, stats.duplicates
     );
-    Ok(())
 }
 
 /// What a single reader of any broker does in `mode`.
@@ -262,7 +312,10 @@ async fn read<O: OrderedBroker, DB: TestBackend>(
     mode: &str,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let work = consumer_work::<DB>(prefix);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let terminated = async move { terminate.recv().await };
     match mode {
+        "run-pausing" => read_pausing(&reader, prefix, terminated).await,
         "separate-claim" => {
             let mut entries = reader.deliveries().await?;
             while let Some(entry) = entries.next().await? {
@@ -286,10 +339,10 @@ async fn read<O: OrderedBroker, DB: TestBackend>(
             let reader = reader.batches_at_once(if batched { 2 } else { 1 });
             // In batches the first line a test waits for is the failpoint's: nothing to tell.
             let said = AtomicBool::new(batched);
-            let forever = std::future::pending::<()>();
-            (reader)
-                .run_batched(forever, batch_size, telling_first(&work, &said))
+            let stats = (reader)
+                .run_batched(terminated, batch_size, telling_first(&work, &said))
                 .await?;
+            print_counts(&stats);
             Ok(())
         }
     }
@@ -316,9 +369,6 @@ fn telling_first<'w, DB: TestBackend>(
 
 /// The header a Kafka record carries its key in, as CloudEvents' binary mode does.
 const KAFKA_ID_HEADER: &str = "ce_id";
-
-/// A short session timeout: the tests replace a killed member within seconds.
-const KAFKA_SESSION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Deliberately broken, for the fault harness's own test: a group member that keeps its
 /// offsets the way Kafka's clients do by default. The broker's auto-commit commits the

@@ -222,6 +222,11 @@ async fn a_redis_streams_consumer_paused_past_claim_idle_doubles_nothing() {
     paused_consumer("redis").await
 }
 
+#[tokio::test]
+async fn a_kafka_member_paused_past_its_session_timeout_doubles_nothing() {
+    paused_consumer("kafka").await
+}
+
 /// group-kill: two Kafka members on four partitions, one SIGKILLed five times while it
 /// consumes and the other taking its partitions: every key once, and every partition's
 /// stored offset at its last record.

@@ -31,6 +31,7 @@ macro_rules! on_servers {
 on_servers!(
     a_connection_ended_while_idle_is_replaced_at_begin,
     a_forward_on_a_connection_ended_while_idle_is_stored_once,
+    a_shared_forward_on_a_connection_ended_while_idle_is_stored_once,
     a_statement_outside_a_transaction_gets_a_connection_that_answers,
 );
 
@@ -59,14 +60,15 @@ const MARIADB: Server = Server {
     },
 };
 
-/// A test's tables, an inbox on them whose pool holds one connection, and that
-/// connection's id, once the server has ended it while it sat idle in the pool.
+/// A test's tables, an inbox on them with `options` whose pool holds one connection, and
+/// that connection's id, once the server has ended it while it sat idle in the pool.
 async fn one_connection_ended<DB: TestBackend>(
     test: &str,
     server: &Server,
+    options: InboxOptions,
 ) -> (TestDb<DB>, Inbox<DB>, i64) {
     let db = TestDb::<DB>::new(test).await;
-    let options = InboxOptions::default().prefix(&db.prefix).pool_size(1);
+    let options = options.prefix(&db.prefix).pool_size(1);
     let inbox = Inbox::connect_with(&db.url, Consumer::new("test").unwrap(), options)
         .await
         .expect("connect");
@@ -115,7 +117,7 @@ async fn a_connection_ended_while_idle_is_replaced_at_begin<DB: TestBackend>(
     test: &str,
     server: &Server,
 ) {
-    let (db, inbox, _) = one_connection_ended::<DB>(test, server).await;
+    let (db, inbox, _) = one_connection_ended::<DB>(test, server, InboxOptions::default()).await;
     let id = key("charge:after-the-end");
     assert_eq!(
         process(&db, &inbox, &id, b"p").await,
@@ -132,8 +134,26 @@ async fn a_forward_on_a_connection_ended_while_idle_is_stored_once<DB: TestBacke
     test: &str,
     server: &Server,
 ) {
-    let (db, inbox, _) = one_connection_ended::<DB>(test, server).await;
+    let (db, inbox, _) = one_connection_ended::<DB>(test, server, InboxOptions::default()).await;
     let id = key("shop:evt_after_the_end");
+    let message = Message::new("shop", "body");
+    let forwarded = inbox.run_forward(&id, b"body", message.clone()).await;
+    assert_eq!(forwarded.expect("forward"), Outcome::Processed(()));
+    let again = inbox.run_forward(&id, b"body", message).await;
+    assert_eq!(again.expect("forward again"), Outcome::Duplicate);
+    assert_eq!(db.rows("outbox").await, 1);
+    close(db, inbox).await;
+}
+
+/// The same, with commits shared as the webhook receiver shares them: on MariaDB the
+/// group's transaction begins unpinged, finds the connection broken and takes another.
+async fn a_shared_forward_on_a_connection_ended_while_idle_is_stored_once<DB: TestBackend>(
+    test: &str,
+    server: &Server,
+) {
+    let options = InboxOptions::default().share_commits(true);
+    let (db, inbox, _) = one_connection_ended::<DB>(test, server, options).await;
+    let id = key("shop:evt_shared_after_the_end");
     let message = Message::new("shop", "body");
     let forwarded = inbox.run_forward(&id, b"body", message.clone()).await;
     assert_eq!(forwarded.expect("forward"), Outcome::Processed(()));
@@ -149,7 +169,8 @@ async fn a_statement_outside_a_transaction_gets_a_connection_that_answers<DB: Te
     test: &str,
     server: &Server,
 ) {
-    let (db, inbox, ended) = one_connection_ended::<DB>(test, server).await;
+    let (db, inbox, ended) =
+        one_connection_ended::<DB>(test, server, InboxOptions::default()).await;
     let now = DB::count(inbox.pool(), server.own_id.to_owned()).await;
     assert_ne!(now, ended, "the statement ran on a new connection");
     close(db, inbox).await;

@@ -11,13 +11,15 @@
 //! with SIGSTOP at its failpoint, holding a delivery it took and has not run, for three
 //! times the broker's wait before it gives an unacknowledged delivery to another consumer,
 //! then is resumed with SIGCONT. What it held is processed by the other, and its late
-//! commits are duplicates. The recovery is from the pause to the other's next effect.
+//! commits are duplicates. The recovery is from the pause to the other's next effect; the
+//! details say when the other committed the delivery held.
 
 use crate::broker::{key_index, key_name};
+use crate::kafka_group::KafkaTopic;
 use crate::real_broker::{
     AmqpQueue, Consumer, MqttTopic, NatsStream, RealQueue, RedisStream, STALLED,
 };
-use crate::report::Report;
+use crate::report::{Report, latency_details};
 use crate::{Args, Rng};
 use justonce_tests::{OwnBroker, StoreFile};
 use justonce_tests::{TestBackend, TestDb};
@@ -52,9 +54,10 @@ pub async fn pause<DB: TestBackend>(
     match args.broker.as_str() {
         "nats" => pause_consumer::<DB, NatsStream>(args, db, rng, title).await,
         "redis" => pause_consumer::<DB, RedisStream>(args, db, rng, title).await,
+        "kafka" => pause_consumer::<DB, KafkaTopic>(args, db, rng, title).await,
         other => Err(format!(
-            "pause runs on nats or redis, not {other}: RabbitMQ and Mosquitto give a paused \
-             consumer's deliveries to another only once its connection is closed"
+            "pause runs on nats, redis or kafka, not {other}: RabbitMQ and Mosquitto give a \
+             paused consumer's deliveries to another only once its connection is closed"
         )),
     }
 }
@@ -423,22 +426,26 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
     ];
     let checked = async {
         let messages: Vec<String> = plan.iter().map(|key| key_name(*key)).collect();
+        let mut unpublished = Unpublished {
+            messages: &messages,
+            published: 0,
+        };
         // A part of the keys per pause, published just before it is asked for, so that
         // the consumer asked always has deliveries left to take: had the other consumer
         // read everything while the last pause lasted, it would never take one to pause on.
-        let part = keys.div_ceil(pauses + 1);
-        let mut parts = messages.chunks(part);
-        queue.publish(parts.next().unwrap_or_default()).await?;
-        let mut published = part.min(keys);
+        // A quarter is kept for while it comes back (see `TRICKLE`).
+        let part = (keys - keys / 4) / (pauses + 1);
+        let mut part_start = 0;
+        unpublished.publish(&queue, part).await?;
         for consumer in &mut consumers {
             consumer.start()?;
         }
         let mut faults = 0;
         let mut recovery = Vec::new();
+        let mut takeovers = Vec::new();
         for _ in 0..pauses {
             // Within the last part published, past its first tenth.
-            let point =
-                (published - part + part / 10 + rng.below(part as u64 * 7 / 10) as usize) as i64;
+            let point = (part_start + part / 10 + rng.below(part as u64 * 7 / 10) as usize) as i64;
             while db.rows("effects").await < point {
                 if Instant::now() >= deadline {
                     return Err(format!("the run reached {point} effects too late"));
@@ -450,13 +457,30 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            if let Some(next) = parts.next() {
-                queue.publish(next).await?;
-                published += next.len();
-            }
+            part_start = unpublished.published;
+            unpublished.publish(&queue, part).await?;
             consumers[0].catching_usr1(deadline).await?;
             consumers[0].signal("USR1").await?;
-            let held = consumers[0].paused(deadline).await?;
+            let held = {
+                let paused = consumers[0].paused(deadline);
+                tokio::pin!(paused);
+                loop {
+                    tokio::select! {
+                        held = &mut paused => break held?,
+                        () = tokio::time::sleep(TRICKLE_EVERY) => {}
+                    }
+                    // The other read all there was: a Kafka member resumed takes nothing
+                    // until the rebalance after it rejoined gives it partitions. A few keys
+                    // at a time, until the one asked takes one.
+                    if db.rows("effects").await >= unpublished.published as i64
+                        && unpublished.publish(&queue, TRICKLE).await? == 0
+                    {
+                        return Err(
+                            "the keys ran out before the consumer asked took one".to_owned()
+                        );
+                    }
+                }
+            };
             let held = justonce_sql::Key::new(held).map_err(|e| e.to_string())?;
             let began = Instant::now();
             faults += 1;
@@ -464,17 +488,21 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
             // until the other committed the delivery held, so that the paused one's late
             // run of it is certain to be a duplicate.
             let before = db.rows("effects").await;
-            while began.elapsed() < paused_for || db.effects_of(&held).await == 0 {
+            while began.elapsed() < paused_for || takeovers.len() < faults {
                 if Instant::now() >= deadline {
                     return Err(format!("no other consumer took over {held} in time"));
                 }
                 if recovery.len() < faults && db.rows("effects").await > before {
                     recovery.push(began.elapsed());
                 }
+                if takeovers.len() < faults && db.effects_of(&held).await > 0 {
+                    takeovers.push(began.elapsed());
+                }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             consumers[0].signal("CONT").await?;
         }
+        unpublished.publish(&queue, keys).await?;
         let drained = drain(&queue, db, &mut consumers, keys, deadline).await?;
         let mut report = check(title, &queue, db, keys, keys as u64, drained.settled).await?;
         report.faults = faults;
@@ -503,6 +531,10 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
                 details.push((name.to_owned(), count));
             }
         }
+        details.extend(latency_details(
+            "held delivery committed by the other",
+            &takeovers,
+        ));
         report.details = details;
         Ok(report)
     }
@@ -517,4 +549,28 @@ async fn pause_consumer<DB: TestBackend, Q: RealQueue>(
         .await
         .map_err(|e| format!("cannot delete the queue: {e}"));
     crate::cleaned_up(crate::cleaned_up(checked, stopped), deleted)
+}
+
+/// While a pause is asked for and not yet taken, and the other consumer read all there
+/// was, this many keys more every [`TRICKLE_EVERY`].
+const TRICKLE: usize = 5;
+const TRICKLE_EVERY: Duration = Duration::from_secs(1);
+
+/// The messages of a run published in order, part by part.
+struct Unpublished<'m> {
+    messages: &'m [String],
+    published: usize,
+}
+
+impl Unpublished<'_> {
+    /// Publishes the next `count` messages, or those left; how many it published.
+    async fn publish<Q: RealQueue>(&mut self, queue: &Q, count: usize) -> Result<usize, String> {
+        let next = &self.messages[self.published..];
+        let next = &next[..count.min(next.len())];
+        if !next.is_empty() {
+            queue.publish(next).await?;
+            self.published += next.len();
+        }
+        Ok(next.len())
+    }
 }

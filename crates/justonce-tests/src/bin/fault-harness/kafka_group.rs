@@ -6,8 +6,12 @@
 //! group shares the partitions between the two again. A member stores each record's offset
 //! in the transaction of its work, so at the end each partition's stored offset must be its
 //! last record's.
+//!
+//! The same topic is the queue of `pause` on Kafka ([`KafkaTopic`]): a member paused past
+//! the session timeout loses its partitions to the other.
 
 use crate::broker::{key_index, key_name, sibling};
+use crate::real_broker::RealQueue;
 use crate::report::{Report, latency_details};
 use crate::{Args, Rng};
 use justonce_tests::{TestBackend, TestDb};
@@ -223,6 +227,90 @@ impl Topic {
             deleted.map_err(|(topic, error)| kafka_error(format!("deleting {topic}: {error}")))?;
         }
         Ok(())
+    }
+}
+
+/// The run's topic as `pause` takes a queue: the group's two members share its
+/// partitions, and one paused past the session timeout loses its own to the other.
+pub struct KafkaTopic {
+    topic: Topic,
+    url: String,
+    /// The records published, taken in turn by the partitions.
+    published: AtomicUsize,
+}
+
+impl KafkaTopic {
+    /// Where the group stands in each partition, and each partition's end.
+    async fn read_to<DB: TestBackend>(
+        &self,
+        db: &TestDb<DB>,
+    ) -> Result<([i64; PARTITIONS], [i64; PARTITIONS]), String> {
+        let positions = self.topic.positions(db).await?;
+        Ok((positions, ends(self.published.load(Ordering::Relaxed))))
+    }
+}
+
+impl RealQueue for KafkaTopic {
+    /// The group's session timeout: the broker takes a silent member's partitions away
+    /// after it, and gives them to the other at the rebalance that follows.
+    const TAKEN_OVER_AFTER: Option<Duration> = Some(justonce_tests::KAFKA_SESSION_TIMEOUT);
+
+    /// Every kind of `broker-worker` is a member of the topic's group.
+    const KIND: &str = "member";
+
+    fn shared_url() -> String {
+        justonce_tests::kafka_url()
+    }
+
+    async fn open<DB: TestBackend>(db: &TestDb<DB>, url: &str) -> Result<Self, String> {
+        Ok(Self {
+            topic: Topic::create(db).await?,
+            url: url.to_owned(),
+            published: AtomicUsize::new(0),
+        })
+    }
+
+    /// The test broker keeps its data in memory: it is never restarted.
+    async fn reconnect(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn name(&self) -> &str {
+        &self.topic.name
+    }
+
+    async fn publish(&self, keys: &[String]) -> Result<(), String> {
+        let first = self.published.fetch_add(keys.len(), Ordering::Relaxed);
+        self.topic.publish(keys, first).await
+    }
+
+    async fn nothing_waiting<DB: TestBackend>(
+        &self,
+        db: &TestDb<DB>,
+    ) -> Result<Option<bool>, String> {
+        let (positions, ends) = self.read_to(db).await?;
+        Ok(Some(positions == ends))
+    }
+
+    async fn settled<DB: TestBackend>(&self, db: &TestDb<DB>) -> Result<bool, String> {
+        let (positions, ends) = self.read_to(db).await?;
+        Ok(positions == ends)
+    }
+
+    async fn take_unacknowledged<DB: TestBackend>(
+        &self,
+        db: &TestDb<DB>,
+    ) -> Result<Vec<String>, String> {
+        let (positions, ends) = self.read_to(db).await?;
+        self.topic.keys_between(positions, ends).await
+    }
+
+    async fn delete(self) -> Result<(), String> {
+        self.topic.delete().await
     }
 }
 

@@ -72,7 +72,9 @@
 //!   10 times (short: 2), each time at its failpoint, holding a delivery it took and has not
 //!   run, for three times the broker's wait before it gives an unacknowledged delivery to
 //!   another consumer (`nats`: the consumer's `ack_wait`, 2 s; `redis`: the consumer's
-//!   `claim_idle`, 0.5 s, after which the other takes the entries over with `XAUTOCLAIM`)
+//!   `claim_idle`, 0.5 s, after which the other takes the entries over with `XAUTOCLAIM`;
+//!   `kafka`: the group's session timeout, 3 s, after which the other member takes the
+//!   paused one's partitions at the rebalance, from the offsets stored in the database)
 //!   and until the other committed the held key, then is resumed with SIGCONT. What it held
 //!   is processed by the other, and its late commits are acknowledged as duplicates: no
 //!   effect doubles. RabbitMQ waits

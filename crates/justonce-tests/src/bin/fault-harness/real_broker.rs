@@ -38,14 +38,15 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 /// The brokers `--broker` takes: a `-reader` is the broker's single reader, which keeps its
-/// position in the database, instead of its consumer.
-pub const BROKERS: [&str; 6] = [
+/// position in the database, instead of its consumer. Kafka's members are readers.
+pub const BROKERS: [&str; 7] = [
     "amqp",
     "redis",
     "nats",
     "mqtt",
     "redis-reader",
     "nats-reader",
+    "kafka",
 ];
 
 /// What `broker-kill`, `broker-restart` and `pause` ask of a queue of the run's own on a real
@@ -1127,7 +1128,10 @@ pub async fn broker_kill<DB: TestBackend>(
         "mqtt" => kill_consumer::<DB, MqttTopic>(args, db, rng, title).await,
         "redis-reader" => kill_consumer::<DB, Read<RedisStream>>(args, db, rng, title).await,
         "nats-reader" => kill_consumer::<DB, Read<NatsStream>>(args, db, rng, title).await,
-        _ => kill_consumer::<DB, AmqpQueue>(args, db, rng, title).await,
+        "amqp" => kill_consumer::<DB, AmqpQueue>(args, db, rng, title).await,
+        other => Err(format!(
+            "broker-kill does not run on {other}: a Kafka member is killed by group-kill"
+        )),
     }
 }
 
