@@ -164,13 +164,7 @@ pub struct Amqp {
     options: AmqpOptions,
 }
 
-impl std::fmt::Debug for Amqp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Amqp")
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
+debug_shows_options!(Amqp);
 
 impl<DB: Backend> AmqpConsumer<DB> {
     /// Connects to `url` and prepares the channel: publisher confirms (for retries and dead

@@ -452,13 +452,7 @@ pub struct Kafka {
     options: KafkaOptions,
 }
 
-impl std::fmt::Debug for Kafka {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kafka")
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
+debug_shows_options!(Kafka);
 
 impl<DB: Backend> KafkaReader<DB> {
     /// Joins the group and subscribes to the topic; the brokers are reached when reading

@@ -89,6 +89,19 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// `Debug` for a broker adapter: its options, never its connections.
+macro_rules! debug_shows_options {
+    ($adapter:ident) => {
+        impl std::fmt::Debug for $adapter {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($adapter))
+                    .field("options", &self.options)
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+
 /// Compiles the items given with any broker's feature: the parts every adapter shares.
 macro_rules! with_any_broker {
     ($($item:item)*) => {$(

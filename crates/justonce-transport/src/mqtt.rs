@@ -363,13 +363,7 @@ pub struct Mqtt {
     options: MqttOptions,
 }
 
-impl std::fmt::Debug for Mqtt {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mqtt")
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
+debug_shows_options!(Mqtt);
 
 impl<DB: Backend> MqttConsumer<DB> {
     /// Connects to `url` (`mqtt://[user:password@]host[:port]`) on the client's persistent

@@ -156,13 +156,7 @@ pub struct Nats {
     options: NatsOptions,
 }
 
-impl std::fmt::Debug for Nats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nats")
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
+debug_shows_options!(Nats);
 
 impl<DB: Backend> NatsConsumer<DB> {
     /// Connects to `url` (one server, or a cluster's servers separated by commas), creates

@@ -150,13 +150,7 @@ pub struct RedisStreams {
     options: RedisStreamOptions,
 }
 
-impl std::fmt::Debug for RedisStreams {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStreams")
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
+debug_shows_options!(RedisStreams);
 
 /// One entry taken from the stream, with the delivery Redis counts.
 #[derive(Debug)]
