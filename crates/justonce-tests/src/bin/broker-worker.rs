@@ -208,22 +208,17 @@ async fn run_pausing<B: Broker, DB: TestBackend>(
     terminated: impl std::future::Future,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let work = consumer_work::<DB>(prefix);
-    let pause_asked = pause_on_usr1()?;
-    let mut terminated = std::pin::pin!(terminated);
     let mut deliveries = consumer.deliveries().await?;
-    let mut stats = ConsumerStats::default();
-    loop {
-        let delivery = tokio::select! {
-            _ = &mut terminated => break,
-            next = deliveries.next() => match next? {
-                Some(delivery) => delivery,
-                None => break,
-            },
-        };
-        pause_if_asked(&pause_asked, &consumer.incoming(&delivery)?.key)?;
-        let ran = consumer.run_one(&delivery, &work).await;
-        consumer.settle(&delivery, ran, &mut stats).await?;
-    }
+    let stats = pausing(
+        terminated,
+        async || deliveries.next().await,
+        |delivery| consumer.incoming(delivery).map(|incoming| incoming.key),
+        async |delivery, stats| {
+            let ran = consumer.run_one(delivery, &work).await;
+            Ok(consumer.settle(delivery, ran, stats).await?)
+        },
+    )
+    .await?;
     deliveries.stop().await?;
     print_counts(&stats);
     Ok(())
@@ -237,28 +232,53 @@ async fn read_pausing<O: OrderedBroker, DB: TestBackend>(
     terminated: impl std::future::Future,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let work = consumer_work::<DB>(prefix);
-    let pause_asked = pause_on_usr1()?;
-    let mut terminated = std::pin::pin!(terminated);
     let mut entries = reader.deliveries().await?;
-    let mut stats = ConsumerStats::default();
-    loop {
-        let entry = tokio::select! {
-            _ = &mut terminated => break,
-            next = entries.next() => match next? {
-                Some(entry) => entry,
-                None => break,
-            },
-        };
-        pause_if_asked(&pause_asked, &reader.incoming(&entry)?.key)?;
-        match reader.run_one(&entry, &work).await {
-            Ran::Outcome(Outcome::Processed(())) => stats.processed += 1,
-            Ran::Outcome(_) => stats.duplicates += 1,
-            other => return Err(format!("{other:?}").into()),
-        }
-    }
+    let stats = pausing(
+        terminated,
+        async || entries.next().await,
+        |entry| reader.incoming(entry).map(|incoming| incoming.key),
+        async |entry, stats| {
+            match reader.run_one(entry, &work).await {
+                Ran::Outcome(Outcome::Processed(())) => stats.processed += 1,
+                Ran::Outcome(_) => stats.duplicates += 1,
+                other => return Err(format!("{other:?}").into()),
+            }
+            Ok(())
+        },
+    )
+    .await?;
     entries.stop().await?;
     print_counts(&stats);
     Ok(())
+}
+
+/// The loop of `run-pausing`: takes each delivery with `next` until `terminated` or the
+/// end, stops before running it if asked (see [`pause_if_asked`]), and runs it with `run`,
+/// which counts it.
+async fn pausing<D>(
+    terminated: impl std::future::Future,
+    mut next: impl AsyncFnMut() -> Result<Option<D>, justonce_transport::Error>,
+    key_of: impl Fn(&D) -> Result<Key, String>,
+    mut run: impl AsyncFnMut(
+        &D,
+        &mut ConsumerStats,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+) -> Result<ConsumerStats, Box<dyn std::error::Error + Send + Sync>> {
+    let pause_asked = pause_on_usr1()?;
+    let mut terminated = std::pin::pin!(terminated);
+    let mut stats = ConsumerStats::default();
+    loop {
+        let delivery = tokio::select! {
+            _ = &mut terminated => break,
+            next = next() => match next? {
+                Some(delivery) => delivery,
+                None => break,
+            },
+        };
+        pause_if_asked(&pause_asked, &key_of(&delivery)?)?;
+        run(&delivery, &mut stats).await?;
+    }
+    Ok(stats)
 }
 
 /// Notes each SIGUSR1 aside, so that the wait for a delivery is never cancelled for it.

@@ -134,15 +134,7 @@ async fn a_forward_on_a_connection_ended_while_idle_is_stored_once<DB: TestBacke
     test: &str,
     server: &Server,
 ) {
-    let (db, inbox, _) = one_connection_ended::<DB>(test, server, InboxOptions::default()).await;
-    let id = key("shop:evt_after_the_end");
-    let message = Message::new("shop", "body");
-    let forwarded = inbox.run_forward(&id, b"body", message.clone()).await;
-    assert_eq!(forwarded.expect("forward"), Outcome::Processed(()));
-    let again = inbox.run_forward(&id, b"body", message).await;
-    assert_eq!(again.expect("forward again"), Outcome::Duplicate);
-    assert_eq!(db.rows("outbox").await, 1);
-    close(db, inbox).await;
+    forwarded_once::<DB>(test, server, InboxOptions::default()).await
 }
 
 /// The same, with commits shared as the webhook receiver shares them: on MariaDB the
@@ -152,8 +144,14 @@ async fn a_shared_forward_on_a_connection_ended_while_idle_is_stored_once<DB: Te
     server: &Server,
 ) {
     let options = InboxOptions::default().share_commits(true);
+    forwarded_once::<DB>(test, server, options).await
+}
+
+/// A forward, then the same again, on an inbox with `options` whose only connection was
+/// ended while idle: processed, then a duplicate, and one outbox row.
+async fn forwarded_once<DB: TestBackend>(test: &str, server: &Server, options: InboxOptions) {
     let (db, inbox, _) = one_connection_ended::<DB>(test, server, options).await;
-    let id = key("shop:evt_shared_after_the_end");
+    let id = key("shop:evt_after_the_end");
     let message = Message::new("shop", "body");
     let forwarded = inbox.run_forward(&id, b"body", message.clone()).await;
     assert_eq!(forwarded.expect("forward"), Outcome::Processed(()));
