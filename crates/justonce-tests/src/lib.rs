@@ -56,14 +56,20 @@ pub const KAFKA_SESSION_TIMEOUT: std::time::Duration = std::time::Duration::from
 
 /// Creates `topic`, of `partitions` partitions, on the Kafka broker at `url`.
 pub async fn create_kafka_topic(url: &str, topic: &str, partitions: i32) {
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", url.trim_start_matches("kafka://"));
+    create_kafka_topic_with(&config, topic, partitions).await
+}
+
+/// Creates `topic`, of `partitions` partitions, with the client settings `config`.
+pub async fn create_kafka_topic_with(config: &rdkafka::ClientConfig, topic: &str, partitions: i32) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", url.trim_start_matches("kafka://"))
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = config
         .create()
-        .unwrap_or_else(|e| panic!("a Kafka admin client for {url}: {e}"));
+        .unwrap_or_else(|e| panic!("a Kafka admin client for {config:?}: {e}"));
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     for created in (admin.create_topics([&new], &AdminOptions::new()).await)
-        .unwrap_or_else(|e| panic!("Kafka at {url}: {e}"))
+        .unwrap_or_else(|e| panic!("Kafka at {config:?}: {e}"))
     {
         created.unwrap_or_else(|(topic, e)| panic!("creating {topic}: {e}"));
     }

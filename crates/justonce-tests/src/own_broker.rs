@@ -355,7 +355,7 @@ pub(crate) fn free_ports(count: usize) -> Result<Vec<u16>, String> {
 }
 
 /// The Kafka-protocol test broker, where `scripts/services` installs it.
-fn nisshi() -> Result<PathBuf, String> {
+pub(crate) fn nisshi() -> Result<PathBuf, String> {
     let home = std::env::var_os("HOME").ok_or("HOME is not set: cannot find nisshi")?;
     let path = Path::new(&home).join(".cache/justonce/nisshi-0.6.0/bin/nisshi");
     if path.is_file() {

@@ -1,11 +1,12 @@
 //! Throwaway brokers of a test's own, listening only over TLS with a certificate of a
-//! [`TestCa`]: Redis, Mosquitto, NATS JetStream and a RabbitMQ node, each on free ports in
-//! a temporary folder, stopped and removed when dropped. The machine's shared servers are
-//! never touched.
+//! [`TestCa`]: Redis, Mosquitto, NATS JetStream, a RabbitMQ node and the Kafka-protocol
+//! test broker, each on free ports in a temporary folder, stopped and removed when dropped.
+//! The machine's shared servers are never touched.
 
 use crate::tls::TestCa;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The broker a [`TlsBroker`] runs.
@@ -19,6 +20,9 @@ pub enum Kind {
     Nats,
     /// A RabbitMQ node with a TLS listener only: `amqps://`.
     RabbitMq,
+    /// The Kafka-protocol test broker behind a TLS front of the test's own: the broker
+    /// reads TLS settings but does not use them. `kafka://`.
+    Kafka,
 }
 
 /// A broker of a test's own that speaks only TLS, with a server certificate (for
@@ -30,6 +34,9 @@ pub struct TlsBroker {
     child: Child,
     /// The RabbitMQ node's name, stopped with `rabbitmqctl`.
     node: Option<String>,
+    /// The port the broker itself listens on, if a [`TlsFront`] stands before it.
+    plaintext_port: Option<u16>,
+    front: Option<TlsFront>,
 }
 
 /// How long a broker may take to listen: a RabbitMQ node boots in about ten seconds on
@@ -38,7 +45,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl TlsBroker {
     /// Starts `kind` with a certificate of `ca`. With `client_certificates`, the broker
-    /// requires a client certificate signed by `ca` (Redis, Mosquitto and NATS).
+    /// requires a client certificate signed by `ca` (all but RabbitMQ).
     pub fn start(kind: Kind, ca: &TestCa, client_certificates: bool) -> Result<Self, String> {
         Self::start_named(kind, ca, &["localhost", "127.0.0.1"], client_certificates)
     }
@@ -50,6 +57,23 @@ impl TlsBroker {
         names: &[&str],
         client_certificates: bool,
     ) -> Result<Self, String> {
+        Self::launch(kind, ca, names, client_certificates, false)
+    }
+
+    /// A [`Kind::Kafka`] broker that requires SASL of every client. It knows no user, and
+    /// none can be made: making one needs a login first. So it shows what a client makes
+    /// of a refused login.
+    pub fn start_kafka_requiring_sasl(ca: &TestCa) -> Result<Self, String> {
+        Self::launch(Kind::Kafka, ca, &["localhost", "127.0.0.1"], false, true)
+    }
+
+    fn launch(
+        kind: Kind,
+        ca: &TestCa,
+        names: &[&str],
+        client_certificates: bool,
+        sasl: bool,
+    ) -> Result<Self, String> {
         let folder = std::env::temp_dir().join(format!("justonce-tls-broker-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
         let (cert, key) = ca.server(names);
@@ -58,6 +82,7 @@ impl TlsBroker {
         let log = std::fs::File::create(folder.join("log"))
             .map_err(|e| format!("{}: {e}", folder.display()))?;
         let mut node = None;
+        let (mut plaintext_port, mut front) = (None, None);
         let mut command = match kind {
             Kind::Redis => {
                 let mut command = Command::new("redis-server");
@@ -123,6 +148,32 @@ impl TlsBroker {
                 node = Some(name);
                 command
             }
+            Kind::Kafka => {
+                // It listens on its own port and tells clients to come through the front.
+                let inner = free_port()?;
+                let listener = std::net::TcpListener::bind(("127.0.0.1", port))
+                    .map_err(|e| format!("the TLS front's port {port}: {e}"))?;
+                let client_ca = client_certificates.then_some(ca_file.as_path());
+                front = Some(TlsFront::start(listener, &cert, &key, client_ca, inner)?);
+                plaintext_port = Some(inner);
+                let mut command = Command::new(crate::own_broker::nisshi()?);
+                // It reads a `.env` in its working directory: its own folder has none.
+                command.current_dir(&folder).args([
+                    "broker",
+                    "--storage-engine",
+                    "memory://",
+                    "--listener-url",
+                    &format!("tcp://127.0.0.1:{inner}"),
+                    "--advertised-listener-url",
+                    &format!("tcp://127.0.0.1:{port}"),
+                    "--cluster-id",
+                    "justonce-tls",
+                ]);
+                if sasl {
+                    command.arg("--authentication");
+                }
+                command
+            }
         };
         let stderr = log.try_clone().map_err(|e| e.to_string())?;
         let child = command
@@ -137,6 +188,8 @@ impl TlsBroker {
             port,
             child,
             node,
+            plaintext_port,
+            front,
         };
         broker.wait_until_listening()?;
         Ok(broker)
@@ -150,10 +203,26 @@ impl TlsBroker {
             Kind::Mosquitto => format!("mqtts://127.0.0.1:{port}"),
             Kind::Nats => format!("nats://127.0.0.1:{port}"),
             Kind::RabbitMq => format!("amqps://guest:guest@127.0.0.1:{port}/%2f"),
+            Kind::Kafka => format!("kafka://127.0.0.1:{port}"),
         }
     }
 
+    /// Creates `topic` on a [`Kind::Kafka`] broker: over TLS trusting `ca`, with a client
+    /// certificate of `ca`.
+    pub async fn create_kafka_topic(&self, ca: &TestCa, topic: &str) {
+        let (cert, key) = ca.client("admin");
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("bootstrap.servers", format!("127.0.0.1:{}", self.port))
+            .set("security.protocol", "ssl")
+            .set("ssl.ca.location", ca.ca_file().display().to_string())
+            .set("ssl.certificate.location", cert.display().to_string())
+            .set("ssl.key.location", key.display().to_string());
+        crate::create_kafka_topic_with(&config, topic, 1).await
+    }
+
     fn wait_until_listening(&mut self) -> Result<(), String> {
+        let port = self.plaintext_port.unwrap_or(self.port);
         let started = Instant::now();
         while started.elapsed() < START_TIMEOUT {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -163,15 +232,14 @@ impl TlsBroker {
                     self.log()
                 ));
             }
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         Err(format!(
-            "{:?} did not listen on {} within {START_TIMEOUT:?}:\n{}",
+            "{:?} did not listen on {port} within {START_TIMEOUT:?}:\n{}",
             self.kind,
-            self.port,
             self.log()
         ))
     }
@@ -189,9 +257,109 @@ impl Drop for TlsBroker {
                 .env("HOME", &self.folder)
                 .output();
         }
+        drop(self.front.take());
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.folder);
+    }
+}
+
+/// A TLS listener that forwards each connection's bytes, once its handshake is done, to a
+/// plaintext port: TLS for a server that does not speak it. Stops when dropped.
+struct TlsFront {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TlsFront {
+    /// Accepts TLS on `listener` with the certificate `cert` and its key `key`, requiring a
+    /// client certificate signed by `client_ca` if given, and forwards to `backend`.
+    fn start(
+        listener: std::net::TcpListener,
+        cert: &Path,
+        key: &Path,
+        client_ca: Option<&Path>,
+        backend: u16,
+    ) -> Result<Self, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certificates = |file: &Path| {
+            CertificateDer::pem_file_iter(file)
+                .and_then(|certificates| certificates.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("{}: {e}", file.display()))
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?;
+        let builder = match client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add_parsable_certificates(certificates(ca)?);
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| e.to_string())?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let key =
+            PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+        let config = builder
+            .with_single_cert(certificates(cert)?, key)
+            .map_err(|e| e.to_string())?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                    return;
+                };
+                let accepting = async {
+                    while let Ok((client, _)) = listener.accept().await {
+                        let acceptor = acceptor.clone();
+                        tokio::spawn(async move {
+                            // A refused handshake is the client's to report.
+                            let Ok(mut client) = acceptor.accept(client).await else {
+                                return;
+                            };
+                            let address = ("127.0.0.1", backend);
+                            if let Ok(mut server) = tokio::net::TcpStream::connect(address).await {
+                                let _ =
+                                    tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                            }
+                        });
+                    }
+                };
+                tokio::select! {
+                    () = accepting => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        Ok(Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 

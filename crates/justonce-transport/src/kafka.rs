@@ -43,7 +43,7 @@
 use crate::consumer::{Receive, Received, policy_setters};
 use crate::destination::destination;
 use crate::reconnect::Connection;
-use crate::tls::Tls;
+use crate::tls::{Tls, TlsError};
 use crate::{
     ATTEMPT_HEADER, Error, KeyFrom, OrderedBroker, Policy, Position, REASON_BYTES, REASON_HEADER,
     StoredOffsets, truncate,
@@ -448,7 +448,7 @@ pub type KafkaReader<DB> = crate::Reader<Kafka, DB>;
 pub struct Kafka {
     consumer: StreamConsumer<Rebalancing>,
     changes: Arc<Changes>,
-    producer: FutureProducer,
+    producer: Producer,
     options: KafkaOptions,
 }
 
@@ -504,7 +504,7 @@ impl<DB: Backend> KafkaReader<DB> {
         let kafka = Kafka {
             consumer,
             changes,
-            producer: producer(&config)?,
+            producer: Producer::new(&config, Refusals::new(&options.security, url))?,
             options,
         };
         Ok(Self::reporting(kafka, inbox, connection))
@@ -743,11 +743,7 @@ impl OrderedBroker for Kafka {
         if let Some(payload) = record.payload() {
             letter = letter.payload(payload);
         }
-        self.producer
-            .send(letter, BROKER_TIMEOUT)
-            .await
-            .map(drop)
-            .map_err(|(error, _)| broker(error))
+        self.producer.send(letter).await
     }
 }
 
@@ -790,14 +786,40 @@ impl Received for OwnedMessage {
 
 /// An idempotent producer with `acks=all`: a record is acknowledged only once every in-sync
 /// replica holds it, and a retried send is not written twice.
-fn producer(config: &ClientConfig) -> Result<FutureProducer, Error> {
-    config
-        .clone()
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("message.timeout.ms", BROKER_TIMEOUT.as_millis().to_string())
-        .create()
-        .map_err(|e| Error::Config(format!("Kafka producer: {e}")))
+struct Producer {
+    client: FutureProducer<Refusals>,
+    refusals: Refusals,
+}
+
+impl Producer {
+    fn new(config: &ClientConfig, refusals: Refusals) -> Result<Self, Error> {
+        let client = config
+            .clone()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", BROKER_TIMEOUT.as_millis().to_string())
+            .create_with_context(refusals.clone())
+            .map_err(|e| Error::Config(format!("Kafka producer: {e}")))?;
+        Ok(Self { client, refusals })
+    }
+
+    /// Produces `record` and waits for the brokers to acknowledge it. A send that times out
+    /// while the brokers refuse the connection fails with the refusal.
+    async fn send<K, P>(&self, record: FutureRecord<'_, K, P>) -> Result<(), Error>
+    where
+        K: rdkafka::message::ToBytes + ?Sized,
+        P: rdkafka::message::ToBytes + ?Sized,
+    {
+        let since = Instant::now();
+        self.client
+            .send(record, BROKER_TIMEOUT)
+            .await
+            .map(drop)
+            .map_err(|(error, _)| match self.refusals.last_since(since) {
+                Some(refusal) => refusal.into(),
+                None => broker(error),
+            })
+    }
 }
 
 /// The relay's destination for Kafka: produces each outbox row to a topic with the row's
@@ -809,7 +831,7 @@ pub struct KafkaDestination {
     topic: String,
     security: Security,
     /// The producer, made on the first delivery.
-    producer: tokio::sync::OnceCell<FutureProducer>,
+    producer: tokio::sync::OnceCell<Producer>,
 }
 
 impl std::fmt::Debug for KafkaDestination {
@@ -847,7 +869,10 @@ impl KafkaDestination {
     async fn send(&self, delivery: Delivery<'_>) -> Result<(), String> {
         let producer = self
             .producer
-            .get_or_try_init(|| async { producer(&self.security.client_config(&self.url)?) })
+            .get_or_try_init(|| async {
+                let config = self.security.client_config(&self.url)?;
+                Producer::new(&config, Refusals::new(&self.security, &self.url))
+            })
             .await
             .map_err(|e: Error| e.to_string())?;
         let mut headers = OwnedHeaders::new().insert(Header {
@@ -864,11 +889,7 @@ impl KafkaDestination {
             .key(delivery.key)
             .payload(delivery.payload)
             .headers(headers);
-        producer
-            .send(record, BROKER_TIMEOUT)
-            .await
-            .map(drop)
-            .map_err(|(error, _)| error.to_string())
+        producer.send(record).await.map_err(|e| e.to_string())
     }
 }
 
@@ -879,19 +900,34 @@ destination!(KafkaDestination);
 /// Proves that the brokers at `url` take a reader with `options`: connects with its TLS and
 /// SASL settings, and asks for the topic's metadata, which fails on refused credentials and
 /// says whether the topic exists. Joins no group and consumes nothing. Gives up after
-/// [`PROBE_TIMEOUT`](crate::PROBE_TIMEOUT).
+/// [`PROBE_TIMEOUT`](crate::PROBE_TIMEOUT), or at the first refused TLS handshake or login.
 pub async fn probe(url: &str, options: &KafkaOptions) -> Result<(), Error> {
     let config = options.security.client_config(url)?;
+    let refusals = Refusals::new(&options.security, url);
     let topic = options.topic.clone();
     crate::within_probe_timeout(async move {
         // librdkafka's metadata request blocks its caller.
         tokio::task::spawn_blocking(move || {
-            let client: BaseConsumer = config
-                .create()
+            let client: BaseConsumer<Refusals> = config
+                .create_with_context(refusals.clone())
                 .map_err(|e| Error::Config(format!("Kafka client: {e}")))?;
-            let metadata = client
-                .fetch_metadata(Some(&topic), crate::PROBE_TIMEOUT)
-                .map_err(broker)?;
+            let since = Instant::now();
+            let metadata = loop {
+                match client.fetch_metadata(Some(&topic), PROBE_ATTEMPT) {
+                    Ok(metadata) => break metadata,
+                    Err(error) => {
+                        // Serves the client's events for a while: its log lines come first
+                        // in its queue, then the errors that tell of a refusal.
+                        let _ = client.poll(PROBE_ATTEMPT);
+                        if let Some(refusal) = refusals.last_since(since) {
+                            return Err(refusal.into());
+                        }
+                        if since.elapsed() >= crate::PROBE_TIMEOUT {
+                            return Err(broker(error));
+                        }
+                    }
+                }
+            };
             let found = metadata.topics().iter().find(|found| found.name() == topic);
             match found.map(|found| found.error()) {
                 Some(None) => Ok(()),
@@ -907,6 +943,126 @@ pub async fn probe(url: &str, options: &KafkaOptions) -> Result<(), Error> {
     })
     .await
 }
+
+/// How long one metadata request of a probe may take, and how long the probe serves the
+/// client's events after it, before it asks again.
+const PROBE_ATTEMPT: Duration = Duration::from_millis(250);
+
+/// The context of a probe's client and of a producer. librdkafka reports a refused TLS
+/// handshake or SASL login only to its error callback, then tries again until a request
+/// times out; kept here, the refusal can be named instead of the timeout.
+#[derive(Clone)]
+struct Refusals {
+    last: Arc<Mutex<Option<LastRefusal>>>,
+    /// The TLS settings and the first bootstrap server, to learn why a certificate failed.
+    tls: Option<(Tls, String)>,
+}
+
+struct LastRefusal {
+    at: Instant,
+    /// librdkafka's words, which repeat at each attempt to connect.
+    reason: String,
+    refusal: Refusal,
+}
+
+/// Why the brokers refused a connection: a setting must change, not the network.
+#[derive(Clone)]
+enum Refusal {
+    Tls(TlsError),
+    /// librdkafka's reason for the refused login.
+    Login(String),
+}
+
+impl From<Refusal> for Error {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Tls(tls) => Error::Tls(tls),
+            Refusal::Login(reason) => Error::Config(format!(
+                "the brokers refused the SASL login ({reason}): check the mechanism, the user \
+                 and the password"
+            )),
+        }
+    }
+}
+
+/// How long learning why a certificate failed may take at each step.
+const DIAGNOSIS: Duration = Duration::from_secs(2);
+
+impl Refusals {
+    fn new(security: &Security, url: &str) -> Self {
+        let first_server = bootstrap_servers(url)
+            .ok()
+            .and_then(|servers| servers.split(',').next())
+            .map(str::to_owned);
+        Self {
+            last: Arc::default(),
+            tls: security.tls.clone().zip(first_server),
+        }
+    }
+
+    /// The last refusal, if at or after `since`.
+    fn last_since(&self, since: Instant) -> Option<Refusal> {
+        let last = crate::lock(&self.last);
+        last.as_ref()
+            .filter(|last| last.at >= since)
+            .map(|last| last.refusal.clone())
+    }
+
+    /// The refusal librdkafka's error `reason` tells of, if it is one. Its OpenSSL reports a
+    /// CA it does not know and a certificate for another host alike, as a failed
+    /// verification: rustls's verdict on a handshake of its own tells them apart.
+    fn refusal(&self, reason: &str) -> Option<TlsError> {
+        let lower = reason.to_ascii_lowercase();
+        if lower.contains("alert certificate required") {
+            return Some(TlsError::ClientCertificateRequired);
+        }
+        let refused_client = [
+            "alert unknown ca",
+            "alert bad certificate",
+            "alert certificate unknown",
+            "alert access denied",
+        ];
+        if refused_client.iter().any(|alert| lower.contains(alert)) {
+            return Some(TlsError::ClientCertificateRefused(reason.to_owned()));
+        }
+        if !lower.contains("ssl handshake failed") {
+            return None;
+        }
+        if !lower.contains("certificate verify failed") {
+            return Some(TlsError::Handshake(reason.to_owned()));
+        }
+        let diagnosed = (self.tls.as_ref())
+            .and_then(|(tls, server)| crate::tls::handshake_refusal(tls, server, DIAGNOSIS));
+        Some(diagnosed.unwrap_or_else(|| TlsError::BadCertificate(reason.to_owned())))
+    }
+}
+
+impl ClientContext for Refusals {
+    /// Called when the client is polled: a producer polls all the time, a probe between its
+    /// requests.
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(%error, reason, "Kafka client error");
+        let mut last = crate::lock(&self.last);
+        if let Some(last) = last.as_mut().filter(|last| last.reason == reason) {
+            last.at = Instant::now();
+            return;
+        }
+        let refusal = if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Authentication) {
+            Some(Refusal::Login(reason.to_owned()))
+        } else {
+            self.refusal(reason).map(Refusal::Tls)
+        };
+        if let Some(refusal) = refusal {
+            *last = Some(LastRefusal {
+                at: Instant::now(),
+                reason: reason.to_owned(),
+                refusal,
+            });
+        }
+    }
+}
+
+impl ConsumerContext for Refusals {}
 
 /// How long the reader waits after an error the client recovers from, so that a broker
 /// that is down costs no busy loop.
@@ -957,6 +1113,43 @@ mod tests {
             }}}}"#
         )
         .into_bytes()
+    }
+
+    /// librdkafka's words for each refusal, as its OpenSSL wrote them here.
+    #[test]
+    fn a_refused_handshake_is_told_from_librdkafkas_words() {
+        use crate::tls::TlsError;
+        let refusals = super::Refusals::new(&super::Security::default(), "kafka://127.0.0.1:9093");
+        let required = "ssl://127.0.0.1:9093/bootstrap: Receive failed: error:0A00045C:SSL \
+            routines::tlsv13 alert certificate required: SSL alert number 116 (after 0ms in state \
+            APIVERSION_QUERY)";
+        assert_eq!(
+            refusals.refusal(required),
+            Some(TlsError::ClientCertificateRequired)
+        );
+        let unknown_ca = "ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: error:0A000418:SSL \
+            routines::tlsv1 alert unknown ca: SSL alert number 48";
+        assert!(matches!(
+            refusals.refusal(unknown_ca),
+            Some(TlsError::ClientCertificateRefused(_))
+        ));
+        // Without TLS settings to try a handshake with, the cause stays librdkafka's.
+        let unverified = "ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: \
+            error:0A000086:SSL routines::certificate verify failed: broker certificate could not \
+            be verified (after 1ms in state SSL_HANDSHAKE)";
+        assert_eq!(
+            refusals.refusal(unverified),
+            Some(TlsError::BadCertificate(unverified.to_owned()))
+        );
+        let plaintext = "ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: Disconnected: \
+            connecting to a PLAINTEXT broker listener?";
+        assert!(matches!(
+            refusals.refusal(plaintext),
+            Some(TlsError::Handshake(_))
+        ));
+        let down = "ssl://127.0.0.1:9093/bootstrap: Connect to ipv4#127.0.0.1:9093 failed: \
+            Connection refused";
+        assert_eq!(refusals.refusal(down), None);
     }
 
     #[test]

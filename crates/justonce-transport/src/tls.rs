@@ -250,6 +250,33 @@ pub(crate) fn tls_error(error: &(dyn std::error::Error + 'static)) -> Option<Tls
     None
 }
 
+/// Why rustls refuses a handshake with `server` (`host:port`) under `tls`, if it does. For a
+/// client whose own TLS library reports only that verification failed (librdkafka's
+/// OpenSSL): rustls names the cause. Each step gives up after `timeout`.
+#[cfg(feature = "kafka")]
+pub(crate) fn handshake_refusal(
+    tls: &Tls,
+    server: &str,
+    timeout: std::time::Duration,
+) -> Option<TlsError> {
+    use std::net::ToSocketAddrs;
+    let (host, port) = server.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let address = (host, port.parse().ok()?).to_socket_addrs().ok()?.next()?;
+    let name = ServerName::try_from(host.to_owned()).ok()?;
+    let config = Arc::new(tls.client_config().ok()?);
+    let mut connection = rustls::ClientConnection::new(config, name).ok()?;
+    let mut socket = std::net::TcpStream::connect_timeout(&address, timeout).ok()?;
+    socket.set_read_timeout(Some(timeout)).ok()?;
+    socket.set_write_timeout(Some(timeout)).ok()?;
+    while connection.is_handshaking() {
+        if let Err(error) = connection.complete_io(&mut socket) {
+            return tls_error(&error);
+        }
+    }
+    None
+}
+
 impl TlsError {
     fn of(error: &rustls::Error) -> Self {
         use rustls::CertificateError as Certificate;

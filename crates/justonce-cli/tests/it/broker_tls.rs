@@ -11,6 +11,7 @@ use justonce_tests::Sink;
 use justonce_tests::servers::{Kind, TlsBroker};
 use justonce_tests::tls::TestCa;
 use justonce_transport::amqp::AmqpDestination;
+use justonce_transport::kafka::{IDEMPOTENCY_KEY_HEADER, KafkaDestination};
 use justonce_transport::mqtt::MqttDestination;
 use justonce_transport::nats::NatsDestination;
 use justonce_transport::redis_streams::RedisStreamDestination;
@@ -40,6 +41,11 @@ async fn serve_consumes_rabbitmq_over_tls_and_exits_2_with_another_ca() {
     consumes_over_tls_and_exits_2_with_another_ca(Kind::RabbitMq, "rabbitmq-tls").await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_consumes_kafka_over_tls_and_exits_2_with_another_ca() {
+    consumes_over_tls_and_exits_2_with_another_ca(Kind::Kafka, "kafka-tls").await
+}
+
 /// The queue, stream or topic every test consumes: each broker is the test's own.
 const NAME: &str = "orders";
 
@@ -50,6 +56,9 @@ fn consumer(kind: Kind, url: &str, tls: &str, target: &str) -> String {
         Kind::Mosquitto => format!("topic = \"{NAME}\"\nclient_id = \"justonce-{NAME}\""),
         Kind::Nats => format!("stream = \"{NAME}\""),
         Kind::RabbitMq => format!("queue = \"{NAME}\""),
+        Kind::Kafka => format!(
+            "topic = \"{NAME}\"\ngroup = \"{NAME}\"\nid = \"header:{IDEMPOTENCY_KEY_HEADER}\""
+        ),
     };
     format!("[consumers.orders]\nfrom = \"{url}\"\n{source}\n{tls}\ntarget = \"{target}\"\n")
 }
@@ -70,12 +79,16 @@ fn publisher(kind: Kind, url: &str, ca: &Path) -> Box<dyn Destination> {
         ),
         Kind::Nats => Box::new(NatsDestination::new(url, NAME).tls(tls)),
         Kind::RabbitMq => Box::new(AmqpDestination::new(url, "", NAME).tls(tls)),
+        Kind::Kafka => Box::new(KafkaDestination::new(url, NAME).tls(tls)),
     }
 }
 
 async fn consumes_over_tls_and_exits_2_with_another_ca(kind: Kind, test: &str) {
     let ca = TestCa::new();
     let broker = TlsBroker::start(kind, &ca, false).expect("a broker of the test's own");
+    if kind == Kind::Kafka {
+        broker.create_kafka_topic(&ca, NAME).await;
+    }
     let (db, url) = database::<Sqlite>(test).await;
     let sink = Sink::start().await;
 

@@ -7,8 +7,12 @@ use super::broker::{Consume, consume_until};
 use justonce_sql::{Delivered, Delivery, Destination, Key};
 use justonce_tests::servers::{Kind, TlsBroker};
 use justonce_tests::tls::TestCa;
-use justonce_tests::{TestDb, unique};
+use justonce_tests::{KAFKA_SESSION_TIMEOUT, TestDb, unique};
+use justonce_transport::KeyFrom;
 use justonce_transport::amqp::{AmqpConsumer, AmqpDestination, AmqpOptions};
+use justonce_transport::kafka::{
+    IDEMPOTENCY_KEY_HEADER, KafkaDestination, KafkaOptions, KafkaReader, Sasl, SaslMechanism,
+};
 use justonce_transport::mqtt::{MqttConsumer, MqttDestination, MqttOptions};
 use justonce_transport::nats::{NatsConsumer, NatsDestination, NatsOptions};
 use justonce_transport::redis_streams::{
@@ -28,6 +32,9 @@ trait Broker {
 
     async fn connect(url: &str, db: &TestDb<Sqlite>, tls: Tls) -> Result<Self::Consumer, Error>;
     fn publisher(url: &str, name: &str, tls: Tls) -> Box<dyn Destination>;
+
+    /// Makes the queue, stream or topic `name` that publishers need ready on `broker`.
+    async fn prepare(_broker: &TlsBroker, _ca: &TestCa, _name: &str) {}
 }
 
 struct Redis;
@@ -88,6 +95,31 @@ impl Broker for RabbitMq {
     }
 }
 
+struct Kafka;
+impl Broker for Kafka {
+    type Consumer = KafkaReader<Sqlite>;
+    const KIND: Kind = Kind::Kafka;
+    /// Connects as `serve` does: a member reaches the brokers only once it reads, so the
+    /// probe proves the settings first.
+    async fn connect(url: &str, db: &TestDb<Sqlite>, tls: Tls) -> Result<Self::Consumer, Error> {
+        let options = kafka_options(db).tls(tls);
+        justonce_transport::kafka::probe(url, &options).await?;
+        KafkaReader::connect(url, db.inbox.clone(), options)
+    }
+    fn publisher(url: &str, name: &str, tls: Tls) -> Box<dyn Destination> {
+        Box::new(KafkaDestination::new(url, name).tls(tls))
+    }
+    async fn prepare(broker: &TlsBroker, ca: &TestCa, name: &str) {
+        broker.create_kafka_topic(ca, name).await
+    }
+}
+
+fn kafka_options(db: &TestDb<Sqlite>) -> KafkaOptions {
+    KafkaOptions::new(name(db), name(db))
+        .key_from(KeyFrom::Header(IDEMPOTENCY_KEY_HEADER.into()))
+        .session_timeout(KAFKA_SESSION_TIMEOUT)
+}
+
 /// The queue, stream or topic of a test: on a broker of its own, any name will do.
 fn name(db: &TestDb<Sqlite>) -> String {
     format!("{}orders", db.prefix)
@@ -116,6 +148,7 @@ async fn consumed_over_tls_once_and_refused_with_another_ca<B: Broker>(test: &st
     let broker = TlsBroker::start(B::KIND, &ca, false).expect("a broker of the test's own");
     let url = broker.url();
     let db = TestDb::<Sqlite>::new(test).await;
+    B::prepare(&broker, &ca, &name(&db)).await;
 
     let another_ca = trusting(&TestCa::new());
     let refused = B::connect(&url, &db, another_ca.clone()).await.err();
@@ -168,6 +201,7 @@ over_tls!(
     mqtt_consumed_over_tls_once_and_refused_with_another_ca: Mosquitto,
     nats_consumed_over_tls_once_and_refused_with_another_ca: Nats,
     rabbitmq_consumed_over_tls_once_and_refused_with_another_ca: RabbitMq,
+    kafka_consumed_over_tls_once_and_refused_with_another_ca: Kafka,
 );
 
 /// Leases on a Redis that speaks only TLS: `rediss://` checks the server against the
@@ -224,6 +258,7 @@ async fn consumed_with_a_client_certificate<B: Broker>(test: &str) {
     let broker = TlsBroker::start(B::KIND, &ca, true).expect("a broker of the test's own");
     let url = broker.url();
     let db = TestDb::<Sqlite>::new(test).await;
+    B::prepare(&broker, &ca, &name(&db)).await;
     let refused = B::connect(&url, &db, trusting(&ca)).await.err();
     assert!(
         matches!(
@@ -263,6 +298,7 @@ with_client_certificates!(
     redis_streams_consumed_with_a_client_certificate: Redis,
     mqtt_consumed_with_a_client_certificate: Mosquitto,
     nats_consumed_with_a_client_certificate: Nats,
+    kafka_consumed_with_a_client_certificate: Kafka,
 );
 
 /// A broker whose certificate names `localhost` only, reached as `127.0.0.1`: refused as a
@@ -297,4 +333,32 @@ for_another_host!(
     redis_streams_refused_when_the_certificate_names_another_host: Redis,
     mqtt_refused_when_the_certificate_names_another_host: Mosquitto,
     nats_refused_when_the_certificate_names_another_host: Nats,
+    kafka_refused_when_the_certificate_names_another_host: Kafka,
 );
+
+/// A Kafka broker that requires SASL refuses a user it does not know, and the probe (what
+/// `check` and `serve` run first) says that the login was refused, not that the broker did
+/// not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_refuses_an_unknown_sasl_user_and_the_probe_names_the_login() {
+    let ca = TestCa::new();
+    let broker = TlsBroker::start_kafka_requiring_sasl(&ca).expect("a broker of the test's own");
+    let options = KafkaOptions::new("orders", "orders")
+        .key_from(KeyFrom::Header(IDEMPOTENCY_KEY_HEADER.into()))
+        .tls(trusting(&ca))
+        .sasl(Sasl::new(
+            SaslMechanism::ScramSha512,
+            "billing",
+            "not-a-user",
+        ));
+    let refused = justonce_transport::kafka::probe(&broker.url(), &options).await;
+    let Err(Error::Config(reason)) = refused else {
+        panic!("{refused:?}");
+    };
+    assert!(
+        reason.starts_with("the brokers refused the SASL login (")
+            && reason.contains("unknown-user")
+            && reason.ends_with("): check the mechanism, the user and the password"),
+        "{reason}"
+    );
+}
