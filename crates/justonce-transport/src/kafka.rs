@@ -960,7 +960,7 @@ struct Refusals {
 
 struct LastRefusal {
     at: Instant,
-    /// librdkafka's words, which repeat at each attempt to connect.
+    /// librdkafka's words without their timing, which repeat at each attempt to connect.
     reason: String,
     refusal: Refusal,
 }
@@ -1042,8 +1042,10 @@ impl ClientContext for Refusals {
     /// requests.
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::warn!(%error, reason, "Kafka client error");
+        // The same refusal again, at the next attempt: known already.
+        let (words, _timing) = reason.split_once(" (after ").unwrap_or((reason, ""));
         let mut last = crate::lock(&self.last);
-        if let Some(last) = last.as_mut().filter(|last| last.reason == reason) {
+        if let Some(last) = last.as_mut().filter(|last| last.reason == words) {
             last.at = Instant::now();
             return;
         }
@@ -1055,7 +1057,7 @@ impl ClientContext for Refusals {
         if let Some(refusal) = refusal {
             *last = Some(LastRefusal {
                 at: Instant::now(),
-                reason: reason.to_owned(),
+                reason: words.to_owned(),
                 refusal,
             });
         }
