@@ -20,7 +20,7 @@ use justonce_transport::kafka::KafkaReader;
 use justonce_transport::mqtt::MqttConsumer;
 use justonce_transport::nats::NatsConsumer;
 use justonce_transport::redis_streams::RedisStreamConsumer;
-use justonce_transport::{Broker, Incoming, Link, Work};
+use justonce_transport::{Broker, Error as BrokerError, Incoming, Link, Work};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -375,9 +375,10 @@ async fn purge_on_schedule<DB: Backend>(plan: &purge::Plan, inbox: &Inbox<DB>, e
 /// and written to the outbox for the consumer's target with the key `<consumer>:<id>`, in
 /// one transaction, and acknowledged after the commit. A broker that cannot be reached at
 /// the first connection is tried again every few seconds; a connection lost later, the
-/// consumer makes again by itself. A TLS handshake refused at the first connection is a
-/// setting to fix: it is sent to `misconfigured`, and the service stops; refused later (a
-/// broker that was down came back with another certificate), it is retried.
+/// consumer makes again by itself. A TLS handshake or a login refused at the first
+/// connection is a setting to fix: it is sent to `misconfigured`, and the service stops;
+/// refused later (a broker that was down came back with another certificate), it is
+/// retried.
 async fn consume<DB: Backend>(
     name: String,
     from: String,
@@ -408,8 +409,11 @@ async fn consume<DB: Backend>(
             }
             // Consumers logs the change from consuming to not, once.
             Ok(_) => states.failed(&name, "the broker ended the consumer".to_owned()),
-            Err(justonce_transport::Error::Tls(tls)) => {
-                let problem = tls_problem(&name, &tls);
+            Err(error @ (BrokerError::Tls(_) | BrokerError::Config(_))) => {
+                let problem = match &error {
+                    BrokerError::Tls(tls) => tls_problem(&name, tls),
+                    error => format!("consumers.{name}: {error}"),
+                };
                 if first {
                     let _ = misconfigured.send(Usage(problem)).await;
                     return;
@@ -436,7 +440,7 @@ async fn consume_once<DB: Backend, E>(
     link: impl Fn(&Link),
     stopped: impl std::future::Future,
     work: impl Work<DB, E>,
-) -> Result<justonce_transport::ConsumerStats, justonce_transport::Error>
+) -> Result<justonce_transport::ConsumerStats, BrokerError>
 where
     E: std::error::Error + Send + Sync + 'static,
 {
@@ -476,7 +480,7 @@ async fn run_consumer<B: Broker, DB: Backend, E>(
     link: impl Fn(&Link),
     stopped: impl std::future::Future,
     work: impl Work<DB, E>,
-) -> Result<justonce_transport::ConsumerStats, justonce_transport::Error>
+) -> Result<justonce_transport::ConsumerStats, BrokerError>
 where
     E: std::error::Error + Send + Sync + 'static,
 {

@@ -146,23 +146,7 @@ impl OwnBroker {
                 command
             }
             // The Kafka-protocol test broker keeps its topics in memory: a restart loses them.
-            // It reads a `.env` in its working directory: its own folder has none.
-            "kafka" => {
-                let mut command = Command::new(nisshi()?);
-                let listener = format!("tcp://127.0.0.1:{port}");
-                command.current_dir(&self.folder).args([
-                    "broker",
-                    "--storage-engine",
-                    "memory://",
-                    "--listener-url",
-                    &listener,
-                    "--advertised-listener-url",
-                    &listener,
-                    "--cluster-id",
-                    "justonce-own",
-                ]);
-                command
-            }
+            "kafka" => nisshi_broker(&self.folder, "memory://", self.port, self.port)?.into(),
             "redis" => {
                 let mut command = Command::new("redis-server");
                 command.args([
@@ -354,10 +338,34 @@ pub(crate) fn free_ports(count: usize) -> Result<Vec<u16>, String> {
         .collect()
 }
 
+/// The command that runs the Kafka-protocol test broker in `folder`, with its data in
+/// `storage`, listening on `port` and telling clients to connect to `advertised`. It reads
+/// a `.env` in its working directory: `folder` has none.
+pub(crate) fn nisshi_broker(
+    folder: &Path,
+    storage: &str,
+    port: u16,
+    advertised: u16,
+) -> Result<std::process::Command, String> {
+    let mut command = std::process::Command::new(nisshi()?);
+    command.current_dir(folder).args([
+        "broker",
+        "--storage-engine",
+        storage,
+        "--listener-url",
+        &format!("tcp://127.0.0.1:{port}"),
+        "--advertised-listener-url",
+        &format!("tcp://127.0.0.1:{advertised}"),
+        "--cluster-id",
+        "justonce-own",
+    ]);
+    Ok(command)
+}
+
 /// The Kafka-protocol test broker, where `scripts/services` installs it.
 pub(crate) fn nisshi() -> Result<PathBuf, String> {
     let home = std::env::var_os("HOME").ok_or("HOME is not set: cannot find nisshi")?;
-    let path = Path::new(&home).join(".cache/justonce/nisshi-0.6.0/bin/nisshi");
+    let path = Path::new(&home).join(".cache/justonce/nisshi-0.6.0-libsql/bin/nisshi");
     if path.is_file() {
         Ok(path)
     } else {

@@ -37,6 +37,8 @@ pub struct TlsBroker {
     /// The port the broker itself listens on, if a [`TlsFront`] stands before it.
     plaintext_port: Option<u16>,
     front: Option<TlsFront>,
+    /// The SCRAM user and password a [`Kind::Kafka`] broker requires a login with.
+    scram_user: Option<(String, String)>,
 }
 
 /// How long a broker may take to listen: a RabbitMQ node boots in about ten seconds on
@@ -57,14 +59,18 @@ impl TlsBroker {
         names: &[&str],
         client_certificates: bool,
     ) -> Result<Self, String> {
-        Self::launch(kind, ca, names, client_certificates, false)
+        Self::launch(kind, ca, names, client_certificates, None)
     }
 
-    /// A [`Kind::Kafka`] broker that requires SASL of every client. It knows no user, and
-    /// none can be made: making one needs a login first. So it shows what a client makes
-    /// of a refused login.
-    pub fn start_kafka_requiring_sasl(ca: &TestCa) -> Result<Self, String> {
-        Self::launch(Kind::Kafka, ca, &["localhost", "127.0.0.1"], false, true)
+    /// A [`Kind::Kafka`] broker that requires a SASL login of every client, as a hosted
+    /// Kafka does: SCRAM-SHA-512, with `user` and `password` the one login it knows.
+    pub fn start_kafka_with_scram_user(
+        ca: &TestCa,
+        user: &str,
+        password: &str,
+    ) -> Result<Self, String> {
+        let login = Some((user, password));
+        Self::launch(Kind::Kafka, ca, &["localhost", "127.0.0.1"], false, login)
     }
 
     fn launch(
@@ -72,7 +78,7 @@ impl TlsBroker {
         ca: &TestCa,
         names: &[&str],
         client_certificates: bool,
-        sasl: bool,
+        scram_user: Option<(&str, &str)>,
     ) -> Result<Self, String> {
         let folder = std::env::temp_dir().join(format!("justonce-tls-broker-{}", crate::unique()));
         std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
@@ -156,20 +162,14 @@ impl TlsBroker {
                 let client_ca = client_certificates.then_some(ca_file.as_path());
                 front = Some(TlsFront::start(listener, &cert, &key, client_ca, inner)?);
                 plaintext_port = Some(inner);
-                let mut command = Command::new(crate::own_broker::nisshi()?);
-                // It reads a `.env` in its working directory: its own folder has none.
-                command.current_dir(&folder).args([
-                    "broker",
-                    "--storage-engine",
-                    "memory://",
-                    "--listener-url",
-                    &format!("tcp://127.0.0.1:{inner}"),
-                    "--advertised-listener-url",
-                    &format!("tcp://127.0.0.1:{port}"),
-                    "--cluster-id",
-                    "justonce-tls",
-                ]);
-                if sasl {
+                // Its memory engine forgets users when it stops; SQLite keeps them.
+                let storage = match scram_user {
+                    Some(_) => "sqlite://nisshi.db",
+                    None => "memory://",
+                };
+                let mut command = crate::own_broker::nisshi_broker(&folder, storage, inner, port)?;
+                if let Some((user, password)) = scram_user {
+                    make_scram_user(&folder, storage, inner, user, password, &log)?;
                     command.arg("--authentication");
                 }
                 command
@@ -190,6 +190,7 @@ impl TlsBroker {
             node,
             plaintext_port,
             front,
+            scram_user: scram_user.map(|(user, password)| (user.to_owned(), password.to_owned())),
         };
         broker.wait_until_listening()?;
         Ok(broker)
@@ -208,7 +209,7 @@ impl TlsBroker {
     }
 
     /// Creates `topic` on a [`Kind::Kafka`] broker: over TLS trusting `ca`, with a client
-    /// certificate of `ca`.
+    /// certificate of `ca`, and with its SCRAM login if it requires one.
     pub async fn create_kafka_topic(&self, ca: &TestCa, topic: &str) {
         let (cert, key) = ca.client("admin");
         let mut config = rdkafka::ClientConfig::new();
@@ -218,30 +219,20 @@ impl TlsBroker {
             .set("ssl.ca.location", ca.ca_file().display().to_string())
             .set("ssl.certificate.location", cert.display().to_string())
             .set("ssl.key.location", key.display().to_string());
+        if let Some((user, password)) = &self.scram_user {
+            config
+                .set("security.protocol", "sasl_ssl")
+                .set("sasl.mechanisms", "SCRAM-SHA-512")
+                .set("sasl.username", user)
+                .set("sasl.password", password);
+        }
         crate::create_kafka_topic_with(&config, topic, 1).await
     }
 
     fn wait_until_listening(&mut self) -> Result<(), String> {
         let port = self.plaintext_port.unwrap_or(self.port);
-        let started = Instant::now();
-        while started.elapsed() < START_TIMEOUT {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!(
-                    "{:?} exited with {status} before it listened:\n{}",
-                    self.kind,
-                    self.log()
-                ));
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err(format!(
-            "{:?} did not listen on {port} within {START_TIMEOUT:?}:\n{}",
-            self.kind,
-            self.log()
-        ))
+        wait_for_port(&mut self.child, port)
+            .map_err(|e| format!("{:?} {e}:\n{}", self.kind, self.log()))
     }
 
     fn log(&self) -> String {
@@ -262,6 +253,58 @@ impl Drop for TlsBroker {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.folder);
     }
+}
+
+/// Waits until something listens on `port`, or `child` exits.
+fn wait_for_port(child: &mut Child, port: u16) -> Result<(), String> {
+    let started = Instant::now();
+    while started.elapsed() < START_TIMEOUT {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited with {status} before it listened"));
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("did not listen on {port} within {START_TIMEOUT:?}"))
+}
+
+/// Makes the SCRAM-SHA-512 login `user` in the Kafka test broker's `storage`. A broker that
+/// requires SASL takes no request before a login, making a user included, so a broker
+/// without SASL on the same storage makes it, and stops.
+fn make_scram_user(
+    folder: &Path,
+    storage: &str,
+    port: u16,
+    user: &str,
+    password: &str,
+    log: &std::fs::File,
+) -> Result<(), String> {
+    let output = |log: &std::fs::File| log.try_clone().map_err(|e| e.to_string());
+    let mut broker = crate::own_broker::nisshi_broker(folder, storage, port, port)?
+        .stdin(Stdio::null())
+        .stdout(output(log)?)
+        .stderr(output(log)?)
+        .spawn()
+        .map_err(|e| format!("the Kafka test broker cannot start: {e}"))?;
+    let made = wait_for_port(&mut broker, port).and_then(|()| {
+        let broker_url = format!("tcp://127.0.0.1:{port}");
+        let made = Command::new(crate::own_broker::nisshi()?)
+            .current_dir(folder)
+            .args(["user", "create", "--broker", &broker_url])
+            .args(["--mechanism", "scram512", user, password])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if made.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&made.stderr).into_owned())
+        }
+    });
+    let _ = broker.kill();
+    let _ = broker.wait();
+    made.map_err(|e| format!("making the SCRAM user {user}: {e}"))
 }
 
 /// A TLS listener that forwards each connection's bytes, once its handshake is done, to a

@@ -2,7 +2,8 @@
 //! only TLS: with another CA in `tls_ca` it exits 2 at start, naming the consumer and the
 //! setting, and so does `check`; with the right one, `check` reaches the broker and messages
 //! published twice over TLS reach the target once per key. With `tls_verify = "insecure"` it
-//! consumes and warns at start.
+//! consumes and warns at start. A Kafka SCRAM login: a wrong password exits 2 at start, the
+//! right one consumes.
 
 use super::serve::{Server, all_delivered, client, database, drop_database, run_capturing};
 use justonce_sql::sqlx::Sqlite;
@@ -11,7 +12,7 @@ use justonce_tests::Sink;
 use justonce_tests::servers::{Kind, TlsBroker};
 use justonce_tests::tls::TestCa;
 use justonce_transport::amqp::AmqpDestination;
-use justonce_transport::kafka::{IDEMPOTENCY_KEY_HEADER, KafkaDestination};
+use justonce_transport::kafka::{IDEMPOTENCY_KEY_HEADER, KafkaDestination, Sasl, SaslMechanism};
 use justonce_transport::mqtt::MqttDestination;
 use justonce_transport::nats::NatsDestination;
 use justonce_transport::redis_streams::RedisStreamDestination;
@@ -134,7 +135,78 @@ async fn consumes_over_tls_and_exits_2_with_another_ca(kind: Kind, test: &str) {
     assert!(stdout.contains("1 consumer, 1 broker reached"), "{stdout}");
     server.start().await;
     await_ready(&server).await;
-    let publisher = publisher(kind, &broker.url(), &ca.ca_file());
+    each_key_reaches_the_target_once(
+        &server,
+        &sink,
+        &*publisher(kind, &broker.url(), &ca.ca_file()),
+    )
+    .await;
+    server.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// A hosted Kafka's login in `serve`'s settings, against a broker that requires TLS and a
+/// SCRAM login: with a wrong password `serve` exits 2 at start, naming the consumer and the
+/// refused login; with the right one, each key published twice reaches the target once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_consumes_kafka_with_a_scram_login_and_exits_2_with_a_wrong_password() {
+    let ca = TestCa::new();
+    let broker = TlsBroker::start_kafka_with_scram_user(&ca, "billing", "right-password")
+        .expect("a broker of the test's own");
+    broker.create_kafka_topic(&ca, NAME).await;
+    let (db, url) = database::<Sqlite>("kafka-sasl").await;
+    let sink = Sink::start().await;
+    let login = format!(
+        "{}\nsasl_mechanism = \"SCRAM-SHA-512\"\nsasl_username = \"billing\"\n\
+         sasl_password = \"env:KAFKA_PASSWORD\"",
+        tls_ca(&ca.ca_file())
+    );
+    let settings = consumer(Kind::Kafka, &broker.url(), &login, &sink.url());
+    let mut server = Server::configure_with(&url, &sink.url(), &settings);
+
+    let output = server
+        .command(&["serve"])
+        .env("KAFKA_PASSWORD", "wrong-password")
+        .stderr(Stdio::piped())
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), output)
+        .await
+        .expect("serve stops at start")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "consumers.orders: invalid configuration: the brokers refused the SASL login ("
+        ),
+        "{stderr}"
+    );
+
+    let _logs = server
+        .start_logged(&[], &[("KAFKA_PASSWORD", "right-password")])
+        .await;
+    await_ready(&server).await;
+    let tls = Tls::default()
+        .with_ca(std::fs::read(ca.ca_file()).unwrap())
+        .unwrap();
+    let publisher = KafkaDestination::new(&broker.url(), NAME)
+        .tls(tls)
+        .sasl(Sasl::new(
+            SaslMechanism::ScramSha512,
+            "billing",
+            "right-password",
+        ));
+    each_key_reaches_the_target_once(&server, &sink, &publisher).await;
+    server.stop().await;
+    drop_database(db, &url).await;
+}
+
+/// Publishes ten keys twice each through `publisher`: each reaches the target once.
+async fn each_key_reaches_the_target_once(
+    server: &Server,
+    sink: &Sink,
+    publisher: &dyn Destination,
+) {
     for n in 0..20 {
         let key = format!("order-{}", n % 10);
         let delivery = Delivery {
@@ -147,12 +219,10 @@ async fn consumes_over_tls_and_exits_2_with_another_ca(kind: Kind, test: &str) {
         };
         assert_eq!(publisher.deliver(delivery).await, Delivered::Sent, "{key}");
     }
-    let by_key = delivered_once(&server, &sink, 10).await;
+    let by_key = delivered_once(server, sink, 10).await;
     for n in 0..10 {
         assert_eq!(by_key[&format!("orders:order-{n}")], 1, "order-{n}");
     }
-    server.stop().await;
-    drop_database(db, &url).await;
 }
 
 /// Waits until `/readyz` says every consumer is connected.

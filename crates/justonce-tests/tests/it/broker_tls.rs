@@ -336,29 +336,55 @@ for_another_host!(
     kafka_refused_when_the_certificate_names_another_host: Kafka,
 );
 
-/// A Kafka broker that requires SASL refuses a user it does not know, and the probe (what
-/// `check` and `serve` run first) says that the login was refused, not that the broker did
-/// not answer.
+/// A hosted Kafka's settings, TLS and a SCRAM login, against a broker that requires both.
+/// An unknown user and a wrong password are refused, and the probe (what `check` and
+/// `serve` run first) says that the login was refused, not that the broker did not answer.
+/// With the right password, the consumer and the relay's publisher log in and each key
+/// takes effect once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_refuses_an_unknown_sasl_user_and_the_probe_names_the_login() {
+async fn kafka_takes_a_scram_login_over_tls_and_names_a_refused_one() {
     let ca = TestCa::new();
-    let broker = TlsBroker::start_kafka_requiring_sasl(&ca).expect("a broker of the test's own");
-    let options = KafkaOptions::new("orders", "orders")
-        .key_from(KeyFrom::Header(IDEMPOTENCY_KEY_HEADER.into()))
+    let broker = TlsBroker::start_kafka_with_scram_user(&ca, "billing", "right-password")
+        .expect("a broker of the test's own");
+    let url = broker.url();
+    let db = TestDb::<Sqlite>::new("kafka_takes_a_scram_login").await;
+    let login = |user: &str, password: &str| Sasl::new(SaslMechanism::ScramSha512, user, password);
+    for (user, password, reason) in [
+        ("nobody", "right-password", "unknown-user"),
+        ("billing", "wrong-password", "invalid-proof"),
+    ] {
+        let options = kafka_options(&db)
+            .tls(trusting(&ca))
+            .sasl(login(user, password));
+        let refused = justonce_transport::kafka::probe(&url, &options).await;
+        let Err(Error::Config(refusal)) = refused else {
+            panic!("{user}: {refused:?}");
+        };
+        assert!(
+            refusal.starts_with("the brokers refused the SASL login (")
+                && refusal.contains(reason)
+                && refusal.ends_with("): check the mechanism, the user and the password"),
+            "{user}: {refusal}"
+        );
+    }
+
+    broker.create_kafka_topic(&ca, &name(&db)).await;
+    let right = login("billing", "right-password");
+    let options = kafka_options(&db).tls(trusting(&ca)).sasl(right.clone());
+    justonce_transport::kafka::probe(&url, &options)
+        .await
+        .expect("the right login");
+    let consumer = KafkaReader::connect(&url, db.inbox.clone(), options).unwrap();
+    let publisher = KafkaDestination::new(&url, &name(&db))
         .tls(trusting(&ca))
-        .sasl(Sasl::new(
-            SaslMechanism::ScramSha512,
-            "billing",
-            "not-a-user",
-        ));
-    let refused = justonce_transport::kafka::probe(&broker.url(), &options).await;
-    let Err(Error::Config(reason)) = refused else {
-        panic!("{refused:?}");
-    };
-    assert!(
-        reason.starts_with("the brokers refused the SASL login (")
-            && reason.contains("unknown-user")
-            && reason.ends_with("): check the mechanism, the user and the password"),
-        "{reason}"
-    );
+        .sasl(right);
+    for key in ["order:0", "order:0", "order:1"] {
+        assert_eq!(publish(&publisher, key).await, Delivered::Sent, "{key}");
+    }
+    let last = Key::new("order:1").unwrap();
+    let stats = consume_until(&db, &consumer, || async { db.effects_of(&last).await == 1 }).await;
+    assert_eq!((stats.processed, stats.duplicates), Kafka::COUNTED);
+    assert_eq!(db.rows("effects").await, 2);
+    drop(consumer);
+    db.cleanup().await;
 }
