@@ -101,13 +101,7 @@ async fn consumes_over_tls_and_exits_2_with_another_ca(kind: Kind, test: &str) {
         &sink.url(),
     );
     let server = Server::configure_with(&url, &sink.url(), &settings);
-    let output = server.command(&["serve"]).stderr(Stdio::piped()).output();
-    let output = tokio::time::timeout(Duration::from_secs(60), output)
-        .await
-        .expect("serve stops at start")
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let stderr = serve_exits_2_at_start(&server, &[]).await;
     assert!(
         stderr.contains(
             "consumers.orders: cannot connect over TLS: the broker's certificate is not signed \
@@ -164,17 +158,7 @@ async fn serve_consumes_kafka_with_a_scram_login_and_exits_2_with_a_wrong_passwo
     let settings = consumer(Kind::Kafka, &broker.url(), &login, &sink.url());
     let mut server = Server::configure_with(&url, &sink.url(), &settings);
 
-    let output = server
-        .command(&["serve"])
-        .env("KAFKA_PASSWORD", "wrong-password")
-        .stderr(Stdio::piped())
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(60), output)
-        .await
-        .expect("serve stops at start")
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let stderr = serve_exits_2_at_start(&server, &[("KAFKA_PASSWORD", "wrong-password")]).await;
     assert!(
         stderr.contains(
             "consumers.orders: invalid configuration: the brokers refused the SASL login ("
@@ -199,6 +183,23 @@ async fn serve_consumes_kafka_with_a_scram_login_and_exits_2_with_a_wrong_passwo
     each_key_reaches_the_target_once(&server, &sink, &publisher).await;
     server.stop().await;
     drop_database(db, &url).await;
+}
+
+/// Runs `serve` with `env` added, which must stop at start with exit 2: what it wrote to
+/// stderr.
+async fn serve_exits_2_at_start(server: &Server, env: &[(&str, &str)]) -> String {
+    let output = server
+        .command(&["serve"])
+        .envs(env.iter().copied())
+        .stderr(Stdio::piped())
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), output)
+        .await
+        .expect("serve stops at start")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    stderr
 }
 
 /// Publishes ten keys twice each through `publisher`: each reaches the target once.
