@@ -24,11 +24,27 @@ pub struct OwnBroker {
     running: Option<Child>,
     /// How often it was killed: a save after a kill is another process's.
     kills: Arc<AtomicU64>,
+    /// Whether it requires a login, with [`OWN_PASSWORD`].
+    login: bool,
 }
+
+/// The password a broker started with [`OwnBroker::start_with_login`] requires: the user
+/// `justonce`'s on NATS and Mosquitto, the server's on Redis. RabbitMQ's `guest` keeps its
+/// own, `guest`.
+pub const OWN_PASSWORD: &str = "right-password";
 
 impl OwnBroker {
     /// Prepares the folder of broker `kind` and starts it.
     pub async fn start(kind: &str) -> Result<Self, String> {
+        Self::launch(kind, false).await
+    }
+
+    /// [`OwnBroker::start`] with a broker that refuses a client without the right login.
+    pub async fn start_with_login(kind: &str) -> Result<Self, String> {
+        Self::launch(kind, true).await
+    }
+
+    async fn launch(kind: &str, login: bool) -> Result<Self, String> {
         let kind = ["amqp", "nats", "redis", "mqtt", "kafka"]
             .into_iter()
             .find(|known| *known == kind)
@@ -43,18 +59,28 @@ impl OwnBroker {
             dist_port: ports[1],
             running: None,
             kills: Arc::default(),
+            login,
         };
         broker.configure()?;
         broker.start_again().await?;
         Ok(broker)
     }
 
-    /// The URL clients reach it at.
+    /// The URL clients reach it at, with the login it requires.
     pub fn url(&self) -> String {
+        let password = if self.kind == "amqp" { "guest" } else { OWN_PASSWORD };
+        self.url_with_password(password)
+    }
+
+    /// The URL with `password` in its login: a login the broker refuses unless it is the
+    /// right one. Without a login required, only RabbitMQ's URL has one.
+    pub fn url_with_password(&self, password: &str) -> String {
         let port = self.port;
-        match self.kind {
-            "amqp" => format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
-            kind => format!("{kind}://127.0.0.1:{port}"),
+        match (self.kind, self.login) {
+            ("amqp", _) => format!("amqp://guest:{password}@127.0.0.1:{port}/%2f"),
+            (kind, false) => format!("{kind}://127.0.0.1:{port}"),
+            ("redis", true) => format!("redis://:{password}@127.0.0.1:{port}"),
+            (kind, true) => format!("{kind}://justonce:{password}@127.0.0.1:{port}"),
         }
     }
 
@@ -105,16 +131,33 @@ impl OwnBroker {
             }
             // Mosquitto writes its database at shutdown and at autosaves only: here after
             // every change, but after the PUBACK (see `saved_after_confirm`).
-            "mqtt" => write(
-                "mosquitto.conf",
-                format!(
-                    "listener {} 127.0.0.1\nallow_anonymous true\npersistence true\n\
-                     persistence_location {}/\nautosave_interval 1\nautosave_on_changes true\n\
-                     max_queued_messages 0\nuser root\n",
-                    self.port,
-                    self.folder.display()
-                ),
-            ),
+            "mqtt" => {
+                let passwords = self.folder.join("passwords");
+                let login = if self.login {
+                    let made = std::process::Command::new("mosquitto_passwd")
+                        .args(["-b", "-c"])
+                        .arg(&passwords)
+                        .args(["justonce", OWN_PASSWORD])
+                        .status()
+                        .map_err(|e| format!("mosquitto_passwd: {e}"))?;
+                    if !made.success() {
+                        return Err(format!("mosquitto_passwd exited with {made}"));
+                    }
+                    format!("allow_anonymous false\npassword_file {}\n", passwords.display())
+                } else {
+                    "allow_anonymous true\n".to_owned()
+                };
+                write(
+                    "mosquitto.conf",
+                    format!(
+                        "listener {} 127.0.0.1\n{login}persistence true\n\
+                         persistence_location {}/\nautosave_interval 1\n\
+                         autosave_on_changes true\nmax_queued_messages 0\nuser root\n",
+                        self.port,
+                        self.folder.display()
+                    ),
+                )
+            }
             _ => Ok(()),
         }
     }
@@ -143,6 +186,9 @@ impl OwnBroker {
             "nats" => {
                 let mut command = Command::new("nats-server");
                 command.args(["-a", "127.0.0.1", "-p", &port, "-js", "-sd", &folder]);
+                if self.login {
+                    command.args(["--user", "justonce", "--pass", OWN_PASSWORD]);
+                }
                 command
             }
             // The Kafka-protocol test broker keeps its topics in memory: a restart loses them.
@@ -163,6 +209,9 @@ impl OwnBroker {
                     "--save",
                     "",
                 ]);
+                if self.login {
+                    command.args(["--requirepass", OWN_PASSWORD]);
+                }
                 command
             }
             _ => {

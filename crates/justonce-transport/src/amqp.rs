@@ -875,6 +875,12 @@ async fn within_goodbye_wait(
 }
 
 fn broker(error: lapin::Error) -> Error {
+    // 403 ACCESS_REFUSED: a login refused, or a user without the right to what it asked.
+    if let lapin::ErrorKind::ProtocolError(refused) = error.kind()
+        && refused.get_id() == 403
+    {
+        return crate::refused_access(refused.get_message());
+    }
     crate::tls::broker_error(error)
 }
 

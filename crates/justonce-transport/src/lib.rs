@@ -171,6 +171,16 @@ with_any_broker! {
     }
 }
 
+/// The broker refused the URL's login, or what its user may do: a setting to fix, not a
+/// broker that is down. `serve` and `check` stop with it at start.
+#[cfg(any(feature = "amqp", feature = "mqtt", feature = "nats", feature = "redis"))]
+pub(crate) fn refused_access(reason: impl std::fmt::Display) -> Error {
+    Error::Config(format!(
+        "the broker refused access ({reason}): check the user and the password in the URL, \
+         and what the user may do"
+    ))
+}
+
 /// Locks `mutex`. A panic elsewhere while it was held leaves the value whole: it is used.
 #[cfg(any(
     feature = "amqp",
@@ -518,7 +528,7 @@ impl std::ops::AddAssign for ConsumerStats {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The broker refused a setting or a declaration, or the URL is unusable.
+    /// The broker refused a setting, a declaration or the login, or the URL is unusable.
     #[error("invalid configuration: {0}")]
     Config(String),
     /// The connection or channel to the broker failed. Deliveries not acknowledged are

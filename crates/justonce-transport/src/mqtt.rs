@@ -140,15 +140,18 @@ impl MqttOptions {
     }
 }
 
-/// Why the connection failed, as each waiter needs it: a failed TLS handshake stays one.
+/// Why the connection failed, as each waiter needs it: a failed TLS handshake stays one,
+/// and so does a refused login.
 #[derive(Debug, Clone)]
 struct Failure {
     reason: String,
     tls: Option<TlsError>,
+    refused_access: bool,
 }
 
 impl Failure {
     fn of(error: &rumqttc::v5::ConnectionError) -> Self {
+        use rumqttc::v5::mqttbytes::v5::ConnectReturnCode;
         use rumqttc::v5::{ConnectionError, StateError, mqttbytes};
         // A read that fails in rumqttc's decoder does not give its cause as its source: a
         // client certificate refused after a TLS 1.3 handshake arrives there.
@@ -158,15 +161,23 @@ impl Failure {
             }
             error => crate::tls::tls_error(error),
         };
+        let refused_access = matches!(
+            error,
+            ConnectionError::ConnectionRefused(
+                ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized
+            )
+        );
         Self {
             reason: error.to_string(),
             tls,
+            refused_access,
         }
     }
 
     fn error(self) -> Error {
         match self.tls {
             Some(tls) => Error::Tls(tls),
+            None if self.refused_access => crate::refused_access(self.reason),
             None => Error::Broker(self.reason.into()),
         }
     }

@@ -613,8 +613,35 @@ async fn connect(url: &str, tls: Option<&Tls>) -> Result<async_nats::Client, Err
             .require_tls(true),
         None => async_nats::ConnectOptions::new(),
     };
-    let servers: Vec<&str> = url.split(',').map(str::trim).collect();
-    options.connect(servers.as_slice()).await.map_err(broker)
+    let servers = url
+        .split(',')
+        .map(|server| server.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::Config(format!("NATS URL: {e}")))?;
+    with_login(options, &servers)
+        .connect(servers.as_slice())
+        .await
+        .map_err(|error| match error.kind() {
+            async_nats::ConnectErrorKind::AuthorizationViolation
+            | async_nats::ConnectErrorKind::Authentication => crate::refused_access(error),
+            _ => broker(error),
+        })
+}
+
+/// The login of the first server URL that has one: `user:password@` or `token@`. The
+/// client reads the servers' addresses from the URLs but not their logins.
+fn with_login(
+    options: async_nats::ConnectOptions,
+    servers: &[async_nats::ServerAddr],
+) -> async_nats::ConnectOptions {
+    let login = servers
+        .iter()
+        .find_map(|server| Some((server.username()?, server.password())));
+    match login {
+        Some((user, Some(password))) => options.user_and_password(user.into(), password.into()),
+        Some((token, None)) => options.token(token.into()),
+        None => options,
+    }
 }
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {

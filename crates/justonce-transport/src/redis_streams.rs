@@ -732,6 +732,15 @@ impl Publish for RedisStreamDestination {
 destination!(RedisStreamDestination);
 
 fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
+    let redis = (&error as &dyn std::error::Error).downcast_ref::<redis::RedisError>();
+    // A wrong password, a password missing, or a user without the right to a command.
+    let refused = redis.is_some_and(|redis| {
+        redis.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(redis.code(), Some("NOAUTH" | "NOPERM" | "WRONGPASS"))
+    });
+    if refused {
+        return crate::refused_access(error);
+    }
     crate::tls::broker_error(error)
 }
 

@@ -3,6 +3,7 @@
 
 mod amqp;
 mod broker;
+mod broker_login;
 mod broker_tls;
 mod check;
 mod claim;
