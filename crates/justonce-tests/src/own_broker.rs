@@ -68,7 +68,11 @@ impl OwnBroker {
 
     /// The URL clients reach it at, with the login it requires.
     pub fn url(&self) -> String {
-        let password = if self.kind == "amqp" { "guest" } else { OWN_PASSWORD };
+        let password = if self.kind == "amqp" {
+            "guest"
+        } else {
+            OWN_PASSWORD
+        };
         self.url_with_password(password)
     }
 
@@ -143,7 +147,10 @@ impl OwnBroker {
                     if !made.success() {
                         return Err(format!("mosquitto_passwd exited with {made}"));
                     }
-                    format!("allow_anonymous false\npassword_file {}\n", passwords.display())
+                    format!(
+                        "allow_anonymous false\npassword_file {}\n",
+                        passwords.display()
+                    )
                 } else {
                     "allow_anonymous true\n".to_owned()
                 };

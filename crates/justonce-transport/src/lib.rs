@@ -173,7 +173,12 @@ with_any_broker! {
 
 /// The broker refused the URL's login, or what its user may do: a setting to fix, not a
 /// broker that is down. `serve` and `check` stop with it at start.
-#[cfg(any(feature = "amqp", feature = "mqtt", feature = "nats", feature = "redis"))]
+#[cfg(any(
+    feature = "amqp",
+    feature = "mqtt",
+    feature = "nats",
+    feature = "redis"
+))]
 pub(crate) fn refused_access(reason: impl std::fmt::Display) -> Error {
     Error::Config(format!(
         "the broker refused access ({reason}): check the user and the password in the URL, \

@@ -5,7 +5,9 @@
 //! consumes and warns at start. A Kafka SCRAM login: a wrong password exits 2 at start, the
 //! right one consumes.
 
-use super::serve::{Server, all_delivered, client, database, drop_database, run_capturing};
+use super::serve::{
+    Server, all_delivered, client, database, drop_database, run_capturing, serve_exits_2_at_start,
+};
 use justonce_sql::sqlx::Sqlite;
 use justonce_sql::{Delivered, Delivery, Destination};
 use justonce_tests::Sink;
@@ -183,23 +185,6 @@ async fn serve_consumes_kafka_with_a_scram_login_and_exits_2_with_a_wrong_passwo
     each_key_reaches_the_target_once(&server, &sink, &publisher).await;
     server.stop().await;
     drop_database(db, &url).await;
-}
-
-/// Runs `serve` with `env` added, which must stop at start with exit 2: what it wrote to
-/// stderr.
-async fn serve_exits_2_at_start(server: &Server, env: &[(&str, &str)]) -> String {
-    let output = server
-        .command(&["serve"])
-        .envs(env.iter().copied())
-        .stderr(Stdio::piped())
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(60), output)
-        .await
-        .expect("serve stops at start")
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    stderr
 }
 
 /// Publishes ten keys twice each through `publisher`: each reaches the target once.

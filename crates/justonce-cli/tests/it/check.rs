@@ -189,8 +189,9 @@ async fn nats_without_jetstream() -> (tokio::process::Child, String) {
 
 /// Beside the four that reach their brokers, a consumer refused by RabbitMQ, one whose
 /// password Redis does not have, one on a NATS server without JetStream, and one each on a
-/// closed NATS and MQTT port: `check` exits 1 with one line for each of the five, naming
-/// the consumer, its URL without the password and the cause, and none for the others.
+/// closed NATS and MQTT port: `check` exits 2 (a refused login is a setting to fix) with one
+/// line for each of the five, naming the consumer, its URL without the password and the
+/// cause, and none for the others.
 #[tokio::test]
 async fn check_names_each_consumer_whose_broker_fails() {
     let (db, url) = database::<Sqlite>("check-brokers-fail").await;
@@ -230,7 +231,7 @@ async fn check_names_each_consumer_whose_broker_fails() {
     let started = Instant::now();
     let (code, stdout, stderr) = run_capturing(&server, &["check"]).await;
     let took = started.elapsed();
-    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert_eq!(code, 2, "{stdout}{stderr}");
     let lines: Vec<&str> = stderr
         .lines()
         .map(|line| line.trim_start_matches("justonce: "))

@@ -456,13 +456,38 @@ async fn a_broker_outage_is_logged_once_each_way() {
     drop_database(db, &url).await;
 }
 
-/// A RabbitMQ broker that refuses the consumer's credentials at every retry gets one
-/// line, naming the consumer and the broker's answer, also under `RUST_LOG=warn`; the AMQP
-/// client's own errors at each retry are not logged.
+/// A RabbitMQ broker that refuses the consumer's login at start stops `serve` with exit 2,
+/// naming the consumer and the broker's answer: a setting to fix, not a broker to wait for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_refusing_the_consumer_is_logged_once() {
-    let (db, url) = database::<Sqlite>("broker-refusing").await;
+async fn a_login_refused_at_start_stops_serve_with_exit_2() {
+    let (db, url) = database::<Sqlite>("login-refused").await;
     let broker = super::serve::amqp_url().replacen("guest:guest@", "guest:wrong@", 1);
+    let consumer = format!(
+        "[consumers.orders]\nfrom = \"{broker}\"\nqueue = \"{}orders\"\n\
+         target = \"http://127.0.0.1:1/x\"\n",
+        db.prefix
+    );
+    let server = Server::configure_with(&url, "http://127.0.0.1:1/x", &consumer);
+    let stderr = super::serve::serve_exits_2_at_start(&server, &[]).await;
+    assert!(
+        stderr.contains(
+            "consumers.orders: invalid configuration: the broker refused access (ACCESS_REFUSED"
+        ),
+        "{stderr}"
+    );
+    drop_database(db, &url).await;
+}
+
+/// A RabbitMQ broker that is down at every retry gets one line, naming the consumer and
+/// the cause, also under `RUST_LOG=warn`; the AMQP client's own errors at each retry are
+/// not logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_down_at_every_retry_is_logged_once() {
+    let (db, url) = database::<Sqlite>("broker-refusing").await;
+    let broker = format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f",
+        super::serve::free_port()
+    );
     let consumer = format!(
         "[consumers.orders]\nfrom = \"{broker}\"\nqueue = \"{}orders\"\n\
          target = \"http://127.0.0.1:1/x\"\n",
@@ -481,13 +506,13 @@ async fn a_broker_refusing_the_consumer_is_logged_once() {
         .into_iter()
         .filter(|line| line["level"] == "WARN" || line["level"] == "ERROR")
         .collect();
-    assert_eq!(troubles.len(), 1, "one line for the refusal:\n{all}");
+    assert_eq!(troubles.len(), 1, "one line for the broker down:\n{all}");
     assert_eq!(troubles[0]["consumer"], "orders");
     assert!(
         troubles[0]["error"]
             .as_str()
             .unwrap()
-            .contains("ACCESS_REFUSED"),
+            .contains("Connection refused"),
         "{all}"
     );
     drop_database(db, &url).await;

@@ -160,7 +160,10 @@ async fn an_unknown_role_is_refused_naming_the_roles() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_without_the_consumers_role_neither_connects_nor_waits_for_them() {
     let (db, url) = database::<justonce_sql::sqlx::Sqlite>("roles-consumers").await;
-    let broker = crate::serve::amqp_url().replacen("guest:guest@", "guest:wrong@", 1);
+    let broker = format!(
+        "amqp://guest:guest@127.0.0.1:{}/%2f",
+        crate::serve::free_port()
+    );
     let consumer = format!(
         "[consumers.orders]\nfrom = \"{broker}\"\nqueue = \"{}orders\"\ntarget = \"http://127.0.0.1:1/x\"\n",
         db.prefix

@@ -222,6 +222,23 @@ impl Drop for Server {
     }
 }
 
+/// Runs `serve` with `env` added, which must stop at start with exit 2: what it wrote to
+/// stderr.
+pub(crate) async fn serve_exits_2_at_start(server: &Server, env: &[(&str, &str)]) -> String {
+    let output = server
+        .command(&["serve"])
+        .envs(env.iter().copied())
+        .stderr(Stdio::piped())
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), output)
+        .await
+        .expect("serve stops at start")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
 /// Leaves out the variables that would configure `justonce` from the test's own
 /// environment, such as the suite's `JUSTONCE_TEST_*`, a `DATABASE_URL` and the
 /// OpenTelemetry ones: a child sees only the settings its test gives it.
