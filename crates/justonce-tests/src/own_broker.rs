@@ -30,8 +30,8 @@ pub struct OwnBroker {
 
 /// The password a broker started with [`OwnBroker::start_with_login`] requires: the user
 /// `justonce`'s on NATS and Mosquitto, the server's on Redis. RabbitMQ's `guest` keeps its
-/// own, `guest`.
-pub const OWN_PASSWORD: &str = "right-password";
+/// own, `guest`. Its `@`, `/` and `:` must be percent-encoded in a URL.
+pub const OWN_PASSWORD: &str = "right@pass/wo:rd";
 
 impl OwnBroker {
     /// Prepares the folder of broker `kind` and starts it.
@@ -76,10 +76,15 @@ impl OwnBroker {
         self.url_with_password(password)
     }
 
-    /// The URL with `password` in its login: a login the broker refuses unless it is the
-    /// right one. Without a login required, only RabbitMQ's URL has one.
+    /// The URL with `password` in its login, percent-encoded: a login the broker refuses
+    /// unless it is the right one. Without a login required, only RabbitMQ's URL has one.
     pub fn url_with_password(&self, password: &str) -> String {
         let port = self.port;
+        let password = password
+            .replace('%', "%25")
+            .replace('@', "%40")
+            .replace('/', "%2F")
+            .replace(':', "%3A");
         match (self.kind, self.login) {
             ("amqp", _) => format!("amqp://guest:{password}@127.0.0.1:{port}/%2f"),
             (kind, false) => format!("{kind}://127.0.0.1:{port}"),

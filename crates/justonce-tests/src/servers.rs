@@ -229,6 +229,21 @@ impl TlsBroker {
         crate::create_kafka_topic_with(&config, topic, 1).await
     }
 
+    /// Serves a [`Kind::Kafka`] broker's TLS front with a certificate of `ca` from now on,
+    /// as a broker whose certificate was replaced: the connections through the old front
+    /// close, and new ones meet the new certificate.
+    pub fn replace_kafka_certificate(&mut self, ca: &TestCa) -> Result<(), String> {
+        let inner = self
+            .plaintext_port
+            .ok_or("only the Kafka broker has a TLS front")?;
+        drop(self.front.take());
+        let (cert, key) = ca.server(&["localhost", "127.0.0.1"]);
+        let listener = std::net::TcpListener::bind(("127.0.0.1", self.port))
+            .map_err(|e| format!("the TLS front's port {}: {e}", self.port))?;
+        self.front = Some(TlsFront::start(listener, &cert, &key, None, inner)?);
+        Ok(())
+    }
+
     fn wait_until_listening(&mut self) -> Result<(), String> {
         let port = self.plaintext_port.unwrap_or(self.port);
         wait_for_port(&mut self.child, port)

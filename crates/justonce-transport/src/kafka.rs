@@ -315,6 +315,8 @@ struct Rebalancing {
     topic: String,
     changes: Arc<Changes>,
     link: BrokerLink,
+    /// A refused handshake or login, to name instead of "all brokers are down".
+    refusals: Refusals,
 }
 
 impl ClientContext for Rebalancing {
@@ -328,10 +330,22 @@ impl ClientContext for Rebalancing {
         }
     }
 
-    /// An error of the client as a whole. The reader's loop receives and logs it too.
+    /// An error of the client as a whole. The reader's loop receives and logs it too. A
+    /// refusal names why the brokers are down: a certificate or a login to change (say, a
+    /// broker's certificate replaced while the reader runs).
     fn error(&self, error: KafkaError, reason: &str) {
+        let refusal = self.refusals.note(&error, reason);
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
-            self.link.down(format!("{error} ({reason})"));
+            let recent = Instant::now()
+                .checked_sub(REFUSAL_NAMES_DOWN)
+                .and_then(|since| self.refusals.last_since(since));
+            let cause = match recent {
+                Some(refusal) => Error::from(refusal).to_string(),
+                None => format!("{error} ({reason})"),
+            };
+            self.link.down(cause);
+        } else if let Some(refusal) = refusal {
+            self.link.refused(Error::from(refusal).to_string());
         }
     }
 }
@@ -367,6 +381,10 @@ impl ConsumerContext for Rebalancing {
 /// up.
 const LINK_CHECK: Duration = Duration::from_secs(1);
 
+/// How long a refusal names the brokers' being down: librdkafka tries a broker again
+/// within 10 s.
+const REFUSAL_NAMES_DOWN: Duration = Duration::from_secs(10);
+
 /// Whether any broker connection of the client is up, from its statistics; `None` if they
 /// are not JSON. librdkafka's internal broker is no connection.
 fn any_broker_up(statistics: &[u8]) -> Option<bool> {
@@ -401,6 +419,13 @@ impl BrokerLink {
         } else {
             *away = Some(Instant::now());
             self.connection.lost(error);
+        }
+    }
+
+    /// The brokers refused the client for `cause`: the reason the link gives, if it is down.
+    fn refused(&self, cause: String) {
+        if crate::lock(&self.away).is_some() {
+            self.connection.still_lost(cause);
         }
     }
 
@@ -473,6 +498,7 @@ impl<DB: Backend> KafkaReader<DB> {
                 away: Mutex::default(),
                 was_up: AtomicBool::default(),
             },
+            refusals: Refusals::new(&options.security, url),
         };
         let start = match options.start {
             Start::Earliest => "earliest",
@@ -1000,6 +1026,29 @@ impl Refusals {
         }
     }
 
+    /// Keeps the refusal the client's `error` tells of, if it is one, and gives it. A new one
+    /// with a failed verification takes a handshake of its own, up to [`DIAGNOSIS`] twice.
+    fn note(&self, error: &KafkaError, reason: &str) -> Option<Refusal> {
+        // The same refusal again, at the next attempt: known already.
+        let (words, _timing) = reason.split_once(" (after ").unwrap_or((reason, ""));
+        let mut last = crate::lock(&self.last);
+        if let Some(last) = last.as_mut().filter(|last| last.reason == words) {
+            last.at = Instant::now();
+            return Some(last.refusal.clone());
+        }
+        let refusal = if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Authentication) {
+            Refusal::Login(reason.to_owned())
+        } else {
+            Refusal::Tls(self.refusal(reason)?)
+        };
+        *last = Some(LastRefusal {
+            at: Instant::now(),
+            reason: words.to_owned(),
+            refusal: refusal.clone(),
+        });
+        Some(refusal)
+    }
+
     /// The last refusal, if at or after `since`.
     fn last_since(&self, since: Instant) -> Option<Refusal> {
         let last = crate::lock(&self.last);
@@ -1042,25 +1091,7 @@ impl ClientContext for Refusals {
     /// requests.
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::warn!(%error, reason, "Kafka client error");
-        // The same refusal again, at the next attempt: known already.
-        let (words, _timing) = reason.split_once(" (after ").unwrap_or((reason, ""));
-        let mut last = crate::lock(&self.last);
-        if let Some(last) = last.as_mut().filter(|last| last.reason == words) {
-            last.at = Instant::now();
-            return;
-        }
-        let refusal = if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Authentication) {
-            Some(Refusal::Login(reason.to_owned()))
-        } else {
-            self.refusal(reason).map(Refusal::Tls)
-        };
-        if let Some(refusal) = refusal {
-            *last = Some(LastRefusal {
-                at: Instant::now(),
-                reason: words.to_owned(),
-                refusal,
-            });
-        }
+        self.note(&error, reason);
     }
 }
 

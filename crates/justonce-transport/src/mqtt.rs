@@ -695,10 +695,15 @@ fn parse_url(url: &str) -> Result<Address, Error> {
         (None, None) => return Err(bad("not mqtt:// or mqtts://")),
     };
     let rest = rest.trim_end_matches('/');
+    let decoded = |text: &str| {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
     let (login, address) = match rest.rsplit_once('@') {
         Some((login, address)) => {
             let (user, password) = login.split_once(':').unwrap_or((login, ""));
-            (Some((user.to_owned(), password.to_owned())), address)
+            (Some((decoded(user), decoded(password))), address)
         }
         None => (None, rest),
     };
@@ -749,6 +754,12 @@ mod tests {
         assert_eq!(
             parse_url("mqtt://app:s3cret@broker:8883").unwrap().login,
             Some(("app".to_owned(), "s3cret".to_owned()))
+        );
+        assert_eq!(
+            parse_url("mqtt://app%20one:p%40ss%2Fw%3Ard@broker")
+                .unwrap()
+                .login,
+            Some(("app one".to_owned(), "p@ss/w:rd".to_owned()))
         );
         for bad in ["http://broker", "mqtt://", "mqtt://broker:port"] {
             assert!(parse_url(bad).is_err(), "{bad} was accepted");

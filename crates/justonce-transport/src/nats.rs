@@ -628,18 +628,24 @@ async fn connect(url: &str, tls: Option<&Tls>) -> Result<async_nats::Client, Err
         })
 }
 
-/// The login of the first server URL that has one: `user:password@` or `token@`. The
-/// client reads the servers' addresses from the URLs but not their logins.
+/// The login of the first server URL that has one: `user:password@` or `token@`, each
+/// percent-decoded. The client reads the servers' addresses from the URLs but not their
+/// logins.
 fn with_login(
     options: async_nats::ConnectOptions,
     servers: &[async_nats::ServerAddr],
 ) -> async_nats::ConnectOptions {
+    let decoded = |text: &str| {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
     let login = servers
         .iter()
-        .find_map(|server| Some((server.username()?, server.password())));
+        .find_map(|server| Some((decoded(server.username()?), server.password().map(decoded))));
     match login {
-        Some((user, Some(password))) => options.user_and_password(user.into(), password.into()),
-        Some((token, None)) => options.token(token.into()),
+        Some((user, Some(password))) => options.user_and_password(user, password),
+        Some((token, None)) => options.token(token),
         None => options,
     }
 }

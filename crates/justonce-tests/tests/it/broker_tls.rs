@@ -19,8 +19,9 @@ use justonce_transport::redis_streams::{
     RedisStreamConsumer, RedisStreamDestination, RedisStreamOptions,
 };
 use justonce_transport::tls::{Tls, TlsError};
-use justonce_transport::{ConsumerStats, Error};
+use justonce_transport::{ConsumerStats, Error, Link};
 use sqlx::Sqlite;
+use std::sync::atomic::Ordering;
 
 /// What the test does on one broker: its consumer and its publisher, with TLS settings.
 trait Broker {
@@ -335,6 +336,41 @@ for_another_host!(
     nats_refused_when_the_certificate_names_another_host: Nats,
     kafka_refused_when_the_certificate_names_another_host: Kafka,
 );
+
+/// A Kafka reader whose broker's certificate is replaced, while it runs, by one of a CA it
+/// does not trust: its link names that cause, as its probe would at start, not "all
+/// brokers are down".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_names_a_certificate_refused_while_it_runs() {
+    let ca = TestCa::new();
+    let broker = TlsBroker::start(Kind::Kafka, &ca, false).expect("a broker of the test's own");
+    let url = broker.url();
+    let db = TestDb::<Sqlite>::new("kafka_names_a_certificate_refused_while_it_runs").await;
+    broker.create_kafka_topic(&ca, &name(&db)).await;
+    let reader = Kafka::connect(&url, &db, trusting(&ca))
+        .await
+        .expect("connected with the right CA");
+    let publisher = Kafka::publisher(&url, &name(&db), trusting(&ca));
+    assert_eq!(publish(&*publisher, "order:1").await, Delivered::Sent);
+    let key = Key::new("order:1").unwrap();
+    let link = reader.link();
+    let (another_ca, broker) = (TestCa::new(), std::sync::Mutex::new(broker));
+    let replaced = std::sync::atomic::AtomicBool::new(false);
+    consume_until(&db, &reader, || async {
+        if db.effects_of(&key).await == 1 && !replaced.swap(true, Ordering::SeqCst) {
+            let mut broker = broker.lock().unwrap();
+            broker.replace_kafka_certificate(&another_ca).unwrap();
+        }
+        matches!(
+            &*link.borrow(),
+            Link::Reconnecting { error }
+                if error == "TLS: the broker's certificate is not signed by a trusted CA"
+        )
+    })
+    .await;
+    drop(reader);
+    db.cleanup().await;
+}
 
 /// A hosted Kafka's settings, TLS and a SCRAM login, against a broker that requires both.
 /// An unknown user and a wrong password are refused, and the probe (what `check` and
