@@ -1,50 +1,9 @@
-//! MQTT 5: a QoS 1 subscriber on a persistent session that acknowledges (`PUBACK`) only after
-//! the commit, and the relay's publisher.
-//!
-//! ```no_run
-//! # async fn example(inbox: justonce_sql::Inbox<justonce_sql::sqlx::Postgres>) -> Result<(), justonce_transport::Error> {
-//! use justonce_sql::sqlx;
-//! use justonce_transport::mqtt::{MqttConsumer, MqttOptions};
-//!
-//! let consumer = MqttConsumer::connect(
-//!     "mqtt://127.0.0.1:1883",
-//!     inbox,
-//!     MqttOptions::new("orders/#", "shipping-1"),
-//! )
-//! .await?;
-//! consumer
-//!     .run(tokio::signal::ctrl_c(), |tx, message| {
-//!         Box::pin(async move {
-//!             sqlx::query("INSERT INTO shipments (order_key) VALUES ($1)")
-//!                 .bind(message.key.as_str())
-//!                 .execute(&mut **tx)
-//!                 .await
-//!                 .map(drop)
-//!         })
-//!     })
-//!     .await?;
-//! # Ok(())
-//! # }
-//! ```
-//!
-//! The session is persistent (`clean_start` off, a session expiry): a message delivered but
-//! not acknowledged when the consumer died is sent again when a consumer with the same
-//! client id connects. MQTT has no negative acknowledgement, so failed work is published
-//! again to the message's topic with its attempt count in a user property, then
-//! acknowledged; after the attempt limit it is published to the dead-letter topic with the
-//! reason. Each copy is acknowledged by the broker before the original is.
-//!
-//! The key is the `key` user property by default, as [`MqttDestination`] publishes it.
-//!
-//! An `mqtts://` URL connects over TLS, checked against the system's roots or the CA of
-//! [`MqttOptions::tls`].
+//! An MQTT client and the task that drives its event loop.
 
-use crate::consumer::{Broker, Receive, Received, Settle, policy_setters};
-use crate::destination::{Publish, Reopening, destination};
+use super::Message;
+use super::options::MqttOptions;
+use crate::Error;
 use crate::tls::{Tls, TlsError};
-use crate::{ATTEMPT_HEADER, Error, Policy, REASON_BYTES, REASON_HEADER, truncate};
-use justonce_core::Delivery;
-use justonce_sql::{Backend, Inbox};
 use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::SubscribeReasonCode;
@@ -52,12 +11,7 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, EventLoop};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, OwnedMutexGuard, mpsc};
-
-pub use rumqttc::v5::mqttbytes::v5::Publish as Message;
-
-/// The user property that holds a message's key, by default.
-pub const KEY_PROPERTY: &str = "key";
+use tokio::sync::{Mutex, mpsc};
 
 /// How many publishes a connection may have awaiting the broker's acknowledgement.
 const OUTGOING_INFLIGHT: u16 = 16;
@@ -65,85 +19,10 @@ const OUTGOING_INFLIGHT: u16 = 16;
 /// How long the broker has to acknowledge a publish or a subscription.
 const BROKER_ANSWER: Duration = Duration::from_secs(30);
 
-/// Settings of an [`MqttConsumer`].
-#[derive(Debug, Clone)]
-pub struct MqttOptions {
-    topic: String,
-    shared_group: Option<String>,
-    client_id: String,
-    policy: Policy,
-    session_expiry: Duration,
-    dead_letter_topic: String,
-    tls: Option<Tls>,
-}
-
-impl MqttOptions {
-    /// Subscribes to `topic` (a filter, wildcards allowed) at QoS 1 as client `client_id`,
-    /// whose session the broker keeps for a week while it is away. The key is the `key`
-    /// user property; failed work gets 5 attempts before it goes to
-    /// `justonce/dead/<client_id>`.
-    pub fn new(topic: impl Into<String>, client_id: impl Into<String>) -> Self {
-        let client_id = client_id.into();
-        Self {
-            topic: topic.into(),
-            shared_group: None,
-            dead_letter_topic: format!("justonce/dead/{client_id}"),
-            client_id,
-            policy: Policy::default(),
-            session_expiry: Duration::from_secs(7 * 86_400),
-            tls: None,
-        }
-    }
-
-    policy_setters!(
-        /// Where the key is: [`KeyFrom::MessageId`](crate::KeyFrom::MessageId) is the `key`
-        /// user property, [`KeyFrom::Header`](crate::KeyFrom::Header) a user property of
-        /// that name, [`KeyFrom::Json`](crate::KeyFrom::Json) a pointer into the payload.
-    );
-
-    /// Shares the topic's messages among the consumers of `group` (an MQTT 5 shared
-    /// subscription, `$share/<group>/<topic>`): each message goes to one of them. Each
-    /// consumer process needs a client id of its own. A message delivered to a consumer
-    /// that died waits in that consumer's session until its client id connects again; the
-    /// broker does not hand it to another member.
-    pub fn shared(mut self, group: impl Into<String>) -> Self {
-        self.shared_group = Some(group.into());
-        self
-    }
-
-    /// The filter subscribed to: the topic, or its shared subscription.
-    fn subscription(&self) -> String {
-        match &self.shared_group {
-            Some(group) => format!("$share/{group}/{}", self.topic),
-            None => self.topic.clone(),
-        }
-    }
-
-    /// How long the broker keeps the session, and the messages for it, while no consumer
-    /// with this client id is connected: at least as long as a consumer may be down.
-    pub fn session_expiry(mut self, expiry: Duration) -> Self {
-        self.session_expiry = expiry;
-        self
-    }
-
-    /// The topic dead letters are published to.
-    pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
-        self.dead_letter_topic = topic.into();
-        self
-    }
-
-    /// How to check the broker's certificate and which client certificate to present; the
-    /// URL must be `mqtts://`.
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-}
-
 /// Why the connection failed, as each waiter needs it: a failed TLS handshake stays one,
 /// and so does a refused login.
 #[derive(Debug, Clone)]
-struct Failure {
+pub(super) struct Failure {
     reason: String,
     tls: Option<TlsError>,
     refused_access: bool,
@@ -174,7 +53,7 @@ impl Failure {
         }
     }
 
-    fn error(self) -> Error {
+    pub(super) fn error(self) -> Error {
         match self.tls {
             Some(tls) => Error::Tls(tls),
             None if self.refused_access => crate::refused_access(self.reason),
@@ -199,9 +78,9 @@ enum Confirm {
 
 /// A client and the task that drives its event loop.
 pub(crate) struct Connection {
-    client: AsyncClient,
+    pub(super) client: AsyncClient,
     confirms: Mutex<mpsc::UnboundedReceiver<Confirm>>,
-    messages: Arc<Mutex<mpsc::UnboundedReceiver<Result<Message, Failure>>>>,
+    pub(super) messages: Arc<Mutex<mpsc::UnboundedReceiver<Result<Message, Failure>>>>,
     driver: tokio::task::JoinHandle<()>,
 }
 
@@ -214,7 +93,7 @@ impl Drop for Connection {
 impl Connection {
     /// Connects as `client_id`; `session_expiry` of `None` starts a clean session. An
     /// `mqtts://` URL connects over TLS with `tls`, or the defaults.
-    fn open(
+    pub(super) fn open(
         url: &str,
         tls: Option<&Tls>,
         client_id: &str,
@@ -268,7 +147,7 @@ impl Connection {
     }
 
     /// Publishes at QoS 1 and waits until the broker has acknowledged it.
-    async fn publish_confirmed(
+    pub(super) async fn publish_confirmed(
         &self,
         topic: &str,
         payload: Vec<u8>,
@@ -363,36 +242,9 @@ async fn drive(
     }
 }
 
-/// An MQTT consumer that runs each message's work once in effect.
-pub type MqttConsumer<DB> = crate::Consumer<Mqtt, DB>;
-
-/// The MQTT adapter of [`MqttConsumer`]: a persistent session subscribed at QoS 1.
-pub struct Mqtt {
-    url: String,
-    /// The connection, replaced when the consumer connects again.
-    connection: std::sync::Mutex<Arc<Connection>>,
-    options: MqttOptions,
-}
-
-debug_shows_options!(Mqtt);
-
-impl<DB: Backend> MqttConsumer<DB> {
-    /// Connects to `url` (`mqtt://[user:password@]host[:port]`) on the client's persistent
-    /// session and subscribes to the topic at QoS 1, waiting for the broker's answer.
-    pub async fn connect(url: &str, inbox: Inbox<DB>, options: MqttOptions) -> Result<Self, Error> {
-        let connection = subscribed(url, &options).await?;
-        let mqtt = Mqtt {
-            url: url.to_owned(),
-            connection: std::sync::Mutex::new(Arc::new(connection)),
-            options,
-        };
-        Ok(Self::new(mqtt, inbox))
-    }
-}
-
 /// Connects on the client's persistent session and subscribes to the topic at QoS 1,
 /// waiting for the broker's answer.
-async fn subscribed(url: &str, options: &MqttOptions) -> Result<Connection, Error> {
+pub(super) async fn subscribed(url: &str, options: &MqttOptions) -> Result<Connection, Error> {
     let connection = Connection::open(
         url,
         options.tls.as_ref(),
@@ -430,222 +282,6 @@ async fn subscribed(url: &str, options: &MqttOptions) -> Result<Connection, Erro
     Ok(connection)
 }
 
-/// The messages of the session, one taker at a time.
-pub struct MqttReceiver {
-    messages: OwnedMutexGuard<mpsc::UnboundedReceiver<Result<Message, Failure>>>,
-}
-
-impl Receive for MqttReceiver {
-    type Delivery = Message;
-
-    async fn next(&mut self) -> Result<Option<Message>, Error> {
-        match self.messages.recv().await {
-            Some(Ok(message)) => Ok(Some(message)),
-            Some(Err(failure)) => Err(failure.error()),
-            None => Err(Error::Broker("the connection to the broker closed".into())),
-        }
-    }
-}
-
-impl Received for Message {
-    fn message_id(&self) -> Result<String, String> {
-        self.header(KEY_PROPERTY)
-            .ok_or_else(|| "the message has no key user property".to_owned())
-    }
-
-    fn header(&self, name: &str) -> Option<String> {
-        user_property(self, name).map(str::to_owned)
-    }
-
-    fn no_header(&self, name: &str) -> String {
-        format!("the message has no user property {name}")
-    }
-
-    fn log_id(&self) -> String {
-        format!("topic {}", String::from_utf8_lossy(&self.topic))
-    }
-
-    fn body(&self) -> Vec<u8> {
-        self.payload.to_vec()
-    }
-
-    fn content_type(&self) -> Option<String> {
-        self.properties.as_ref()?.content_type.clone()
-    }
-
-    /// As the copies published for retries count.
-    fn attempt(&self) -> u32 {
-        user_property(self, ATTEMPT_HEADER)
-            .and_then(|attempt| attempt.parse().ok())
-            .unwrap_or(1)
-            .max(1)
-    }
-
-    fn redelivered(&self) -> bool {
-        self.dup || self.attempt() > 1
-    }
-}
-
-impl Broker for Mqtt {
-    type Delivery = Message;
-    type Receiver<'b> = MqttReceiver;
-    const NAME: &'static str = "mqtt";
-
-    fn policy(&self) -> &Policy {
-        &self.options.policy
-    }
-
-    async fn receive(&self) -> Result<MqttReceiver, Error> {
-        let messages = Arc::clone(&self.connection().messages);
-        Ok(MqttReceiver {
-            messages: messages.lock_owned().await,
-        })
-    }
-
-    /// A new connection on the same persistent session, subscribed again. The broker sends
-    /// again what the session holds unacknowledged.
-    async fn reconnect(&self) -> Result<(), Error> {
-        let connection = subscribed(&self.url, &self.options).await?;
-        *crate::lock(&self.connection) = Arc::new(connection);
-        Ok(())
-    }
-
-    /// MQTT has no negative acknowledgement: a retry, a dead letter or a message given back
-    /// is a copy published, acknowledged by the broker, then the original acknowledged.
-    async fn settle(&self, message: &Message, settle: Settle) -> Result<(), Error> {
-        let topic = String::from_utf8_lossy(&message.topic).into_owned();
-        match settle {
-            Settle::Ack => {}
-            Settle::Retry { attempt } => {
-                self.publish_copy(message, &topic, attempt + 1, None)
-                    .await?;
-            }
-            Settle::DeadLetter { attempt, reason } => {
-                let topic = &self.options.dead_letter_topic;
-                self.publish_copy(message, topic, attempt, Some(&reason))
-                    .await?;
-            }
-            Settle::GiveBack => {
-                self.publish_copy(message, &topic, message.attempt(), None)
-                    .await?;
-            }
-        }
-        self.connection().client.ack(message).await.map_err(broker)
-    }
-}
-
-impl Mqtt {
-    /// The connection in use.
-    fn connection(&self) -> Arc<Connection> {
-        Arc::clone(&crate::lock(&self.connection))
-    }
-
-    /// Publishes the message to `topic` with its properties, the attempt and the reason, and
-    /// waits for the broker to acknowledge it.
-    async fn publish_copy(
-        &self,
-        message: &Message,
-        topic: &str,
-        attempt: u32,
-        reason: Option<&str>,
-    ) -> Result<(), Error> {
-        let mut properties = message.properties.clone().unwrap_or_default();
-        // Set by the broker for its subscribers, not by publishers.
-        properties.subscription_identifiers.clear();
-        properties
-            .user_properties
-            .retain(|(name, _)| name != ATTEMPT_HEADER && name != REASON_HEADER);
-        properties
-            .user_properties
-            .push((ATTEMPT_HEADER.to_owned(), attempt.to_string()));
-        if let Some(reason) = reason {
-            properties.user_properties.push((
-                REASON_HEADER.to_owned(),
-                truncate(reason, REASON_BYTES).to_owned(),
-            ));
-        }
-        self.connection()
-            .publish_confirmed(topic, message.payload.to_vec(), properties)
-            .await
-    }
-}
-
-/// The relay's destination for MQTT: publishes each outbox row to a topic at QoS 1 with
-/// its key in the `key` user property and its headers as user properties, and marks it
-/// sent once the broker acknowledges it. A row published again is a second message with
-/// the same key, which the consumer's claim makes a duplicate.
-pub struct MqttDestination {
-    url: String,
-    topic: String,
-    client_id: String,
-    tls: Option<Tls>,
-    connection: Reopening<Connection>,
-}
-
-impl std::fmt::Debug for MqttDestination {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MqttDestination")
-            .field("topic", &self.topic)
-            .field("client_id", &self.client_id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl MqttDestination {
-    /// Publishes to `topic` as client `client_id` on a clean session. Connects on the first
-    /// delivery.
-    pub fn new(url: &str, topic: &str, client_id: &str) -> Result<Self, Error> {
-        parse_url(url)?;
-        Ok(Self {
-            url: url.to_owned(),
-            topic: topic.to_owned(),
-            client_id: client_id.to_owned(),
-            tls: None,
-            connection: Reopening::default(),
-        })
-    }
-
-    /// Connects with these TLS settings; the URL must be `mqtts://`.
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-}
-
-impl Publish for MqttDestination {
-    type Connection = Connection;
-
-    async fn open(&self) -> Result<Connection, Error> {
-        Connection::open(&self.url, self.tls.as_ref(), &self.client_id, None)
-    }
-
-    async fn publish(&self, connection: &Connection, delivery: Delivery<'_>) -> Result<(), String> {
-        let mut properties = PublishProperties::default();
-        properties
-            .user_properties
-            .push((KEY_PROPERTY.to_owned(), delivery.key.to_owned()));
-        for (name, value) in delivery.headers {
-            if name.eq_ignore_ascii_case("content-type") {
-                properties.content_type = Some(value.clone());
-            } else {
-                properties
-                    .user_properties
-                    .push((name.clone(), value.clone()));
-            }
-        }
-        connection
-            .publish_confirmed(&self.topic, delivery.payload.to_vec(), properties)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    fn connection(&self) -> &Reopening<Connection> {
-        &self.connection
-    }
-}
-
-destination!(MqttDestination);
-
 /// Proves that the broker at `url` takes a consumer with `options`: connects with its TLS
 /// settings and login, waits for the broker to accept the connection, and disconnects.
 /// It connects as the consumer's client id with `-check` added, on a clean session, so that
@@ -675,7 +311,7 @@ pub async fn probe(url: &str, options: &MqttOptions) -> Result<(), Error> {
 
 /// Where a broker is, whether over TLS, and who to log in as.
 #[derive(Debug, PartialEq, Eq)]
-struct Address {
+pub(super) struct Address {
     host: String,
     port: u16,
     tls: bool,
@@ -683,7 +319,7 @@ struct Address {
 }
 
 /// The address in `mqtt[s]://[user:password@]host[:port]`.
-fn parse_url(url: &str) -> Result<Address, Error> {
+pub(super) fn parse_url(url: &str) -> Result<Address, Error> {
     let bad = |why: &str| {
         Error::Config(format!(
             "MQTT URL: {why}; expected mqtt://[user:password@]host[:port] or mqtts://..."
@@ -724,17 +360,7 @@ fn parse_url(url: &str) -> Result<Address, Error> {
         login,
     })
 }
-
-fn user_property<'m>(message: &'m Message, name: &str) -> Option<&'m str> {
-    let properties = message.properties.as_ref()?;
-    properties
-        .user_properties
-        .iter()
-        .find(|(key, _)| key == name)
-        .map(|(_, value)| value.as_str())
-}
-
-fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
+pub(super) fn broker(error: impl std::error::Error + Send + Sync + 'static) -> Error {
     crate::tls::broker_error(error)
 }
 
