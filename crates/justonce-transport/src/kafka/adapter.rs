@@ -59,7 +59,7 @@ impl<DB: Backend> KafkaReader<DB> {
                 away: Mutex::default(),
                 was_up: AtomicBool::default(),
             },
-            refusals: Refusals::new(&options.security, url),
+            refusals: Refusals::diagnosed_aside(&options.security, url),
         };
         let start = match options.start {
             Start::Earliest => "earliest",

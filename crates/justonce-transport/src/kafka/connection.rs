@@ -72,6 +72,10 @@ pub(super) struct Refusals {
     last: Arc<Mutex<Option<LastRefusal>>>,
     /// The TLS settings and the first bootstrap server, to learn why a certificate failed.
     tls: Option<(Tls, String)>,
+    /// Whether that handshake runs on a thread of its own, for a client whose callbacks run
+    /// on the async runtime: the refusal is named from librdkafka's words first, then the
+    /// handshake's verdict replaces it.
+    diagnose_aside: bool,
 }
 
 struct LastRefusal {
@@ -113,14 +117,26 @@ impl Refusals {
         Self {
             last: Arc::default(),
             tls: security.tls.clone().zip(first_server),
+            diagnose_aside: false,
+        }
+    }
+
+    /// Refusals of a reader, whose client calls back inside the async poll that reads
+    /// records: a failed verification's handshake runs on a thread of its own, so that it
+    /// holds no runtime worker.
+    pub(super) fn diagnosed_aside(security: &Security, url: &str) -> Self {
+        Self {
+            diagnose_aside: true,
+            ..Self::new(security, url)
         }
     }
 
     /// Keeps the refusal the client's `error` tells of, if it is one, and gives it. A new one
-    /// with a failed verification takes a handshake of its own, up to [`DIAGNOSIS`] twice.
+    /// with a failed verification takes a handshake of its own, up to [`DIAGNOSIS`] twice,
+    /// here or aside.
     pub(super) fn note(&self, error: &KafkaError, reason: &str) -> Option<Refusal> {
         // The same refusal again, at the next attempt: known already.
-        let (words, _timing) = reason.split_once(" (after ").unwrap_or((reason, ""));
+        let words = without_timing(reason);
         let mut last = crate::lock(&self.last);
         if let Some(last) = last.as_mut().filter(|last| last.reason == words) {
             last.at = Instant::now();
@@ -170,10 +186,37 @@ impl Refusals {
         if !lower.contains("certificate verify failed") {
             return Some(TlsError::Handshake(reason.to_owned()));
         }
-        let diagnosed = (self.tls.as_ref())
-            .and_then(|(tls, server)| crate::tls::handshake_refusal(tls, server, DIAGNOSIS));
-        Some(diagnosed.unwrap_or_else(|| TlsError::BadCertificate(reason.to_owned())))
+        let unverified = TlsError::BadCertificate(reason.to_owned());
+        let Some((tls, server)) = self.tls.clone() else {
+            return Some(unverified);
+        };
+        if !self.diagnose_aside {
+            return Some(
+                crate::tls::handshake_refusal(&tls, &server, DIAGNOSIS).unwrap_or(unverified),
+            );
+        }
+        let (last, words) = (Arc::clone(&self.last), without_timing(reason).to_owned());
+        // `note` holds `last` until it has kept this refusal: the verdict comes after it.
+        std::thread::spawn(move || {
+            let Some(diagnosed) = crate::tls::handshake_refusal(&tls, &server, DIAGNOSIS) else {
+                return;
+            };
+            if let Some(last) = crate::lock(&last)
+                .as_mut()
+                .filter(|last| last.reason == words)
+            {
+                last.refusal = Refusal::Tls(diagnosed);
+            }
+        });
+        Some(unverified)
     }
+}
+
+/// librdkafka's words without their timing, which changes at each attempt to connect.
+fn without_timing(reason: &str) -> &str {
+    reason
+        .split_once(" (after ")
+        .map_or(reason, |(words, _timing)| words)
 }
 
 impl ClientContext for Refusals {
