@@ -187,14 +187,15 @@ impl Refusals {
             return Some(TlsError::Handshake(reason.to_owned()));
         }
         let unverified = TlsError::BadCertificate(reason.to_owned());
-        let Some((tls, server)) = self.tls.clone() else {
+        let Some((tls, server)) = &self.tls else {
             return Some(unverified);
         };
         if !self.diagnose_aside {
             return Some(
-                crate::tls::handshake_refusal(&tls, &server, DIAGNOSIS).unwrap_or(unverified),
+                crate::tls::handshake_refusal(tls, server, DIAGNOSIS).unwrap_or(unverified),
             );
         }
+        let (tls, server) = (tls.clone(), server.clone());
         let (last, words) = (Arc::clone(&self.last), without_timing(reason).to_owned());
         // `note` holds `last` until it has kept this refusal: the verdict comes after it.
         std::thread::spawn(move || {
