@@ -1,4 +1,5 @@
-//! The Kafka adapter of the reader: a consumer-group member that keeps its offsets in the database.
+//! The Kafka adapter of the reader: a consumer-group member that keeps its offsets in the
+//! database.
 
 use super::OwnedMessage;
 use super::connection::{RECOVERY_POLL, Refusals, broker, recovers_by_itself, unrecoverable};

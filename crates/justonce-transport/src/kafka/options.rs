@@ -169,7 +169,8 @@ impl KafkaOptions {
 
     policy_setters!(
         /// Where the message id is: a header (such as CloudEvents' `ce_id`) or a JSON
-        /// pointer. [`KeyFrom::MessageId`](crate::KeyFrom::MessageId) is refused by [`KafkaReader::connect`](super::KafkaReader::connect).
+        /// pointer. [`KeyFrom::MessageId`](crate::KeyFrom::MessageId) is refused by
+        /// [`KafkaReader::connect`](super::KafkaReader::connect).
     );
 
     /// Where a partition with no stored offset starts.

@@ -1,4 +1,5 @@
-//! The NATS JetStream adapter of the consumer: a durable pull consumer's messages and how it settles them.
+//! The NATS JetStream adapter of the consumer: a durable pull consumer's messages, and
+//! how it settles them.
 
 use super::connection::{broker, connected, dead_letter, open_stream};
 use super::options::{MSG_ID_HEADER, NatsOptions};

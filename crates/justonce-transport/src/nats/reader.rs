@@ -16,9 +16,10 @@ use justonce_sql::{Backend, Inbox, Offset};
 /// goes.
 ///
 /// Use it where one process reads a subject in order; readers that share the messages need
-/// [`NatsConsumer`](super::NatsConsumer). It is the generic [`Reader`](crate::Reader) over [`NatsStream`]: failed
-/// work runs again in place, up to the attempt limit, then goes to the dead-letter subject
-/// with its reason. The durable name and the ack wait of [`NatsOptions`] do not apply.
+/// [`NatsConsumer`](super::NatsConsumer). It is the generic [`Reader`](crate::Reader) over
+/// [`NatsStream`]: failed work runs again in place, up to the attempt limit, then goes to
+/// the dead-letter subject with its reason. The durable name and the ack wait of
+/// [`NatsOptions`] do not apply.
 pub type NatsReader<DB> = crate::Reader<NatsStream, DB>;
 
 /// The NATS JetStream adapter of [`NatsReader`]: a stream read through ordered consumers.

@@ -14,10 +14,10 @@ use redis::AsyncCommands;
 /// acknowledge.
 ///
 /// Use it where one process reads a stream in order; readers that share the entries need
-/// [`RedisStreamConsumer`](super::RedisStreamConsumer). It is the generic [`Reader`](crate::Reader) over
-/// [`RedisStreams`]: failed work runs again in place, up to the attempt limit, then goes to
-/// `<stream>.dead` with its reason. The group, the consumer name and the claim idle time of
-/// [`RedisStreamOptions`] do not apply.
+/// [`RedisStreamConsumer`](super::RedisStreamConsumer). It is the generic
+/// [`Reader`](crate::Reader) over [`RedisStreams`]: failed work runs again in place, up to
+/// the attempt limit, then goes to `<stream>.dead` with its reason. The group, the consumer
+/// name and the claim idle time of [`RedisStreamOptions`] do not apply.
 pub type RedisStreamReader<DB> = crate::Reader<RedisStreams, DB>;
 
 impl<DB: Backend> RedisStreamReader<DB> {
@@ -48,8 +48,9 @@ impl OrderedBroker for RedisStreams {
         &self.options.policy
     }
 
-    /// On a connection of its own, as [`Broker::receive`](crate::Broker::receive): a read blocks its connection for
-    /// up to a second, and a dead letter is added while the next batch is read.
+    /// On a connection of its own, as [`Broker::receive`](crate::Broker::receive): a read
+    /// blocks its connection for up to a second, and a dead letter is added while the next
+    /// batch is read.
     async fn read(&self, stored: StoredOffsets) -> Result<Entries<'_>, Error> {
         let after = (stored.offset(&self.options.stream, PARTITION).await?).unwrap_or_default();
         let cursor = Cursor::After(format!("{}-{}", after.position, after.sequence));
